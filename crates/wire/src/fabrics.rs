@@ -1,0 +1,142 @@
+//! NVMe over Fabrics: Connect data, properties and their register layouts.
+
+use crate::bytes::*;
+
+/// Size of the Connect command's data (host id, controller id, NQNs).
+pub const CONNECT_DATA_LEN: usize = 1024;
+
+/// The Connect command's data.
+#[derive(Clone, PartialEq, Eq, Debug, Default)]
+pub struct ConnectData {
+    pub hostid: [u8; 16],
+    /// FFFFh requests any controller (dynamic model) on the admin queue; for an I/O
+    /// queue it names the controller the admin queue was given.
+    pub cntlid: u16,
+    pub subnqn: String,
+    pub hostnqn: String,
+}
+
+impl ConnectData {
+    pub fn decode(b: &[u8]) -> Option<ConnectData> {
+        if b.len() < CONNECT_DATA_LEN {
+            return None;
+        }
+        let mut hostid = [0u8; 16];
+        hostid.copy_from_slice(&b[0..16]);
+        Some(ConnectData { hostid, cntlid: u16_at(b, 16), subnqn: str_at(b, 256, 256), hostnqn: str_at(b, 512, 256) })
+    }
+
+    pub fn encode(&self) -> Vec<u8> {
+        let mut b = vec![0u8; CONNECT_DATA_LEN];
+        b[0..16].copy_from_slice(&self.hostid);
+        put_u16(&mut b, 16, self.cntlid);
+        put_str(&mut b, 256, 256, &self.subnqn, 0);
+        put_str(&mut b, 512, 256, &self.hostnqn, 0);
+        b
+    }
+}
+
+/// Connect command fields in the SQE.
+pub mod connect {
+    /// CDW10 bits 15:0: record format, 0.
+    pub fn recfmt(cdw10: u32) -> u16 {
+        cdw10 as u16
+    }
+    /// CDW10 bits 31:16: queue id, 0 for the admin queue.
+    pub fn qid(cdw10: u32) -> u16 {
+        (cdw10 >> 16) as u16
+    }
+    /// CDW11 bits 15:0: submission queue size, 0's based.
+    pub fn sqsize(cdw11: u32) -> u16 {
+        cdw11 as u16
+    }
+    /// CDW11 bits 23:16: connect attributes. Bit 2: SQ flow control disable.
+    pub fn cattr(cdw11: u32) -> u8 {
+        (cdw11 >> 16) as u8
+    }
+    pub const CATTR_DISABLE_SQFLOW: u8 = 0x04;
+    /// CDW12: keep-alive timeout in milliseconds (admin queue only).
+    pub fn kato(cdw12: u32) -> u32 {
+        cdw12
+    }
+    /// Connect-response DW0 for Connect Invalid Parameters: IATTR bit 0 set means the
+    /// invalid parameter is in the data; IPO (bits 31:16) is its byte offset.
+    pub fn invalid_param(in_data: bool, offset: u16) -> u32 {
+        in_data as u32 | ((offset as u32) << 16)
+    }
+}
+
+/// Property offsets (NVMe Base, "Controller Properties").
+pub mod prop {
+    pub const CAP: u32 = 0x00;
+    pub const VS: u32 = 0x08;
+    pub const CC: u32 = 0x14;
+    pub const CSTS: u32 = 0x1c;
+    pub const NSSR: u32 = 0x20;
+}
+
+/// Controller Capabilities.
+pub mod cap {
+    /// Builds CAP: MQES (0's based), CQR set, TO in 500 ms units, NVM command set,
+    /// memory page size minimum and maximum 4 KiB.
+    pub fn build(mqes: u16, timeout_500ms: u8) -> u64 {
+        mqes as u64 | (1 << 16) | ((timeout_500ms as u64) << 24) | (1u64 << 37)
+    }
+    pub fn mqes(cap: u64) -> u16 {
+        cap as u16
+    }
+    pub fn timeout_ms(cap: u64) -> u64 {
+        ((cap >> 24) & 0xff) * 500
+    }
+}
+
+/// Controller Configuration.
+pub mod cc {
+    pub const EN: u32 = 1;
+    pub fn shn(cc: u32) -> u32 {
+        (cc >> 14) & 0x3
+    }
+    pub fn iosqes(cc: u32) -> u32 {
+        (cc >> 16) & 0xf
+    }
+    pub fn iocqes(cc: u32) -> u32 {
+        (cc >> 20) & 0xf
+    }
+    pub fn mps(cc: u32) -> u32 {
+        (cc >> 7) & 0xf
+    }
+    pub fn css(cc: u32) -> u32 {
+        (cc >> 4) & 0x7
+    }
+    /// What the Linux host writes to enable: EN, IOSQES=6, IOCQES=4.
+    pub const LINUX_ENABLE: u32 = EN | (6 << 16) | (4 << 20);
+    pub const SHN_NORMAL: u32 = 1 << 14;
+}
+
+/// Controller Status.
+pub mod csts {
+    pub const RDY: u32 = 1;
+    pub const CFS: u32 = 1 << 1;
+    pub const SHST_OCCURRING: u32 = 1 << 2;
+    pub const SHST_COMPLETE: u32 = 2 << 2;
+}
+
+/// NVMe version 1.3.0, the level whose features nearstore implements (see docs/protocol.md).
+pub const VERSION_1_3: u32 = 0x0001_0300;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn connect_data_round_trip() {
+        let d = ConnectData {
+            hostid: [7; 16],
+            cntlid: 0xffff,
+            subnqn: "nqn.2026-11.io.nearstore:disk0".into(),
+            hostnqn: "nqn.2014-08.org.nvmexpress:uuid:1234".into(),
+        };
+        assert_eq!(ConnectData::decode(&d.encode()).unwrap(), d);
+        assert!(ConnectData::decode(&[0u8; 100]).is_none());
+    }
+}
