@@ -15,8 +15,17 @@ pub struct Sqe {
 
 impl std::fmt::Debug for Sqe {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "Sqe {{ opc {:#04x} cid {} nsid {} cdw10 {:#x} cdw11 {:#x} cdw12 {:#x} sgl {:?} }}",
-            self.opcode(), self.cid(), self.nsid(), self.dw[10], self.dw[11], self.dw[12], self.sgl())
+        write!(
+            f,
+            "Sqe {{ opc {:#04x} cid {} nsid {} cdw10 {:#x} cdw11 {:#x} cdw12 {:#x} sgl {:?} }}",
+            self.opcode(),
+            self.cid(),
+            self.nsid(),
+            self.dw[10],
+            self.dw[11],
+            self.dw[12],
+            self.sgl()
+        )
     }
 }
 
@@ -181,7 +190,11 @@ mod tests {
     fn sqe_fields() {
         let mut s = Sqe::rw(0x02, 1, 0x1_0000_0002, 8, true);
         s.set_cid(0xbeef);
-        s.set_sgl(Sgl { addr: 0, len: 4096, id: sgl_id::TRANSPORT });
+        s.set_sgl(Sgl {
+            addr: 0,
+            len: 4096,
+            id: sgl_id::TRANSPORT,
+        });
         let mut b = [0u8; 64];
         s.encode(&mut b);
         assert_eq!(b[0], 0x02);
@@ -189,7 +202,10 @@ mod tests {
         assert_eq!(b[39], 0x5a);
         let d = Sqe::decode(&b);
         assert_eq!(d, s);
-        assert_eq!((d.slba(), d.nlb(), d.fua(), d.cid(), d.nsid()), (0x1_0000_0002, 8, true, 0xbeef, 1));
+        assert_eq!(
+            (d.slba(), d.nlb(), d.fua(), d.cid(), d.nsid()),
+            (0x1_0000_0002, 8, true, 0xbeef, 1)
+        );
         assert_eq!(d.sgl().len, 4096);
     }
 }

@@ -1,0 +1,318 @@
+//! Storage behind a namespace: a memory region, a regular (sparse) file, or a block device.
+//!
+//! Backends do positioned, synchronous I/O. The memory backend is cheap enough to run on
+//! the network task; file and block backends run on the I/O worker pool ([`crate::io_pool`]).
+
+use std::fs::{File, OpenOptions};
+use std::io;
+use std::os::unix::fs::{FileExt, FileTypeExt, OpenOptionsExt};
+use std::os::unix::io::AsRawFd;
+use std::path::{Path, PathBuf};
+
+use parking_lot::RwLock;
+
+pub trait Backend: Send + Sync {
+    fn describe(&self) -> String;
+    /// Capacity in bytes.
+    fn size(&self) -> u64;
+    fn read_at(&self, buf: &mut [u8], off: u64) -> io::Result<()>;
+    fn write_at(&self, buf: &[u8], off: u64) -> io::Result<()>;
+    /// Makes every completed write durable.
+    fn flush(&self) -> io::Result<()>;
+    /// Makes the given range durable (FUA); backends may flush more.
+    fn flush_range(&self, off: u64, len: u64) -> io::Result<()> {
+        let _ = (off, len);
+        self.flush()
+    }
+    /// Zeroes a range; with `deallocate`, frees the space where the backend can.
+    fn write_zeroes(&self, off: u64, len: u64, deallocate: bool) -> io::Result<()>;
+    /// Deallocates a range: afterwards it reads as zeros.
+    fn deallocate(&self, off: u64, len: u64) -> io::Result<()> {
+        self.write_zeroes(off, len, true)
+    }
+    /// True when an I/O costs about a memcpy, so it may run on the network task.
+    fn inline(&self) -> bool {
+        false
+    }
+}
+
+/// RAM, for benchmarks and tests. Split in stripes, each behind its own lock, so that
+/// connections on several threads do not serialise on one lock.
+pub struct MemoryBackend {
+    stripes: Vec<RwLock<Vec<u8>>>,
+    size: u64,
+}
+
+const STRIPE: u64 = 1 << 20;
+
+impl MemoryBackend {
+    pub fn new(size: u64) -> MemoryBackend {
+        let n = size.div_ceil(STRIPE);
+        // vec![0; n] uses calloc: pages are mapped only when written.
+        let stripes = (0..n)
+            .map(|i| RwLock::new(vec![0u8; (size - i * STRIPE).min(STRIPE) as usize]))
+            .collect();
+        MemoryBackend { stripes, size }
+    }
+
+    fn for_each(&self, off: u64, len: u64, mut f: impl FnMut(usize, usize, usize, u64)) {
+        let mut pos = off;
+        let end = off + len;
+        while pos < end {
+            let stripe = (pos / STRIPE) as usize;
+            let in_off = (pos % STRIPE) as usize;
+            let n = (STRIPE - pos % STRIPE).min(end - pos);
+            f(stripe, in_off, n as usize, pos - off);
+            pos += n;
+        }
+    }
+}
+
+fn check_range(size: u64, off: u64, len: u64) -> io::Result<()> {
+    match off.checked_add(len) {
+        Some(end) if end <= size => Ok(()),
+        _ => Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            "I/O beyond the end of the backend",
+        )),
+    }
+}
+
+impl Backend for MemoryBackend {
+    fn describe(&self) -> String {
+        format!("memory ({} bytes)", self.size)
+    }
+    fn size(&self) -> u64 {
+        self.size
+    }
+    fn read_at(&self, buf: &mut [u8], off: u64) -> io::Result<()> {
+        check_range(self.size, off, buf.len() as u64)?;
+        self.for_each(off, buf.len() as u64, |s, o, n, b| {
+            let b = b as usize;
+            buf[b..b + n].copy_from_slice(&self.stripes[s].read()[o..o + n]);
+        });
+        Ok(())
+    }
+    fn write_at(&self, buf: &[u8], off: u64) -> io::Result<()> {
+        check_range(self.size, off, buf.len() as u64)?;
+        self.for_each(off, buf.len() as u64, |s, o, n, b| {
+            let b = b as usize;
+            self.stripes[s].write()[o..o + n].copy_from_slice(&buf[b..b + n]);
+        });
+        Ok(())
+    }
+    fn flush(&self) -> io::Result<()> {
+        Ok(())
+    }
+    fn write_zeroes(&self, off: u64, len: u64, _deallocate: bool) -> io::Result<()> {
+        check_range(self.size, off, len)?;
+        self.for_each(off, len, |s, o, n, _| {
+            self.stripes[s].write()[o..o + n].fill(0)
+        });
+        Ok(())
+    }
+    fn inline(&self) -> bool {
+        true
+    }
+}
+
+/// A regular file (sparse where the file system allows) or a block device.
+pub struct FileBackend {
+    file: File,
+    path: PathBuf,
+    size: u64,
+    block_device: bool,
+    direct: bool,
+}
+
+impl FileBackend {
+    /// Opens `path`. A regular file that does not exist is created with `create_size`
+    /// bytes (sparse); a block device is opened with O_DIRECT when it accepts it.
+    pub fn open(path: &Path, create_size: Option<u64>) -> io::Result<FileBackend> {
+        let meta = std::fs::metadata(path);
+        let block_device = matches!(&meta, Ok(m) if m.file_type().is_block_device());
+        if block_device {
+            let direct = OpenOptions::new()
+                .read(true)
+                .write(true)
+                .custom_flags(libc::O_DIRECT)
+                .open(path);
+            let (file, direct) = match direct {
+                Ok(f) => (f, true),
+                Err(_) => (OpenOptions::new().read(true).write(true).open(path)?, false),
+            };
+            let size = block_device_size(&file)?;
+            return Ok(FileBackend {
+                file,
+                path: path.into(),
+                size,
+                block_device,
+                direct,
+            });
+        }
+        let file = match (&meta, create_size) {
+            (Err(e), Some(size)) if e.kind() == io::ErrorKind::NotFound => {
+                let f = OpenOptions::new()
+                    .read(true)
+                    .write(true)
+                    .create_new(true)
+                    .open(path)?;
+                f.set_len(size)?;
+                f
+            }
+            _ => OpenOptions::new().read(true).write(true).open(path)?,
+        };
+        let mut size = file.metadata()?.len();
+        if let Some(want) = create_size {
+            if size < want {
+                file.set_len(want)?;
+                size = want;
+            }
+        }
+        Ok(FileBackend {
+            file,
+            path: path.into(),
+            size,
+            block_device: false,
+            direct: false,
+        })
+    }
+
+    fn fallocate(&self, mode: libc::c_int, off: u64, len: u64) -> io::Result<()> {
+        // SAFETY: plain syscall on an owned fd.
+        let r = unsafe {
+            libc::fallocate(
+                self.file.as_raw_fd(),
+                mode,
+                off as libc::off_t,
+                len as libc::off_t,
+            )
+        };
+        if r == 0 {
+            Ok(())
+        } else {
+            Err(io::Error::last_os_error())
+        }
+    }
+
+    fn zero_by_writing(&self, off: u64, len: u64) -> io::Result<()> {
+        let zeros = nearstore_transport::AlignedBuf::new(1 << 20);
+        let mut zeros = zeros;
+        let cap = zeros.capacity();
+        zeros.set_len(cap);
+        let mut pos = off;
+        while pos < off + len {
+            let n = (off + len - pos).min(cap as u64) as usize;
+            self.write_at(&zeros[..n], pos)?;
+            pos += n as u64;
+        }
+        Ok(())
+    }
+}
+
+fn block_device_size(f: &File) -> io::Result<u64> {
+    const BLKGETSIZE64: libc::c_ulong = 0x8008_1272;
+    let mut size: u64 = 0;
+    // SAFETY: BLKGETSIZE64 writes one u64.
+    let r = unsafe { libc::ioctl(f.as_raw_fd(), BLKGETSIZE64, &mut size) };
+    if r == 0 {
+        Ok(size)
+    } else {
+        Err(io::Error::last_os_error())
+    }
+}
+
+impl Backend for FileBackend {
+    fn describe(&self) -> String {
+        let kind = if self.block_device {
+            "block device"
+        } else {
+            "file"
+        };
+        let direct = if self.direct { ", O_DIRECT" } else { "" };
+        format!(
+            "{kind} {} ({} bytes{direct})",
+            self.path.display(),
+            self.size
+        )
+    }
+    fn size(&self) -> u64 {
+        self.size
+    }
+    fn read_at(&self, buf: &mut [u8], off: u64) -> io::Result<()> {
+        check_range(self.size, off, buf.len() as u64)?;
+        self.file.read_exact_at(buf, off)
+    }
+    fn write_at(&self, buf: &[u8], off: u64) -> io::Result<()> {
+        check_range(self.size, off, buf.len() as u64)?;
+        self.file.write_all_at(buf, off)
+    }
+    fn flush(&self) -> io::Result<()> {
+        self.file.sync_data()
+    }
+    fn write_zeroes(&self, off: u64, len: u64, deallocate: bool) -> io::Result<()> {
+        check_range(self.size, off, len)?;
+        let mode = if deallocate {
+            libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE
+        } else {
+            libc::FALLOC_FL_ZERO_RANGE | libc::FALLOC_FL_KEEP_SIZE
+        };
+        match self.fallocate(mode, off, len) {
+            Ok(()) => Ok(()),
+            // Not every file system or device can: zero by writing.
+            Err(e)
+                if matches!(
+                    e.raw_os_error(),
+                    Some(libc::EOPNOTSUPP) | Some(libc::EINVAL)
+                ) =>
+            {
+                self.zero_by_writing(off, len)
+            }
+            Err(e) => Err(e),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn exercise(b: &dyn Backend) {
+        let data: Vec<u8> = (0..3 * 4096).map(|i| (i % 251) as u8).collect();
+        // Crosses the memory backend's 1 MiB stripe border.
+        let off = (1 << 20) - 4096;
+        b.write_at(&data, off).unwrap();
+        let mut back = vec![0u8; data.len()];
+        b.read_at(&mut back, off).unwrap();
+        assert_eq!(back, data);
+        b.write_zeroes(off + 4096, 4096, false).unwrap();
+        b.deallocate(off, 4096).unwrap();
+        b.read_at(&mut back, off).unwrap();
+        assert!(back[..8192].iter().all(|&x| x == 0));
+        assert_eq!(&back[8192..], &data[8192..]);
+        assert!(b.read_at(&mut back, b.size() - 10).is_err());
+        assert!(b.write_at(&data, u64::MAX - 5).is_err());
+        b.flush().unwrap();
+    }
+
+    #[test]
+    fn memory() {
+        exercise(&MemoryBackend::new(4 << 20));
+    }
+
+    #[test]
+    fn file_is_sparse_and_punches_holes() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("disk.img");
+        let b = FileBackend::open(&p, Some(8 << 20)).unwrap();
+        exercise(&b);
+        let blocks = std::fs::metadata(&p)
+            .map(|m| std::os::unix::fs::MetadataExt::blocks(&m))
+            .unwrap();
+        assert!(
+            blocks * 512 < 1 << 20,
+            "file should stay sparse, has {} bytes allocated",
+            blocks * 512
+        );
+    }
+}

@@ -1,0 +1,395 @@
+//! Target configuration: a TOML file, or the flags of the one-namespace case.
+//!
+//! ```toml
+//! io_threads = 4
+//! metrics = "127.0.0.1:9100"
+//!
+//! [[listener]]
+//! address = "127.0.0.1:4420"
+//!
+//! [[listener]]
+//! address = "127.0.0.1:8009"
+//! discovery = true
+//!
+//! [[subsystem]]
+//! nqn = "nqn.2026-11.io.nearstore:disk0"
+//! allow_any_host = false
+//! hosts = ["nqn.2014-08.org.nvmexpress:uuid:5f1c..."]
+//!
+//! [[subsystem.namespace]]
+//! nsid = 1
+//! path = "/var/lib/nearstore/disk0.img"   # regular file or block device
+//! size = "10GiB"                           # create a sparse file of this size if missing
+//! block_size = 512
+//!
+//! [[subsystem.namespace]]
+//! nsid = 2
+//! memory = "1GiB"
+//! ```
+
+use std::collections::HashSet;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+
+use serde::Deserialize;
+
+use crate::limits;
+
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("reading config file {path}: {source}")]
+    Read {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("config file {path}: {message}")]
+    Parse { path: PathBuf, message: String },
+    #[error("{field}: {message}")]
+    Invalid { field: String, message: String },
+}
+
+fn invalid(field: impl Into<String>, message: impl Into<String>) -> ConfigError {
+    ConfigError::Invalid {
+        field: field.into(),
+        message: message.into(),
+    }
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Config {
+    #[serde(default)]
+    pub listener: Vec<ListenerConfig>,
+    #[serde(default)]
+    pub subsystem: Vec<SubsystemConfig>,
+    /// Address of the Prometheus metrics endpoint.
+    pub metrics: Option<SocketAddr>,
+    /// Worker threads for file and block backend I/O.
+    #[serde(default = "default_io_threads")]
+    pub io_threads: usize,
+    /// Worker threads of the network runtime (default: all cores).
+    pub net_threads: Option<usize>,
+}
+
+fn default_io_threads() -> usize {
+    limits::IO_THREADS_DEFAULT
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ListenerConfig {
+    pub address: SocketAddr,
+    /// Serve only the discovery subsystem on this listener (port 8009 by convention).
+    #[serde(default)]
+    pub discovery: bool,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SubsystemConfig {
+    pub nqn: String,
+    #[serde(default)]
+    pub allow_any_host: bool,
+    #[serde(default)]
+    pub hosts: Vec<String>,
+    pub serial: Option<String>,
+    pub model: Option<String>,
+    #[serde(default)]
+    pub namespace: Vec<NamespaceConfig>,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct NamespaceConfig {
+    pub nsid: u32,
+    pub path: Option<PathBuf>,
+    /// A memory namespace of this size ("1GiB", "512MiB", or bytes).
+    pub memory: Option<ByteSize>,
+    /// Size of the file to create when `path` does not exist.
+    pub size: Option<ByteSize>,
+    #[serde(default = "default_block_size")]
+    pub block_size: u32,
+}
+
+fn default_block_size() -> u32 {
+    512
+}
+
+/// A size in bytes, written as a number or a string with a unit (KiB, MiB, GiB, TiB, K, M, G, T).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ByteSize(pub u64);
+
+impl std::str::FromStr for ByteSize {
+    type Err = String;
+    fn from_str(s: &str) -> Result<ByteSize, String> {
+        let s = s.trim();
+        let split = s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len());
+        let (num, unit) = s.split_at(split);
+        let n: u64 = num
+            .parse()
+            .map_err(|_| format!("'{s}' is not a size (examples: 4096, 512MiB, 10GiB)"))?;
+        let mult: u64 = match unit.trim().to_ascii_lowercase().as_str() {
+            "" | "b" => 1,
+            "k" | "kib" | "kb" => 1 << 10,
+            "m" | "mib" | "mb" => 1 << 20,
+            "g" | "gib" | "gb" => 1 << 30,
+            "t" | "tib" | "tb" => 1 << 40,
+            u => return Err(format!("unknown size unit '{u}' in '{s}'")),
+        };
+        n.checked_mul(mult)
+            .map(ByteSize)
+            .ok_or_else(|| format!("size '{s}' overflows"))
+    }
+}
+
+impl<'de> Deserialize<'de> for ByteSize {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<ByteSize, D::Error> {
+        #[derive(Deserialize)]
+        #[serde(untagged)]
+        enum Raw {
+            N(u64),
+            S(String),
+        }
+        match Raw::deserialize(d)? {
+            Raw::N(n) => Ok(ByteSize(n)),
+            Raw::S(s) => s.parse().map_err(serde::de::Error::custom),
+        }
+    }
+}
+
+impl Config {
+    pub fn from_file(path: &Path) -> Result<Config, ConfigError> {
+        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+            path: path.into(),
+            source,
+        })?;
+        Config::from_toml(&text).map_err(|e| match e {
+            ConfigError::Parse { message, .. } => ConfigError::Parse {
+                path: path.into(),
+                message,
+            },
+            e => e,
+        })
+    }
+
+    pub fn from_toml(text: &str) -> Result<Config, ConfigError> {
+        let c: Config = toml::from_str(text).map_err(|e| ConfigError::Parse {
+            path: PathBuf::new(),
+            message: e.to_string(),
+        })?;
+        c.validate()?;
+        Ok(c)
+    }
+
+    /// Checks what TOML types cannot: names, ranges, uniqueness.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        if self.listener.is_empty() {
+            return Err(invalid("listener", "at least one listener is needed"));
+        }
+        let mut addrs = HashSet::new();
+        for (i, l) in self.listener.iter().enumerate() {
+            if !addrs.insert(l.address) {
+                return Err(invalid(
+                    format!("listener[{i}].address"),
+                    format!("{} is listed twice", l.address),
+                ));
+            }
+        }
+        if self.io_threads == 0 || self.io_threads > 256 {
+            return Err(invalid("io_threads", "must be between 1 and 256"));
+        }
+        let mut nqns = HashSet::new();
+        for (i, s) in self.subsystem.iter().enumerate() {
+            let f = format!("subsystem[{i}]");
+            check_nqn(&s.nqn).map_err(|m| invalid(format!("{f}.nqn"), m))?;
+            if s.nqn == nearstore_wire::DISCOVERY_NQN {
+                return Err(invalid(
+                    format!("{f}.nqn"),
+                    "the discovery NQN is reserved for the discovery subsystem",
+                ));
+            }
+            if !nqns.insert(&s.nqn) {
+                return Err(invalid(
+                    format!("{f}.nqn"),
+                    format!("duplicate subsystem NQN {}", s.nqn),
+                ));
+            }
+            for (j, h) in s.hosts.iter().enumerate() {
+                check_nqn(h).map_err(|m| invalid(format!("{f}.hosts[{j}]"), m))?;
+            }
+            if !s.allow_any_host && s.hosts.is_empty() {
+                return Err(invalid(
+                    format!("{f}.hosts"),
+                    "no host may connect: list hosts or set allow_any_host = true",
+                ));
+            }
+            let mut nsids = HashSet::new();
+            for (j, n) in s.namespace.iter().enumerate() {
+                let nf = format!("{f}.namespace[{j}]");
+                if n.nsid == 0 || n.nsid > limits::NSID_MAX {
+                    return Err(invalid(
+                        format!("{nf}.nsid"),
+                        format!("must be between 1 and {}", limits::NSID_MAX),
+                    ));
+                }
+                if !nsids.insert(n.nsid) {
+                    return Err(invalid(
+                        format!("{nf}.nsid"),
+                        format!("duplicate NSID {} in subsystem {}", n.nsid, s.nqn),
+                    ));
+                }
+                if ![512, 4096].contains(&n.block_size) {
+                    return Err(invalid(format!("{nf}.block_size"), "must be 512 or 4096"));
+                }
+                match (&n.path, n.memory) {
+                    (Some(_), Some(_)) => {
+                        return Err(invalid(&nf, "give either path or memory, not both"))
+                    }
+                    (None, None) => {
+                        return Err(invalid(
+                            &nf,
+                            "give a path (file or block device) or a memory size",
+                        ))
+                    }
+                    (None, Some(m)) if m.0 == 0 || m.0 % n.block_size as u64 != 0 => {
+                        return Err(invalid(
+                            format!("{nf}.memory"),
+                            "must be a non-zero multiple of block_size",
+                        ))
+                    }
+                    (None, Some(_)) if n.size.is_some() => {
+                        return Err(invalid(format!("{nf}.size"), "only for a path"))
+                    }
+                    _ => {}
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// The one-namespace case: `nearstore target --listen ADDR --namespace PATH`.
+    pub fn single(
+        listen: SocketAddr,
+        discovery: Option<SocketAddr>,
+        nqn: &str,
+        ns: NamespaceConfig,
+    ) -> Config {
+        let mut listener = vec![ListenerConfig {
+            address: listen,
+            discovery: false,
+        }];
+        if let Some(d) = discovery {
+            listener.push(ListenerConfig {
+                address: d,
+                discovery: true,
+            });
+        }
+        Config {
+            listener,
+            subsystem: vec![SubsystemConfig {
+                nqn: nqn.into(),
+                allow_any_host: true,
+                hosts: vec![],
+                serial: None,
+                model: None,
+                namespace: vec![ns],
+            }],
+            metrics: None,
+            io_threads: limits::IO_THREADS_DEFAULT,
+            net_threads: None,
+        }
+    }
+}
+
+/// An NQN: "nqn." then a date and a reverse domain, at most 223 bytes, printable ASCII.
+pub fn check_nqn(nqn: &str) -> Result<(), String> {
+    if !nqn.starts_with("nqn.") {
+        return Err(format!("'{nqn}' is not an NQN: it must start with 'nqn.'"));
+    }
+    if nqn.len() > nearstore_wire::NQN_LEN_MAX {
+        return Err(format!(
+            "NQN is {} bytes, at most {} allowed",
+            nqn.len(),
+            nearstore_wire::NQN_LEN_MAX
+        ));
+    }
+    if !nqn.bytes().all(|b| b.is_ascii_graphic()) {
+        return Err(format!("'{nqn}' has characters outside printable ASCII"));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const GOOD: &str = r#"
+        [[listener]]
+        address = "127.0.0.1:4420"
+        [[subsystem]]
+        nqn = "nqn.2026-11.io.nearstore:a"
+        allow_any_host = true
+        [[subsystem.namespace]]
+        nsid = 1
+        memory = "1MiB"
+    "#;
+
+    #[test]
+    fn good_config_parses() {
+        let c = Config::from_toml(GOOD).unwrap();
+        assert_eq!(c.subsystem[0].namespace[0].memory, Some(ByteSize(1 << 20)));
+        assert_eq!(c.io_threads, limits::IO_THREADS_DEFAULT);
+    }
+
+    /// Each bad config names its field.
+    #[test]
+    fn bad_configs_name_the_field() {
+        let cases: &[(&str, &str, &str)] = &[
+            ("nsid = 1", "nsid = 0", "subsystem[0].namespace[0].nsid"),
+            (
+                "memory = \"1MiB\"",
+                "memory = \"1MiB\"\n[[subsystem.namespace]]\nnsid = 1\nmemory = \"1MiB\"",
+                "duplicate NSID 1",
+            ),
+            (
+                "nqn = \"nqn.2026-11.io.nearstore:a\"",
+                "nqn = \"iqn.bad\"",
+                "subsystem[0].nqn",
+            ),
+            (
+                "allow_any_host = true",
+                "allow_any_host = false",
+                "subsystem[0].hosts",
+            ),
+            (
+                "memory = \"1MiB\"",
+                "memory = \"1MiB\"\nblock_size = 1000",
+                "block_size",
+            ),
+            ("memory = \"1MiB\"", "memory = \"1XB\"", "unknown size unit"),
+            ("memory = \"1MiB\"", "", "give a path"),
+            ("nsid = 1", "nsid = 1\ncolour = 3", "unknown field `colour`"),
+            (
+                "address = \"127.0.0.1:4420\"",
+                "address = \"127.0.0.1:4420\"\n[[listener]]\naddress = \"127.0.0.1:4420\"",
+                "listener[1].address",
+            ),
+        ];
+        for (from, to, want) in cases {
+            let text = GOOD.replacen(from, to, 1);
+            let e = Config::from_toml(&text).expect_err(to).to_string();
+            assert!(
+                e.contains(want),
+                "config with {to:?}: error {e:?} should contain {want:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn missing_file_names_the_path() {
+        let e = Config::from_file(Path::new("/nonexistent/t.toml"))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("/nonexistent/t.toml"), "{e}");
+    }
+}

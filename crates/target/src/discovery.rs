@@ -1,0 +1,54 @@
+//! The discovery log page: one entry for every subsystem the host may connect to on
+//! every I/O listener, plus the discovery subsystem itself on each discovery listener.
+
+use std::net::SocketAddr;
+
+use nearstore_wire::log::{disc, encode_discovery_log, DiscoveryEntry};
+
+use crate::Target;
+
+pub fn log_page(target: &Target, hostnqn: &str, local: Option<SocketAddr>) -> Vec<u8> {
+    let mut entries = Vec::new();
+    let ports = target.ports();
+    for port in &ports {
+        // A listener on 0.0.0.0 is reported with the address the host reached us on.
+        let addr = match (port.addr.ip().is_unspecified(), local) {
+            (true, Some(l)) => SocketAddr::new(l.ip(), port.addr.port()),
+            _ => port.addr,
+        };
+        let base = DiscoveryEntry {
+            trtype: disc::TRTYPE_TCP,
+            adrfam: if addr.is_ipv4() {
+                disc::ADRFAM_IPV4
+            } else {
+                disc::ADRFAM_IPV6
+            },
+            subtype: disc::SUBTYPE_NVME,
+            treq: disc::TREQ_NOT_REQUIRED | disc::TREQ_DISABLE_SQFLOW,
+            portid: port.id,
+            cntlid: 0xffff,
+            asqsz: 32,
+            trsvcid: addr.port().to_string(),
+            subnqn: String::new(),
+            traddr: addr.ip().to_string(),
+            sectype: 0,
+        };
+        if port.discovery {
+            entries.push(DiscoveryEntry {
+                subtype: disc::SUBTYPE_CURRENT_DISCOVERY,
+                subnqn: nearstore_wire::DISCOVERY_NQN.into(),
+                ..base
+            });
+            continue;
+        }
+        for sub in target.subsystems() {
+            if sub.host_allowed(hostnqn) {
+                entries.push(DiscoveryEntry {
+                    subnqn: sub.nqn.clone(),
+                    ..base.clone()
+                });
+            }
+        }
+    }
+    encode_discovery_log(target.genctr(), &entries)
+}

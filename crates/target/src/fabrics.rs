@@ -1,0 +1,192 @@
+//! Fabrics commands: Connect, Property Get, Property Set, Disconnect.
+
+use std::sync::Arc;
+
+use nearstore_wire::fabrics::{cap, cc, connect, csts, prop, ConnectData, VERSION_1_3};
+use nearstore_wire::opcode::fctype;
+use nearstore_wire::{Sqe, Status};
+use tracing::{info, warn};
+
+use crate::limits;
+use crate::reply::Reply;
+use crate::subsystem::Controller;
+use crate::Target;
+
+/// What a successful Connect bound the queue to.
+pub struct Connected {
+    pub ctrl: Arc<Controller>,
+    pub qid: u16,
+    pub sqsize: u16,
+    pub sqflow_disabled: bool,
+}
+
+/// Byte offsets the Connect Invalid Parameters response points at.
+const IPO_QID: u16 = 42;
+const IPO_SQSIZE: u16 = 44;
+const IPO_CNTLID: u16 = 16;
+const IPO_SUBNQN: u16 = 256;
+const IPO_HOSTNQN: u16 = 512;
+
+fn invalid_param(in_data: bool, offset: u16) -> Reply {
+    Reply {
+        dw0: connect::invalid_param(in_data, offset),
+        ..Reply::status(Status::CONNECT_INVALID_PARAMETERS.dnr())
+    }
+}
+
+/// Handles Connect. `discovery_port`: the connection came in on a discovery-only listener.
+pub fn connect(
+    target: &Target,
+    sqe: &Sqe,
+    data: &[u8],
+    discovery_port: bool,
+    peer: &str,
+) -> Result<Connected, Reply> {
+    if connect::recfmt(sqe.cdw(10)) != 0 {
+        return Err(Reply::status(Status::CONNECT_INCOMPATIBLE_FORMAT.dnr()));
+    }
+    let Some(d) = ConnectData::decode(data) else {
+        return Err(Reply::status(Status::DATA_SGL_LENGTH_INVALID.dnr()));
+    };
+    let qid = connect::qid(sqe.cdw(10));
+    let sqsize = connect::sqsize(sqe.cdw(11));
+    let sqflow_disabled = connect::cattr(sqe.cdw(11)) & connect::CATTR_DISABLE_SQFLOW != 0;
+    if sqsize == 0 || sqsize >= limits::QUEUE_DEPTH_MAX {
+        warn!(peer, sqsize, "connect: queue size out of range");
+        return Err(invalid_param(false, IPO_SQSIZE));
+    }
+    let Some(sub) = target.subsystem(&d.subnqn) else {
+        warn!(peer, subnqn = %d.subnqn, "connect: no such subsystem");
+        return Err(invalid_param(true, IPO_SUBNQN));
+    };
+    if discovery_port && !sub.discovery {
+        warn!(peer, subnqn = %d.subnqn, "connect: only the discovery subsystem is served on this port");
+        return Err(invalid_param(true, IPO_SUBNQN));
+    }
+    if !sub.host_allowed(&d.hostnqn) {
+        warn!(peer, hostnqn = %d.hostnqn, subnqn = %sub.nqn, "connect: host not allowed");
+        return Err(Reply::status(Status::CONNECT_INVALID_HOST.dnr()));
+    }
+    if qid == 0 {
+        if d.cntlid != 0xffff {
+            return Err(invalid_param(true, IPO_CNTLID));
+        }
+        let kato = connect::kato(sqe.cdw(12));
+        let Some(ctrl) = sub.add_controller(&d.hostnqn, d.hostid, kato) else {
+            return Err(Reply::status(Status::CONNECT_CONTROLLER_BUSY));
+        };
+        ctrl.touch();
+        info!(peer, subnqn = %sub.nqn, hostnqn = %d.hostnqn, cntlid = ctrl.cntlid, kato_ms = kato, "controller created");
+        return Ok(Connected {
+            ctrl,
+            qid,
+            sqsize,
+            sqflow_disabled,
+        });
+    }
+    if sub.discovery {
+        return Err(invalid_param(false, IPO_QID));
+    }
+    let Some(ctrl) = sub.controller(d.cntlid) else {
+        warn!(
+            peer,
+            cntlid = d.cntlid,
+            "connect: I/O queue for an unknown controller"
+        );
+        return Err(invalid_param(true, IPO_CNTLID));
+    };
+    if ctrl.hostnqn != d.hostnqn {
+        return Err(invalid_param(true, IPO_HOSTNQN));
+    }
+    if ctrl.hostid != d.hostid {
+        return Err(Reply::status(Status::HOST_ID_INCONSISTENT.dnr()));
+    }
+    let mut st = ctrl.state.lock();
+    if st.csts & csts::RDY == 0 {
+        return Err(Reply::status(Status::CONNECT_CONTROLLER_BUSY));
+    }
+    if qid > st.io_queues_granted || !st.io_queues.insert(qid) {
+        warn!(
+            peer,
+            qid,
+            granted = st.io_queues_granted,
+            "connect: queue id not granted or already connected"
+        );
+        return Err(invalid_param(false, IPO_QID));
+    }
+    drop(st);
+    ctrl.touch();
+    Ok(Connected {
+        ctrl,
+        qid,
+        sqsize,
+        sqflow_disabled,
+    })
+}
+
+/// CAP as this target reports it.
+pub fn cap_value() -> u64 {
+    cap::build(limits::QUEUE_DEPTH_MAX - 1, limits::READY_TIMEOUT_500MS)
+}
+
+pub fn property_get(ctrl: &Controller, sqe: &Sqe) -> Reply {
+    let size8 = sqe.cdw(10) & 0x7 == 1;
+    let st = ctrl.state.lock();
+    let v: u64 = match (sqe.cdw(11), size8) {
+        (prop::CAP, _) => cap_value(),
+        (prop::VS, false) => VERSION_1_3 as u64,
+        (prop::CC, false) => st.cc as u64,
+        (prop::CSTS, false) => st.csts as u64,
+        _ => return Reply::status(Status::INVALID_FIELD.dnr()),
+    };
+    Reply {
+        dw0: v as u32,
+        dw1: (v >> 32) as u32,
+        ..Reply::ok()
+    }
+}
+
+/// Property Set of CC: enable, disable (reset) and shutdown. Shutdown flushes every
+/// namespace before reporting complete, so a host that shuts down cleanly loses nothing.
+pub fn property_set(ctrl: &Controller, sqe: &Sqe) -> Reply {
+    if sqe.cdw(10) & 0x7 != 0 || sqe.cdw(11) != prop::CC {
+        return Reply::status(Status::INVALID_FIELD.dnr());
+    }
+    let new = sqe.cdw(12);
+    let mut st = ctrl.state.lock();
+    let old = st.cc;
+    st.cc = new;
+    if new & cc::EN != 0 && old & cc::EN == 0 {
+        let io = !ctrl.subsys.discovery;
+        if io && (cc::iosqes(new) != 6 || cc::iocqes(new) != 4)
+            || cc::mps(new) != 0
+            || cc::css(new) != 0
+        {
+            warn!(
+                cntlid = ctrl.cntlid,
+                cc = new,
+                "CC enable with unsupported queue entry size, page size or command set"
+            );
+            st.csts = csts::CFS;
+        } else {
+            st.csts = csts::RDY;
+        }
+    } else if new & cc::EN == 0 && old & cc::EN != 0 {
+        st.csts = 0;
+    }
+    if cc::shn(new) != 0 && cc::shn(old) == 0 {
+        drop(st);
+        for ns in ctrl.subsys.namespaces() {
+            if let Err(e) = ns.backend.flush() {
+                warn!(nsid = ns.nsid, "flush at shutdown failed: {e}");
+            }
+        }
+        ctrl.state.lock().csts |= csts::SHST_COMPLETE;
+    }
+    Reply::ok()
+}
+
+/// Whether a fabrics command type may run before the queue is connected.
+pub fn is_connect(sqe: &Sqe) -> bool {
+    sqe.fctype() == fctype::CONNECT
+}

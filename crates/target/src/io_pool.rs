@@ -1,0 +1,123 @@
+//! Worker threads that run file and block backend I/O off the network tasks.
+//!
+//! A connection hands a [`Job`] (backend, operation, buffer, reply channel) to the pool
+//! and goes on serving other commands; the worker sends the buffer back in a [`Done`].
+//! Buffers move, nothing is allocated per I/O.
+
+use std::io;
+use std::sync::Arc;
+
+use nearstore_transport::AlignedBuf;
+use tokio::sync::mpsc::UnboundedSender;
+
+use crate::backend::Backend;
+
+pub enum Op {
+    Read {
+        off: u64,
+    },
+    Write {
+        off: u64,
+        fua: bool,
+    },
+    Flush,
+    WriteZeroes {
+        off: u64,
+        len: u64,
+        deallocate: bool,
+        fua: bool,
+    },
+    /// Deallocate every (offset, length) byte range packed in the buffer as u64 pairs.
+    Deallocate,
+}
+
+pub struct Job {
+    pub backend: Arc<dyn Backend>,
+    pub op: Op,
+    pub buf: AlignedBuf,
+    pub token: u32,
+    pub reply: UnboundedSender<Done>,
+}
+
+pub struct Done {
+    pub token: u32,
+    pub result: io::Result<()>,
+    pub buf: AlignedBuf,
+}
+
+/// Runs one operation synchronously: used by the workers, and inline for cheap backends.
+pub fn execute(backend: &dyn Backend, op: &Op, buf: &mut AlignedBuf) -> io::Result<()> {
+    match *op {
+        Op::Read { off } => backend.read_at(buf, off),
+        Op::Write { off, fua } => {
+            backend.write_at(buf, off)?;
+            if fua {
+                backend.flush_range(off, buf.len() as u64)?;
+            }
+            Ok(())
+        }
+        Op::Flush => backend.flush(),
+        Op::WriteZeroes {
+            off,
+            len,
+            deallocate,
+            fua,
+        } => {
+            backend.write_zeroes(off, len, deallocate)?;
+            if fua {
+                backend.flush_range(off, len)?;
+            }
+            Ok(())
+        }
+        Op::Deallocate => {
+            for r in buf.chunks_exact(16) {
+                let off = u64::from_le_bytes(r[..8].try_into().expect("8"));
+                let len = u64::from_le_bytes(r[8..].try_into().expect("8"));
+                if len > 0 {
+                    backend.deallocate(off, len)?;
+                }
+            }
+            Ok(())
+        }
+    }
+}
+
+#[derive(Clone)]
+pub struct IoPool {
+    tx: crossbeam_channel::Sender<Job>,
+}
+
+impl IoPool {
+    pub fn new(threads: usize) -> IoPool {
+        let (tx, rx) = crossbeam_channel::unbounded::<Job>();
+        for i in 0..threads.max(1) {
+            let rx = rx.clone();
+            std::thread::Builder::new()
+                .name(format!("nearstore-io-{i}"))
+                .spawn(move || {
+                    for mut job in rx {
+                        let result = execute(&*job.backend, &job.op, &mut job.buf);
+                        // The connection may be gone; then the buffer is simply freed.
+                        let _ = job.reply.send(Done {
+                            token: job.token,
+                            result,
+                            buf: job.buf,
+                        });
+                    }
+                })
+                .expect("spawning an I/O worker");
+        }
+        IoPool { tx }
+    }
+
+    pub fn submit(&self, job: Job) {
+        if let Err(e) = self.tx.send(job) {
+            let job = e.into_inner();
+            let _ = job.reply.send(Done {
+                token: job.token,
+                result: Err(io::Error::other("I/O pool stopped")),
+                buf: job.buf,
+            });
+        }
+    }
+}

@@ -1,0 +1,251 @@
+//! The nearstore NVMe/TCP target.
+//!
+//! Codemap: [`tcp`] moves PDUs and completes commands; [`fabrics`], [`admin`], [`io_cmd`]
+//! and [`discovery`] parse and execute commands, named after the parts of the
+//! specification; [`subsystem`] holds subsystems, namespaces and controllers;
+//! [`backend`] is the storage under a namespace, [`io_pool`] runs file and block I/O off
+//! the network tasks; [`config`] reads the TOML configuration; [`metrics`] serves
+//! Prometheus text.
+
+pub mod admin;
+pub mod backend;
+pub mod config;
+pub mod discovery;
+pub mod fabrics;
+pub mod io_cmd;
+pub mod io_pool;
+pub mod limits;
+pub mod metrics;
+pub mod reply;
+pub mod subsystem;
+pub mod tcp;
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::Arc;
+
+use parking_lot::RwLock;
+use tokio::net::TcpListener;
+use tracing::{error, info};
+
+use crate::backend::{Backend, FileBackend, MemoryBackend};
+use crate::config::Config;
+use crate::io_pool::IoPool;
+use crate::metrics::TargetStats;
+use crate::subsystem::{Namespace, Subsystem};
+
+/// A listener: where hosts connect.
+#[derive(Debug, Clone)]
+pub struct Port {
+    pub id: u16,
+    pub addr: SocketAddr,
+    /// Serves only the discovery subsystem.
+    pub discovery: bool,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum TargetError {
+    #[error(transparent)]
+    Config(#[from] config::ConfigError),
+    #[error("{field}: opening {path}: {source}")]
+    Backend {
+        field: String,
+        path: String,
+        source: std::io::Error,
+    },
+    #[error("{field}: {message}")]
+    Namespace { field: String, message: String },
+    #[error("{field}: cannot listen on {addr}: {source}")]
+    Listen {
+        field: String,
+        addr: SocketAddr,
+        source: std::io::Error,
+    },
+}
+
+pub struct Target {
+    subsystems: RwLock<BTreeMap<String, Arc<Subsystem>>>,
+    discovery: Arc<Subsystem>,
+    ports: RwLock<Vec<Port>>,
+    genctr: AtomicU64,
+    pub pool: IoPool,
+    pub stats: TargetStats,
+}
+
+impl Target {
+    pub fn new(io_threads: usize) -> Arc<Target> {
+        Arc::new(Target {
+            subsystems: RwLock::new(BTreeMap::new()),
+            discovery: Arc::new(Subsystem::new(
+                nearstore_wire::DISCOVERY_NQN,
+                None,
+                Some("nearstore discovery"),
+                true,
+                &[],
+            )),
+            ports: RwLock::new(Vec::new()),
+            genctr: AtomicU64::new(1),
+            pool: IoPool::new(io_threads),
+            stats: TargetStats::default(),
+        })
+    }
+
+    /// Builds the subsystems and namespaces a configuration describes (listeners are
+    /// opened by [`Target::listen_all`]).
+    pub fn from_config(cfg: &Config) -> Result<Arc<Target>, TargetError> {
+        cfg.validate()?;
+        let t = Target::new(cfg.io_threads);
+        for (i, s) in cfg.subsystem.iter().enumerate() {
+            let sub = Subsystem::new(
+                &s.nqn,
+                s.serial.as_deref(),
+                s.model.as_deref(),
+                s.allow_any_host,
+                &s.hosts,
+            );
+            for (j, n) in s.namespace.iter().enumerate() {
+                let field = format!("subsystem[{i}].namespace[{j}]");
+                let backend: Arc<dyn Backend> = match (&n.path, n.memory) {
+                    (Some(p), _) => {
+                        Arc::new(FileBackend::open(p, n.size.map(|s| s.0)).map_err(|source| {
+                            TargetError::Backend {
+                                field: format!("{field}.path"),
+                                path: p.display().to_string(),
+                                source,
+                            }
+                        })?)
+                    }
+                    (None, Some(m)) => Arc::new(MemoryBackend::new(m.0)),
+                    (None, None) => unreachable!("validated"),
+                };
+                if backend.size() < n.block_size as u64 {
+                    return Err(TargetError::Namespace {
+                        field,
+                        message: format!("{} is smaller than one block", backend.describe()),
+                    });
+                }
+                info!(subnqn = %s.nqn, nsid = n.nsid, "namespace on {}", backend.describe());
+                sub.add_namespace(Namespace::new(&s.nqn, n.nsid, backend, n.block_size))
+                    .map_err(|message| TargetError::Namespace { field, message })?;
+            }
+            t.subsystems.write().insert(s.nqn.clone(), Arc::new(sub));
+        }
+        Ok(t)
+    }
+
+    /// Adds a subsystem at run time; the discovery log generation changes.
+    pub fn add_subsystem(&self, sub: Subsystem) -> Arc<Subsystem> {
+        let sub = Arc::new(sub);
+        self.subsystems.write().insert(sub.nqn.clone(), sub.clone());
+        self.genctr.fetch_add(1, Relaxed);
+        sub
+    }
+
+    /// The subsystem with this NQN, the discovery subsystem included.
+    pub fn subsystem(&self, nqn: &str) -> Option<Arc<Subsystem>> {
+        if nqn == nearstore_wire::DISCOVERY_NQN {
+            return Some(self.discovery.clone());
+        }
+        self.subsystems.read().get(nqn).cloned()
+    }
+
+    /// The NVM subsystems (not the discovery subsystem).
+    pub fn subsystems(&self) -> Vec<Arc<Subsystem>> {
+        self.subsystems.read().values().cloned().collect()
+    }
+
+    pub fn ports(&self) -> Vec<Port> {
+        self.ports.read().clone()
+    }
+
+    pub fn genctr(&self) -> u64 {
+        self.genctr.load(Relaxed)
+    }
+
+    /// Opens a listener and serves it until the runtime stops. Returns the bound address
+    /// (port 0 picks a free port).
+    pub async fn listen(
+        self: &Arc<Self>,
+        addr: SocketAddr,
+        discovery: bool,
+    ) -> std::io::Result<SocketAddr> {
+        let listener = TcpListener::bind(addr).await?;
+        let bound = listener.local_addr()?;
+        let port = {
+            let mut ports = self.ports.write();
+            let p = Arc::new(Port {
+                id: ports.len() as u16 + 1,
+                addr: bound,
+                discovery,
+            });
+            ports.push((*p).clone());
+            p
+        };
+        self.genctr.fetch_add(1, Relaxed);
+        let target = self.clone();
+        tokio::spawn(async move {
+            loop {
+                match listener.accept().await {
+                    Ok((sock, _)) => {
+                        let _ = sock.set_nodelay(true);
+                        let local = sock.local_addr().ok();
+                        tokio::spawn(tcp::serve(sock, target.clone(), port.clone(), local));
+                    }
+                    Err(e) => {
+                        // EMFILE and friends: keep serving the connections we have.
+                        error!("accept on {bound}: {e}");
+                        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+                    }
+                }
+            }
+        });
+        info!(%bound, discovery, "listening");
+        Ok(bound)
+    }
+
+    /// Opens every listener of the configuration; errors name the listener.
+    pub async fn listen_all(
+        self: &Arc<Self>,
+        cfg: &Config,
+    ) -> Result<Vec<SocketAddr>, TargetError> {
+        let mut out = Vec::new();
+        for (i, l) in cfg.listener.iter().enumerate() {
+            let a = self
+                .listen(l.address, l.discovery)
+                .await
+                .map_err(|source| TargetError::Listen {
+                    field: format!("listener[{i}].address"),
+                    addr: l.address,
+                    source,
+                })?;
+            out.push(a);
+        }
+        Ok(out)
+    }
+
+    /// Serves one already-connected stream (an in-process socket pair in tests).
+    pub fn serve_stream<S: nearstore_transport::Stream>(
+        self: &Arc<Self>,
+        s: S,
+        discovery: bool,
+    ) -> tokio::task::JoinHandle<()> {
+        let port = Arc::new(Port {
+            id: 0,
+            addr: SocketAddr::from(([127, 0, 0, 1], 0)),
+            discovery,
+        });
+        tokio::spawn(tcp::serve(s, self.clone(), port, None))
+    }
+
+    /// Flushes every namespace: called at shutdown.
+    pub fn flush_all(&self) {
+        for sub in self.subsystems() {
+            for ns in sub.namespaces() {
+                if let Err(e) = ns.backend.flush() {
+                    error!(subnqn = %sub.nqn, nsid = ns.nsid, "flush at exit failed: {e}");
+                }
+            }
+        }
+    }
+}

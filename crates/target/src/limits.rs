@@ -1,0 +1,55 @@
+//! Every limit of the target, with its unit and why it has that value.
+
+/// Largest submission queue a host may ask for (CAP.MQES + 1). 256 covers the Linux
+/// default of 128 and the QD 128 benchmarks with headroom; memory per connection grows
+/// with it (docs/protocol.md, "Memory per connection").
+pub const QUEUE_DEPTH_MAX: u16 = 256;
+
+/// Largest transfer of one command: MDTS = 5, 2^5 4 KiB pages = 128 KiB, as SPDK's
+/// default max_io_size. The Linux host splits larger I/O.
+pub const MDTS: u8 = 5;
+pub const TRANSFER_BYTES_MAX: usize = 4096 << MDTS;
+
+/// In-capsule data accepted on I/O queues (ICDSZ). 16 KiB, as the Linux target's default
+/// inline_data_size: writes up to 16 KiB travel with the command, with no R2T round trip.
+pub const IN_CAPSULE_BYTES_MAX: usize = 16384;
+
+/// In-capsule data accepted on the admin queue: the 1024-byte Connect data and more;
+/// 8 KiB is what the Linux host assumes (NVME_TCP_ADMIN_CCSZ).
+pub const ADMIN_IN_CAPSULE_BYTES_MAX: usize = 8192;
+
+/// Largest data in one H2CData PDU (MAXH2CDATA). Smaller than a transfer so that a large
+/// write arrives as several PDUs, which keeps the receive buffer small.
+pub const H2C_DATA_BYTES_MAX: u32 = 65536;
+
+/// Receive buffer per connection: one largest PDU (in-capsule or H2CData) plus headers,
+/// rounded to pages, doubled so that a batch of small commands rides along.
+pub const RX_BUFFER_BYTES: usize = 2 * 81920;
+
+/// Stop reading new commands while this much response data waits to be sent: bounds memory
+/// when a host sends reads faster than it receives their data.
+pub const TX_PENDING_BYTES_MAX: usize = 4 << 20;
+
+/// Asynchronous Event Requests outstanding per controller (AERL + 1).
+pub const AER_MAX: usize = 4;
+
+/// Error log entries kept per controller (ELPE + 1).
+pub const ERROR_LOG_ENTRIES: usize = 16;
+
+/// I/O queues per controller.
+pub const IO_QUEUES_MAX: u16 = 64;
+
+/// Namespaces per subsystem (NN): NSIDs 1..=1024.
+pub const NSID_MAX: u32 = 1024;
+
+/// Controllers per subsystem: CNTLIDs 1..=0xFFEF are valid; keep fewer to bound state.
+pub const CONTROLLERS_PER_SUBSYSTEM_MAX: usize = 1024;
+
+/// Keep-alive granularity reported in KAS, in milliseconds (KAS is in 100 ms units).
+pub const KEEP_ALIVE_GRANULARITY_MS: u32 = 100;
+
+/// CAP.TO: how long a host waits for CSTS.RDY, in 500 ms units (7.5 s).
+pub const READY_TIMEOUT_500MS: u8 = 15;
+
+/// Default worker threads that run file and block backend I/O.
+pub const IO_THREADS_DEFAULT: usize = 4;

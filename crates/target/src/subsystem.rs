@@ -1,0 +1,280 @@
+//! Subsystems, namespaces and controllers: the state the command handlers work on.
+
+use std::collections::{BTreeMap, BTreeSet, HashSet, VecDeque};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
+use std::sync::Arc;
+use std::time::Instant;
+
+use nearstore_wire::log::ErrorEntry;
+use parking_lot::{Mutex, RwLock};
+use tokio::sync::Notify;
+use tokio_util::sync::CancellationToken;
+
+use crate::backend::Backend;
+use crate::limits;
+use crate::metrics::NsStats;
+
+pub struct Namespace {
+    pub nsid: u32,
+    pub backend: Arc<dyn Backend>,
+    pub block_size: u32,
+    pub lba_shift: u32,
+    /// Capacity in logical blocks (NSZE).
+    pub blocks: u64,
+    pub nguid: [u8; 16],
+    pub uuid: [u8; 16],
+    pub stats: NsStats,
+}
+
+impl Namespace {
+    pub fn new(subnqn: &str, nsid: u32, backend: Arc<dyn Backend>, block_size: u32) -> Namespace {
+        let key = format!("{subnqn}/ns/{nsid}");
+        let uuid = *uuid::Uuid::new_v5(&uuid::Uuid::NAMESPACE_URL, key.as_bytes()).as_bytes();
+        let nguid = *uuid::Uuid::new_v5(&uuid::Uuid::NAMESPACE_OID, key.as_bytes()).as_bytes();
+        Namespace {
+            nsid,
+            blocks: backend.size() / block_size as u64,
+            backend,
+            block_size,
+            lba_shift: block_size.trailing_zeros(),
+            nguid,
+            uuid,
+            stats: NsStats::default(),
+        }
+    }
+
+    /// Byte offset and length of `nlb` blocks at `slba`, if they lie inside the namespace.
+    pub fn range(&self, slba: u64, nlb: u64) -> Option<(u64, u64)> {
+        let end = slba.checked_add(nlb)?;
+        (end <= self.blocks).then(|| (slba << self.lba_shift, nlb << self.lba_shift))
+    }
+}
+
+pub struct Subsystem {
+    pub nqn: String,
+    pub serial: String,
+    pub model: String,
+    /// The well-known discovery subsystem.
+    pub discovery: bool,
+    allow_any_host: bool,
+    hosts: HashSet<String>,
+    namespaces: RwLock<BTreeMap<u32, Arc<Namespace>>>,
+    controllers: Mutex<BTreeMap<u16, Arc<Controller>>>,
+}
+
+impl Subsystem {
+    pub fn new(
+        nqn: &str,
+        serial: Option<&str>,
+        model: Option<&str>,
+        allow_any_host: bool,
+        hosts: &[String],
+    ) -> Subsystem {
+        let serial = serial.map(str::to_string).unwrap_or_else(|| {
+            format!(
+                "NS{:018X}",
+                u64::from(crc32c::crc32c(nqn.as_bytes())) << 16 | 0x5eed
+            )
+        });
+        Subsystem {
+            nqn: nqn.into(),
+            serial,
+            model: model.unwrap_or("nearstore").into(),
+            discovery: nqn == nearstore_wire::DISCOVERY_NQN,
+            allow_any_host,
+            hosts: hosts.iter().cloned().collect(),
+            namespaces: RwLock::new(BTreeMap::new()),
+            controllers: Mutex::new(BTreeMap::new()),
+        }
+    }
+
+    pub fn host_allowed(&self, hostnqn: &str) -> bool {
+        self.discovery || self.allow_any_host || self.hosts.contains(hostnqn)
+    }
+
+    pub fn namespace(&self, nsid: u32) -> Option<Arc<Namespace>> {
+        self.namespaces.read().get(&nsid).cloned()
+    }
+
+    pub fn namespaces(&self) -> Vec<Arc<Namespace>> {
+        self.namespaces.read().values().cloned().collect()
+    }
+
+    pub fn nsids(&self) -> Vec<u32> {
+        self.namespaces.read().keys().copied().collect()
+    }
+
+    /// Adds a namespace; controllers already connected get a namespace-changed event.
+    pub fn add_namespace(&self, ns: Namespace) -> Result<(), String> {
+        let nsid = ns.nsid;
+        {
+            let mut map = self.namespaces.write();
+            if map.contains_key(&nsid) {
+                return Err(format!("NSID {nsid} already exists in {}", self.nqn));
+            }
+            map.insert(nsid, Arc::new(ns));
+        }
+        self.notify_ns_changed(nsid);
+        Ok(())
+    }
+
+    pub fn remove_namespace(&self, nsid: u32) -> Option<Arc<Namespace>> {
+        let ns = self.namespaces.write().remove(&nsid);
+        if ns.is_some() {
+            self.notify_ns_changed(nsid);
+        }
+        ns
+    }
+
+    fn notify_ns_changed(&self, nsid: u32) {
+        for c in self.controllers.lock().values() {
+            c.ns_changed(nsid);
+        }
+    }
+
+    /// Creates a controller with the lowest free CNTLID (dynamic controller model).
+    pub fn add_controller(
+        self: &Arc<Self>,
+        hostnqn: &str,
+        hostid: [u8; 16],
+        kato_ms: u32,
+    ) -> Option<Arc<Controller>> {
+        let mut ctrls = self.controllers.lock();
+        if ctrls.len() >= limits::CONTROLLERS_PER_SUBSYSTEM_MAX {
+            return None;
+        }
+        let cntlid = (1..=0xffefu16).find(|id| !ctrls.contains_key(id))?;
+        let c = Arc::new(Controller::new(
+            cntlid,
+            self.clone(),
+            hostnqn,
+            hostid,
+            kato_ms,
+        ));
+        ctrls.insert(cntlid, c.clone());
+        Some(c)
+    }
+
+    pub fn controller(&self, cntlid: u16) -> Option<Arc<Controller>> {
+        self.controllers.lock().get(&cntlid).cloned()
+    }
+
+    pub fn controller_count(&self) -> usize {
+        self.controllers.lock().len()
+    }
+
+    /// Removes the controller and stops every queue attached to it.
+    pub fn remove_controller(&self, cntlid: u16) {
+        if let Some(c) = self.controllers.lock().remove(&cntlid) {
+            c.cancel.cancel();
+        }
+    }
+}
+
+/// Controller state that commands change (features, properties, logs, events).
+pub struct CtrlState {
+    pub cc: u32,
+    pub csts: u32,
+    pub kato_ms: u32,
+    /// I/O queues granted by Set Features (Number of Queues), as a count.
+    pub io_queues_granted: u16,
+    pub io_queues: BTreeSet<u16>,
+    pub async_event_config: u32,
+    pub errors: VecDeque<ErrorEntry>,
+    pub error_count: u64,
+    pub changed_ns: BTreeSet<u32>,
+    /// An event waiting for an Asynchronous Event Request to carry it (CQE DW0).
+    pub pending_event: Option<u32>,
+}
+
+pub struct Controller {
+    pub cntlid: u16,
+    pub subsys: Arc<Subsystem>,
+    pub hostnqn: String,
+    pub hostid: [u8; 16],
+    pub state: Mutex<CtrlState>,
+    /// Volatile write cache enabled (feature 06h); when off every write is FUA.
+    pub write_cache: AtomicBool,
+    epoch: Instant,
+    last_activity_ms: AtomicU64,
+    /// Fires when the controller goes away: every queue of it closes.
+    pub cancel: CancellationToken,
+    /// Wakes the admin queue when an asynchronous event is pending.
+    pub events: Notify,
+}
+
+/// AEN: Notice, Namespace Attribute Changed, log page 04h (NVMe Base, "Asynchronous Event Information").
+pub const AEN_NS_CHANGED: u32 = 0x02 | (0x00 << 8) | (0x04 << 16);
+/// Async Event Configuration bit for namespace attribute notices.
+pub const AEC_NS_ATTR: u32 = 1 << 8;
+
+impl Controller {
+    fn new(
+        cntlid: u16,
+        subsys: Arc<Subsystem>,
+        hostnqn: &str,
+        hostid: [u8; 16],
+        kato_ms: u32,
+    ) -> Controller {
+        Controller {
+            cntlid,
+            subsys,
+            hostnqn: hostnqn.into(),
+            hostid,
+            state: Mutex::new(CtrlState {
+                cc: 0,
+                csts: 0,
+                kato_ms,
+                io_queues_granted: limits::IO_QUEUES_MAX,
+                io_queues: BTreeSet::new(),
+                async_event_config: 0,
+                errors: VecDeque::new(),
+                error_count: 0,
+                changed_ns: BTreeSet::new(),
+                pending_event: None,
+            }),
+            write_cache: AtomicBool::new(true),
+            epoch: Instant::now(),
+            last_activity_ms: AtomicU64::new(0),
+            cancel: CancellationToken::new(),
+            events: Notify::new(),
+        }
+    }
+
+    /// Records host activity for the keep-alive timer.
+    pub fn touch(&self) {
+        self.last_activity_ms
+            .store(self.epoch.elapsed().as_millis() as u64, Relaxed);
+    }
+
+    pub fn idle_ms(&self) -> u64 {
+        (self.epoch.elapsed().as_millis() as u64)
+            .saturating_sub(self.last_activity_ms.load(Relaxed))
+    }
+
+    pub fn ready(&self) -> bool {
+        self.state.lock().csts & nearstore_wire::fabrics::csts::RDY != 0
+    }
+
+    pub fn record_error(&self, mut e: ErrorEntry) {
+        let mut s = self.state.lock();
+        s.error_count += 1;
+        e.error_count = s.error_count;
+        if s.errors.len() == limits::ERROR_LOG_ENTRIES {
+            s.errors.pop_back();
+        }
+        s.errors.push_front(e);
+    }
+
+    fn ns_changed(&self, nsid: u32) {
+        let mut s = self.state.lock();
+        if s.changed_ns.len() < 1024 {
+            s.changed_ns.insert(nsid);
+        }
+        if s.async_event_config & AEC_NS_ATTR != 0 {
+            s.pending_event = Some(AEN_NS_CHANGED);
+            drop(s);
+            self.events.notify_one();
+        }
+    }
+}

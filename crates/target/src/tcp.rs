@@ -1,0 +1,1020 @@
+//! The NVMe/TCP connection engine: one task per connection (one queue), generic over the
+//! byte stream. It parses PDUs, runs commands, and completes every command exactly once.
+//!
+//! Per batch of received bytes the loop parses every complete PDU, runs what can run at
+//! once (memory backends, admin commands) straight into the send buffer, hands file and
+//! block I/O to the worker pool, and then writes everything with as few syscalls as the
+//! socket allows. Buffers and command slots are reused; nothing is allocated per I/O on
+//! the read and write paths once the queue is warm.
+
+use std::io;
+use std::net::SocketAddr;
+use std::sync::atomic::Ordering::Relaxed;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use nearstore_transport::{AlignedBuf, Interest, RxBuf, Stream, TxBuf};
+use nearstore_wire::log::ErrorEntry;
+use nearstore_wire::opcode::{fctype, FABRICS};
+use nearstore_wire::pdu::{
+    self, fes, flags, DataHdr, Frame, Framing, IcReq, IcResp, PduError, PduType,
+};
+use nearstore_wire::sqe::sgl_id;
+use nearstore_wire::{Cqe, Sqe, Status};
+use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver, UnboundedSender};
+use tokio_util::sync::CancellationToken;
+use tracing::{debug, info, warn};
+
+use crate::admin;
+use crate::fabrics;
+use crate::io_cmd::{self, IoKind, IoPlan};
+use crate::io_pool::{self, Done, Job, Op};
+use crate::limits;
+use crate::reply::Reply;
+use crate::subsystem::{Controller, Namespace};
+use crate::{Port, Target};
+
+/// How long a new connection may take to send its ICReq.
+const IC_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long a TermReq may take to leave before the socket is closed anyway.
+const TERM_FLUSH_TIMEOUT: Duration = Duration::from_secs(1);
+
+#[derive(Debug, thiserror::Error)]
+pub enum ConnError {
+    #[error("socket: {0}")]
+    Io(#[from] io::Error),
+    #[error("{0}")]
+    Fatal(PduError),
+    #[error("host sent a TermReq (fes {fes:#x}, fei {fei})")]
+    HostTerminated { fes: u16, fei: u32 },
+    #[error("controller {0} went away (keep-alive expiry, shutdown or admin queue loss)")]
+    ControllerGone(u16),
+    #[error("no ICReq within {0:?}")]
+    IcTimeout(Duration),
+}
+
+/// Serves one connection until it closes, then detaches it from its controller.
+pub async fn serve<S: Stream>(
+    stream: S,
+    target: Arc<Target>,
+    port: Arc<Port>,
+    local: Option<SocketAddr>,
+) {
+    target.stats.connections.fetch_add(1, Relaxed);
+    target.stats.connections_total.fetch_add(1, Relaxed);
+    let peer = stream.peer();
+    let (done_tx, done_rx) = unbounded_channel();
+    let mut conn = Conn {
+        stream,
+        rx: RxBuf::new(limits::RX_BUFFER_BYTES),
+        done_rx,
+        cancel: CancellationToken::new(),
+        bound: false,
+        core: Core {
+            target: target.clone(),
+            port,
+            local,
+            peer: peer.clone(),
+            tx: TxBuf::with_capacity(256 * 1024),
+            framing: Framing::initial(true),
+            hpda: 0,
+            queue: None,
+            sqhd: 0,
+            r2t: Slab::default(),
+            inflight: Slab::default(),
+            bufs: Vec::new(),
+            done_tx,
+            aers: Vec::new(),
+            close_after_flush: false,
+        },
+    };
+    let result = conn.run().await;
+    if let Err(e) = conn.flush_quickly().await {
+        debug!(peer, "flushing before close: {e}");
+    }
+    match &result {
+        Ok(()) => debug!(peer, "connection closed by host"),
+        Err(ConnError::Fatal(e)) => {
+            target.stats.fatal_errors.fetch_add(1, Relaxed);
+            warn!(peer, "closing connection: {e}");
+        }
+        Err(e) => info!(peer, "closing connection: {e}"),
+    }
+    conn.core.detach();
+    target.stats.connections.fetch_sub(1, Relaxed);
+}
+
+struct Conn<S> {
+    stream: S,
+    rx: RxBuf,
+    done_rx: UnboundedReceiver<Done>,
+    cancel: CancellationToken,
+    bound: bool,
+    core: Core,
+}
+
+/// A slab: values addressed by a small index (R2T transfer tags, pool job tokens).
+struct Slab<T> {
+    slots: Vec<Option<T>>,
+    free: Vec<usize>,
+    live: usize,
+}
+
+impl<T> Default for Slab<T> {
+    fn default() -> Self {
+        Slab {
+            slots: Vec::new(),
+            free: Vec::new(),
+            live: 0,
+        }
+    }
+}
+
+impl<T> Slab<T> {
+    fn insert(&mut self, v: T) -> usize {
+        self.live += 1;
+        match self.free.pop() {
+            Some(i) => {
+                self.slots[i] = Some(v);
+                i
+            }
+            None => {
+                self.slots.push(Some(v));
+                self.slots.len() - 1
+            }
+        }
+    }
+    fn get_mut(&mut self, i: usize) -> Option<&mut T> {
+        self.slots.get_mut(i).and_then(|s| s.as_mut())
+    }
+    fn remove(&mut self, i: usize) -> Option<T> {
+        let v = self.slots.get_mut(i)?.take()?;
+        self.live -= 1;
+        self.free.push(i);
+        Some(v)
+    }
+}
+
+/// The queue this connection became by Connect.
+struct Queue {
+    ctrl: Arc<Controller>,
+    qid: u16,
+    sqsize: u16,
+    sqflow_disabled: bool,
+}
+
+/// A write waiting for its data in H2CData PDUs after an R2T.
+struct H2C {
+    sqe: Sqe,
+    buf: AlignedBuf,
+    received: usize,
+    start: Instant,
+}
+
+/// A command running on the I/O pool.
+struct Inflight {
+    cid: u16,
+    ns: Arc<Namespace>,
+    kind: IoKind,
+    len: usize,
+    lba: u64,
+    start: Instant,
+}
+
+struct Core {
+    target: Arc<Target>,
+    port: Arc<Port>,
+    local: Option<SocketAddr>,
+    peer: String,
+    tx: TxBuf,
+    framing: Framing,
+    hpda: u8,
+    queue: Option<Queue>,
+    sqhd: u16,
+    r2t: Slab<H2C>,
+    inflight: Slab<Inflight>,
+    bufs: Vec<AlignedBuf>,
+    done_tx: UnboundedSender<Done>,
+    /// CIDs of outstanding Asynchronous Event Requests.
+    aers: Vec<u16>,
+    close_after_flush: bool,
+}
+
+enum Flow {
+    Continue,
+    Close,
+}
+
+impl<S: Stream> Conn<S> {
+    async fn run(&mut self) -> Result<(), ConnError> {
+        if !tokio::time::timeout(IC_TIMEOUT, self.handshake())
+            .await
+            .map_err(|_| ConnError::IcTimeout(IC_TIMEOUT))??
+        {
+            return Ok(());
+        }
+        loop {
+            if let Flow::Close = self.process_rx()? {
+                return Ok(());
+            }
+            self.core.tx.flush(&self.stream)?;
+            if self.core.close_after_flush && self.core.tx.pending() == 0 {
+                return Ok(());
+            }
+            let mut interest = Interest::READABLE;
+            if self.core.tx.pending() > limits::TX_PENDING_BYTES_MAX {
+                interest = Interest::WRITABLE;
+            } else if self.core.tx.pending() > 0 {
+                interest = interest | Interest::WRITABLE;
+            }
+            let events = self
+                .core
+                .queue
+                .as_ref()
+                .filter(|q| q.qid == 0 && !self.core.aers.is_empty())
+                .map(|q| q.ctrl.clone());
+            tokio::select! {
+                _ = self.cancel.cancelled() => {
+                    return Err(ConnError::ControllerGone(self.core.queue.as_ref().map_or(0, |q| q.ctrl.cntlid)));
+                }
+                d = self.done_rx.recv() => {
+                    if let Some(d) = d {
+                        self.core.on_done(d);
+                    }
+                    while let Ok(d) = self.done_rx.try_recv() {
+                        self.core.on_done(d);
+                    }
+                }
+                _ = async { events.as_ref().expect("guarded").events.notified().await }, if events.is_some() => {
+                    self.core.deliver_events();
+                }
+                r = self.stream.ready(interest) => {
+                    let r = r?;
+                    if r.is_readable() || r.is_read_closed() {
+                        match self.rx.fill(&self.stream) {
+                            Ok(0) => return Ok(()),
+                            Ok(_) => {}
+                            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
+                            Err(e) => return Err(e.into()),
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    /// Reads the ICReq and answers it. Ok(false): the host closed first.
+    async fn handshake(&mut self) -> Result<bool, ConnError> {
+        loop {
+            match pdu::parse_frame(self.rx.data(), &self.core.framing) {
+                Ok(Some(f)) => {
+                    let len = f.len;
+                    if f.hdr.pdu_type != PduType::IcReq {
+                        let e = PduError::new(fes::PDU_SEQUENCE_ERROR, 0, "first PDU is not ICReq");
+                        return Err(self.core.fatal(e, f.header));
+                    }
+                    let req = IcReq::decode(f.header);
+                    if req.pfv != 0 {
+                        let e = PduError::new(
+                            fes::UNSUPPORTED_PARAMETER,
+                            8,
+                            "unsupported PDU format version",
+                        );
+                        return Err(self.core.fatal(e, f.header));
+                    }
+                    if req.hpda > 31 {
+                        return Err(self
+                            .core
+                            .fatal(PduError::header(10, "HPDA above 31"), f.header));
+                    }
+                    self.rx.consume(len);
+                    self.core.accept_ic(&req);
+                    return Ok(true);
+                }
+                Ok(None) => {}
+                Err(e) => {
+                    let n = self.rx.data().len().min(pdu::TERM_DATA_MAX);
+                    let hdr = self.rx.data()[..n].to_vec();
+                    return Err(self.core.fatal(e, &hdr));
+                }
+            }
+            self.stream.ready(Interest::READABLE).await?;
+            match self.rx.fill(&self.stream) {
+                Ok(0) => return Ok(false),
+                Ok(_) => {}
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
+                Err(e) => return Err(e.into()),
+            }
+        }
+    }
+
+    /// Handles every complete PDU in the receive buffer.
+    fn process_rx(&mut self) -> Result<Flow, ConnError> {
+        while self.core.tx.pending() <= limits::TX_PENDING_BYTES_MAX {
+            let frame = match pdu::parse_frame(self.rx.data(), &self.core.framing) {
+                Ok(Some(f)) => f,
+                Ok(None) => break,
+                Err(e) => {
+                    let n = self.rx.data().len().min(pdu::TERM_DATA_MAX);
+                    let hdr = self.rx.data()[..n].to_vec();
+                    return Err(self.core.fatal(e, &hdr));
+                }
+            };
+            let len = frame.len;
+            match self.core.on_pdu(&frame) {
+                Ok(Flow::Continue) => {}
+                Ok(Flow::Close) => return Ok(Flow::Close),
+                Err(ConnError::Fatal(e)) => return Err(self.core.fatal(e, frame.header)),
+                Err(e) => return Err(e),
+            }
+            self.rx.consume(len);
+            if !self.bound {
+                if let Some(q) = &self.core.queue {
+                    // From Connect on, the connection lives as long as its controller.
+                    self.cancel = q.ctrl.cancel.clone();
+                    self.bound = true;
+                }
+            }
+        }
+        Ok(Flow::Continue)
+    }
+
+    async fn flush_quickly(&mut self) -> io::Result<()> {
+        match tokio::time::timeout(TERM_FLUSH_TIMEOUT, self.core.tx.flush_all(&self.stream)).await {
+            Ok(r) => r,
+            Err(_) => Err(io::ErrorKind::TimedOut.into()),
+        }
+    }
+}
+
+fn fatal(fes: u16, fei: u32, what: &'static str) -> ConnError {
+    ConnError::Fatal(PduError::new(fes, fei, what))
+}
+
+impl Core {
+    fn accept_ic(&mut self, req: &IcReq) {
+        let resp = IcResp {
+            pfv: 0,
+            cpda: 0,
+            hdgst: req.hdgst,
+            ddgst: req.ddgst,
+            maxh2cdata: limits::H2C_DATA_BYTES_MAX,
+        };
+        resp.encode(&mut self.tx.buf);
+        self.hpda = req.hpda;
+        self.framing = Framing {
+            hdgst: req.hdgst,
+            ddgst: req.ddgst,
+            from_host: true,
+            capsule_data_max: limits::IN_CAPSULE_BYTES_MAX as u32,
+            data_pdu_max: limits::H2C_DATA_BYTES_MAX,
+        };
+        debug!(peer = %self.peer, hdgst = req.hdgst, ddgst = req.ddgst, hpda = req.hpda, "ICReq accepted");
+    }
+
+    /// Queues a C2HTermReq carrying the offending header; the caller then closes.
+    fn fatal(&mut self, e: PduError, header: &[u8]) -> ConnError {
+        pdu::put_term_req(&mut self.tx.buf, PduType::C2HTermReq, &e, header);
+        ConnError::Fatal(e)
+    }
+
+    fn on_pdu(&mut self, f: &Frame) -> Result<Flow, ConnError> {
+        match f.hdr.pdu_type {
+            PduType::CapsuleCmd => {
+                self.on_capsule(pdu::capsule_sqe(f.header), f.data, f.data_digest_ok)?;
+                Ok(if self.close_after_flush {
+                    Flow::Close
+                } else {
+                    Flow::Continue
+                })
+            }
+            PduType::H2CData => {
+                self.on_h2c_data(f)?;
+                Ok(Flow::Continue)
+            }
+            PduType::H2CTermReq => {
+                let (fes, fei) = pdu::term_req_decode(f.header);
+                Err(ConnError::HostTerminated { fes, fei })
+            }
+            _ => Err(fatal(
+                fes::PDU_SEQUENCE_ERROR,
+                0,
+                "ICReq after the connection was initialised",
+            )),
+        }
+    }
+
+    fn hd(&self) -> bool {
+        self.framing.hdgst
+    }
+
+    fn complete(&mut self, cid: u16, status: Status, dw0: u32, dw1: u32) {
+        let (sqid, sqhd) = match &self.queue {
+            Some(q) if q.sqflow_disabled => (q.qid, 0xffff),
+            Some(q) => (q.qid, self.sqhd),
+            None => (0, self.sqhd),
+        };
+        let cqe = Cqe {
+            dw0,
+            dw1,
+            sqhd,
+            sqid,
+            cid,
+            status,
+        };
+        let hd = self.hd();
+        pdu::put_capsule_resp(&mut self.tx.buf, &cqe, hd);
+        if !status.is_success() {
+            if let Some(q) = &self.queue {
+                debug!(peer = %self.peer, qid = q.qid, cid, %status, "command failed");
+            }
+        }
+    }
+
+    /// Starts a C2HData of `len` bytes; returns where its data goes in the send buffer.
+    fn begin_c2h(&mut self, cid: u16, len: usize, success: bool) -> usize {
+        let mut fl = flags::LAST_PDU;
+        if success {
+            fl |= flags::SUCCESS;
+        }
+        let h = DataHdr {
+            cccid: cid,
+            ttag: 0,
+            offset: 0,
+            len: len as u32,
+        };
+        pdu::put_header_aligned(
+            &mut self.tx.buf,
+            PduType::C2HData,
+            fl,
+            &h.psh(),
+            len,
+            self.framing.hdgst,
+            self.framing.ddgst,
+            self.hpda,
+        )
+    }
+
+    fn success_flag(&self) -> bool {
+        self.queue.as_ref().is_some_and(|q| q.sqflow_disabled)
+    }
+
+    /// Sends data then the completion (or only the data, with the SUCCESS flag).
+    fn complete_with_data(&mut self, cid: u16, data: &[u8], r: &Reply) {
+        let success = r.status.is_success() && self.success_flag();
+        if !data.is_empty() && r.status.is_success() {
+            let start = self.begin_c2h(cid, data.len(), success);
+            self.tx.buf.extend_from_slice(data);
+            pdu::put_data_digest(&mut self.tx.buf, start, self.framing.ddgst);
+        }
+        if !(success && !data.is_empty()) {
+            self.complete(cid, r.status, r.dw0, r.dw1);
+        }
+    }
+
+    fn take_buf(&mut self) -> AlignedBuf {
+        self.bufs
+            .pop()
+            .unwrap_or_else(|| AlignedBuf::new(limits::TRANSFER_BYTES_MAX))
+    }
+
+    fn put_buf(&mut self, b: AlignedBuf) {
+        if self.bufs.len() < limits::QUEUE_DEPTH_MAX as usize {
+            self.bufs.push(b);
+        }
+    }
+
+    fn outstanding_limit(&self) -> usize {
+        self.queue.as_ref().map_or(1, |q| q.sqsize as usize + 1)
+    }
+
+    fn on_capsule(&mut self, sqe: Sqe, data: &[u8], digest_ok: bool) -> Result<(), ConnError> {
+        let start = Instant::now();
+        let cid = sqe.cid();
+        if let Some(q) = &self.queue {
+            self.sqhd = (self.sqhd + 1) % (q.sqsize + 1);
+            q.ctrl.touch();
+        }
+        if !digest_ok {
+            warn!(peer = %self.peer, cid, "data digest error on a command capsule");
+            self.complete(cid, Status::TRANSIENT_TRANSPORT_ERROR, 0, 0);
+            return Ok(());
+        }
+        if sqe.psdt() != 1 {
+            self.complete(cid, Status::INVALID_FIELD.dnr(), 0, 0);
+            return Ok(());
+        }
+        let sgl = sqe.sgl();
+        let to_controller = match sqe.opcode() {
+            FABRICS => sqe.fctype() & 0x3 == 1,
+            op => op & 0x3 == 1,
+        };
+        match sgl.id {
+            sgl_id::IN_CAPSULE => {
+                if sgl.addr != 0 {
+                    self.complete(cid, Status::SGL_OFFSET_INVALID.dnr(), 0, 0);
+                    return Ok(());
+                }
+                if !to_controller || sgl.len as usize != data.len() {
+                    self.complete(cid, Status::DATA_SGL_LENGTH_INVALID.dnr(), 0, 0);
+                    return Ok(());
+                }
+            }
+            sgl_id::TRANSPORT if data.is_empty() => {}
+            _ if sgl.len == 0 && data.is_empty() => {}
+            sgl_id::TRANSPORT => {
+                self.complete(cid, Status::DATA_SGL_LENGTH_INVALID.dnr(), 0, 0);
+                return Ok(());
+            }
+            _ => {
+                self.complete(cid, Status::SGL_DESCRIPTOR_TYPE_INVALID.dnr(), 0, 0);
+                return Ok(());
+            }
+        }
+        if to_controller && sgl.id == sgl_id::TRANSPORT && sgl.len > 0 {
+            return self.request_data(sqe, start);
+        }
+        self.execute(sqe, data, start)
+    }
+
+    /// Sends an R2T for a command's whole data, after checking the command is valid.
+    fn request_data(&mut self, sqe: Sqe, start: Instant) -> Result<(), ConnError> {
+        let cid = sqe.cid();
+        let len = sqe.sgl().len as usize;
+        if len > limits::TRANSFER_BYTES_MAX {
+            self.complete(cid, Status::INVALID_FIELD.dnr(), 0, 0);
+            return Ok(());
+        }
+        if let Some(q) = self.queue.as_ref().filter(|q| q.qid > 0) {
+            if let Err(s) = io_cmd::plan(&q.ctrl.subsys, &sqe, true) {
+                let ctrl = q.ctrl.clone();
+                self.fail_io(&ctrl, &sqe, s);
+                return Ok(());
+            }
+        }
+        if self.r2t.live + self.inflight.live >= self.outstanding_limit() {
+            return Err(fatal(
+                fes::PDU_SEQUENCE_ERROR,
+                0,
+                "more commands outstanding than the queue size",
+            ));
+        }
+        let mut buf = self.take_buf();
+        buf.set_len(len);
+        let ttag = self.r2t.insert(H2C {
+            sqe,
+            buf,
+            received: 0,
+            start,
+        });
+        let hd = self.hd();
+        pdu::put_r2t(
+            &mut self.tx.buf,
+            &DataHdr {
+                cccid: cid,
+                ttag: ttag as u16,
+                offset: 0,
+                len: len as u32,
+            },
+            hd,
+        );
+        Ok(())
+    }
+
+    fn on_h2c_data(&mut self, f: &Frame) -> Result<(), ConnError> {
+        let h = DataHdr::decode(f.header);
+        let Some(x) = self.r2t.get_mut(h.ttag as usize) else {
+            return Err(fatal(
+                fes::INVALID_HEADER_FIELD,
+                10,
+                "H2CData with an unknown transfer tag",
+            ));
+        };
+        if x.sqe.cid() != h.cccid {
+            return Err(fatal(
+                fes::INVALID_HEADER_FIELD,
+                8,
+                "H2CData command id does not match its transfer tag",
+            ));
+        }
+        if h.offset as usize != x.received {
+            return Err(fatal(
+                fes::DATA_OUT_OF_RANGE,
+                12,
+                "H2CData out of order (DATAO is not the next expected offset)",
+            ));
+        }
+        let end = x.received + f.data.len();
+        if end > x.buf.len() {
+            return Err(fatal(
+                fes::DATA_OUT_OF_RANGE,
+                16,
+                "H2CData beyond the R2T's range",
+            ));
+        }
+        let last = f.hdr.flags & flags::LAST_PDU != 0;
+        if last != (end == x.buf.len()) {
+            return Err(fatal(
+                fes::INVALID_HEADER_FIELD,
+                1,
+                "LAST_PDU flag does not match the end of the transfer",
+            ));
+        }
+        x.buf[x.received..end].copy_from_slice(f.data);
+        x.received = end;
+        if !f.data_digest_ok {
+            // The data is bad; the command fails, the connection stays (NVMe/TCP 1.0, 3.6.2.x).
+            let x = self.r2t.remove(h.ttag as usize).expect("present");
+            warn!(peer = %self.peer, cid = h.cccid, "data digest error on H2CData");
+            self.put_buf(x.buf);
+            self.complete(h.cccid, Status::TRANSIENT_TRANSPORT_ERROR, 0, 0);
+            return Ok(());
+        }
+        if last {
+            let x = self.r2t.remove(h.ttag as usize).expect("present");
+            let r = self.execute_buffered(x.sqe, x.buf, x.start);
+            return r;
+        }
+        Ok(())
+    }
+
+    /// Runs a command whose host data sits in a pool buffer.
+    fn execute_buffered(
+        &mut self,
+        sqe: Sqe,
+        buf: AlignedBuf,
+        start: Instant,
+    ) -> Result<(), ConnError> {
+        if self.queue.as_ref().is_some_and(|q| q.qid > 0) {
+            return self.execute_io(sqe, &[], Some(buf), start);
+        }
+        let r = self.execute(sqe, &buf, start);
+        self.put_buf(buf);
+        r
+    }
+
+    fn execute(&mut self, sqe: Sqe, data: &[u8], start: Instant) -> Result<(), ConnError> {
+        let cid = sqe.cid();
+        if sqe.opcode() == FABRICS {
+            return self.fabrics(sqe, data);
+        }
+        let Some(q) = &self.queue else {
+            self.complete(cid, Status::COMMAND_SEQUENCE_ERROR.dnr(), 0, 0);
+            return Ok(());
+        };
+        if !q.ctrl.ready() {
+            self.complete(cid, Status::COMMAND_SEQUENCE_ERROR.dnr(), 0, 0);
+            return Ok(());
+        }
+        if q.qid > 0 {
+            return self.execute_io(sqe, data, None, start);
+        }
+        let ctrl = q.ctrl.clone();
+        match admin::handle(&self.target, &ctrl, &sqe, self.local) {
+            admin::Outcome::Reply(mut r) => {
+                // Controller-to-host data is exactly what the host's SGL asked for.
+                if !r.data.is_empty() {
+                    r.data.resize(sqe.sgl().len as usize, 0);
+                }
+                if !r.status.is_success() {
+                    ctrl.record_error(ErrorEntry {
+                        sqid: 0,
+                        cid,
+                        status: r.status.to_field(),
+                        nsid: sqe.nsid(),
+                        ..Default::default()
+                    });
+                }
+                let data = std::mem::take(&mut r.data);
+                self.complete_with_data(cid, &data, &r);
+            }
+            admin::Outcome::ParkAer => {
+                if self.aers.len() >= limits::AER_MAX {
+                    self.complete(cid, Status::ASYNC_EVENT_LIMIT_EXCEEDED.dnr(), 0, 0);
+                } else {
+                    self.aers.push(cid);
+                    self.deliver_events();
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn fabrics(&mut self, sqe: Sqe, data: &[u8]) -> Result<(), ConnError> {
+        let cid = sqe.cid();
+        let r = match (sqe.fctype(), &self.queue) {
+            (fctype::CONNECT, None) => {
+                match fabrics::connect(&self.target, &sqe, data, self.port.discovery, &self.peer) {
+                    Ok(c) => {
+                        let r = Reply::dw0(c.ctrl.cntlid as u32);
+                        if c.qid == 0 {
+                            spawn_keep_alive_watchdog(self.target.clone(), c.ctrl.clone());
+                        }
+                        self.sqhd = 1 % (c.sqsize + 1);
+                        self.queue = Some(Queue {
+                            ctrl: c.ctrl,
+                            qid: c.qid,
+                            sqsize: c.sqsize,
+                            sqflow_disabled: c.sqflow_disabled,
+                        });
+                        r
+                    }
+                    Err(r) => r,
+                }
+            }
+            (fctype::CONNECT, Some(_)) => Reply::status(Status::COMMAND_SEQUENCE_ERROR.dnr()),
+            (_, None) => Reply::status(Status::COMMAND_SEQUENCE_ERROR.dnr()),
+            (fctype::PROPERTY_GET, Some(q)) if q.qid == 0 => fabrics::property_get(&q.ctrl, &sqe),
+            (fctype::PROPERTY_SET, Some(q)) if q.qid == 0 => fabrics::property_set(&q.ctrl, &sqe),
+            (fctype::DISCONNECT, Some(_)) => {
+                self.close_after_flush = true;
+                Reply::ok()
+            }
+            _ => Reply::status(Status::INVALID_FIELD.dnr()),
+        };
+        self.complete(cid, r.status, r.dw0, r.dw1);
+        Ok(())
+    }
+
+    fn fail_io(&mut self, ctrl: &Controller, sqe: &Sqe, status: Status) {
+        let qid = self.queue.as_ref().map_or(0, |q| q.qid);
+        ctrl.record_error(ErrorEntry {
+            sqid: qid,
+            cid: sqe.cid(),
+            status: status.to_field(),
+            lba: sqe.slba(),
+            nsid: sqe.nsid(),
+            ..Default::default()
+        });
+        if let Some(ns) = ctrl.subsys.namespace(sqe.nsid()) {
+            ns.stats.errors.fetch_add(1, Relaxed);
+        }
+        self.complete(sqe.cid(), status, 0, 0);
+    }
+
+    /// Runs an I/O command. Host data is either `data` (in-capsule, still in the receive
+    /// buffer) or `buf` (gathered from H2CData).
+    fn execute_io(
+        &mut self,
+        sqe: Sqe,
+        data: &[u8],
+        buf: Option<AlignedBuf>,
+        start: Instant,
+    ) -> Result<(), ConnError> {
+        let ctrl = self.queue.as_ref().expect("I/O queue").ctrl.clone();
+        let plan = match io_cmd::plan(&ctrl.subsys, &sqe, ctrl.write_cache.load(Relaxed)) {
+            Ok(p) => p,
+            Err(s) => {
+                if let Some(b) = buf {
+                    self.put_buf(b);
+                }
+                self.fail_io(&ctrl, &sqe, s);
+                return Ok(());
+            }
+        };
+        let cid = sqe.cid();
+        let IoPlan {
+            ns,
+            kind,
+            op,
+            len,
+            lba,
+        } = plan;
+        // Deallocate: turn the host's ranges into byte ranges before anything runs.
+        let (op, buf) = if let Op::Deallocate = op {
+            let src = buf.as_deref().unwrap_or(data).to_vec();
+            let mut b = buf.unwrap_or_else(|| self.take_buf());
+            if let Err(s) = io_cmd::dsm_ranges(&ns, &sqe, &src, &mut b) {
+                self.put_buf(b);
+                self.fail_io(&ctrl, &sqe, s);
+                return Ok(());
+            }
+            (op, Some(b))
+        } else {
+            (op, buf)
+        };
+        if ns.backend.inline() {
+            return self.execute_inline(&ctrl, &sqe, &ns, kind, op, data, buf, len, start);
+        }
+        if self.r2t.live + self.inflight.live >= self.outstanding_limit() {
+            return Err(fatal(
+                fes::PDU_SEQUENCE_ERROR,
+                0,
+                "more commands outstanding than the queue size",
+            ));
+        }
+        let buf = match buf {
+            Some(b) => b,
+            None => {
+                let mut b = self.take_buf();
+                match op {
+                    Op::Read { .. } => b.set_len(len),
+                    _ => {
+                        b.set_len(data.len());
+                        b.copy_from_slice(data);
+                    }
+                }
+                b
+            }
+        };
+        let token = self.inflight.insert(Inflight {
+            cid,
+            ns: ns.clone(),
+            kind,
+            len,
+            lba,
+            start,
+        }) as u32;
+        self.target.pool.submit(Job {
+            backend: ns.backend.clone(),
+            op,
+            buf,
+            token,
+            reply: self.done_tx.clone(),
+        });
+        Ok(())
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn execute_inline(
+        &mut self,
+        ctrl: &Controller,
+        sqe: &Sqe,
+        ns: &Arc<Namespace>,
+        kind: IoKind,
+        op: Op,
+        data: &[u8],
+        buf: Option<AlignedBuf>,
+        len: usize,
+        start: Instant,
+    ) -> Result<(), ConnError> {
+        let cid = sqe.cid();
+        let result = match (&op, &buf) {
+            (Op::Read { off }, _) => {
+                let success = self.success_flag();
+                let mark = self.tx.buf.len();
+                let dstart = self.begin_c2h(cid, len, success);
+                self.tx.buf.resize(dstart + len, 0);
+                match ns.backend.read_at(&mut self.tx.buf[dstart..], *off) {
+                    Ok(()) => {
+                        pdu::put_data_digest(&mut self.tx.buf, dstart, self.framing.ddgst);
+                        self.finish_io(ns, kind, len, start, cid, success);
+                        return Ok(());
+                    }
+                    Err(e) => {
+                        self.tx.buf.truncate(mark);
+                        Err(e)
+                    }
+                }
+            }
+            (Op::Write { off, fua }, None) => ns.backend.write_at(data, *off).and_then(|_| {
+                if *fua {
+                    ns.backend.flush()
+                } else {
+                    Ok(())
+                }
+            }),
+            (_, Some(_)) | (_, None) => {
+                let mut b = buf.unwrap_or_else(|| {
+                    let mut b = self.take_buf();
+                    b.set_len(0);
+                    b
+                });
+                let r = io_pool::execute(&*ns.backend, &op, &mut b);
+                self.put_buf(b);
+                r
+            }
+        };
+        match result {
+            Ok(()) => self.finish_io(ns, kind, len, start, cid, false),
+            Err(e) => self.io_error(ctrl, ns, kind, sqe.slba(), cid, e),
+        }
+        Ok(())
+    }
+
+    fn finish_io(
+        &mut self,
+        ns: &Namespace,
+        kind: IoKind,
+        len: usize,
+        start: Instant,
+        cid: u16,
+        data_sent_with_success: bool,
+    ) {
+        match kind {
+            IoKind::Read => {
+                ns.stats.reads.fetch_add(1, Relaxed);
+                ns.stats.read_bytes.fetch_add(len as u64, Relaxed);
+            }
+            IoKind::Write => {
+                ns.stats.writes.fetch_add(1, Relaxed);
+                ns.stats.written_bytes.fetch_add(len as u64, Relaxed);
+            }
+            IoKind::Other => {
+                ns.stats.other.fetch_add(1, Relaxed);
+            }
+        }
+        ns.stats.latency.record(start.elapsed());
+        if !data_sent_with_success {
+            self.complete(cid, Status::SUCCESS, 0, 0);
+        }
+    }
+
+    fn io_error(
+        &mut self,
+        ctrl: &Controller,
+        ns: &Namespace,
+        kind: IoKind,
+        lba: u64,
+        cid: u16,
+        e: io::Error,
+    ) {
+        let status = match kind {
+            IoKind::Read => Status::UNRECOVERED_READ_ERROR,
+            _ => Status::WRITE_FAULT,
+        };
+        warn!(peer = %self.peer, nsid = ns.nsid, lba, "backend I/O failed: {e}");
+        ns.stats.errors.fetch_add(1, Relaxed);
+        let qid = self.queue.as_ref().map_or(0, |q| q.qid);
+        ctrl.record_error(ErrorEntry {
+            sqid: qid,
+            cid,
+            status: status.to_field(),
+            lba,
+            nsid: ns.nsid,
+            ..Default::default()
+        });
+        self.complete(cid, status, 0, 0);
+    }
+
+    /// A pool job finished.
+    fn on_done(&mut self, d: Done) {
+        let Some(x) = self.inflight.remove(d.token as usize) else {
+            return;
+        };
+        let Some(ctrl) = self.queue.as_ref().map(|q| q.ctrl.clone()) else {
+            return;
+        };
+        match d.result {
+            Ok(()) if x.kind == IoKind::Read => {
+                let success = self.success_flag();
+                let dstart = self.begin_c2h(x.cid, x.len, success);
+                self.tx.buf.extend_from_slice(&d.buf[..x.len]);
+                pdu::put_data_digest(&mut self.tx.buf, dstart, self.framing.ddgst);
+                self.finish_io(&x.ns, x.kind, x.len, x.start, x.cid, success);
+            }
+            Ok(()) => self.finish_io(&x.ns, x.kind, x.len, x.start, x.cid, false),
+            Err(e) => self.io_error(&ctrl, &x.ns, x.kind, x.lba, x.cid, e),
+        }
+        self.put_buf(d.buf);
+    }
+
+    /// Completes an outstanding AER if an event is pending.
+    fn deliver_events(&mut self) {
+        let Some(q) = &self.queue else { return };
+        if self.aers.is_empty() {
+            return;
+        }
+        let ev = q.ctrl.state.lock().pending_event.take();
+        if let Some(ev) = ev {
+            let cid = self.aers.remove(0);
+            self.complete(cid, Status::SUCCESS, ev, 0);
+        }
+    }
+
+    /// Detaches the queue from its controller when the connection ends. Losing the admin
+    /// queue removes the controller and so closes its I/O queues.
+    fn detach(&mut self) {
+        let Some(q) = self.queue.take() else { return };
+        if q.qid == 0 {
+            info!(peer = %self.peer, cntlid = q.ctrl.cntlid, subnqn = %q.ctrl.subsys.nqn, "controller removed");
+            q.ctrl.subsys.remove_controller(q.ctrl.cntlid);
+        } else {
+            q.ctrl.state.lock().io_queues.remove(&q.qid);
+        }
+    }
+}
+
+/// Tears the controller down when the host sends nothing for longer than KATO.
+fn spawn_keep_alive_watchdog(target: Arc<Target>, ctrl: Arc<Controller>) {
+    tokio::spawn(async move {
+        loop {
+            let kato = ctrl.state.lock().kato_ms as u64;
+            let tick = if kato == 0 {
+                1000
+            } else {
+                (kato / 4).clamp(50, 1000)
+            };
+            tokio::select! {
+                _ = ctrl.cancel.cancelled() => return,
+                _ = tokio::time::sleep(Duration::from_millis(tick)) => {}
+            }
+            if kato != 0 && ctrl.idle_ms() > kato {
+                warn!(cntlid = ctrl.cntlid, subnqn = %ctrl.subsys.nqn, kato_ms = kato, "keep-alive timeout: controller torn down");
+                target.stats.controllers_expired.fetch_add(1, Relaxed);
+                ctrl.subsys.remove_controller(ctrl.cntlid);
+                return;
+            }
+        }
+    });
+}
