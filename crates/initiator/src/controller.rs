@@ -1,0 +1,528 @@
+//! A connected controller: admin queue, keep-alive, I/O queues.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use nearstore_wire::fabrics::{cap, cc, connect, csts, prop, ConnectData};
+use nearstore_wire::identify::{self, IdentifyController, IdentifyNamespace, IDENTIFY_LEN};
+use nearstore_wire::log::{self, get_log, DiscoveryEntry};
+use nearstore_wire::opcode::{admin, cns, fctype, feature, io, lid, FABRICS};
+use nearstore_wire::{Cqe, Sqe};
+use tokio::net::TcpStream;
+use tokio::sync::Mutex;
+use tokio::task::JoinHandle;
+use tracing::warn;
+
+use crate::queue::{Data, QueueOptions, QueuePair};
+use crate::{io_err, Error, Result};
+
+#[derive(Clone, Debug)]
+pub struct ConnectOptions {
+    pub addr: SocketAddr,
+    pub subnqn: String,
+    pub hostnqn: String,
+    pub hostid: [u8; 16],
+    /// Keep-alive timeout; 0 disables keep-alive.
+    pub kato_ms: u32,
+    pub hdgst: bool,
+    pub ddgst: bool,
+    /// I/O queue depth.
+    pub queue_depth: u16,
+    /// Ask the controller to drop SQ flow control, so it may complete reads with the
+    /// C2HData SUCCESS flag and no CapsuleResp.
+    pub disable_sqflow: bool,
+    /// How long one admin command may take.
+    pub timeout: Duration,
+}
+
+impl ConnectOptions {
+    pub fn new(addr: SocketAddr, subnqn: &str) -> ConnectOptions {
+        let hostnqn = default_hostnqn();
+        let hostid = *uuid::Uuid::new_v5(&uuid::Uuid::NAMESPACE_OID, hostnqn.as_bytes()).as_bytes();
+        ConnectOptions {
+            addr,
+            subnqn: subnqn.into(),
+            hostnqn,
+            hostid,
+            kato_ms: 10_000,
+            hdgst: false,
+            ddgst: false,
+            queue_depth: 128,
+            disable_sqflow: false,
+            timeout: Duration::from_secs(30),
+        }
+    }
+}
+
+/// The host NQN of this machine: /etc/nvme/hostnqn if present, else one derived from the
+/// machine id, in the form nvme-cli uses.
+pub fn default_hostnqn() -> String {
+    if let Ok(s) = std::fs::read_to_string("/etc/nvme/hostnqn") {
+        let s = s.trim();
+        if s.starts_with("nqn.") {
+            return s.to_string();
+        }
+    }
+    let seed = std::fs::read_to_string("/etc/machine-id").unwrap_or_else(|_| "nearstore".into());
+    let id = uuid::Uuid::new_v5(&uuid::Uuid::NAMESPACE_OID, seed.trim().as_bytes());
+    format!("nqn.2014-08.org.nvmexpress:uuid:{id}")
+}
+
+async fn tcp(addr: SocketAddr) -> Result<TcpStream> {
+    let s = TcpStream::connect(addr)
+        .await
+        .map_err(io_err(format!("connecting to {addr}")))?;
+    s.set_nodelay(true).map_err(io_err("setting TCP_NODELAY"))?;
+    Ok(s)
+}
+
+/// Runs one command to completion on a queue; a non-success status is an error.
+pub(crate) async fn run<S: nearstore_transport::Stream>(
+    q: &mut QueuePair<S>,
+    sqe: Sqe,
+    data: Data<'_>,
+    what: &str,
+    timeout: Duration,
+) -> Result<(Cqe, Vec<u8>)> {
+    let cid = q.submit(sqe, data, u64::MAX)?;
+    let mut out = Vec::new();
+    let fut = q.wait(cid, |_, cqe, d| {
+        if cqe.cid == cid {
+            out.extend_from_slice(d);
+        }
+    });
+    let cqe = tokio::time::timeout(timeout, fut)
+        .await
+        .map_err(|_| Error::Timeout(what.into()))??;
+    if !cqe.status.is_success() {
+        return Err(Error::Status {
+            what: what.into(),
+            status: cqe.status,
+            cqe,
+        });
+    }
+    Ok((cqe, out))
+}
+
+fn connect_sqe(opts: &ConnectOptions, qid: u16, sqsize: u16) -> Sqe {
+    let mut s = Sqe::new(FABRICS, 0);
+    s.set_nsid(fctype::CONNECT as u32);
+    s.set_cdw(10, (qid as u32) << 16);
+    let cattr = if opts.disable_sqflow {
+        connect::CATTR_DISABLE_SQFLOW as u32
+    } else {
+        0
+    };
+    s.set_cdw(11, (sqsize as u32 - 1) | (cattr << 16));
+    s.set_cdw(12, if qid == 0 { opts.kato_ms } else { 0 });
+    s
+}
+
+async fn connect_queue(
+    opts: &ConnectOptions,
+    qid: u16,
+    depth: u16,
+    cntlid: u16,
+    qo: QueueOptions,
+) -> Result<(QueuePair<TcpStream>, u16)> {
+    let mut q = QueuePair::connect(tcp(opts.addr).await?, qo).await?;
+    let data = ConnectData {
+        hostid: opts.hostid,
+        cntlid,
+        subnqn: opts.subnqn.clone(),
+        hostnqn: opts.hostnqn.clone(),
+    }
+    .encode();
+    let (cqe, _) = run(
+        &mut q,
+        connect_sqe(opts, qid, depth),
+        Data::Out(&data),
+        &format!("Connect (queue {qid}) to {}", opts.subnqn),
+        opts.timeout,
+    )
+    .await?;
+    Ok((q, cqe.dw0 as u16))
+}
+
+pub struct Controller {
+    admin: Arc<Mutex<QueuePair<TcpStream>>>,
+    pub cntlid: u16,
+    pub id: IdentifyController,
+    pub cap: u64,
+    pub opts: ConnectOptions,
+    io_queues_granted: u16,
+    keep_alive: Option<JoinHandle<()>>,
+}
+
+impl Drop for Controller {
+    fn drop(&mut self) {
+        if let Some(k) = self.keep_alive.take() {
+            k.abort();
+        }
+    }
+}
+
+impl Controller {
+    /// Connects the admin queue, enables the controller, identifies it, asks for I/O
+    /// queues (I/O controllers), and starts sending keep-alives.
+    pub async fn connect(opts: ConnectOptions) -> Result<Controller> {
+        let qo = QueueOptions {
+            hdgst: opts.hdgst,
+            ddgst: opts.ddgst,
+            depth: 32,
+            max_transfer: 1 << 20,
+            in_capsule_max: 8192,
+        };
+        let (mut q, cntlid) = connect_queue(&opts, 0, 32, 0xffff, qo).await?;
+        let t = opts.timeout;
+        let (c, _) = run(
+            &mut q,
+            prop_get(prop::CAP, true),
+            Data::None,
+            "Property Get CAP",
+            t,
+        )
+        .await?;
+        let capv = c.result64();
+        run(
+            &mut q,
+            prop_set(prop::CC, cc::LINUX_ENABLE),
+            Data::None,
+            "Property Set CC.EN",
+            t,
+        )
+        .await?;
+        let deadline =
+            tokio::time::Instant::now() + Duration::from_millis(cap::timeout_ms(capv).max(500));
+        loop {
+            let (c, _) = run(
+                &mut q,
+                prop_get(prop::CSTS, false),
+                Data::None,
+                "Property Get CSTS",
+                t,
+            )
+            .await?;
+            if c.dw0 & csts::CFS != 0 {
+                return Err(Error::Protocol(
+                    "controller fatal status after enable".into(),
+                ));
+            }
+            if c.dw0 & csts::RDY != 0 {
+                break;
+            }
+            if tokio::time::Instant::now() > deadline {
+                return Err(Error::Timeout("waiting for CSTS.RDY".into()));
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        let mut s = Sqe::new(admin::IDENTIFY, 0);
+        s.set_cdw(10, cns::CONTROLLER as u32);
+        let (_, d) = run(&mut q, s, Data::In(IDENTIFY_LEN), "Identify Controller", t).await?;
+        let id = IdentifyController::decode(&d)
+            .ok_or_else(|| Error::Protocol("short Identify Controller".into()))?;
+        if id.cntlid != cntlid {
+            return Err(Error::Protocol(format!(
+                "Identify says controller {} but Connect said {cntlid}",
+                id.cntlid
+            )));
+        }
+        let mut granted = 0;
+        if id.cntrltype != identify::cntrltype::DISCOVERY {
+            let mut s = Sqe::new(admin::SET_FEATURES, 0);
+            s.set_cdw(10, feature::NUMBER_OF_QUEUES as u32);
+            s.set_cdw(11, 63 | (63 << 16));
+            let (c, _) = run(&mut q, s, Data::None, "Set Features (Number of Queues)", t).await?;
+            granted = ((c.dw0 & 0xffff).min(c.dw0 >> 16) + 1) as u16;
+        }
+        let admin = Arc::new(Mutex::new(q));
+        let keep_alive = (opts.kato_ms > 0).then(|| {
+            let admin = admin.clone();
+            let period = Duration::from_millis((opts.kato_ms / 2).max(100) as u64);
+            tokio::spawn(async move {
+                loop {
+                    tokio::time::sleep(period).await;
+                    let mut q = admin.lock().await;
+                    if let Err(e) = run(
+                        &mut q,
+                        Sqe::new(admin::KEEP_ALIVE, 0),
+                        Data::None,
+                        "Keep Alive",
+                        period * 2,
+                    )
+                    .await
+                    {
+                        warn!("keep-alive failed, stopping: {e}");
+                        return;
+                    }
+                }
+            })
+        });
+        Ok(Controller {
+            admin,
+            cntlid,
+            id,
+            cap: capv,
+            opts,
+            io_queues_granted: granted,
+            keep_alive,
+        })
+    }
+
+    /// Runs an admin command; data in the reply is returned.
+    pub async fn admin(&self, sqe: Sqe, data: Data<'_>, what: &str) -> Result<(Cqe, Vec<u8>)> {
+        let mut q = self.admin.lock().await;
+        run(&mut q, sqe, data, what, self.opts.timeout).await
+    }
+
+    pub fn io_queues_granted(&self) -> u16 {
+        self.io_queues_granted
+    }
+
+    pub async fn identify_namespace(&self, nsid: u32) -> Result<IdentifyNamespace> {
+        let mut s = Sqe::new(admin::IDENTIFY, 0);
+        s.set_nsid(nsid).set_cdw(10, cns::NAMESPACE as u32);
+        let (_, d) = self
+            .admin(
+                s,
+                Data::In(IDENTIFY_LEN),
+                &format!("Identify Namespace {nsid}"),
+            )
+            .await?;
+        IdentifyNamespace::decode(&d)
+            .ok_or_else(|| Error::Protocol("short Identify Namespace".into()))
+    }
+
+    pub async fn active_namespaces(&self) -> Result<Vec<u32>> {
+        let mut s = Sqe::new(admin::IDENTIFY, 0);
+        s.set_cdw(10, cns::ACTIVE_NS_LIST as u32);
+        let (_, d) = self
+            .admin(s, Data::In(IDENTIFY_LEN), "Identify Active Namespace List")
+            .await?;
+        Ok(identify::decode_ns_list(&d))
+    }
+
+    pub async fn ns_descriptors(&self, nsid: u32) -> Result<Vec<(u8, Vec<u8>)>> {
+        let mut s = Sqe::new(admin::IDENTIFY, 0);
+        s.set_nsid(nsid).set_cdw(10, cns::NS_ID_DESCRIPTORS as u32);
+        let (_, d) = self
+            .admin(s, Data::In(IDENTIFY_LEN), "Identify Namespace Descriptors")
+            .await?;
+        Ok(identify::decode_ns_descriptors(&d))
+    }
+
+    pub async fn get_log(&self, lid: u8, nsid: u32, len: u32, offset: u64) -> Result<Vec<u8>> {
+        let mut s = Sqe::new(admin::GET_LOG_PAGE, 0);
+        s.set_nsid(nsid);
+        get_log::build(&mut s, lid, len, offset);
+        Ok(self
+            .admin(
+                s,
+                Data::In(len as usize),
+                &format!("Get Log Page {lid:#04x}"),
+            )
+            .await?
+            .1)
+    }
+
+    /// Reads the whole discovery log (header first, then all entries).
+    pub async fn discovery_log(&self) -> Result<(u64, Vec<DiscoveryEntry>)> {
+        let head = self
+            .get_log(lid::DISCOVERY, 0, log::DISCOVERY_HEADER_LEN as u32, 0)
+            .await?;
+        let n = u64::from_le_bytes(head[8..16].try_into().expect("8")) as usize;
+        let n = n.min(1000);
+        let full = self
+            .get_log(
+                lid::DISCOVERY,
+                0,
+                ((n + 1) * log::DISCOVERY_ENTRY_LEN) as u32,
+                0,
+            )
+            .await?;
+        log::decode_discovery_log(&full)
+            .ok_or_else(|| Error::Protocol("short discovery log".into()))
+    }
+
+    pub async fn get_feature(&self, fid: u8) -> Result<u32> {
+        let mut s = Sqe::new(admin::GET_FEATURES, 0);
+        s.set_cdw(10, fid as u32);
+        Ok(self
+            .admin(s, Data::None, &format!("Get Features {fid:#04x}"))
+            .await?
+            .0
+            .dw0)
+    }
+
+    pub async fn set_feature(&self, fid: u8, value: u32) -> Result<u32> {
+        let mut s = Sqe::new(admin::SET_FEATURES, 0);
+        s.set_cdw(10, fid as u32).set_cdw(11, value);
+        Ok(self
+            .admin(s, Data::None, &format!("Set Features {fid:#04x}"))
+            .await?
+            .0
+            .dw0)
+    }
+
+    /// Opens I/O queue `qid` (1-based) on its own connection.
+    pub async fn io_queue(&self, qid: u16) -> Result<IoQueue> {
+        let qo = QueueOptions {
+            hdgst: self.opts.hdgst,
+            ddgst: self.opts.ddgst,
+            depth: self.opts.queue_depth,
+            max_transfer: self.id.max_transfer().unwrap_or(1 << 20) as usize,
+            in_capsule_max: self.id.in_capsule_max() as usize,
+        };
+        let (q, _) = connect_queue(&self.opts, qid, self.opts.queue_depth, self.cntlid, qo).await?;
+        Ok(IoQueue {
+            q,
+            timeout: self.opts.timeout,
+        })
+    }
+
+    /// Shuts the controller down cleanly (CC.SHN), which flushes the target's namespaces.
+    pub async fn shutdown(mut self) -> Result<()> {
+        if let Some(k) = self.keep_alive.take() {
+            k.abort();
+        }
+        self.admin(
+            prop_set(prop::CC, cc::LINUX_ENABLE | cc::SHN_NORMAL),
+            Data::None,
+            "Property Set CC.SHN",
+        )
+        .await?;
+        for _ in 0..500 {
+            let (c, _) = self
+                .admin(prop_get(prop::CSTS, false), Data::None, "Property Get CSTS")
+                .await?;
+            if c.dw0 & csts::SHST_COMPLETE != 0 {
+                return Ok(());
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        Err(Error::Timeout("shutdown".into()))
+    }
+}
+
+pub fn prop_get(ofst: u32, eight: bool) -> Sqe {
+    let mut s = Sqe::new(FABRICS, 0);
+    s.set_nsid(fctype::PROPERTY_GET as u32)
+        .set_cdw(10, eight as u32)
+        .set_cdw(11, ofst);
+    s
+}
+
+pub fn prop_set(ofst: u32, value: u32) -> Sqe {
+    let mut s = Sqe::new(FABRICS, 0);
+    s.set_nsid(fctype::PROPERTY_SET as u32)
+        .set_cdw(10, 0)
+        .set_cdw(11, ofst)
+        .set_cdw(12, value);
+    s
+}
+
+/// An I/O queue with one-command-at-a-time helpers; [`IoQueue::queue`] gives the
+/// [`QueuePair`] for pipelined use.
+pub struct IoQueue {
+    q: QueuePair<TcpStream>,
+    timeout: Duration,
+}
+
+impl IoQueue {
+    pub fn queue(&mut self) -> &mut QueuePair<TcpStream> {
+        &mut self.q
+    }
+
+    pub async fn read(
+        &mut self,
+        nsid: u32,
+        slba: u64,
+        nlb: u32,
+        block_size: u32,
+    ) -> Result<Vec<u8>> {
+        let len = nlb as usize * block_size as usize;
+        let (_, d) = run(
+            &mut self.q,
+            Sqe::rw(io::READ, nsid, slba, nlb, false),
+            Data::In(len),
+            &format!("Read LBA {slba}+{nlb}"),
+            self.timeout,
+        )
+        .await?;
+        Ok(d)
+    }
+
+    pub async fn write(
+        &mut self,
+        nsid: u32,
+        slba: u64,
+        data: &[u8],
+        block_size: u32,
+        fua: bool,
+    ) -> Result<()> {
+        if data.is_empty() || data.len() % block_size as usize != 0 {
+            return Err(Error::Invalid(format!(
+                "write of {} bytes is not a whole number of {block_size}-byte blocks",
+                data.len()
+            )));
+        }
+        let nlb = (data.len() / block_size as usize) as u32;
+        run(
+            &mut self.q,
+            Sqe::rw(io::WRITE, nsid, slba, nlb, fua),
+            Data::Out(data),
+            &format!("Write LBA {slba}+{nlb}"),
+            self.timeout,
+        )
+        .await?;
+        Ok(())
+    }
+
+    pub async fn flush(&mut self, nsid: u32) -> Result<()> {
+        let mut s = Sqe::new(io::FLUSH, 0);
+        s.set_nsid(nsid);
+        run(&mut self.q, s, Data::None, "Flush", self.timeout).await?;
+        Ok(())
+    }
+
+    pub async fn write_zeroes(
+        &mut self,
+        nsid: u32,
+        slba: u64,
+        nlb: u32,
+        deallocate: bool,
+    ) -> Result<()> {
+        let mut s = Sqe::rw(io::WRITE_ZEROES, nsid, slba, nlb, false);
+        if deallocate {
+            s.set_cdw(12, s.cdw(12) | (1 << 25));
+        }
+        run(&mut self.q, s, Data::None, "Write Zeroes", self.timeout).await?;
+        Ok(())
+    }
+
+    /// Dataset Management with the Deallocate attribute for (slba, nlb) ranges.
+    pub async fn deallocate(&mut self, nsid: u32, ranges: &[(u64, u32)]) -> Result<()> {
+        if ranges.is_empty() || ranges.len() > 256 {
+            return Err(Error::Invalid("between 1 and 256 ranges".into()));
+        }
+        let mut d = vec![0u8; ranges.len() * 16];
+        for (i, (slba, nlb)) in ranges.iter().enumerate() {
+            d[i * 16 + 4..i * 16 + 8].copy_from_slice(&nlb.to_le_bytes());
+            d[i * 16 + 8..i * 16 + 16].copy_from_slice(&slba.to_le_bytes());
+        }
+        let mut s = Sqe::new(io::DATASET_MANAGEMENT, 0);
+        s.set_nsid(nsid)
+            .set_cdw(10, ranges.len() as u32 - 1)
+            .set_cdw(11, 1 << 2);
+        run(
+            &mut self.q,
+            s,
+            Data::Out(&d),
+            "Dataset Management (deallocate)",
+            self.timeout,
+        )
+        .await?;
+        Ok(())
+    }
+}

@@ -1,0 +1,48 @@
+//! A userspace NVMe/TCP initiator.
+//!
+//! [`QueuePair`] is one connection (one queue): submit commands, then poll for their
+//! completions, many in flight at once, with no allocation per command once the queue is
+//! warm. [`Controller`] builds on it: it connects the admin queue, enables the controller,
+//! identifies it, keeps it alive, and opens I/O queues.
+
+mod controller;
+mod queue;
+
+pub use controller::{default_hostnqn, ConnectOptions, Controller, IoQueue};
+pub use queue::{Data, QueueOptions, QueuePair};
+
+use nearstore_wire::{Cqe, Status};
+
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("{context}: {source}")]
+    Io {
+        context: String,
+        source: std::io::Error,
+    },
+    #[error("protocol error: {0}")]
+    Protocol(String),
+    #[error("{what} failed: {status}")]
+    Status {
+        what: String,
+        status: Status,
+        cqe: Cqe,
+    },
+    #[error("target terminated the connection (TermReq fes {fes:#x}, field at byte {fei})")]
+    Terminated { fes: u16, fei: u32 },
+    #[error("target closed the connection")]
+    Closed,
+    #[error("{0} timed out")]
+    Timeout(String),
+    #[error("queue full: {0} commands in flight")]
+    QueueFull(usize),
+    #[error("invalid argument: {0}")]
+    Invalid(String),
+}
+
+pub type Result<T> = std::result::Result<T, Error>;
+
+pub(crate) fn io_err(context: impl Into<String>) -> impl FnOnce(std::io::Error) -> Error {
+    let context = context.into();
+    move |source| Error::Io { context, source }
+}
