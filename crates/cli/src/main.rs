@@ -1,0 +1,323 @@
+//! The `nearstore` command: one binary, subcommands modelled on nvme-cli and spdk_nvme_perf.
+
+mod demo;
+mod perf;
+mod tools;
+
+use std::net::{SocketAddr, ToSocketAddrs};
+use std::path::PathBuf;
+
+use anyhow::{bail, Context, Result};
+use clap::{Parser, Subcommand};
+use nearstore_target::config::{ByteSize, Config, NamespaceConfig};
+
+#[derive(Parser)]
+#[command(
+    name = "nearstore",
+    version,
+    about = "NVMe/TCP computational storage: target, initiator tools, benchmarks"
+)]
+struct Cli {
+    #[command(subcommand)]
+    cmd: Cmd,
+}
+
+/// Where a target is: address and subsystem.
+#[derive(clap::Args, Clone)]
+pub struct TargetArgs {
+    /// Target address, HOST:PORT (port 4420 if left out).
+    #[arg(short = 'a', long = "traddr", default_value = "127.0.0.1:4420")]
+    pub traddr: String,
+    /// Subsystem NQN.
+    #[arg(short = 'n', long = "nqn", default_value = DEFAULT_NQN)]
+    pub nqn: String,
+    /// Host NQN (default: /etc/nvme/hostnqn or one derived from the machine id).
+    #[arg(long)]
+    pub hostnqn: Option<String>,
+    /// Header digest.
+    #[arg(long)]
+    pub hdr_digest: bool,
+    /// Data digest.
+    #[arg(long)]
+    pub data_digest: bool,
+}
+
+pub const DEFAULT_NQN: &str = "nqn.2026-11.io.nearstore:disk0";
+
+pub fn resolve(addr: &str, default_port: u16) -> Result<SocketAddr> {
+    if let Ok(a) = addr.parse::<SocketAddr>() {
+        return Ok(a);
+    }
+    if let Ok(ip) = addr.trim_matches(['[', ']']).parse::<std::net::IpAddr>() {
+        return Ok(SocketAddr::new(ip, default_port));
+    }
+    let s = if addr.contains(':') {
+        addr.to_string()
+    } else {
+        format!("{addr}:{default_port}")
+    };
+    s.to_socket_addrs()
+        .with_context(|| format!("resolving address '{addr}'"))?
+        .next()
+        .with_context(|| format!("address '{addr}' resolves to nothing"))
+}
+
+impl TargetArgs {
+    pub fn options(&self) -> Result<nearstore_initiator::ConnectOptions> {
+        let mut o =
+            nearstore_initiator::ConnectOptions::new(resolve(&self.traddr, 4420)?, &self.nqn);
+        if let Some(h) = &self.hostnqn {
+            o.hostnqn = h.clone();
+        }
+        o.hdgst = self.hdr_digest;
+        o.ddgst = self.data_digest;
+        Ok(o)
+    }
+}
+
+#[derive(Clone, Copy, clap::ValueEnum, PartialEq, Eq)]
+pub enum Output {
+    Normal,
+    Json,
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// Run an NVMe/TCP target.
+    Target {
+        /// TOML configuration (subsystems, namespaces, listeners, hosts).
+        #[arg(short, long, conflicts_with_all = ["namespace", "memory"])]
+        config: Option<PathBuf>,
+        /// Listen address for the one-namespace case.
+        #[arg(long, default_value = "127.0.0.1:4420")]
+        listen: SocketAddr,
+        /// Discovery listener for the one-namespace case (use "none" for none).
+        #[arg(long, default_value = "127.0.0.1:8009")]
+        discovery: String,
+        /// A file or block device to export as namespace 1.
+        #[arg(long)]
+        namespace: Option<PathBuf>,
+        /// Create the namespace file with this size if it does not exist (e.g. 1GiB).
+        #[arg(long)]
+        size: Option<String>,
+        /// Export a memory namespace of this size instead (e.g. 1GiB).
+        #[arg(long)]
+        memory: Option<String>,
+        /// Logical block size: 512 or 4096.
+        #[arg(long, default_value_t = 512)]
+        block_size: u32,
+        /// Subsystem NQN for the one-namespace case.
+        #[arg(long, default_value = DEFAULT_NQN)]
+        nqn: String,
+        /// Serve Prometheus metrics on this address.
+        #[arg(long)]
+        metrics: Option<SocketAddr>,
+        /// Network threads (default: one per core).
+        #[arg(long)]
+        net_threads: Option<usize>,
+        /// File/block I/O worker threads.
+        #[arg(long)]
+        io_threads: Option<usize>,
+    },
+    /// Print a target's discovery log.
+    Discover {
+        /// Discovery address, HOST[:PORT], port 8009 by default.
+        #[arg(short = 'a', long = "traddr", default_value = "127.0.0.1:8009")]
+        traddr: String,
+        #[arg(long)]
+        hostnqn: Option<String>,
+        #[arg(short = 'o', long, value_enum, default_value = "normal")]
+        output_format: Output,
+    },
+    /// List the namespaces of a subsystem.
+    List {
+        #[command(flatten)]
+        t: TargetArgs,
+        #[arg(short = 'o', long, value_enum, default_value = "normal")]
+        output_format: Output,
+    },
+    /// Identify Controller.
+    IdCtrl {
+        #[command(flatten)]
+        t: TargetArgs,
+        #[arg(short = 'o', long, value_enum, default_value = "normal")]
+        output_format: Output,
+    },
+    /// Identify Namespace.
+    IdNs {
+        #[command(flatten)]
+        t: TargetArgs,
+        #[arg(long, default_value_t = 1)]
+        nsid: u32,
+        #[arg(short = 'o', long, value_enum, default_value = "normal")]
+        output_format: Output,
+    },
+    /// Read blocks into a file (or standard output).
+    Read {
+        #[command(flatten)]
+        t: TargetArgs,
+        #[arg(long, default_value_t = 1)]
+        nsid: u32,
+        /// First LBA.
+        #[arg(short = 's', long, default_value_t = 0)]
+        start_block: u64,
+        /// Bytes to read (rounded up to whole blocks).
+        #[arg(short = 'z', long)]
+        data_size: String,
+        /// Output file ("-" for standard output).
+        #[arg(short = 'd', long, default_value = "-")]
+        data: PathBuf,
+    },
+    /// Write a file's bytes to blocks (the tail is padded with zeros to a whole block).
+    Write {
+        #[command(flatten)]
+        t: TargetArgs,
+        #[arg(long, default_value_t = 1)]
+        nsid: u32,
+        #[arg(short = 's', long, default_value_t = 0)]
+        start_block: u64,
+        /// Input file.
+        #[arg(short = 'd', long)]
+        data: PathBuf,
+        /// Force unit access: durable when the command completes.
+        #[arg(long)]
+        fua: bool,
+    },
+    /// Measure IOPS, bandwidth and latency against a target.
+    Perf(perf::PerfArgs),
+    /// The main job: a target on a file, writes and reads back through our initiator, a short perf.
+    Demo(demo::DemoArgs),
+}
+
+fn init_logs(cmd: &Cmd) {
+    // The target logs connections at info; the client verbs speak only of problems.
+    let default = if matches!(cmd, Cmd::Target { .. }) {
+        "info"
+    } else {
+        "warn"
+    };
+    let filter = std::env::var("RUST_LOG").unwrap_or_else(|_| default.into());
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .init();
+}
+
+fn main() {
+    let cli = Cli::parse();
+    init_logs(&cli.cmd);
+    if let Err(e) = run(cli) {
+        eprintln!("error: {e:#}");
+        std::process::exit(1);
+    }
+}
+
+fn runtime(threads: Option<usize>) -> Result<tokio::runtime::Runtime> {
+    let mut b = match threads {
+        Some(1) => tokio::runtime::Builder::new_current_thread(),
+        _ => tokio::runtime::Builder::new_multi_thread(),
+    };
+    if let Some(n) = threads.filter(|&n| n > 1) {
+        b.worker_threads(n);
+    }
+    Ok(b.enable_all().build()?)
+}
+
+fn run(cli: Cli) -> Result<()> {
+    match cli.cmd {
+        Cmd::Target {
+            config,
+            listen,
+            discovery,
+            namespace,
+            size,
+            memory,
+            block_size,
+            nqn,
+            metrics,
+            net_threads,
+            io_threads,
+        } => {
+            let mut cfg = match config {
+                Some(p) => Config::from_file(&p)?,
+                None => {
+                    let disc = if discovery == "none" {
+                        None
+                    } else {
+                        Some(discovery.parse().with_context(|| {
+                            format!("--discovery: '{discovery}' is not an address")
+                        })?)
+                    };
+                    let parse = |flag: &str, v: &Option<String>| -> Result<Option<ByteSize>> {
+                        v.as_ref()
+                            .map(|s| {
+                                s.parse::<ByteSize>()
+                                    .map_err(|e| anyhow::anyhow!("{flag}: {e}"))
+                            })
+                            .transpose()
+                    };
+                    let ns = NamespaceConfig {
+                        nsid: 1,
+                        path: namespace.clone(),
+                        memory: parse("--memory", &memory)?,
+                        size: parse("--size", &size)?,
+                        block_size,
+                    };
+                    if ns.path.is_none() && ns.memory.is_none() {
+                        bail!("give --namespace PATH, --memory SIZE or --config FILE");
+                    }
+                    let c = Config::single(listen, disc, &nqn, ns);
+                    c.validate()?;
+                    c
+                }
+            };
+            if metrics.is_some() {
+                cfg.metrics = metrics;
+            }
+            if let Some(n) = io_threads {
+                cfg.io_threads = n;
+            }
+            if net_threads.is_some() {
+                cfg.net_threads = net_threads;
+            }
+            runtime(cfg.net_threads)?.block_on(tools::run_target(cfg))
+        }
+        Cmd::Discover {
+            traddr,
+            hostnqn,
+            output_format,
+        } => runtime(Some(1))?.block_on(tools::discover(&traddr, hostnqn, output_format)),
+        Cmd::List { t, output_format } => {
+            runtime(Some(1))?.block_on(tools::list(&t, output_format))
+        }
+        Cmd::IdCtrl { t, output_format } => {
+            runtime(Some(1))?.block_on(tools::id_ctrl(&t, output_format))
+        }
+        Cmd::IdNs {
+            t,
+            nsid,
+            output_format,
+        } => runtime(Some(1))?.block_on(tools::id_ns(&t, nsid, output_format)),
+        Cmd::Read {
+            t,
+            nsid,
+            start_block,
+            data_size,
+            data,
+        } => {
+            let n: ByteSize = data_size
+                .parse()
+                .map_err(|e| anyhow::anyhow!("--data-size: {e}"))?;
+            runtime(Some(1))?.block_on(tools::read(&t, nsid, start_block, n.0, &data))
+        }
+        Cmd::Write {
+            t,
+            nsid,
+            start_block,
+            data,
+            fua,
+        } => runtime(Some(1))?.block_on(tools::write(&t, nsid, start_block, &data, fua)),
+        Cmd::Perf(a) => perf::run(a),
+        Cmd::Demo(a) => demo::run(a),
+    }
+}

@@ -1,0 +1,222 @@
+//! nvme-cli-like verbs: target, discover, list, id-ctrl, id-ns, read, write.
+
+use std::io::Write as _;
+use std::path::Path;
+
+use anyhow::{bail, Context, Result};
+use nearstore_initiator::{ConnectOptions, Controller};
+use nearstore_target::config::Config;
+use nearstore_target::Target;
+use serde_json::json;
+use tracing::info;
+
+use crate::{resolve, Output, TargetArgs};
+
+pub async fn run_target(cfg: Config) -> Result<()> {
+    let target = Target::from_config(&cfg)?;
+    let addrs = target.listen_all(&cfg).await?;
+    if let Some(m) = cfg.metrics {
+        let l = tokio::net::TcpListener::bind(m)
+            .await
+            .with_context(|| format!("metrics: cannot listen on {m}"))?;
+        info!(addr = %m, "metrics at http://{m}/metrics");
+        tokio::spawn(nearstore_target::metrics::serve(l, target.clone()));
+    }
+    for a in &addrs {
+        println!("listening on {a}");
+    }
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => {}
+        _ = term.recv() => {}
+    }
+    info!("stopping: flushing namespaces");
+    target.flush_all();
+    Ok(())
+}
+
+async fn connect(t: &TargetArgs) -> Result<Controller> {
+    let o = t.options()?;
+    let what = format!("connecting to {} at {}", o.subnqn, o.addr);
+    Controller::connect(o).await.context(what)
+}
+
+pub async fn discover(traddr: &str, hostnqn: Option<String>, out: Output) -> Result<()> {
+    let mut o = ConnectOptions::new(resolve(traddr, 8009)?, nearstore_wire::DISCOVERY_NQN);
+    o.kato_ms = 0;
+    if let Some(h) = hostnqn {
+        o.hostnqn = h;
+    }
+    let c = Controller::connect(o)
+        .await
+        .with_context(|| format!("connecting to the discovery service at {traddr}"))?;
+    let (genctr, entries) = c.discovery_log().await?;
+    if out == Output::Json {
+        let recs: Vec<_> = entries
+            .iter()
+            .map(|e| json!({"trtype": "tcp", "adrfam": if e.adrfam == 2 {"ipv6"} else {"ipv4"}, "subtype": e.subtype, "treq": e.treq, "portid": e.portid, "trsvcid": e.trsvcid, "subnqn": e.subnqn, "traddr": e.traddr}))
+            .collect();
+        println!(
+            "{}",
+            serde_json::to_string_pretty(
+                &json!({"genctr": genctr, "numrec": entries.len(), "records": recs})
+            )?
+        );
+        return Ok(());
+    }
+    println!(
+        "Discovery Log Number of Records {}, Generation counter {genctr}",
+        entries.len()
+    );
+    for (i, e) in entries.iter().enumerate() {
+        let sub = match e.subtype {
+            2 => "nvme subsystem",
+            3 => "current discovery subsystem",
+            _ => "discovery subsystem referral",
+        };
+        println!("=====Discovery Log Entry {i}======\ntrtype:  tcp\nadrfam:  ipv4\nsubtype: {sub}\ntreq:    {:#x}\nportid:  {}\ntrsvcid: {}\nsubnqn:  {}\ntraddr:  {}", e.treq, e.portid, e.trsvcid, e.subnqn, e.traddr);
+    }
+    Ok(())
+}
+
+pub async fn list(t: &TargetArgs, out: Output) -> Result<()> {
+    let c = connect(t).await?;
+    let mut rows = Vec::new();
+    for nsid in c.active_namespaces().await? {
+        let ns = c.identify_namespace(nsid).await?;
+        rows.push((nsid, ns));
+    }
+    if out == Output::Json {
+        let v: Vec<_> = rows.iter().map(|(n, ns)| json!({"nsid": n, "blocks": ns.nsze, "block_size": ns.block_size(), "bytes": ns.nsze * ns.block_size() as u64})).collect();
+        println!(
+            "{}",
+            serde_json::to_string_pretty(
+                &json!({"subnqn": c.id.subnqn, "serial": c.id.sn, "model": c.id.mn, "namespaces": v})
+            )?
+        );
+        return Ok(());
+    }
+    println!(
+        "{:<24} {:<20} {:<6} {:>16} {:>8}",
+        "Subsystem", "SN", "NSID", "Usage", "Format"
+    );
+    for (nsid, ns) in rows {
+        let bytes = ns.nsze * ns.block_size() as u64;
+        println!(
+            "{:<24} {:<20} {:<6} {:>13.2} GB {:>6} B",
+            short(&c.id.subnqn, 24),
+            c.id.sn,
+            nsid,
+            bytes as f64 / 1e9,
+            ns.block_size()
+        );
+    }
+    Ok(())
+}
+
+fn short(s: &str, n: usize) -> String {
+    if s.len() <= n {
+        s.to_string()
+    } else {
+        format!("...{}", &s[s.len() - (n - 3)..])
+    }
+}
+
+pub async fn id_ctrl(t: &TargetArgs, out: Output) -> Result<()> {
+    let c = connect(t).await?;
+    let id = &c.id;
+    let v = json!({
+        "vid": id.vid, "ssvid": id.ssvid, "sn": id.sn, "mn": id.mn, "fr": id.fr, "cntlid": id.cntlid,
+        "ver": format!("{:#x}", id.ver), "mdts": id.mdts, "cntrltype": id.cntrltype, "aerl": id.aerl, "elpe": id.elpe,
+        "kas": id.kas, "sqes": id.sqes, "cqes": id.cqes, "maxcmd": id.maxcmd, "nn": id.nn, "oncs": format!("{:#x}", id.oncs),
+        "vwc": id.vwc, "sgls": format!("{:#x}", id.sgls), "subnqn": id.subnqn, "ioccsz": id.ioccsz, "iorcsz": id.iorcsz,
+        "icdoff": id.icdoff, "msdbd": id.msdbd,
+    });
+    print_kv(&v, out)
+}
+
+pub async fn id_ns(t: &TargetArgs, nsid: u32, out: Output) -> Result<()> {
+    let c = connect(t).await?;
+    let ns = c.identify_namespace(nsid).await?;
+    if ns.nsze == 0 {
+        bail!("namespace {nsid} is not active in {}", c.id.subnqn);
+    }
+    let hex = |b: &[u8]| b.iter().map(|x| format!("{x:02x}")).collect::<String>();
+    let v = json!({
+        "nsze": ns.nsze, "ncap": ns.ncap, "nuse": ns.nuse, "nsfeat": ns.nsfeat, "nlbaf": 0, "flbas": 0,
+        "dlfeat": ns.dlfeat, "nmic": ns.nmic, "nguid": hex(&ns.nguid), "eui64": hex(&ns.eui64),
+        "lbaf0": format!("ms:0 lbads:{} rp:0 (in use)", ns.lbads),
+    });
+    print_kv(&v, out)
+}
+
+fn print_kv(v: &serde_json::Value, out: Output) -> Result<()> {
+    if out == Output::Json {
+        println!("{}", serde_json::to_string_pretty(v)?);
+        return Ok(());
+    }
+    for (k, v) in v.as_object().expect("object") {
+        let s = v
+            .as_str()
+            .map(str::to_string)
+            .unwrap_or_else(|| v.to_string());
+        println!("{k:<10}: {s}");
+    }
+    Ok(())
+}
+
+async fn block_size(c: &Controller, nsid: u32) -> Result<u32> {
+    let ns = c.identify_namespace(nsid).await?;
+    if ns.nsze == 0 {
+        bail!("namespace {nsid} is not active in {}", c.id.subnqn);
+    }
+    Ok(ns.block_size())
+}
+
+pub async fn read(t: &TargetArgs, nsid: u32, slba: u64, bytes: u64, out: &Path) -> Result<()> {
+    let c = connect(t).await?;
+    let bs = block_size(&c, nsid).await?;
+    let mut q = c.io_queue(1).await?;
+    let chunk_blocks = (c.id.max_transfer().unwrap_or(128 * 1024) / bs) as u64;
+    let total_blocks = bytes.div_ceil(bs as u64);
+    let mut w: Box<dyn std::io::Write> = if out == Path::new("-") {
+        Box::new(std::io::stdout().lock())
+    } else {
+        Box::new(std::io::BufWriter::new(
+            std::fs::File::create(out).with_context(|| format!("creating {}", out.display()))?,
+        ))
+    };
+    let mut done = 0u64;
+    while done < total_blocks {
+        let n = (total_blocks - done).min(chunk_blocks);
+        let d = q.read(nsid, slba + done, n as u32, bs).await?;
+        let keep = ((bytes - done * bs as u64).min(d.len() as u64)) as usize;
+        w.write_all(&d[..keep])?;
+        done += n;
+    }
+    w.flush()?;
+    Ok(())
+}
+
+pub async fn write(t: &TargetArgs, nsid: u32, slba: u64, input: &Path, fua: bool) -> Result<()> {
+    let data = std::fs::read(input).with_context(|| format!("reading {}", input.display()))?;
+    if data.is_empty() {
+        bail!("{} is empty: nothing to write", input.display());
+    }
+    let c = connect(t).await?;
+    let bs = block_size(&c, nsid).await? as usize;
+    let mut q = c.io_queue(1).await?;
+    let chunk = c.id.max_transfer().unwrap_or(128 * 1024) as usize;
+    for (i, part) in data.chunks(chunk).enumerate() {
+        let mut buf = part.to_vec();
+        buf.resize(part.len().div_ceil(bs) * bs, 0);
+        q.write(nsid, slba + (i * chunk / bs) as u64, &buf, bs as u32, fua)
+            .await?;
+    }
+    q.flush(nsid).await?;
+    eprintln!(
+        "wrote {} bytes at LBA {slba} of namespace {nsid}",
+        data.len()
+    );
+    Ok(())
+}
