@@ -52,21 +52,12 @@ async fn demo(a: DemoArgs) -> Result<()> {
     let target = Target::from_config(&cfg)?;
     let addr = target.listen("127.0.0.1:0".parse()?, false).await?;
     println!("1. target listening on {addr}, subsystem {NQN}");
-    println!(
-        "   namespace 1: sparse file {} (1 GiB), namespace 2: 1 GiB of memory",
-        img.display()
-    );
+    println!("   namespace 1: sparse file {} (1 GiB), namespace 2: 1 GiB of memory", img.display());
 
     let mut o = ConnectOptions::new(addr, NQN);
     o.queue_depth = 32;
     let c = Controller::connect(o.clone()).await?;
-    println!(
-        "2. connected: controller {} \"{}\" serial {}, namespaces {:?}",
-        c.cntlid,
-        c.id.mn,
-        c.id.sn,
-        c.active_namespaces().await?
-    );
+    println!("2. connected: controller {} \"{}\" serial {}, namespaces {:?}", c.cntlid, c.id.mn, c.id.sn, c.active_namespaces().await?);
 
     let mut ioq = c.io_queue(1).await?;
     let q = ioq.queue();
@@ -113,11 +104,7 @@ async fn demo(a: DemoArgs) -> Result<()> {
     let (mut sub, mut done) = (0usize, 0usize);
     while done < n {
         while sub < n && q.in_flight() < 32 {
-            q.submit(
-                Sqe::rw(io::READ, 1, (sub * chunk / 512) as u64, blocks, false),
-                Data::In(chunk),
-                sub as u64,
-            )?;
+            q.submit(Sqe::rw(io::READ, 1, (sub * chunk / 512) as u64, blocks, false), Data::In(chunk), sub as u64)?;
             sub += 1;
         }
         q.poll(|tag, _, d| {
@@ -145,10 +132,7 @@ async fn demo(a: DemoArgs) -> Result<()> {
     drop(ioq);
     c.shutdown().await?;
 
-    println!(
-        "4. perf, {} s each, target and initiator in this process:",
-        a.perf_seconds
-    );
+    println!("4. perf, {} s each, target and initiator in this process:", a.perf_seconds);
     for (nsid, what) in [(1u32, "file  "), (2, "memory")] {
         for (w, size, qd) in [
             (Workload::Randread, 4096, 1),
@@ -170,12 +154,6 @@ async fn demo(a: DemoArgs) -> Result<()> {
             perf::print(&r, Output::Normal)?;
         }
     }
-    println!(
-        "done: the target served {} connections",
-        target
-            .stats
-            .connections_total
-            .load(std::sync::atomic::Ordering::Relaxed)
-    );
+    println!("done: the target served {} connections", target.stats.connections_total.load(std::sync::atomic::Ordering::Relaxed));
     Ok(())
 }

@@ -12,11 +12,7 @@ use clap::{Parser, Subcommand};
 use nearstore_target::config::{ByteSize, Config, NamespaceConfig};
 
 #[derive(Parser)]
-#[command(
-    name = "nearstore",
-    version,
-    about = "NVMe/TCP computational storage: target, initiator tools, benchmarks"
-)]
+#[command(name = "nearstore", version, about = "NVMe/TCP computational storage: target, initiator tools, benchmarks")]
 struct Cli {
     #[command(subcommand)]
     cmd: Cmd,
@@ -51,11 +47,7 @@ pub fn resolve(addr: &str, default_port: u16) -> Result<SocketAddr> {
     if let Ok(ip) = addr.trim_matches(['[', ']']).parse::<std::net::IpAddr>() {
         return Ok(SocketAddr::new(ip, default_port));
     }
-    let s = if addr.contains(':') {
-        addr.to_string()
-    } else {
-        format!("{addr}:{default_port}")
-    };
+    let s = if addr.contains(':') { addr.to_string() } else { format!("{addr}:{default_port}") };
     s.to_socket_addrs()
         .with_context(|| format!("resolving address '{addr}'"))?
         .next()
@@ -64,8 +56,7 @@ pub fn resolve(addr: &str, default_port: u16) -> Result<SocketAddr> {
 
 impl TargetArgs {
     pub fn options(&self) -> Result<nearstore_initiator::ConnectOptions> {
-        let mut o =
-            nearstore_initiator::ConnectOptions::new(resolve(&self.traddr, 4420)?, &self.nqn);
+        let mut o = nearstore_initiator::ConnectOptions::new(resolve(&self.traddr, 4420)?, &self.nqn);
         if let Some(h) = &self.hostnqn {
             o.hostnqn = h.clone();
         }
@@ -109,6 +100,9 @@ enum Cmd {
         /// Subsystem NQN for the one-namespace case.
         #[arg(long, default_value = DEFAULT_NQN)]
         nqn: String,
+        /// Address reported in the discovery log instead of the listen address (NAT).
+        #[arg(long)]
+        advertise: Option<std::net::IpAddr>,
         /// Serve Prometheus metrics on this address.
         #[arg(long)]
         metrics: Option<SocketAddr>,
@@ -191,16 +185,9 @@ enum Cmd {
 
 fn init_logs(cmd: &Cmd) {
     // The target logs connections at info; the client verbs speak only of problems.
-    let default = if matches!(cmd, Cmd::Target { .. }) {
-        "info"
-    } else {
-        "warn"
-    };
+    let default = if matches!(cmd, Cmd::Target { .. }) { "info" } else { "warn" };
     let filter = std::env::var("RUST_LOG").unwrap_or_else(|_| default.into());
-    tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .init();
+    tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).init();
 }
 
 fn main() {
@@ -225,36 +212,17 @@ fn runtime(threads: Option<usize>) -> Result<tokio::runtime::Runtime> {
 
 fn run(cli: Cli) -> Result<()> {
     match cli.cmd {
-        Cmd::Target {
-            config,
-            listen,
-            discovery,
-            namespace,
-            size,
-            memory,
-            block_size,
-            nqn,
-            metrics,
-            net_threads,
-            io_threads,
-        } => {
+        Cmd::Target { config, listen, discovery, namespace, size, memory, block_size, nqn, advertise, metrics, net_threads, io_threads } => {
             let mut cfg = match config {
                 Some(p) => Config::from_file(&p)?,
                 None => {
                     let disc = if discovery == "none" {
                         None
                     } else {
-                        Some(discovery.parse().with_context(|| {
-                            format!("--discovery: '{discovery}' is not an address")
-                        })?)
+                        Some(discovery.parse().with_context(|| format!("--discovery: '{discovery}' is not an address"))?)
                     };
                     let parse = |flag: &str, v: &Option<String>| -> Result<Option<ByteSize>> {
-                        v.as_ref()
-                            .map(|s| {
-                                s.parse::<ByteSize>()
-                                    .map_err(|e| anyhow::anyhow!("{flag}: {e}"))
-                            })
-                            .transpose()
+                        v.as_ref().map(|s| s.parse::<ByteSize>().map_err(|e| anyhow::anyhow!("{flag}: {e}"))).transpose()
                     };
                     let ns = NamespaceConfig {
                         nsid: 1,
@@ -271,6 +239,11 @@ fn run(cli: Cli) -> Result<()> {
                     c
                 }
             };
+            if advertise.is_some() {
+                for l in &mut cfg.listener {
+                    l.advertise = advertise;
+                }
+            }
             if metrics.is_some() {
                 cfg.metrics = metrics;
             }
@@ -282,41 +255,15 @@ fn run(cli: Cli) -> Result<()> {
             }
             runtime(cfg.net_threads)?.block_on(tools::run_target(cfg))
         }
-        Cmd::Discover {
-            traddr,
-            hostnqn,
-            output_format,
-        } => runtime(Some(1))?.block_on(tools::discover(&traddr, hostnqn, output_format)),
-        Cmd::List { t, output_format } => {
-            runtime(Some(1))?.block_on(tools::list(&t, output_format))
-        }
-        Cmd::IdCtrl { t, output_format } => {
-            runtime(Some(1))?.block_on(tools::id_ctrl(&t, output_format))
-        }
-        Cmd::IdNs {
-            t,
-            nsid,
-            output_format,
-        } => runtime(Some(1))?.block_on(tools::id_ns(&t, nsid, output_format)),
-        Cmd::Read {
-            t,
-            nsid,
-            start_block,
-            data_size,
-            data,
-        } => {
-            let n: ByteSize = data_size
-                .parse()
-                .map_err(|e| anyhow::anyhow!("--data-size: {e}"))?;
+        Cmd::Discover { traddr, hostnqn, output_format } => runtime(Some(1))?.block_on(tools::discover(&traddr, hostnqn, output_format)),
+        Cmd::List { t, output_format } => runtime(Some(1))?.block_on(tools::list(&t, output_format)),
+        Cmd::IdCtrl { t, output_format } => runtime(Some(1))?.block_on(tools::id_ctrl(&t, output_format)),
+        Cmd::IdNs { t, nsid, output_format } => runtime(Some(1))?.block_on(tools::id_ns(&t, nsid, output_format)),
+        Cmd::Read { t, nsid, start_block, data_size, data } => {
+            let n: ByteSize = data_size.parse().map_err(|e| anyhow::anyhow!("--data-size: {e}"))?;
             runtime(Some(1))?.block_on(tools::read(&t, nsid, start_block, n.0, &data))
         }
-        Cmd::Write {
-            t,
-            nsid,
-            start_block,
-            data,
-            fua,
-        } => runtime(Some(1))?.block_on(tools::write(&t, nsid, start_block, &data, fua)),
+        Cmd::Write { t, nsid, start_block, data, fua } => runtime(Some(1))?.block_on(tools::write(&t, nsid, start_block, &data, fua)),
         Cmd::Perf(a) => perf::run(a),
         Cmd::Demo(a) => demo::run(a),
     }

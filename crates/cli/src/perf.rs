@@ -92,11 +92,7 @@ struct QueueStats {
 }
 
 pub fn run(a: PerfArgs) -> Result<()> {
-    let io_size = a
-        .io_size
-        .parse::<ByteSize>()
-        .map_err(|e| anyhow::anyhow!("--io-size: {e}"))?
-        .0 as usize;
+    let io_size = a.io_size.parse::<ByteSize>().map_err(|e| anyhow::anyhow!("--io-size: {e}"))?.0 as usize;
     if a.rwmixread > 100 {
         bail!("--rwmixread: {} is not a percentage", a.rwmixread);
     }
@@ -143,25 +139,15 @@ pub async fn measure(o: ConnectOptions, p: &PerfParams) -> Result<PerfResult> {
     }
     let bs = ns.block_size() as usize;
     if p.io_size == 0 || p.io_size % bs != 0 {
-        bail!(
-            "--io-size {} is not a multiple of the {bs}-byte block size",
-            p.io_size
-        );
+        bail!("--io-size {} is not a multiple of the {bs}-byte block size", p.io_size);
     }
     if let Some(max) = c.id.max_transfer() {
         if p.io_size > max as usize {
-            bail!(
-                "--io-size {} is above the controller's {max}-byte transfer limit",
-                p.io_size
-            );
+            bail!("--io-size {} is above the controller's {max}-byte transfer limit", p.io_size);
         }
     }
     if p.queues > c.io_queues_granted() {
-        bail!(
-            "{} queues asked, the controller grants {}",
-            p.queues,
-            c.io_queues_granted()
-        );
+        bail!("{} queues asked, the controller grants {}", p.queues, c.io_queues_granted());
     }
     let per = (p.io_size / bs) as u64;
     let slots = ns.nsze / per;
@@ -174,8 +160,7 @@ pub async fn measure(o: ConnectOptions, p: &PerfParams) -> Result<PerfResult> {
         let mut q = c.io_queue(qid).await?;
         let p = p.clone();
         tasks.push(tokio::spawn(async move {
-            let mut hist =
-                Histogram::<u64>::new_with_bounds(1, 60_000_000_000, 3).expect("histogram bounds");
+            let mut hist = Histogram::<u64>::new_with_bounds(1, 60_000_000_000, 3).expect("histogram bounds");
             let data = vec![0x5au8; p.io_size];
             let qp = q.queue();
             let epoch = Instant::now();
@@ -202,17 +187,9 @@ pub async fn measure(o: ConnectOptions, p: &PerfParams) -> Result<PerfResult> {
                     let tag = epoch.elapsed().as_nanos() as u64;
                     let slba = slot * per;
                     if read {
-                        qp.submit(
-                            Sqe::rw(io::READ, p.nsid, slba, per as u32, false),
-                            Data::In(p.io_size),
-                            tag,
-                        )?;
+                        qp.submit(Sqe::rw(io::READ, p.nsid, slba, per as u32, false), Data::In(p.io_size), tag)?;
                     } else {
-                        qp.submit(
-                            Sqe::rw(io::WRITE, p.nsid, slba, per as u32, false),
-                            Data::Out(&data),
-                            tag,
-                        )?;
+                        qp.submit(Sqe::rw(io::WRITE, p.nsid, slba, per as u32, false), Data::Out(&data), tag)?;
                     }
                 }
                 if qp.in_flight() == 0 {
@@ -223,9 +200,7 @@ pub async fn measure(o: ConnectOptions, p: &PerfParams) -> Result<PerfResult> {
                     if !cqe.status.is_success() {
                         err = Some(cqe.status);
                     }
-                    let lat = (epoch.elapsed().as_nanos() as u64)
-                        .saturating_sub(tag)
-                        .max(1);
+                    let lat = (epoch.elapsed().as_nanos() as u64).saturating_sub(tag).max(1);
                     let _ = hist.record(lat);
                     ios += 1;
                 })

@@ -16,9 +16,7 @@ pub async fn run_target(cfg: Config) -> Result<()> {
     let target = Target::from_config(&cfg)?;
     let addrs = target.listen_all(&cfg).await?;
     if let Some(m) = cfg.metrics {
-        let l = tokio::net::TcpListener::bind(m)
-            .await
-            .with_context(|| format!("metrics: cannot listen on {m}"))?;
+        let l = tokio::net::TcpListener::bind(m).await.with_context(|| format!("metrics: cannot listen on {m}"))?;
         info!(addr = %m, "metrics at http://{m}/metrics");
         tokio::spawn(nearstore_target::metrics::serve(l, target.clone()));
     }
@@ -47,27 +45,17 @@ pub async fn discover(traddr: &str, hostnqn: Option<String>, out: Output) -> Res
     if let Some(h) = hostnqn {
         o.hostnqn = h;
     }
-    let c = Controller::connect(o)
-        .await
-        .with_context(|| format!("connecting to the discovery service at {traddr}"))?;
+    let c = Controller::connect(o).await.with_context(|| format!("connecting to the discovery service at {traddr}"))?;
     let (genctr, entries) = c.discovery_log().await?;
     if out == Output::Json {
         let recs: Vec<_> = entries
             .iter()
             .map(|e| json!({"trtype": "tcp", "adrfam": if e.adrfam == 2 {"ipv6"} else {"ipv4"}, "subtype": e.subtype, "treq": e.treq, "portid": e.portid, "trsvcid": e.trsvcid, "subnqn": e.subnqn, "traddr": e.traddr}))
             .collect();
-        println!(
-            "{}",
-            serde_json::to_string_pretty(
-                &json!({"genctr": genctr, "numrec": entries.len(), "records": recs})
-            )?
-        );
+        println!("{}", serde_json::to_string_pretty(&json!({"genctr": genctr, "numrec": entries.len(), "records": recs}))?);
         return Ok(());
     }
-    println!(
-        "Discovery Log Number of Records {}, Generation counter {genctr}",
-        entries.len()
-    );
+    println!("Discovery Log Number of Records {}, Generation counter {genctr}", entries.len());
     for (i, e) in entries.iter().enumerate() {
         let sub = match e.subtype {
             2 => "nvme subsystem",
@@ -87,29 +75,20 @@ pub async fn list(t: &TargetArgs, out: Output) -> Result<()> {
         rows.push((nsid, ns));
     }
     if out == Output::Json {
-        let v: Vec<_> = rows.iter().map(|(n, ns)| json!({"nsid": n, "blocks": ns.nsze, "block_size": ns.block_size(), "bytes": ns.nsze * ns.block_size() as u64})).collect();
+        let v: Vec<_> = rows
+            .iter()
+            .map(|(n, ns)| json!({"nsid": n, "blocks": ns.nsze, "block_size": ns.block_size(), "bytes": ns.nsze * ns.block_size() as u64}))
+            .collect();
         println!(
             "{}",
-            serde_json::to_string_pretty(
-                &json!({"subnqn": c.id.subnqn, "serial": c.id.sn, "model": c.id.mn, "namespaces": v})
-            )?
+            serde_json::to_string_pretty(&json!({"subnqn": c.id.subnqn, "serial": c.id.sn, "model": c.id.mn, "namespaces": v}))?
         );
         return Ok(());
     }
-    println!(
-        "{:<24} {:<20} {:<6} {:>16} {:>8}",
-        "Subsystem", "SN", "NSID", "Usage", "Format"
-    );
+    println!("{:<24} {:<20} {:<6} {:>16} {:>8}", "Subsystem", "SN", "NSID", "Usage", "Format");
     for (nsid, ns) in rows {
         let bytes = ns.nsze * ns.block_size() as u64;
-        println!(
-            "{:<24} {:<20} {:<6} {:>13.2} GB {:>6} B",
-            short(&c.id.subnqn, 24),
-            c.id.sn,
-            nsid,
-            bytes as f64 / 1e9,
-            ns.block_size()
-        );
+        println!("{:<24} {:<20} {:<6} {:>13.2} GB {:>6} B", short(&c.id.subnqn, 24), c.id.sn, nsid, bytes as f64 / 1e9, ns.block_size());
     }
     Ok(())
 }
@@ -156,10 +135,7 @@ fn print_kv(v: &serde_json::Value, out: Output) -> Result<()> {
         return Ok(());
     }
     for (k, v) in v.as_object().expect("object") {
-        let s = v
-            .as_str()
-            .map(str::to_string)
-            .unwrap_or_else(|| v.to_string());
+        let s = v.as_str().map(str::to_string).unwrap_or_else(|| v.to_string());
         println!("{k:<10}: {s}");
     }
     Ok(())
@@ -182,9 +158,7 @@ pub async fn read(t: &TargetArgs, nsid: u32, slba: u64, bytes: u64, out: &Path) 
     let mut w: Box<dyn std::io::Write> = if out == Path::new("-") {
         Box::new(std::io::stdout().lock())
     } else {
-        Box::new(std::io::BufWriter::new(
-            std::fs::File::create(out).with_context(|| format!("creating {}", out.display()))?,
-        ))
+        Box::new(std::io::BufWriter::new(std::fs::File::create(out).with_context(|| format!("creating {}", out.display()))?))
     };
     let mut done = 0u64;
     while done < total_blocks {
@@ -210,13 +184,9 @@ pub async fn write(t: &TargetArgs, nsid: u32, slba: u64, input: &Path, fua: bool
     for (i, part) in data.chunks(chunk).enumerate() {
         let mut buf = part.to_vec();
         buf.resize(part.len().div_ceil(bs) * bs, 0);
-        q.write(nsid, slba + (i * chunk / bs) as u64, &buf, bs as u32, fua)
-            .await?;
+        q.write(nsid, slba + (i * chunk / bs) as u64, &buf, bs as u32, fua).await?;
     }
     q.flush(nsid).await?;
-    eprintln!(
-        "wrote {} bytes at LBA {slba} of namespace {nsid}",
-        data.len()
-    );
+    eprintln!("wrote {} bytes at LBA {slba} of namespace {nsid}", data.len());
     Ok(())
 }

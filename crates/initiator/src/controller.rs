@@ -70,9 +70,7 @@ pub fn default_hostnqn() -> String {
 }
 
 async fn tcp(addr: SocketAddr) -> Result<TcpStream> {
-    let s = TcpStream::connect(addr)
-        .await
-        .map_err(io_err(format!("connecting to {addr}")))?;
+    let s = TcpStream::connect(addr).await.map_err(io_err(format!("connecting to {addr}")))?;
     s.set_nodelay(true).map_err(io_err("setting TCP_NODELAY"))?;
     Ok(s)
 }
@@ -92,15 +90,9 @@ pub(crate) async fn run<S: nearstore_transport::Stream>(
             out.extend_from_slice(d);
         }
     });
-    let cqe = tokio::time::timeout(timeout, fut)
-        .await
-        .map_err(|_| Error::Timeout(what.into()))??;
+    let cqe = tokio::time::timeout(timeout, fut).await.map_err(|_| Error::Timeout(what.into()))??;
     if !cqe.status.is_success() {
-        return Err(Error::Status {
-            what: what.into(),
-            status: cqe.status,
-            cqe,
-        });
+        return Err(Error::Status { what: what.into(), status: cqe.status, cqe });
     }
     Ok((cqe, out))
 }
@@ -109,39 +101,18 @@ fn connect_sqe(opts: &ConnectOptions, qid: u16, sqsize: u16) -> Sqe {
     let mut s = Sqe::new(FABRICS, 0);
     s.set_nsid(fctype::CONNECT as u32);
     s.set_cdw(10, (qid as u32) << 16);
-    let cattr = if opts.disable_sqflow {
-        connect::CATTR_DISABLE_SQFLOW as u32
-    } else {
-        0
-    };
+    let cattr = if opts.disable_sqflow { connect::CATTR_DISABLE_SQFLOW as u32 } else { 0 };
     s.set_cdw(11, (sqsize as u32 - 1) | (cattr << 16));
     s.set_cdw(12, if qid == 0 { opts.kato_ms } else { 0 });
     s
 }
 
-async fn connect_queue(
-    opts: &ConnectOptions,
-    qid: u16,
-    depth: u16,
-    cntlid: u16,
-    qo: QueueOptions,
-) -> Result<(QueuePair<TcpStream>, u16)> {
+async fn connect_queue(opts: &ConnectOptions, qid: u16, depth: u16, cntlid: u16, qo: QueueOptions) -> Result<(QueuePair<TcpStream>, u16)> {
     let mut q = QueuePair::connect(tcp(opts.addr).await?, qo).await?;
-    let data = ConnectData {
-        hostid: opts.hostid,
-        cntlid,
-        subnqn: opts.subnqn.clone(),
-        hostnqn: opts.hostnqn.clone(),
-    }
-    .encode();
-    let (cqe, _) = run(
-        &mut q,
-        connect_sqe(opts, qid, depth),
-        Data::Out(&data),
-        &format!("Connect (queue {qid}) to {}", opts.subnqn),
-        opts.timeout,
-    )
-    .await?;
+    let data = ConnectData { hostid: opts.hostid, cntlid, subnqn: opts.subnqn.clone(), hostnqn: opts.hostnqn.clone() }.encode();
+    let (cqe, _) =
+        run(&mut q, connect_sqe(opts, qid, depth), Data::Out(&data), &format!("Connect (queue {qid}) to {}", opts.subnqn), opts.timeout)
+            .await?;
     Ok((q, cqe.dw0 as u16))
 }
 
@@ -167,47 +138,17 @@ impl Controller {
     /// Connects the admin queue, enables the controller, identifies it, asks for I/O
     /// queues (I/O controllers), and starts sending keep-alives.
     pub async fn connect(opts: ConnectOptions) -> Result<Controller> {
-        let qo = QueueOptions {
-            hdgst: opts.hdgst,
-            ddgst: opts.ddgst,
-            depth: 32,
-            max_transfer: 1 << 20,
-            in_capsule_max: 8192,
-        };
+        let qo = QueueOptions { hdgst: opts.hdgst, ddgst: opts.ddgst, depth: 32, max_transfer: 1 << 20, in_capsule_max: 8192 };
         let (mut q, cntlid) = connect_queue(&opts, 0, 32, 0xffff, qo).await?;
         let t = opts.timeout;
-        let (c, _) = run(
-            &mut q,
-            prop_get(prop::CAP, true),
-            Data::None,
-            "Property Get CAP",
-            t,
-        )
-        .await?;
+        let (c, _) = run(&mut q, prop_get(prop::CAP, true), Data::None, "Property Get CAP", t).await?;
         let capv = c.result64();
-        run(
-            &mut q,
-            prop_set(prop::CC, cc::LINUX_ENABLE),
-            Data::None,
-            "Property Set CC.EN",
-            t,
-        )
-        .await?;
-        let deadline =
-            tokio::time::Instant::now() + Duration::from_millis(cap::timeout_ms(capv).max(500));
+        run(&mut q, prop_set(prop::CC, cc::LINUX_ENABLE), Data::None, "Property Set CC.EN", t).await?;
+        let deadline = tokio::time::Instant::now() + Duration::from_millis(cap::timeout_ms(capv).max(500));
         loop {
-            let (c, _) = run(
-                &mut q,
-                prop_get(prop::CSTS, false),
-                Data::None,
-                "Property Get CSTS",
-                t,
-            )
-            .await?;
+            let (c, _) = run(&mut q, prop_get(prop::CSTS, false), Data::None, "Property Get CSTS", t).await?;
             if c.dw0 & csts::CFS != 0 {
-                return Err(Error::Protocol(
-                    "controller fatal status after enable".into(),
-                ));
+                return Err(Error::Protocol("controller fatal status after enable".into()));
             }
             if c.dw0 & csts::RDY != 0 {
                 break;
@@ -220,13 +161,9 @@ impl Controller {
         let mut s = Sqe::new(admin::IDENTIFY, 0);
         s.set_cdw(10, cns::CONTROLLER as u32);
         let (_, d) = run(&mut q, s, Data::In(IDENTIFY_LEN), "Identify Controller", t).await?;
-        let id = IdentifyController::decode(&d)
-            .ok_or_else(|| Error::Protocol("short Identify Controller".into()))?;
+        let id = IdentifyController::decode(&d).ok_or_else(|| Error::Protocol("short Identify Controller".into()))?;
         if id.cntlid != cntlid {
-            return Err(Error::Protocol(format!(
-                "Identify says controller {} but Connect said {cntlid}",
-                id.cntlid
-            )));
+            return Err(Error::Protocol(format!("Identify says controller {} but Connect said {cntlid}", id.cntlid)));
         }
         let mut granted = 0;
         if id.cntrltype != identify::cntrltype::DISCOVERY {
@@ -244,30 +181,14 @@ impl Controller {
                 loop {
                     tokio::time::sleep(period).await;
                     let mut q = admin.lock().await;
-                    if let Err(e) = run(
-                        &mut q,
-                        Sqe::new(admin::KEEP_ALIVE, 0),
-                        Data::None,
-                        "Keep Alive",
-                        period * 2,
-                    )
-                    .await
-                    {
+                    if let Err(e) = run(&mut q, Sqe::new(admin::KEEP_ALIVE, 0), Data::None, "Keep Alive", period * 2).await {
                         warn!("keep-alive failed, stopping: {e}");
                         return;
                     }
                 }
             })
         });
-        Ok(Controller {
-            admin,
-            cntlid,
-            id,
-            cap: capv,
-            opts,
-            io_queues_granted: granted,
-            keep_alive,
-        })
+        Ok(Controller { admin, cntlid, id, cap: capv, opts, io_queues_granted: granted, keep_alive })
     }
 
     /// Runs an admin command; data in the reply is returned.
@@ -283,32 +204,21 @@ impl Controller {
     pub async fn identify_namespace(&self, nsid: u32) -> Result<IdentifyNamespace> {
         let mut s = Sqe::new(admin::IDENTIFY, 0);
         s.set_nsid(nsid).set_cdw(10, cns::NAMESPACE as u32);
-        let (_, d) = self
-            .admin(
-                s,
-                Data::In(IDENTIFY_LEN),
-                &format!("Identify Namespace {nsid}"),
-            )
-            .await?;
-        IdentifyNamespace::decode(&d)
-            .ok_or_else(|| Error::Protocol("short Identify Namespace".into()))
+        let (_, d) = self.admin(s, Data::In(IDENTIFY_LEN), &format!("Identify Namespace {nsid}")).await?;
+        IdentifyNamespace::decode(&d).ok_or_else(|| Error::Protocol("short Identify Namespace".into()))
     }
 
     pub async fn active_namespaces(&self) -> Result<Vec<u32>> {
         let mut s = Sqe::new(admin::IDENTIFY, 0);
         s.set_cdw(10, cns::ACTIVE_NS_LIST as u32);
-        let (_, d) = self
-            .admin(s, Data::In(IDENTIFY_LEN), "Identify Active Namespace List")
-            .await?;
+        let (_, d) = self.admin(s, Data::In(IDENTIFY_LEN), "Identify Active Namespace List").await?;
         Ok(identify::decode_ns_list(&d))
     }
 
     pub async fn ns_descriptors(&self, nsid: u32) -> Result<Vec<(u8, Vec<u8>)>> {
         let mut s = Sqe::new(admin::IDENTIFY, 0);
         s.set_nsid(nsid).set_cdw(10, cns::NS_ID_DESCRIPTORS as u32);
-        let (_, d) = self
-            .admin(s, Data::In(IDENTIFY_LEN), "Identify Namespace Descriptors")
-            .await?;
+        let (_, d) = self.admin(s, Data::In(IDENTIFY_LEN), "Identify Namespace Descriptors").await?;
         Ok(identify::decode_ns_descriptors(&d))
     }
 
@@ -316,53 +226,28 @@ impl Controller {
         let mut s = Sqe::new(admin::GET_LOG_PAGE, 0);
         s.set_nsid(nsid);
         get_log::build(&mut s, lid, len, offset);
-        Ok(self
-            .admin(
-                s,
-                Data::In(len as usize),
-                &format!("Get Log Page {lid:#04x}"),
-            )
-            .await?
-            .1)
+        Ok(self.admin(s, Data::In(len as usize), &format!("Get Log Page {lid:#04x}")).await?.1)
     }
 
     /// Reads the whole discovery log (header first, then all entries).
     pub async fn discovery_log(&self) -> Result<(u64, Vec<DiscoveryEntry>)> {
-        let head = self
-            .get_log(lid::DISCOVERY, 0, log::DISCOVERY_HEADER_LEN as u32, 0)
-            .await?;
+        let head = self.get_log(lid::DISCOVERY, 0, log::DISCOVERY_HEADER_LEN as u32, 0).await?;
         let n = u64::from_le_bytes(head[8..16].try_into().expect("8")) as usize;
         let n = n.min(1000);
-        let full = self
-            .get_log(
-                lid::DISCOVERY,
-                0,
-                ((n + 1) * log::DISCOVERY_ENTRY_LEN) as u32,
-                0,
-            )
-            .await?;
-        log::decode_discovery_log(&full)
-            .ok_or_else(|| Error::Protocol("short discovery log".into()))
+        let full = self.get_log(lid::DISCOVERY, 0, ((n + 1) * log::DISCOVERY_ENTRY_LEN) as u32, 0).await?;
+        log::decode_discovery_log(&full).ok_or_else(|| Error::Protocol("short discovery log".into()))
     }
 
     pub async fn get_feature(&self, fid: u8) -> Result<u32> {
         let mut s = Sqe::new(admin::GET_FEATURES, 0);
         s.set_cdw(10, fid as u32);
-        Ok(self
-            .admin(s, Data::None, &format!("Get Features {fid:#04x}"))
-            .await?
-            .0
-            .dw0)
+        Ok(self.admin(s, Data::None, &format!("Get Features {fid:#04x}")).await?.0.dw0)
     }
 
     pub async fn set_feature(&self, fid: u8, value: u32) -> Result<u32> {
         let mut s = Sqe::new(admin::SET_FEATURES, 0);
         s.set_cdw(10, fid as u32).set_cdw(11, value);
-        Ok(self
-            .admin(s, Data::None, &format!("Set Features {fid:#04x}"))
-            .await?
-            .0
-            .dw0)
+        Ok(self.admin(s, Data::None, &format!("Set Features {fid:#04x}")).await?.0.dw0)
     }
 
     /// Opens I/O queue `qid` (1-based) on its own connection.
@@ -375,10 +260,7 @@ impl Controller {
             in_capsule_max: self.id.in_capsule_max() as usize,
         };
         let (q, _) = connect_queue(&self.opts, qid, self.opts.queue_depth, self.cntlid, qo).await?;
-        Ok(IoQueue {
-            q,
-            timeout: self.opts.timeout,
-        })
+        Ok(IoQueue { q, timeout: self.opts.timeout })
     }
 
     /// Shuts the controller down cleanly (CC.SHN), which flushes the target's namespaces.
@@ -386,16 +268,9 @@ impl Controller {
         if let Some(k) = self.keep_alive.take() {
             k.abort();
         }
-        self.admin(
-            prop_set(prop::CC, cc::LINUX_ENABLE | cc::SHN_NORMAL),
-            Data::None,
-            "Property Set CC.SHN",
-        )
-        .await?;
+        self.admin(prop_set(prop::CC, cc::LINUX_ENABLE | cc::SHN_NORMAL), Data::None, "Property Set CC.SHN").await?;
         for _ in 0..500 {
-            let (c, _) = self
-                .admin(prop_get(prop::CSTS, false), Data::None, "Property Get CSTS")
-                .await?;
+            let (c, _) = self.admin(prop_get(prop::CSTS, false), Data::None, "Property Get CSTS").await?;
             if c.dw0 & csts::SHST_COMPLETE != 0 {
                 return Ok(());
             }
@@ -407,18 +282,13 @@ impl Controller {
 
 pub fn prop_get(ofst: u32, eight: bool) -> Sqe {
     let mut s = Sqe::new(FABRICS, 0);
-    s.set_nsid(fctype::PROPERTY_GET as u32)
-        .set_cdw(10, eight as u32)
-        .set_cdw(11, ofst);
+    s.set_nsid(fctype::PROPERTY_GET as u32).set_cdw(10, eight as u32).set_cdw(11, ofst);
     s
 }
 
 pub fn prop_set(ofst: u32, value: u32) -> Sqe {
     let mut s = Sqe::new(FABRICS, 0);
-    s.set_nsid(fctype::PROPERTY_SET as u32)
-        .set_cdw(10, 0)
-        .set_cdw(11, ofst)
-        .set_cdw(12, value);
+    s.set_nsid(fctype::PROPERTY_SET as u32).set_cdw(10, 0).set_cdw(11, ofst).set_cdw(12, value);
     s
 }
 
@@ -434,48 +304,21 @@ impl IoQueue {
         &mut self.q
     }
 
-    pub async fn read(
-        &mut self,
-        nsid: u32,
-        slba: u64,
-        nlb: u32,
-        block_size: u32,
-    ) -> Result<Vec<u8>> {
+    pub async fn read(&mut self, nsid: u32, slba: u64, nlb: u32, block_size: u32) -> Result<Vec<u8>> {
         let len = nlb as usize * block_size as usize;
-        let (_, d) = run(
-            &mut self.q,
-            Sqe::rw(io::READ, nsid, slba, nlb, false),
-            Data::In(len),
-            &format!("Read LBA {slba}+{nlb}"),
-            self.timeout,
-        )
-        .await?;
+        let (_, d) =
+            run(&mut self.q, Sqe::rw(io::READ, nsid, slba, nlb, false), Data::In(len), &format!("Read LBA {slba}+{nlb}"), self.timeout)
+                .await?;
         Ok(d)
     }
 
-    pub async fn write(
-        &mut self,
-        nsid: u32,
-        slba: u64,
-        data: &[u8],
-        block_size: u32,
-        fua: bool,
-    ) -> Result<()> {
+    pub async fn write(&mut self, nsid: u32, slba: u64, data: &[u8], block_size: u32, fua: bool) -> Result<()> {
         if data.is_empty() || data.len() % block_size as usize != 0 {
-            return Err(Error::Invalid(format!(
-                "write of {} bytes is not a whole number of {block_size}-byte blocks",
-                data.len()
-            )));
+            return Err(Error::Invalid(format!("write of {} bytes is not a whole number of {block_size}-byte blocks", data.len())));
         }
         let nlb = (data.len() / block_size as usize) as u32;
-        run(
-            &mut self.q,
-            Sqe::rw(io::WRITE, nsid, slba, nlb, fua),
-            Data::Out(data),
-            &format!("Write LBA {slba}+{nlb}"),
-            self.timeout,
-        )
-        .await?;
+        run(&mut self.q, Sqe::rw(io::WRITE, nsid, slba, nlb, fua), Data::Out(data), &format!("Write LBA {slba}+{nlb}"), self.timeout)
+            .await?;
         Ok(())
     }
 
@@ -486,13 +329,7 @@ impl IoQueue {
         Ok(())
     }
 
-    pub async fn write_zeroes(
-        &mut self,
-        nsid: u32,
-        slba: u64,
-        nlb: u32,
-        deallocate: bool,
-    ) -> Result<()> {
+    pub async fn write_zeroes(&mut self, nsid: u32, slba: u64, nlb: u32, deallocate: bool) -> Result<()> {
         let mut s = Sqe::rw(io::WRITE_ZEROES, nsid, slba, nlb, false);
         if deallocate {
             s.set_cdw(12, s.cdw(12) | (1 << 25));
@@ -512,17 +349,8 @@ impl IoQueue {
             d[i * 16 + 8..i * 16 + 16].copy_from_slice(&slba.to_le_bytes());
         }
         let mut s = Sqe::new(io::DATASET_MANAGEMENT, 0);
-        s.set_nsid(nsid)
-            .set_cdw(10, ranges.len() as u32 - 1)
-            .set_cdw(11, 1 << 2);
-        run(
-            &mut self.q,
-            s,
-            Data::Out(&d),
-            "Dataset Management (deallocate)",
-            self.timeout,
-        )
-        .await?;
+        s.set_nsid(nsid).set_cdw(10, ranges.len() as u32 - 1).set_cdw(11, 1 << 2);
+        run(&mut self.q, s, Data::Out(&d), "Dataset Management (deallocate)", self.timeout).await?;
         Ok(())
     }
 }

@@ -16,18 +16,11 @@ use nearstore_wire::{Cqe, Status};
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
     #[error("{context}: {source}")]
-    Io {
-        context: String,
-        source: std::io::Error,
-    },
+    Io { context: String, source: std::io::Error },
     #[error("protocol error: {0}")]
     Protocol(String),
     #[error("{what} failed: {status}")]
-    Status {
-        what: String,
-        status: Status,
-        cqe: Cqe,
-    },
+    Status { what: String, status: Status, cqe: Cqe },
     #[error("target terminated the connection (TermReq fes {fes:#x}, field at byte {fei})")]
     Terminated { fes: u16, fei: u32 },
     #[error("target closed the connection")]

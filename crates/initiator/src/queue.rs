@@ -34,13 +34,7 @@ pub struct QueueOptions {
 
 impl Default for QueueOptions {
     fn default() -> Self {
-        QueueOptions {
-            hdgst: false,
-            ddgst: false,
-            depth: 128,
-            max_transfer: 128 * 1024,
-            in_capsule_max: 8192,
-        }
+        QueueOptions { hdgst: false, ddgst: false, depth: 128, max_transfer: 128 * 1024, in_capsule_max: 8192 }
     }
 }
 
@@ -80,53 +74,26 @@ impl<S: Stream> QueuePair<S> {
             maxh2cdata: 0,
             cpda: 0,
             slots: (0..depth)
-                .map(|_| Slot {
-                    busy: false,
-                    tag: 0,
-                    buf: None,
-                    len: 0,
-                    out: false,
-                    received: 0,
-                    digest_error: false,
-                })
+                .map(|_| Slot { busy: false, tag: 0, buf: None, len: 0, out: false, received: 0, digest_error: false })
                 .collect(),
             free: (0..depth).rev().collect(),
             opts,
         };
-        IcReq {
-            pfv: 0,
-            hpda: 0,
-            hdgst: q.opts.hdgst,
-            ddgst: q.opts.ddgst,
-            maxr2t: 0,
-        }
-        .encode(&mut q.tx.buf);
-        q.tx.flush_all(&q.stream)
-            .await
-            .map_err(io_err("sending ICReq"))?;
+        IcReq { pfv: 0, hpda: 0, hdgst: q.opts.hdgst, ddgst: q.opts.ddgst, maxr2t: 0 }.encode(&mut q.tx.buf);
+        q.tx.flush_all(&q.stream).await.map_err(io_err("sending ICReq"))?;
         loop {
-            if let Some(f) = pdu::parse_frame(q.rx.data(), &q.framing)
-                .map_err(|e| Error::Protocol(format!("ICResp: {e}")))?
-            {
+            if let Some(f) = pdu::parse_frame(q.rx.data(), &q.framing).map_err(|e| Error::Protocol(format!("ICResp: {e}")))? {
                 if f.hdr.pdu_type == PduType::C2HTermReq {
                     let (fes, fei) = pdu::term_req_decode(f.header);
                     return Err(Error::Terminated { fes, fei });
                 }
                 if f.hdr.pdu_type != PduType::IcResp {
-                    return Err(Error::Protocol(format!(
-                        "expected ICResp, got {:?}",
-                        f.hdr.pdu_type
-                    )));
+                    return Err(Error::Protocol(format!("expected ICResp, got {:?}", f.hdr.pdu_type)));
                 }
                 let r = IcResp::decode(f.header);
                 let len = f.len;
                 q.rx.consume(len);
-                if r.pfv != 0
-                    || r.hdgst != q.opts.hdgst
-                    || r.ddgst != q.opts.ddgst
-                    || r.maxh2cdata < 4096
-                    || r.maxh2cdata % 4 != 0
-                {
+                if r.pfv != 0 || r.hdgst != q.opts.hdgst || r.ddgst != q.opts.ddgst || r.maxh2cdata < 4096 || r.maxh2cdata % 4 != 0 {
                     return Err(Error::Protocol(format!("unacceptable ICResp {r:?}")));
                 }
                 q.maxh2cdata = r.maxh2cdata as usize;
@@ -165,10 +132,7 @@ impl<S: Stream> QueuePair<S> {
             Data::In(n) => n,
         };
         if len > self.opts.max_transfer {
-            return Err(Error::Invalid(format!(
-                "transfer of {len} bytes over the {} byte limit",
-                self.opts.max_transfer
-            )));
+            return Err(Error::Invalid(format!("transfer of {len} bytes over the {} byte limit", self.opts.max_transfer)));
         }
         let cid = self.free.pop().ok_or(Error::QueueFull(self.slots.len()))?;
         sqe.set_cid(cid);
@@ -182,47 +146,27 @@ impl<S: Stream> QueuePair<S> {
         let (hd, dd) = (self.opts.hdgst, self.opts.ddgst);
         match data {
             Data::Out(d) if d.len() <= self.opts.in_capsule_max && !d.is_empty() => {
-                sqe.set_sgl(Sgl {
-                    addr: 0,
-                    len: d.len() as u32,
-                    id: sgl_id::IN_CAPSULE,
-                });
+                sqe.set_sgl(Sgl { addr: 0, len: d.len() as u32, id: sgl_id::IN_CAPSULE });
                 pdu::put_capsule_cmd(&mut self.tx.buf, &sqe, d, hd, dd);
             }
             Data::Out(d) => {
-                let buf = slot
-                    .buf
-                    .get_or_insert_with(|| AlignedBuf::new(self.opts.max_transfer));
+                let buf = slot.buf.get_or_insert_with(|| AlignedBuf::new(self.opts.max_transfer));
                 buf.set_len(d.len());
                 buf.copy_from_slice(d);
                 slot.out = true;
-                sqe.set_sgl(Sgl {
-                    addr: 0,
-                    len: d.len() as u32,
-                    id: sgl_id::TRANSPORT,
-                });
+                sqe.set_sgl(Sgl { addr: 0, len: d.len() as u32, id: sgl_id::TRANSPORT });
                 pdu::put_capsule_cmd(&mut self.tx.buf, &sqe, &[], hd, dd);
             }
             Data::In(n) => {
                 if n > 0 {
-                    let buf = slot
-                        .buf
-                        .get_or_insert_with(|| AlignedBuf::new(self.opts.max_transfer));
+                    let buf = slot.buf.get_or_insert_with(|| AlignedBuf::new(self.opts.max_transfer));
                     buf.set_len(n);
                 }
-                sqe.set_sgl(Sgl {
-                    addr: 0,
-                    len: n as u32,
-                    id: sgl_id::TRANSPORT,
-                });
+                sqe.set_sgl(Sgl { addr: 0, len: n as u32, id: sgl_id::TRANSPORT });
                 pdu::put_capsule_cmd(&mut self.tx.buf, &sqe, &[], hd, dd);
             }
             Data::None => {
-                sqe.set_sgl(Sgl {
-                    addr: 0,
-                    len: 0,
-                    id: sgl_id::TRANSPORT,
-                });
+                sqe.set_sgl(Sgl { addr: 0, len: 0, id: sgl_id::TRANSPORT });
                 pdu::put_capsule_cmd(&mut self.tx.buf, &sqe, &[], hd, dd);
             }
         }
@@ -231,10 +175,7 @@ impl<S: Stream> QueuePair<S> {
 
     /// Sends everything queued.
     pub async fn flush(&mut self) -> Result<()> {
-        self.tx
-            .flush_all(&self.stream)
-            .await
-            .map_err(io_err("sending commands"))
+        self.tx.flush_all(&self.stream).await.map_err(io_err("sending commands"))
     }
 
     async fn fill(&mut self) -> Result<()> {
@@ -243,11 +184,7 @@ impl<S: Stream> QueuePair<S> {
             if self.tx.pending() > 0 {
                 interest = interest | Interest::WRITABLE;
             }
-            let r = self
-                .stream
-                .ready(interest)
-                .await
-                .map_err(io_err("waiting on the socket"))?;
+            let r = self.stream.ready(interest).await.map_err(io_err("waiting on the socket"))?;
             if r.is_writable() && self.tx.pending() > 0 {
                 self.tx.flush(&self.stream).map_err(io_err("sending"))?;
             }
@@ -268,9 +205,7 @@ impl<S: Stream> QueuePair<S> {
         if self.in_flight() == 0 {
             return Ok(0);
         }
-        self.tx
-            .flush(&self.stream)
-            .map_err(io_err("sending commands"))?;
+        self.tx.flush(&self.stream).map_err(io_err("sending commands"))?;
         loop {
             let n = self.process(&mut f)?;
             if n > 0 {
@@ -318,12 +253,7 @@ impl<S: Stream> QueuePair<S> {
                         .slots
                         .get(cqe.cid as usize)
                         .filter(|s| s.busy)
-                        .ok_or_else(|| {
-                            Error::Protocol(format!(
-                                "completion for unknown command id {}",
-                                cqe.cid
-                            ))
-                        })?;
+                        .ok_or_else(|| Error::Protocol(format!("completion for unknown command id {}", cqe.cid)))?;
                     let mut cqe = cqe;
                     if slot.digest_error && cqe.status.is_success() {
                         cqe.status = Status::TRANSIENT_TRANSPORT_ERROR;
@@ -343,9 +273,7 @@ impl<S: Stream> QueuePair<S> {
                         .slots
                         .get_mut(h.cccid as usize)
                         .filter(|s| s.busy && !s.out)
-                        .ok_or_else(|| {
-                            Error::Protocol(format!("C2HData for unknown command id {}", h.cccid))
-                        })?;
+                        .ok_or_else(|| Error::Protocol(format!("C2HData for unknown command id {}", h.cccid)))?;
                     let end = h.offset as usize + frame.data.len();
                     if h.offset as usize != slot.received || end > slot.len {
                         return Err(Error::Protocol(format!(
@@ -364,16 +292,8 @@ impl<S: Stream> QueuePair<S> {
                         if frame.hdr.flags & flags::LAST_PDU == 0 {
                             return Err(Error::Protocol("C2HData SUCCESS without LAST_PDU".into()));
                         }
-                        let status = if slot.digest_error {
-                            Status::TRANSIENT_TRANSPORT_ERROR
-                        } else {
-                            Status::SUCCESS
-                        };
-                        let cqe = Cqe {
-                            cid: h.cccid,
-                            status,
-                            ..Default::default()
-                        };
+                        let status = if slot.digest_error { Status::TRANSIENT_TRANSPORT_ERROR } else { Status::SUCCESS };
+                        let cqe = Cqe { cid: h.cccid, status, ..Default::default() };
                         f(slot.tag, &cqe, &buf[..end]);
                         self.slots[h.cccid as usize].busy = false;
                         self.free.push(h.cccid);
@@ -386,27 +306,17 @@ impl<S: Stream> QueuePair<S> {
                         .slots
                         .get(h.cccid as usize)
                         .filter(|s| s.busy && s.out)
-                        .ok_or_else(|| {
-                            Error::Protocol(format!("R2T for unknown command id {}", h.cccid))
-                        })?;
+                        .ok_or_else(|| Error::Protocol(format!("R2T for unknown command id {}", h.cccid)))?;
                     let (off, rl) = (h.offset as usize, h.len as usize);
                     if off + rl > slot.len || rl == 0 {
-                        return Err(Error::Protocol(format!(
-                            "R2T range {off}+{rl} outside the command's {} bytes",
-                            slot.len
-                        )));
+                        return Err(Error::Protocol(format!("R2T range {off}+{rl} outside the command's {} bytes", slot.len)));
                     }
                     let buf = slot.buf.as_ref().expect("write slot has a buffer");
                     let mut pos = off;
                     while pos < off + rl {
                         let n = (off + rl - pos).min(self.maxh2cdata);
                         let last = pos + n == off + rl;
-                        let d = DataHdr {
-                            cccid: h.cccid,
-                            ttag: h.ttag,
-                            offset: pos as u32,
-                            len: n as u32,
-                        };
+                        let d = DataHdr { cccid: h.cccid, ttag: h.ttag, offset: pos as u32, len: n as u32 };
                         let fl = if last { flags::LAST_PDU } else { 0 };
                         let start = pdu::put_header_aligned(
                             &mut self.tx.buf,
@@ -422,9 +332,7 @@ impl<S: Stream> QueuePair<S> {
                         pdu::put_data_digest(&mut self.tx.buf, start, self.opts.ddgst);
                         pos += n;
                     }
-                    self.tx
-                        .flush(&self.stream)
-                        .map_err(io_err("sending H2CData"))?;
+                    self.tx.flush(&self.stream).map_err(io_err("sending H2CData"))?;
                 }
                 PduType::C2HTermReq => {
                     let (fes, fei) = pdu::term_req_decode(frame.header);
@@ -449,14 +357,8 @@ impl<S: Stream> QueuePair<S> {
     /// Waits for the next PDU and returns its type and header: for tests.
     pub async fn recv_raw(&mut self) -> Result<(PduType, Vec<u8>)> {
         loop {
-            if let Some(f) = pdu::parse_frame(
-                self.rx.data(),
-                &Framing {
-                    data_pdu_max: u32::MAX,
-                    ..self.framing
-                },
-            )
-            .map_err(|e| Error::Protocol(e.to_string()))?
+            if let Some(f) = pdu::parse_frame(self.rx.data(), &Framing { data_pdu_max: u32::MAX, ..self.framing })
+                .map_err(|e| Error::Protocol(e.to_string()))?
             {
                 let r = (f.hdr.pdu_type, f.header.to_vec());
                 let len = f.len;

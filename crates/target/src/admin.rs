@@ -4,9 +4,7 @@
 use std::net::SocketAddr;
 use std::sync::atomic::Ordering::Relaxed;
 
-use nearstore_wire::identify::{
-    self, cntrltype, oncs, IdentifyController, IdentifyNamespace, IDENTIFY_LEN,
-};
+use nearstore_wire::identify::{self, cntrltype, oncs, IdentifyController, IdentifyNamespace, IDENTIFY_LEN};
 use nearstore_wire::log::{self, get_log, Smart};
 use nearstore_wire::opcode::{admin, cns, feature, lid};
 use nearstore_wire::{Sqe, Status};
@@ -54,11 +52,7 @@ pub fn identify_controller(ctrl: &Controller) -> IdentifyController {
         cntlid: ctrl.cntlid,
         ver: nearstore_wire::fabrics::VERSION_1_3,
         oaes: if disc { 0 } else { 1 << 8 },
-        cntrltype: if disc {
-            cntrltype::DISCOVERY
-        } else {
-            cntrltype::IO
-        },
+        cntrltype: if disc { cntrltype::DISCOVERY } else { cntrltype::IO },
         oacs: 0,
         acl: 3,
         aerl: (limits::AER_MAX - 1) as u8,
@@ -71,11 +65,7 @@ pub fn identify_controller(ctrl: &Controller) -> IdentifyController {
         cqes: 0x44,
         maxcmd: limits::QUEUE_DEPTH_MAX,
         nn: if disc { 0 } else { limits::NSID_MAX },
-        oncs: if disc {
-            0
-        } else {
-            oncs::DSM | oncs::WRITE_ZEROES
-        },
+        oncs: if disc { 0 } else { oncs::DSM | oncs::WRITE_ZEROES },
         // Bit 0: a volatile write cache is present (the page cache); bits 2:1 = 10b:
         // Flush with NSID FFFFFFFFh is not supported.
         vwc: if disc { 0 } else { 0x1 | 0x4 },
@@ -120,9 +110,7 @@ fn identify(ctrl: &Controller, sqe: &Sqe) -> Reply {
             None if nsid != 0 && nsid <= limits::NSID_MAX => Reply::data(vec![0; IDENTIFY_LEN]),
             None => Reply::status(Status::INVALID_NAMESPACE.dnr()),
         },
-        cns::ACTIVE_NS_LIST if nsid < 0xffff_fffe => {
-            Reply::data(identify::encode_ns_list(sub.nsids(), nsid))
-        }
+        cns::ACTIVE_NS_LIST if nsid < 0xffff_fffe => Reply::data(identify::encode_ns_list(sub.nsids(), nsid)),
         cns::NS_ID_DESCRIPTORS => match sub.namespace(nsid) {
             Some(ns) => Reply::data(identify::encode_ns_descriptors(&ns.nguid, &ns.uuid)),
             None => Reply::status(Status::INVALID_NAMESPACE.dnr()),
@@ -143,12 +131,7 @@ fn smart(ctrl: &Controller, nsid: u32) -> Option<Vec<u8>> {
         0 | 0xffff_ffff => ctrl.subsys.namespaces(),
         n => vec![ctrl.subsys.namespace(n)?],
     };
-    let mut s = Smart {
-        temperature: 300,
-        available_spare: 100,
-        spare_threshold: 10,
-        ..Default::default()
-    };
+    let mut s = Smart { temperature: 300, available_spare: 100, spare_threshold: 10, ..Default::default() };
     let (mut rb, mut wb) = (0u64, 0u64);
     for ns in nss {
         rb += ns.stats.read_bytes.load(Relaxed);
@@ -206,10 +189,9 @@ fn get_features(ctrl: &Controller, sqe: &Sqe) -> Reply {
     if sel == 3 {
         // Supported capabilities: changeable (bit 2), not saveable, not per-namespace.
         return match fid {
-            feature::NUMBER_OF_QUEUES
-            | feature::KEEP_ALIVE_TIMER
-            | feature::ASYNC_EVENT_CONFIG
-            | feature::VOLATILE_WRITE_CACHE => Reply::dw0(1 << 2),
+            feature::NUMBER_OF_QUEUES | feature::KEEP_ALIVE_TIMER | feature::ASYNC_EVENT_CONFIG | feature::VOLATILE_WRITE_CACHE => {
+                Reply::dw0(1 << 2)
+            }
             _ => Reply::status(Status::INVALID_FIELD.dnr()),
         };
     }
@@ -221,9 +203,7 @@ fn get_features(ctrl: &Controller, sqe: &Sqe) -> Reply {
         }
         feature::KEEP_ALIVE_TIMER => Reply::dw0(st.kato_ms),
         feature::ASYNC_EVENT_CONFIG => Reply::dw0(st.async_event_config),
-        feature::VOLATILE_WRITE_CACHE if !ctrl.subsys.discovery => {
-            Reply::dw0(ctrl.write_cache.load(Relaxed) as u32)
-        }
+        feature::VOLATILE_WRITE_CACHE if !ctrl.subsys.discovery => Reply::dw0(ctrl.write_cache.load(Relaxed) as u32),
         _ => Reply::status(Status::INVALID_FIELD.dnr()),
     }
 }

@@ -49,9 +49,7 @@ impl MemoryBackend {
     pub fn new(size: u64) -> MemoryBackend {
         let n = size.div_ceil(STRIPE);
         // vec![0; n] uses calloc: pages are mapped only when written.
-        let stripes = (0..n)
-            .map(|i| RwLock::new(vec![0u8; (size - i * STRIPE).min(STRIPE) as usize]))
-            .collect();
+        let stripes = (0..n).map(|i| RwLock::new(vec![0u8; (size - i * STRIPE).min(STRIPE) as usize])).collect();
         MemoryBackend { stripes, size }
     }
 
@@ -71,10 +69,7 @@ impl MemoryBackend {
 fn check_range(size: u64, off: u64, len: u64) -> io::Result<()> {
     match off.checked_add(len) {
         Some(end) if end <= size => Ok(()),
-        _ => Err(io::Error::new(
-            io::ErrorKind::InvalidInput,
-            "I/O beyond the end of the backend",
-        )),
+        _ => Err(io::Error::new(io::ErrorKind::InvalidInput, "I/O beyond the end of the backend")),
     }
 }
 
@@ -106,9 +101,7 @@ impl Backend for MemoryBackend {
     }
     fn write_zeroes(&self, off: u64, len: u64, _deallocate: bool) -> io::Result<()> {
         check_range(self.size, off, len)?;
-        self.for_each(off, len, |s, o, n, _| {
-            self.stripes[s].write()[o..o + n].fill(0)
-        });
+        self.for_each(off, len, |s, o, n, _| self.stripes[s].write()[o..o + n].fill(0));
         Ok(())
     }
     fn inline(&self) -> bool {
@@ -132,31 +125,17 @@ impl FileBackend {
         let meta = std::fs::metadata(path);
         let block_device = matches!(&meta, Ok(m) if m.file_type().is_block_device());
         if block_device {
-            let direct = OpenOptions::new()
-                .read(true)
-                .write(true)
-                .custom_flags(libc::O_DIRECT)
-                .open(path);
+            let direct = OpenOptions::new().read(true).write(true).custom_flags(libc::O_DIRECT).open(path);
             let (file, direct) = match direct {
                 Ok(f) => (f, true),
                 Err(_) => (OpenOptions::new().read(true).write(true).open(path)?, false),
             };
             let size = block_device_size(&file)?;
-            return Ok(FileBackend {
-                file,
-                path: path.into(),
-                size,
-                block_device,
-                direct,
-            });
+            return Ok(FileBackend { file, path: path.into(), size, block_device, direct });
         }
         let file = match (&meta, create_size) {
             (Err(e), Some(size)) if e.kind() == io::ErrorKind::NotFound => {
-                let f = OpenOptions::new()
-                    .read(true)
-                    .write(true)
-                    .create_new(true)
-                    .open(path)?;
+                let f = OpenOptions::new().read(true).write(true).create_new(true).open(path)?;
                 f.set_len(size)?;
                 f
             }
@@ -169,25 +148,12 @@ impl FileBackend {
                 size = want;
             }
         }
-        Ok(FileBackend {
-            file,
-            path: path.into(),
-            size,
-            block_device: false,
-            direct: false,
-        })
+        Ok(FileBackend { file, path: path.into(), size, block_device: false, direct: false })
     }
 
     fn fallocate(&self, mode: libc::c_int, off: u64, len: u64) -> io::Result<()> {
         // SAFETY: plain syscall on an owned fd.
-        let r = unsafe {
-            libc::fallocate(
-                self.file.as_raw_fd(),
-                mode,
-                off as libc::off_t,
-                len as libc::off_t,
-            )
-        };
+        let r = unsafe { libc::fallocate(self.file.as_raw_fd(), mode, off as libc::off_t, len as libc::off_t) };
         if r == 0 {
             Ok(())
         } else {
@@ -224,17 +190,9 @@ fn block_device_size(f: &File) -> io::Result<u64> {
 
 impl Backend for FileBackend {
     fn describe(&self) -> String {
-        let kind = if self.block_device {
-            "block device"
-        } else {
-            "file"
-        };
+        let kind = if self.block_device { "block device" } else { "file" };
         let direct = if self.direct { ", O_DIRECT" } else { "" };
-        format!(
-            "{kind} {} ({} bytes{direct})",
-            self.path.display(),
-            self.size
-        )
+        format!("{kind} {} ({} bytes{direct})", self.path.display(), self.size)
     }
     fn size(&self) -> u64 {
         self.size
@@ -260,14 +218,7 @@ impl Backend for FileBackend {
         match self.fallocate(mode, off, len) {
             Ok(()) => Ok(()),
             // Not every file system or device can: zero by writing.
-            Err(e)
-                if matches!(
-                    e.raw_os_error(),
-                    Some(libc::EOPNOTSUPP) | Some(libc::EINVAL)
-                ) =>
-            {
-                self.zero_by_writing(off, len)
-            }
+            Err(e) if matches!(e.raw_os_error(), Some(libc::EOPNOTSUPP) | Some(libc::EINVAL)) => self.zero_by_writing(off, len),
             Err(e) => Err(e),
         }
     }
@@ -306,13 +257,7 @@ mod tests {
         let p = dir.path().join("disk.img");
         let b = FileBackend::open(&p, Some(8 << 20)).unwrap();
         exercise(&b);
-        let blocks = std::fs::metadata(&p)
-            .map(|m| std::os::unix::fs::MetadataExt::blocks(&m))
-            .unwrap();
-        assert!(
-            blocks * 512 < 1 << 20,
-            "file should stay sparse, has {} bytes allocated",
-            blocks * 512
-        );
+        let blocks = std::fs::metadata(&p).map(|m| std::os::unix::fs::MetadataExt::blocks(&m)).unwrap();
+        assert!(blocks * 512 < 1 << 20, "file should stay sparse, has {} bytes allocated", blocks * 512);
     }
 }

@@ -38,10 +38,7 @@ use crate::limits;
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
     #[error("reading config file {path}: {source}")]
-    Read {
-        path: PathBuf,
-        source: std::io::Error,
-    },
+    Read { path: PathBuf, source: std::io::Error },
     #[error("config file {path}: {message}")]
     Parse { path: PathBuf, message: String },
     #[error("{field}: {message}")]
@@ -49,10 +46,7 @@ pub enum ConfigError {
 }
 
 fn invalid(field: impl Into<String>, message: impl Into<String>) -> ConfigError {
-    ConfigError::Invalid {
-        field: field.into(),
-        message: message.into(),
-    }
+    ConfigError::Invalid { field: field.into(), message: message.into() }
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -82,6 +76,8 @@ pub struct ListenerConfig {
     /// Serve only the discovery subsystem on this listener (port 8009 by convention).
     #[serde(default)]
     pub discovery: bool,
+    /// Address to report in the discovery log instead of `address` (a target behind NAT).
+    pub advertise: Option<std::net::IpAddr>,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -125,9 +121,7 @@ impl std::str::FromStr for ByteSize {
         let s = s.trim();
         let split = s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len());
         let (num, unit) = s.split_at(split);
-        let n: u64 = num
-            .parse()
-            .map_err(|_| format!("'{s}' is not a size (examples: 4096, 512MiB, 10GiB)"))?;
+        let n: u64 = num.parse().map_err(|_| format!("'{s}' is not a size (examples: 4096, 512MiB, 10GiB)"))?;
         let mult: u64 = match unit.trim().to_ascii_lowercase().as_str() {
             "" | "b" => 1,
             "k" | "kib" | "kb" => 1 << 10,
@@ -136,9 +130,7 @@ impl std::str::FromStr for ByteSize {
             "t" | "tib" | "tb" => 1 << 40,
             u => return Err(format!("unknown size unit '{u}' in '{s}'")),
         };
-        n.checked_mul(mult)
-            .map(ByteSize)
-            .ok_or_else(|| format!("size '{s}' overflows"))
+        n.checked_mul(mult).map(ByteSize).ok_or_else(|| format!("size '{s}' overflows"))
     }
 }
 
@@ -159,24 +151,15 @@ impl<'de> Deserialize<'de> for ByteSize {
 
 impl Config {
     pub fn from_file(path: &Path) -> Result<Config, ConfigError> {
-        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
-            path: path.into(),
-            source,
-        })?;
+        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read { path: path.into(), source })?;
         Config::from_toml(&text).map_err(|e| match e {
-            ConfigError::Parse { message, .. } => ConfigError::Parse {
-                path: path.into(),
-                message,
-            },
+            ConfigError::Parse { message, .. } => ConfigError::Parse { path: path.into(), message },
             e => e,
         })
     }
 
     pub fn from_toml(text: &str) -> Result<Config, ConfigError> {
-        let c: Config = toml::from_str(text).map_err(|e| ConfigError::Parse {
-            path: PathBuf::new(),
-            message: e.to_string(),
-        })?;
+        let c: Config = toml::from_str(text).map_err(|e| ConfigError::Parse { path: PathBuf::new(), message: e.to_string() })?;
         c.validate()?;
         Ok(c)
     }
@@ -189,10 +172,7 @@ impl Config {
         let mut addrs = HashSet::new();
         for (i, l) in self.listener.iter().enumerate() {
             if !addrs.insert(l.address) {
-                return Err(invalid(
-                    format!("listener[{i}].address"),
-                    format!("{} is listed twice", l.address),
-                ));
+                return Err(invalid(format!("listener[{i}].address"), format!("{} is listed twice", l.address)));
             }
         }
         if self.io_threads == 0 || self.io_threads > 256 {
@@ -203,63 +183,36 @@ impl Config {
             let f = format!("subsystem[{i}]");
             check_nqn(&s.nqn).map_err(|m| invalid(format!("{f}.nqn"), m))?;
             if s.nqn == nearstore_wire::DISCOVERY_NQN {
-                return Err(invalid(
-                    format!("{f}.nqn"),
-                    "the discovery NQN is reserved for the discovery subsystem",
-                ));
+                return Err(invalid(format!("{f}.nqn"), "the discovery NQN is reserved for the discovery subsystem"));
             }
             if !nqns.insert(&s.nqn) {
-                return Err(invalid(
-                    format!("{f}.nqn"),
-                    format!("duplicate subsystem NQN {}", s.nqn),
-                ));
+                return Err(invalid(format!("{f}.nqn"), format!("duplicate subsystem NQN {}", s.nqn)));
             }
             for (j, h) in s.hosts.iter().enumerate() {
                 check_nqn(h).map_err(|m| invalid(format!("{f}.hosts[{j}]"), m))?;
             }
             if !s.allow_any_host && s.hosts.is_empty() {
-                return Err(invalid(
-                    format!("{f}.hosts"),
-                    "no host may connect: list hosts or set allow_any_host = true",
-                ));
+                return Err(invalid(format!("{f}.hosts"), "no host may connect: list hosts or set allow_any_host = true"));
             }
             let mut nsids = HashSet::new();
             for (j, n) in s.namespace.iter().enumerate() {
                 let nf = format!("{f}.namespace[{j}]");
                 if n.nsid == 0 || n.nsid > limits::NSID_MAX {
-                    return Err(invalid(
-                        format!("{nf}.nsid"),
-                        format!("must be between 1 and {}", limits::NSID_MAX),
-                    ));
+                    return Err(invalid(format!("{nf}.nsid"), format!("must be between 1 and {}", limits::NSID_MAX)));
                 }
                 if !nsids.insert(n.nsid) {
-                    return Err(invalid(
-                        format!("{nf}.nsid"),
-                        format!("duplicate NSID {} in subsystem {}", n.nsid, s.nqn),
-                    ));
+                    return Err(invalid(format!("{nf}.nsid"), format!("duplicate NSID {} in subsystem {}", n.nsid, s.nqn)));
                 }
                 if ![512, 4096].contains(&n.block_size) {
                     return Err(invalid(format!("{nf}.block_size"), "must be 512 or 4096"));
                 }
                 match (&n.path, n.memory) {
-                    (Some(_), Some(_)) => {
-                        return Err(invalid(&nf, "give either path or memory, not both"))
-                    }
-                    (None, None) => {
-                        return Err(invalid(
-                            &nf,
-                            "give a path (file or block device) or a memory size",
-                        ))
-                    }
+                    (Some(_), Some(_)) => return Err(invalid(&nf, "give either path or memory, not both")),
+                    (None, None) => return Err(invalid(&nf, "give a path (file or block device) or a memory size")),
                     (None, Some(m)) if m.0 == 0 || m.0 % n.block_size as u64 != 0 => {
-                        return Err(invalid(
-                            format!("{nf}.memory"),
-                            "must be a non-zero multiple of block_size",
-                        ))
+                        return Err(invalid(format!("{nf}.memory"), "must be a non-zero multiple of block_size"))
                     }
-                    (None, Some(_)) if n.size.is_some() => {
-                        return Err(invalid(format!("{nf}.size"), "only for a path"))
-                    }
+                    (None, Some(_)) if n.size.is_some() => return Err(invalid(format!("{nf}.size"), "only for a path")),
                     _ => {}
                 }
             }
@@ -268,21 +221,10 @@ impl Config {
     }
 
     /// The one-namespace case: `nearstore target --listen ADDR --namespace PATH`.
-    pub fn single(
-        listen: SocketAddr,
-        discovery: Option<SocketAddr>,
-        nqn: &str,
-        ns: NamespaceConfig,
-    ) -> Config {
-        let mut listener = vec![ListenerConfig {
-            address: listen,
-            discovery: false,
-        }];
+    pub fn single(listen: SocketAddr, discovery: Option<SocketAddr>, nqn: &str, ns: NamespaceConfig) -> Config {
+        let mut listener = vec![ListenerConfig { address: listen, discovery: false, advertise: None }];
         if let Some(d) = discovery {
-            listener.push(ListenerConfig {
-                address: d,
-                discovery: true,
-            });
+            listener.push(ListenerConfig { address: d, discovery: true, advertise: None });
         }
         Config {
             listener,
@@ -307,11 +249,7 @@ pub fn check_nqn(nqn: &str) -> Result<(), String> {
         return Err(format!("'{nqn}' is not an NQN: it must start with 'nqn.'"));
     }
     if nqn.len() > nearstore_wire::NQN_LEN_MAX {
-        return Err(format!(
-            "NQN is {} bytes, at most {} allowed",
-            nqn.len(),
-            nearstore_wire::NQN_LEN_MAX
-        ));
+        return Err(format!("NQN is {} bytes, at most {} allowed", nqn.len(), nearstore_wire::NQN_LEN_MAX));
     }
     if !nqn.bytes().all(|b| b.is_ascii_graphic()) {
         return Err(format!("'{nqn}' has characters outside printable ASCII"));
@@ -346,26 +284,10 @@ mod tests {
     fn bad_configs_name_the_field() {
         let cases: &[(&str, &str, &str)] = &[
             ("nsid = 1", "nsid = 0", "subsystem[0].namespace[0].nsid"),
-            (
-                "memory = \"1MiB\"",
-                "memory = \"1MiB\"\n[[subsystem.namespace]]\nnsid = 1\nmemory = \"1MiB\"",
-                "duplicate NSID 1",
-            ),
-            (
-                "nqn = \"nqn.2026-11.io.nearstore:a\"",
-                "nqn = \"iqn.bad\"",
-                "subsystem[0].nqn",
-            ),
-            (
-                "allow_any_host = true",
-                "allow_any_host = false",
-                "subsystem[0].hosts",
-            ),
-            (
-                "memory = \"1MiB\"",
-                "memory = \"1MiB\"\nblock_size = 1000",
-                "block_size",
-            ),
+            ("memory = \"1MiB\"", "memory = \"1MiB\"\n[[subsystem.namespace]]\nnsid = 1\nmemory = \"1MiB\"", "duplicate NSID 1"),
+            ("nqn = \"nqn.2026-11.io.nearstore:a\"", "nqn = \"iqn.bad\"", "subsystem[0].nqn"),
+            ("allow_any_host = true", "allow_any_host = false", "subsystem[0].hosts"),
+            ("memory = \"1MiB\"", "memory = \"1MiB\"\nblock_size = 1000", "block_size"),
             ("memory = \"1MiB\"", "memory = \"1XB\"", "unknown size unit"),
             ("memory = \"1MiB\"", "", "give a path"),
             ("nsid = 1", "nsid = 1\ncolour = 3", "unknown field `colour`"),
@@ -378,18 +300,13 @@ mod tests {
         for (from, to, want) in cases {
             let text = GOOD.replacen(from, to, 1);
             let e = Config::from_toml(&text).expect_err(to).to_string();
-            assert!(
-                e.contains(want),
-                "config with {to:?}: error {e:?} should contain {want:?}"
-            );
+            assert!(e.contains(want), "config with {to:?}: error {e:?} should contain {want:?}");
         }
     }
 
     #[test]
     fn missing_file_names_the_path() {
-        let e = Config::from_file(Path::new("/nonexistent/t.toml"))
-            .unwrap_err()
-            .to_string();
+        let e = Config::from_file(Path::new("/nonexistent/t.toml")).unwrap_err().to_string();
         assert!(e.contains("/nonexistent/t.toml"), "{e}");
     }
 }

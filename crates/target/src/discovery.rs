@@ -12,17 +12,14 @@ pub fn log_page(target: &Target, hostnqn: &str, local: Option<SocketAddr>) -> Ve
     let ports = target.ports();
     for port in &ports {
         // A listener on 0.0.0.0 is reported with the address the host reached us on.
-        let addr = match (port.addr.ip().is_unspecified(), local) {
-            (true, Some(l)) => SocketAddr::new(l.ip(), port.addr.port()),
+        let addr = match (port.advertise, port.addr.ip().is_unspecified(), local) {
+            (Some(ip), _, _) => SocketAddr::new(ip, port.addr.port()),
+            (None, true, Some(l)) => SocketAddr::new(l.ip(), port.addr.port()),
             _ => port.addr,
         };
         let base = DiscoveryEntry {
             trtype: disc::TRTYPE_TCP,
-            adrfam: if addr.is_ipv4() {
-                disc::ADRFAM_IPV4
-            } else {
-                disc::ADRFAM_IPV6
-            },
+            adrfam: if addr.is_ipv4() { disc::ADRFAM_IPV4 } else { disc::ADRFAM_IPV6 },
             subtype: disc::SUBTYPE_NVME,
             treq: disc::TREQ_NOT_REQUIRED | disc::TREQ_DISABLE_SQFLOW,
             portid: port.id,
@@ -34,19 +31,12 @@ pub fn log_page(target: &Target, hostnqn: &str, local: Option<SocketAddr>) -> Ve
             sectype: 0,
         };
         if port.discovery {
-            entries.push(DiscoveryEntry {
-                subtype: disc::SUBTYPE_CURRENT_DISCOVERY,
-                subnqn: nearstore_wire::DISCOVERY_NQN.into(),
-                ..base
-            });
+            entries.push(DiscoveryEntry { subtype: disc::SUBTYPE_CURRENT_DISCOVERY, subnqn: nearstore_wire::DISCOVERY_NQN.into(), ..base });
             continue;
         }
         for sub in target.subsystems() {
             if sub.host_allowed(hostnqn) {
-                entries.push(DiscoveryEntry {
-                    subnqn: sub.nqn.clone(),
-                    ..base.clone()
-                });
+                entries.push(DiscoveryEntry { subnqn: sub.nqn.clone(), ..base.clone() });
             }
         }
     }

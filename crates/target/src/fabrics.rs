@@ -28,20 +28,11 @@ const IPO_SUBNQN: u16 = 256;
 const IPO_HOSTNQN: u16 = 512;
 
 fn invalid_param(in_data: bool, offset: u16) -> Reply {
-    Reply {
-        dw0: connect::invalid_param(in_data, offset),
-        ..Reply::status(Status::CONNECT_INVALID_PARAMETERS.dnr())
-    }
+    Reply { dw0: connect::invalid_param(in_data, offset), ..Reply::status(Status::CONNECT_INVALID_PARAMETERS.dnr()) }
 }
 
 /// Handles Connect. `discovery_port`: the connection came in on a discovery-only listener.
-pub fn connect(
-    target: &Target,
-    sqe: &Sqe,
-    data: &[u8],
-    discovery_port: bool,
-    peer: &str,
-) -> Result<Connected, Reply> {
+pub fn connect(target: &Target, sqe: &Sqe, data: &[u8], discovery_port: bool, peer: &str) -> Result<Connected, Reply> {
     if connect::recfmt(sqe.cdw(10)) != 0 {
         return Err(Reply::status(Status::CONNECT_INCOMPATIBLE_FORMAT.dnr()));
     }
@@ -77,22 +68,13 @@ pub fn connect(
         };
         ctrl.touch();
         info!(peer, subnqn = %sub.nqn, hostnqn = %d.hostnqn, cntlid = ctrl.cntlid, kato_ms = kato, "controller created");
-        return Ok(Connected {
-            ctrl,
-            qid,
-            sqsize,
-            sqflow_disabled,
-        });
+        return Ok(Connected { ctrl, qid, sqsize, sqflow_disabled });
     }
     if sub.discovery {
         return Err(invalid_param(false, IPO_QID));
     }
     let Some(ctrl) = sub.controller(d.cntlid) else {
-        warn!(
-            peer,
-            cntlid = d.cntlid,
-            "connect: I/O queue for an unknown controller"
-        );
+        warn!(peer, cntlid = d.cntlid, "connect: I/O queue for an unknown controller");
         return Err(invalid_param(true, IPO_CNTLID));
     };
     if ctrl.hostnqn != d.hostnqn {
@@ -106,22 +88,12 @@ pub fn connect(
         return Err(Reply::status(Status::CONNECT_CONTROLLER_BUSY));
     }
     if qid > st.io_queues_granted || !st.io_queues.insert(qid) {
-        warn!(
-            peer,
-            qid,
-            granted = st.io_queues_granted,
-            "connect: queue id not granted or already connected"
-        );
+        warn!(peer, qid, granted = st.io_queues_granted, "connect: queue id not granted or already connected");
         return Err(invalid_param(false, IPO_QID));
     }
     drop(st);
     ctrl.touch();
-    Ok(Connected {
-        ctrl,
-        qid,
-        sqsize,
-        sqflow_disabled,
-    })
+    Ok(Connected { ctrl, qid, sqsize, sqflow_disabled })
 }
 
 /// CAP as this target reports it.
@@ -139,11 +111,7 @@ pub fn property_get(ctrl: &Controller, sqe: &Sqe) -> Reply {
         (prop::CSTS, false) => st.csts as u64,
         _ => return Reply::status(Status::INVALID_FIELD.dnr()),
     };
-    Reply {
-        dw0: v as u32,
-        dw1: (v >> 32) as u32,
-        ..Reply::ok()
-    }
+    Reply { dw0: v as u32, dw1: (v >> 32) as u32, ..Reply::ok() }
 }
 
 /// Property Set of CC: enable, disable (reset) and shutdown. Shutdown flushes every
@@ -158,15 +126,8 @@ pub fn property_set(ctrl: &Controller, sqe: &Sqe) -> Reply {
     st.cc = new;
     if new & cc::EN != 0 && old & cc::EN == 0 {
         let io = !ctrl.subsys.discovery;
-        if io && (cc::iosqes(new) != 6 || cc::iocqes(new) != 4)
-            || cc::mps(new) != 0
-            || cc::css(new) != 0
-        {
-            warn!(
-                cntlid = ctrl.cntlid,
-                cc = new,
-                "CC enable with unsupported queue entry size, page size or command set"
-            );
+        if io && (cc::iosqes(new) != 6 || cc::iocqes(new) != 4) || cc::mps(new) != 0 || cc::css(new) != 0 {
+            warn!(cntlid = ctrl.cntlid, cc = new, "CC enable with unsupported queue entry size, page size or command set");
             st.csts = csts::CFS;
         } else {
             st.csts = csts::RDY;

@@ -35,14 +35,11 @@ pub fn data_len(sqe: &Sqe) -> usize {
 }
 
 fn namespace(sub: &Subsystem, sqe: &Sqe) -> Result<Arc<Namespace>, Status> {
-    sub.namespace(sqe.nsid())
-        .ok_or(Status::INVALID_NAMESPACE.dnr())
+    sub.namespace(sqe.nsid()).ok_or(Status::INVALID_NAMESPACE.dnr())
 }
 
 fn rw_range(ns: &Namespace, sqe: &Sqe) -> Result<(u64, usize), Status> {
-    let (off, len) = ns
-        .range(sqe.slba(), sqe.nlb() as u64)
-        .ok_or(Status::LBA_OUT_OF_RANGE.dnr())?;
+    let (off, len) = ns.range(sqe.slba(), sqe.nlb() as u64).ok_or(Status::LBA_OUT_OF_RANGE.dnr())?;
     if len as usize > limits::TRANSFER_BYTES_MAX {
         return Err(Status::INVALID_FIELD.dnr());
     }
@@ -59,9 +56,7 @@ pub fn plan(sub: &Subsystem, sqe: &Sqe, write_cache: bool) -> Result<IoPlan, Sta
         return Err(Status::INVALID_FIELD.dnr());
     }
     let ns = match sqe.opcode() {
-        io::READ | io::WRITE | io::FLUSH | io::WRITE_ZEROES | io::DATASET_MANAGEMENT => {
-            namespace(sub, sqe)?
-        }
+        io::READ | io::WRITE | io::FLUSH | io::WRITE_ZEROES | io::DATASET_MANAGEMENT => namespace(sub, sqe)?,
         _ => return Err(Status::INVALID_OPCODE.dnr()),
     };
     let lba = sqe.slba();
@@ -72,31 +67,13 @@ pub fn plan(sub: &Subsystem, sqe: &Sqe, write_cache: bool) -> Result<IoPlan, Sta
         }
         io::WRITE => {
             let (off, len) = rw_range(&ns, sqe)?;
-            (
-                IoKind::Write,
-                Op::Write {
-                    off,
-                    fua: sqe.fua() || !write_cache,
-                },
-                len,
-            )
+            (IoKind::Write, Op::Write { off, fua: sqe.fua() || !write_cache }, len)
         }
         io::FLUSH => (IoKind::Other, Op::Flush, 0),
         io::WRITE_ZEROES => {
-            let (off, len) = ns
-                .range(lba, sqe.nlb() as u64)
-                .ok_or(Status::LBA_OUT_OF_RANGE.dnr())?;
+            let (off, len) = ns.range(lba, sqe.nlb() as u64).ok_or(Status::LBA_OUT_OF_RANGE.dnr())?;
             let deallocate = sqe.cdw(12) & (1 << 25) != 0;
-            (
-                IoKind::Other,
-                Op::WriteZeroes {
-                    off,
-                    len,
-                    deallocate,
-                    fua: sqe.fua() || !write_cache,
-                },
-                0,
-            )
+            (IoKind::Other, Op::WriteZeroes { off, len, deallocate, fua: sqe.fua() || !write_cache }, 0)
         }
         _ => {
             let nr = (sqe.cdw(10) & 0xff) as usize + 1;
@@ -106,24 +83,13 @@ pub fn plan(sub: &Subsystem, sqe: &Sqe, write_cache: bool) -> Result<IoPlan, Sta
             (IoKind::Other, Op::Deallocate, nr * 16)
         }
     };
-    Ok(IoPlan {
-        ns,
-        kind,
-        op,
-        len,
-        lba,
-    })
+    Ok(IoPlan { ns, kind, op, len, lba })
 }
 
 /// Turns DSM range entries (context attributes, NLB, SLBA; 16 bytes each) into byte ranges
 /// packed in `out`, checking each lies inside the namespace. Without the Attribute
 /// Deallocate bit (CDW11 bit 2) the command is only a hint: `out` stays empty.
-pub fn dsm_ranges(
-    ns: &Namespace,
-    sqe: &Sqe,
-    data: &[u8],
-    out: &mut AlignedBuf,
-) -> Result<(), Status> {
+pub fn dsm_ranges(ns: &Namespace, sqe: &Sqe, data: &[u8], out: &mut AlignedBuf) -> Result<(), Status> {
     out.set_len(0);
     if sqe.cdw(11) & (1 << 2) == 0 {
         return Ok(());

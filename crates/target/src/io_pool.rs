@@ -57,12 +57,7 @@ pub fn execute(backend: &dyn Backend, op: &Op, buf: &mut AlignedBuf) -> io::Resu
             Ok(())
         }
         Op::Flush => backend.flush(),
-        Op::WriteZeroes {
-            off,
-            len,
-            deallocate,
-            fua,
-        } => {
+        Op::WriteZeroes { off, len, deallocate, fua } => {
             backend.write_zeroes(off, len, deallocate)?;
             if fua {
                 backend.flush_range(off, len)?;
@@ -98,11 +93,7 @@ impl IoPool {
                     for mut job in rx {
                         let result = execute(&*job.backend, &job.op, &mut job.buf);
                         // The connection may be gone; then the buffer is simply freed.
-                        let _ = job.reply.send(Done {
-                            token: job.token,
-                            result,
-                            buf: job.buf,
-                        });
+                        let _ = job.reply.send(Done { token: job.token, result, buf: job.buf });
                     }
                 })
                 .expect("spawning an I/O worker");
@@ -113,11 +104,7 @@ impl IoPool {
     pub fn submit(&self, job: Job) {
         if let Err(e) = self.tx.send(job) {
             let job = e.into_inner();
-            let _ = job.reply.send(Done {
-                token: job.token,
-                result: Err(io::Error::other("I/O pool stopped")),
-                buf: job.buf,
-            });
+            let _ = job.reply.send(Done { token: job.token, result: Err(io::Error::other("I/O pool stopped")), buf: job.buf });
         }
     }
 }

@@ -42,6 +42,8 @@ pub struct Port {
     pub addr: SocketAddr,
     /// Serves only the discovery subsystem.
     pub discovery: bool,
+    /// Reported in the discovery log instead of `addr`'s IP.
+    pub advertise: Option<std::net::IpAddr>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -49,19 +51,11 @@ pub enum TargetError {
     #[error(transparent)]
     Config(#[from] config::ConfigError),
     #[error("{field}: opening {path}: {source}")]
-    Backend {
-        field: String,
-        path: String,
-        source: std::io::Error,
-    },
+    Backend { field: String, path: String, source: std::io::Error },
     #[error("{field}: {message}")]
     Namespace { field: String, message: String },
     #[error("{field}: cannot listen on {addr}: {source}")]
-    Listen {
-        field: String,
-        addr: SocketAddr,
-        source: std::io::Error,
-    },
+    Listen { field: String, addr: SocketAddr, source: std::io::Error },
 }
 
 pub struct Target {
@@ -77,13 +71,7 @@ impl Target {
     pub fn new(io_threads: usize) -> Arc<Target> {
         Arc::new(Target {
             subsystems: RwLock::new(BTreeMap::new()),
-            discovery: Arc::new(Subsystem::new(
-                nearstore_wire::DISCOVERY_NQN,
-                None,
-                Some("nearstore discovery"),
-                true,
-                &[],
-            )),
+            discovery: Arc::new(Subsystem::new(nearstore_wire::DISCOVERY_NQN, None, Some("nearstore discovery"), true, &[])),
             ports: RwLock::new(Vec::new()),
             genctr: AtomicU64::new(1),
             pool: IoPool::new(io_threads),
@@ -97,33 +85,20 @@ impl Target {
         cfg.validate()?;
         let t = Target::new(cfg.io_threads);
         for (i, s) in cfg.subsystem.iter().enumerate() {
-            let sub = Subsystem::new(
-                &s.nqn,
-                s.serial.as_deref(),
-                s.model.as_deref(),
-                s.allow_any_host,
-                &s.hosts,
-            );
+            let sub = Subsystem::new(&s.nqn, s.serial.as_deref(), s.model.as_deref(), s.allow_any_host, &s.hosts);
             for (j, n) in s.namespace.iter().enumerate() {
                 let field = format!("subsystem[{i}].namespace[{j}]");
                 let backend: Arc<dyn Backend> = match (&n.path, n.memory) {
-                    (Some(p), _) => {
-                        Arc::new(FileBackend::open(p, n.size.map(|s| s.0)).map_err(|source| {
-                            TargetError::Backend {
-                                field: format!("{field}.path"),
-                                path: p.display().to_string(),
-                                source,
-                            }
-                        })?)
-                    }
+                    (Some(p), _) => Arc::new(FileBackend::open(p, n.size.map(|s| s.0)).map_err(|source| TargetError::Backend {
+                        field: format!("{field}.path"),
+                        path: p.display().to_string(),
+                        source,
+                    })?),
                     (None, Some(m)) => Arc::new(MemoryBackend::new(m.0)),
                     (None, None) => unreachable!("validated"),
                 };
                 if backend.size() < n.block_size as u64 {
-                    return Err(TargetError::Namespace {
-                        field,
-                        message: format!("{} is smaller than one block", backend.describe()),
-                    });
+                    return Err(TargetError::Namespace { field, message: format!("{} is smaller than one block", backend.describe()) });
                 }
                 info!(subnqn = %s.nqn, nsid = n.nsid, "namespace on {}", backend.describe());
                 sub.add_namespace(Namespace::new(&s.nqn, n.nsid, backend, n.block_size))
@@ -165,20 +140,22 @@ impl Target {
 
     /// Opens a listener and serves it until the runtime stops. Returns the bound address
     /// (port 0 picks a free port).
-    pub async fn listen(
+    pub async fn listen(self: &Arc<Self>, addr: SocketAddr, discovery: bool) -> std::io::Result<SocketAddr> {
+        self.listen_advertised(addr, discovery, None).await
+    }
+
+    /// [`Target::listen`], reporting `advertise` in the discovery log.
+    pub async fn listen_advertised(
         self: &Arc<Self>,
         addr: SocketAddr,
         discovery: bool,
+        advertise: Option<std::net::IpAddr>,
     ) -> std::io::Result<SocketAddr> {
         let listener = TcpListener::bind(addr).await?;
         let bound = listener.local_addr()?;
         let port = {
             let mut ports = self.ports.write();
-            let p = Arc::new(Port {
-                id: ports.len() as u16 + 1,
-                addr: bound,
-                discovery,
-            });
+            let p = Arc::new(Port { id: ports.len() as u16 + 1, addr: bound, discovery, advertise });
             ports.push((*p).clone());
             p
         };
@@ -205,36 +182,22 @@ impl Target {
     }
 
     /// Opens every listener of the configuration; errors name the listener.
-    pub async fn listen_all(
-        self: &Arc<Self>,
-        cfg: &Config,
-    ) -> Result<Vec<SocketAddr>, TargetError> {
+    pub async fn listen_all(self: &Arc<Self>, cfg: &Config) -> Result<Vec<SocketAddr>, TargetError> {
         let mut out = Vec::new();
         for (i, l) in cfg.listener.iter().enumerate() {
-            let a = self
-                .listen(l.address, l.discovery)
-                .await
-                .map_err(|source| TargetError::Listen {
-                    field: format!("listener[{i}].address"),
-                    addr: l.address,
-                    source,
-                })?;
+            let a = self.listen_advertised(l.address, l.discovery, l.advertise).await.map_err(|source| TargetError::Listen {
+                field: format!("listener[{i}].address"),
+                addr: l.address,
+                source,
+            })?;
             out.push(a);
         }
         Ok(out)
     }
 
     /// Serves one already-connected stream (an in-process socket pair in tests).
-    pub fn serve_stream<S: nearstore_transport::Stream>(
-        self: &Arc<Self>,
-        s: S,
-        discovery: bool,
-    ) -> tokio::task::JoinHandle<()> {
-        let port = Arc::new(Port {
-            id: 0,
-            addr: SocketAddr::from(([127, 0, 0, 1], 0)),
-            discovery,
-        });
+    pub fn serve_stream<S: nearstore_transport::Stream>(self: &Arc<Self>, s: S, discovery: bool) -> tokio::task::JoinHandle<()> {
+        let port = Arc::new(Port { id: 0, addr: SocketAddr::from(([127, 0, 0, 1], 0)), discovery, advertise: None });
         tokio::spawn(tcp::serve(s, self.clone(), port, None))
     }
 

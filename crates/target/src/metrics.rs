@@ -54,17 +54,13 @@ pub struct TargetStats {
 pub fn render(t: &Target) -> String {
     let mut o = String::new();
     let s = &t.stats;
+    let _ = writeln!(o, "# TYPE nearstore_connections gauge\nnearstore_connections {}", s.connections.load(Relaxed));
+    let _ = writeln!(o, "# TYPE nearstore_connections_total counter\nnearstore_connections_total {}", s.connections_total.load(Relaxed));
     let _ = writeln!(
         o,
-        "# TYPE nearstore_connections gauge\nnearstore_connections {}",
-        s.connections.load(Relaxed)
+        "# TYPE nearstore_transport_fatal_errors_total counter\nnearstore_transport_fatal_errors_total {}",
+        s.fatal_errors.load(Relaxed)
     );
-    let _ = writeln!(
-        o,
-        "# TYPE nearstore_connections_total counter\nnearstore_connections_total {}",
-        s.connections_total.load(Relaxed)
-    );
-    let _ = writeln!(o, "# TYPE nearstore_transport_fatal_errors_total counter\nnearstore_transport_fatal_errors_total {}", s.fatal_errors.load(Relaxed));
     let _ = writeln!(
         o,
         "# TYPE nearstore_keep_alive_expired_total counter\nnearstore_keep_alive_expired_total {}",
@@ -83,13 +79,7 @@ pub fn render(t: &Target) -> String {
         let _ = writeln!(o, "# TYPE {name} counter");
         for sub in &subsystems {
             for ns in sub.namespaces() {
-                let _ = writeln!(
-                    o,
-                    "{name}{{subnqn=\"{}\",nsid=\"{}\"}} {}",
-                    sub.nqn,
-                    ns.nsid,
-                    get(&ns.stats).load(Relaxed)
-                );
+                let _ = writeln!(o, "{name}{{subnqn=\"{}\",nsid=\"{}\"}} {}", sub.nqn, ns.nsid, get(&ns.stats).load(Relaxed));
             }
         }
     }
@@ -102,26 +92,11 @@ pub fn render(t: &Target) -> String {
             for (i, b) in h.buckets.iter().enumerate() {
                 cum += b.load(Relaxed);
                 let le = (1u64 << i) as f64 / 1e6;
-                let _ = writeln!(
-                    o,
-                    "nearstore_io_latency_seconds_bucket{{{labels},le=\"{le}\"}} {cum}"
-                );
+                let _ = writeln!(o, "nearstore_io_latency_seconds_bucket{{{labels},le=\"{le}\"}} {cum}");
             }
-            let _ = writeln!(
-                o,
-                "nearstore_io_latency_seconds_bucket{{{labels},le=\"+Inf\"}} {}",
-                h.count.load(Relaxed)
-            );
-            let _ = writeln!(
-                o,
-                "nearstore_io_latency_seconds_sum{{{labels}}} {}",
-                h.sum_us.load(Relaxed) as f64 / 1e6
-            );
-            let _ = writeln!(
-                o,
-                "nearstore_io_latency_seconds_count{{{labels}}} {}",
-                h.count.load(Relaxed)
-            );
+            let _ = writeln!(o, "nearstore_io_latency_seconds_bucket{{{labels},le=\"+Inf\"}} {}", h.count.load(Relaxed));
+            let _ = writeln!(o, "nearstore_io_latency_seconds_sum{{{labels}}} {}", h.sum_us.load(Relaxed) as f64 / 1e6);
+            let _ = writeln!(o, "nearstore_io_latency_seconds_count{{{labels}}} {}", h.count.load(Relaxed));
         }
     }
     o

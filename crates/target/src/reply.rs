@@ -16,21 +16,12 @@ impl Reply {
         Reply::default()
     }
     pub fn status(status: Status) -> Reply {
-        Reply {
-            status,
-            ..Reply::default()
-        }
+        Reply { status, ..Reply::default() }
     }
     pub fn dw0(dw0: u32) -> Reply {
-        Reply {
-            dw0,
-            ..Reply::default()
-        }
+        Reply { dw0, ..Reply::default() }
     }
     pub fn data(data: Vec<u8>) -> Reply {
-        Reply {
-            data,
-            ..Reply::default()
-        }
+        Reply { data, ..Reply::default() }
     }
 }

@@ -63,19 +63,9 @@ pub struct Subsystem {
 }
 
 impl Subsystem {
-    pub fn new(
-        nqn: &str,
-        serial: Option<&str>,
-        model: Option<&str>,
-        allow_any_host: bool,
-        hosts: &[String],
-    ) -> Subsystem {
-        let serial = serial.map(str::to_string).unwrap_or_else(|| {
-            format!(
-                "NS{:018X}",
-                u64::from(crc32c::crc32c(nqn.as_bytes())) << 16 | 0x5eed
-            )
-        });
+    pub fn new(nqn: &str, serial: Option<&str>, model: Option<&str>, allow_any_host: bool, hosts: &[String]) -> Subsystem {
+        let serial =
+            serial.map(str::to_string).unwrap_or_else(|| format!("NS{:018X}", u64::from(crc32c::crc32c(nqn.as_bytes())) << 16 | 0x5eed));
         Subsystem {
             nqn: nqn.into(),
             serial,
@@ -133,24 +123,13 @@ impl Subsystem {
     }
 
     /// Creates a controller with the lowest free CNTLID (dynamic controller model).
-    pub fn add_controller(
-        self: &Arc<Self>,
-        hostnqn: &str,
-        hostid: [u8; 16],
-        kato_ms: u32,
-    ) -> Option<Arc<Controller>> {
+    pub fn add_controller(self: &Arc<Self>, hostnqn: &str, hostid: [u8; 16], kato_ms: u32) -> Option<Arc<Controller>> {
         let mut ctrls = self.controllers.lock();
         if ctrls.len() >= limits::CONTROLLERS_PER_SUBSYSTEM_MAX {
             return None;
         }
         let cntlid = (1..=0xffefu16).find(|id| !ctrls.contains_key(id))?;
-        let c = Arc::new(Controller::new(
-            cntlid,
-            self.clone(),
-            hostnqn,
-            hostid,
-            kato_ms,
-        ));
+        let c = Arc::new(Controller::new(cntlid, self.clone(), hostnqn, hostid, kato_ms));
         ctrls.insert(cntlid, c.clone());
         Some(c)
     }
@@ -209,13 +188,7 @@ pub const AEN_NS_CHANGED: u32 = 0x02 | (0x00 << 8) | (0x04 << 16);
 pub const AEC_NS_ATTR: u32 = 1 << 8;
 
 impl Controller {
-    fn new(
-        cntlid: u16,
-        subsys: Arc<Subsystem>,
-        hostnqn: &str,
-        hostid: [u8; 16],
-        kato_ms: u32,
-    ) -> Controller {
+    fn new(cntlid: u16, subsys: Arc<Subsystem>, hostnqn: &str, hostid: [u8; 16], kato_ms: u32) -> Controller {
         Controller {
             cntlid,
             subsys,
@@ -243,13 +216,11 @@ impl Controller {
 
     /// Records host activity for the keep-alive timer.
     pub fn touch(&self) {
-        self.last_activity_ms
-            .store(self.epoch.elapsed().as_millis() as u64, Relaxed);
+        self.last_activity_ms.store(self.epoch.elapsed().as_millis() as u64, Relaxed);
     }
 
     pub fn idle_ms(&self) -> u64 {
-        (self.epoch.elapsed().as_millis() as u64)
-            .saturating_sub(self.last_activity_ms.load(Relaxed))
+        (self.epoch.elapsed().as_millis() as u64).saturating_sub(self.last_activity_ms.load(Relaxed))
     }
 
     pub fn ready(&self) -> bool {

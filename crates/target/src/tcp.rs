@@ -16,9 +16,7 @@ use std::time::{Duration, Instant};
 use nearstore_transport::{AlignedBuf, Interest, RxBuf, Stream, TxBuf};
 use nearstore_wire::log::ErrorEntry;
 use nearstore_wire::opcode::{fctype, FABRICS};
-use nearstore_wire::pdu::{
-    self, fes, flags, DataHdr, Frame, Framing, IcReq, IcResp, PduError, PduType,
-};
+use nearstore_wire::pdu::{self, fes, flags, DataHdr, Frame, Framing, IcReq, IcResp, PduError, PduType};
 use nearstore_wire::sqe::sgl_id;
 use nearstore_wire::{Cqe, Sqe, Status};
 use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver, UnboundedSender};
@@ -54,12 +52,7 @@ pub enum ConnError {
 }
 
 /// Serves one connection until it closes, then detaches it from its controller.
-pub async fn serve<S: Stream>(
-    stream: S,
-    target: Arc<Target>,
-    port: Arc<Port>,
-    local: Option<SocketAddr>,
-) {
+pub async fn serve<S: Stream>(stream: S, target: Arc<Target>, port: Arc<Port>, local: Option<SocketAddr>) {
     target.stats.connections.fetch_add(1, Relaxed);
     target.stats.connections_total.fetch_add(1, Relaxed);
     let peer = stream.peer();
@@ -122,11 +115,7 @@ struct Slab<T> {
 
 impl<T> Default for Slab<T> {
     fn default() -> Self {
-        Slab {
-            slots: Vec::new(),
-            free: Vec::new(),
-            live: 0,
-        }
+        Slab { slots: Vec::new(), free: Vec::new(), live: 0 }
     }
 }
 
@@ -207,10 +196,7 @@ enum Flow {
 
 impl<S: Stream> Conn<S> {
     async fn run(&mut self) -> Result<(), ConnError> {
-        if !tokio::time::timeout(IC_TIMEOUT, self.handshake())
-            .await
-            .map_err(|_| ConnError::IcTimeout(IC_TIMEOUT))??
-        {
+        if !tokio::time::timeout(IC_TIMEOUT, self.handshake()).await.map_err(|_| ConnError::IcTimeout(IC_TIMEOUT))?? {
             return Ok(());
         }
         loop {
@@ -227,12 +213,7 @@ impl<S: Stream> Conn<S> {
             } else if self.core.tx.pending() > 0 {
                 interest = interest | Interest::WRITABLE;
             }
-            let events = self
-                .core
-                .queue
-                .as_ref()
-                .filter(|q| q.qid == 0 && !self.core.aers.is_empty())
-                .map(|q| q.ctrl.clone());
+            let events = self.core.queue.as_ref().filter(|q| q.qid == 0 && !self.core.aers.is_empty()).map(|q| q.ctrl.clone());
             tokio::select! {
                 _ = self.cancel.cancelled() => {
                     return Err(ConnError::ControllerGone(self.core.queue.as_ref().map_or(0, |q| q.ctrl.cntlid)));
@@ -275,17 +256,11 @@ impl<S: Stream> Conn<S> {
                     }
                     let req = IcReq::decode(f.header);
                     if req.pfv != 0 {
-                        let e = PduError::new(
-                            fes::UNSUPPORTED_PARAMETER,
-                            8,
-                            "unsupported PDU format version",
-                        );
+                        let e = PduError::new(fes::UNSUPPORTED_PARAMETER, 8, "unsupported PDU format version");
                         return Err(self.core.fatal(e, f.header));
                     }
                     if req.hpda > 31 {
-                        return Err(self
-                            .core
-                            .fatal(PduError::header(10, "HPDA above 31"), f.header));
+                        return Err(self.core.fatal(PduError::header(10, "HPDA above 31"), f.header));
                     }
                     self.rx.consume(len);
                     self.core.accept_ic(&req);
@@ -353,13 +328,7 @@ fn fatal(fes: u16, fei: u32, what: &'static str) -> ConnError {
 
 impl Core {
     fn accept_ic(&mut self, req: &IcReq) {
-        let resp = IcResp {
-            pfv: 0,
-            cpda: 0,
-            hdgst: req.hdgst,
-            ddgst: req.ddgst,
-            maxh2cdata: limits::H2C_DATA_BYTES_MAX,
-        };
+        let resp = IcResp { pfv: 0, cpda: 0, hdgst: req.hdgst, ddgst: req.ddgst, maxh2cdata: limits::H2C_DATA_BYTES_MAX };
         resp.encode(&mut self.tx.buf);
         self.hpda = req.hpda;
         self.framing = Framing {
@@ -382,11 +351,7 @@ impl Core {
         match f.hdr.pdu_type {
             PduType::CapsuleCmd => {
                 self.on_capsule(pdu::capsule_sqe(f.header), f.data, f.data_digest_ok)?;
-                Ok(if self.close_after_flush {
-                    Flow::Close
-                } else {
-                    Flow::Continue
-                })
+                Ok(if self.close_after_flush { Flow::Close } else { Flow::Continue })
             }
             PduType::H2CData => {
                 self.on_h2c_data(f)?;
@@ -396,11 +361,7 @@ impl Core {
                 let (fes, fei) = pdu::term_req_decode(f.header);
                 Err(ConnError::HostTerminated { fes, fei })
             }
-            _ => Err(fatal(
-                fes::PDU_SEQUENCE_ERROR,
-                0,
-                "ICReq after the connection was initialised",
-            )),
+            _ => Err(fatal(fes::PDU_SEQUENCE_ERROR, 0, "ICReq after the connection was initialised")),
         }
     }
 
@@ -414,14 +375,7 @@ impl Core {
             Some(q) => (q.qid, self.sqhd),
             None => (0, self.sqhd),
         };
-        let cqe = Cqe {
-            dw0,
-            dw1,
-            sqhd,
-            sqid,
-            cid,
-            status,
-        };
+        let cqe = Cqe { dw0, dw1, sqhd, sqid, cid, status };
         let hd = self.hd();
         pdu::put_capsule_resp(&mut self.tx.buf, &cqe, hd);
         if !status.is_success() {
@@ -437,22 +391,8 @@ impl Core {
         if success {
             fl |= flags::SUCCESS;
         }
-        let h = DataHdr {
-            cccid: cid,
-            ttag: 0,
-            offset: 0,
-            len: len as u32,
-        };
-        pdu::put_header_aligned(
-            &mut self.tx.buf,
-            PduType::C2HData,
-            fl,
-            &h.psh(),
-            len,
-            self.framing.hdgst,
-            self.framing.ddgst,
-            self.hpda,
-        )
+        let h = DataHdr { cccid: cid, ttag: 0, offset: 0, len: len as u32 };
+        pdu::put_header_aligned(&mut self.tx.buf, PduType::C2HData, fl, &h.psh(), len, self.framing.hdgst, self.framing.ddgst, self.hpda)
     }
 
     fn success_flag(&self) -> bool {
@@ -473,9 +413,7 @@ impl Core {
     }
 
     fn take_buf(&mut self) -> AlignedBuf {
-        self.bufs
-            .pop()
-            .unwrap_or_else(|| AlignedBuf::new(limits::TRANSFER_BYTES_MAX))
+        self.bufs.pop().unwrap_or_else(|| AlignedBuf::new(limits::TRANSFER_BYTES_MAX))
     }
 
     fn put_buf(&mut self, b: AlignedBuf) {
@@ -553,72 +491,34 @@ impl Core {
             }
         }
         if self.r2t.live + self.inflight.live >= self.outstanding_limit() {
-            return Err(fatal(
-                fes::PDU_SEQUENCE_ERROR,
-                0,
-                "more commands outstanding than the queue size",
-            ));
+            return Err(fatal(fes::PDU_SEQUENCE_ERROR, 0, "more commands outstanding than the queue size"));
         }
         let mut buf = self.take_buf();
         buf.set_len(len);
-        let ttag = self.r2t.insert(H2C {
-            sqe,
-            buf,
-            received: 0,
-            start,
-        });
+        let ttag = self.r2t.insert(H2C { sqe, buf, received: 0, start });
         let hd = self.hd();
-        pdu::put_r2t(
-            &mut self.tx.buf,
-            &DataHdr {
-                cccid: cid,
-                ttag: ttag as u16,
-                offset: 0,
-                len: len as u32,
-            },
-            hd,
-        );
+        pdu::put_r2t(&mut self.tx.buf, &DataHdr { cccid: cid, ttag: ttag as u16, offset: 0, len: len as u32 }, hd);
         Ok(())
     }
 
     fn on_h2c_data(&mut self, f: &Frame) -> Result<(), ConnError> {
         let h = DataHdr::decode(f.header);
         let Some(x) = self.r2t.get_mut(h.ttag as usize) else {
-            return Err(fatal(
-                fes::INVALID_HEADER_FIELD,
-                10,
-                "H2CData with an unknown transfer tag",
-            ));
+            return Err(fatal(fes::INVALID_HEADER_FIELD, 10, "H2CData with an unknown transfer tag"));
         };
         if x.sqe.cid() != h.cccid {
-            return Err(fatal(
-                fes::INVALID_HEADER_FIELD,
-                8,
-                "H2CData command id does not match its transfer tag",
-            ));
+            return Err(fatal(fes::INVALID_HEADER_FIELD, 8, "H2CData command id does not match its transfer tag"));
         }
         if h.offset as usize != x.received {
-            return Err(fatal(
-                fes::DATA_OUT_OF_RANGE,
-                12,
-                "H2CData out of order (DATAO is not the next expected offset)",
-            ));
+            return Err(fatal(fes::DATA_OUT_OF_RANGE, 12, "H2CData out of order (DATAO is not the next expected offset)"));
         }
         let end = x.received + f.data.len();
         if end > x.buf.len() {
-            return Err(fatal(
-                fes::DATA_OUT_OF_RANGE,
-                16,
-                "H2CData beyond the R2T's range",
-            ));
+            return Err(fatal(fes::DATA_OUT_OF_RANGE, 16, "H2CData beyond the R2T's range"));
         }
         let last = f.hdr.flags & flags::LAST_PDU != 0;
         if last != (end == x.buf.len()) {
-            return Err(fatal(
-                fes::INVALID_HEADER_FIELD,
-                1,
-                "LAST_PDU flag does not match the end of the transfer",
-            ));
+            return Err(fatal(fes::INVALID_HEADER_FIELD, 1, "LAST_PDU flag does not match the end of the transfer"));
         }
         x.buf[x.received..end].copy_from_slice(f.data);
         x.received = end;
@@ -639,12 +539,7 @@ impl Core {
     }
 
     /// Runs a command whose host data sits in a pool buffer.
-    fn execute_buffered(
-        &mut self,
-        sqe: Sqe,
-        buf: AlignedBuf,
-        start: Instant,
-    ) -> Result<(), ConnError> {
+    fn execute_buffered(&mut self, sqe: Sqe, buf: AlignedBuf, start: Instant) -> Result<(), ConnError> {
         if self.queue.as_ref().is_some_and(|q| q.qid > 0) {
             return self.execute_io(sqe, &[], Some(buf), start);
         }
@@ -677,13 +572,7 @@ impl Core {
                     r.data.resize(sqe.sgl().len as usize, 0);
                 }
                 if !r.status.is_success() {
-                    ctrl.record_error(ErrorEntry {
-                        sqid: 0,
-                        cid,
-                        status: r.status.to_field(),
-                        nsid: sqe.nsid(),
-                        ..Default::default()
-                    });
+                    ctrl.record_error(ErrorEntry { sqid: 0, cid, status: r.status.to_field(), nsid: sqe.nsid(), ..Default::default() });
                 }
                 let data = std::mem::take(&mut r.data);
                 self.complete_with_data(cid, &data, &r);
@@ -703,25 +592,18 @@ impl Core {
     fn fabrics(&mut self, sqe: Sqe, data: &[u8]) -> Result<(), ConnError> {
         let cid = sqe.cid();
         let r = match (sqe.fctype(), &self.queue) {
-            (fctype::CONNECT, None) => {
-                match fabrics::connect(&self.target, &sqe, data, self.port.discovery, &self.peer) {
-                    Ok(c) => {
-                        let r = Reply::dw0(c.ctrl.cntlid as u32);
-                        if c.qid == 0 {
-                            spawn_keep_alive_watchdog(self.target.clone(), c.ctrl.clone());
-                        }
-                        self.sqhd = 1 % (c.sqsize + 1);
-                        self.queue = Some(Queue {
-                            ctrl: c.ctrl,
-                            qid: c.qid,
-                            sqsize: c.sqsize,
-                            sqflow_disabled: c.sqflow_disabled,
-                        });
-                        r
+            (fctype::CONNECT, None) => match fabrics::connect(&self.target, &sqe, data, self.port.discovery, &self.peer) {
+                Ok(c) => {
+                    let r = Reply::dw0(c.ctrl.cntlid as u32);
+                    if c.qid == 0 {
+                        spawn_keep_alive_watchdog(self.target.clone(), c.ctrl.clone());
                     }
-                    Err(r) => r,
+                    self.sqhd = 1 % (c.sqsize + 1);
+                    self.queue = Some(Queue { ctrl: c.ctrl, qid: c.qid, sqsize: c.sqsize, sqflow_disabled: c.sqflow_disabled });
+                    r
                 }
-            }
+                Err(r) => r,
+            },
             (fctype::CONNECT, Some(_)) => Reply::status(Status::COMMAND_SEQUENCE_ERROR.dnr()),
             (_, None) => Reply::status(Status::COMMAND_SEQUENCE_ERROR.dnr()),
             (fctype::PROPERTY_GET, Some(q)) if q.qid == 0 => fabrics::property_get(&q.ctrl, &sqe),
@@ -754,13 +636,7 @@ impl Core {
 
     /// Runs an I/O command. Host data is either `data` (in-capsule, still in the receive
     /// buffer) or `buf` (gathered from H2CData).
-    fn execute_io(
-        &mut self,
-        sqe: Sqe,
-        data: &[u8],
-        buf: Option<AlignedBuf>,
-        start: Instant,
-    ) -> Result<(), ConnError> {
+    fn execute_io(&mut self, sqe: Sqe, data: &[u8], buf: Option<AlignedBuf>, start: Instant) -> Result<(), ConnError> {
         let ctrl = self.queue.as_ref().expect("I/O queue").ctrl.clone();
         let plan = match io_cmd::plan(&ctrl.subsys, &sqe, ctrl.write_cache.load(Relaxed)) {
             Ok(p) => p,
@@ -773,13 +649,7 @@ impl Core {
             }
         };
         let cid = sqe.cid();
-        let IoPlan {
-            ns,
-            kind,
-            op,
-            len,
-            lba,
-        } = plan;
+        let IoPlan { ns, kind, op, len, lba } = plan;
         // Deallocate: turn the host's ranges into byte ranges before anything runs.
         let (op, buf) = if let Op::Deallocate = op {
             let src = buf.as_deref().unwrap_or(data).to_vec();
@@ -797,11 +667,7 @@ impl Core {
             return self.execute_inline(&ctrl, &sqe, &ns, kind, op, data, buf, len, start);
         }
         if self.r2t.live + self.inflight.live >= self.outstanding_limit() {
-            return Err(fatal(
-                fes::PDU_SEQUENCE_ERROR,
-                0,
-                "more commands outstanding than the queue size",
-            ));
+            return Err(fatal(fes::PDU_SEQUENCE_ERROR, 0, "more commands outstanding than the queue size"));
         }
         let buf = match buf {
             Some(b) => b,
@@ -817,21 +683,8 @@ impl Core {
                 b
             }
         };
-        let token = self.inflight.insert(Inflight {
-            cid,
-            ns: ns.clone(),
-            kind,
-            len,
-            lba,
-            start,
-        }) as u32;
-        self.target.pool.submit(Job {
-            backend: ns.backend.clone(),
-            op,
-            buf,
-            token,
-            reply: self.done_tx.clone(),
-        });
+        let token = self.inflight.insert(Inflight { cid, ns: ns.clone(), kind, len, lba, start }) as u32;
+        self.target.pool.submit(Job { backend: ns.backend.clone(), op, buf, token, reply: self.done_tx.clone() });
         Ok(())
     }
 
@@ -867,13 +720,7 @@ impl Core {
                     }
                 }
             }
-            (Op::Write { off, fua }, None) => ns.backend.write_at(data, *off).and_then(|_| {
-                if *fua {
-                    ns.backend.flush()
-                } else {
-                    Ok(())
-                }
-            }),
+            (Op::Write { off, fua }, None) => ns.backend.write_at(data, *off).and_then(|_| if *fua { ns.backend.flush() } else { Ok(()) }),
             (_, Some(_)) | (_, None) => {
                 let mut b = buf.unwrap_or_else(|| {
                     let mut b = self.take_buf();
@@ -892,15 +739,7 @@ impl Core {
         Ok(())
     }
 
-    fn finish_io(
-        &mut self,
-        ns: &Namespace,
-        kind: IoKind,
-        len: usize,
-        start: Instant,
-        cid: u16,
-        data_sent_with_success: bool,
-    ) {
+    fn finish_io(&mut self, ns: &Namespace, kind: IoKind, len: usize, start: Instant, cid: u16, data_sent_with_success: bool) {
         match kind {
             IoKind::Read => {
                 ns.stats.reads.fetch_add(1, Relaxed);
@@ -920,15 +759,7 @@ impl Core {
         }
     }
 
-    fn io_error(
-        &mut self,
-        ctrl: &Controller,
-        ns: &Namespace,
-        kind: IoKind,
-        lba: u64,
-        cid: u16,
-        e: io::Error,
-    ) {
+    fn io_error(&mut self, ctrl: &Controller, ns: &Namespace, kind: IoKind, lba: u64, cid: u16, e: io::Error) {
         let status = match kind {
             IoKind::Read => Status::UNRECOVERED_READ_ERROR,
             _ => Status::WRITE_FAULT,
@@ -936,14 +767,7 @@ impl Core {
         warn!(peer = %self.peer, nsid = ns.nsid, lba, "backend I/O failed: {e}");
         ns.stats.errors.fetch_add(1, Relaxed);
         let qid = self.queue.as_ref().map_or(0, |q| q.qid);
-        ctrl.record_error(ErrorEntry {
-            sqid: qid,
-            cid,
-            status: status.to_field(),
-            lba,
-            nsid: ns.nsid,
-            ..Default::default()
-        });
+        ctrl.record_error(ErrorEntry { sqid: qid, cid, status: status.to_field(), lba, nsid: ns.nsid, ..Default::default() });
         self.complete(cid, status, 0, 0);
     }
 
@@ -1000,11 +824,7 @@ fn spawn_keep_alive_watchdog(target: Arc<Target>, ctrl: Arc<Controller>) {
     tokio::spawn(async move {
         loop {
             let kato = ctrl.state.lock().kato_ms as u64;
-            let tick = if kato == 0 {
-                1000
-            } else {
-                (kato / 4).clamp(50, 1000)
-            };
+            let tick = if kato == 0 { 1000 } else { (kato / 4).clamp(50, 1000) };
             tokio::select! {
                 _ = ctrl.cancel.cancelled() => return,
                 _ = tokio::time::sleep(Duration::from_millis(tick)) => {}

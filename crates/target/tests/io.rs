@@ -8,9 +8,7 @@ use nearstore_wire::opcode::{feature, io, lid};
 use nearstore_wire::{Sqe, Status};
 
 fn pattern(len: usize, seed: u8) -> Vec<u8> {
-    (0..len)
-        .map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed))
-        .collect()
+    (0..len).map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed)).collect()
 }
 
 async fn read_write_cycle(c: &Controller, nsid: u32) {
@@ -18,33 +16,18 @@ async fn read_write_cycle(c: &Controller, nsid: u32) {
     let bs = ns.block_size();
     let mut q = c.io_queue(1).await.unwrap();
     // Small (in-capsule), large (R2T, several H2CData PDUs), and at the last LBA.
-    for (slba, len) in [
-        (0u64, bs as usize),
-        (8, 128 * 1024),
-        (ns.nsze - 2, 2 * bs as usize),
-    ] {
+    for (slba, len) in [(0u64, bs as usize), (8, 128 * 1024), (ns.nsze - 2, 2 * bs as usize)] {
         let data = pattern(len, slba as u8);
         q.write(nsid, slba, &data, bs, false).await.unwrap();
-        let back = q
-            .read(nsid, slba, (len / bs as usize) as u32, bs)
-            .await
-            .unwrap();
-        assert!(
-            back == data,
-            "nsid {nsid} slba {slba} len {len}: data differs"
-        );
+        let back = q.read(nsid, slba, (len / bs as usize) as u32, bs).await.unwrap();
+        assert!(back == data, "nsid {nsid} slba {slba} len {len}: data differs");
     }
-    q.write(nsid, 100, &pattern(4 * bs as usize, 9), bs, true)
-        .await
-        .unwrap();
+    q.write(nsid, 100, &pattern(4 * bs as usize, 9), bs, true).await.unwrap();
     q.flush(nsid).await.unwrap();
     q.write_zeroes(nsid, 100, 2, false).await.unwrap();
     let back = q.read(nsid, 100, 4, bs).await.unwrap();
     assert!(back[..2 * bs as usize].iter().all(|&b| b == 0));
-    assert_eq!(
-        &back[2 * bs as usize..],
-        &pattern(4 * bs as usize, 9)[2 * bs as usize..]
-    );
+    assert_eq!(&back[2 * bs as usize..], &pattern(4 * bs as usize, 9)[2 * bs as usize..]);
     q.deallocate(nsid, &[(102, 1), (103, 1)]).await.unwrap();
     let back = q.read(nsid, 100, 4, bs).await.unwrap();
     assert!(back.iter().all(|&b| b == 0));
@@ -62,11 +45,7 @@ async fn memory_and_file_namespaces_read_back_what_was_written() {
 #[tokio::test]
 async fn digests_and_sqflow_disabled() {
     let env = common::start().await;
-    for (hd, dd, nosq) in [
-        (true, false, false),
-        (false, true, false),
-        (true, true, true),
-    ] {
+    for (hd, dd, nosq) in [(true, false, false), (false, true, false), (true, true, true)] {
         let mut o = env.opts();
         o.hdgst = hd;
         o.ddgst = dd;
@@ -96,12 +75,7 @@ async fn pipelined_queue_depth_128() {
         while completed < n {
             while submitted < n && q.in_flight() < 128 {
                 let d = pattern(4096, submitted as u8);
-                q.submit(
-                    Sqe::rw(io::WRITE, nsid, submitted * per as u64, per, false),
-                    Data::Out(&d),
-                    submitted,
-                )
-                .unwrap();
+                q.submit(Sqe::rw(io::WRITE, nsid, submitted * per as u64, per, false), Data::Out(&d), submitted).unwrap();
                 submitted += 1;
             }
             max_in_flight = max_in_flight.max(q.in_flight());
@@ -117,12 +91,7 @@ async fn pipelined_queue_depth_128() {
         let (mut submitted, mut completed) = (0u64, 0u64);
         while completed < n {
             while submitted < n && q.in_flight() < 128 {
-                q.submit(
-                    Sqe::rw(io::READ, nsid, submitted * per as u64, per, false),
-                    Data::In(4096),
-                    submitted,
-                )
-                .unwrap();
+                q.submit(Sqe::rw(io::READ, nsid, submitted * per as u64, per, false), Data::In(4096), submitted).unwrap();
                 submitted += 1;
             }
             q.poll(|tag, cqe, data| {
@@ -151,55 +120,15 @@ async fn io_errors_have_the_spec_status() {
     dsm_range[4..8].copy_from_slice(&8u32.to_le_bytes());
     dsm_range[8..16].copy_from_slice(&(ns.nsze - 4).to_le_bytes());
     let cases: Vec<(&str, Sqe, Data, Status)> = vec![
-        (
-            "read past the end",
-            Sqe::rw(io::READ, 1, ns.nsze - 1, 2, false),
-            Data::In(1024),
-            Status::LBA_OUT_OF_RANGE,
-        ),
-        (
-            "write past the end",
-            Sqe::rw(io::WRITE, 1, ns.nsze, 1, false),
-            Data::Out(&[0; 512]),
-            Status::LBA_OUT_OF_RANGE,
-        ),
-        (
-            "slba overflow",
-            Sqe::rw(io::READ, 1, u64::MAX, 1, false),
-            Data::In(512),
-            Status::LBA_OUT_OF_RANGE,
-        ),
-        (
-            "unknown namespace",
-            Sqe::rw(io::READ, 9, 0, 1, false),
-            Data::In(512),
-            Status::INVALID_NAMESPACE,
-        ),
-        (
-            "broadcast flush",
-            Sqe::new(io::FLUSH, 0).set_nsid(0xffff_ffff).to_owned(),
-            Data::None,
-            Status::INVALID_NAMESPACE,
-        ),
-        (
-            "unknown opcode",
-            Sqe::new(0x7e, 0).set_nsid(1).to_owned(),
-            Data::None,
-            Status::INVALID_OPCODE,
-        ),
-        (
-            "length mismatch",
-            Sqe::rw(io::READ, 1, 0, 2, false),
-            Data::In(512),
-            Status::DATA_SGL_LENGTH_INVALID,
-        ),
+        ("read past the end", Sqe::rw(io::READ, 1, ns.nsze - 1, 2, false), Data::In(1024), Status::LBA_OUT_OF_RANGE),
+        ("write past the end", Sqe::rw(io::WRITE, 1, ns.nsze, 1, false), Data::Out(&[0; 512]), Status::LBA_OUT_OF_RANGE),
+        ("slba overflow", Sqe::rw(io::READ, 1, u64::MAX, 1, false), Data::In(512), Status::LBA_OUT_OF_RANGE),
+        ("unknown namespace", Sqe::rw(io::READ, 9, 0, 1, false), Data::In(512), Status::INVALID_NAMESPACE),
+        ("broadcast flush", Sqe::new(io::FLUSH, 0).set_nsid(0xffff_ffff).to_owned(), Data::None, Status::INVALID_NAMESPACE),
+        ("unknown opcode", Sqe::new(0x7e, 0).set_nsid(1).to_owned(), Data::None, Status::INVALID_OPCODE),
+        ("length mismatch", Sqe::rw(io::READ, 1, 0, 2, false), Data::In(512), Status::DATA_SGL_LENGTH_INVALID),
         ("over MDTS", mdts_read, Data::In(512), Status::INVALID_FIELD),
-        (
-            "dsm range past the end",
-            bad_dsm,
-            Data::Out(&dsm_range),
-            Status::LBA_OUT_OF_RANGE,
-        ),
+        ("dsm range past the end", bad_dsm, Data::Out(&dsm_range), Status::LBA_OUT_OF_RANGE),
     ];
     for (what, sqe, data, want) in cases {
         let mut got = None;
@@ -207,9 +136,7 @@ async fn io_errors_have_the_spec_status() {
             Ok(cid) => cid,
             Err(e) => panic!("{what}: {e}"),
         };
-        q.wait(cid, |_, cqe, _| got = Some(cqe.status))
-            .await
-            .unwrap();
+        q.wait(cid, |_, cqe, _| got = Some(cqe.status)).await.unwrap();
         let got = got.unwrap();
         assert_eq!((got.sct, got.sc), (want.sct, want.sc), "{what}: got {got}");
         assert!(got.dnr, "{what}: DNR expected");

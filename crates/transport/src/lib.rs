@@ -33,9 +33,7 @@ impl Stream for tokio::net::TcpStream {
         tokio::net::TcpStream::try_write(self, buf)
     }
     fn peer(&self) -> String {
-        self.peer_addr()
-            .map(|a| a.to_string())
-            .unwrap_or_else(|_| "?".into())
+        self.peer_addr().map(|a| a.to_string()).unwrap_or_else(|_| "?".into())
     }
 }
 
@@ -84,11 +82,7 @@ impl AlignedBuf {
     }
     /// Sets the length; bytes past the old length keep whatever they held before.
     pub fn set_len(&mut self, len: usize) {
-        assert!(
-            len <= self.cap,
-            "AlignedBuf length {len} over capacity {}",
-            self.cap
-        );
+        assert!(len <= self.cap, "AlignedBuf length {len} over capacity {}", self.cap);
         self.len = len;
     }
     /// The whole capacity, for reads that fill the buffer.
@@ -101,12 +95,7 @@ impl AlignedBuf {
 impl Drop for AlignedBuf {
     fn drop(&mut self) {
         // SAFETY: allocated in new() with this layout.
-        unsafe {
-            dealloc(
-                self.ptr.as_ptr(),
-                Layout::from_size_align_unchecked(self.cap, PAGE),
-            )
-        }
+        unsafe { dealloc(self.ptr.as_ptr(), Layout::from_size_align_unchecked(self.cap, PAGE)) }
     }
 }
 
@@ -137,11 +126,7 @@ impl RxBuf {
         let mut buf = AlignedBuf::new(cap);
         let c = buf.capacity();
         buf.set_len(c);
-        RxBuf {
-            buf,
-            start: 0,
-            end: 0,
-        }
+        RxBuf { buf, start: 0, end: 0 }
     }
     pub fn data(&self) -> &[u8] {
         &self.buf[self.start..self.end]
@@ -159,9 +144,7 @@ impl RxBuf {
     pub fn fill<S: Stream>(&mut self, s: &S) -> io::Result<usize> {
         if self.end == self.buf.len() {
             if self.start == 0 {
-                return Err(io::Error::other(
-                    "receive buffer full: PDU larger than the buffer",
-                ));
+                return Err(io::Error::other("receive buffer full: PDU larger than the buffer"));
             }
             self.buf.copy_within(self.start..self.end, 0);
             self.end -= self.start;
@@ -182,10 +165,7 @@ pub struct TxBuf {
 
 impl TxBuf {
     pub fn with_capacity(cap: usize) -> TxBuf {
-        TxBuf {
-            buf: Vec::with_capacity(cap),
-            sent: 0,
-        }
+        TxBuf { buf: Vec::with_capacity(cap), sent: 0 }
     }
     pub fn pending(&self) -> usize {
         self.buf.len() - self.sent

@@ -47,7 +47,5 @@ pub fn put_str(b: &mut [u8], off: usize, len: usize, s: &str, pad: u8) {
 pub fn str_at(b: &[u8], off: usize, len: usize) -> String {
     let field = &b[off..off + len];
     let end = field.iter().position(|&c| c == 0).unwrap_or(len);
-    String::from_utf8_lossy(&field[..end])
-        .trim_end()
-        .to_string()
+    String::from_utf8_lossy(&field[..end]).trim_end().to_string()
 }

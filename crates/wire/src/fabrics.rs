@@ -23,12 +23,7 @@ impl ConnectData {
         }
         let mut hostid = [0u8; 16];
         hostid.copy_from_slice(&b[0..16]);
-        Some(ConnectData {
-            hostid,
-            cntlid: u16_at(b, 16),
-            subnqn: str_at(b, 256, 256),
-            hostnqn: str_at(b, 512, 256),
-        })
+        Some(ConnectData { hostid, cntlid: u16_at(b, 16), subnqn: str_at(b, 256, 256), hostnqn: str_at(b, 512, 256) })
     }
 
     pub fn encode(&self) -> Vec<u8> {

@@ -235,11 +235,7 @@ pub mod nidt {
 pub fn encode_ns_descriptors(nguid: &[u8; 16], uuid: &[u8; 16]) -> Vec<u8> {
     let mut b = vec![0u8; IDENTIFY_LEN];
     let mut off = 0;
-    for (t, v) in [
-        (nidt::NGUID, &nguid[..]),
-        (nidt::UUID, &uuid[..]),
-        (nidt::CSI, &[0u8][..]),
-    ] {
+    for (t, v) in [(nidt::NGUID, &nguid[..]), (nidt::UUID, &uuid[..]), (nidt::CSI, &[0u8][..])] {
         b[off] = t;
         b[off + 1] = v.len() as u8;
         b[off + 4..off + 4 + v.len()].copy_from_slice(v);
@@ -267,22 +263,14 @@ pub fn decode_ns_descriptors(b: &[u8]) -> Vec<(u8, Vec<u8>)> {
 /// Encodes an active namespace id list: ids strictly above `after`, ascending, at most 1024.
 pub fn encode_ns_list(ids: impl IntoIterator<Item = u32>, after: u32) -> Vec<u8> {
     let mut b = vec![0u8; IDENTIFY_LEN];
-    for (i, id) in ids
-        .into_iter()
-        .filter(|&id| id > after)
-        .take(IDENTIFY_LEN / 4)
-        .enumerate()
-    {
+    for (i, id) in ids.into_iter().filter(|&id| id > after).take(IDENTIFY_LEN / 4).enumerate() {
         put_u32(&mut b, i * 4, id);
     }
     b
 }
 
 pub fn decode_ns_list(b: &[u8]) -> Vec<u32> {
-    b.chunks_exact(4)
-        .map(|c| u32_at(c, 0))
-        .take_while(|&id| id != 0)
-        .collect()
+    b.chunks_exact(4).map(|c| u32_at(c, 0)).take_while(|&id| id != 0).collect()
 }
 
 #[cfg(test)]
@@ -311,25 +299,12 @@ mod tests {
 
     #[test]
     fn namespace_and_descriptors() {
-        let n = IdentifyNamespace {
-            nsze: 1 << 20,
-            ncap: 1 << 20,
-            lbads: 12,
-            nguid: [5; 16],
-            ..Default::default()
-        };
+        let n = IdentifyNamespace { nsze: 1 << 20, ncap: 1 << 20, lbads: 12, nguid: [5; 16], ..Default::default() };
         let d = IdentifyNamespace::decode(&n.encode()).unwrap();
         assert_eq!(d, n);
         assert_eq!(d.block_size(), 4096);
         let descs = decode_ns_descriptors(&encode_ns_descriptors(&[1; 16], &[2; 16]));
-        assert_eq!(
-            descs,
-            vec![
-                (nidt::NGUID, vec![1; 16]),
-                (nidt::UUID, vec![2; 16]),
-                (nidt::CSI, vec![0])
-            ]
-        );
+        assert_eq!(descs, vec![(nidt::NGUID, vec![1; 16]), (nidt::UUID, vec![2; 16]), (nidt::CSI, vec![0])]);
         assert_eq!(decode_ns_list(&encode_ns_list([1, 2, 5], 1)), vec![2, 5]);
     }
 }

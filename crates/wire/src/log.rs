@@ -269,12 +269,7 @@ mod tests {
 
     #[test]
     fn smart_round_trip() {
-        let s = Smart {
-            data_units_read: Smart::data_units(512_512),
-            host_reads: 3,
-            temperature: 300,
-            ..Default::default()
-        };
+        let s = Smart { data_units_read: Smart::data_units(512_512), host_reads: 3, temperature: 300, ..Default::default() };
         assert_eq!(Smart::decode(&s.encode()), s);
         assert_eq!(Smart::data_units(512_512), 2);
     }

@@ -62,10 +62,7 @@ impl PduType {
     }
 
     pub fn from_host(self) -> bool {
-        matches!(
-            self,
-            PduType::IcReq | PduType::H2CTermReq | PduType::CapsuleCmd | PduType::H2CData
-        )
+        matches!(self, PduType::IcReq | PduType::H2CTermReq | PduType::CapsuleCmd | PduType::H2CData)
     }
 
     fn is_ic(self) -> bool {
@@ -77,10 +74,7 @@ impl PduType {
     }
 
     fn may_carry_data(self) -> bool {
-        matches!(
-            self,
-            PduType::CapsuleCmd | PduType::H2CData | PduType::C2HData
-        )
+        matches!(self, PduType::CapsuleCmd | PduType::H2CData | PduType::C2HData)
     }
 }
 
@@ -149,13 +143,7 @@ pub struct Framing {
 impl Framing {
     /// Before ICReq/ICResp: no digests, only the IC PDU is expected.
     pub fn initial(from_host: bool) -> Framing {
-        Framing {
-            hdgst: false,
-            ddgst: false,
-            from_host,
-            capsule_data_max: 0,
-            data_pdu_max: 0,
-        }
+        Framing { hdgst: false, ddgst: false, from_host, capsule_data_max: 0, data_pdu_max: 0 }
     }
 
     fn data_max(&self, t: PduType) -> usize {
@@ -193,13 +181,7 @@ pub fn parse_frame<'a>(buf: &'a [u8], f: &Framing) -> Result<Option<Frame<'a>>, 
     if t.from_host() != f.from_host {
         return Err(PduError::header(0, "PDU type not valid in this direction"));
     }
-    let hdr = PduHeader {
-        pdu_type: t,
-        flags: buf[1],
-        hlen: buf[2],
-        pdo: buf[3],
-        plen: u32_at(buf, 4),
-    };
+    let hdr = PduHeader { pdu_type: t, flags: buf[1], hlen: buf[2], pdo: buf[3], plen: u32_at(buf, 4) };
     let hlen = hdr.hlen as usize;
     if hlen != t.hlen() {
         return Err(PduError::header(2, "HLEN does not match the PDU type"));
@@ -208,10 +190,7 @@ pub fn parse_frame<'a>(buf: &'a [u8], f: &Framing) -> Result<Option<Frame<'a>>, 
     let digests_allowed = !t.is_ic() && !t.is_term();
     let hd = hdr.flags & flags::HDGSTF != 0;
     if hd != (digests_allowed && f.hdgst) {
-        return Err(PduError::header(
-            1,
-            "HDGSTF flag does not match the negotiated header digest",
-        ));
+        return Err(PduError::header(1, "HDGSTF flag does not match the negotiated header digest"));
     }
     let hlen_d = hlen + if hd { DIGEST_LEN } else { 0 };
     if plen < hlen_d {
@@ -230,16 +209,10 @@ pub fn parse_frame<'a>(buf: &'a [u8], f: &Framing) -> Result<Option<Frame<'a>>, 
         (hlen_d, 0)
     } else {
         if !t.may_carry_data() {
-            return Err(PduError::header(
-                4,
-                "PLEN larger than the header of a PDU that carries no data",
-            ));
+            return Err(PduError::header(4, "PLEN larger than the header of a PDU that carries no data"));
         }
         if dd != f.ddgst {
-            return Err(PduError::header(
-                1,
-                "DDGSTF flag does not match the negotiated data digest",
-            ));
+            return Err(PduError::header(1, "DDGSTF flag does not match the negotiated data digest"));
         }
         let pdo = hdr.pdo as usize;
         if pdo < hlen_d {
@@ -247,19 +220,12 @@ pub fn parse_frame<'a>(buf: &'a [u8], f: &Framing) -> Result<Option<Frame<'a>>, 
         }
         let ddl = if dd { DIGEST_LEN } else { 0 };
         if plen < pdo + ddl + 1 {
-            return Err(PduError::header(
-                4,
-                "PLEN leaves no room for data after PDO",
-            ));
+            return Err(PduError::header(4, "PLEN leaves no room for data after PDO"));
         }
         (pdo, plen - pdo - ddl)
     };
     if data_len > f.data_max(t) {
-        return Err(PduError::new(
-            fes::DATA_LIMIT_EXCEEDED,
-            4,
-            "PDU data exceeds the negotiated maximum",
-        ));
+        return Err(PduError::new(fes::DATA_LIMIT_EXCEEDED, 4, "PDU data exceeds the negotiated maximum"));
     }
     if buf.len() < plen {
         return Ok(None);
@@ -267,11 +233,7 @@ pub fn parse_frame<'a>(buf: &'a [u8], f: &Framing) -> Result<Option<Frame<'a>>, 
     if hd {
         let want = u32_at(buf, hlen);
         if crc32c::crc32c(&buf[..hlen]) != want {
-            return Err(PduError::new(
-                fes::HEADER_DIGEST_ERROR,
-                0,
-                "header digest mismatch",
-            ));
+            return Err(PduError::new(fes::HEADER_DIGEST_ERROR, 0, "header digest mismatch"));
         }
     }
     let data = &buf[data_off..data_off + data_len];
@@ -280,32 +242,15 @@ pub fn parse_frame<'a>(buf: &'a [u8], f: &Framing) -> Result<Option<Frame<'a>>, 
         data_digest_ok = crc32c::crc32c(data) == u32_at(buf, data_off + data_len);
     }
     if matches!(t, PduType::H2CData | PduType::C2HData) && u32_at(buf, 16) as usize != data_len {
-        return Err(PduError::header(
-            16,
-            "DATAL does not match the PDU's data length",
-        ));
+        return Err(PduError::header(16, "DATAL does not match the PDU's data length"));
     }
-    Ok(Some(Frame {
-        hdr,
-        header: &buf[..hlen],
-        data,
-        len: plen,
-        data_digest_ok,
-    }))
+    Ok(Some(Frame { hdr, header: &buf[..hlen], data, len: plen, data_digest_ok }))
 }
 
 /// Appends a PDU header (CH + `psh`, digest if negotiated, no padding) for a PDU whose
 /// data of `data_len` bytes the caller appends next, then calls [`put_data_digest`].
 /// Returns the offset in `out` where the data starts.
-pub fn put_header(
-    out: &mut Vec<u8>,
-    t: PduType,
-    fl: u8,
-    psh: &[u8],
-    data_len: usize,
-    hdgst: bool,
-    ddgst: bool,
-) -> usize {
+pub fn put_header(out: &mut Vec<u8>, t: PduType, fl: u8, psh: &[u8], data_len: usize, hdgst: bool, ddgst: bool) -> usize {
     put_header_aligned(out, t, fl, psh, data_len, hdgst, ddgst, 0)
 }
 
@@ -328,11 +273,7 @@ pub fn put_header_aligned(
     let dd = ddgst && data_len > 0 && t.may_carry_data();
     let hlen_d = hlen + if hd { DIGEST_LEN } else { 0 };
     let align = (pda as usize + 1) * 4;
-    let pdo = if data_len > 0 && !t.is_term() {
-        hlen_d.div_ceil(align) * align
-    } else {
-        0
-    };
+    let pdo = if data_len > 0 && !t.is_term() { hlen_d.div_ceil(align) * align } else { 0 };
     let plen = pdo.max(hlen_d) + data_len + if dd { DIGEST_LEN } else { 0 };
     if hd {
         fl |= flags::HDGSTF;
@@ -361,15 +302,7 @@ pub fn put_data_digest(out: &mut Vec<u8>, data_start: usize, ddgst: bool) {
 }
 
 /// Appends a whole PDU with `data` copied in.
-pub fn put_pdu(
-    out: &mut Vec<u8>,
-    t: PduType,
-    fl: u8,
-    psh: &[u8],
-    data: &[u8],
-    hdgst: bool,
-    ddgst: bool,
-) {
+pub fn put_pdu(out: &mut Vec<u8>, t: PduType, fl: u8, psh: &[u8], data: &[u8], hdgst: bool, ddgst: bool) {
     let start = put_header(out, t, fl, psh, data.len(), hdgst, ddgst);
     out.extend_from_slice(data);
     put_data_digest(out, start, ddgst);
@@ -407,47 +340,19 @@ fn ic_psh(pfv: u16, pda: u8, hdgst: bool, ddgst: bool, max: u32) -> [u8; IC_LEN 
 
 impl IcReq {
     pub fn decode(h: &[u8]) -> IcReq {
-        IcReq {
-            pfv: u16_at(h, 8),
-            hpda: h[10],
-            hdgst: h[11] & 1 != 0,
-            ddgst: h[11] & 2 != 0,
-            maxr2t: u32_at(h, 12),
-        }
+        IcReq { pfv: u16_at(h, 8), hpda: h[10], hdgst: h[11] & 1 != 0, ddgst: h[11] & 2 != 0, maxr2t: u32_at(h, 12) }
     }
     pub fn encode(&self, out: &mut Vec<u8>) {
-        put_pdu(
-            out,
-            PduType::IcReq,
-            0,
-            &ic_psh(self.pfv, self.hpda, self.hdgst, self.ddgst, self.maxr2t),
-            &[],
-            false,
-            false,
-        );
+        put_pdu(out, PduType::IcReq, 0, &ic_psh(self.pfv, self.hpda, self.hdgst, self.ddgst, self.maxr2t), &[], false, false);
     }
 }
 
 impl IcResp {
     pub fn decode(h: &[u8]) -> IcResp {
-        IcResp {
-            pfv: u16_at(h, 8),
-            cpda: h[10],
-            hdgst: h[11] & 1 != 0,
-            ddgst: h[11] & 2 != 0,
-            maxh2cdata: u32_at(h, 12),
-        }
+        IcResp { pfv: u16_at(h, 8), cpda: h[10], hdgst: h[11] & 1 != 0, ddgst: h[11] & 2 != 0, maxh2cdata: u32_at(h, 12) }
     }
     pub fn encode(&self, out: &mut Vec<u8>) {
-        put_pdu(
-            out,
-            PduType::IcResp,
-            0,
-            &ic_psh(self.pfv, self.cpda, self.hdgst, self.ddgst, self.maxh2cdata),
-            &[],
-            false,
-            false,
-        );
+        put_pdu(out, PduType::IcResp, 0, &ic_psh(self.pfv, self.cpda, self.hdgst, self.ddgst, self.maxh2cdata), &[], false, false);
     }
 }
 
@@ -462,12 +367,7 @@ pub struct DataHdr {
 
 impl DataHdr {
     pub fn decode(h: &[u8]) -> DataHdr {
-        DataHdr {
-            cccid: u16_at(h, 8),
-            ttag: u16_at(h, 10),
-            offset: u32_at(h, 12),
-            len: u32_at(h, 16),
-        }
+        DataHdr { cccid: u16_at(h, 8), ttag: u16_at(h, 10), offset: u32_at(h, 12), len: u32_at(h, 16) }
     }
     pub fn psh(&self) -> [u8; 16] {
         let mut p = [0u8; 16];
@@ -527,13 +427,7 @@ mod tests {
     use super::*;
 
     fn target_framing(hdgst: bool, ddgst: bool) -> Framing {
-        Framing {
-            hdgst,
-            ddgst,
-            from_host: true,
-            capsule_data_max: 8192,
-            data_pdu_max: 65536,
-        }
+        Framing { hdgst, ddgst, from_host: true, capsule_data_max: 8192, data_pdu_max: 65536 }
     }
 
     /// One table: a PDU mutation and the fatal error it must produce.
@@ -545,50 +439,15 @@ mod tests {
         assert!(parse_frame(&good, &f).unwrap().is_some());
         type Mutate = fn(&mut Vec<u8>);
         let cases: &[(&str, Mutate, u16, u32)] = &[
-            (
-                "unknown type",
-                |b| b[0] = 0x0f,
-                fes::INVALID_HEADER_FIELD,
-                0,
-            ),
-            (
-                "controller-to-host type",
-                |b| b[0] = 0x05,
-                fes::INVALID_HEADER_FIELD,
-                0,
-            ),
+            ("unknown type", |b| b[0] = 0x0f, fes::INVALID_HEADER_FIELD, 0),
+            ("controller-to-host type", |b| b[0] = 0x05, fes::INVALID_HEADER_FIELD, 0),
             ("hlen", |b| b[2] = 70, fes::INVALID_HEADER_FIELD, 2),
-            (
-                "no header digest flag",
-                |b| b[1] &= !flags::HDGSTF,
-                fes::INVALID_HEADER_FIELD,
-                1,
-            ),
-            (
-                "no data digest flag",
-                |b| b[1] &= !flags::DDGSTF,
-                fes::INVALID_HEADER_FIELD,
-                1,
-            ),
+            ("no header digest flag", |b| b[1] &= !flags::HDGSTF, fes::INVALID_HEADER_FIELD, 1),
+            ("no data digest flag", |b| b[1] &= !flags::DDGSTF, fes::INVALID_HEADER_FIELD, 1),
             ("plen short", |b| b[4] = 10, fes::INVALID_HEADER_FIELD, 4),
-            (
-                "pdo inside header",
-                |b| b[3] = 8,
-                fes::INVALID_HEADER_FIELD,
-                3,
-            ),
-            (
-                "header digest",
-                |b| b[20] ^= 0xff,
-                fes::HEADER_DIGEST_ERROR,
-                0,
-            ),
-            (
-                "too much data",
-                |b| b[4..8].copy_from_slice(&(100_000u32).to_le_bytes()),
-                fes::DATA_LIMIT_EXCEEDED,
-                4,
-            ),
+            ("pdo inside header", |b| b[3] = 8, fes::INVALID_HEADER_FIELD, 3),
+            ("header digest", |b| b[20] ^= 0xff, fes::HEADER_DIGEST_ERROR, 0),
+            ("too much data", |b| b[4..8].copy_from_slice(&(100_000u32).to_le_bytes()), fes::DATA_LIMIT_EXCEEDED, 4),
         ];
         for (name, mutate, want_fes, want_fei) in cases {
             let mut b = good.clone();
@@ -604,9 +463,7 @@ mod tests {
         put_capsule_cmd(&mut b, &Sqe::new(0x01, 7), &[9; 512], false, true);
         let n = b.len();
         b[n - 5] ^= 1;
-        let fr = parse_frame(&b, &target_framing(false, true))
-            .unwrap()
-            .unwrap();
+        let fr = parse_frame(&b, &target_framing(false, true)).unwrap().unwrap();
         assert!(!fr.data_digest_ok);
         assert_eq!(fr.data.len(), 512);
     }
@@ -614,31 +471,11 @@ mod tests {
     #[test]
     fn data_alignment_pads_to_pda() {
         let mut b = Vec::new();
-        let d = DataHdr {
-            cccid: 1,
-            ttag: 0,
-            offset: 0,
-            len: 3,
-        };
-        let start = put_header_aligned(
-            &mut b,
-            PduType::C2HData,
-            flags::LAST_PDU,
-            &d.psh(),
-            3,
-            true,
-            false,
-            7,
-        );
+        let d = DataHdr { cccid: 1, ttag: 0, offset: 0, len: 3 };
+        let start = put_header_aligned(&mut b, PduType::C2HData, flags::LAST_PDU, &d.psh(), 3, true, false, 7);
         assert_eq!(start, 32);
         b.extend_from_slice(&[1, 2, 3]);
-        let f = Framing {
-            hdgst: true,
-            ddgst: false,
-            from_host: false,
-            capsule_data_max: 0,
-            data_pdu_max: 64,
-        };
+        let f = Framing { hdgst: true, ddgst: false, from_host: false, capsule_data_max: 0, data_pdu_max: 64 };
         let fr = parse_frame(&b, &f).unwrap().unwrap();
         assert_eq!((fr.hdr.pdo, fr.data), (32, &[1u8, 2, 3][..]));
     }
@@ -648,12 +485,7 @@ mod tests {
         let mut b = Vec::new();
         put_capsule_cmd(&mut b, &Sqe::new(0x02, 1), &[], true, false);
         for cut in 0..b.len() {
-            assert!(
-                parse_frame(&b[..cut], &target_framing(true, false))
-                    .unwrap()
-                    .is_none(),
-                "cut {cut}"
-            );
+            assert!(parse_frame(&b[..cut], &target_framing(true, false)).unwrap().is_none(), "cut {cut}");
         }
     }
 }

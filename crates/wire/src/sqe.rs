@@ -97,11 +97,7 @@ impl Sqe {
         self.dw[1] as u8
     }
     pub fn sgl(&self) -> Sgl {
-        Sgl {
-            addr: self.dw[6] as u64 | ((self.dw[7] as u64) << 32),
-            len: self.dw[8],
-            id: (self.dw[9] >> 24) as u8,
-        }
+        Sgl { addr: self.dw[6] as u64 | ((self.dw[7] as u64) << 32), len: self.dw[8], id: (self.dw[9] >> 24) as u8 }
     }
     pub fn set_sgl(&mut self, sgl: Sgl) -> &mut Self {
         self.dw[6] = sgl.addr as u32;
@@ -190,11 +186,7 @@ mod tests {
     fn sqe_fields() {
         let mut s = Sqe::rw(0x02, 1, 0x1_0000_0002, 8, true);
         s.set_cid(0xbeef);
-        s.set_sgl(Sgl {
-            addr: 0,
-            len: 4096,
-            id: sgl_id::TRANSPORT,
-        });
+        s.set_sgl(Sgl { addr: 0, len: 4096, id: sgl_id::TRANSPORT });
         let mut b = [0u8; 64];
         s.encode(&mut b);
         assert_eq!(b[0], 0x02);
@@ -202,10 +194,7 @@ mod tests {
         assert_eq!(b[39], 0x5a);
         let d = Sqe::decode(&b);
         assert_eq!(d, s);
-        assert_eq!(
-            (d.slba(), d.nlb(), d.fua(), d.cid(), d.nsid()),
-            (0x1_0000_0002, 8, true, 0xbeef, 1)
-        );
+        assert_eq!((d.slba(), d.nlb(), d.fua(), d.cid(), d.nsid()), (0x1_0000_0002, 8, true, 0xbeef, 1));
         assert_eq!(d.sgl().len, 4096);
     }
 }

@@ -84,11 +84,7 @@ impl Status {
     }
 
     pub fn from_field(f: u16) -> Status {
-        Status {
-            sc: (f >> 1) as u8,
-            sct: ((f >> 9) & 0x7) as u8,
-            dnr: f & 0x8000 != 0,
-        }
+        Status { sc: (f >> 1) as u8, sct: ((f >> 9) & 0x7) as u8, dnr: f & 0x8000 != 0 }
     }
 
     pub fn name(self) -> Option<&'static str> {
@@ -121,20 +117,12 @@ mod tests {
 
     #[test]
     fn field_round_trip() {
-        for s in [
-            Status::SUCCESS,
-            Status::LBA_OUT_OF_RANGE.dnr(),
-            Status::CONNECT_INVALID_HOST,
-            Status::WRITE_FAULT,
-        ] {
+        for s in [Status::SUCCESS, Status::LBA_OUT_OF_RANGE.dnr(), Status::CONNECT_INVALID_HOST, Status::WRITE_FAULT] {
             assert_eq!(Status::from_field(s.to_field()), s);
         }
         // Linux: NVME_SC_LBA_RANGE 0x80 in the low byte, shifted left by one on the wire.
         assert_eq!(Status::LBA_OUT_OF_RANGE.to_field(), 0x80 << 1);
         assert_eq!(Status::CONNECT_INVALID_HOST.to_field(), (0x184) << 1);
-        assert_eq!(
-            format!("{}", Status::INVALID_FIELD.dnr()),
-            "INVALID_FIELD (sct 0x0 sc 0x02) dnr"
-        );
+        assert_eq!(format!("{}", Status::INVALID_FIELD.dnr()), "INVALID_FIELD (sct 0x0 sc 0x02) dnr");
     }
 }

@@ -56,20 +56,9 @@ pub async fn start() -> Env {
     );
     let cfg = Config::from_toml(&cfg).unwrap();
     let target = Target::from_config(&cfg).unwrap();
-    let addr = target
-        .listen("127.0.0.1:0".parse().unwrap(), false)
-        .await
-        .unwrap();
-    let disc = target
-        .listen("127.0.0.1:0".parse().unwrap(), true)
-        .await
-        .unwrap();
-    Env {
-        target,
-        addr,
-        disc,
-        dir,
-    }
+    let addr = target.listen("127.0.0.1:0".parse().unwrap(), false).await.unwrap();
+    let disc = target.listen("127.0.0.1:0".parse().unwrap(), true).await.unwrap();
+    Env { target, addr, disc, dir }
 }
 
 impl Env {
