@@ -212,7 +212,20 @@ fn runtime(threads: Option<usize>) -> Result<tokio::runtime::Runtime> {
 
 fn run(cli: Cli) -> Result<()> {
     match cli.cmd {
-        Cmd::Target { config, listen, discovery, namespace, size, memory, block_size, nqn, advertise, metrics, net_threads, io_threads } => {
+        Cmd::Target {
+            config,
+            listen,
+            discovery,
+            namespace,
+            size,
+            memory,
+            block_size,
+            nqn,
+            advertise,
+            metrics,
+            net_threads,
+            io_threads,
+        } => {
             let mut cfg = match config {
                 Some(p) => Config::from_file(&p)?,
                 None => {

@@ -21,7 +21,8 @@ pub fn log_page(target: &Target, hostnqn: &str, local: Option<SocketAddr>) -> Ve
             trtype: disc::TRTYPE_TCP,
             adrfam: if addr.is_ipv4() { disc::ADRFAM_IPV4 } else { disc::ADRFAM_IPV6 },
             subtype: disc::SUBTYPE_NVME,
-            treq: disc::TREQ_NOT_REQUIRED | disc::TREQ_DISABLE_SQFLOW,
+            // "Not specified" secure channel: libnvme reads "not required" as a TLS request.
+            treq: disc::TREQ_DISABLE_SQFLOW,
             portid: port.id,
             cntlid: 0xffff,
             asqsz: 32,

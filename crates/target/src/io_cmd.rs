@@ -76,11 +76,14 @@ pub fn plan(sub: &Subsystem, sqe: &Sqe, write_cache: bool) -> Result<IoPlan, Sta
             (IoKind::Other, Op::WriteZeroes { off, len, deallocate, fua: sqe.fua() || !write_cache }, 0)
         }
         _ => {
+            // The Linux host may send more than NR+1 ranges' worth of bytes (a whole
+            // segment); only NR+1 ranges count. Up to 256 ranges, 4 KiB.
             let nr = (sqe.cdw(10) & 0xff) as usize + 1;
-            if data_len(sqe) != nr * 16 {
+            let len = data_len(sqe);
+            if len < nr * 16 || len > 4096 {
                 return Err(Status::DATA_SGL_LENGTH_INVALID.dnr());
             }
-            (IoKind::Other, Op::Deallocate, nr * 16)
+            (IoKind::Other, Op::Deallocate, len)
         }
     };
     Ok(IoPlan { ns, kind, op, len, lba })
@@ -94,12 +97,12 @@ pub fn dsm_ranges(ns: &Namespace, sqe: &Sqe, data: &[u8], out: &mut AlignedBuf) 
     if sqe.cdw(11) & (1 << 2) == 0 {
         return Ok(());
     }
-    let n = data.len() / 16;
+    let n = ((sqe.cdw(10) & 0xff) as usize + 1).min(data.len() / 16);
     if n * 16 > out.capacity() {
         return Err(Status::INVALID_FIELD.dnr());
     }
     out.set_len(n * 16);
-    for (i, r) in data.chunks_exact(16).enumerate() {
+    for (i, r) in data.chunks_exact(16).take(n).enumerate() {
         let nlb = u32::from_le_bytes(r[4..8].try_into().expect("4")) as u64;
         let slba = u64::from_le_bytes(r[8..16].try_into().expect("8"));
         let (off, len) = ns.range(slba, nlb).ok_or(Status::LBA_OUT_OF_RANGE.dnr())?;

@@ -76,9 +76,9 @@ impl DiscoveryEntry {
         put_u16(b, 4, self.portid);
         put_u16(b, 6, self.cntlid);
         put_u16(b, 8, self.asqsz);
-        put_str(b, 32, 32, &self.trsvcid, b' ');
+        put_str(b, 32, 32, &self.trsvcid, 0);
         put_str(b, 256, 256, &self.subnqn, 0);
-        put_str(b, 512, 256, &self.traddr, b' ');
+        put_str(b, 512, 256, &self.traddr, 0);
         b[768] = self.sectype;
     }
 

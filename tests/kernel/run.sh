@@ -1,0 +1,177 @@
+#!/usr/bin/env bash
+# The Linux kernel's NVMe/TCP initiator against a nearstore target.
+#
+# Boots Debian's kernel in qemu (KVM if it works, else TCG) with a small initramfs
+# (busybox, nvme-cli, e2fsprogs, the nvme-tcp and ext4 modules) and user-mode networking.
+# The guest discovers, connects, lists, identifies, makes an ext4 file system on the
+# namespace, mounts it, writes files, unmounts, disconnects, reconnects with connect-all
+# (SQ flow control disabled, so reads complete with the C2HData SUCCESS flag), remounts,
+# verifies the files' checksums, and disconnects, reporting each step. The host then checks
+# the image file holds the same files.
+#
+# Usage: tests/kernel/run.sh [path/to/nearstore]   (default: target/release/nearstore)
+# Everything comes from Debian packages; missing ones are installed when running as root.
+set -euo pipefail
+
+here=$(cd "$(dirname "$0")" && pwd)
+root=$(cd "$here/../.." && pwd)
+bin=${1:-$root/target/release/nearstore}
+work=$(mktemp -d /tmp/nearstore-kernel.XXXXXX)
+target_pid=
+cleanup() {
+    if [ -n "$target_pid" ]; then kill "$target_pid" 2>/dev/null || true; wait "$target_pid" 2>/dev/null || true; fi
+    rm -rf "$work"
+}
+trap cleanup EXIT
+
+fail() { echo "kernel-initiator test: FAIL: $*" >&2; exit 1; }
+
+need_pkgs=()
+command -v qemu-system-x86_64 >/dev/null || need_pkgs+=(qemu-system-x86)
+[ -x /bin/busybox ] && file -L /bin/busybox 2>/dev/null | grep -q static || [ -x /usr/bin/busybox ] || need_pkgs+=(busybox-static)
+command -v nvme >/dev/null || need_pkgs+=(nvme-cli)
+command -v mke2fs >/dev/null || need_pkgs+=(e2fsprogs)
+command -v cpio >/dev/null || need_pkgs+=(cpio)
+command -v debugfs >/dev/null || need_pkgs+=(e2fsprogs)
+ls /boot/vmlinuz-* >/dev/null 2>&1 || need_pkgs+=(linux-image-amd64)
+if [ ${#need_pkgs[@]} -gt 0 ]; then
+    if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+        echo "installing ${need_pkgs[*]}"
+        apt-get update -qq >/dev/null
+        DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need_pkgs[@]}" >/dev/null
+    else
+        fail "missing prerequisites: ${need_pkgs[*]} (install them: apt-get install ${need_pkgs[*]})"
+    fi
+fi
+[ -x "$bin" ] || fail "nearstore binary not found at $bin (cargo build --release first)"
+
+kver=$(ls /boot/vmlinuz-* | sed 's|/boot/vmlinuz-||' | sort -V | tail -1)
+kernel=/boot/vmlinuz-$kver
+moddir=/lib/modules/$kver
+[ -d "$moddir" ] || fail "modules for $kver not found in $moddir"
+busybox=$(command -v busybox)
+file -L "$busybox" | grep -q static || busybox=/bin/busybox
+file -L "$busybox" | grep -q static || fail "busybox is not static: install busybox-static"
+
+# --- initramfs ---
+ird=$work/initramfs
+mkdir -p "$ird"/{bin,sbin,etc/nvme,proc,sys,dev,mnt,tmp,run,lib/modules}
+cp "$busybox" "$ird/bin/busybox"
+for app in sh mount umount mkdir cat echo sleep md5sum ip insmod ls dd sync poweroff grep seq head sed wc cut test tr; do
+    ln -sf busybox "$ird/bin/$app"
+done
+copy_with_libs() {
+    local b=$1
+    cp -L "$b" "$ird/bin/"
+    ldd "$b" | grep -o '/[^ ]*' | while read -r lib; do
+        mkdir -p "$ird$(dirname "$lib")"
+        cp -L "$lib" "$ird$lib"
+    done
+}
+copy_with_libs "$(command -v nvme)"
+copy_with_libs "$(command -v mke2fs)"
+cp /etc/mke2fs.conf "$ird/etc/"
+
+# Modules in dependency order.
+declare -A seen=()
+order=()
+add_mod() {
+    local m=$1 d
+    [ -n "${seen[$m]:-}" ] && return
+    seen[$m]=1
+    for d in $(modinfo -k "$kver" -F depends "$m" | tr ',' ' '); do add_mod "$d"; done
+    order+=("$m")
+}
+for m in e1000 crc32c_generic nvme-tcp ext4; do add_mod "$m"; done
+: > "$ird/modules.list"
+for m in "${order[@]}"; do
+    f=$(modinfo -k "$kver" -n "$m")
+    case "$f" in
+        *.ko) cp "$f" "$ird/lib/modules/$m.ko" ;;
+        *.ko.xz) xz -dc "$f" > "$ird/lib/modules/$m.ko" ;;
+        *.ko.zst) zstd -qdc "$f" > "$ird/lib/modules/$m.ko" ;;
+        *) continue ;;
+    esac
+    echo "$m" >> "$ird/modules.list"
+done
+
+nqn=nqn.2026-11.io.nearstore:kernel
+cat > "$ird/init" <<INIT
+#!/bin/sh
+mount -t proc proc /proc; mount -t sysfs sys /sys; mount -t devtmpfs dev /dev
+for m in \$(cat /modules.list); do insmod /lib/modules/\$m.ko 2>/dev/null; done
+echo nqn.2014-08.org.nvmexpress:uuid:6b1e3a2c-2f0e-4d6a-9f3c-000000000042 > /etc/nvme/hostnqn
+echo 6b1e3a2c-2f0e-4d6a-9f3c-000000000042 > /etc/nvme/hostid
+ip link set lo up; ip link set eth0 up
+ip addr add 10.0.2.15/24 dev eth0; ip route add default via 10.0.2.2
+step() { name=\$1; shift; if out=\$("\$@" 2>&1); then echo "STEP \$name: OK"; echo "\$out" | head -40 | sed 's/^/  | /'; else echo "STEP \$name: FAIL"; echo "\$out" | head -40 | sed 's/^/  | /'; poweroff -f; fi; }
+dev() { ls /dev/nvme[0-9]*n1 2>/dev/null | head -1; }
+wait_dev() { for i in \$(seq 1 100); do [ -n "\$(dev)" ] && dev && return 0; sleep 0.1; done; return 1; }
+gone_dev() { for i in \$(seq 1 100); do [ -z "\$(dev)" ] && return 0; sleep 0.1; done; return 1; }
+step discover nvme discover -t tcp -a 10.0.2.2 -s 8009
+step connect nvme connect -t tcp -a 10.0.2.2 -s 4420 -n $nqn
+step device-appears wait_dev
+step list nvme list
+step id-ctrl sh -c 'nvme id-ctrl /dev/nvme0 | grep -E "^(sn|mn|fr|cntlid|subnqn|ioccsz|mdts|oncs|vwc) "'
+step id-ns sh -c 'nvme id-ns /dev/nvme0n1 | grep -E "^(nsze|ncap|nguid|lbaf)"'
+step mkfs /bin/mke2fs -t ext4 -q -F /dev/nvme0n1
+step mount mount -t ext4 /dev/nvme0n1 /mnt
+step write-files sh -c 'echo hello from the kernel initiator > /mnt/hello.txt && dd if=/dev/urandom of=/mnt/random.bin bs=1M count=24 2>/dev/null && mkdir /mnt/dir && for i in \$(seq 1 50); do echo file \$i > /mnt/dir/f\$i; done && sync'
+step checksums sh -c 'md5sum /mnt/hello.txt /mnt/random.bin > /tmp/sums && cat /tmp/sums'
+step umount umount /mnt
+step disconnect nvme disconnect -n $nqn
+step device-gone gone_dev
+step connect-all nvme connect-all -v -t tcp -a 10.0.2.2 -s 8009
+step device-appears-again wait_dev
+step remount sh -c 'mount -t ext4 \$(ls /dev/nvme[0-9]*n1 | head -1) /mnt'
+step verify md5sum -c /tmp/sums
+step verify-dir sh -c 'test \$(ls /mnt/dir | wc -l) = 50 && cat /mnt/dir/f50'
+step umount-again umount /mnt
+step disconnect-again nvme disconnect -n $nqn
+echo KERNEL-TEST-COMPLETE
+poweroff -f
+INIT
+chmod +x "$ird/init"
+
+# --- target ---
+img=$work/disk.img
+# The guest reaches the host's loopback as 10.0.2.2; pick two free loopback ports.
+read -r io_port disc_port < <(python3 -c 'import socket
+s=[socket.socket() for _ in range(2)]
+[x.bind(("127.0.0.1",0)) for x in s]
+print(*[x.getsockname()[1] for x in s])')
+sed -i "s/-s 4420/-s $io_port/; s/-s 8009/-s $disc_port/g" "$ird/init"
+(cd "$ird" && find . | cpio -o -H newc --quiet | gzip -1 > "$work/initrd.gz")
+rm -f "$img"
+RUST_LOG=${RUST_LOG:-info} "$bin" target --listen 127.0.0.1:$io_port --discovery 127.0.0.1:$disc_port --advertise 10.0.2.2 \
+    --namespace "$img" --size 256MiB --nqn $nqn > "$work/target.out" 2> "$work/target.log" &
+target_pid=$!
+for _ in $(seq 1 50); do grep -q "listening on 127.0.0.1:$disc_port" "$work/target.out" 2>/dev/null && break; sleep 0.1; done
+grep -q "listening on" "$work/target.out" || { cat "$work/target.log"; fail "target did not start"; }
+
+accel=tcg
+if [ -w /dev/kvm ] && [ "${NEARSTORE_QEMU_KVM:-0}" = 1 ]; then accel=kvm; fi
+echo "booting $kernel ($accel) against the target on 127.0.0.1:$io_port (guest sees 10.0.2.2)"
+start=$(date +%s)
+timeout 600 qemu-system-x86_64 -accel $accel -m 1024 -smp 1 -nographic -no-reboot \
+    -kernel "$kernel" -initrd "$work/initrd.gz" -append "console=ttyS0 loglevel=5 panic=-1" \
+    -netdev user,id=n0 -device e1000,netdev=n0 > "$work/guest.log" 2>&1 || true
+echo "guest ran $(( $(date +%s) - start )) s"
+cp "$work/guest.log" "${NEARSTORE_KERNEL_LOG:-/dev/null}" || true
+grep -E "^STEP|^  \|" "$work/guest.log" || true
+if ! grep -q KERNEL-TEST-COMPLETE "$work/guest.log"; then
+    echo "--- guest console (tail) ---"; tail -40 "$work/guest.log"
+    echo "--- target log (tail) ---"; tail -20 "$work/target.log"
+    fail "the guest did not finish every step"
+fi
+grep -q "STEP .*: FAIL" "$work/guest.log" && fail "a guest step failed"
+
+# The target's image file is the same ext4: read a file back on the host.
+kill "$target_pid" 2>/dev/null || true; wait "$target_pid" 2>/dev/null || true; target_pid=
+got=$(debugfs -R "cat /hello.txt" "$img" 2>/dev/null)
+[ "$got" = "hello from the kernel initiator" ] || fail "image file does not hold hello.txt (got '$got')"
+echo "host: the image file holds the guest's ext4 and hello.txt"
+if grep -E " (WARN|ERROR) " "$work/target.log" | grep -v "keep-alive" | head -5 | grep -q .; then
+    echo "--- target warnings ---"; grep -E " (WARN|ERROR) " "$work/target.log" | head -10
+fi
+echo "kernel-initiator test: 1 passed, 0 failed"
