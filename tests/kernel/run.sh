@@ -174,4 +174,4 @@ echo "host: the image file holds the guest's ext4 and hello.txt"
 if grep -E " (WARN|ERROR) " "$work/target.log" | grep -v "keep-alive" | head -5 | grep -q .; then
     echo "--- target warnings ---"; grep -E " (WARN|ERROR) " "$work/target.log" | head -10
 fi
-echo "kernel-initiator test: 1 passed, 0 failed"
+echo "kernel: 1 passed, 0 failed"

@@ -1,0 +1,10 @@
+#!/usr/bin/env bash
+# The whole test suite: unit, integration and fuzz (bounded) tests of the workspace, then
+# the Linux kernel initiator in qemu. Installs what it needs (Debian packages) when root.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+command -v cargo >/dev/null || { echo "cargo not found: install Rust (rustup) first" >&2; exit 1; }
+export PROPTEST_CASES=${PROPTEST_CASES:-20000}
+cargo build --release --locked -p nearstore
+cargo test --workspace --locked 2>&1 | tee /tmp/nearstore-cargo-test.log
+bash tests/kernel/run.sh target/release/nearstore
