@@ -197,6 +197,9 @@ pub fn parse_frame<'a>(buf: &'a [u8], f: &Framing) -> Result<Option<Frame<'a>>, 
         return Err(PduError::header(4, "PLEN shorter than the header"));
     }
     let dd = hdr.flags & flags::DDGSTF != 0;
+    if dd && !digests_allowed {
+        return Err(PduError::header(1, "DDGSTF set on an IC or TermReq PDU, which never carry digests"));
+    }
     let (data_off, data_len) = if t.is_term() {
         (hlen, plen - hlen)
     } else if plen == hlen_d {

@@ -1,0 +1,106 @@
+//! Property tests over everything that decodes bytes from the network: arbitrary input
+//! never panics, and what we encode decodes to the same value. PROPTEST_CASES sets the
+//! number of cases (the test suite runs 20,000 per property).
+
+use nearstore_wire::fabrics::ConnectData;
+use nearstore_wire::identify::{decode_ns_descriptors, decode_ns_list, IdentifyController, IdentifyNamespace};
+use nearstore_wire::log::{decode_discovery_log, ErrorEntry, Smart};
+use nearstore_wire::pdu::{self, DataHdr, Framing, IcReq, IcResp, PduType};
+use nearstore_wire::{Cqe, Sqe, Status};
+use proptest::prelude::*;
+
+fn framing() -> impl Strategy<Value = Framing> {
+    (any::<bool>(), any::<bool>(), any::<bool>(), 0u32..70000, 0u32..70000).prop_map(|(hdgst, ddgst, from_host, c, d)| Framing {
+        hdgst,
+        ddgst,
+        from_host,
+        capsule_data_max: c,
+        data_pdu_max: d,
+    })
+}
+
+/// Bytes that look like a PDU often enough to get past the first checks.
+fn pdu_like() -> impl Strategy<Value = Vec<u8>> {
+    (prop::sample::select(vec![0u8, 1, 2, 3, 4, 5, 6, 7, 9, 0x0f]), any::<u8>(), prop::sample::select(vec![24u8, 72, 128, 8, 0]), any::<u8>(), prop::collection::vec(any::<u8>(), 0..400))
+        .prop_map(|(t, f, h, pdo, mut rest)| {
+            let plen = (8 + rest.len()) as u32;
+            let mut b = vec![t, f, h, pdo];
+            b.extend_from_slice(&plen.to_le_bytes());
+            b.append(&mut rest);
+            b
+        })
+}
+
+proptest! {
+    #[test]
+    fn parse_frame_never_panics(buf in prop::collection::vec(any::<u8>(), 0..600), f in framing()) {
+        let _ = pdu::parse_frame(&buf, &f);
+    }
+
+    #[test]
+    fn pdu_like_input_decodes_or_names_a_field(buf in pdu_like(), f in framing()) {
+        match pdu::parse_frame(&buf, &f) {
+            Ok(Some(fr)) => {
+                prop_assert!(fr.len <= buf.len());
+                prop_assert_eq!(fr.header.len(), fr.hdr.hlen as usize);
+                match fr.hdr.pdu_type {
+                    PduType::CapsuleCmd => { let _ = pdu::capsule_sqe(fr.header); }
+                    PduType::CapsuleResp => { let _ = pdu::capsule_cqe(fr.header); }
+                    PduType::H2CData | PduType::C2HData | PduType::R2T => { let _ = DataHdr::decode(fr.header); }
+                    PduType::IcReq => { let _ = IcReq::decode(fr.header); }
+                    PduType::IcResp => { let _ = IcResp::decode(fr.header); }
+                    PduType::H2CTermReq | PduType::C2HTermReq => { let _ = pdu::term_req_decode(fr.header); }
+                }
+            }
+            Ok(None) => {}
+            Err(e) => prop_assert!((1..=6).contains(&e.fes) && e.fei < 128, "{e}"),
+        }
+    }
+
+    #[test]
+    fn structure_decoders_never_panic(buf in prop::collection::vec(any::<u8>(), 0..5000)) {
+        let _ = ConnectData::decode(&buf);
+        let _ = IdentifyController::decode(&buf);
+        let _ = IdentifyNamespace::decode(&buf).map(|n| n.block_size());
+        let _ = decode_ns_descriptors(&buf);
+        let _ = decode_ns_list(&buf);
+        let _ = decode_discovery_log(&buf);
+        if buf.len() >= 64 {
+            let _ = ErrorEntry::decode(&buf);
+            let s = Sqe::decode(&buf);
+            let _ = (s.sgl(), s.nlb(), s.slba(), s.fctype());
+        }
+        if buf.len() >= 512 {
+            let _ = Smart::decode(&buf);
+        }
+    }
+
+    #[test]
+    fn capsule_round_trip(dw in prop::array::uniform16(any::<u32>()), data in prop::collection::vec(any::<u8>(), 0..300), hd: bool, dd: bool) {
+        let sqe = Sqe { dw };
+        let mut b = Vec::new();
+        pdu::put_capsule_cmd(&mut b, &sqe, &data, hd, dd);
+        let f = Framing { hdgst: hd, ddgst: dd, from_host: true, capsule_data_max: 300, data_pdu_max: 0 };
+        let fr = pdu::parse_frame(&b, &f).unwrap().unwrap();
+        prop_assert_eq!(fr.len, b.len());
+        prop_assert_eq!(pdu::capsule_sqe(fr.header), sqe);
+        prop_assert_eq!(fr.data, &data[..]);
+        prop_assert!(fr.data_digest_ok);
+    }
+
+    #[test]
+    fn response_round_trip(dw0: u32, dw1: u32, sqhd: u16, sqid: u16, cid: u16, sc: u8, sct in 0u8..8, dnr: bool, hd: bool) {
+        let cqe = Cqe { dw0, dw1, sqhd, sqid, cid, status: Status { sct, sc, dnr } };
+        let mut b = Vec::new();
+        pdu::put_capsule_resp(&mut b, &cqe, hd);
+        let f = Framing { hdgst: hd, ddgst: false, from_host: false, capsule_data_max: 0, data_pdu_max: 0 };
+        let fr = pdu::parse_frame(&b, &f).unwrap().unwrap();
+        prop_assert_eq!(pdu::capsule_cqe(fr.header), cqe);
+    }
+
+    #[test]
+    fn connect_data_round_trip(hostid: [u8; 16], cntlid: u16, sub in "nqn\\.[a-z0-9.:-]{1,200}", host in "nqn\\.[a-z0-9.:-]{1,200}") {
+        let d = ConnectData { hostid, cntlid, subnqn: sub, hostnqn: host };
+        prop_assert_eq!(ConnectData::decode(&d.encode()).unwrap(), d);
+    }
+}
