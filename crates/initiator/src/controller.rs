@@ -34,6 +34,8 @@ pub struct ConnectOptions {
     pub disable_sqflow: bool,
     /// How long one admin command may take.
     pub timeout: Duration,
+    /// Send Keep Alive commands every KATO/2 (tests turn this off to see expiry).
+    pub send_keep_alive: bool,
 }
 
 impl ConnectOptions {
@@ -51,6 +53,7 @@ impl ConnectOptions {
             queue_depth: 128,
             disable_sqflow: false,
             timeout: Duration::from_secs(30),
+            send_keep_alive: true,
         }
     }
 }
@@ -174,7 +177,7 @@ impl Controller {
             granted = ((c.dw0 & 0xffff).min(c.dw0 >> 16) + 1) as u16;
         }
         let admin = Arc::new(Mutex::new(q));
-        let keep_alive = (opts.kato_ms > 0).then(|| {
+        let keep_alive = (opts.kato_ms > 0 && opts.send_keep_alive).then(|| {
             let admin = admin.clone();
             let period = Duration::from_millis((opts.kato_ms / 2).max(100) as u64);
             tokio::spawn(async move {

@@ -21,7 +21,13 @@ fn framing() -> impl Strategy<Value = Framing> {
 
 /// Bytes that look like a PDU often enough to get past the first checks.
 fn pdu_like() -> impl Strategy<Value = Vec<u8>> {
-    (prop::sample::select(vec![0u8, 1, 2, 3, 4, 5, 6, 7, 9, 0x0f]), any::<u8>(), prop::sample::select(vec![24u8, 72, 128, 8, 0]), any::<u8>(), prop::collection::vec(any::<u8>(), 0..400))
+    (
+        prop::sample::select(vec![0u8, 1, 2, 3, 4, 5, 6, 7, 9, 0x0f]),
+        any::<u8>(),
+        prop::sample::select(vec![24u8, 72, 128, 8, 0]),
+        any::<u8>(),
+        prop::collection::vec(any::<u8>(), 0..400),
+    )
         .prop_map(|(t, f, h, pdo, mut rest)| {
             let plen = (8 + rest.len()) as u32;
             let mut b = vec![t, f, h, pdo];
