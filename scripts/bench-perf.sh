@@ -29,7 +29,7 @@ perf -w randwrite -o 4KiB -q 32
 kill $pid; wait $pid 2>/dev/null || true; pid=
 echo "## file backend (sparse file, page cache, 4 I/O threads)"
 run_target --namespace "$work/disk.img" --size 1GiB --io-threads 4
-perf -w write -o 128KiB -q 32 -t 3 >/dev/null   # fill it once
+taskset -c 1 $bin perf -a 127.0.0.1:44200 -t 3 -w write -o 128KiB -q 32 >/dev/null   # fill it once
 perf -w randread -o 4KiB -q 1
 perf -w randread -o 4KiB -q 32
 perf -w read -o 128KiB -q 32

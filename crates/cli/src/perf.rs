@@ -131,7 +131,9 @@ pub fn print(r: &PerfResult, out: Output) -> Result<()> {
     Ok(())
 }
 
-pub async fn measure(o: ConnectOptions, p: &PerfParams) -> Result<PerfResult> {
+pub async fn measure(mut o: ConnectOptions, p: &PerfParams) -> Result<PerfResult> {
+    // A queue of N entries holds N - 1 commands.
+    o.queue_depth = p.queue_depth.saturating_add(1);
     let c = Arc::new(Controller::connect(o).await.context("connecting")?);
     let ns = c.identify_namespace(p.nsid).await?;
     if ns.nsze == 0 {
