@@ -113,9 +113,7 @@ pub fn run(a: PerfArgs) -> Result<()> {
     };
     let threads = a.threads.unwrap_or(if a.queues == 1 { 1 } else { 0 });
     let rt = crate::runtime(if threads == 0 { None } else { Some(threads) })?;
-    let mut o = a.t.options()?;
-    o.queue_depth = a.queue_depth;
-    let r = rt.block_on(measure(o, &p))?;
+    let r = rt.block_on(measure(a.t.options()?, &p))?;
     print(&r, a.output_format)
 }
 

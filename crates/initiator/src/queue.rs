@@ -4,7 +4,7 @@
 use std::io;
 
 use nearstore_transport::{AlignedBuf, Interest, RxBuf, Stream, TxBuf};
-use nearstore_wire::pdu::{self, fes, flags, DataHdr, Framing, IcReq, IcResp, PduType};
+use nearstore_wire::pdu::{self, flags, DataHdr, Framing, IcReq, IcResp, PduType};
 use nearstore_wire::sqe::sgl_id;
 use nearstore_wire::{Cqe, Sgl, Sqe, Status};
 
@@ -339,7 +339,6 @@ impl<S: Stream> QueuePair<S> {
                     return Err(Error::Terminated { fes, fei });
                 }
                 t => {
-                    let _ = fes::PDU_SEQUENCE_ERROR;
                     return Err(Error::Protocol(format!("unexpected {t:?}")));
                 }
             }

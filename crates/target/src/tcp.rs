@@ -532,8 +532,7 @@ impl Core {
         }
         if last {
             let x = self.r2t.remove(h.ttag as usize).expect("present");
-            let r = self.execute_buffered(x.sqe, x.buf, x.start);
-            return r;
+            return self.execute_buffered(x.sqe, x.buf, x.start);
         }
         Ok(())
     }
@@ -720,7 +719,9 @@ impl Core {
                     }
                 }
             }
-            (Op::Write { off, fua }, None) => ns.backend.write_at(data, *off).and_then(|_| if *fua { ns.backend.flush() } else { Ok(()) }),
+            (Op::Write { off, fua }, None) => {
+                ns.backend.write_at(data, *off).and_then(|_| if *fua { ns.backend.flush_range(*off, data.len() as u64) } else { Ok(()) })
+            }
             (_, Some(_)) | (_, None) => {
                 let mut b = buf.unwrap_or_else(|| {
                     let mut b = self.take_buf();
