@@ -27,10 +27,14 @@ perf -w randread -o 4KiB -q 128
 perf -w read -o 128KiB -q 32
 perf -w randwrite -o 4KiB -q 32
 kill $pid; wait $pid 2>/dev/null || true; pid=
-echo "## file backend (sparse file, page cache, 4 I/O threads)"
-run_target --namespace "$work/disk.img" --size 1GiB --io-threads 4
-taskset -c 1 $bin perf -a 127.0.0.1:44200 -t 3 -w write -o 128KiB -q 32 >/dev/null   # fill it once
-perf -w randread -o 4KiB -q 1
-perf -w randread -o 4KiB -q 32
-perf -w read -o 128KiB -q 32
-perf -w randwrite -o 4KiB -q 32
+for engine in uring threads; do
+    echo "## file backend, --io-engine $engine (sparse file, page cache)"
+    rm -f "$work/disk.img"
+    run_target --namespace "$work/disk.img" --size 1GiB --io-engine $engine --io-threads 2
+    taskset -c 1 $bin perf -a 127.0.0.1:44200 -t 3 -w write -o 128KiB -q 32 >/dev/null   # fill it once
+    perf -w randread -o 4KiB -q 1
+    perf -w randread -o 4KiB -q 32
+    perf -w read -o 128KiB -q 32
+    perf -w randwrite -o 4KiB -q 32
+    kill $pid; wait $pid 2>/dev/null || true; pid=
+done

@@ -112,6 +112,13 @@ enum Cmd {
         /// File/block I/O worker threads.
         #[arg(long)]
         io_threads: Option<usize>,
+        /// Microseconds a connection polls its socket after activity before sleeping
+        /// (0: never poll; default 200).
+        #[arg(long)]
+        busy_poll_us: Option<u64>,
+        /// File and block I/O: io_uring per connection, or the worker thread pool.
+        #[arg(long, value_enum)]
+        io_engine: Option<nearstore_target::config::IoEngine>,
     },
     /// Print a target's discovery log.
     Discover {
@@ -225,6 +232,8 @@ fn run(cli: Cli) -> Result<()> {
             metrics,
             net_threads,
             io_threads,
+            busy_poll_us,
+            io_engine,
         } => {
             let mut cfg = match config {
                 Some(p) => Config::from_file(&p)?,
@@ -265,6 +274,13 @@ fn run(cli: Cli) -> Result<()> {
             }
             if net_threads.is_some() {
                 cfg.net_threads = net_threads;
+            }
+            if let Some(e) = io_engine {
+                cfg.io_engine = e;
+            }
+            if let Some(us) = busy_poll_us {
+                cfg.busy_poll_us = us;
+                cfg.validate().context("--busy-poll-us")?;
             }
             runtime(cfg.net_threads)?.block_on(tools::run_target(cfg))
         }

@@ -54,6 +54,9 @@ pub struct PerfArgs {
     /// Runtime threads (default: 1 for one queue, else one per core).
     #[arg(long)]
     pub threads: Option<usize>,
+    /// Microseconds each queue polls its socket before sleeping (0: sleep at once).
+    #[arg(long, default_value_t = 200)]
+    pub busy_poll_us: u64,
     #[arg(long = "output-format", value_enum, default_value = "normal")]
     pub output_format: Output,
 }
@@ -113,7 +116,11 @@ pub fn run(a: PerfArgs) -> Result<()> {
     };
     let threads = a.threads.unwrap_or(if a.queues == 1 { 1 } else { 0 });
     let rt = crate::runtime(if threads == 0 { None } else { Some(threads) })?;
-    let r = rt.block_on(measure(a.t.options()?, &p))?;
+    let mut o = a.t.options()?;
+    o.busy_poll = Duration::from_micros(a.busy_poll_us.min(100_000));
+    // Reads then complete with the C2HData SUCCESS flag: one PDU per read instead of two.
+    o.disable_sqflow = true;
+    let r = rt.block_on(measure(o, &p))?;
     print(&r, a.output_format)
 }
 
@@ -138,7 +145,7 @@ pub async fn measure(mut o: ConnectOptions, p: &PerfParams) -> Result<PerfResult
         bail!("namespace {} is not active", p.nsid);
     }
     let bs = ns.block_size() as usize;
-    if p.io_size == 0 || p.io_size % bs != 0 {
+    if p.io_size == 0 || !p.io_size.is_multiple_of(bs) {
         bail!("--io-size {} is not a multiple of the {bs}-byte block size", p.io_size);
     }
     if let Some(max) = c.id.max_transfer() {

@@ -36,6 +36,8 @@ pub struct ConnectOptions {
     pub timeout: Duration,
     /// Send Keep Alive commands every KATO/2 (tests turn this off to see expiry).
     pub send_keep_alive: bool,
+    /// I/O queues poll their socket this long before sleeping (see [`QueueOptions`]).
+    pub busy_poll: Duration,
 }
 
 impl ConnectOptions {
@@ -54,6 +56,7 @@ impl ConnectOptions {
             disable_sqflow: false,
             timeout: Duration::from_secs(30),
             send_keep_alive: true,
+            busy_poll: Duration::ZERO,
         }
     }
 }
@@ -141,7 +144,14 @@ impl Controller {
     /// Connects the admin queue, enables the controller, identifies it, asks for I/O
     /// queues (I/O controllers), and starts sending keep-alives.
     pub async fn connect(opts: ConnectOptions) -> Result<Controller> {
-        let qo = QueueOptions { hdgst: opts.hdgst, ddgst: opts.ddgst, depth: 32, max_transfer: 1 << 20, in_capsule_max: 8192 };
+        let qo = QueueOptions {
+            hdgst: opts.hdgst,
+            ddgst: opts.ddgst,
+            depth: 32,
+            max_transfer: 1 << 20,
+            in_capsule_max: 8192,
+            busy_poll: Duration::ZERO,
+        };
         let (mut q, cntlid) = connect_queue(&opts, 0, 32, 0xffff, qo).await?;
         let t = opts.timeout;
         let (c, _) = run(&mut q, prop_get(prop::CAP, true), Data::None, "Property Get CAP", t).await?;
@@ -261,6 +271,7 @@ impl Controller {
             depth: self.opts.queue_depth,
             max_transfer: self.id.max_transfer().unwrap_or(1 << 20) as usize,
             in_capsule_max: self.id.in_capsule_max() as usize,
+            busy_poll: self.opts.busy_poll,
         };
         let (q, _) = connect_queue(&self.opts, qid, self.opts.queue_depth, self.cntlid, qo).await?;
         Ok(IoQueue { q, timeout: self.opts.timeout })
@@ -316,7 +327,7 @@ impl IoQueue {
     }
 
     pub async fn write(&mut self, nsid: u32, slba: u64, data: &[u8], block_size: u32, fua: bool) -> Result<()> {
-        if data.is_empty() || data.len() % block_size as usize != 0 {
+        if data.is_empty() || !data.len().is_multiple_of(block_size as usize) {
             return Err(Error::Invalid(format!("write of {} bytes is not a whole number of {block_size}-byte blocks", data.len())));
         }
         let nlb = (data.len() / block_size as usize) as u32;

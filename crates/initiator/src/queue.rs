@@ -30,11 +30,21 @@ pub struct QueueOptions {
     pub max_transfer: usize,
     /// Largest write sent inside the command capsule (from the controller's IOCCSZ).
     pub in_capsule_max: usize,
+    /// How long to keep polling the socket for completions before sleeping in epoll
+    /// (zero: sleep at once). Polling saves the 50-150 us a sleeping thread needs to wake.
+    pub busy_poll: std::time::Duration,
 }
 
 impl Default for QueueOptions {
     fn default() -> Self {
-        QueueOptions { hdgst: false, ddgst: false, depth: 128, max_transfer: 128 * 1024, in_capsule_max: 8192 }
+        QueueOptions {
+            hdgst: false,
+            ddgst: false,
+            depth: 128,
+            max_transfer: 128 * 1024,
+            in_capsule_max: 8192,
+            busy_poll: std::time::Duration::ZERO,
+        }
     }
 }
 
@@ -93,7 +103,12 @@ impl<S: Stream> QueuePair<S> {
                 let r = IcResp::decode(f.header);
                 let len = f.len;
                 q.rx.consume(len);
-                if r.pfv != 0 || r.hdgst != q.opts.hdgst || r.ddgst != q.opts.ddgst || r.maxh2cdata < 4096 || r.maxh2cdata % 4 != 0 {
+                if r.pfv != 0
+                    || r.hdgst != q.opts.hdgst
+                    || r.ddgst != q.opts.ddgst
+                    || r.maxh2cdata < 4096
+                    || !r.maxh2cdata.is_multiple_of(4)
+                {
                     return Err(Error::Protocol(format!("unacceptable ICResp {r:?}")));
                 }
                 q.maxh2cdata = r.maxh2cdata as usize;
@@ -179,10 +194,26 @@ impl<S: Stream> QueuePair<S> {
     }
 
     async fn fill(&mut self) -> Result<()> {
+        if !self.opts.busy_poll.is_zero() && self.tx.pending() == 0 {
+            let until = std::time::Instant::now() + self.opts.busy_poll;
+            loop {
+                match self.rx.fill_now(&self.stream) {
+                    Ok(0) => return Err(Error::Closed),
+                    Ok(_) => return Ok(()),
+                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
+                    Err(e) => return Err(io_err("receiving")(e)),
+                }
+                if std::time::Instant::now() >= until {
+                    break;
+                }
+                // Other queues may share this thread.
+                tokio::task::yield_now().await;
+            }
+        }
         loop {
             let mut interest = Interest::READABLE;
             if self.tx.pending() > 0 {
-                interest = interest | Interest::WRITABLE;
+                interest |= Interest::WRITABLE;
             }
             let r = self.stream.ready(interest).await.map_err(io_err("waiting on the socket"))?;
             if r.is_writable() && self.tx.pending() > 0 {
@@ -282,18 +313,30 @@ impl<S: Stream> QueuePair<S> {
                             frame.data.len()
                         )));
                     }
-                    let buf = slot.buf.as_mut().expect("read slot has a buffer");
-                    buf[h.offset as usize..end].copy_from_slice(frame.data);
-                    slot.received = end;
                     if !frame.data_digest_ok {
                         slot.digest_error = true;
                     }
-                    if frame.hdr.flags & flags::SUCCESS != 0 {
-                        if frame.hdr.flags & flags::LAST_PDU == 0 {
-                            return Err(Error::Protocol("C2HData SUCCESS without LAST_PDU".into()));
-                        }
-                        let status = if slot.digest_error { Status::TRANSIENT_TRANSPORT_ERROR } else { Status::SUCCESS };
-                        let cqe = Cqe { cid: h.cccid, status, ..Default::default() };
+                    let success = frame.hdr.flags & flags::SUCCESS != 0;
+                    if success && frame.hdr.flags & flags::LAST_PDU == 0 {
+                        return Err(Error::Protocol("C2HData SUCCESS without LAST_PDU".into()));
+                    }
+                    let status = if slot.digest_error { Status::TRANSIENT_TRANSPORT_ERROR } else { Status::SUCCESS };
+                    let cqe = Cqe { cid: h.cccid, status, ..Default::default() };
+                    if success && h.offset == 0 {
+                        // The whole transfer in one PDU, completed by it: hand the data over
+                        // from the receive buffer, no copy (the copy was a third of perf's
+                        // time on 128 KiB reads).
+                        f(slot.tag, &cqe, frame.data);
+                        self.slots[h.cccid as usize].busy = false;
+                        self.free.push(h.cccid);
+                        done += 1;
+                        self.rx.consume(len);
+                        continue;
+                    }
+                    let buf = slot.buf.as_mut().expect("read slot has a buffer");
+                    buf[h.offset as usize..end].copy_from_slice(frame.data);
+                    slot.received = end;
+                    if success {
                         f(slot.tag, &cqe, &buf[..end]);
                         self.slots[h.cccid as usize].busy = false;
                         self.free.push(h.cccid);

@@ -149,7 +149,7 @@ fn smart(ctrl: &Controller, nsid: u32) -> Option<Vec<u8>> {
 fn get_log_page(target: &Target, ctrl: &Controller, sqe: &Sqe, local: Option<SocketAddr>) -> Reply {
     let len = get_log::len(sqe);
     let off = get_log::offset(sqe);
-    if off % 4 != 0 || len > limits::TRANSFER_BYTES_MAX as u64 {
+    if !off.is_multiple_of(4) || len > limits::TRANSFER_BYTES_MAX as u64 {
         return Reply::status(Status::INVALID_FIELD.dnr());
     }
     let disc = ctrl.subsys.discovery;

@@ -17,6 +17,23 @@ pub trait Backend: Send + Sync {
     fn size(&self) -> u64;
     fn read_at(&self, buf: &mut [u8], off: u64) -> io::Result<()>;
     fn write_at(&self, buf: &[u8], off: u64) -> io::Result<()>;
+    /// Appends `len` bytes read at `off` to `out` (a send buffer); on error `out` is left
+    /// as it was.
+    fn read_append(&self, out: &mut Vec<u8>, off: u64, len: usize) -> io::Result<()> {
+        let start = out.len();
+        out.resize(start + len, 0);
+        let r = self.read_at(&mut out[start..], off);
+        if r.is_err() {
+            out.truncate(start);
+        }
+        r
+    }
+    /// Calls `f` with the bytes at `off..off + len` as at most two slices borrowed from the
+    /// backend (no copy), for backends that hold their data in memory; None otherwise.
+    fn with_slices(&self, off: u64, len: usize, f: &mut dyn FnMut(&[&[u8]])) -> Option<io::Result<()>> {
+        let _ = (off, len, f);
+        None
+    }
     /// Makes every completed write durable.
     fn flush(&self) -> io::Result<()>;
     /// Makes the given range durable (FUA); backends may flush more.
@@ -29,6 +46,11 @@ pub trait Backend: Send + Sync {
     /// Deallocates a range: afterwards it reads as zeros.
     fn deallocate(&self, off: u64, len: u64) -> io::Result<()> {
         self.write_zeroes(off, len, true)
+    }
+    /// The descriptor reads and writes may go to directly (through io_uring), with the
+    /// same meaning as [`read_at`](Self::read_at) and [`write_at`](Self::write_at).
+    fn raw_fd(&self) -> Option<std::os::fd::RawFd> {
+        None
     }
     /// True when an I/O costs about a memcpy, so it may run on the network task.
     fn inline(&self) -> bool {
@@ -48,8 +70,20 @@ const STRIPE: u64 = 1 << 20;
 impl MemoryBackend {
     pub fn new(size: u64) -> MemoryBackend {
         let n = size.div_ceil(STRIPE);
-        // vec![0; n] uses calloc: pages are mapped only when written.
-        let stripes = (0..n).map(|i| RwLock::new(vec![0u8; (size - i * STRIPE).min(STRIPE) as usize])).collect();
+        let stripes = (0..n)
+            .map(|i| {
+                let mut v = vec![0u8; (size - i * STRIPE).min(STRIPE) as usize];
+                // vec![0; n] comes from calloc, whose pages are mapped at first touch. Touch
+                // them now, as SPDK's malloc bdev does, so that no I/O pays a page fault
+                // (3.6% of the target's time in a QD 32 read run before this).
+                for page in v.chunks_mut(4096) {
+                    // SAFETY: page[0] is a valid, exclusively borrowed byte; volatile so
+                    // the store of a zero into calloc memory is not optimised away.
+                    unsafe { std::ptr::write_volatile(&mut page[0], 0) };
+                }
+                RwLock::new(v)
+            })
+            .collect();
         MemoryBackend { stripes, size }
     }
 
@@ -87,6 +121,30 @@ impl Backend for MemoryBackend {
             buf[b..b + n].copy_from_slice(&self.stripes[s].read()[o..o + n]);
         });
         Ok(())
+    }
+    fn read_append(&self, out: &mut Vec<u8>, off: u64, len: usize) -> io::Result<()> {
+        check_range(self.size, off, len as u64)?;
+        // Straight from the stripe into the send buffer: no zeroing first (resize + read_at
+        // spent 16% of the target's time in memset on 128 KiB reads).
+        self.for_each(off, len as u64, |s, o, n, _| out.extend_from_slice(&self.stripes[s].read()[o..o + n]));
+        Ok(())
+    }
+    fn with_slices(&self, off: u64, len: usize, f: &mut dyn FnMut(&[&[u8]])) -> Option<io::Result<()>> {
+        if let Err(e) = check_range(self.size, off, len as u64) {
+            return Some(Err(e));
+        }
+        let (s, o) = ((off / STRIPE) as usize, (off % STRIPE) as usize);
+        let first = len.min(STRIPE as usize - o);
+        if first == len {
+            f(&[&self.stripes[s].read()[o..o + len]]);
+        } else if len - first <= STRIPE as usize {
+            // Stripe locks are taken in ascending order, as writers do.
+            let (a, b) = (self.stripes[s].read(), self.stripes[s + 1].read());
+            f(&[&a[o..], &b[..len - first]]);
+        } else {
+            return None;
+        }
+        Some(Ok(()))
     }
     fn write_at(&self, buf: &[u8], off: u64) -> io::Result<()> {
         check_range(self.size, off, buf.len() as u64)?;
@@ -207,6 +265,9 @@ impl Backend for FileBackend {
     }
     fn flush(&self) -> io::Result<()> {
         self.file.sync_data()
+    }
+    fn raw_fd(&self) -> Option<std::os::fd::RawFd> {
+        Some(self.file.as_raw_fd())
     }
     fn write_zeroes(&self, off: u64, len: u64, deallocate: bool) -> io::Result<()> {
         check_range(self.size, off, len)?;

@@ -63,6 +63,29 @@ pub struct Config {
     pub io_threads: usize,
     /// Worker threads of the network runtime (default: all cores).
     pub net_threads: Option<usize>,
+    /// Microseconds a connection keeps polling its socket after its last activity before
+    /// it sleeps in epoll: trades CPU for latency (0 turns polling off).
+    #[serde(default = "default_busy_poll_us")]
+    pub busy_poll_us: u64,
+    /// How file and block backends do I/O.
+    #[serde(default)]
+    pub io_engine: IoEngine,
+}
+
+/// How file and block backends do I/O.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "lowercase")]
+pub enum IoEngine {
+    /// One io_uring per connection, driven by the connection's own thread (default);
+    /// falls back to `threads` where the kernel refuses io_uring.
+    #[default]
+    Uring,
+    /// The worker pool (`io_threads` threads doing pread/pwrite).
+    Threads,
+}
+
+fn default_busy_poll_us() -> u64 {
+    limits::BUSY_POLL_US_DEFAULT
 }
 
 fn default_io_threads() -> usize {
@@ -175,6 +198,9 @@ impl Config {
                 return Err(invalid(format!("listener[{i}].address"), format!("{} is listed twice", l.address)));
             }
         }
+        if self.busy_poll_us > limits::BUSY_POLL_US_MAX {
+            return Err(invalid("busy_poll_us", format!("must be at most {}", limits::BUSY_POLL_US_MAX)));
+        }
         if self.io_threads == 0 || self.io_threads > 256 {
             return Err(invalid("io_threads", "must be between 1 and 256"));
         }
@@ -239,6 +265,8 @@ impl Config {
             metrics: None,
             io_threads: limits::IO_THREADS_DEFAULT,
             net_threads: None,
+            busy_poll_us: limits::BUSY_POLL_US_DEFAULT,
+            io_engine: IoEngine::Uring,
         }
     }
 }

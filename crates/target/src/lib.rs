@@ -19,6 +19,7 @@ pub mod metrics;
 pub mod reply;
 pub mod subsystem;
 pub mod tcp;
+pub mod uring;
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
@@ -65,10 +66,14 @@ pub struct Target {
     genctr: AtomicU64,
     pub pool: IoPool,
     pub stats: TargetStats,
+    /// How long a connection keeps polling its socket after its last activity before it
+    /// parks in epoll (0: never poll).
+    pub busy_poll: std::time::Duration,
+    pub io_engine: config::IoEngine,
 }
 
 impl Target {
-    pub fn new(io_threads: usize) -> Arc<Target> {
+    pub fn new(io_threads: usize, busy_poll: std::time::Duration, io_engine: config::IoEngine) -> Arc<Target> {
         Arc::new(Target {
             subsystems: RwLock::new(BTreeMap::new()),
             discovery: Arc::new(Subsystem::new(nearstore_wire::DISCOVERY_NQN, None, Some("nearstore discovery"), true, &[])),
@@ -76,6 +81,8 @@ impl Target {
             genctr: AtomicU64::new(1),
             pool: IoPool::new(io_threads),
             stats: TargetStats::default(),
+            busy_poll,
+            io_engine,
         })
     }
 
@@ -83,7 +90,7 @@ impl Target {
     /// opened by [`Target::listen_all`]).
     pub fn from_config(cfg: &Config) -> Result<Arc<Target>, TargetError> {
         cfg.validate()?;
-        let t = Target::new(cfg.io_threads);
+        let t = Target::new(cfg.io_threads, std::time::Duration::from_micros(cfg.busy_poll_us), cfg.io_engine);
         for (i, s) in cfg.subsystem.iter().enumerate() {
             let sub = Subsystem::new(&s.nqn, s.serial.as_deref(), s.model.as_deref(), s.allow_any_host, &s.hosts);
             for (j, n) in s.namespace.iter().enumerate() {

@@ -53,3 +53,16 @@ pub const READY_TIMEOUT_500MS: u8 = 15;
 
 /// Default worker threads that run file and block backend I/O.
 pub const IO_THREADS_DEFAULT: usize = 4;
+
+/// Busy-poll window after a connection's last activity, in microseconds. A round trip on
+/// loopback between two polling processes takes about 20 us here, and a sleeping process
+/// needs 50-150 us to wake (scheduler plus IPI); 200 us of polling covers the gap between
+/// a host's completion and its next command at low queue depth. An idle connection stops
+/// polling after this window, so an idle target uses no CPU.
+pub const BUSY_POLL_US_DEFAULT: u64 = 200;
+pub const BUSY_POLL_US_MAX: u64 = 100_000;
+
+/// Reads of at least this many bytes from a memory backend go from the backend's memory
+/// to the socket with writev(2), skipping the copy into the send buffer. Below it, copying
+/// lets a batch of small reads leave in one syscall, which is cheaper.
+pub const WRITE_THROUGH_BYTES_MIN: usize = 32 * 1024;

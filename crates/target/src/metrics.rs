@@ -66,7 +66,8 @@ pub fn render(t: &Target) -> String {
         "# TYPE nearstore_keep_alive_expired_total counter\nnearstore_keep_alive_expired_total {}",
         s.controllers_expired.load(Relaxed)
     );
-    let counters: [(&str, fn(&NsStats) -> &AtomicU64); 6] = [
+    type Counter = (&'static str, fn(&NsStats) -> &AtomicU64);
+    let counters: [Counter; 6] = [
         ("nearstore_reads_total", |n| &n.reads),
         ("nearstore_writes_total", |n| &n.writes),
         ("nearstore_read_bytes_total", |n| &n.read_bytes),

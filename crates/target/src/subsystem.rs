@@ -183,7 +183,7 @@ pub struct Controller {
 }
 
 /// AEN: Notice, Namespace Attribute Changed, log page 04h (NVMe Base, "Asynchronous Event Information").
-pub const AEN_NS_CHANGED: u32 = 0x02 | (0x00 << 8) | (0x04 << 16);
+pub const AEN_NS_CHANGED: u32 = 0x02 | (0x04 << 16);
 /// Async Event Configuration bit for namespace attribute notices.
 pub const AEC_NS_ATTR: u32 = 1 << 8;
 

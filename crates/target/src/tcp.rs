@@ -24,12 +24,14 @@ use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
 use crate::admin;
+use crate::config::IoEngine;
 use crate::fabrics;
 use crate::io_cmd::{self, IoKind, IoPlan};
 use crate::io_pool::{self, Done, Job, Op};
 use crate::limits;
 use crate::reply::Reply;
 use crate::subsystem::{Controller, Namespace};
+use crate::uring::{self, Ring, Sub};
 use crate::{Port, Target};
 
 /// How long a new connection may take to send its ICReq.
@@ -56,6 +58,7 @@ pub async fn serve<S: Stream>(stream: S, target: Arc<Target>, port: Arc<Port>, l
     target.stats.connections.fetch_add(1, Relaxed);
     target.stats.connections_total.fetch_add(1, Relaxed);
     let peer = stream.peer();
+    let fd = stream.fd();
     let (done_tx, done_rx) = unbounded_channel();
     let mut conn = Conn {
         stream,
@@ -69,11 +72,14 @@ pub async fn serve<S: Stream>(stream: S, target: Arc<Target>, port: Arc<Port>, l
             local,
             peer: peer.clone(),
             tx: TxBuf::with_capacity(256 * 1024),
+            fd,
             framing: Framing::initial(true),
             hpda: 0,
             queue: None,
             sqhd: 0,
             r2t: Slab::default(),
+            ring: RingState::NotYet,
+            reaped: Vec::new(),
             inflight: Slab::default(),
             bufs: Vec::new(),
             done_tx,
@@ -160,7 +166,7 @@ struct H2C {
     start: Instant,
 }
 
-/// A command running on the I/O pool.
+/// A command running on the io_uring or the I/O pool.
 struct Inflight {
     cid: u16,
     ns: Arc<Namespace>,
@@ -168,6 +174,16 @@ struct Inflight {
     len: usize,
     lba: u64,
     start: Instant,
+    /// On the ring: the operation, its buffer (owned here until the completion is reaped)
+    /// and the bytes done so far (a short read or write is resubmitted for the rest).
+    ring: Option<RingIo>,
+}
+
+struct RingIo {
+    op: Op,
+    fd: std::os::fd::RawFd,
+    buf: AlignedBuf,
+    done: usize,
 }
 
 struct Core {
@@ -176,11 +192,18 @@ struct Core {
     local: Option<SocketAddr>,
     peer: String,
     tx: TxBuf,
+    /// The socket, for sends that bypass the send buffer ([`TxBuf::write_through`]).
+    fd: std::os::fd::RawFd,
     framing: Framing,
     hpda: u8,
     queue: Option<Queue>,
     sqhd: u16,
     r2t: Slab<H2C>,
+    /// Declared before `inflight`: dropping the ring waits for its entries, which point
+    /// into buffers that `inflight` owns.
+    ring: RingState,
+    /// Completions reaped from the ring, reused between batches.
+    reaped: Vec<(u64, i32)>,
     inflight: Slab<Inflight>,
     bufs: Vec<AlignedBuf>,
     done_tx: UnboundedSender<Done>,
@@ -194,6 +217,19 @@ enum Flow {
     Close,
 }
 
+enum RingState {
+    NotYet,
+    Ready(Box<Ring>),
+    /// io_uring is unavailable here (kernel.io_uring_disabled, seccomp): use the pool.
+    Unavailable,
+}
+
+enum Polled {
+    Activity,
+    Idle,
+    Closed,
+}
+
 impl<S: Stream> Conn<S> {
     async fn run(&mut self) -> Result<(), ConnError> {
         if !tokio::time::timeout(IC_TIMEOUT, self.handshake()).await.map_err(|_| ConnError::IcTimeout(IC_TIMEOUT))?? {
@@ -203,6 +239,11 @@ impl<S: Stream> Conn<S> {
             if let Flow::Close = self.process_rx()? {
                 return Ok(());
             }
+            self.core.reap_ring();
+            if self.core.queue.as_ref().is_some_and(|q| q.qid == 0) {
+                // Busy-polling may skip the select below, where events are otherwise noticed.
+                self.core.deliver_events();
+            }
             self.core.tx.flush(&self.stream)?;
             if self.core.close_after_flush && self.core.tx.pending() == 0 {
                 return Ok(());
@@ -211,9 +252,20 @@ impl<S: Stream> Conn<S> {
             if self.core.tx.pending() > limits::TX_PENDING_BYTES_MAX {
                 interest = Interest::WRITABLE;
             } else if self.core.tx.pending() > 0 {
-                interest = interest | Interest::WRITABLE;
+                interest |= Interest::WRITABLE;
+            }
+            if self.core.tx.pending() == 0 {
+                match self.busy_poll().await? {
+                    Polled::Activity => continue,
+                    Polled::Closed => return Ok(()),
+                    Polled::Idle => {}
+                }
             }
             let events = self.core.queue.as_ref().filter(|q| q.qid == 0 && !self.core.aers.is_empty()).map(|q| q.ctrl.clone());
+            let ring = match &self.core.ring {
+                RingState::Ready(r) if r.in_flight() > 0 => Some(r.waker()),
+                _ => None,
+            };
             tokio::select! {
                 _ = self.cancel.cancelled() => {
                     return Err(ConnError::ControllerGone(self.core.queue.as_ref().map_or(0, |q| q.ctrl.cntlid)));
@@ -229,6 +281,10 @@ impl<S: Stream> Conn<S> {
                 _ = async { events.as_ref().expect("guarded").events.notified().await }, if events.is_some() => {
                     self.core.deliver_events();
                 }
+                r = async { uring::wait(ring.as_ref().expect("guarded")).await }, if ring.is_some() => {
+                    r?;
+                    self.core.reap_ring();
+                }
                 r = self.stream.ready(interest) => {
                     let r = r?;
                     if r.is_readable() || r.is_read_closed() {
@@ -241,6 +297,37 @@ impl<S: Stream> Conn<S> {
                     }
                 }
             }
+        }
+    }
+
+    /// Polls the socket and the pool's completions for up to the target's busy-poll window
+    /// before the loop parks in epoll. Between attempts the
+    /// task yields, so other connections on this thread keep running.
+    async fn busy_poll(&mut self) -> Result<Polled, ConnError> {
+        let window = self.core.target.busy_poll;
+        if window.is_zero() || self.core.close_after_flush {
+            return Ok(Polled::Idle);
+        }
+        let until = Instant::now() + window;
+        loop {
+            match self.rx.fill_now(&self.stream) {
+                Ok(0) => return Ok(Polled::Closed),
+                Ok(_) => return Ok(Polled::Activity),
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
+                Err(e) => return Err(e.into()),
+            }
+            let mut got = self.core.reap_ring() > 0;
+            while let Ok(d) = self.done_rx.try_recv() {
+                self.core.on_done(d);
+                got = true;
+            }
+            if got {
+                return Ok(Polled::Activity);
+            }
+            if self.cancel.is_cancelled() || Instant::now() >= until {
+                return Ok(Polled::Idle);
+            }
+            tokio::task::yield_now().await;
         }
     }
 
@@ -407,7 +494,7 @@ impl Core {
             self.tx.buf.extend_from_slice(data);
             pdu::put_data_digest(&mut self.tx.buf, start, self.framing.ddgst);
         }
-        if !(success && !data.is_empty()) {
+        if !success || data.is_empty() {
             self.complete(cid, r.status, r.dw0, r.dw1);
         }
     }
@@ -682,9 +769,90 @@ impl Core {
                 b
             }
         };
-        let token = self.inflight.insert(Inflight { cid, ns: ns.clone(), kind, len, lba, start }) as u32;
+        let on_ring = matches!(op, Op::Read { .. } | Op::Write { .. } | Op::Flush);
+        if let (true, Some(fd), true) = (on_ring, ns.backend.raw_fd(), self.ring_ready()) {
+            let ring = Some(RingIo { op, fd, buf, done: 0 });
+            let token = self.inflight.insert(Inflight { cid, ns, kind, len, lba, start, ring });
+            self.push_ring(token);
+            return Ok(());
+        }
+        let token = self.inflight.insert(Inflight { cid, ns: ns.clone(), kind, len, lba, start, ring: None }) as u32;
         self.target.pool.submit(Job { backend: ns.backend.clone(), op, buf, token, reply: self.done_tx.clone() });
         Ok(())
+    }
+
+    /// True once this connection has an io_uring; makes one the first time.
+    fn ring_ready(&mut self) -> bool {
+        if let RingState::NotYet = self.ring {
+            if self.target.io_engine == IoEngine::Threads {
+                self.ring = RingState::Unavailable;
+                return false;
+            }
+            self.ring = match Ring::new(limits::QUEUE_DEPTH_MAX as u32) {
+                Ok(r) => RingState::Ready(Box::new(r)),
+                Err(e) => {
+                    warn!(peer = %self.peer, "io_uring unavailable, file I/O goes to the worker pool: {e}");
+                    RingState::Unavailable
+                }
+            };
+        }
+        matches!(self.ring, RingState::Ready(_))
+    }
+
+    /// Queues (the rest of) the in-flight command `token` on the ring.
+    fn push_ring(&mut self, token: usize) {
+        let (RingState::Ready(ring), Some(x)) = (&mut self.ring, self.inflight.get_mut(token)) else {
+            return;
+        };
+        let r = x.ring.as_mut().expect("a ring command");
+        let (fd, done) = (r.fd, r.done);
+        let rest = (r.buf.len() - done) as u32;
+        let sub = match r.op {
+            Op::Read { off } => Sub::Read { fd, buf: r.buf[done..].as_mut_ptr(), len: rest, off: off + done as u64 },
+            Op::Write { off, fua } => Sub::Write { fd, buf: r.buf[done..].as_ptr(), len: rest, off: off + done as u64, dsync: fua },
+            _ => Sub::Fdatasync { fd },
+        };
+        // SAFETY: the buffer is owned by the in-flight slot, which is removed only after
+        // this entry's completion is reaped (reap_ring), or after the ring has drained
+        // (the ring field is dropped before the slots).
+        if let Err(e) = unsafe { ring.push(sub, token as u64) } {
+            self.reaped.push((token as u64, -e.raw_os_error().unwrap_or(libc::EIO)));
+        }
+    }
+
+    /// Submits what the batch queued on the ring and handles every completion that has
+    /// arrived. Returns how many completed.
+    fn reap_ring(&mut self) -> usize {
+        let RingState::Ready(ring) = &mut self.ring else {
+            return 0;
+        };
+        if let Err(e) = ring.submit() {
+            warn!(peer = %self.peer, "io_uring submit: {e}");
+        }
+        let reaped = &mut self.reaped;
+        ring.reap(|token, res| reaped.push((token, res)));
+        let mut n = 0;
+        while let Some((token, res)) = self.reaped.pop() {
+            let token = token as usize;
+            let Some(x) = self.inflight.get_mut(token) else { continue };
+            let r = x.ring.as_mut().expect("a ring command");
+            let result = match res {
+                e if e < 0 => Err(io::Error::from_raw_os_error(-e)),
+                0 if !matches!(r.op, Op::Flush) => Err(io::Error::new(io::ErrorKind::UnexpectedEof, "zero-length transfer")),
+                k => {
+                    r.done += k as usize;
+                    if r.done < r.buf.len() && !matches!(r.op, Op::Flush) {
+                        self.push_ring(token);
+                        continue;
+                    }
+                    Ok(())
+                }
+            };
+            let buf = x.ring.take().expect("a ring command").buf;
+            self.on_done(Done { token: token as u32, result, buf });
+            n += 1;
+        }
+        n
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -706,10 +874,16 @@ impl Core {
                 let success = self.success_flag();
                 let mark = self.tx.buf.len();
                 let dstart = self.begin_c2h(cid, len, success);
-                self.tx.buf.resize(dstart + len, 0);
-                match ns.backend.read_at(&mut self.tx.buf[dstart..], *off) {
-                    Ok(()) => {
+                let direct = if len >= limits::WRITE_THROUGH_BYTES_MIN { self.send_direct(ns, *off, len) } else { None };
+                let r = direct.unwrap_or_else(|| {
+                    let r = ns.backend.read_append(&mut self.tx.buf, *off, len);
+                    if r.is_ok() {
                         pdu::put_data_digest(&mut self.tx.buf, dstart, self.framing.ddgst);
+                    }
+                    r
+                });
+                match r {
+                    Ok(()) => {
                         self.finish_io(ns, kind, len, start, cid, success);
                         return Ok(());
                     }
@@ -738,6 +912,23 @@ impl Core {
             Err(e) => self.io_error(ctrl, ns, kind, sqe.slba(), cid, e),
         }
         Ok(())
+    }
+
+    /// Sends a read's data straight from a memory backend to the socket, after the
+    /// C2HData header already in the send buffer. None: the backend cannot lend its bytes.
+    fn send_direct(&mut self, ns: &Namespace, off: u64, len: usize) -> Option<io::Result<()>> {
+        let (tx, fd, ddgst) = (&mut self.tx, self.fd, self.framing.ddgst);
+        ns.backend.with_slices(off, len, &mut |slices| {
+            let mut parts: [&[u8]; 3] = [&[]; 3];
+            parts[..slices.len()].copy_from_slice(slices);
+            let crc = if ddgst { slices.iter().fold(0, |c, s| crc32c::crc32c_append(c, s)) } else { 0 }.to_le_bytes();
+            let mut n = slices.len();
+            if ddgst {
+                parts[n] = &crc;
+                n += 1;
+            }
+            tx.write_through(fd, &parts[..n]);
+        })
     }
 
     fn finish_io(&mut self, ns: &Namespace, kind: IoKind, len: usize, start: Instant, cid: u16, data_sent_with_success: bool) {

@@ -18,8 +18,24 @@ pub trait Stream: Send + Sync + 'static {
     fn ready(&self, interest: Interest) -> impl Future<Output = io::Result<Ready>> + Send;
     fn try_read(&self, buf: &mut [u8]) -> io::Result<usize>;
     fn try_write(&self, buf: &[u8]) -> io::Result<usize>;
+    /// Reads without consulting the runtime's readiness cache: a plain non-blocking
+    /// recv(2). Busy-polling loops use it, because the cache only learns of new data when
+    /// the runtime polls epoll, which is exactly the wake-up a busy-poll is there to avoid.
+    fn read_now(&self, buf: &mut [u8]) -> io::Result<usize>;
+    /// The socket, for [`TxBuf::write_through`].
+    fn fd(&self) -> std::os::fd::RawFd;
     /// The peer's address, for logs.
     fn peer(&self) -> String;
+}
+
+fn recv_now(fd: std::os::fd::RawFd, buf: &mut [u8]) -> io::Result<usize> {
+    // SAFETY: buf is valid for buf.len() writable bytes; fd is an open socket we own.
+    let n = unsafe { libc::recv(fd, buf.as_mut_ptr().cast(), buf.len(), libc::MSG_DONTWAIT) };
+    if n < 0 {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(n as usize)
+    }
 }
 
 impl Stream for tokio::net::TcpStream {
@@ -31,6 +47,12 @@ impl Stream for tokio::net::TcpStream {
     }
     fn try_write(&self, buf: &[u8]) -> io::Result<usize> {
         tokio::net::TcpStream::try_write(self, buf)
+    }
+    fn read_now(&self, buf: &mut [u8]) -> io::Result<usize> {
+        recv_now(std::os::fd::AsRawFd::as_raw_fd(self), buf)
+    }
+    fn fd(&self) -> std::os::fd::RawFd {
+        std::os::fd::AsRawFd::as_raw_fd(self)
     }
     fn peer(&self) -> String {
         self.peer_addr().map(|a| a.to_string()).unwrap_or_else(|_| "?".into())
@@ -46,6 +68,12 @@ impl Stream for tokio::net::UnixStream {
     }
     fn try_write(&self, buf: &[u8]) -> io::Result<usize> {
         tokio::net::UnixStream::try_write(self, buf)
+    }
+    fn read_now(&self, buf: &mut [u8]) -> io::Result<usize> {
+        recv_now(std::os::fd::AsRawFd::as_raw_fd(self), buf)
+    }
+    fn fd(&self) -> std::os::fd::RawFd {
+        std::os::fd::AsRawFd::as_raw_fd(self)
     }
     fn peer(&self) -> String {
         "unix-socketpair".into()
@@ -142,6 +170,15 @@ impl RxBuf {
     /// Reads what the stream has without blocking. Returns Ok(0) at end of stream,
     /// Err(WouldBlock) when nothing is there. Compacts first when the tail is full.
     pub fn fill<S: Stream>(&mut self, s: &S) -> io::Result<usize> {
+        self.fill_with(|b| s.try_read(b))
+    }
+
+    /// Like [`fill`](Self::fill) but with [`Stream::read_now`], for busy-polling.
+    pub fn fill_now<S: Stream>(&mut self, s: &S) -> io::Result<usize> {
+        self.fill_with(|b| s.read_now(b))
+    }
+
+    fn fill_with(&mut self, read: impl FnOnce(&mut [u8]) -> io::Result<usize>) -> io::Result<usize> {
         if self.end == self.buf.len() {
             if self.start == 0 {
                 return Err(io::Error::other("receive buffer full: PDU larger than the buffer"));
@@ -150,7 +187,7 @@ impl RxBuf {
             self.end -= self.start;
             self.start = 0;
         }
-        let n = s.try_read(&mut self.buf[self.end..])?;
+        let n = read(&mut self.buf[self.end..])?;
         self.end += n;
         Ok(n)
     }
@@ -184,6 +221,38 @@ impl TxBuf {
         self.sent = 0;
         Ok(true)
     }
+    /// Sends the pending bytes and then `extra` in one non-blocking writev(2) on `fd`,
+    /// without first copying `extra` into the buffer; what the socket does not take is
+    /// copied in, to go with the next flush (which also reports a socket error, so none is
+    /// returned here). For large reads from memory this saves a copy of every byte (the
+    /// copy was 39% of the target's time at 128 KiB).
+    pub fn write_through(&mut self, fd: std::os::fd::RawFd, extra: &[&[u8]]) {
+        const MAX: usize = 4;
+        assert!(extra.len() < MAX, "write_through takes at most {} slices", MAX - 1);
+        let mut iov = [libc::iovec { iov_base: std::ptr::null_mut(), iov_len: 0 }; MAX];
+        iov[0] = libc::iovec { iov_base: self.buf[self.sent..].as_ptr() as *mut _, iov_len: self.pending() };
+        for (v, e) in iov[1..].iter_mut().zip(extra) {
+            *v = libc::iovec { iov_base: e.as_ptr() as *mut _, iov_len: e.len() };
+        }
+        // SAFETY: every iovec points into a live slice of at least iov_len bytes.
+        let n = unsafe { libc::writev(fd, iov.as_ptr(), (extra.len() + 1) as libc::c_int) };
+        let mut n = n.max(0) as usize;
+        let p = self.pending();
+        if n >= p {
+            self.buf.clear();
+            self.sent = 0;
+            n -= p;
+        } else {
+            self.sent += n;
+            n = 0;
+        }
+        for e in extra {
+            let skip = n.min(e.len());
+            self.buf.extend_from_slice(&e[skip..]);
+            n -= skip;
+        }
+    }
+
     /// Writes everything, waiting for the stream as needed.
     pub async fn flush_all<S: Stream>(&mut self, s: &S) -> io::Result<()> {
         while !self.flush(s)? {
@@ -225,5 +294,34 @@ mod tests {
         assert_eq!(rx.data(), &[7u8; 10000][..]);
         rx.consume(10000);
         assert!(rx.data().is_empty());
+    }
+
+    #[tokio::test]
+    async fn write_through_keeps_order_when_the_socket_is_full() {
+        let (a, b) = tokio::net::UnixStream::pair().unwrap();
+        let mut tx = TxBuf::default();
+        let big: Vec<u8> = (0..3_000_000u32).map(|i| (i % 251) as u8).collect();
+        // Enough to fill the socket buffer, so part of it must be copied in.
+        tx.buf.extend_from_slice(b"head");
+        tx.write_through(a.fd(), &[&big[..1_000_000], &big[1_000_000..]]);
+        tx.buf.extend_from_slice(b"tail");
+        let reader = tokio::spawn(async move {
+            let mut rx = RxBuf::new(1 << 22);
+            while rx.data().len() < 3_000_008 {
+                b.ready(Interest::READABLE).await.unwrap();
+                match rx.fill(&b) {
+                    Ok(0) => break,
+                    Ok(_) => {}
+                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
+                    Err(e) => panic!("{e}"),
+                }
+            }
+            rx.data().to_vec()
+        });
+        tx.flush_all(&a).await.unwrap();
+        let got = reader.await.unwrap();
+        assert_eq!(&got[..4], b"head");
+        assert_eq!(&got[4..3_000_004], &big[..]);
+        assert_eq!(&got[3_000_004..], b"tail");
     }
 }
