@@ -27,8 +27,10 @@ pub const H2C_DATA_BYTES_MAX: u32 = 65536;
 pub const RX_BUFFER_BYTES: usize = 2 * 81920;
 
 /// Stop reading new commands while this much response data waits to be sent: bounds memory
-/// when a host sends reads faster than it receives their data.
-pub const TX_PENDING_BYTES_MAX: usize = 4 << 20;
+/// when a host sends reads faster than it receives their data. The socket's own send
+/// buffer (up to 4 MiB by tcp_wmem) holds more; 1 MiB here measured no slower than 4 MiB
+/// for 128 KiB reads at QD 32 (docs/benchmarks.md).
+pub const TX_PENDING_BYTES_MAX: usize = 1 << 20;
 
 /// Asynchronous Event Requests outstanding per controller (AERL + 1).
 pub const AER_MAX: usize = 4;
@@ -66,3 +68,28 @@ pub const BUSY_POLL_US_MAX: u64 = 100_000;
 /// to the socket with writev(2), skipping the copy into the send buffer. Below it, copying
 /// lets a batch of small reads leave in one syscall, which is cheaper.
 pub const WRITE_THROUGH_BYTES_MIN: usize = 32 * 1024;
+
+/// Memory of one connection's io_uring (256 submission entries of 64 bytes and their
+/// index array, 512 completion entries of 16 bytes), rounded up to pages.
+pub const RING_BYTES: usize = 32 * 1024;
+
+/// The most buffer memory one connection holds, for a queue of `sqsize` entries (the
+/// formula of docs/protocol.md, "Memory per connection"; a test drives a connection to
+/// its worst case and checks it):
+/// - the receive buffer;
+/// - one data buffer per command that can be outstanding, plus one for a command being
+///   executed inline;
+/// - the send buffer: reading commands and taking completions stop once
+///   TX_PENDING_BYTES_MAX bytes wait; past that point one command's response, one pool
+///   completion and one batch of REAP_BATCH ring completions may still be appended; the
+///   buffer keeps sent bytes only while they are fewer than the pending ones (at most
+///   twice the pending bytes), and a Vec grows by doubling: at most 4x in all;
+/// - the io_uring.
+pub fn connection_memory_max(sqsize: usize) -> usize {
+    let response = TRANSFER_BYTES_MAX + 256;
+    let tx = TX_PENDING_BYTES_MAX + (REAP_BATCH + 2) * response;
+    RX_BUFFER_BYTES + (sqsize + 2) * TRANSFER_BYTES_MAX + 4 * tx + RING_BYTES
+}
+
+/// io_uring completions taken per look at the ring while the send buffer has room.
+pub const REAP_BATCH: usize = 8;

@@ -48,6 +48,11 @@ pub struct TargetStats {
     pub connections_total: AtomicU64,
     pub fatal_errors: AtomicU64,
     pub controllers_expired: AtomicU64,
+    /// Buffer bytes held by all connections now.
+    pub buffer_bytes: AtomicI64,
+    /// The most buffer bytes one connection has held (bounded by
+    /// limits::connection_memory_max).
+    pub connection_buffer_bytes_max: AtomicU64,
 }
 
 /// Renders the Prometheus text exposition of every counter.
@@ -65,6 +70,12 @@ pub fn render(t: &Target) -> String {
         o,
         "# TYPE nearstore_keep_alive_expired_total counter\nnearstore_keep_alive_expired_total {}",
         s.controllers_expired.load(Relaxed)
+    );
+    let _ = writeln!(o, "# TYPE nearstore_buffer_bytes gauge\nnearstore_buffer_bytes {}", s.buffer_bytes.load(Relaxed));
+    let _ = writeln!(
+        o,
+        "# TYPE nearstore_connection_buffer_bytes_max gauge\nnearstore_connection_buffer_bytes_max {}",
+        s.connection_buffer_bytes_max.load(Relaxed)
     );
     type Counter = (&'static str, fn(&NsStats) -> &AtomicU64);
     let counters: [Counter; 6] = [

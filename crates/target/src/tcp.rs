@@ -82,6 +82,8 @@ pub async fn serve<S: Stream>(stream: S, target: Arc<Target>, port: Arc<Port>, l
             reaped: Vec::new(),
             inflight: Slab::default(),
             bufs: Vec::new(),
+            data_bufs: 0,
+            reported_bytes: 0,
             done_tx,
             aers: Vec::new(),
             close_after_flush: false,
@@ -100,6 +102,7 @@ pub async fn serve<S: Stream>(stream: S, target: Arc<Target>, port: Arc<Port>, l
         Err(e) => info!(peer, "closing connection: {e}"),
     }
     conn.core.detach();
+    target.stats.buffer_bytes.fetch_sub(conn.core.reported_bytes as i64, Relaxed);
     target.stats.connections.fetch_sub(1, Relaxed);
 }
 
@@ -206,6 +209,10 @@ struct Core {
     reaped: Vec<(u64, i32)>,
     inflight: Slab<Inflight>,
     bufs: Vec<AlignedBuf>,
+    /// Data buffers allocated and alive: pooled in `bufs` or lent to a command.
+    data_bufs: usize,
+    /// Buffer bytes last added to the target's gauge.
+    reported_bytes: usize,
     done_tx: UnboundedSender<Done>,
     /// CIDs of outstanding Asynchronous Event Requests.
     aers: Vec<u16>,
@@ -248,6 +255,12 @@ impl<S: Stream> Conn<S> {
             if self.core.close_after_flush && self.core.tx.pending() == 0 {
                 return Ok(());
             }
+            self.account_memory();
+            // Commands left in the receive buffer while the send buffer was full: the
+            // socket will not wake us for them, so go round again once there is room.
+            if self.core.tx.pending() <= limits::TX_PENDING_BYTES_MAX && self.backlog() {
+                continue;
+            }
             let mut interest = Interest::READABLE;
             if self.core.tx.pending() > limits::TX_PENDING_BYTES_MAX {
                 interest = Interest::WRITABLE;
@@ -262,6 +275,8 @@ impl<S: Stream> Conn<S> {
                 }
             }
             let events = self.core.queue.as_ref().filter(|q| q.qid == 0 && !self.core.aers.is_empty()).map(|q| q.ctrl.clone());
+            // Completions are taken only while the send buffer has room for their responses.
+            let room = self.core.tx.pending() <= limits::TX_PENDING_BYTES_MAX;
             let ring = match &self.core.ring {
                 RingState::Ready(r) if r.in_flight() > 0 => Some(r.waker()),
                 _ => None,
@@ -270,18 +285,20 @@ impl<S: Stream> Conn<S> {
                 _ = self.cancel.cancelled() => {
                     return Err(ConnError::ControllerGone(self.core.queue.as_ref().map_or(0, |q| q.ctrl.cntlid)));
                 }
-                d = self.done_rx.recv() => {
+                d = self.done_rx.recv(), if room => {
                     if let Some(d) = d {
                         self.core.on_done(d);
                     }
-                    while let Ok(d) = self.done_rx.try_recv() {
+                    // Like the ring's, pool completions wait while the send buffer is full.
+                    while self.core.tx.pending() <= limits::TX_PENDING_BYTES_MAX {
+                        let Ok(d) = self.done_rx.try_recv() else { break };
                         self.core.on_done(d);
                     }
                 }
                 _ = async { events.as_ref().expect("guarded").events.notified().await }, if events.is_some() => {
                     self.core.deliver_events();
                 }
-                r = async { uring::wait(ring.as_ref().expect("guarded")).await }, if ring.is_some() => {
+                r = async { uring::wait(ring.as_ref().expect("guarded")).await }, if ring.is_some() && room => {
                     r?;
                     self.core.reap_ring();
                 }
@@ -297,6 +314,22 @@ impl<S: Stream> Conn<S> {
                     }
                 }
             }
+        }
+    }
+
+    /// True when a complete PDU waits in the receive buffer.
+    fn backlog(&self) -> bool {
+        matches!(pdu::parse_frame(self.rx.data(), &self.core.framing), Ok(Some(_)) | Err(_))
+    }
+
+    /// Brings the target's buffer gauges up to date with this connection's buffers.
+    fn account_memory(&mut self) {
+        let now = self.core.buffer_bytes(&self.rx);
+        let stats = &self.core.target.stats;
+        if now != self.core.reported_bytes {
+            stats.buffer_bytes.fetch_add(now as i64 - self.core.reported_bytes as i64, Relaxed);
+            stats.connection_buffer_bytes_max.fetch_max(now as u64, Relaxed);
+            self.core.reported_bytes = now;
         }
     }
 
@@ -317,7 +350,8 @@ impl<S: Stream> Conn<S> {
                 Err(e) => return Err(e.into()),
             }
             let mut got = self.core.reap_ring() > 0;
-            while let Ok(d) = self.done_rx.try_recv() {
+            while self.core.tx.pending() <= limits::TX_PENDING_BYTES_MAX {
+                let Ok(d) = self.done_rx.try_recv() else { break };
                 self.core.on_done(d);
                 got = true;
             }
@@ -500,13 +534,24 @@ impl Core {
     }
 
     fn take_buf(&mut self) -> AlignedBuf {
-        self.bufs.pop().unwrap_or_else(|| AlignedBuf::new(limits::TRANSFER_BYTES_MAX))
+        self.bufs.pop().unwrap_or_else(|| {
+            self.data_bufs += 1;
+            AlignedBuf::new(limits::TRANSFER_BYTES_MAX)
+        })
     }
 
     fn put_buf(&mut self, b: AlignedBuf) {
         if self.bufs.len() < limits::QUEUE_DEPTH_MAX as usize {
             self.bufs.push(b);
+        } else {
+            self.data_bufs -= 1;
         }
+    }
+
+    /// Bytes of buffers this connection holds (see limits::connection_memory_max).
+    fn buffer_bytes(&self, rx: &RxBuf) -> usize {
+        let ring = if let RingState::Ready(_) = self.ring { limits::RING_BYTES } else { 0 };
+        rx.capacity() + self.tx.buf.capacity() + self.data_bufs * limits::TRANSFER_BYTES_MAX + ring
     }
 
     fn outstanding_limit(&self) -> usize {
@@ -829,8 +874,21 @@ impl Core {
         if let Err(e) = ring.submit() {
             warn!(peer = %self.peer, "io_uring submit: {e}");
         }
-        let reaped = &mut self.reaped;
-        ring.reap(|token, res| reaped.push((token, res)));
+        let mut n = 0;
+        // Completions wait in the ring while the host is slow to take responses: this
+        // bounds the send buffer (limits::connection_memory_max).
+        while self.tx.pending() <= limits::TX_PENDING_BYTES_MAX {
+            let RingState::Ready(ring) = &mut self.ring else { break };
+            let reaped = &mut self.reaped;
+            if ring.reap(limits::REAP_BATCH, |token, res| reaped.push((token, res))) == 0 && self.reaped.is_empty() {
+                break;
+            }
+            n += self.handle_reaped();
+        }
+        n
+    }
+
+    fn handle_reaped(&mut self) -> usize {
         let mut n = 0;
         while let Some((token, res)) = self.reaped.pop() {
             let token = token as usize;

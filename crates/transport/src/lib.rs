@@ -159,6 +159,9 @@ impl RxBuf {
     pub fn data(&self) -> &[u8] {
         &self.buf[self.start..self.end]
     }
+    pub fn capacity(&self) -> usize {
+        self.buf.capacity()
+    }
     pub fn consume(&mut self, n: usize) {
         self.start += n;
         debug_assert!(self.start <= self.end);
@@ -213,13 +216,27 @@ impl TxBuf {
             match s.try_write(&self.buf[self.sent..]) {
                 Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
                 Ok(n) => self.sent += n,
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(false),
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                    self.compact();
+                    return Ok(false);
+                }
                 Err(e) => return Err(e),
             }
         }
         self.buf.clear();
         self.sent = 0;
         Ok(true)
+    }
+
+    /// Drops the bytes already sent once they are at least as many as those still
+    /// pending: each byte is moved at most once, and the buffer never holds more than
+    /// twice what is pending (after a partial send the sent prefix would otherwise stay
+    /// until the buffer drains completely, and the buffer grow without bound).
+    fn compact(&mut self) {
+        if self.sent > 0 && self.sent >= self.pending() {
+            self.buf.drain(..self.sent);
+            self.sent = 0;
+        }
     }
     /// Sends the pending bytes and then `extra` in one non-blocking writev(2) on `fd`,
     /// without first copying `extra` into the buffer; what the socket does not take is
@@ -245,6 +262,7 @@ impl TxBuf {
         } else {
             self.sent += n;
             n = 0;
+            self.compact();
         }
         for e in extra {
             let skip = n.min(e.len());
@@ -294,6 +312,34 @@ mod tests {
         assert_eq!(rx.data(), &[7u8; 10000][..]);
         rx.consume(10000);
         assert!(rx.data().is_empty());
+    }
+
+    #[tokio::test]
+    async fn a_slow_reader_does_not_grow_the_send_buffer_without_bound() {
+        let (a, b) = tokio::net::UnixStream::pair().unwrap();
+        let mut tx = TxBuf::default();
+        let mut rx = RxBuf::new(1 << 16);
+        let mut most = 0;
+        let mut received = 0;
+        let chunk = vec![3u8; 100_000];
+        for _ in 0..200 {
+            // Keep about 1 MB pending, as the target does, while the reader takes 64 KiB
+            // at a time.
+            if tx.pending() < 1_000_000 {
+                tx.buf.extend_from_slice(&chunk);
+            }
+            if !tx.flush(&a).unwrap() {
+                // Let the runtime see the socket become writable again.
+                let _ = tokio::time::timeout(std::time::Duration::from_millis(1), a.writable()).await;
+            }
+            most = most.max(tx.buf.len());
+            if let Ok(n) = rx.fill_now(&b) {
+                received += n;
+                rx.consume(n);
+            }
+        }
+        assert!(received > 1_000_000, "the reader got {received} bytes");
+        assert!(most <= 2 * (1_000_000 + chunk.len()), "send buffer held {most} bytes");
     }
 
     #[tokio::test]
