@@ -305,6 +305,8 @@ mod tests {
         let c = Config::from_toml(GOOD).unwrap();
         assert_eq!(c.subsystem[0].namespace[0].memory, Some(ByteSize(1 << 20)));
         assert_eq!(c.io_threads, limits::IO_THREADS_DEFAULT);
+        assert_eq!(c.busy_poll_us, limits::BUSY_POLL_US_DEFAULT);
+        assert_eq!(c.io_engine, IoEngine::Uring);
     }
 
     /// Each bad config names its field.
@@ -319,6 +321,8 @@ mod tests {
             ("memory = \"1MiB\"", "memory = \"1XB\"", "unknown size unit"),
             ("memory = \"1MiB\"", "", "give a path"),
             ("nsid = 1", "nsid = 1\ncolour = 3", "unknown field `colour`"),
+            ("[[listener]]", "busy_poll_us = 1000000\n[[listener]]", "busy_poll_us"),
+            ("[[listener]]", "io_engine = \"aio\"\n[[listener]]", "unknown variant `aio`"),
             (
                 "address = \"127.0.0.1:4420\"",
                 "address = \"127.0.0.1:4420\"\n[[listener]]\naddress = \"127.0.0.1:4420\"",
