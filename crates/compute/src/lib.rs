@@ -60,12 +60,15 @@ pub enum ComputeError {
     LineTooLong { op: &'static str, limit: usize, offset: u64 },
 }
 
+/// Builds a kernel from an operation's arguments.
+pub type Build = fn(&[u8]) -> Result<Box<dyn Kernel>, ComputeError>;
+
 /// One registered operation: its name (CLI and docs), its id (the descriptor's operation
 /// field) and how to build it from its arguments.
 pub struct Operation {
     pub name: &'static str,
     pub id: u16,
-    pub build: fn(&[u8]) -> Result<Box<dyn Kernel>, ComputeError>,
+    pub build: Build,
     pub summary: &'static str,
 }
 
