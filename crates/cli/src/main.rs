@@ -19,6 +19,18 @@ struct Cli {
 }
 
 /// Where a target is: address and subsystem.
+/// Where `read` and `write` go: a target, a namespace and the first block.
+#[derive(clap::Args)]
+struct Blocks {
+    #[command(flatten)]
+    t: TargetArgs,
+    #[arg(long, default_value_t = 1)]
+    nsid: u32,
+    /// First LBA.
+    #[arg(short = 's', long, default_value_t = 0)]
+    start_block: u64,
+}
+
 #[derive(clap::Args, Clone)]
 pub struct TargetArgs {
     /// Target address, HOST:PORT (port 4420 if left out).
@@ -156,12 +168,7 @@ enum Cmd {
     /// Read blocks into a file (or standard output).
     Read {
         #[command(flatten)]
-        t: TargetArgs,
-        #[arg(long, default_value_t = 1)]
-        nsid: u32,
-        /// First LBA.
-        #[arg(short = 's', long, default_value_t = 0)]
-        start_block: u64,
+        b: Blocks,
         /// Bytes to read (rounded up to whole blocks).
         #[arg(short = 'z', long)]
         data_size: String,
@@ -172,11 +179,7 @@ enum Cmd {
     /// Write a file's bytes to blocks (the tail is padded with zeros to a whole block).
     Write {
         #[command(flatten)]
-        t: TargetArgs,
-        #[arg(long, default_value_t = 1)]
-        nsid: u32,
-        #[arg(short = 's', long, default_value_t = 0)]
-        start_block: u64,
+        b: Blocks,
         /// Input file.
         #[arg(short = 'd', long)]
         data: PathBuf,
@@ -288,11 +291,11 @@ fn run(cli: Cli) -> Result<()> {
         Cmd::List { t, output_format } => runtime(Some(1))?.block_on(tools::list(&t, output_format)),
         Cmd::IdCtrl { t, output_format } => runtime(Some(1))?.block_on(tools::id_ctrl(&t, output_format)),
         Cmd::IdNs { t, nsid, output_format } => runtime(Some(1))?.block_on(tools::id_ns(&t, nsid, output_format)),
-        Cmd::Read { t, nsid, start_block, data_size, data } => {
+        Cmd::Read { b, data_size, data } => {
             let n: ByteSize = data_size.parse().map_err(|e| anyhow::anyhow!("--data-size: {e}"))?;
-            runtime(Some(1))?.block_on(tools::read(&t, nsid, start_block, n.0, &data))
+            runtime(Some(1))?.block_on(tools::read(&b.t, b.nsid, b.start_block, n.0, &data))
         }
-        Cmd::Write { t, nsid, start_block, data, fua } => runtime(Some(1))?.block_on(tools::write(&t, nsid, start_block, &data, fua)),
+        Cmd::Write { b, data, fua } => runtime(Some(1))?.block_on(tools::write(&b.t, b.nsid, b.start_block, &data, fua)),
         Cmd::Perf(a) => perf::run(a),
         Cmd::Demo(a) => demo::run(a),
     }

@@ -116,8 +116,11 @@ pub fn run(a: PerfArgs) -> Result<()> {
     };
     let threads = a.threads.unwrap_or(if a.queues == 1 { 1 } else { 0 });
     let rt = crate::runtime(if threads == 0 { None } else { Some(threads) })?;
+    if a.busy_poll_us > 100_000 {
+        bail!("--busy-poll-us: at most 100000 (0.1 s)");
+    }
     let mut o = a.t.options()?;
-    o.busy_poll = Duration::from_micros(a.busy_poll_us.min(100_000));
+    o.busy_poll = Duration::from_micros(a.busy_poll_us);
     // Reads then complete with the C2HData SUCCESS flag: one PDU per read instead of two.
     o.disable_sqflow = true;
     let r = rt.block_on(measure(o, &p))?;

@@ -58,7 +58,7 @@ pub async fn serve<S: Stream>(stream: S, target: Arc<Target>, port: Arc<Port>, l
     target.stats.connections.fetch_add(1, Relaxed);
     target.stats.connections_total.fetch_add(1, Relaxed);
     let peer = stream.peer();
-    let fd = stream.fd();
+    let fd = stream.as_raw_fd();
     let (done_tx, done_rx) = unbounded_channel();
     let mut conn = Conn {
         stream,
@@ -66,6 +66,7 @@ pub async fn serve<S: Stream>(stream: S, target: Arc<Target>, port: Arc<Port>, l
         done_rx,
         cancel: CancellationToken::new(),
         bound: false,
+        stalled: false,
         core: Core {
             target: target.clone(),
             port,
@@ -112,6 +113,8 @@ struct Conn<S> {
     done_rx: UnboundedReceiver<Done>,
     cancel: CancellationToken,
     bound: bool,
+    /// process_rx stopped with bytes unread because the send buffer was full.
+    stalled: bool,
     core: Core,
 }
 
@@ -258,7 +261,7 @@ impl<S: Stream> Conn<S> {
             self.account_memory();
             // Commands left in the receive buffer while the send buffer was full: the
             // socket will not wake us for them, so go round again once there is room.
-            if self.core.tx.pending() <= limits::TX_PENDING_BYTES_MAX && self.backlog() {
+            if self.stalled && self.core.tx.pending() <= limits::TX_PENDING_BYTES_MAX {
                 continue;
             }
             let mut interest = Interest::READABLE;
@@ -289,11 +292,7 @@ impl<S: Stream> Conn<S> {
                     if let Some(d) = d {
                         self.core.on_done(d);
                     }
-                    // Like the ring's, pool completions wait while the send buffer is full.
-                    while self.core.tx.pending() <= limits::TX_PENDING_BYTES_MAX {
-                        let Ok(d) = self.done_rx.try_recv() else { break };
-                        self.core.on_done(d);
-                    }
+                    self.take_pool_completions();
                 }
                 _ = async { events.as_ref().expect("guarded").events.notified().await }, if events.is_some() => {
                     self.core.deliver_events();
@@ -317,9 +316,16 @@ impl<S: Stream> Conn<S> {
         }
     }
 
-    /// True when a complete PDU waits in the receive buffer.
-    fn backlog(&self) -> bool {
-        matches!(pdu::parse_frame(self.rx.data(), &self.core.framing), Ok(Some(_)) | Err(_))
+    /// Takes pool completions while the send buffer has room for their responses (the
+    /// ring's wait in the ring likewise). Returns how many.
+    fn take_pool_completions(&mut self) -> usize {
+        let mut n = 0;
+        while self.core.tx.pending() <= limits::TX_PENDING_BYTES_MAX {
+            let Ok(d) = self.done_rx.try_recv() else { break };
+            self.core.on_done(d);
+            n += 1;
+        }
+        n
     }
 
     /// Brings the target's buffer gauges up to date with this connection's buffers.
@@ -349,13 +355,7 @@ impl<S: Stream> Conn<S> {
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
                 Err(e) => return Err(e.into()),
             }
-            let mut got = self.core.reap_ring() > 0;
-            while self.core.tx.pending() <= limits::TX_PENDING_BYTES_MAX {
-                let Ok(d) = self.done_rx.try_recv() else { break };
-                self.core.on_done(d);
-                got = true;
-            }
-            if got {
+            if self.core.reap_ring() + self.take_pool_completions() > 0 {
                 return Ok(Polled::Activity);
             }
             if self.cancel.is_cancelled() || Instant::now() >= until {
@@ -406,7 +406,12 @@ impl<S: Stream> Conn<S> {
 
     /// Handles every complete PDU in the receive buffer.
     fn process_rx(&mut self) -> Result<Flow, ConnError> {
-        while self.core.tx.pending() <= limits::TX_PENDING_BYTES_MAX {
+        self.stalled = false;
+        loop {
+            if self.core.tx.pending() > limits::TX_PENDING_BYTES_MAX {
+                self.stalled = !self.rx.data().is_empty();
+                break;
+            }
             let frame = match pdu::parse_frame(self.rx.data(), &self.core.framing) {
                 Ok(Some(f)) => f,
                 Ok(None) => break,

@@ -14,28 +14,24 @@ use std::ptr::NonNull;
 pub use tokio::io::{Interest, Ready};
 
 /// A connected, non-blocking byte stream.
-pub trait Stream: Send + Sync + 'static {
+pub trait Stream: std::os::fd::AsRawFd + Send + Sync + 'static {
     fn ready(&self, interest: Interest) -> impl Future<Output = io::Result<Ready>> + Send;
     fn try_read(&self, buf: &mut [u8]) -> io::Result<usize>;
     fn try_write(&self, buf: &[u8]) -> io::Result<usize>;
     /// Reads without consulting the runtime's readiness cache: a plain non-blocking
     /// recv(2). Busy-polling loops use it, because the cache only learns of new data when
     /// the runtime polls epoll, which is exactly the wake-up a busy-poll is there to avoid.
-    fn read_now(&self, buf: &mut [u8]) -> io::Result<usize>;
-    /// The socket, for [`TxBuf::write_through`].
-    fn fd(&self) -> std::os::fd::RawFd;
+    fn read_now(&self, buf: &mut [u8]) -> io::Result<usize> {
+        // SAFETY: buf is valid for buf.len() writable bytes; the fd is this open socket.
+        let n = unsafe { libc::recv(self.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len(), libc::MSG_DONTWAIT) };
+        if n < 0 {
+            Err(io::Error::last_os_error())
+        } else {
+            Ok(n as usize)
+        }
+    }
     /// The peer's address, for logs.
     fn peer(&self) -> String;
-}
-
-fn recv_now(fd: std::os::fd::RawFd, buf: &mut [u8]) -> io::Result<usize> {
-    // SAFETY: buf is valid for buf.len() writable bytes; fd is an open socket we own.
-    let n = unsafe { libc::recv(fd, buf.as_mut_ptr().cast(), buf.len(), libc::MSG_DONTWAIT) };
-    if n < 0 {
-        Err(io::Error::last_os_error())
-    } else {
-        Ok(n as usize)
-    }
 }
 
 impl Stream for tokio::net::TcpStream {
@@ -47,12 +43,6 @@ impl Stream for tokio::net::TcpStream {
     }
     fn try_write(&self, buf: &[u8]) -> io::Result<usize> {
         tokio::net::TcpStream::try_write(self, buf)
-    }
-    fn read_now(&self, buf: &mut [u8]) -> io::Result<usize> {
-        recv_now(std::os::fd::AsRawFd::as_raw_fd(self), buf)
-    }
-    fn fd(&self) -> std::os::fd::RawFd {
-        std::os::fd::AsRawFd::as_raw_fd(self)
     }
     fn peer(&self) -> String {
         self.peer_addr().map(|a| a.to_string()).unwrap_or_else(|_| "?".into())
@@ -68,12 +58,6 @@ impl Stream for tokio::net::UnixStream {
     }
     fn try_write(&self, buf: &[u8]) -> io::Result<usize> {
         tokio::net::UnixStream::try_write(self, buf)
-    }
-    fn read_now(&self, buf: &mut [u8]) -> io::Result<usize> {
-        recv_now(std::os::fd::AsRawFd::as_raw_fd(self), buf)
-    }
-    fn fd(&self) -> std::os::fd::RawFd {
-        std::os::fd::AsRawFd::as_raw_fd(self)
     }
     fn peer(&self) -> String {
         "unix-socketpair".into()
@@ -349,7 +333,7 @@ mod tests {
         let big: Vec<u8> = (0..3_000_000u32).map(|i| (i % 251) as u8).collect();
         // Enough to fill the socket buffer, so part of it must be copied in.
         tx.buf.extend_from_slice(b"head");
-        tx.write_through(a.fd(), &[&big[..1_000_000], &big[1_000_000..]]);
+        tx.write_through(std::os::fd::AsRawFd::as_raw_fd(&a), &[&big[..1_000_000], &big[1_000_000..]]);
         tx.buf.extend_from_slice(b"tail");
         let reader = tokio::spawn(async move {
             let mut rx = RxBuf::new(1 << 22);
