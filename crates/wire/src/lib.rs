@@ -8,6 +8,7 @@
 //! All multi-byte fields are little-endian, as NVMe requires.
 
 pub mod bytes;
+pub mod compute;
 pub mod fabrics;
 pub mod identify;
 pub mod log;
