@@ -8,6 +8,7 @@
 //! Adding an operation: write a file with a type implementing [`Kernel`] and a `build`
 //! function from its arguments, then add one line to [`OPERATIONS`] (docs/compute.md).
 
+pub mod copy;
 pub mod digest;
 pub mod search;
 pub mod wc;
@@ -46,6 +47,12 @@ pub enum Outcome {
         lines: u64,
         words: u64,
     },
+    /// An operation that wrote an output object: bytes it read and bytes it wrote (the
+    /// host truncates the output file to `output`).
+    Written {
+        input: u64,
+        output: u64,
+    },
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -58,10 +65,36 @@ pub enum ComputeError {
     BadArguments { op: &'static str, message: String },
     #[error("{op}: a line longer than {limit} bytes at offset {offset}")]
     LineTooLong { op: &'static str, limit: usize, offset: u64 },
+    #[error("{op} {message}")]
+    Objects { op: &'static str, message: String },
+    #[error("output object full: the operation produced more than its {capacity} bytes")]
+    OutputFull { capacity: u64 },
+    #[error("{op}: needs more than the {limit}-byte memory bound of one command ({what})")]
+    Memory { op: &'static str, limit: usize, what: String },
+    #[error("{op}: bad input data: {message}")]
+    Data { op: &'static str, message: String },
+    #[error("I/O: {0}")]
+    Io(String),
+    #[error("I/O writing the output: {0}")]
+    WriteIo(String),
+    #[error("timed out after {0} s")]
+    Timeout(u64),
 }
 
 /// Builds a kernel from an operation's arguments.
-pub type Build = fn(&[u8]) -> Result<Box<dyn Kernel>, ComputeError>;
+pub type BuildKernel = fn(&[u8]) -> Result<Box<dyn Kernel>, ComputeError>;
+/// Builds a transform from an operation's arguments.
+pub type BuildTransform = fn(&[u8]) -> Result<Box<dyn Transform>, ComputeError>;
+
+/// How an operation runs.
+#[derive(Clone, Copy)]
+pub enum Build {
+    /// A streaming kernel run once per input object: one outcome per input.
+    Stream(BuildKernel),
+    /// A transform over all inputs and outputs at once (compress, sort, merge, copy,
+    /// select): one outcome. `inputs` and `outputs` are the object counts it accepts.
+    Transform { build: BuildTransform, inputs: (usize, usize), outputs: (usize, usize) },
+}
 
 /// One registered operation: its name (CLI and docs), its id (the descriptor's operation
 /// field) and how to build it from its arguments.
@@ -72,19 +105,63 @@ pub struct Operation {
     pub summary: &'static str,
 }
 
+/// Bytes of one input object, pulled in order. The target reads them from its backend,
+/// the host from a file or memory.
+pub trait Source {
+    /// The next chunk, never empty; None at the end.
+    fn next_chunk(&mut self) -> Result<Option<&[u8]>, ComputeError>;
+    /// The object's exact length in bytes.
+    fn len(&self) -> u64;
+    fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+/// Where an output object's bytes go, in order.
+pub trait Sink {
+    fn write(&mut self, data: &[u8]) -> Result<(), ComputeError>;
+    /// Bytes written so far.
+    fn written(&self) -> u64;
+}
+
+/// What an operation may use besides its inputs.
+#[derive(Clone, Copy, Debug)]
+pub struct Context {
+    /// Memory the operation may hold at once (a sort's records, a select's groups), in
+    /// bytes. Chunks read from the inputs are counted by the engine, not here.
+    pub memory_max: usize,
+}
+
+impl Default for Context {
+    fn default() -> Self {
+        Context { memory_max: 256 << 20 }
+    }
+}
+
+/// An operation over several inputs and outputs.
+pub trait Transform: Send {
+    fn run(self: Box<Self>, inputs: &mut [&mut dyn Source], outputs: &mut [&mut dyn Sink], ctx: &Context) -> Result<Outcome, ComputeError>;
+}
+
 /// Every operation. Ids are part of the wire format: never reuse one.
 pub static OPERATIONS: &[Operation] = &[
-    Operation { name: "crc32c", id: 0x0001, build: digest::crc32c, summary: "CRC-32C (Castagnoli), as iSCSI and NVMe digests" },
-    Operation { name: "crc64-nvme", id: 0x0002, build: digest::crc64_nvme, summary: "CRC-64/NVME, the NVMe end-to-end protection CRC" },
-    Operation { name: "xxh3-64", id: 0x0003, build: digest::xxh3_64, summary: "XXH3 64-bit, seed 0" },
-    Operation { name: "xxh3-128", id: 0x0004, build: digest::xxh3_128, summary: "XXH3 128-bit, seed 0" },
-    Operation { name: "blake3", id: 0x0005, build: digest::blake3, summary: "BLAKE3, 256-bit" },
-    Operation { name: "sha256", id: 0x0006, build: digest::sha256, summary: "SHA-256" },
-    Operation { name: "md5", id: 0x0007, build: digest::md5, summary: "MD5 (for matching existing catalogues, not for security)" },
-    Operation { name: "search", id: 0x0010, build: search::literal, summary: "literal search: match count and first offsets" },
-    Operation { name: "regex-count", id: 0x0011, build: search::regex_count, summary: "regular-expression matches, within lines" },
-    Operation { name: "grep-count", id: 0x0012, build: search::grep_count, summary: "lines matching a regular expression (grep -c)" },
-    Operation { name: "wc", id: 0x0020, build: wc::build, summary: "bytes, lines, words (wc)" },
+    Operation { name: "crc32c", id: 0x0001, build: Build::Stream(digest::crc32c), summary: "CRC-32C (Castagnoli), as iSCSI and NVMe digests" },
+    Operation { name: "crc64-nvme", id: 0x0002, build: Build::Stream(digest::crc64_nvme), summary: "CRC-64/NVME, the NVMe end-to-end protection CRC" },
+    Operation { name: "xxh3-64", id: 0x0003, build: Build::Stream(digest::xxh3_64), summary: "XXH3 64-bit, seed 0" },
+    Operation { name: "xxh3-128", id: 0x0004, build: Build::Stream(digest::xxh3_128), summary: "XXH3 128-bit, seed 0" },
+    Operation { name: "blake3", id: 0x0005, build: Build::Stream(digest::blake3), summary: "BLAKE3, 256-bit" },
+    Operation { name: "sha256", id: 0x0006, build: Build::Stream(digest::sha256), summary: "SHA-256" },
+    Operation { name: "md5", id: 0x0007, build: Build::Stream(digest::md5), summary: "MD5 (for matching existing catalogues, not for security)" },
+    Operation { name: "search", id: 0x0010, build: Build::Stream(search::literal), summary: "literal search: match count and first offsets" },
+    Operation { name: "regex-count", id: 0x0011, build: Build::Stream(search::regex_count), summary: "regular-expression matches, within lines" },
+    Operation { name: "grep-count", id: 0x0012, build: Build::Stream(search::grep_count), summary: "lines matching a regular expression (grep -c)" },
+    Operation { name: "wc", id: 0x0020, build: Build::Stream(wc::build), summary: "bytes, lines, words (wc)" },
+    Operation {
+        name: "copy",
+        id: 0x0040,
+        build: Build::Transform { build: copy::build, inputs: (1, 1), outputs: (1, 1) },
+        summary: "the input into the output object",
+    },
 ];
 
 pub fn by_name(name: &str) -> Result<&'static Operation, ComputeError> {
@@ -95,13 +172,119 @@ pub fn by_id(id: u16) -> Result<&'static Operation, ComputeError> {
     OPERATIONS.iter().find(|o| o.id == id).ok_or(ComputeError::UnknownOperationId(id))
 }
 
-/// Runs an operation over chunks held in memory: the local path, and tests.
-pub fn run<'a>(op: &str, args: &[u8], chunks: impl IntoIterator<Item = &'a [u8]>) -> Result<Outcome, ComputeError> {
-    let mut k = (by_name(op)?.build)(args)?;
-    for c in chunks {
-        k.update(c);
+impl Operation {
+    /// Checks the arguments and the object counts before anything is read: what the
+    /// target does on EXEC, and the host before it builds a descriptor.
+    pub fn check(&self, args: &[u8], inputs: usize, outputs: usize) -> Result<(), ComputeError> {
+        let counts = |(lo, hi): (usize, usize), n: usize, what: &str| {
+            if n < lo || n > hi {
+                let want = if lo == hi {
+                    format!("{lo}")
+                } else if hi == usize::MAX {
+                    format!("at least {lo}")
+                } else {
+                    format!("{lo} to {hi}")
+                };
+                return Err(ComputeError::Objects { op: self.name, message: format!("takes {want} {what} objects, not {n}") });
+            }
+            Ok(())
+        };
+        match self.build {
+            Build::Stream(b) => {
+                counts((1, usize::MAX), inputs, "input")?;
+                counts((0, 0), outputs, "output")?;
+                b(args).map(drop)
+            }
+            Build::Transform { build, inputs: i, outputs: o } => {
+                counts(i, inputs, "input")?;
+                counts(o, outputs, "output")?;
+                build(args).map(drop)
+            }
+        }
     }
-    k.finish()
+
+    /// Runs the operation: one outcome per input for a stream kernel, one for a transform.
+    pub fn execute(
+        &self,
+        args: &[u8],
+        inputs: &mut [&mut dyn Source],
+        outputs: &mut [&mut dyn Sink],
+        ctx: &Context,
+    ) -> Result<Vec<Outcome>, ComputeError> {
+        self.check(args, inputs.len(), outputs.len())?;
+        match self.build {
+            Build::Stream(b) => inputs
+                .iter_mut()
+                .map(|src| {
+                    let mut k = b(args)?;
+                    while let Some(c) = src.next_chunk()? {
+                        k.update(c);
+                    }
+                    k.finish()
+                })
+                .collect(),
+            Build::Transform { build, .. } => Ok(vec![build(args)?.run(inputs, outputs, ctx)?]),
+        }
+    }
+}
+
+/// A [`Source`] over chunks held in memory: the local path for small data, and tests.
+pub struct SliceSource<'a> {
+    chunks: Vec<&'a [u8]>,
+    next: usize,
+    len: u64,
+}
+
+impl<'a> SliceSource<'a> {
+    pub fn new(chunks: impl IntoIterator<Item = &'a [u8]>) -> SliceSource<'a> {
+        let chunks: Vec<&[u8]> = chunks.into_iter().filter(|c| !c.is_empty()).collect();
+        let len = chunks.iter().map(|c| c.len() as u64).sum();
+        SliceSource { chunks, next: 0, len }
+    }
+}
+
+impl Source for SliceSource<'_> {
+    fn next_chunk(&mut self) -> Result<Option<&[u8]>, ComputeError> {
+        let c = self.chunks.get(self.next).copied();
+        self.next += 1;
+        Ok(c)
+    }
+    fn len(&self) -> u64 {
+        self.len
+    }
+}
+
+/// A [`Sink`] into memory, with a capacity (an output object's allocated length).
+pub struct VecSink {
+    pub data: Vec<u8>,
+    pub capacity: u64,
+}
+
+impl VecSink {
+    pub fn new(capacity: u64) -> VecSink {
+        VecSink { data: Vec::new(), capacity }
+    }
+}
+
+impl Sink for VecSink {
+    fn write(&mut self, data: &[u8]) -> Result<(), ComputeError> {
+        if self.data.len() as u64 + data.len() as u64 > self.capacity {
+            return Err(ComputeError::OutputFull { capacity: self.capacity });
+        }
+        self.data.extend_from_slice(data);
+        Ok(())
+    }
+    fn written(&self) -> u64 {
+        self.data.len() as u64
+    }
+}
+
+/// Runs a stream operation over one input held in memory as chunks: tests and the
+/// simplest local path.
+pub fn run<'a>(op: &str, args: &[u8], chunks: impl IntoIterator<Item = &'a [u8]>) -> Result<Outcome, ComputeError> {
+    let mut src = SliceSource::new(chunks);
+    let mut out = by_name(op)?.execute(args, &mut [&mut src], &mut [], &Context::default())?;
+    Ok(out.remove(0))
 }
 
 /// Parses an operation's JSON arguments, naming the operation in the error.

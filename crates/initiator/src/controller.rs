@@ -4,6 +4,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
+use nearstore_wire::compute::opcode as cop;
 use nearstore_wire::fabrics::{cap, cc, connect, csts, prop, ConnectData};
 use nearstore_wire::identify::{self, IdentifyController, IdentifyNamespace, IDENTIFY_LEN};
 use nearstore_wire::log::{self, get_log, DiscoveryEntry};
@@ -365,6 +366,54 @@ impl IoQueue {
         let mut s = Sqe::new(io::DATASET_MANAGEMENT, 0);
         s.set_nsid(nsid).set_cdw(10, ranges.len() as u32 - 1).set_cdw(11, 1 << 2);
         run(&mut self.q, s, Data::Out(&d), "Dataset Management (deallocate)", self.timeout).await?;
+        Ok(())
+    }
+
+    /// Runs a compute command (docs/compute-protocol.md): EXEC with the encoded
+    /// descriptor, then FETCH of the whole result. A refused or failed command returns
+    /// [`Error::Compute`] with the target's status and its message, fetched the same way.
+    pub async fn compute(&mut self, nsid: u32, descriptor: &[u8], timeout: Duration) -> Result<Vec<u8>> {
+        let mut s = Sqe::new(cop::EXEC, 0);
+        s.set_nsid(nsid);
+        let cqe = match run(&mut self.q, s, Data::Out(descriptor), "compute EXEC", timeout).await {
+            Ok((cqe, _)) => cqe,
+            Err(Error::Status { status, cqe, .. }) => {
+                let message = if cqe.dw0 != 0 {
+                    let m = self.fetch(cqe.dw0, cqe.dw1).await?;
+                    String::from_utf8_lossy(&m).into_owned()
+                } else {
+                    String::new()
+                };
+                return Err(Error::Compute { status, message });
+            }
+            Err(e) => return Err(e),
+        };
+        self.fetch(cqe.dw0, cqe.dw1).await
+    }
+
+    /// FETCHes `len` bytes held under `handle`, in transfers of at most the queue's
+    /// largest; the last releases the handle.
+    pub async fn fetch(&mut self, handle: u32, len: u32) -> Result<Vec<u8>> {
+        let max = self.q.options().max_transfer.min(128 * 1024);
+        let mut out = Vec::with_capacity(len as usize);
+        loop {
+            let want = (len as usize - out.len()).clamp(1, max);
+            let mut s = Sqe::new(cop::FETCH, 0);
+            s.set_cdw(10, handle).set_cdw(11, out.len() as u32);
+            let (cqe, d) = run(&mut self.q, s, Data::In(want), "compute FETCH", self.timeout).await?;
+            let valid = (cqe.dw0 as usize).min(d.len());
+            out.extend_from_slice(&d[..valid]);
+            if cqe.dw1 == 0 || valid == 0 {
+                return Ok(out);
+            }
+        }
+    }
+
+    /// RELEASEs a held result before it expires.
+    pub async fn release(&mut self, handle: u32) -> Result<()> {
+        let mut s = Sqe::new(cop::RELEASE, 0);
+        s.set_cdw(10, handle);
+        run(&mut self.q, s, Data::None, "compute RELEASE", self.timeout).await?;
         Ok(())
     }
 }

@@ -31,6 +31,10 @@ pub enum Error {
     QueueFull(usize),
     #[error("invalid argument: {0}")]
     Invalid(String),
+    /// A compute command the target refused or that failed there: its status and the
+    /// message it held for the host.
+    #[error("{status}: {message}")]
+    Compute { status: Status, message: String },
 }
 
 pub type Result<T> = std::result::Result<T, Error>;

@@ -70,6 +70,9 @@ pub struct Config {
     /// How file and block backends do I/O.
     #[serde(default)]
     pub io_engine: IoEngine,
+    /// The offload engine.
+    #[serde(default)]
+    pub compute: crate::offload::ComputeConfig,
 }
 
 /// How file and block backends do I/O.
@@ -204,6 +207,7 @@ impl Config {
         if self.io_threads == 0 || self.io_threads > 256 {
             return Err(invalid("io_threads", "must be between 1 and 256"));
         }
+        self.compute.validate().map_err(|(f, m)| invalid(f, m))?;
         let mut nqns = HashSet::new();
         for (i, s) in self.subsystem.iter().enumerate() {
             let f = format!("subsystem[{i}]");
@@ -267,6 +271,7 @@ impl Config {
             net_threads: None,
             busy_poll_us: limits::BUSY_POLL_US_DEFAULT,
             io_engine: IoEngine::Uring,
+            compute: Default::default(),
         }
     }
 }

@@ -16,6 +16,8 @@ pub enum IoKind {
     Read,
     Write,
     Other,
+    /// A compute command (runs on the offload engine).
+    Compute,
 }
 
 /// A validated I/O command.

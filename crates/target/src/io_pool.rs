@@ -43,6 +43,18 @@ pub struct Done {
     pub token: u32,
     pub result: io::Result<()>,
     pub buf: AlignedBuf,
+    /// Set for a compute command from the offload engine (then `buf` is empty).
+    pub computed: Option<Box<crate::offload::Computed>>,
+}
+
+impl Done {
+    pub fn io(token: u32, result: io::Result<()>, buf: AlignedBuf) -> Done {
+        Done { token, result, buf, computed: None }
+    }
+
+    pub fn computed(token: u32, c: crate::offload::Computed) -> Done {
+        Done { token, result: Ok(()), buf: AlignedBuf::new(0), computed: Some(Box::new(c)) }
+    }
 }
 
 /// Runs one operation synchronously: used by the workers, and inline for cheap backends.
@@ -93,7 +105,7 @@ impl IoPool {
                     for mut job in rx {
                         let result = execute(&*job.backend, &job.op, &mut job.buf);
                         // The connection may be gone; then the buffer is simply freed.
-                        let _ = job.reply.send(Done { token: job.token, result, buf: job.buf });
+                        let _ = job.reply.send(Done::io(job.token, result, job.buf));
                     }
                 })
                 .expect("spawning an I/O worker");
@@ -104,7 +116,7 @@ impl IoPool {
     pub fn submit(&self, job: Job) {
         if let Err(e) = self.tx.send(job) {
             let job = e.into_inner();
-            let _ = job.reply.send(Done { token: job.token, result: Err(io::Error::other("I/O pool stopped")), buf: job.buf });
+            let _ = job.reply.send(Done::io(job.token, Err(io::Error::other("I/O pool stopped")), job.buf));
         }
     }
 }

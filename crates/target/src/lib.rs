@@ -16,6 +16,7 @@ pub mod io_cmd;
 pub mod io_pool;
 pub mod limits;
 pub mod metrics;
+pub mod offload;
 pub mod reply;
 pub mod subsystem;
 pub mod tcp;
@@ -70,10 +71,17 @@ pub struct Target {
     /// parks in epoll (0: never poll).
     pub busy_poll: std::time::Duration,
     pub io_engine: config::IoEngine,
+    /// Runs compute commands.
+    pub offload: offload::Offload,
 }
 
 impl Target {
-    pub fn new(io_threads: usize, busy_poll: std::time::Duration, io_engine: config::IoEngine) -> Arc<Target> {
+    pub fn new(
+        io_threads: usize,
+        busy_poll: std::time::Duration,
+        io_engine: config::IoEngine,
+        compute: offload::ComputeConfig,
+    ) -> Arc<Target> {
         Arc::new(Target {
             subsystems: RwLock::new(BTreeMap::new()),
             discovery: Arc::new(Subsystem::new(nearstore_wire::DISCOVERY_NQN, None, Some("nearstore discovery"), true, &[])),
@@ -83,6 +91,7 @@ impl Target {
             stats: TargetStats::default(),
             busy_poll,
             io_engine,
+            offload: offload::Offload::new(compute),
         })
     }
 
@@ -90,7 +99,7 @@ impl Target {
     /// opened by [`Target::listen_all`]).
     pub fn from_config(cfg: &Config) -> Result<Arc<Target>, TargetError> {
         cfg.validate()?;
-        let t = Target::new(cfg.io_threads, std::time::Duration::from_micros(cfg.busy_poll_us), cfg.io_engine);
+        let t = Target::new(cfg.io_threads, std::time::Duration::from_micros(cfg.busy_poll_us), cfg.io_engine, cfg.compute.clone());
         for (i, s) in cfg.subsystem.iter().enumerate() {
             let sub = Subsystem::new(&s.nqn, s.serial.as_deref(), s.model.as_deref(), s.allow_any_host, &s.hosts);
             for (j, n) in s.namespace.iter().enumerate() {

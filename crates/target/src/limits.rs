@@ -93,3 +93,17 @@ pub fn connection_memory_max(sqsize: usize) -> usize {
 
 /// io_uring completions taken per look at the ring while the send buffer has room.
 pub const REAP_BATCH: usize = 8;
+
+/// Bytes of input handed to a compute operation at a time (compute.chunk): large enough
+/// that per-chunk overheads (a channel hand-off, a read syscall) vanish next to the
+/// compute on it, small enough that read-ahead of several chunks per input stays cheap.
+pub const COMPUTE_CHUNK_DEFAULT: u64 = 1 << 20;
+
+/// Results and messages one controller holds for FETCH, running compute commands
+/// included (each has a slot reserved for its result). Past it, EXEC fails with
+/// RESULTS_FULL until the host fetches or releases some.
+pub const RESULTS_HELD_MAX: usize = 128;
+
+/// Largest result of one compute command (its JSON outcomes). With RESULTS_HELD_MAX, a
+/// controller holds at most 32 MiB of results. Larger outputs go to output objects.
+pub const RESULT_BYTES_MAX: usize = 256 * 1024;

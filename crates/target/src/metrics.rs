@@ -77,6 +77,16 @@ pub fn render(t: &Target) -> String {
         "# TYPE nearstore_connection_buffer_bytes_max gauge\nnearstore_connection_buffer_bytes_max {}",
         s.connection_buffer_bytes_max.load(Relaxed)
     );
+    let c = &t.offload.stats;
+    for (name, kind, v) in [
+        ("nearstore_compute_commands_total", "counter", c.commands.load(Relaxed)),
+        ("nearstore_compute_errors_total", "counter", c.errors.load(Relaxed)),
+        ("nearstore_compute_read_bytes_total", "counter", c.bytes_read.load(Relaxed)),
+        ("nearstore_compute_written_bytes_total", "counter", c.bytes_written.load(Relaxed)),
+        ("nearstore_compute_running", "gauge", c.running.load(Relaxed)),
+    ] {
+        let _ = writeln!(o, "# TYPE {name} {kind}\n{name} {v}");
+    }
     type Counter = (&'static str, fn(&NsStats) -> &AtomicU64);
     let counters: [Counter; 6] = [
         ("nearstore_reads_total", |n| &n.reads),

@@ -180,6 +180,8 @@ pub struct Controller {
     pub cancel: CancellationToken,
     /// Wakes the admin queue when an asynchronous event is pending.
     pub events: Notify,
+    /// Compute results and messages held for FETCH.
+    pub results: Mutex<crate::offload::Results>,
 }
 
 /// AEN: Notice, Namespace Attribute Changed, log page 04h (NVMe Base, "Asynchronous Event Information").
@@ -211,6 +213,7 @@ impl Controller {
             last_activity_ms: AtomicU64::new(0),
             cancel: CancellationToken::new(),
             events: Notify::new(),
+            results: Mutex::new(Default::default()),
         }
     }
 

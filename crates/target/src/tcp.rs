@@ -34,6 +34,8 @@ use crate::subsystem::{Controller, Namespace};
 use crate::uring::{self, Ring, Sub};
 use crate::{Port, Target};
 
+mod compute;
+
 /// How long a new connection may take to send its ICReq.
 const IC_TIMEOUT: Duration = Duration::from_secs(10);
 /// How long a TermReq may take to leave before the socket is closed anyway.
@@ -620,7 +622,7 @@ impl Core {
             self.complete(cid, Status::INVALID_FIELD.dnr(), 0, 0);
             return Ok(());
         }
-        if let Some(q) = self.queue.as_ref().filter(|q| q.qid > 0) {
+        if let Some(q) = self.queue.as_ref().filter(|q| q.qid > 0 && !compute::is_compute(sqe.opcode())) {
             if let Err(s) = io_cmd::plan(&q.ctrl.subsys, &sqe, true) {
                 let ctrl = q.ctrl.clone();
                 self.fail_io(&ctrl, &sqe, s);
@@ -774,6 +776,13 @@ impl Core {
     /// buffer) or `buf` (gathered from H2CData).
     fn execute_io(&mut self, sqe: Sqe, data: &[u8], buf: Option<AlignedBuf>, start: Instant) -> Result<(), ConnError> {
         let ctrl = self.queue.as_ref().expect("I/O queue").ctrl.clone();
+        if compute::is_compute(sqe.opcode()) {
+            let r = self.execute_compute(&ctrl, sqe, buf.as_deref().unwrap_or(data), start);
+            if let Some(b) = buf {
+                self.put_buf(b);
+            }
+            return r;
+        }
         let plan = match io_cmd::plan(&ctrl.subsys, &sqe, ctrl.write_cache.load(Relaxed)) {
             Ok(p) => p,
             Err(s) => {
@@ -912,7 +921,7 @@ impl Core {
                 }
             };
             let buf = x.ring.take().expect("a ring command").buf;
-            self.on_done(Done { token: token as u32, result, buf });
+            self.on_done(Done::io(token as u32, result, buf));
             n += 1;
         }
         n
@@ -1004,7 +1013,7 @@ impl Core {
                 ns.stats.writes.fetch_add(1, Relaxed);
                 ns.stats.written_bytes.fetch_add(len as u64, Relaxed);
             }
-            IoKind::Other => {
+            IoKind::Other | IoKind::Compute => {
                 ns.stats.other.fetch_add(1, Relaxed);
             }
         }
@@ -1028,6 +1037,9 @@ impl Core {
 
     /// A pool job finished.
     fn on_done(&mut self, d: Done) {
+        if let Some(c) = d.computed {
+            return self.on_computed(d.token, *c);
+        }
         let Some(x) = self.inflight.remove(d.token as usize) else {
             return;
         };
@@ -1083,6 +1095,10 @@ fn spawn_keep_alive_watchdog(target: Arc<Target>, ctrl: Arc<Controller>) {
             tokio::select! {
                 _ = ctrl.cancel.cancelled() => return,
                 _ = tokio::time::sleep(Duration::from_millis(tick)) => {}
+            }
+            // A host waiting for a long compute command is not idle.
+            if ctrl.results.lock().running() > 0 {
+                ctrl.touch();
             }
             if kato != 0 && ctrl.idle_ms() > kato {
                 warn!(cntlid = ctrl.cntlid, subnqn = %ctrl.subsys.nqn, kato_ms = kato, "keep-alive timeout: controller torn down");

@@ -336,6 +336,13 @@ impl Descriptor {
                     return Err(invalid(format!("descriptor: {} extent {k}: an output cannot be zeros", object_name(i, n_in))));
                 }
                 if e.is_zeros() {
+                    if e.len % block != 0 {
+                        return Err(invalid(format!(
+                            "descriptor: {} extent {k}: length {} must be a multiple of the {block}-byte block",
+                            object_name(i, n_in),
+                            e.len
+                        )));
+                    }
                     continue;
                 }
                 if e.offset % block != 0 || e.len % block != 0 {
@@ -523,6 +530,10 @@ mod tests {
         let mut d = sample();
         d.outputs[0].extents[0] = Extent::zeros(1024);
         assert!(d.check_extents(1 << 20, 512).unwrap_err().message.contains("an output cannot be zeros"));
+        let mut d = sample();
+        d.inputs[0].extents[1] = Extent::zeros(500);
+        d.inputs[0].len -= 12;
+        assert!(d.check_extents(1 << 20, 512).unwrap_err().message.contains("input 0 extent 1: length 500 must be a multiple"));
     }
 
     #[test]

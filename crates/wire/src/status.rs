@@ -88,7 +88,7 @@ impl Status {
     }
 
     pub fn name(self) -> Option<&'static str> {
-        name_of(Status { dnr: false, ..self })
+        name_of(Status { dnr: false, ..self }).or_else(|| crate::compute::status::name(self))
     }
 }
 

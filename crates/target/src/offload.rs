@@ -1,0 +1,572 @@
+//! The offload engine: runs compute commands where the data lies.
+//!
+//! A connection validates an EXEC (descriptor, operation, arguments, extents) and hands a
+//! [`Task`] to the engine's worker pool; the connection goes on serving other commands. A
+//! worker streams each input object from the namespace's backend in chunks
+//! (`compute.chunk`, 1 MiB by default) through the operation of the shared compute crate.
+//! A reader thread per input keeps `compute.readahead` chunks in flight, so reading and
+//! computing overlap. Outputs are written through the backend in chunks, padded to whole
+//! blocks, and made durable before the command completes. The result (JSON outcomes) or
+//! the error message goes back to the connection, which holds it in the controller's
+//! [`Results`] under a handle for the host to FETCH.
+//!
+//! Bounds: a command's chunk buffers plus its operation's working memory stay under
+//! `compute.memory_per_command`; it stops with TIMEOUT after `compute.timeout_secs`, and
+//! when its controller goes away.
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use crossbeam_channel::{Receiver, RecvTimeoutError, Sender};
+use nearstore_compute::{ComputeError, Context, Operation, Outcome, Sink, Source};
+use nearstore_transport::AlignedBuf;
+use nearstore_wire::compute::{status as cs, Descriptor, Extent, Object};
+use nearstore_wire::Status;
+use serde::Deserialize;
+use tokio::sync::mpsc::UnboundedSender;
+use tokio_util::sync::CancellationToken;
+
+use crate::backend::Backend;
+use crate::config::ByteSize;
+use crate::io_pool::Done;
+use crate::limits;
+use crate::subsystem::{Controller, Namespace};
+
+/// The `[compute]` section of the configuration.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ComputeConfig {
+    /// Worker threads running compute commands (default: the machine's cores).
+    pub threads: usize,
+    /// Bytes read from the backend and handed to the operation at a time.
+    pub chunk: ByteSize,
+    /// Chunks read ahead of the operation, per input.
+    pub readahead: usize,
+    /// Memory one command may use: its chunk buffers plus the operation's own.
+    pub memory_per_command: ByteSize,
+    /// Longest a command may run before it fails with TIMEOUT.
+    pub timeout_secs: u64,
+    /// How long an unfetched result or message is held.
+    pub result_ttl_secs: u64,
+}
+
+impl Default for ComputeConfig {
+    fn default() -> Self {
+        ComputeConfig {
+            threads: std::thread::available_parallelism().map_or(2, |n| n.get()),
+            chunk: ByteSize(limits::COMPUTE_CHUNK_DEFAULT),
+            readahead: 2,
+            memory_per_command: ByteSize(256 << 20),
+            timeout_secs: 600,
+            result_ttl_secs: 60,
+        }
+    }
+}
+
+impl ComputeConfig {
+    /// Checks ranges; errors name the field as it is written in the TOML file.
+    pub fn validate(&self) -> Result<(), (String, String)> {
+        let e = |f: &str, m: String| Err((format!("compute.{f}"), m));
+        if self.threads == 0 || self.threads > 256 {
+            return e("threads", "must be between 1 and 256".into());
+        }
+        let c = self.chunk.0;
+        if !(4096..=64 << 20).contains(&c) || c % 4096 != 0 {
+            return e("chunk", format!("{c} bytes: must be a multiple of 4 KiB between 4 KiB and 64 MiB"));
+        }
+        if self.readahead > 16 {
+            return e("readahead", "must be at most 16 chunks".into());
+        }
+        let need = c * (self.readahead as u64 + 1);
+        if self.memory_per_command.0 < need {
+            return e("memory_per_command", format!("must hold at least one input's chunks ({need} bytes)"));
+        }
+        if self.timeout_secs == 0 || self.timeout_secs > 86400 {
+            return e("timeout_secs", "must be between 1 and 86400".into());
+        }
+        if self.result_ttl_secs == 0 || self.result_ttl_secs > 86400 {
+            return e("result_ttl_secs", "must be between 1 and 86400".into());
+        }
+        Ok(())
+    }
+}
+
+/// Counters of the engine, served by the metrics endpoint.
+#[derive(Default)]
+pub struct ComputeStats {
+    pub commands: AtomicU64,
+    pub errors: AtomicU64,
+    pub bytes_read: AtomicU64,
+    pub bytes_written: AtomicU64,
+    pub running: AtomicU64,
+}
+
+/// Why a command failed: the NVMe status and the message the host can fetch.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Failure {
+    pub status: Status,
+    pub message: String,
+}
+
+impl Failure {
+    pub fn new(status: Status, message: impl Into<String>) -> Failure {
+        Failure { status, message: message.into() }
+    }
+}
+
+/// The NVMe status of an operation's error.
+pub fn status_of(e: &ComputeError) -> Status {
+    match e {
+        ComputeError::UnknownOperation(_) | ComputeError::UnknownOperationId(_) => cs::UNKNOWN_OPERATION,
+        ComputeError::BadArguments { .. } | ComputeError::Objects { .. } => cs::BAD_ARGUMENTS,
+        ComputeError::LineTooLong { .. } | ComputeError::Data { .. } => cs::OPERATION_FAILED,
+        ComputeError::OutputFull { .. } => cs::OUTPUT_TOO_SMALL,
+        ComputeError::Memory { .. } => cs::LIMIT_EXCEEDED,
+        ComputeError::Io(_) => Status::UNRECOVERED_READ_ERROR.dnr(),
+        ComputeError::WriteIo(_) => Status::WRITE_FAULT.dnr(),
+        ComputeError::Timeout(_) => cs::TIMEOUT,
+    }
+}
+
+impl From<ComputeError> for Failure {
+    fn from(e: ComputeError) -> Failure {
+        Failure { status: status_of(&e), message: e.to_string() }
+    }
+}
+
+/// What a finished task hands back: the JSON result or a failure, and the reservation of
+/// its result slot (released when the connection has stored the result, or dropped).
+pub struct Computed {
+    pub result: Result<Vec<u8>, Failure>,
+    pub slot: Slot,
+}
+
+/// A compute command's claim on one of its controller's result slots, taken when the
+/// command is accepted so that its result always has room.
+pub struct Slot {
+    ctrl: Arc<Controller>,
+}
+
+impl Slot {
+    /// Claims a slot, or RESULTS_FULL when the controller holds its limit of results and
+    /// running commands.
+    pub fn claim(ctrl: &Arc<Controller>) -> Option<Slot> {
+        let mut r = ctrl.results.lock();
+        r.purge(Instant::now());
+        if r.held.len() + r.reserved >= limits::RESULTS_HELD_MAX {
+            return None;
+        }
+        r.reserved += 1;
+        Some(Slot { ctrl: ctrl.clone() })
+    }
+
+    /// Stores `data` in the claimed slot: its handle.
+    pub fn fill(self, data: Vec<u8>, ttl: Duration) -> u32 {
+        let mut r = self.ctrl.results.lock();
+        r.reserved -= 1;
+        let h = r.insert(data, Instant::now() + ttl);
+        drop(r);
+        std::mem::forget(self);
+        h
+    }
+}
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        self.ctrl.results.lock().reserved -= 1;
+    }
+}
+
+/// Results and messages a controller holds for its host, by handle.
+#[derive(Default)]
+pub struct Results {
+    next: u32,
+    held: HashMap<u32, (Vec<u8>, Instant)>,
+    /// Slots claimed by running commands.
+    reserved: usize,
+}
+
+impl Results {
+    fn purge(&mut self, now: Instant) {
+        self.held.retain(|_, (_, expires)| *expires > now);
+    }
+
+    fn insert(&mut self, data: Vec<u8>, expires: Instant) -> u32 {
+        loop {
+            self.next = self.next.wrapping_add(1);
+            if self.next != 0 && !self.held.contains_key(&self.next) {
+                break;
+            }
+        }
+        self.held.insert(self.next, (data, expires));
+        self.next
+    }
+
+    /// Copies up to `len` bytes from `offset` of what `handle` holds: (bytes, remaining
+    /// after them). Reaching the end releases the handle.
+    pub fn fetch(&mut self, handle: u32, offset: u64, len: usize) -> Result<(Vec<u8>, u32), Failure> {
+        self.purge(Instant::now());
+        let Some((data, _)) = self.held.get(&handle) else {
+            return Err(Failure::new(cs::HANDLE_INVALID, format!("handle {handle} is not held (never issued, fetched to the end, released or expired)")));
+        };
+        if offset > data.len() as u64 {
+            return Err(Failure::new(Status::INVALID_FIELD.dnr(), format!("offset {offset} is past the {} bytes of handle {handle}", data.len())));
+        }
+        let start = offset as usize;
+        let end = (start + len).min(data.len());
+        let out = data[start..end].to_vec();
+        let remaining = (data.len() - end) as u32;
+        if remaining == 0 {
+            self.held.remove(&handle);
+        }
+        Ok((out, remaining))
+    }
+
+    pub fn release(&mut self, handle: u32) -> bool {
+        self.held.remove(&handle).is_some()
+    }
+
+    pub fn held(&self) -> usize {
+        self.held.len()
+    }
+
+    /// Compute commands of the controller still running (their slots are claimed).
+    pub fn running(&self) -> usize {
+        self.reserved
+    }
+}
+
+/// A validated compute command, ready to run.
+pub struct Task {
+    pub ns: Arc<Namespace>,
+    pub op: &'static Operation,
+    pub desc: Descriptor,
+    pub token: u32,
+    pub slot: Slot,
+    pub reply: UnboundedSender<Done>,
+    /// The controller's: fires when it goes away.
+    pub cancel: CancellationToken,
+}
+
+/// Checks an EXEC's descriptor against the namespace before anything runs.
+pub fn validate(ns: &Namespace, data: &[u8], cfg: &ComputeConfig) -> Result<(Descriptor, &'static Operation), Failure> {
+    let desc = Descriptor::decode(data).map_err(|e| Failure::new(e.status, e.message))?;
+    let op = nearstore_compute::by_id(desc.op)?;
+    op.check(&desc.args, desc.inputs.len(), desc.outputs.len())?;
+    desc.check_extents(ns.backend.size(), ns.block_size as u64).map_err(|e| Failure::new(e.status, e.message))?;
+    let buffers = buffer_bytes(&desc, cfg);
+    if buffers > cfg.memory_per_command.0 {
+        return Err(Failure::new(
+            cs::LIMIT_EXCEEDED,
+            format!(
+                "{} inputs and {} outputs need {buffers} bytes of chunk buffers, more than compute.memory_per_command ({} bytes)",
+                desc.inputs.len(),
+                desc.outputs.len(),
+                cfg.memory_per_command.0
+            ),
+        ));
+    }
+    Ok((desc, op))
+}
+
+/// Chunk buffers of one command: readahead + 1 per input, one per output.
+fn buffer_bytes(desc: &Descriptor, cfg: &ComputeConfig) -> u64 {
+    let chunk = cfg.chunk.0;
+    desc.inputs.len() as u64 * (cfg.readahead as u64 + 1) * chunk + desc.outputs.len() as u64 * chunk
+}
+
+/// The worker pool.
+pub struct Offload {
+    tx: Sender<Task>,
+    pub cfg: ComputeConfig,
+    pub stats: Arc<ComputeStats>,
+}
+
+impl Offload {
+    pub fn new(cfg: ComputeConfig) -> Offload {
+        let (tx, rx) = crossbeam_channel::unbounded::<Task>();
+        let stats = Arc::new(ComputeStats::default());
+        for i in 0..cfg.threads.max(1) {
+            let (rx, cfg, stats) = (rx.clone(), cfg.clone(), stats.clone());
+            std::thread::Builder::new()
+                .name(format!("nearstore-compute-{i}"))
+                .spawn(move || {
+                    for task in rx {
+                        stats.running.fetch_add(1, Relaxed);
+                        let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| run(&task, &cfg, &stats)))
+                            .unwrap_or_else(|_| Err(Failure::new(Status::INTERNAL_ERROR, "the operation panicked: a bug, please report it")));
+                        stats.running.fetch_sub(1, Relaxed);
+                        stats.commands.fetch_add(1, Relaxed);
+                        if result.is_err() {
+                            stats.errors.fetch_add(1, Relaxed);
+                        }
+                        let Task { token, slot, reply, .. } = task;
+                        let _ = reply.send(Done::computed(token, Computed { result, slot }));
+                    }
+                })
+                .expect("spawning a compute worker");
+        }
+        Offload { tx, cfg, stats }
+    }
+
+    pub fn submit(&self, task: Task) {
+        if let Err(e) = self.tx.send(task) {
+            let t = e.into_inner();
+            let c = Computed { result: Err(Failure::new(Status::INTERNAL_ERROR, "compute pool stopped")), slot: t.slot };
+            let _ = t.reply.send(Done::computed(t.token, c));
+        }
+    }
+}
+
+/// Runs one task on the calling worker thread.
+fn run(task: &Task, cfg: &ComputeConfig, stats: &ComputeStats) -> Result<Vec<u8>, Failure> {
+    let deadline = Instant::now() + Duration::from_secs(cfg.timeout_secs);
+    let stop = AtomicBool::new(false);
+    let ns = &task.ns;
+    let block = ns.block_size as u64;
+    let chunk = cfg.chunk.0 as usize;
+    let ctx = Context { memory_max: (cfg.memory_per_command.0 - buffer_bytes(&task.desc, cfg)) as usize };
+    let limits = Limits { deadline, timeout_secs: cfg.timeout_secs, cancel: &task.cancel };
+    let outcome: Result<Vec<Outcome>, ComputeError> = std::thread::scope(|scope| {
+        let mut sources: Vec<NsSource> = Vec::with_capacity(task.desc.inputs.len());
+        for o in &task.desc.inputs {
+            let (data_tx, data_rx) = crossbeam_channel::bounded(cfg.readahead.max(1));
+            let (free_tx, free_rx) = crossbeam_channel::unbounded();
+            let backend = ns.backend.clone();
+            let pieces: VecDeque<Extent> = o.pieces().collect();
+            let (stop, depth) = (&stop, cfg.readahead + 1);
+            std::thread::Builder::new()
+                .name("nearstore-readahead".into())
+                .spawn_scoped(scope, move || read_ahead(&*backend, block, chunk, depth, pieces, data_tx, free_rx, stop))
+                .expect("spawning a read-ahead thread");
+            sources.push(NsSource { len: o.len, data_rx, free_tx, current: None, limits: &limits, read: 0 });
+        }
+        let mut sinks: Vec<NsSink> = task.desc.outputs.iter().map(|o| NsSink::new(ns.backend.clone(), o, block, chunk, &limits)).collect();
+        let r = {
+            let mut ins: Vec<&mut dyn Source> = sources.iter_mut().map(|s| s as &mut dyn Source).collect();
+            let mut outs: Vec<&mut dyn Sink> = sinks.iter_mut().map(|s| s as &mut dyn Sink).collect();
+            task.op.execute(&task.desc.args, &mut ins, &mut outs, &ctx)
+        };
+        // Readers stop at their next chunk, or now if they wait for a free buffer.
+        stop.store(true, Relaxed);
+        let read: u64 = sources.iter().map(|s| s.read).sum();
+        drop(sources);
+        stats.bytes_read.fetch_add(read, Relaxed);
+        let r = r.and_then(|o| {
+            for s in &mut sinks {
+                s.finish()?;
+                stats.bytes_written.fetch_add(s.written, Relaxed);
+            }
+            Ok(o)
+        });
+        r
+    });
+    let outcome = outcome?;
+    let json = serde_json::to_vec(&outcome).expect("outcomes serialise");
+    if json.len() > limits::RESULT_BYTES_MAX {
+        return Err(Failure::new(
+            cs::LIMIT_EXCEEDED,
+            format!("result of {} bytes, more than the limit of {} (write rows to an output object)", json.len(), limits::RESULT_BYTES_MAX),
+        ));
+    }
+    Ok(json)
+}
+
+struct Limits<'a> {
+    deadline: Instant,
+    timeout_secs: u64,
+    cancel: &'a CancellationToken,
+}
+
+impl Limits<'_> {
+    fn check(&self) -> Result<(), ComputeError> {
+        if self.cancel.is_cancelled() {
+            return Err(ComputeError::Io("the controller went away".into()));
+        }
+        if Instant::now() >= self.deadline {
+            return Err(ComputeError::Timeout(self.timeout_secs));
+        }
+        Ok(())
+    }
+}
+
+/// Reads an object's pieces into chunk buffers ahead of the operation: at most `depth`
+/// buffers exist, recycled through `free`. Stops at the end, on an error (sent on), when
+/// the consumer is gone, or when `stop` is set.
+#[allow(clippy::too_many_arguments)]
+fn read_ahead(
+    backend: &dyn Backend,
+    block: u64,
+    chunk: usize,
+    depth: usize,
+    mut pieces: VecDeque<Extent>,
+    data: Sender<Result<AlignedBuf, String>>,
+    free: Receiver<AlignedBuf>,
+    stop: &AtomicBool,
+) {
+    let mut allocated = 0;
+    while !pieces.is_empty() && !stop.load(Relaxed) {
+        let mut buf = match free.try_recv() {
+            Ok(b) => b,
+            Err(_) if allocated < depth => {
+                allocated += 1;
+                AlignedBuf::new(chunk)
+            }
+            Err(_) => loop {
+                match free.recv_timeout(Duration::from_millis(50)) {
+                    Ok(b) => break b,
+                    Err(RecvTimeoutError::Timeout) if !stop.load(Relaxed) => continue,
+                    Err(_) => return,
+                }
+            },
+        };
+        buf.set_len(chunk);
+        let mut n = 0;
+        while n < chunk {
+            let Some(p) = pieces.front_mut() else { break };
+            let take = p.len.min((chunk - n) as u64) as usize;
+            if p.is_zeros() {
+                buf[n..n + take].fill(0);
+            } else {
+                // Whole blocks (O_DIRECT block devices need them): the extent holds them,
+                // only the object's last piece is cut short of its block.
+                let whole = (take as u64).div_ceil(block) * block;
+                if let Err(e) = backend.read_at(&mut buf[n..n + whole as usize], p.offset) {
+                    let _ = data.send(Err(format!("reading {} bytes at namespace byte {}: {e}", whole, p.offset)));
+                    return;
+                }
+                p.offset += take as u64;
+            }
+            p.len -= take as u64;
+            n += take;
+            if p.len == 0 {
+                pieces.pop_front();
+            }
+        }
+        buf.set_len(n);
+        if data.send(Ok(buf)).is_err() {
+            return;
+        }
+    }
+}
+
+/// An input object, read ahead from the namespace.
+struct NsSource<'a> {
+    len: u64,
+    data_rx: Receiver<Result<AlignedBuf, String>>,
+    free_tx: Sender<AlignedBuf>,
+    current: Option<AlignedBuf>,
+    limits: &'a Limits<'a>,
+    read: u64,
+}
+
+impl Source for NsSource<'_> {
+    fn next_chunk(&mut self) -> Result<Option<&[u8]>, ComputeError> {
+        if let Some(b) = self.current.take() {
+            let _ = self.free_tx.send(b);
+        }
+        loop {
+            self.limits.check()?;
+            match self.data_rx.recv_timeout(Duration::from_millis(100)) {
+                Ok(Ok(b)) => {
+                    self.read += b.len() as u64;
+                    let b = self.current.insert(b);
+                    return Ok(Some(&b[..]));
+                }
+                Ok(Err(e)) => return Err(ComputeError::Io(e)),
+                Err(RecvTimeoutError::Timeout) => continue,
+                Err(RecvTimeoutError::Disconnected) => return Ok(None),
+            }
+        }
+    }
+
+    fn len(&self) -> u64 {
+        self.len
+    }
+}
+
+/// An output object: bytes gathered into a chunk buffer and written to its extents in
+/// order; the last block is padded with zeros.
+struct NsSink<'a> {
+    backend: Arc<dyn Backend>,
+    pieces: VecDeque<Extent>,
+    done: Vec<Extent>,
+    buf: AlignedBuf,
+    block: u64,
+    capacity: u64,
+    written: u64,
+    limits: &'a Limits<'a>,
+}
+
+impl<'a> NsSink<'a> {
+    fn new(backend: Arc<dyn Backend>, o: &Object, block: u64, chunk: usize, limits: &'a Limits<'a>) -> NsSink<'a> {
+        let mut buf = AlignedBuf::new(chunk);
+        buf.set_len(0);
+        NsSink { backend, pieces: o.extents.iter().copied().collect(), done: Vec::new(), buf, block, capacity: o.len, written: 0, limits }
+    }
+
+    /// Writes the buffered bytes (a multiple of the block, or the padded tail) to the
+    /// next extents.
+    fn drain(&mut self) -> Result<(), ComputeError> {
+        let mut at = 0;
+        while at < self.buf.len() {
+            let Some(p) = self.pieces.front_mut() else {
+                return Err(ComputeError::OutputFull { capacity: self.capacity });
+            };
+            let n = (p.len as usize).min(self.buf.len() - at);
+            self.backend
+                .write_at(&self.buf[at..at + n], p.offset)
+                .map_err(|e| ComputeError::WriteIo(format!("writing {n} bytes at namespace byte {}: {e}", p.offset)))?;
+            self.done.push(Extent::data(p.offset, n as u64));
+            p.offset += n as u64;
+            p.len -= n as u64;
+            if p.len == 0 {
+                self.pieces.pop_front();
+            }
+            at += n;
+        }
+        self.buf.set_len(0);
+        Ok(())
+    }
+
+    /// Writes the tail and makes every written byte durable.
+    fn finish(&mut self) -> Result<(), ComputeError> {
+        let n = self.buf.len();
+        let padded = (n as u64).div_ceil(self.block) as usize * self.block as usize;
+        self.buf.set_len(padded);
+        self.buf[n..padded].fill(0);
+        self.drain()?;
+        for e in std::mem::take(&mut self.done) {
+            self.backend.flush_range(e.offset, e.len).map_err(|e| ComputeError::WriteIo(format!("flushing the output: {e}")))?;
+        }
+        Ok(())
+    }
+}
+
+impl Sink for NsSink<'_> {
+    fn write(&mut self, mut data: &[u8]) -> Result<(), ComputeError> {
+        if self.written + data.len() as u64 > self.capacity {
+            return Err(ComputeError::OutputFull { capacity: self.capacity });
+        }
+        self.limits.check()?;
+        self.written += data.len() as u64;
+        while !data.is_empty() {
+            let room = self.buf.capacity() - self.buf.len();
+            let n = room.min(data.len());
+            let len = self.buf.len();
+            self.buf.set_len(len + n);
+            self.buf[len..len + n].copy_from_slice(&data[..n]);
+            data = &data[n..];
+            if self.buf.len() == self.buf.capacity() {
+                self.drain()?;
+            }
+        }
+        Ok(())
+    }
+
+    fn written(&self) -> u64 {
+        self.written
+    }
+}

@@ -1,0 +1,126 @@
+//! The compute commands on an I/O queue: EXEC hands a validated descriptor to the offload
+//! engine; FETCH and RELEASE serve the controller's held results (docs/compute-protocol.md).
+
+use std::sync::atomic::Ordering::Relaxed;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use nearstore_wire::compute::{opcode as cop, status as cs};
+use nearstore_wire::log::ErrorEntry;
+use nearstore_wire::{Sqe, Status};
+use tracing::warn;
+
+use super::{fatal, ConnError, Core, Inflight};
+use crate::io_cmd::IoKind;
+use crate::limits;
+use crate::offload::{self, Computed, Failure, Slot, Task};
+use crate::reply::Reply;
+use crate::subsystem::Controller;
+use nearstore_wire::pdu::fes;
+
+/// True for the vendor-specific opcodes the compute commands use.
+pub fn is_compute(opcode: u8) -> bool {
+    opcode >= 0x80
+}
+
+impl Core {
+    pub(super) fn execute_compute(&mut self, ctrl: &Arc<Controller>, sqe: Sqe, data: &[u8], start: Instant) -> Result<(), ConnError> {
+        let cid = sqe.cid();
+        match sqe.opcode() {
+            cop::EXEC => {
+                let Some(slot) = Slot::claim(ctrl) else {
+                    self.fail_io(ctrl, &sqe, cs::RESULTS_FULL);
+                    return Ok(());
+                };
+                let Some(ns) = ctrl.subsys.namespace(sqe.nsid()) else {
+                    let f = Failure::new(Status::INVALID_NAMESPACE.dnr(), format!("namespace {} is not in {}", sqe.nsid(), ctrl.subsys.nqn));
+                    self.fail_compute(ctrl, &sqe, slot, f);
+                    return Ok(());
+                };
+                let (desc, op) = match offload::validate(&ns, data, &self.target.offload.cfg) {
+                    Ok(v) => v,
+                    Err(f) => {
+                        ns.stats.errors.fetch_add(1, Relaxed);
+                        self.fail_compute(ctrl, &sqe, slot, f);
+                        return Ok(());
+                    }
+                };
+                if self.r2t.live + self.inflight.live >= self.outstanding_limit() {
+                    return Err(fatal(fes::PDU_SEQUENCE_ERROR, 0, "more commands outstanding than the queue size"));
+                }
+                let token = self.inflight.insert(Inflight { cid, ns: ns.clone(), kind: IoKind::Compute, len: 0, lba: 0, start, ring: None });
+                let task = Task { ns, op, desc, token: token as u32, slot, reply: self.done_tx.clone(), cancel: ctrl.cancel.clone() };
+                self.target.offload.submit(task);
+            }
+            cop::FETCH => {
+                let len = sqe.sgl().len as usize;
+                if len > limits::TRANSFER_BYTES_MAX {
+                    self.fail_io(ctrl, &sqe, Status::INVALID_FIELD.dnr());
+                    return Ok(());
+                }
+                let r = ctrl.results.lock().fetch(sqe.cdw(10), sqe.cdw(11) as u64, len);
+                match r {
+                    Ok((mut bytes, remaining)) => {
+                        let valid = bytes.len() as u32;
+                        bytes.resize(len, 0);
+                        self.complete_with_data(cid, &bytes, &Reply { dw0: valid, dw1: remaining, ..Reply::default() });
+                    }
+                    Err(f) => self.fail_io(ctrl, &sqe, f.status),
+                }
+            }
+            cop::RELEASE => {
+                let released = ctrl.results.lock().release(sqe.cdw(10));
+                let status = if released { Status::SUCCESS } else { cs::HANDLE_INVALID };
+                if released {
+                    self.complete(cid, status, 0, 0);
+                } else {
+                    self.fail_io(ctrl, &sqe, status);
+                }
+            }
+            _ => self.fail_io(ctrl, &sqe, Status::INVALID_OPCODE.dnr()),
+        }
+        Ok(())
+    }
+
+    /// Fails an EXEC: the message is held under a handle the completion carries.
+    fn fail_compute(&mut self, ctrl: &Controller, sqe: &Sqe, slot: Slot, f: Failure) {
+        let op = if sqe.opcode() == cop::EXEC { "exec" } else { "compute" };
+        warn!(peer = %self.peer, nsid = sqe.nsid(), op, status = %f.status, "compute command refused: {}", f.message);
+        self.record_compute_error(ctrl, sqe.cid(), sqe.nsid(), f.status);
+        let len = f.message.len() as u32;
+        let handle = slot.fill(f.message.into_bytes(), self.result_ttl());
+        self.complete(sqe.cid(), f.status, handle, len);
+    }
+
+    fn record_compute_error(&self, ctrl: &Controller, cid: u16, nsid: u32, status: Status) {
+        let sqid = self.queue.as_ref().map_or(0, |q| q.qid);
+        ctrl.record_error(ErrorEntry { sqid, cid, status: status.to_field(), nsid, ..Default::default() });
+    }
+
+    fn result_ttl(&self) -> Duration {
+        Duration::from_secs(self.target.offload.cfg.result_ttl_secs)
+    }
+
+    /// A compute command finished on the offload engine.
+    pub(super) fn on_computed(&mut self, token: u32, c: Computed) {
+        let Some(x) = self.inflight.remove(token as usize) else { return };
+        let Some(ctrl) = self.queue.as_ref().map(|q| q.ctrl.clone()) else { return };
+        x.ns.stats.latency.record(x.start.elapsed());
+        match c.result {
+            Ok(json) => {
+                x.ns.stats.other.fetch_add(1, Relaxed);
+                let len = json.len() as u32;
+                let handle = c.slot.fill(json, self.result_ttl());
+                self.complete(x.cid, Status::SUCCESS, handle, len);
+            }
+            Err(f) => {
+                warn!(peer = %self.peer, nsid = x.ns.nsid, status = %f.status, "compute command failed: {}", f.message);
+                x.ns.stats.errors.fetch_add(1, Relaxed);
+                self.record_compute_error(&ctrl, x.cid, x.ns.nsid, f.status);
+                let len = f.message.len() as u32;
+                let handle = c.slot.fill(f.message.into_bytes(), self.result_ttl());
+                self.complete(x.cid, f.status, handle, len);
+            }
+        }
+    }
+}
