@@ -205,6 +205,11 @@ impl Controller {
         Ok(Controller { admin, cntlid, id, cap: capv, opts, io_queues_granted: granted, keep_alive })
     }
 
+    /// Bytes the admin queue has sent and received on the wire (TCP payload).
+    pub async fn admin_wire_bytes(&self) -> (u64, u64) {
+        self.admin.lock().await.wire_bytes()
+    }
+
     /// Runs an admin command; data in the reply is returned.
     pub async fn admin(&self, sqe: Sqe, data: Data<'_>, what: &str) -> Result<(Cqe, Vec<u8>)> {
         let mut q = self.admin.lock().await;
@@ -317,6 +322,11 @@ pub struct IoQueue {
 impl IoQueue {
     pub fn queue(&mut self) -> &mut QueuePair<TcpStream> {
         &mut self.q
+    }
+
+    /// Bytes this queue has sent and received on the wire (TCP payload).
+    pub fn wire_bytes(&self) -> (u64, u64) {
+        self.q.wire_bytes()
     }
 
     pub async fn read(&mut self, nsid: u32, slba: u64, nlb: u32, block_size: u32) -> Result<Vec<u8>> {

@@ -8,6 +8,7 @@ use nearstore_wire::pdu::{self, flags, DataHdr, Framing, IcReq, IcResp, PduType}
 use nearstore_wire::sqe::sgl_id;
 use nearstore_wire::{Cqe, Sgl, Sqe, Status};
 
+
 use crate::{io_err, Error, Result};
 
 /// Data that moves with a command.
@@ -132,6 +133,13 @@ impl<S: Stream> QueuePair<S> {
 
     pub fn depth(&self) -> usize {
         self.slots.len()
+    }
+
+    /// Bytes this connection has sent and received, as the kernel's TCP counters
+    /// (tcpi_bytes_sent, tcpi_bytes_received) report them: TCP payload, PDU headers
+    /// included, retransmissions included in "sent". (0, 0) for streams that are not TCP.
+    pub fn wire_bytes(&self) -> (u64, u64) {
+        tcp_bytes(self.stream.as_raw_fd())
     }
 
     pub fn options(&self) -> &QueueOptions {
@@ -409,5 +417,18 @@ impl<S: Stream> QueuePair<S> {
             }
             self.fill().await?;
         }
+    }
+}
+
+/// The kernel's byte counters of a TCP socket.
+pub(crate) fn tcp_bytes(fd: std::os::fd::RawFd) -> (u64, u64) {
+    // SAFETY: tcp_info is plain data; getsockopt writes at most `len` bytes into it.
+    unsafe {
+        let mut info: libc::tcp_info = std::mem::zeroed();
+        let mut len = std::mem::size_of::<libc::tcp_info>() as libc::socklen_t;
+        if libc::getsockopt(fd, libc::IPPROTO_TCP, libc::TCP_INFO, &mut info as *mut _ as *mut libc::c_void, &mut len) != 0 {
+            return (0, 0);
+        }
+        (info.tcpi_bytes_sent, info.tcpi_bytes_received)
     }
 }

@@ -1,0 +1,577 @@
+//! The host library: runs an operation over files, on the targets that hold them.
+//!
+//! [`object::map_file`] turns a file into a virtual object (stat + FIEMAP), using a
+//! [`device::DeviceMap`] to find the namespace under its block device; [`Host`] builds
+//! descriptors, sends them to the targets over NVMe/TCP (several commands in flight), and
+//! checks afterwards that no file changed during the call. Files that cannot offload
+//! (not on a namespace, inline or encoded extents, too fragmented) are computed on the
+//! host with the same kernel, so the result is the same either way.
+//!
+//! Three modes: [`Mode::Offload`] (the default, with that fallback), [`Mode::Local`]
+//! (read through the file system, compute here) and [`Mode::Pull`] (read the object's
+//! blocks over NVMe/TCP with the initiator and compute here: what a host without offload
+//! does, the baseline of the benchmarks).
+
+pub mod device;
+pub mod fiemap;
+pub mod object;
+
+use std::collections::HashMap;
+use std::fs::File;
+use std::io::{Read, Write};
+use std::os::fd::AsRawFd;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use nearstore_compute::{Build, ComputeError, Context, Operation, Outcome, Sink, Source};
+use nearstore_initiator::{ConnectOptions, Controller, Data, IoQueue};
+use nearstore_wire::compute::{limits, Descriptor, Object};
+use nearstore_wire::opcode::io;
+use nearstore_wire::{Sqe, Status};
+
+use crate::device::{DeviceMap, Endpoint};
+use crate::object::{FileObject, MapError, Mapped};
+
+/// Bytes read at a time on the host, as the target's default chunk.
+pub const CHUNK: usize = 1 << 20;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Mode {
+    /// On the target where possible, else on the host.
+    Offload,
+    /// On the host, reading through the file system.
+    Local,
+    /// On the host, reading the blocks over NVMe/TCP.
+    Pull,
+}
+
+/// How one file was computed.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
+#[serde(tag = "how", content = "reason", rename_all = "snake_case")]
+pub enum How {
+    Offloaded,
+    Pulled,
+    /// On the host, and why.
+    Local(String),
+}
+
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct FileResult {
+    pub path: PathBuf,
+    pub outcome: Outcome,
+    pub how: How,
+}
+
+/// The results and what they cost.
+#[derive(Clone, Debug, Default, serde::Serialize)]
+pub struct Report {
+    pub files: Vec<FileResult>,
+    /// Bytes of the objects the operation went through.
+    pub bytes_processed: u64,
+    /// TCP payload bytes sent and received by this host's NVMe/TCP connections during the
+    /// call (the kernel's counters).
+    pub wire_sent: u64,
+    pub wire_received: u64,
+    pub elapsed_secs: f64,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum HostError {
+    #[error(transparent)]
+    Map(#[from] MapError),
+    #[error("{0}")]
+    Compute(#[from] ComputeError),
+    #[error("{path}: {source}")]
+    Io { path: PathBuf, source: std::io::Error },
+    #[error("target {endpoint}: {source}")]
+    Target { endpoint: String, source: nearstore_initiator::Error },
+    #[error("{0}")]
+    Invalid(String),
+}
+
+fn ep_name(e: &Endpoint) -> String {
+    format!("{} {} nsid {}", e.address, e.nqn, e.nsid)
+}
+
+struct Conn {
+    _ctrl: Controller,
+    queues: Vec<IoQueue>,
+    block: u64,
+}
+
+/// Runs operations over files. Connections to targets are made on first use and kept.
+pub struct Host {
+    pub devices: DeviceMap,
+    /// Compute commands in flight per namespace (one connection each).
+    pub parallel: usize,
+    /// How long one compute command may take.
+    pub timeout: Duration,
+    /// Report progress: bytes done, bytes in all.
+    pub progress: Option<Box<dyn Fn(u64, u64) + Send + Sync>>,
+    conns: HashMap<Endpoint, Conn>,
+}
+
+impl Host {
+    pub fn new(devices: DeviceMap) -> Host {
+        Host { devices, parallel: 4, timeout: Duration::from_secs(3600), progress: None, conns: HashMap::new() }
+    }
+
+    async fn connect(&mut self, ep: &Endpoint) -> Result<(), HostError> {
+        if self.conns.contains_key(ep) {
+            return Ok(());
+        }
+        let err = |source| HostError::Target { endpoint: ep_name(ep), source };
+        let ctrl = Controller::connect(ConnectOptions::new(ep.address, &ep.nqn)).await.map_err(err)?;
+        let block = ctrl.identify_namespace(ep.nsid).await.map_err(err)?.block_size() as u64;
+        let mut queues = Vec::new();
+        for qid in 1..=self.parallel.clamp(1, ctrl.io_queues_granted() as usize) as u16 {
+            queues.push(ctrl.io_queue(qid).await.map_err(err)?);
+        }
+        self.conns.insert(ep.clone(), Conn { _ctrl: ctrl, queues, block });
+        Ok(())
+    }
+
+    fn wire_total(&self) -> (u64, u64) {
+        self.conns.values().flat_map(|c| &c.queues).map(|q| q.wire_bytes()).fold((0, 0), |a, b| (a.0 + b.0, a.1 + b.1))
+    }
+
+    /// Maps the files and connects to their targets. Files that cannot offload come back
+    /// as Local with the reason.
+    async fn plan(&mut self, files: &[PathBuf], mode: Mode) -> Result<Vec<Mapped>, HostError> {
+        let mut out = Vec::new();
+        for f in files {
+            let m = if mode == Mode::Local { Mapped::Local { path: f.clone(), reason: "--local".into() } } else { object::map_file(f, &self.devices)? };
+            let m = match m {
+                Mapped::Offload(fo) => {
+                    self.connect(&fo.location.endpoint).await?;
+                    let block = self.conns[&fo.location.endpoint].block;
+                    if fo.aligned_to(block) {
+                        Mapped::Offload(fo)
+                    } else {
+                        Mapped::Local { path: fo.path, reason: format!("extents not aligned to the namespace's {block}-byte blocks") }
+                    }
+                }
+                m => m,
+            };
+            out.push(m);
+        }
+        Ok(out)
+    }
+
+    /// Runs a streaming operation (checksum, search, count, wc) over each file.
+    pub async fn run(&mut self, op: &'static Operation, args: &[u8], files: &[PathBuf], mode: Mode) -> Result<Report, HostError> {
+        let Build::Stream(build) = op.build else {
+            return Err(HostError::Invalid(format!("{} writes an output object: use Host::transform", op.name)));
+        };
+        op.check(args, 1, 0)?;
+        let start = Instant::now();
+        let mapped = self.plan(files, mode).await?;
+        let w0 = self.wire_total();
+        let total: u64 = mapped.iter().map(|m| size_of(m)).sum();
+        let mut results: Vec<Option<FileResult>> = vec![None; mapped.len()];
+        // Remote work, per namespace: batches of files spread over its queues.
+        let mut by_ep: HashMap<Endpoint, Vec<(usize, FileObject)>> = HashMap::new();
+        let mut local = Vec::new();
+        for (i, m) in mapped.iter().enumerate() {
+            match m {
+                Mapped::Offload(fo) => by_ep.entry(fo.location.endpoint.clone()).or_default().push((i, fo.clone())),
+                Mapped::Local { path, reason } => local.push((i, path.clone(), reason.clone())),
+            }
+        }
+        let done = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
+        let progress = std::sync::Arc::new(self.progress.take());
+        let mut tasks = Vec::new();
+        for (ep, files) in by_ep {
+            let conn = self.conns.get_mut(&ep).expect("connected in plan");
+            let batches = batches(files);
+            let n = conn.queues.len();
+            let mut per_queue: Vec<Vec<Vec<(usize, FileObject)>>> = (0..n).map(|_| Vec::new()).collect();
+            for (k, b) in batches.into_iter().enumerate() {
+                per_queue[k % n].push(b);
+            }
+            for (q, work) in std::mem::take(&mut conn.queues).into_iter().zip(per_queue) {
+                let (ep, args, timeout, block) = (ep.clone(), args.to_vec(), self.timeout, conn.block);
+                let (done, progress) = (done.clone(), progress.clone());
+                tasks.push(tokio::spawn(async move {
+                    let mut q = q;
+                    let r = remote_batches(&mut q, &ep, op, build, &args, work, mode, block, timeout, &done, total, &progress).await;
+                    (ep, q, r)
+                }));
+            }
+        }
+        // Local work meanwhile, on blocking threads.
+        let local_task = {
+            let args = args.to_vec();
+            let (done, progress) = (done.clone(), progress.clone());
+            tokio::task::spawn_blocking(move || -> Result<Vec<(usize, FileResult)>, HostError> {
+                let mut out = Vec::new();
+                for (i, path, reason) in local {
+                    let outcome = compute_file(op, &args, &path)?;
+                    let len = std::fs::metadata(&path).map(|m| m.len()).unwrap_or(0);
+                    let d = done.fetch_add(len, std::sync::atomic::Ordering::Relaxed) + len;
+                    if let Some(p) = progress.as_ref() {
+                        p(d, total);
+                    }
+                    out.push((i, FileResult { path, outcome, how: How::Local(reason) }));
+                }
+                Ok(out)
+            })
+        };
+        let mut first_err = None;
+        for t in tasks {
+            let (ep, q, r) = t.await.expect("compute task");
+            self.conns.get_mut(&ep).expect("connected").queues.push(q);
+            match r {
+                Ok(v) => v.into_iter().for_each(|(i, fr)| results[i] = Some(fr)),
+                Err(e) => {
+                    first_err.get_or_insert(e);
+                }
+            }
+        }
+        for (i, fr) in local_task.await.expect("local task")? {
+            results[i] = Some(fr);
+        }
+        self.progress = std::sync::Arc::try_unwrap(progress).ok().flatten();
+        if let Some(e) = first_err {
+            return Err(e);
+        }
+        // Nothing is reported for a file that changed under the call.
+        for m in &mapped {
+            if let Mapped::Offload(fo) = m {
+                fo.verify()?;
+            }
+        }
+        let w1 = self.wire_total();
+        Ok(Report {
+            files: results.into_iter().map(|r| r.expect("every file has a result")).collect(),
+            bytes_processed: total,
+            wire_sent: w1.0 - w0.0,
+            wire_received: w1.1 - w0.1,
+            elapsed_secs: start.elapsed().as_secs_f64(),
+        })
+    }
+
+    /// Runs an operation that writes an output file (copy, compress, sort, merge) over
+    /// the inputs. `capacity`: the most bytes the output can take; the file is cut to
+    /// what the operation wrote.
+    pub async fn transform(
+        &mut self,
+        op: &'static Operation,
+        args: &[u8],
+        inputs: &[PathBuf],
+        output: &Path,
+        capacity: u64,
+        mode: Mode,
+    ) -> Result<Report, HostError> {
+        op.check(args, inputs.len(), 1)?;
+        let start = Instant::now();
+        let mapped = self.plan(inputs, if mode == Mode::Local { Mode::Local } else { Mode::Offload }).await?;
+        let total: u64 = mapped.iter().map(size_of).sum();
+        let w0 = self.wire_total();
+        let objs: Vec<&FileObject> = mapped.iter().filter_map(|m| if let Mapped::Offload(f) = m { Some(f) } else { None }).collect();
+        let ep = objs.first().map(|f| f.location.endpoint.clone());
+        let remote = mode != Mode::Local && objs.len() == mapped.len() && objs.iter().all(|f| Some(&f.location.endpoint) == ep.as_ref());
+        let out_file = if remote { Some(prepare_output(output, capacity, &self.devices)?) } else { None };
+        let how;
+        let outcome = match (out_file, ep) {
+            (Some(Mapped::Offload(out)), Some(ep)) if out.location.endpoint == ep => {
+                let conn = self.conns.get_mut(&ep).expect("connected");
+                let d = Descriptor {
+                    op: op.id,
+                    args: args.to_vec(),
+                    inputs: objs.iter().map(|f| f.object.clone()).collect(),
+                    outputs: vec![out.object.clone()],
+                };
+                let q = &mut conn.queues[0];
+                let json = q
+                    .compute(ep.nsid, &d.encode(), self.timeout)
+                    .await
+                    .map_err(|source| HostError::Target { endpoint: ep_name(&ep), source })?;
+                let mut outs: Vec<Outcome> = serde_json::from_slice(&json).map_err(|e| HostError::Invalid(format!("target's result: {e}")))?;
+                for f in &objs {
+                    f.verify()?;
+                }
+                how = How::Offloaded;
+                outs.remove(0)
+            }
+            (out, _) => {
+                let reason = match (&out, mode) {
+                    (_, Mode::Local) => "--local".to_string(),
+                    (Some(Mapped::Local { reason, .. }), _) => format!("output: {reason}"),
+                    (Some(Mapped::Offload(_)), _) => "the output is on another namespace than the inputs".into(),
+                    (None, _) => mapped
+                        .iter()
+                        .find_map(|m| if let Mapped::Local { reason, .. } = m { Some(reason.clone()) } else { None })
+                        .unwrap_or_else(|| "the inputs are on different namespaces".into()),
+                };
+                how = How::Local(reason);
+                transform_local(op, args, inputs, output, capacity)?
+            }
+        };
+        // Cut the output to what was written, and make the host's view of it fresh.
+        if let Outcome::Written { output: written, .. } = &outcome {
+            finish_output(output, *written)?;
+        }
+        let w1 = self.wire_total();
+        Ok(Report {
+            files: vec![FileResult { path: output.into(), outcome, how }],
+            bytes_processed: total,
+            wire_sent: w1.0 - w0.0,
+            wire_received: w1.1 - w0.1,
+            elapsed_secs: start.elapsed().as_secs_f64(),
+        })
+    }
+}
+
+fn size_of(m: &Mapped) -> u64 {
+    match m {
+        Mapped::Offload(f) => f.object.len,
+        Mapped::Local { path, .. } => std::fs::metadata(path).map(|m| m.len()).unwrap_or(0),
+    }
+}
+
+/// Groups files into descriptors: at most 16 inputs each (so that several commands share
+/// the target's workers) and within the descriptor size limit.
+fn batches(files: Vec<(usize, FileObject)>) -> Vec<Vec<(usize, FileObject)>> {
+    let mut out: Vec<Vec<(usize, FileObject)>> = Vec::new();
+    let mut size = 0;
+    for f in files {
+        let n = 16 + f.1.object.extents.len() * 16;
+        match out.last_mut() {
+            Some(b) if b.len() < 16 && size + n + 64 < limits::DESCRIPTOR_BYTES_MAX - 1024 => {
+                size += n;
+                b.push(f);
+            }
+            _ => {
+                size = n;
+                out.push(vec![f]);
+            }
+        }
+    }
+    out
+}
+
+#[allow(clippy::too_many_arguments)]
+async fn remote_batches(
+    q: &mut IoQueue,
+    ep: &Endpoint,
+    op: &'static Operation,
+    build: nearstore_compute::BuildKernel,
+    args: &[u8],
+    work: Vec<Vec<(usize, FileObject)>>,
+    mode: Mode,
+    block: u64,
+    timeout: Duration,
+    done: &std::sync::atomic::AtomicU64,
+    total: u64,
+    progress: &Option<Box<dyn Fn(u64, u64) + Send + Sync>>,
+) -> Result<Vec<(usize, FileResult)>, HostError> {
+    let err = |source| HostError::Target { endpoint: ep_name(ep), source };
+    let mut out = Vec::new();
+    for batch in work {
+        let bytes: u64 = batch.iter().map(|(_, f)| f.object.len).sum();
+        if mode == Mode::Pull {
+            for (i, f) in batch {
+                let mut k = build(args)?;
+                pull_object(q, ep.nsid, block, &f.object, &mut |c| k.update(c)).await.map_err(err)?;
+                out.push((i, FileResult { path: f.path, outcome: k.finish()?, how: How::Pulled }));
+            }
+        } else {
+            let d = Descriptor { op: op.id, args: args.to_vec(), inputs: batch.iter().map(|(_, f)| f.object.clone()).collect(), outputs: vec![] };
+            let json = q.compute(ep.nsid, &d.encode(), timeout).await.map_err(err)?;
+            let outs: Vec<Outcome> = serde_json::from_slice(&json).map_err(|e| HostError::Invalid(format!("target's result: {e}")))?;
+            if outs.len() != batch.len() {
+                return Err(HostError::Invalid(format!("target returned {} outcomes for {} inputs", outs.len(), batch.len())));
+            }
+            for ((i, f), o) in batch.into_iter().zip(outs) {
+                out.push((i, FileResult { path: f.path, outcome: o, how: How::Offloaded }));
+            }
+        }
+        let d = done.fetch_add(bytes, std::sync::atomic::Ordering::Relaxed) + bytes;
+        if let Some(p) = progress {
+            p(d, total);
+        }
+    }
+    Ok(out)
+}
+
+/// Reads an object's bytes over NVMe/TCP in order, 128 KiB commands with up to 32 in
+/// flight, and hands them to `f`; zero extents are not read.
+pub async fn pull_object(q: &mut IoQueue, nsid: u32, block: u64, obj: &Object, f: &mut (dyn FnMut(&[u8]) + Send)) -> nearstore_initiator::Result<()> {
+    const IO: u64 = 128 * 1024;
+    const DEPTH: usize = 32;
+    // Commands in order: (namespace offset or ZEROS, length to read, bytes of the object).
+    let mut cmds = Vec::new();
+    for p in obj.pieces() {
+        let mut at = 0;
+        while at < p.len {
+            let n = (p.len - at).min(IO);
+            let off = if p.is_zeros() { p.offset } else { p.offset + at };
+            cmds.push((off, n.div_ceil(block) * block, n));
+            at += n;
+        }
+    }
+    let zeros = vec![0u8; IO as usize];
+    let qp = q.queue();
+    let mut next_submit = 0;
+    let mut next_deliver = 0;
+    let mut ready: HashMap<usize, Vec<u8>> = HashMap::new();
+    let mut in_flight = 0;
+    while next_deliver < cmds.len() {
+        while in_flight < DEPTH && next_submit < cmds.len() {
+            let (off, len, _) = cmds[next_submit];
+            if off == nearstore_wire::compute::ZEROS {
+                ready.insert(next_submit, Vec::new());
+            } else {
+                let sqe = Sqe::rw(io::READ, nsid, off / block, (len / block) as u32, false);
+                qp.submit(sqe, Data::In(len as usize), next_submit as u64)?;
+                in_flight += 1;
+            }
+            next_submit += 1;
+        }
+        while let Some(b) = ready.remove(&next_deliver) {
+            let (_, _, n) = cmds[next_deliver];
+            if b.is_empty() {
+                f(&zeros[..n as usize]);
+            } else {
+                f(&b[..n as usize]);
+            }
+            next_deliver += 1;
+        }
+        if next_deliver >= cmds.len() {
+            break;
+        }
+        if in_flight > 0 {
+            let mut failed = None;
+            let n = qp
+                .poll(|tag, cqe, data| {
+                    if !cqe.status.is_success() {
+                        failed = Some(cqe.status);
+                    }
+                    ready.insert(tag as usize, data.to_vec());
+                })
+                .await?;
+            in_flight -= n;
+            if let Some(status) = failed {
+                return Err(nearstore_initiator::Error::Compute { status, message: "a Read of the object failed".into() });
+            }
+        }
+    }
+    let _ = Status::SUCCESS;
+    Ok(())
+}
+
+/// Reads a file through the file system in chunks.
+pub struct FileSource {
+    file: File,
+    len: u64,
+    buf: Vec<u8>,
+}
+
+impl FileSource {
+    pub fn open(path: &Path) -> Result<FileSource, HostError> {
+        let file = File::open(path).map_err(|source| HostError::Io { path: path.into(), source })?;
+        let len = file.metadata().map_err(|source| HostError::Io { path: path.into(), source })?.len();
+        Ok(FileSource { file, len, buf: vec![0; CHUNK] })
+    }
+}
+
+impl Source for FileSource {
+    fn next_chunk(&mut self) -> Result<Option<&[u8]>, ComputeError> {
+        let mut n = 0;
+        while n < self.buf.len() {
+            match self.file.read(&mut self.buf[n..]) {
+                Ok(0) => break,
+                Ok(k) => n += k,
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(ComputeError::Io(e.to_string())),
+            }
+        }
+        Ok(if n == 0 { None } else { Some(&self.buf[..n]) })
+    }
+    fn len(&self) -> u64 {
+        self.len
+    }
+}
+
+/// Writes an output file on the host, up to a capacity.
+pub struct FileSink {
+    file: std::io::BufWriter<File>,
+    capacity: u64,
+    written: u64,
+}
+
+impl Sink for FileSink {
+    fn write(&mut self, data: &[u8]) -> Result<(), ComputeError> {
+        if self.written + data.len() as u64 > self.capacity {
+            return Err(ComputeError::OutputFull { capacity: self.capacity });
+        }
+        self.file.write_all(data).map_err(|e| ComputeError::WriteIo(e.to_string()))?;
+        self.written += data.len() as u64;
+        Ok(())
+    }
+    fn written(&self) -> u64 {
+        self.written
+    }
+}
+
+/// The local path of a streaming operation over one file.
+pub fn compute_file(op: &Operation, args: &[u8], path: &Path) -> Result<Outcome, HostError> {
+    let mut src = FileSource::open(path)?;
+    Ok(op.execute(args, &mut [&mut src], &mut [], &Context::default())?.remove(0))
+}
+
+fn transform_local(op: &Operation, args: &[u8], inputs: &[PathBuf], output: &Path, capacity: u64) -> Result<Outcome, HostError> {
+    let mut srcs = inputs.iter().map(|p| FileSource::open(p)).collect::<Result<Vec<_>, _>>()?;
+    let file = File::create(output).map_err(|source| HostError::Io { path: output.into(), source })?;
+    let mut sink = FileSink { file: std::io::BufWriter::with_capacity(CHUNK, file), capacity, written: 0 };
+    let mut ins: Vec<&mut dyn Source> = srcs.iter_mut().map(|s| s as &mut dyn Source).collect();
+    let r = op.execute(args, &mut ins, &mut [&mut sink], &Context::default())?.remove(0);
+    sink.file.flush().map_err(|source| HostError::Io { path: output.into(), source })?;
+    Ok(r)
+}
+
+/// Creates the output file with `capacity` bytes of allocated, written blocks, and maps
+/// it. The blocks are zero-filled, not only fallocated: an unwritten extent reads as
+/// zeros on the host whatever the target writes into it, and no system call marks it
+/// written without writing it.
+fn prepare_output(path: &Path, capacity: u64, devices: &DeviceMap) -> Result<Mapped, HostError> {
+    let ioe = |source| HostError::Io { path: path.into(), source };
+    let mut f = std::fs::OpenOptions::new().create(true).write(true).truncate(true).open(path).map_err(ioe)?;
+    let cap = capacity.div_ceil(4096).max(1) * 4096;
+    // SAFETY: plain syscalls on an open descriptor.
+    unsafe {
+        libc::fallocate(f.as_raw_fd(), 0, 0, cap as libc::off_t);
+    }
+    let zeros = vec![0u8; CHUNK];
+    let mut left = cap;
+    while left > 0 {
+        let n = left.min(CHUNK as u64) as usize;
+        f.write_all(&zeros[..n]).map_err(ioe)?;
+        left -= n as u64;
+    }
+    f.sync_all().map_err(ioe)?;
+    drop(f);
+    Ok(object::map_file(path, devices)?)
+}
+
+/// Cuts the output to the bytes written and drops the host's cached pages of it, so a
+/// plain read shows what the target wrote. The cache goes first: cutting the file zeroes
+/// the rest of its last block through the cache, and a stale cached block (the zero
+/// fill) would be written back over the target's bytes.
+fn finish_output(path: &Path, written: u64) -> Result<(), HostError> {
+    let ioe = |source| HostError::Io { path: path.into(), source };
+    let f = std::fs::OpenOptions::new().write(true).open(path).map_err(ioe)?;
+    let drop_cache = || {
+        // SAFETY: plain syscall on an open descriptor.
+        let r = unsafe { libc::posix_fadvise(f.as_raw_fd(), 0, 0, libc::POSIX_FADV_DONTNEED) };
+        if r != 0 {
+            return Err(ioe(std::io::Error::from_raw_os_error(r)));
+        }
+        Ok(())
+    };
+    drop_cache()?;
+    f.set_len(written).map_err(ioe)?;
+    f.sync_all().map_err(ioe)?;
+    drop_cache()
+}

@@ -1,0 +1,241 @@
+//! Files on a real ext4 file system on a loop device, whose image a target exports: every
+//! streaming operation gives the same result offloaded, pulled over NVMe/TCP and computed
+//! locally, over files of many shapes; outputs written by the target read back through the
+//! file system; a file changed during a call is detected. Needs root, loop devices and
+//! mkfs.ext4 (CI runs as root); it fails, naming what is missing, without them.
+
+use std::fs::{File, OpenOptions};
+use std::io::Write;
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use nearstore_compute::{by_name, Build, Outcome, OPERATIONS};
+use nearstore_host::device::{DeviceMap, Endpoint};
+use nearstore_host::object::{map_file, MapError, Mapped};
+use nearstore_host::{Host, How, Mode};
+use nearstore_target::config::Config;
+use nearstore_target::Target;
+
+const NQN: &str = "nqn.2026-11.io.nearstore:hosttest";
+
+fn run(cmd: &str, args: &[&str]) -> String {
+    let out = Command::new(cmd).args(args).output().unwrap_or_else(|e| panic!("cannot run {cmd} (needed by this test): {e}"));
+    assert!(out.status.success(), "{cmd} {args:?} failed: {}", String::from_utf8_lossy(&out.stderr));
+    String::from_utf8_lossy(&out.stdout).trim().to_string()
+}
+
+/// An ext4 image on a loop device, mounted; torn down on drop, even after a failure.
+struct Fs {
+    dir: tempfile::TempDir,
+    image: PathBuf,
+    dev: String,
+    mnt: PathBuf,
+}
+
+impl Fs {
+    fn new(size_mib: u64) -> Fs {
+        assert!(unsafe { libc::geteuid() } == 0, "this test needs root (loop devices, mount)");
+        assert!(Path::new("/dev/loop-control").exists(), "this test needs loop devices (/dev/loop-control is missing)");
+        let dir = tempfile::tempdir().unwrap();
+        let image = dir.path().join("disk.img");
+        File::create(&image).unwrap().set_len(size_mib << 20).unwrap();
+        run("mkfs.ext4", &["-F", "-q", "-b", "4096", image.to_str().unwrap()]);
+        let dev = run("losetup", &["-f", "--show", image.to_str().unwrap()]);
+        let mnt = dir.path().join("mnt");
+        std::fs::create_dir(&mnt).unwrap();
+        let fs = Fs { dir, image, dev, mnt };
+        run("mount", &[&fs.dev, fs.mnt.to_str().unwrap()]);
+        fs
+    }
+}
+
+impl Drop for Fs {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg(&self.mnt).status();
+        let _ = Command::new("losetup").args(["-d", &self.dev]).status();
+        let _ = &self.dir;
+    }
+}
+
+async fn start_target(image: &Path) -> Endpoint {
+    let cfg = Config::from_toml(&format!(
+        "[[listener]]\naddress = \"127.0.0.1:0\"\n[[subsystem]]\nnqn = \"{NQN}\"\nallow_any_host = true\n[[subsystem.namespace]]\nnsid = 1\npath = \"{}\"\n",
+        image.display()
+    ))
+    .unwrap();
+    let t = Target::from_config(&cfg).unwrap();
+    let addr = t.listen("127.0.0.1:0".parse().unwrap(), false).await.unwrap();
+    std::mem::forget(t);
+    Endpoint { address: addr, nqn: NQN.into(), nsid: 1 }
+}
+
+fn text(len: usize, seed: u64) -> Vec<u8> {
+    let words: [&[u8]; 5] = [b"lorem ", b"ipsum\n", b"needle ", b"ERROR disk\n", b"\tdolor "];
+    let mut s = seed | 1;
+    let mut out = Vec::with_capacity(len + 16);
+    while out.len() < len {
+        s ^= s << 13;
+        s ^= s >> 7;
+        s ^= s << 17;
+        out.extend_from_slice(words[(s % 5) as usize]);
+    }
+    out.truncate(len);
+    out
+}
+
+/// Files of every shape the issue names.
+fn make_files(root: &Path) -> Vec<PathBuf> {
+    let mut files = Vec::new();
+    for (i, size) in [0usize, 1, 511, 512, 4097, 3 * 1024 * 1024 + 17].into_iter().enumerate() {
+        let p = root.join(format!("plain-{size}"));
+        std::fs::write(&p, text(size, i as u64)).unwrap();
+        files.push(p);
+    }
+    // Sparse: data, a 5 MiB hole, data, and a hole at the end.
+    let p = root.join("sparse");
+    let f = File::create(&p).unwrap();
+    f.write_all_at(&text(10_000, 7), 0).unwrap();
+    f.write_all_at(&text(7_000, 8), 5 << 20).unwrap();
+    f.set_len((7 << 20) + 333).unwrap();
+    files.push(p);
+    // Unwritten: 2 MiB fallocated, 10 KiB written in the middle.
+    let p = root.join("unwritten");
+    let f = File::create(&p).unwrap();
+    assert_eq!(unsafe { libc::fallocate(std::os::fd::AsRawFd::as_raw_fd(&f), 0, 0, 2 << 20) }, 0);
+    f.write_all_at(&text(10_240, 9), 300_000).unwrap();
+    files.push(p);
+    // Fragmented: two files grown a block at a time, alternately, each block synced.
+    let (pa, pb) = (root.join("frag-a"), root.join("frag-b"));
+    let (mut a, mut b) = (File::create(&pa).unwrap(), File::create(&pb).unwrap());
+    for k in 0..150u64 {
+        a.write_all(&text(4096, 100 + k)).unwrap();
+        a.sync_data().unwrap();
+        b.write_all(&text(4096, 1000 + k)).unwrap();
+        b.sync_data().unwrap();
+    }
+    files.push(pa);
+    files.push(pb);
+    files
+}
+
+fn args_for(op: &str) -> Vec<u8> {
+    match op {
+        "search" => br#"{"pattern":"needle","max_offsets":100}"#.to_vec(),
+        "regex-count" => br#"{"pattern":"ERR[O]R"}"#.to_vec(),
+        "grep-count" => br#"{"pattern":"^ERROR"}"#.to_vec(),
+        _ => Vec::new(),
+    }
+}
+
+fn outcomes(r: &nearstore_host::Report) -> Vec<Outcome> {
+    r.files.iter().map(|f| f.outcome.clone()).collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn offloaded_pulled_and_local_results_are_identical_over_many_file_shapes() {
+    let fs = Fs::new(128);
+    let ep = start_target(&fs.image).await;
+    let files = make_files(&fs.mnt);
+    let mut devices = DeviceMap::default();
+    devices.add_file(&fs.image, ep.clone()).unwrap();
+    // The shapes are what they claim to be.
+    let frag = match map_file(&fs.mnt.join("frag-a"), &devices).unwrap() {
+        Mapped::Offload(f) => f,
+        Mapped::Local { reason, .. } => panic!("frag-a falls back: {reason}"),
+    };
+    assert!(frag.object.extents.len() >= 10, "frag-a has only {} extents", frag.object.extents.len());
+    let Mapped::Offload(sparse) = map_file(&fs.mnt.join("sparse"), &devices).unwrap() else { panic!("sparse falls back") };
+    assert!(sparse.object.extents.iter().any(|e| e.is_zeros()));
+    let Mapped::Offload(unw) = map_file(&fs.mnt.join("unwritten"), &devices).unwrap() else { panic!("unwritten falls back") };
+    assert!(unw.snapshot.extents.iter().any(|e| e.flags & nearstore_host::fiemap::flags::UNWRITTEN != 0));
+
+    let mut host = Host::new(devices);
+    for op in OPERATIONS.iter().filter(|o| matches!(o.build, Build::Stream(_))) {
+        let args = args_for(op.name);
+        let off = host.run(op, &args, &files, Mode::Offload).await.unwrap();
+        let pull = host.run(op, &args, &files, Mode::Pull).await.unwrap();
+        let local = host.run(op, &args, &files, Mode::Local).await.unwrap();
+        assert!(off.files.iter().all(|f| f.how == How::Offloaded), "{}: {:?}", op.name, off.files.iter().map(|f| &f.how).collect::<Vec<_>>());
+        assert!(pull.files.iter().all(|f| f.how == How::Pulled));
+        assert_eq!(outcomes(&off), outcomes(&local), "{} offloaded vs local", op.name);
+        assert_eq!(outcomes(&pull), outcomes(&local), "{} pulled vs local", op.name);
+        // And the local kernel over the file's bytes read plainly.
+        for (f, o) in files.iter().zip(outcomes(&local)) {
+            assert_eq!(nearstore_compute::run(op.name, &args, [&std::fs::read(f).unwrap()[..]]).unwrap(), o);
+        }
+        if op.name == "crc32c" {
+            // A checksum's wire bytes are a tiny part of the data; pulling moves it all.
+            assert!(off.wire_received * 100 < off.bytes_processed, "offloaded received {} of {}", off.wire_received, off.bytes_processed);
+            // Pulling moves every data byte (holes and unwritten extents are not read).
+            let data_bytes: u64 = files
+                .iter()
+                .map(|f| match map_file(f, &host.devices).unwrap() {
+                    Mapped::Offload(fo) => fo.object.pieces().filter(|p| !p.is_zeros()).map(|p| p.len).sum::<u64>(),
+                    Mapped::Local { .. } => 0,
+                })
+                .sum();
+            assert!(pull.wire_received >= data_bytes, "pulled received {} of {data_bytes} data bytes", pull.wire_received);
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn outputs_written_by_the_target_read_back_through_the_file_system() {
+    let fs = Fs::new(64);
+    let ep = start_target(&fs.image).await;
+    let mut devices = DeviceMap::default();
+    devices.add_file(&fs.image, ep).unwrap();
+    let input = fs.mnt.join("in");
+    let data = text(2_000_003, 5);
+    std::fs::write(&input, &data).unwrap();
+    // Read the output's old content into the page cache first: it must not be what we see.
+    let out = fs.mnt.join("out");
+    std::fs::write(&out, vec![b'x'; 3 << 20]).unwrap();
+    let _ = std::fs::read(&out).unwrap();
+    let mut host = Host::new(devices);
+    let r = host.transform(by_name("copy").unwrap(), b"", &[input.clone()], &out, data.len() as u64, Mode::Offload).await.unwrap();
+    assert_eq!(r.files[0].how, How::Offloaded);
+    assert_eq!(r.files[0].outcome, Outcome::Written { input: data.len() as u64, output: data.len() as u64 });
+    let back = std::fs::read(&out).unwrap();
+    let first_diff = back.iter().zip(&data).position(|(a, b)| a != b);
+    assert!(back == data, "the output file reads back as the input: {} vs {} bytes, first difference at {first_diff:?}, {:?}", back.len(), data.len(), &back[..16]);
+    assert!(r.wire_sent + r.wire_received < 64 * 1024, "copy moved {} bytes over the wire", r.wire_sent + r.wire_received);
+    // Locally, the same file.
+    let out2 = fs.mnt.join("out2");
+    let r = host.transform(by_name("copy").unwrap(), b"", &[input], &out2, data.len() as u64, Mode::Local).await.unwrap();
+    assert_eq!(r.files[0].how, How::Local("--local".into()));
+    assert!(std::fs::read(&out2).unwrap() == data);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn changes_during_a_call_and_foreign_file_systems() {
+    let fs = Fs::new(64);
+    let ep = start_target(&fs.image).await;
+    let mut devices = DeviceMap::default();
+    devices.add_file(&fs.image, ep).unwrap();
+    let p = fs.mnt.join("moving");
+    std::fs::write(&p, text(100_000, 1)).unwrap();
+    let Mapped::Offload(fo) = map_file(&p, &devices).unwrap() else { panic!("falls back") };
+    fo.verify().unwrap();
+    OpenOptions::new().append(true).open(&p).unwrap().write_all(b"more").unwrap();
+    match fo.verify() {
+        Err(MapError::Changed { what, .. }) => assert_eq!(what, "size"),
+        r => panic!("a grown file passed verification: {r:?}"),
+    }
+    std::fs::write(&p, text(100_004, 2)).unwrap();
+    assert!(matches!(fo.verify(), Err(MapError::Changed { .. })));
+    // A file on tmpfs is not on any namespace: computed locally, with the reason.
+    let shm = tempfile::NamedTempFile::new_in("/dev/shm").unwrap();
+    std::fs::write(shm.path(), b"hello").unwrap();
+    let mut host = Host::new(devices);
+    let r = host.run(by_name("crc32c").unwrap(), b"", &[shm.path().into(), p.clone()], Mode::Offload).await.unwrap();
+    match &r.files[0].how {
+        How::Local(reason) => assert!(reason.contains("no single block device"), "{reason}"),
+        h => panic!("tmpfs file was {h:?}"),
+    }
+    assert_eq!(r.files[1].how, How::Offloaded);
+    // A directory is refused with its name.
+    let e = host.run(by_name("crc32c").unwrap(), b"", &[fs.mnt.clone()], Mode::Offload).await.unwrap_err();
+    assert!(e.to_string().contains("not a regular file"), "{e}");
+}
