@@ -1,159 +1,166 @@
-//! `nearstore demo`: the main job at this stage. A target exports a sparse file, our
-//! initiator writes data through NVMe/TCP and reads it back, and a short perf runs.
+//! `nearstore demo`: the main job. A real ext4 file system on a loop device, whose image a
+//! target exports over NVMe/TCP; a sample data set (logs and CSV) written through the file
+//! system; then checksums, grep and wc run offloaded (the target computes, a few bytes
+//! cross the network), pulled (the blocks cross the network, the host computes) and
+//! locally (through the file system), with a table of time, bytes over the network and
+//! whether the results are equal.
 
-use std::time::{Duration, Instant};
+use std::io::Write as _;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Instant;
 
-use anyhow::{bail, Result};
-use nearstore_initiator::{ConnectOptions, Controller, Data};
+use anyhow::{bail, Context, Result};
+use nearstore_host::device::{DeviceMap, Endpoint};
+use nearstore_host::{Host, Mode};
 use nearstore_target::config::Config;
 use nearstore_target::Target;
-use nearstore_wire::opcode::io;
-use nearstore_wire::Sqe;
-
-use crate::perf::{self, PerfParams, Workload};
-use crate::Output;
 
 #[derive(clap::Args, Clone)]
 pub struct DemoArgs {
-    /// Seconds of each perf run.
-    #[arg(long, default_value_t = 2.0)]
-    pub perf_seconds: f64,
-    /// Bytes to write and read back.
-    #[arg(long, default_value_t = 64 << 20)]
-    pub bytes: usize,
+    /// Files of each kind (logs, CSV).
+    #[arg(long, default_value_t = 16)]
+    pub files: usize,
+    /// Bytes per file.
+    #[arg(long, default_value_t = 8 << 20)]
+    pub file_size: usize,
 }
 
 const NQN: &str = "nqn.2026-11.io.nearstore:demo";
+
+/// The loop device and mount, undone on drop even after an error.
+struct Mounted {
+    dev: String,
+    mnt: PathBuf,
+}
+
+impl Drop for Mounted {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg(&self.mnt).status();
+        let _ = Command::new("losetup").args(["-d", &self.dev]).status();
+    }
+}
+
+fn sh(cmd: &str, args: &[&str]) -> Result<String> {
+    let out = Command::new(cmd).args(args).output().with_context(|| format!("running {cmd} (install it, or run scripts/demo.sh)"))?;
+    if !out.status.success() {
+        bail!("{cmd} {}: {}", args.join(" "), String::from_utf8_lossy(&out.stderr).trim());
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).trim().to_string())
+}
+
+/// Log lines and CSV rows, deterministic.
+pub fn write_sample(dir: &Path, files: usize, size: usize) -> Result<Vec<PathBuf>> {
+    let levels = ["INFO", "INFO", "INFO", "WARN", "ERROR", "DEBUG"];
+    let msgs = ["request served", "cache miss", "timeout talking to peer", "disk latency high", "checksum verified", "retrying write"];
+    let cities = ["Lisbon", "Oslo", "Lima", "Osaka", "Accra", "Quito"];
+    let mut out = Vec::new();
+    let mut s: u64 = 0x9e37_79b9_7f4a_7c15;
+    let mut rnd = || {
+        s ^= s << 13;
+        s ^= s >> 7;
+        s ^= s << 17;
+        s
+    };
+    for i in 0..files {
+        let p = dir.join(format!("app-{i:03}.log"));
+        let mut w = std::io::BufWriter::new(std::fs::File::create(&p)?);
+        let mut n = 0;
+        let mut t = 1_700_000_000u64 + i as u64 * 86_400;
+        while n < size {
+            t += rnd() % 3;
+            let line = format!("{t} {} [worker-{}] {}\n", levels[(rnd() % 6) as usize], rnd() % 16, msgs[(rnd() % 6) as usize]);
+            w.write_all(line.as_bytes())?;
+            n += line.len();
+        }
+        w.flush()?;
+        out.push(p);
+        let p = dir.join(format!("orders-{i:03}.csv"));
+        let mut w = std::io::BufWriter::new(std::fs::File::create(&p)?);
+        let mut n = w.write(b"id,city,amount,quantity\n")?;
+        let mut id = i as u64 * 10_000_000;
+        while n < size {
+            id += 1;
+            let line = format!("{id},{},{}.{:02},{}\n", cities[(rnd() % 6) as usize], rnd() % 1000, rnd() % 100, rnd() % 20);
+            w.write_all(line.as_bytes())?;
+            n += line.len();
+        }
+        w.flush()?;
+        out.push(p);
+    }
+    Ok(out)
+}
 
 pub fn run(a: DemoArgs) -> Result<()> {
     crate::runtime(None)?.block_on(demo(a))
 }
 
 async fn demo(a: DemoArgs) -> Result<()> {
+    if unsafe { libc::geteuid() } != 0 {
+        bail!("the demo makes a loop device and mounts it: run it as root (sudo scripts/demo.sh)");
+    }
     let dir = tempfile::tempdir()?;
-    let img = dir.path().join("disk.img");
+    let image = dir.path().join("disk.img");
+    let need = (a.files * a.file_size * 2) as u64;
+    std::fs::File::create(&image)?.set_len((need * 3 / 2).max(256 << 20))?;
+    sh("mkfs.ext4", &["-F", "-q", "-b", "4096", image.to_str().expect("utf-8 path")])?;
+    let dev = sh("losetup", &["-f", "--show", image.to_str().expect("utf-8 path")])?;
+    let mnt = dir.path().join("mnt");
+    std::fs::create_dir(&mnt)?;
+    let m = Mounted { dev, mnt };
+    sh("mount", &[&m.dev, m.mnt.to_str().expect("utf-8 path")])?;
+    println!("ext4 on {} (image {}), mounted at {}", m.dev, image.display(), m.mnt.display());
+
     let cfg = Config::from_toml(&format!(
-        r#"
-        [[listener]]
-        address = "127.0.0.1:0"
-        [[subsystem]]
-        nqn = "{NQN}"
-        allow_any_host = true
-        [[subsystem.namespace]]
-        nsid = 1
-        path = "{}"
-        size = "1GiB"
-        [[subsystem.namespace]]
-        nsid = 2
-        memory = "1GiB"
-        "#,
-        img.display()
+        "[[listener]]\naddress = \"127.0.0.1:0\"\n[[subsystem]]\nnqn = \"{NQN}\"\nallow_any_host = true\n[[subsystem.namespace]]\nnsid = 1\npath = \"{}\"\n",
+        image.display()
     ))?;
     let target = Target::from_config(&cfg)?;
     let addr = target.listen("127.0.0.1:0".parse()?, false).await?;
-    println!("1. target listening on {addr}, subsystem {NQN}");
-    println!("   namespace 1: sparse file {} (1 GiB), namespace 2: 1 GiB of memory", img.display());
+    println!("target {NQN} at {addr} exports the image as namespace 1");
 
-    let mut o = ConnectOptions::new(addr, NQN);
-    o.queue_depth = 32;
-    let c = Controller::connect(o.clone()).await?;
-    println!("2. connected: controller {} \"{}\" serial {}, namespaces {:?}", c.cntlid, c.id.mn, c.id.sn, c.active_namespaces().await?);
+    let t = Instant::now();
+    let files = write_sample(&m.mnt, a.files, a.file_size)?;
+    let bytes: u64 = files.iter().map(|f| std::fs::metadata(f).map(|m| m.len()).unwrap_or(0)).sum();
+    println!("wrote {} files, {:.1} MiB of logs and CSV, in {:.2} s\n", files.len(), bytes as f64 / (1 << 20) as f64, t.elapsed().as_secs_f64());
 
-    let mut ioq = c.io_queue(1).await?;
-    let q = ioq.queue();
-    let chunk = 128 * 1024;
-    let blocks = (chunk / 512) as u32;
-    let n = a.bytes.div_ceil(chunk);
-    let mut rng = 0x2545_f491_4f6c_dd1du64;
-    let data: Vec<u8> = (0..n * chunk)
-        .map(|_| {
-            rng ^= rng << 13;
-            rng ^= rng >> 7;
-            rng ^= rng << 17;
-            rng as u8
-        })
-        .collect();
-    let t = Instant::now();
-    let (mut sub, mut done) = (0usize, 0usize);
-    while done < n {
-        while sub < n && q.in_flight() < 32 {
-            q.submit(
-                Sqe::rw(io::WRITE, 1, (sub * chunk / 512) as u64, blocks, false),
-                Data::Out(&data[sub * chunk..(sub + 1) * chunk]),
-                sub as u64,
-            )?;
-            sub += 1;
+    let mut devices = DeviceMap::default();
+    devices.add_file(&image, Endpoint { address: addr, nqn: NQN.into(), nsid: 1 }).map_err(anyhow::Error::msg)?;
+    let mut host = Host::new(devices);
+    // Connect and warm the page cache once, so the table compares computations.
+    host.run(nearstore_compute::by_name("crc32c")?, b"", &files, Mode::Offload).await?;
+    let logs: Vec<PathBuf> = files.iter().filter(|f| f.extension().is_some_and(|e| e == "log")).cloned().collect();
+    let jobs: Vec<(&str, &str, String, &[PathBuf])> = vec![
+        ("checksum crc32c", "crc32c", String::new(), &files),
+        ("checksum sha256", "sha256", String::new(), &files),
+        ("checksum blake3", "blake3", String::new(), &files),
+        ("grep -c ERROR", "grep-count", r#"{"pattern":"ERROR"}"#.into(), &logs),
+        ("grep -F timeout", "search", r#"{"pattern":"timeout","max_offsets":3}"#.into(), &logs),
+        ("wc", "wc", String::new(), &files),
+    ];
+    println!("{:<18} {:>10} {:>12} {:>10} {:>12} {:>10} {:>12}  {}", "operation", "offloaded", "net bytes", "pulled", "net bytes", "local", "net bytes", "results");
+    let mut all_equal = true;
+    for (label, op, args, set) in jobs {
+        let op = nearstore_compute::by_name(op)?;
+        let mut row = Vec::new();
+        let mut outcomes = Vec::new();
+        for mode in [Mode::Offload, Mode::Pull, Mode::Local] {
+            let r = host.run(op, args.as_bytes(), set, mode).await?;
+            row.push(format!("{:>9.3}s {:>12}", r.elapsed_secs, r.wire_sent + r.wire_received));
+            outcomes.push(r.files.into_iter().map(|f| f.outcome).collect::<Vec<_>>());
         }
-        let mut failed = None;
-        q.poll(|_, cqe, _| {
-            if !cqe.status.is_success() {
-                failed = Some(cqe.status);
-            }
-            done += 1;
-        })
-        .await?;
-        if let Some(s) = failed {
-            bail!("write failed: {s}");
-        }
+        let equal = outcomes.windows(2).all(|w| w[0] == w[1]);
+        all_equal &= equal;
+        println!("{label:<18} {}  {}", row.join(" "), if equal { "equal" } else { "DIFFERENT" });
     }
-    ioq.flush(1).await?;
-    let wt = t.elapsed();
-    let q = ioq.queue();
-    let t = Instant::now();
-    let mut back = vec![0u8; n * chunk];
-    let (mut sub, mut done) = (0usize, 0usize);
-    while done < n {
-        while sub < n && q.in_flight() < 32 {
-            q.submit(Sqe::rw(io::READ, 1, (sub * chunk / 512) as u64, blocks, false), Data::In(chunk), sub as u64)?;
-            sub += 1;
-        }
-        q.poll(|tag, _, d| {
-            back[tag as usize * chunk..(tag as usize + 1) * chunk].copy_from_slice(d);
-            done += 1;
-        })
-        .await?;
-    }
-    let rt = t.elapsed();
-    let mb = (n * chunk) as f64 / 1e6;
-    let same = back == data;
     println!(
-        "3. wrote {mb:.0} MB in {:.2} s ({:.0} MB/s), flushed, read back in {:.2} s ({:.0} MB/s): {}",
-        wt.as_secs_f64(),
-        mb / wt.as_secs_f64(),
-        rt.as_secs_f64(),
-        mb / rt.as_secs_f64(),
-        if same { "identical" } else { "DIFFERENT" }
+        "\noffloaded: the target computes where the data lies, only descriptors and results cross the network;\n\
+         pulled: the host reads the blocks over NVMe/TCP and computes; local: the host reads through ext4.\n\
+         Try it yourself: nearstore checksum --target-config CONFIG --stats FILE... (README)."
     );
-    if !same {
-        bail!("data read back differs from data written");
+    drop(m);
+    if !all_equal {
+        bail!("offloaded, pulled and local results differ");
     }
-    let file_crc = std::fs::read(&img).map(|b| b[..n * chunk] == data[..])?;
-    println!("   the image file on the target's side holds the same bytes: {file_crc}");
-    drop(ioq);
-    c.shutdown().await?;
-
-    println!("4. perf, {} s each, target and initiator in this process:", a.perf_seconds);
-    for (nsid, what) in [(1u32, "file  "), (2, "memory")] {
-        for (w, size, qd) in [
-            (Workload::Randread, 4096, 1),
-            (Workload::Randread, 4096, 32),
-            (Workload::Randwrite, 4096, 32),
-            (Workload::Read, 128 * 1024, 32),
-        ] {
-            let p = PerfParams {
-                nsid,
-                queue_depth: qd,
-                io_size: size,
-                workload: w,
-                rwmixread: 50,
-                duration: Duration::from_secs_f64(a.perf_seconds),
-                queues: 1,
-            };
-            let r = perf::measure(o.clone(), &p).await?;
-            print!("   {what} ");
-            perf::print(&r, Output::Normal)?;
-        }
-    }
-    println!("done: the target served {} connections", target.stats.connections_total.load(std::sync::atomic::Ordering::Relaxed));
     Ok(())
 }

@@ -1,5 +1,6 @@
 //! The `nearstore` command: one binary, subcommands modelled on nvme-cli and spdk_nvme_perf.
 
+mod compute;
 mod demo;
 mod perf;
 mod tools;
@@ -187,6 +188,14 @@ enum Cmd {
         #[arg(long)]
         fua: bool,
     },
+    /// Checksum files where they lie (crc32c, sha256, blake3, ...), like sha256sum.
+    Checksum(compute::ChecksumArgs),
+    /// Count lines matching a regular expression (grep -c), matches, or literal hits.
+    Grep(compute::GrepArgs),
+    /// Count bytes, lines and words (wc).
+    Wc(compute::WcArgs),
+    /// Copy a file on the target, without its bytes crossing the network.
+    Copy(compute::CopyArgs),
     /// Measure IOPS, bandwidth and latency against a target.
     Perf(perf::PerfArgs),
     /// The main job: a target on a file, writes and reads back through our initiator, a short perf.
@@ -296,6 +305,10 @@ fn run(cli: Cli) -> Result<()> {
             runtime(Some(1))?.block_on(tools::read(&b.t, b.nsid, b.start_block, n.0, &data))
         }
         Cmd::Write { b, data, fua } => runtime(Some(1))?.block_on(tools::write(&b.t, b.nsid, b.start_block, &data, fua)),
+        Cmd::Checksum(a) => compute::checksum(a),
+        Cmd::Grep(a) => compute::grep(a),
+        Cmd::Wc(a) => compute::wc(a),
+        Cmd::Copy(a) => compute::copy(a),
         Cmd::Perf(a) => perf::run(a),
         Cmd::Demo(a) => demo::run(a),
     }

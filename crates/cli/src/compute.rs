@@ -1,0 +1,258 @@
+//! The compute verbs: checksum, grep, search, wc, copy. Each maps its files to virtual
+//! objects and runs on the targets that hold them, or on the host (`--local`, or when a
+//! file cannot offload), or reads the blocks over NVMe/TCP and computes here (`--pull`).
+
+use std::path::PathBuf;
+
+use anyhow::{bail, Context, Result};
+use nearstore_compute::Outcome;
+use nearstore_host::device::{DeviceMap, Endpoint};
+use nearstore_host::{Host, How, Mode, Report};
+use nearstore_target::config::Config;
+
+use crate::Output;
+
+#[derive(clap::Args, Clone)]
+pub struct Common {
+    /// Device map (TOML, `[[namespace]]` entries naming a target namespace and the file it
+    /// exports or a block device).
+    #[arg(long)]
+    pub map: Option<PathBuf>,
+    /// A target's configuration: the files it exports map to its first listener.
+    #[arg(long)]
+    pub target_config: Option<PathBuf>,
+    /// Compute on the host, reading through the file system.
+    #[arg(long, conflicts_with = "pull")]
+    pub local: bool,
+    /// Compute on the host, reading the blocks over NVMe/TCP (what a host without offload does).
+    #[arg(long)]
+    pub pull: bool,
+    /// Report bytes over the network against bytes processed, and the time (on stderr).
+    #[arg(long)]
+    pub stats: bool,
+    /// Compute commands in flight per namespace.
+    #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u32).range(1..=64))]
+    pub parallel: u32,
+    #[arg(short = 'o', long, value_enum, default_value = "normal")]
+    pub output_format: Output,
+}
+
+impl Common {
+    fn mode(&self) -> Mode {
+        if self.local {
+            Mode::Local
+        } else if self.pull {
+            Mode::Pull
+        } else {
+            Mode::Offload
+        }
+    }
+
+    fn host(&self) -> Result<Host> {
+        let mut devices = DeviceMap::default();
+        if let Some(p) = &self.map {
+            let text = std::fs::read_to_string(p).with_context(|| format!("--map {}", p.display()))?;
+            devices.load(&text).map_err(|e| anyhow::anyhow!("--map {}: {e}", p.display()))?;
+        }
+        if let Some(p) = &self.target_config {
+            let cfg = Config::from_file(p).with_context(|| format!("--target-config {}", p.display()))?;
+            let Some(l) = cfg.listener.iter().find(|l| !l.discovery) else {
+                bail!("--target-config {}: no I/O listener", p.display());
+            };
+            for s in &cfg.subsystem {
+                for n in &s.namespace {
+                    if let Some(path) = &n.path {
+                        let ep = Endpoint { address: l.address, nqn: s.nqn.clone(), nsid: n.nsid };
+                        devices.add_file(path, ep).map_err(|e| anyhow::anyhow!("--target-config {}: {e}", p.display()))?;
+                    }
+                }
+            }
+        }
+        let mut host = Host::new(devices);
+        host.parallel = self.parallel as usize;
+        if self.output_format == Output::Normal && std::io::IsTerminal::is_terminal(&std::io::stderr()) {
+            let bar = indicatif::ProgressBar::new(0);
+            bar.set_style(
+                indicatif::ProgressStyle::with_template("{bar:40} {bytes}/{total_bytes} {binary_bytes_per_sec} eta {eta}").expect("template"),
+            );
+            host.progress = Some(Box::new(move |done, total| {
+                // Only runs long enough to watch get a bar.
+                if total >= 256 << 20 {
+                    bar.set_length(total);
+                    bar.set_position(done);
+                    if done >= total {
+                        bar.finish_and_clear();
+                    }
+                }
+            }));
+        }
+        Ok(host)
+    }
+}
+
+#[derive(Clone, Copy, clap::ValueEnum, PartialEq, Eq, Debug)]
+pub enum Algorithm {
+    Crc32c,
+    Crc64Nvme,
+    Xxh3_64,
+    Xxh3_128,
+    Blake3,
+    Sha256,
+    Md5,
+}
+
+impl Algorithm {
+    fn op(self) -> &'static str {
+        match self {
+            Algorithm::Crc32c => "crc32c",
+            Algorithm::Crc64Nvme => "crc64-nvme",
+            Algorithm::Xxh3_64 => "xxh3-64",
+            Algorithm::Xxh3_128 => "xxh3-128",
+            Algorithm::Blake3 => "blake3",
+            Algorithm::Sha256 => "sha256",
+            Algorithm::Md5 => "md5",
+        }
+    }
+}
+
+#[derive(clap::Args)]
+pub struct ChecksumArgs {
+    /// The checksum or hash.
+    #[arg(short = 'a', long, value_enum, default_value = "crc32c")]
+    pub algorithm: Algorithm,
+    #[arg(required = true)]
+    pub files: Vec<PathBuf>,
+    #[command(flatten)]
+    pub common: Common,
+}
+
+#[derive(clap::Args)]
+pub struct GrepArgs {
+    /// A regular expression (Rust regex syntax), or a literal with --fixed-strings.
+    pub pattern: String,
+    #[arg(required = true)]
+    pub files: Vec<PathBuf>,
+    /// Count matches of the expression instead of matching lines.
+    #[arg(long)]
+    pub matches: bool,
+    /// The pattern is a literal: report match counts and the first offsets.
+    #[arg(short = 'F', long)]
+    pub fixed_strings: bool,
+    /// With -F: how many match offsets to report per file.
+    #[arg(long, default_value_t = 10)]
+    pub max_offsets: u32,
+    #[command(flatten)]
+    pub common: Common,
+}
+
+#[derive(clap::Args)]
+pub struct WcArgs {
+    #[arg(required = true)]
+    pub files: Vec<PathBuf>,
+    #[command(flatten)]
+    pub common: Common,
+}
+
+#[derive(clap::Args)]
+pub struct CopyArgs {
+    pub source: PathBuf,
+    pub destination: PathBuf,
+    #[command(flatten)]
+    pub common: Common,
+}
+
+fn runtime() -> Result<tokio::runtime::Runtime> {
+    Ok(tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?)
+}
+
+pub fn checksum(a: ChecksumArgs) -> Result<()> {
+    stream(a.algorithm.op(), Vec::new(), &a.files, &a.common)
+}
+
+pub fn grep(a: GrepArgs) -> Result<()> {
+    let (op, args) = if a.fixed_strings {
+        ("search", serde_json::json!({ "pattern": a.pattern, "max_offsets": a.max_offsets }))
+    } else if a.matches {
+        ("regex-count", serde_json::json!({ "pattern": a.pattern }))
+    } else {
+        ("grep-count", serde_json::json!({ "pattern": a.pattern }))
+    };
+    stream(op, serde_json::to_vec(&args)?, &a.files, &a.common)
+}
+
+pub fn wc(a: WcArgs) -> Result<()> {
+    stream("wc", Vec::new(), &a.files, &a.common)
+}
+
+pub fn copy(a: CopyArgs) -> Result<()> {
+    let op = nearstore_compute::by_name("copy")?;
+    let cap = std::fs::metadata(&a.source).with_context(|| a.source.display().to_string())?.len();
+    let mut host = a.common.host()?;
+    let r = runtime()?.block_on(host.transform(op, b"", std::slice::from_ref(&a.source), &a.destination, cap, a.common.mode()))?;
+    print_report(&r, &a.common)
+}
+
+fn stream(op: &str, args: Vec<u8>, files: &[PathBuf], common: &Common) -> Result<()> {
+    let op = nearstore_compute::by_name(op)?;
+    op.check(&args, 1, 0)?;
+    let mut host = common.host()?;
+    let r = runtime()?.block_on(host.run(op, &args, files, common.mode()))?;
+    print_report(&r, common)
+}
+
+fn print_report(r: &Report, common: &Common) -> Result<()> {
+    if common.output_format == Output::Json {
+        println!("{}", serde_json::to_string_pretty(r)?);
+    } else {
+        for f in &r.files {
+            let p = f.path.display();
+            match &f.outcome {
+                Outcome::Digest { hex, .. } => println!("{hex}  {p}"),
+                Outcome::Count { count } => println!("{p}:{count}"),
+                Outcome::Search { count, offsets } => {
+                    let shown: Vec<String> = offsets.iter().map(|o| o.to_string()).collect();
+                    println!("{p}: {count} matches{}{}", if shown.is_empty() { "" } else { " at " }, shown.join(","));
+                }
+                Outcome::Wc { bytes, lines, words } => println!("{lines:>8} {words:>8} {bytes:>10} {p}"),
+                Outcome::Written { input, output } => println!("{p}: {input} bytes read, {output} written"),
+            }
+        }
+    }
+    if common.stats {
+        let offloaded = r.files.iter().filter(|f| f.how == How::Offloaded).count();
+        let pulled = r.files.iter().filter(|f| f.how == How::Pulled).count();
+        let local: Vec<&nearstore_host::FileResult> = r.files.iter().filter(|f| matches!(f.how, How::Local(_))).collect();
+        let wire = r.wire_sent + r.wire_received;
+        let pct = if r.bytes_processed > 0 { wire as f64 * 100.0 / r.bytes_processed as f64 } else { 0.0 };
+        eprintln!(
+            "{} files ({offloaded} offloaded, {pulled} pulled, {} local): {} processed, {} over the network ({pct:.4}%), {:.3} s, {:.1} MB/s",
+            r.files.len(),
+            local.len(),
+            human(r.bytes_processed),
+            human(wire),
+            r.elapsed_secs,
+            r.bytes_processed as f64 / r.elapsed_secs.max(1e-9) / 1e6
+        );
+        for f in local {
+            if let How::Local(reason) = &f.how {
+                eprintln!("  {} computed on the host: {reason}", f.path.display());
+            }
+        }
+    }
+    Ok(())
+}
+
+fn human(n: u64) -> String {
+    let units = ["B", "KiB", "MiB", "GiB", "TiB"];
+    let mut v = n as f64;
+    let mut u = 0;
+    while v >= 1024.0 && u + 1 < units.len() {
+        v /= 1024.0;
+        u += 1;
+    }
+    if u == 0 {
+        format!("{n} B")
+    } else {
+        format!("{v:.1} {}", units[u])
+    }
+}
