@@ -73,7 +73,8 @@ impl Common {
         if self.output_format == Output::Normal && std::io::IsTerminal::is_terminal(&std::io::stderr()) {
             let bar = indicatif::ProgressBar::new(0);
             bar.set_style(
-                indicatif::ProgressStyle::with_template("{bar:40} {bytes}/{total_bytes} {binary_bytes_per_sec} eta {eta}").expect("template"),
+                indicatif::ProgressStyle::with_template("{bar:40} {bytes}/{total_bytes} {binary_bytes_per_sec} eta {eta}")
+                    .expect("template"),
             );
             host.progress = Some(Box::new(move |done, total| {
                 // Only runs long enough to watch get a bar.

@@ -24,6 +24,33 @@ pub struct DemoArgs {
     /// Bytes per file.
     #[arg(long, default_value_t = 8 << 20)]
     pub file_size: usize,
+    /// Also print throughputs and each kernel's in-memory limit on all cores (the
+    /// benchmark of docs/benchmarks.md runs this with 4 GiB of files).
+    #[arg(long)]
+    pub bench: bool,
+}
+
+/// An operation's speed over bytes already in memory, on every core at once: what the
+/// target could reach if reading its backend cost nothing. Bytes per second.
+fn kernel_limit(op: &'static nearstore_compute::Operation, args: &[u8], sample: &[u8]) -> f64 {
+    let cores = std::thread::available_parallelism().map_or(2, |n| n.get());
+    let rounds = 8;
+    let t = Instant::now();
+    std::thread::scope(|s| {
+        for _ in 0..cores {
+            s.spawn(|| {
+                let nearstore_compute::Build::Stream(b) = op.build else { return };
+                let mut k = b(args).expect("valid arguments");
+                for _ in 0..rounds {
+                    for c in sample.chunks(1 << 20) {
+                        k.update(c);
+                    }
+                }
+                let _ = k.finish();
+            });
+        }
+    });
+    (cores * rounds * sample.len()) as f64 / t.elapsed().as_secs_f64()
 }
 
 const NQN: &str = "nqn.2026-11.io.nearstore:demo";
@@ -122,7 +149,12 @@ async fn demo(a: DemoArgs) -> Result<()> {
     let t = Instant::now();
     let files = write_sample(&m.mnt, a.files, a.file_size)?;
     let bytes: u64 = files.iter().map(|f| std::fs::metadata(f).map(|m| m.len()).unwrap_or(0)).sum();
-    println!("wrote {} files, {:.1} MiB of logs and CSV, in {:.2} s\n", files.len(), bytes as f64 / (1 << 20) as f64, t.elapsed().as_secs_f64());
+    println!(
+        "wrote {} files, {:.1} MiB of logs and CSV, in {:.2} s\n",
+        files.len(),
+        bytes as f64 / (1 << 20) as f64,
+        t.elapsed().as_secs_f64()
+    );
 
     let mut devices = DeviceMap::default();
     devices.add_file(&image, Endpoint { address: addr, nqn: NQN.into(), nsid: 1 }).map_err(anyhow::Error::msg)?;
@@ -138,20 +170,45 @@ async fn demo(a: DemoArgs) -> Result<()> {
         ("grep -F timeout", "search", r#"{"pattern":"timeout","max_offsets":3}"#.into(), &logs),
         ("wc", "wc", String::new(), &files),
     ];
-    println!("{:<18} {:>10} {:>12} {:>10} {:>12} {:>10} {:>12}  {}", "operation", "offloaded", "net bytes", "pulled", "net bytes", "local", "net bytes", "results");
+    println!(
+        "{:<18} {:>10} {:>12} {:>10} {:>12} {:>10} {:>12}  {}",
+        "operation", "offloaded", "net bytes", "pulled", "net bytes", "local", "net bytes", "results"
+    );
+    let sample = std::fs::read(&files[0])?;
     let mut all_equal = true;
     for (label, op, args, set) in jobs {
         let op = nearstore_compute::by_name(op)?;
         let mut row = Vec::new();
         let mut outcomes = Vec::new();
+        let mut times = Vec::new();
+        let mut wires = Vec::new();
         for mode in [Mode::Offload, Mode::Pull, Mode::Local] {
             let r = host.run(op, args.as_bytes(), set, mode).await?;
+            times.push(r.elapsed_secs);
+            wires.push(r.wire_sent + r.wire_received);
             row.push(format!("{:>9.3}s {:>12}", r.elapsed_secs, r.wire_sent + r.wire_received));
             outcomes.push(r.files.into_iter().map(|f| f.outcome).collect::<Vec<_>>());
         }
         let equal = outcomes.windows(2).all(|w| w[0] == w[1]);
         all_equal &= equal;
         println!("{label:<18} {}  {}", row.join(" "), if equal { "equal" } else { "DIFFERENT" });
+        if a.bench {
+            let n: u64 = set.iter().map(|f| std::fs::metadata(f).map(|m| m.len()).unwrap_or(0)).sum();
+            let mbs = |secs: f64| n as f64 / secs / 1e6;
+            let limit = kernel_limit(op, args.as_bytes(), &sample) / 1e6;
+            let off = mbs(times[0]);
+            println!(
+                "{:<18} {:>9.0} MB/s, pulled {:.0} MB/s, local {:.0} MB/s; kernel limit on all cores {:.0} MB/s; offloaded/limit {:.2}, offloaded/pulled {:.2}; wire/data offloaded {:.5}%",
+                "",
+                off,
+                mbs(times[1]),
+                mbs(times[2]),
+                limit,
+                off / limit,
+                off / mbs(times[1]),
+                wires[0] as f64 * 100.0 / n as f64
+            );
+        }
     }
     println!(
         "\noffloaded: the target computes where the data lies, only descriptors and results cross the network;\n\

@@ -145,16 +145,46 @@ pub trait Transform: Send {
 
 /// Every operation. Ids are part of the wire format: never reuse one.
 pub static OPERATIONS: &[Operation] = &[
-    Operation { name: "crc32c", id: 0x0001, build: Build::Stream(digest::crc32c), summary: "CRC-32C (Castagnoli), as iSCSI and NVMe digests" },
-    Operation { name: "crc64-nvme", id: 0x0002, build: Build::Stream(digest::crc64_nvme), summary: "CRC-64/NVME, the NVMe end-to-end protection CRC" },
+    Operation {
+        name: "crc32c",
+        id: 0x0001,
+        build: Build::Stream(digest::crc32c),
+        summary: "CRC-32C (Castagnoli), as iSCSI and NVMe digests",
+    },
+    Operation {
+        name: "crc64-nvme",
+        id: 0x0002,
+        build: Build::Stream(digest::crc64_nvme),
+        summary: "CRC-64/NVME, the NVMe end-to-end protection CRC",
+    },
     Operation { name: "xxh3-64", id: 0x0003, build: Build::Stream(digest::xxh3_64), summary: "XXH3 64-bit, seed 0" },
     Operation { name: "xxh3-128", id: 0x0004, build: Build::Stream(digest::xxh3_128), summary: "XXH3 128-bit, seed 0" },
     Operation { name: "blake3", id: 0x0005, build: Build::Stream(digest::blake3), summary: "BLAKE3, 256-bit" },
     Operation { name: "sha256", id: 0x0006, build: Build::Stream(digest::sha256), summary: "SHA-256" },
-    Operation { name: "md5", id: 0x0007, build: Build::Stream(digest::md5), summary: "MD5 (for matching existing catalogues, not for security)" },
-    Operation { name: "search", id: 0x0010, build: Build::Stream(search::literal), summary: "literal search: match count and first offsets" },
-    Operation { name: "regex-count", id: 0x0011, build: Build::Stream(search::regex_count), summary: "regular-expression matches, within lines" },
-    Operation { name: "grep-count", id: 0x0012, build: Build::Stream(search::grep_count), summary: "lines matching a regular expression (grep -c)" },
+    Operation {
+        name: "md5",
+        id: 0x0007,
+        build: Build::Stream(digest::md5),
+        summary: "MD5 (for matching existing catalogues, not for security)",
+    },
+    Operation {
+        name: "search",
+        id: 0x0010,
+        build: Build::Stream(search::literal),
+        summary: "literal search: match count and first offsets",
+    },
+    Operation {
+        name: "regex-count",
+        id: 0x0011,
+        build: Build::Stream(search::regex_count),
+        summary: "regular-expression matches, within lines",
+    },
+    Operation {
+        name: "grep-count",
+        id: 0x0012,
+        build: Build::Stream(search::grep_count),
+        summary: "lines matching a regular expression (grep -c)",
+    },
     Operation { name: "wc", id: 0x0020, build: Build::Stream(wc::build), summary: "bytes, lines, words (wc)" },
     Operation {
         name: "copy",

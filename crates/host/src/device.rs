@@ -106,9 +106,7 @@ impl DeviceMap {
     pub fn locate(&self, st_dev: u64) -> Result<Location, String> {
         let (major, minor) = (libc::major(st_dev), libc::minor(st_dev));
         if major == 0 {
-            return Err(format!(
-                "the file system is on no single block device (device {major}:{minor}: btrfs, tmpfs, NFS or overlay)"
-            ));
+            return Err(format!("the file system is on no single block device (device {major}:{minor}: btrfs, tmpfs, NFS or overlay)"));
         }
         let link = self.sysfs.join(format!("dev/block/{major}:{minor}"));
         let dir = std::fs::canonicalize(&link).map_err(|e| format!("block device {major}:{minor}: {}: {e}", link.display()))?;
@@ -137,7 +135,8 @@ impl DeviceMap {
         }
         if self.read(format!("block/{disk}/device/transport")).as_deref() == Some("tcp") {
             let nqn = self.read(format!("block/{disk}/device/subsysnqn")).ok_or_else(|| format!("{disk}: no subsysnqn in sysfs"))?;
-            let nsid = self.read(format!("block/{disk}/nsid")).and_then(|s| s.parse().ok()).ok_or_else(|| format!("{disk}: no nsid in sysfs"))?;
+            let nsid =
+                self.read(format!("block/{disk}/nsid")).and_then(|s| s.parse().ok()).ok_or_else(|| format!("{disk}: no nsid in sysfs"))?;
             let address = self.read(format!("block/{disk}/device/address")).ok_or_else(|| format!("{disk}: no address in sysfs"))?;
             let address = parse_nvme_address(&address).ok_or_else(|| format!("{disk}: cannot read transport address {address:?}"))?;
             return found(Endpoint { address, nqn, nsid }, part_offset);

@@ -82,7 +82,14 @@ pub fn extents(file: &std::fs::File) -> io::Result<Vec<FsExtent>> {
     let mut start = 0u64;
     loop {
         let mut req = Request {
-            h: RawHeader { fm_start: start, fm_length: u64::MAX - start, fm_flags: FLAG_SYNC, fm_mapped_extents: 0, fm_extent_count: BATCH as u32, fm_reserved: 0 },
+            h: RawHeader {
+                fm_start: start,
+                fm_length: u64::MAX - start,
+                fm_flags: FLAG_SYNC,
+                fm_mapped_extents: 0,
+                fm_extent_count: BATCH as u32,
+                fm_reserved: 0,
+            },
             e: [RawExtent::default(); BATCH],
         };
         // SAFETY: `req` is a struct fiemap followed by room for BATCH extents, as

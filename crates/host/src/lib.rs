@@ -140,7 +140,11 @@ impl Host {
     async fn plan(&mut self, files: &[PathBuf], mode: Mode) -> Result<Vec<Mapped>, HostError> {
         let mut out = Vec::new();
         for f in files {
-            let m = if mode == Mode::Local { Mapped::Local { path: f.clone(), reason: "--local".into() } } else { object::map_file(f, &self.devices)? };
+            let m = if mode == Mode::Local {
+                Mapped::Local { path: f.clone(), reason: "--local".into() }
+            } else {
+                object::map_file(f, &self.devices)?
+            };
             let m = match m {
                 Mapped::Offload(fo) => {
                     self.connect(&fo.location.endpoint).await?;
@@ -287,7 +291,8 @@ impl Host {
                     .compute(ep.nsid, &d.encode(), self.timeout)
                     .await
                     .map_err(|source| HostError::Target { endpoint: ep_name(&ep), source })?;
-                let mut outs: Vec<Outcome> = serde_json::from_slice(&json).map_err(|e| HostError::Invalid(format!("target's result: {e}")))?;
+                let mut outs: Vec<Outcome> =
+                    serde_json::from_slice(&json).map_err(|e| HostError::Invalid(format!("target's result: {e}")))?;
                 for f in &objs {
                     f.verify()?;
                 }
@@ -377,7 +382,12 @@ async fn remote_batches(
                 out.push((i, FileResult { path: f.path, outcome: k.finish()?, how: How::Pulled }));
             }
         } else {
-            let d = Descriptor { op: op.id, args: args.to_vec(), inputs: batch.iter().map(|(_, f)| f.object.clone()).collect(), outputs: vec![] };
+            let d = Descriptor {
+                op: op.id,
+                args: args.to_vec(),
+                inputs: batch.iter().map(|(_, f)| f.object.clone()).collect(),
+                outputs: vec![],
+            };
             let json = q.compute(ep.nsid, &d.encode(), timeout).await.map_err(err)?;
             let outs: Vec<Outcome> = serde_json::from_slice(&json).map_err(|e| HostError::Invalid(format!("target's result: {e}")))?;
             if outs.len() != batch.len() {
@@ -397,7 +407,13 @@ async fn remote_batches(
 
 /// Reads an object's bytes over NVMe/TCP in order, 128 KiB commands with up to 32 in
 /// flight, and hands them to `f`; zero extents are not read.
-pub async fn pull_object(q: &mut IoQueue, nsid: u32, block: u64, obj: &Object, f: &mut (dyn FnMut(&[u8]) + Send)) -> nearstore_initiator::Result<()> {
+pub async fn pull_object(
+    q: &mut IoQueue,
+    nsid: u32,
+    block: u64,
+    obj: &Object,
+    f: &mut (dyn FnMut(&[u8]) + Send),
+) -> nearstore_initiator::Result<()> {
     const IO: u64 = 128 * 1024;
     const DEPTH: usize = 32;
     // Commands in order: (namespace offset or ZEROS, length to read, bytes of the object).

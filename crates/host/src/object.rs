@@ -228,7 +228,9 @@ mod tests {
 
     #[test]
     fn unusable_extents_fall_back_with_a_reason() {
-        for (f, word) in [(flags::DATA_INLINE, "inline"), (flags::ENCODED, "encoded"), (flags::DATA_ENCRYPTED, "encrypted"), (flags::UNKNOWN, "unknown")] {
+        for (f, word) in
+            [(flags::DATA_INLINE, "inline"), (flags::ENCODED, "encoded"), (flags::DATA_ENCRYPTED, "encrypted"), (flags::UNKNOWN, "unknown")]
+        {
             let e = build_object(&snap(100, vec![fe(0, 0, 4096, f | flags::LAST)]), 0).unwrap_err();
             assert!(e.contains(word), "{e}");
         }

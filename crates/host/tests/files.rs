@@ -156,7 +156,12 @@ async fn offloaded_pulled_and_local_results_are_identical_over_many_file_shapes(
         let off = host.run(op, &args, &files, Mode::Offload).await.unwrap();
         let pull = host.run(op, &args, &files, Mode::Pull).await.unwrap();
         let local = host.run(op, &args, &files, Mode::Local).await.unwrap();
-        assert!(off.files.iter().all(|f| f.how == How::Offloaded), "{}: {:?}", op.name, off.files.iter().map(|f| &f.how).collect::<Vec<_>>());
+        assert!(
+            off.files.iter().all(|f| f.how == How::Offloaded),
+            "{}: {:?}",
+            op.name,
+            off.files.iter().map(|f| &f.how).collect::<Vec<_>>()
+        );
         assert!(pull.files.iter().all(|f| f.how == How::Pulled));
         assert_eq!(outcomes(&off), outcomes(&local), "{} offloaded vs local", op.name);
         assert_eq!(outcomes(&pull), outcomes(&local), "{} pulled vs local", op.name);
@@ -199,7 +204,13 @@ async fn outputs_written_by_the_target_read_back_through_the_file_system() {
     assert_eq!(r.files[0].outcome, Outcome::Written { input: data.len() as u64, output: data.len() as u64 });
     let back = std::fs::read(&out).unwrap();
     let first_diff = back.iter().zip(&data).position(|(a, b)| a != b);
-    assert!(back == data, "the output file reads back as the input: {} vs {} bytes, first difference at {first_diff:?}, {:?}", back.len(), data.len(), &back[..16]);
+    assert!(
+        back == data,
+        "the output file reads back as the input: {} vs {} bytes, first difference at {first_diff:?}, {:?}",
+        back.len(),
+        data.len(),
+        &back[..16]
+    );
     assert!(r.wire_sent + r.wire_received < 64 * 1024, "copy moved {} bytes over the wire", r.wire_sent + r.wire_received);
     // Locally, the same file.
     let out2 = fs.mnt.join("out2");

@@ -8,7 +8,6 @@ use nearstore_wire::pdu::{self, flags, DataHdr, Framing, IcReq, IcResp, PduType}
 use nearstore_wire::sqe::sgl_id;
 use nearstore_wire::{Cqe, Sgl, Sqe, Status};
 
-
 use crate::{io_err, Error, Result};
 
 /// Data that moves with a command.

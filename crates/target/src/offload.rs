@@ -209,10 +209,16 @@ impl Results {
     pub fn fetch(&mut self, handle: u32, offset: u64, len: usize) -> Result<(Vec<u8>, u32), Failure> {
         self.purge(Instant::now());
         let Some((data, _)) = self.held.get(&handle) else {
-            return Err(Failure::new(cs::HANDLE_INVALID, format!("handle {handle} is not held (never issued, fetched to the end, released or expired)")));
+            return Err(Failure::new(
+                cs::HANDLE_INVALID,
+                format!("handle {handle} is not held (never issued, fetched to the end, released or expired)"),
+            ));
         };
         if offset > data.len() as u64 {
-            return Err(Failure::new(Status::INVALID_FIELD.dnr(), format!("offset {offset} is past the {} bytes of handle {handle}", data.len())));
+            return Err(Failure::new(
+                Status::INVALID_FIELD.dnr(),
+                format!("offset {offset} is past the {} bytes of handle {handle}", data.len()),
+            ));
         }
         let start = offset as usize;
         let end = (start + len).min(data.len());
@@ -295,8 +301,10 @@ impl Offload {
                 .spawn(move || {
                     for task in rx {
                         stats.running.fetch_add(1, Relaxed);
-                        let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| run(&task, &cfg, &stats)))
-                            .unwrap_or_else(|_| Err(Failure::new(Status::INTERNAL_ERROR, "the operation panicked: a bug, please report it")));
+                        let result =
+                            std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| run(&task, &cfg, &stats))).unwrap_or_else(|_| {
+                                Err(Failure::new(Status::INTERNAL_ERROR, "the operation panicked: a bug, please report it"))
+                            });
                         stats.running.fetch_sub(1, Relaxed);
                         stats.commands.fetch_add(1, Relaxed);
                         if result.is_err() {

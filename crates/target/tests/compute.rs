@@ -196,9 +196,24 @@ async fn bad_descriptors_get_a_status_and_a_message_and_the_target_keeps_serving
     let ns_bytes = 64u64 << 20;
     let good = crc_of(Object { len: 1000, extents: vec![Extent::data(0, 1024)] });
     let cases: Vec<(Vec<u8>, u32, Status, &str)> = vec![
-        (crc_of(Object { len: 512, extents: vec![Extent::data(ns_bytes, 512)] }).encode(), 1, Status::LBA_OUT_OF_RANGE.dnr(), "outside the namespace"),
-        (crc_of(Object { len: 512, extents: vec![Extent::data(ns_bytes - 512, 1024)] }).encode(), 1, Status::LBA_OUT_OF_RANGE.dnr(), "outside the namespace"),
-        (crc_of(Object { len: 512, extents: vec![Extent::data(100, 512)] }).encode(), 1, cs::DESCRIPTOR_INVALID, "multiples of the 512-byte block"),
+        (
+            crc_of(Object { len: 512, extents: vec![Extent::data(ns_bytes, 512)] }).encode(),
+            1,
+            Status::LBA_OUT_OF_RANGE.dnr(),
+            "outside the namespace",
+        ),
+        (
+            crc_of(Object { len: 512, extents: vec![Extent::data(ns_bytes - 512, 1024)] }).encode(),
+            1,
+            Status::LBA_OUT_OF_RANGE.dnr(),
+            "outside the namespace",
+        ),
+        (
+            crc_of(Object { len: 512, extents: vec![Extent::data(100, 512)] }).encode(),
+            1,
+            cs::DESCRIPTOR_INVALID,
+            "multiples of the 512-byte block",
+        ),
         (crc_of(Object { len: 512, extents: vec![Extent::data(u64::MAX - 511, 512)] }).encode(), 1, cs::DESCRIPTOR_INVALID, "overflows"),
         (crc_of(Object { len: 4096, extents: vec![Extent::data(0, 512)] }).encode(), 1, cs::DESCRIPTOR_INVALID, "less than its length"),
         (crc_of(Object { len: 512, extents: vec![Extent::data(0, 0)] }).encode(), 1, cs::DESCRIPTOR_INVALID, "length 0"),
@@ -218,11 +233,16 @@ async fn bad_descriptors_get_a_status_and_a_message_and_the_target_keeps_serving
             "takes 0 output objects",
         ),
         (b"NSCD garbage".to_vec(), 1, cs::DESCRIPTOR_INVALID, "shorter than its 32-byte header"),
-        ({
-            let mut b = good.encode();
-            b[4] = 9;
-            b
-        }, 1, cs::DESCRIPTOR_INVALID, "version 9 is not supported"),
+        (
+            {
+                let mut b = good.encode();
+                b[4] = 9;
+                b
+            },
+            1,
+            cs::DESCRIPTOR_INVALID,
+            "version 9 is not supported",
+        ),
         (
             crc_of(Object { len: 512 * 4097, extents: (0..4097).map(|i| Extent::data(i * 512, 512)).collect() }).encode(),
             1,
@@ -242,7 +262,12 @@ async fn bad_descriptors_get_a_status_and_a_message_and_the_target_keeps_serving
     let ones = vec![b'a'; 512 * 40];
     q.write(1, 0, &ones, 512, false).await.unwrap();
     let obj = Object { len: 20480, extents: vec![Extent::data(0, 20480)] };
-    let d = Descriptor { op: by_name("search").unwrap().id, args: br#"{"pattern":"a","max_offsets":10000}"#.to_vec(), inputs: vec![obj; 40], outputs: vec![] };
+    let d = Descriptor {
+        op: by_name("search").unwrap().id,
+        args: br#"{"pattern":"a","max_offsets":10000}"#.to_vec(),
+        inputs: vec![obj; 40],
+        outputs: vec![],
+    };
     let e = q.compute(1, &d.encode(), T).await.unwrap_err();
     assert_refused(e, cs::LIMIT_EXCEEDED, "more than the limit of 262144");
     // The error log records compute refusals like any command's.

@@ -33,7 +33,8 @@ impl Core {
                     return Ok(());
                 };
                 let Some(ns) = ctrl.subsys.namespace(sqe.nsid()) else {
-                    let f = Failure::new(Status::INVALID_NAMESPACE.dnr(), format!("namespace {} is not in {}", sqe.nsid(), ctrl.subsys.nqn));
+                    let f =
+                        Failure::new(Status::INVALID_NAMESPACE.dnr(), format!("namespace {} is not in {}", sqe.nsid(), ctrl.subsys.nqn));
                     self.fail_compute(ctrl, &sqe, slot, f);
                     return Ok(());
                 };
@@ -48,7 +49,8 @@ impl Core {
                 if self.r2t.live + self.inflight.live >= self.outstanding_limit() {
                     return Err(fatal(fes::PDU_SEQUENCE_ERROR, 0, "more commands outstanding than the queue size"));
                 }
-                let token = self.inflight.insert(Inflight { cid, ns: ns.clone(), kind: IoKind::Compute, len: 0, lba: 0, start, ring: None });
+                let token =
+                    self.inflight.insert(Inflight { cid, ns: ns.clone(), kind: IoKind::Compute, len: 0, lba: 0, start, ring: None });
                 let task = Task { ns, op, desc, token: token as u32, slot, reply: self.done_tx.clone(), cancel: ctrl.cancel.clone() };
                 self.target.offload.submit(task);
             }
