@@ -195,7 +195,6 @@ pub fn copy(a: CopyArgs) -> Result<()> {
 
 fn stream(op: &str, args: Vec<u8>, files: &[PathBuf], common: &Common) -> Result<()> {
     let op = nearstore_compute::by_name(op)?;
-    op.check(&args, 1, 0)?;
     let mut host = common.host()?;
     let r = runtime()?.block_on(host.run(op, &args, files, common.mode()))?;
     print_report(&r, common)

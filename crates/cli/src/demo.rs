@@ -171,8 +171,8 @@ async fn demo(a: DemoArgs) -> Result<()> {
         ("wc", "wc", String::new(), &files),
     ];
     println!(
-        "{:<18} {:>10} {:>12} {:>10} {:>12} {:>10} {:>12}  {}",
-        "operation", "offloaded", "net bytes", "pulled", "net bytes", "local", "net bytes", "results"
+        "{:<18} {:>10} {:>12} {:>10} {:>12} {:>10} {:>12}  results",
+        "operation", "offloaded", "net bytes", "pulled", "net bytes", "local", "net bytes"
     );
     let sample = std::fs::read(&files[0])?;
     let mut all_equal = true;

@@ -27,7 +27,7 @@ use nearstore_compute::{Build, ComputeError, Context, Operation, Outcome, Sink, 
 use nearstore_initiator::{ConnectOptions, Controller, Data, IoQueue};
 use nearstore_wire::compute::{limits, Descriptor, Object};
 use nearstore_wire::opcode::io;
-use nearstore_wire::{Sqe, Status};
+use nearstore_wire::Sqe;
 
 use crate::device::{DeviceMap, Endpoint};
 use crate::object::{FileObject, MapError, Mapped};
@@ -171,7 +171,7 @@ impl Host {
         let start = Instant::now();
         let mapped = self.plan(files, mode).await?;
         let w0 = self.wire_total();
-        let total: u64 = mapped.iter().map(|m| size_of(m)).sum();
+        let total: u64 = mapped.iter().map(size_of).sum();
         let mut results: Vec<Option<FileResult>> = vec![None; mapped.len()];
         // Remote work, per namespace: batches of files spread over its queues.
         let mut by_ep: HashMap<Endpoint, Vec<(usize, FileObject)>> = HashMap::new();
@@ -431,13 +431,16 @@ pub async fn pull_object(
     let qp = q.queue();
     let mut next_submit = 0;
     let mut next_deliver = 0;
-    let mut ready: HashMap<usize, Vec<u8>> = HashMap::new();
+    // Completed commands waiting for their turn (None: a run of zeros), and the buffers
+    // they arrived in, reused: nothing is allocated per read once DEPTH buffers exist.
+    let mut ready: HashMap<usize, Option<Vec<u8>>> = HashMap::new();
+    let mut spare: Vec<Vec<u8>> = Vec::new();
     let mut in_flight = 0;
     while next_deliver < cmds.len() {
         while in_flight < DEPTH && next_submit < cmds.len() {
             let (off, len, _) = cmds[next_submit];
             if off == nearstore_wire::compute::ZEROS {
-                ready.insert(next_submit, Vec::new());
+                ready.insert(next_submit, None);
             } else {
                 let sqe = Sqe::rw(io::READ, nsid, off / block, (len / block) as u32, false);
                 qp.submit(sqe, Data::In(len as usize), next_submit as u64)?;
@@ -446,11 +449,13 @@ pub async fn pull_object(
             next_submit += 1;
         }
         while let Some(b) = ready.remove(&next_deliver) {
-            let (_, _, n) = cmds[next_deliver];
-            if b.is_empty() {
-                f(&zeros[..n as usize]);
-            } else {
-                f(&b[..n as usize]);
+            let n = cmds[next_deliver].2 as usize;
+            match b {
+                Some(b) => {
+                    f(&b[..n]);
+                    spare.push(b);
+                }
+                None => f(&zeros[..n]),
             }
             next_deliver += 1;
         }
@@ -464,7 +469,10 @@ pub async fn pull_object(
                     if !cqe.status.is_success() {
                         failed = Some(cqe.status);
                     }
-                    ready.insert(tag as usize, data.to_vec());
+                    let mut b = spare.pop().unwrap_or_default();
+                    b.clear();
+                    b.extend_from_slice(data);
+                    ready.insert(tag as usize, Some(b));
                 })
                 .await?;
             in_flight -= n;
@@ -473,7 +481,6 @@ pub async fn pull_object(
             }
         }
     }
-    let _ = Status::SUCCESS;
     Ok(())
 }
 
@@ -555,7 +562,9 @@ fn prepare_output(path: &Path, capacity: u64, devices: &DeviceMap) -> Result<Map
     let ioe = |source| HostError::Io { path: path.into(), source };
     let mut f = std::fs::OpenOptions::new().create(true).write(true).truncate(true).open(path).map_err(ioe)?;
     let cap = capacity.div_ceil(4096).max(1) * 4096;
-    // SAFETY: plain syscalls on an open descriptor.
+    // Best effort, for contiguous blocks: where the file system cannot fallocate, the zero
+    // fill below allocates anyway.
+    // SAFETY: plain syscall on an open descriptor.
     unsafe {
         libc::fallocate(f.as_raw_fd(), 0, 0, cap as libc::off_t);
     }

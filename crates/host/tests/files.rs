@@ -199,7 +199,8 @@ async fn outputs_written_by_the_target_read_back_through_the_file_system() {
     std::fs::write(&out, vec![b'x'; 3 << 20]).unwrap();
     let _ = std::fs::read(&out).unwrap();
     let mut host = Host::new(devices);
-    let r = host.transform(by_name("copy").unwrap(), b"", &[input.clone()], &out, data.len() as u64, Mode::Offload).await.unwrap();
+    let r =
+        host.transform(by_name("copy").unwrap(), b"", std::slice::from_ref(&input), &out, data.len() as u64, Mode::Offload).await.unwrap();
     assert_eq!(r.files[0].how, How::Offloaded);
     assert_eq!(r.files[0].outcome, Outcome::Written { input: data.len() as u64, output: data.len() as u64 });
     let back = std::fs::read(&out).unwrap();
@@ -247,6 +248,6 @@ async fn changes_during_a_call_and_foreign_file_systems() {
     }
     assert_eq!(r.files[1].how, How::Offloaded);
     // A directory is refused with its name.
-    let e = host.run(by_name("crc32c").unwrap(), b"", &[fs.mnt.clone()], Mode::Offload).await.unwrap_err();
+    let e = host.run(by_name("crc32c").unwrap(), b"", std::slice::from_ref(&fs.mnt), Mode::Offload).await.unwrap_err();
     assert!(e.to_string().contains("not a regular file"), "{e}");
 }

@@ -39,21 +39,20 @@ pub struct Job {
     pub reply: UnboundedSender<Done>,
 }
 
-pub struct Done {
-    pub token: u32,
-    pub result: io::Result<()>,
-    pub buf: AlignedBuf,
-    /// Set for a compute command from the offload engine (then `buf` is empty).
-    pub computed: Option<Box<crate::offload::Computed>>,
+/// A finished job: a pool I/O with its buffer back, or a compute command from the offload
+/// engine. Both come back to the connection on one channel.
+pub enum Done {
+    Io { token: u32, result: io::Result<()>, buf: AlignedBuf },
+    Computed { token: u32, computed: Box<crate::offload::Computed> },
 }
 
 impl Done {
     pub fn io(token: u32, result: io::Result<()>, buf: AlignedBuf) -> Done {
-        Done { token, result, buf, computed: None }
+        Done::Io { token, result, buf }
     }
 
     pub fn computed(token: u32, c: crate::offload::Computed) -> Done {
-        Done { token, result: Ok(()), buf: AlignedBuf::new(0), computed: Some(Box::new(c)) }
+        Done::Computed { token, computed: Box::new(c) }
     }
 }
 

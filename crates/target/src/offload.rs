@@ -73,7 +73,7 @@ impl ComputeConfig {
             return e("threads", "must be between 1 and 256".into());
         }
         let c = self.chunk.0;
-        if !(4096..=64 << 20).contains(&c) || c % 4096 != 0 {
+        if !(4096..=64 << 20).contains(&c) || !c.is_multiple_of(4096) {
             return e("chunk", format!("{c} bytes: must be a multiple of 4 KiB between 4 KiB and 64 MiB"));
         }
         if self.readahead > 16 {
@@ -234,10 +234,6 @@ impl Results {
         self.held.remove(&handle).is_some()
     }
 
-    pub fn held(&self) -> usize {
-        self.held.len()
-    }
-
     /// Compute commands of the controller still running (their slots are claimed).
     pub fn running(&self) -> usize {
         self.reserved
@@ -362,14 +358,13 @@ fn run(task: &Task, cfg: &ComputeConfig, stats: &ComputeStats) -> Result<Vec<u8>
         let read: u64 = sources.iter().map(|s| s.read).sum();
         drop(sources);
         stats.bytes_read.fetch_add(read, Relaxed);
-        let r = r.and_then(|o| {
+        r.and_then(|o| {
             for s in &mut sinks {
                 s.finish()?;
                 stats.bytes_written.fetch_add(s.written, Relaxed);
             }
             Ok(o)
-        });
-        r
+        })
     });
     let outcome = outcome?;
     let json = serde_json::to_vec(&outcome).expect("outcomes serialise");

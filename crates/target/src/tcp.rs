@@ -1037,27 +1037,28 @@ impl Core {
 
     /// A pool job finished.
     fn on_done(&mut self, d: Done) {
-        if let Some(c) = d.computed {
-            return self.on_computed(d.token, *c);
-        }
-        let Some(x) = self.inflight.remove(d.token as usize) else {
+        let (token, result, buf) = match d {
+            Done::Io { token, result, buf } => (token, result, buf),
+            Done::Computed { token, computed } => return self.on_computed(token, *computed),
+        };
+        let Some(x) = self.inflight.remove(token as usize) else {
             return;
         };
         let Some(ctrl) = self.queue.as_ref().map(|q| q.ctrl.clone()) else {
             return;
         };
-        match d.result {
+        match result {
             Ok(()) if x.kind == IoKind::Read => {
                 let success = self.success_flag();
                 let dstart = self.begin_c2h(x.cid, x.len, success);
-                self.tx.buf.extend_from_slice(&d.buf[..x.len]);
+                self.tx.buf.extend_from_slice(&buf[..x.len]);
                 pdu::put_data_digest(&mut self.tx.buf, dstart, self.framing.ddgst);
                 self.finish_io(&x.ns, x.kind, x.len, x.start, x.cid, success);
             }
             Ok(()) => self.finish_io(&x.ns, x.kind, x.len, x.start, x.cid, false),
             Err(e) => self.io_error(&ctrl, &x.ns, x.kind, x.lba, x.cid, e),
         }
-        self.put_buf(d.buf);
+        self.put_buf(buf);
     }
 
     /// Completes an outstanding AER if an event is pending.

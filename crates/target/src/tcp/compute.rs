@@ -35,14 +35,14 @@ impl Core {
                 let Some(ns) = ctrl.subsys.namespace(sqe.nsid()) else {
                     let f =
                         Failure::new(Status::INVALID_NAMESPACE.dnr(), format!("namespace {} is not in {}", sqe.nsid(), ctrl.subsys.nqn));
-                    self.fail_compute(ctrl, &sqe, slot, f);
+                    self.fail_compute(ctrl, cid, sqe.nsid(), slot, f);
                     return Ok(());
                 };
                 let (desc, op) = match offload::validate(&ns, data, &self.target.offload.cfg) {
                     Ok(v) => v,
                     Err(f) => {
                         ns.stats.errors.fetch_add(1, Relaxed);
-                        self.fail_compute(ctrl, &sqe, slot, f);
+                        self.fail_compute(ctrl, cid, sqe.nsid(), slot, f);
                         return Ok(());
                     }
                 };
@@ -84,19 +84,15 @@ impl Core {
         Ok(())
     }
 
-    /// Fails an EXEC: the message is held under a handle the completion carries.
-    fn fail_compute(&mut self, ctrl: &Controller, sqe: &Sqe, slot: Slot, f: Failure) {
-        let op = if sqe.opcode() == cop::EXEC { "exec" } else { "compute" };
-        warn!(peer = %self.peer, nsid = sqe.nsid(), op, status = %f.status, "compute command refused: {}", f.message);
-        self.record_compute_error(ctrl, sqe.cid(), sqe.nsid(), f.status);
+    /// Fails an EXEC, refused at once or failed on the engine: recorded in the error log,
+    /// the message held under the handle the completion carries.
+    fn fail_compute(&mut self, ctrl: &Controller, cid: u16, nsid: u32, slot: Slot, f: Failure) {
+        warn!(peer = %self.peer, nsid, status = %f.status, "compute command failed: {}", f.message);
+        let sqid = self.queue.as_ref().map_or(0, |q| q.qid);
+        ctrl.record_error(ErrorEntry { sqid, cid, status: f.status.to_field(), nsid, ..Default::default() });
         let len = f.message.len() as u32;
         let handle = slot.fill(f.message.into_bytes(), self.result_ttl());
-        self.complete(sqe.cid(), f.status, handle, len);
-    }
-
-    fn record_compute_error(&self, ctrl: &Controller, cid: u16, nsid: u32, status: Status) {
-        let sqid = self.queue.as_ref().map_or(0, |q| q.qid);
-        ctrl.record_error(ErrorEntry { sqid, cid, status: status.to_field(), nsid, ..Default::default() });
+        self.complete(cid, f.status, handle, len);
     }
 
     fn result_ttl(&self) -> Duration {
@@ -116,12 +112,8 @@ impl Core {
                 self.complete(x.cid, Status::SUCCESS, handle, len);
             }
             Err(f) => {
-                warn!(peer = %self.peer, nsid = x.ns.nsid, status = %f.status, "compute command failed: {}", f.message);
                 x.ns.stats.errors.fetch_add(1, Relaxed);
-                self.record_compute_error(&ctrl, x.cid, x.ns.nsid, f.status);
-                let len = f.message.len() as u32;
-                let handle = c.slot.fill(f.message.into_bytes(), self.result_ttl());
-                self.complete(x.cid, f.status, handle, len);
+                self.fail_compute(&ctrl, x.cid, x.ns.nsid, c.slot, f);
             }
         }
     }
