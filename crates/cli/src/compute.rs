@@ -1,4 +1,4 @@
-//! The compute verbs: checksum, grep, search, wc, copy. Each maps its files to virtual
+//! The compute verbs: checksum, grep, search, wc, select, copy. Each maps its files to virtual
 //! objects and runs on the targets that hold them, or on the host (`--local`, or when a
 //! file cannot offload), or reads the blocks over NVMe/TCP and computes here (`--pull`).
 
@@ -162,6 +162,58 @@ pub struct CopyArgs {
     pub common: Common,
 }
 
+#[derive(Clone, Copy, clap::ValueEnum, PartialEq, Eq, Debug)]
+pub enum RowFormat {
+    Csv,
+    /// JSON lines: one object per line.
+    Jsonl,
+}
+
+impl RowFormat {
+    fn name(self) -> &'static str {
+        match self {
+            RowFormat::Csv => "csv",
+            RowFormat::Jsonl => "jsonl",
+        }
+    }
+}
+
+#[derive(clap::Args)]
+pub struct SelectArgs {
+    /// The query, in S3 Select's SQL plus GROUP BY, HAVING, ORDER BY and LIMIT:
+    /// SELECT ... FROM s3object s [WHERE ...] [GROUP BY ...] ... (docs/compute.md).
+    pub query: String,
+    #[arg(required = true)]
+    pub files: Vec<PathBuf>,
+    /// The files' format.
+    #[arg(long, value_enum, default_value = "csv")]
+    pub format: RowFormat,
+    /// CSV: the first line is data, not column names (name columns _1, _2, ...).
+    #[arg(long)]
+    pub no_header: bool,
+    /// CSV: the field delimiter.
+    #[arg(long, default_value_t = ',')]
+    pub delimiter: char,
+    /// CSV: the quote character.
+    #[arg(long, default_value_t = '"')]
+    pub quote: char,
+    /// CSV: skip lines starting with this character.
+    #[arg(long)]
+    pub comment: Option<char>,
+    /// Write the rows into this file (one input file): the target writes them next to the
+    /// input, and they do not cross the network.
+    #[arg(long)]
+    pub into: Option<PathBuf>,
+    /// With --into: the rows' format.
+    #[arg(long, value_enum, default_value = "csv")]
+    pub into_format: RowFormat,
+    /// With --into: the most bytes the output may take (default: the input's size).
+    #[arg(long)]
+    pub into_capacity: Option<u64>,
+    #[command(flatten)]
+    pub common: Common,
+}
+
 fn runtime() -> Result<tokio::runtime::Runtime> {
     Ok(tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?)
 }
@@ -183,6 +235,31 @@ pub fn grep(a: GrepArgs) -> Result<()> {
 
 pub fn wc(a: WcArgs) -> Result<()> {
     stream("wc", Vec::new(), &a.files, &a.common)
+}
+
+pub fn select(a: SelectArgs) -> Result<()> {
+    let args = serde_json::json!({
+        "query": a.query,
+        "format": a.format.name(),
+        "header": !a.no_header,
+        "delimiter": a.delimiter,
+        "quote": a.quote,
+        "comment": a.comment,
+        "output_format": a.into_format.name(),
+    });
+    let args = serde_json::to_vec(&args)?;
+    let op = nearstore_compute::by_name("select")?;
+    let Some(into) = &a.into else {
+        return stream("select", args, &a.files, &a.common);
+    };
+    let [input] = &a.files[..] else { bail!("--into takes one input file, not {}", a.files.len()) };
+    let cap = match a.into_capacity {
+        Some(c) => c,
+        None => std::fs::metadata(input).with_context(|| input.display().to_string())?.len().max(4096),
+    };
+    let mut host = a.common.host()?;
+    let r = runtime()?.block_on(host.transform(op, &args, std::slice::from_ref(input), into, cap, a.common.mode()))?;
+    print_report(&r, &a.common)
 }
 
 pub fn copy(a: CopyArgs) -> Result<()> {
@@ -215,6 +292,22 @@ fn print_report(r: &Report, common: &Common) -> Result<()> {
                 }
                 Outcome::Wc { bytes, lines, words } => println!("{lines:>8} {words:>8} {bytes:>10} {p}"),
                 Outcome::Written { input, output } => println!("{p}: {input} bytes read, {output} written"),
+                Outcome::Select { columns, rows, records, rows_out, output, .. } => {
+                    if !rows.is_empty() || *output == 0 {
+                        if r.files.len() > 1 {
+                            println!("==> {p} <==");
+                        }
+                        println!(
+                            "{}",
+                            columns.iter().map(|c| csv_field(&serde_json::Value::from(c.as_str()))).collect::<Vec<_>>().join(",")
+                        );
+                        for row in rows {
+                            println!("{}", row.iter().map(csv_field).collect::<Vec<_>>().join(","));
+                        }
+                    } else {
+                        println!("{p}: {rows_out} rows from {records} records, {output} bytes written");
+                    }
+                }
             }
         }
     }
@@ -240,6 +333,16 @@ fn print_report(r: &Report, common: &Common) -> Result<()> {
         }
     }
     Ok(())
+}
+
+/// A result value as a CSV field: NULL empty, text quoted where it must be.
+fn csv_field(v: &serde_json::Value) -> String {
+    match v {
+        serde_json::Value::Null => String::new(),
+        serde_json::Value::String(s) if s.is_empty() || s.contains([',', '"', '\n', '\r']) => format!("\"{}\"", s.replace('"', "\"\"")),
+        serde_json::Value::String(s) => s.clone(),
+        v => v.to_string(),
+    }
 }
 
 fn human(n: u64) -> String {

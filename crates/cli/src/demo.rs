@@ -1,6 +1,6 @@
 //! `nearstore demo`: the main job. A real ext4 file system on a loop device, whose image a
 //! target exports over NVMe/TCP; a sample data set (logs and CSV) written through the file
-//! system; then checksums, grep and wc run offloaded (the target computes, a few bytes
+//! system; then checksums, grep, wc and SQL queries run offloaded (the target computes, a few bytes
 //! cross the network), pulled (the blocks cross the network, the host computes) and
 //! locally (through the file system), with a table of time, bytes over the network and
 //! whether the results are equal.
@@ -39,8 +39,11 @@ fn kernel_limit(op: &'static nearstore_compute::Operation, args: &[u8], sample: 
     std::thread::scope(|s| {
         for _ in 0..cores {
             s.spawn(|| {
-                let nearstore_compute::Build::Stream(b) = op.build else { return };
-                let mut k = b(args).expect("valid arguments");
+                let b = match op.build {
+                    nearstore_compute::Build::Stream(b) | nearstore_compute::Build::Either { stream: b, .. } => b,
+                    nearstore_compute::Build::Transform { .. } => return,
+                };
+                let mut k = b(args, &nearstore_compute::Context::default()).expect("valid arguments");
                 for _ in 0..rounds {
                     for c in sample.chunks(1 << 20) {
                         k.update(c);
@@ -162,6 +165,8 @@ async fn demo(a: DemoArgs) -> Result<()> {
     // Connect and warm the page cache once, so the table compares computations.
     host.run(nearstore_compute::by_name("crc32c")?, b"", &files, Mode::Offload).await?;
     let logs: Vec<PathBuf> = files.iter().filter(|f| f.extension().is_some_and(|e| e == "log")).cloned().collect();
+    let csvs: Vec<PathBuf> = files.iter().filter(|f| f.extension().is_some_and(|e| e == "csv")).cloned().collect();
+    let query = |q: &str| serde_json::json!({ "query": q }).to_string();
     let jobs: Vec<(&str, &str, String, &[PathBuf])> = vec![
         ("checksum crc32c", "crc32c", String::new(), &files),
         ("checksum sha256", "sha256", String::new(), &files),
@@ -169,12 +174,18 @@ async fn demo(a: DemoArgs) -> Result<()> {
         ("grep -c ERROR", "grep-count", r#"{"pattern":"ERROR"}"#.into(), &logs),
         ("grep -F timeout", "search", r#"{"pattern":"timeout","max_offsets":3}"#.into(), &logs),
         ("wc", "wc", String::new(), &files),
+        ("select where", "select", query("SELECT COUNT(*), MAX(amount) FROM s3object WHERE city = 'Oslo' AND quantity > 10"), &csvs),
+        (
+            "select group by",
+            "select",
+            query("SELECT city, COUNT(*), SUM(quantity), AVG(amount) FROM s3object GROUP BY city ORDER BY city"),
+            &csvs,
+        ),
     ];
     println!(
         "{:<18} {:>10} {:>12} {:>10} {:>12} {:>10} {:>12}  results",
         "operation", "offloaded", "net bytes", "pulled", "net bytes", "local", "net bytes"
     );
-    let sample = std::fs::read(&files[0])?;
     let mut all_equal = true;
     for (label, op, args, set) in jobs {
         let op = nearstore_compute::by_name(op)?;
@@ -192,10 +203,16 @@ async fn demo(a: DemoArgs) -> Result<()> {
         let equal = outcomes.windows(2).all(|w| w[0] == w[1]);
         all_equal &= equal;
         println!("{label:<18} {}  {}", row.join(" "), if equal { "equal" } else { "DIFFERENT" });
+        if !equal {
+            let i = (0..outcomes[0].len()).find(|&i| outcomes.iter().any(|o| o[i] != outcomes[0][i])).unwrap_or(0);
+            for (mode, o) in ["offloaded", "pulled", "local"].iter().zip(&outcomes) {
+                eprintln!("  {mode}, {}: {}", set[i].display(), serde_json::to_string(&o[i])?);
+            }
+        }
         if a.bench {
             let n: u64 = set.iter().map(|f| std::fs::metadata(f).map(|m| m.len()).unwrap_or(0)).sum();
             let mbs = |secs: f64| n as f64 / secs / 1e6;
-            let limit = kernel_limit(op, args.as_bytes(), &sample) / 1e6;
+            let limit = kernel_limit(op, args.as_bytes(), &std::fs::read(&set[0])?) / 1e6;
             let off = mbs(times[0]);
             println!(
                 "{:<18} {:>9.0} MB/s, pulled {:.0} MB/s, local {:.0} MB/s; kernel limit on all cores {:.0} MB/s; offloaded/limit {:.2}, offloaded/pulled {:.2}; wire/data offloaded {:.5}%",

@@ -194,6 +194,9 @@ enum Cmd {
     Grep(compute::GrepArgs),
     /// Count bytes, lines and words (wc).
     Wc(compute::WcArgs),
+    /// SQL over CSV or JSON lines files where they lie: aggregates and rows come back,
+    /// or rows go into a file next to the input.
+    Select(compute::SelectArgs),
     /// Copy a file on the target, without its bytes crossing the network.
     Copy(compute::CopyArgs),
     /// Measure IOPS, bandwidth and latency against a target.
@@ -308,6 +311,7 @@ fn run(cli: Cli) -> Result<()> {
         Cmd::Checksum(a) => compute::checksum(a),
         Cmd::Grep(a) => compute::grep(a),
         Cmd::Wc(a) => compute::wc(a),
+        Cmd::Select(a) => compute::select(a),
         Cmd::Copy(a) => compute::copy(a),
         Cmd::Perf(a) => perf::run(a),
         Cmd::Demo(a) => demo::run(a),

@@ -2,7 +2,7 @@
 
 use sha2::Digest as _;
 
-use crate::{no_args, ComputeError, Kernel, Outcome};
+use crate::{no_args, ComputeError, Context, Kernel, Outcome};
 
 enum State {
     Crc32c(u32),
@@ -58,31 +58,31 @@ fn build(name: &'static str, args: &[u8], state: State) -> Result<Box<dyn Kernel
     Ok(Box::new(Hash { name, state }))
 }
 
-pub fn crc32c(args: &[u8]) -> Result<Box<dyn Kernel>, ComputeError> {
+pub fn crc32c(args: &[u8], _: &Context) -> Result<Box<dyn Kernel>, ComputeError> {
     build("crc32c", args, State::Crc32c(0))
 }
 
-pub fn crc64_nvme(args: &[u8]) -> Result<Box<dyn Kernel>, ComputeError> {
+pub fn crc64_nvme(args: &[u8], _: &Context) -> Result<Box<dyn Kernel>, ComputeError> {
     build("crc64-nvme", args, State::Crc64(CRC64_NVME.digest()))
 }
 
-pub fn xxh3_64(args: &[u8]) -> Result<Box<dyn Kernel>, ComputeError> {
+pub fn xxh3_64(args: &[u8], _: &Context) -> Result<Box<dyn Kernel>, ComputeError> {
     build("xxh3-64", args, State::Xxh3_64(Box::new(xxhash_rust::xxh3::Xxh3::new())))
 }
 
-pub fn xxh3_128(args: &[u8]) -> Result<Box<dyn Kernel>, ComputeError> {
+pub fn xxh3_128(args: &[u8], _: &Context) -> Result<Box<dyn Kernel>, ComputeError> {
     build("xxh3-128", args, State::Xxh3_128(Box::new(xxhash_rust::xxh3::Xxh3::new())))
 }
 
-pub fn blake3(args: &[u8]) -> Result<Box<dyn Kernel>, ComputeError> {
+pub fn blake3(args: &[u8], _: &Context) -> Result<Box<dyn Kernel>, ComputeError> {
     build("blake3", args, State::Blake3(Box::new(blake3::Hasher::new())))
 }
 
-pub fn sha256(args: &[u8]) -> Result<Box<dyn Kernel>, ComputeError> {
+pub fn sha256(args: &[u8], _: &Context) -> Result<Box<dyn Kernel>, ComputeError> {
     build("sha256", args, State::Sha256(sha2::Sha256::new()))
 }
 
-pub fn md5(args: &[u8]) -> Result<Box<dyn Kernel>, ComputeError> {
+pub fn md5(args: &[u8], _: &Context) -> Result<Box<dyn Kernel>, ComputeError> {
     build("md5", args, State::Md5(md5::Md5::new()))
 }
 

@@ -11,6 +11,7 @@
 pub mod copy;
 pub mod digest;
 pub mod search;
+pub mod select;
 pub mod wc;
 
 use serde::{Deserialize, Serialize};
@@ -21,6 +22,11 @@ pub trait Kernel: Send {
     fn update(&mut self, data: &[u8]);
     /// The input has ended: the result.
     fn finish(self: Box<Self>) -> Result<Outcome, ComputeError>;
+    /// False once the kernel has its answer (a LIMIT reached, an error held): the rest
+    /// of the input need not be read.
+    fn wants_more(&self) -> bool {
+        true
+    }
 }
 
 /// What an operation returns. Serialised as JSON on the wire and by `-o json`.
@@ -53,6 +59,28 @@ pub enum Outcome {
         input: u64,
         output: u64,
     },
+    /// A query's result: its column names and, with no output object, its rows (JSON
+    /// values); `records` read, `matched` by WHERE, `rows_out` produced, `output` bytes
+    /// written to the output object.
+    Select {
+        columns: Vec<String>,
+        rows: Vec<Vec<serde_json::Value>>,
+        records: u64,
+        matched: u64,
+        rows_out: u64,
+        output: u64,
+    },
+}
+
+impl Outcome {
+    /// Bytes written to the output object, for operations that write one.
+    pub fn output_bytes(&self) -> Option<u64> {
+        match self {
+            Outcome::Written { output, .. } => Some(*output),
+            Outcome::Select { output, .. } => Some(*output),
+            _ => None,
+        }
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -71,6 +99,8 @@ pub enum ComputeError {
     OutputFull { capacity: u64 },
     #[error("{op}: needs more than the {limit}-byte memory bound of one command ({what})")]
     Memory { op: &'static str, limit: usize, what: String },
+    #[error("{op} returns more than {limit} bytes inline: give it an output object")]
+    ResultTooLarge { op: &'static str, limit: usize },
     #[error("{op}: bad input data: {message}")]
     Data { op: &'static str, message: String },
     #[error("I/O: {0}")]
@@ -82,7 +112,7 @@ pub enum ComputeError {
 }
 
 /// Builds a kernel from an operation's arguments.
-pub type BuildKernel = fn(&[u8]) -> Result<Box<dyn Kernel>, ComputeError>;
+pub type BuildKernel = fn(&[u8], &Context) -> Result<Box<dyn Kernel>, ComputeError>;
 /// Builds a transform from an operation's arguments.
 pub type BuildTransform = fn(&[u8]) -> Result<Box<dyn Transform>, ComputeError>;
 
@@ -94,6 +124,9 @@ pub enum Build {
     /// A transform over all inputs and outputs at once (compress, sort, merge, copy,
     /// select): one outcome. `inputs` and `outputs` are the object counts it accepts.
     Transform { build: BuildTransform, inputs: (usize, usize), outputs: (usize, usize) },
+    /// A query: with no output object, a stream kernel per input with its result inline;
+    /// with one, a transform of one input into it.
+    Either { stream: BuildKernel, transform: BuildTransform },
 }
 
 /// One registered operation: its name (CLI and docs), its id (the descriptor's operation
@@ -187,6 +220,12 @@ pub static OPERATIONS: &[Operation] = &[
     },
     Operation { name: "wc", id: 0x0020, build: Build::Stream(wc::build), summary: "bytes, lines, words (wc)" },
     Operation {
+        name: "select",
+        id: 0x0030,
+        build: Build::Either { stream: select::stream, transform: select::transform },
+        summary: "SQL over CSV or JSON lines: rows inline or into the output object",
+    },
+    Operation {
         name: "copy",
         id: 0x0040,
         build: Build::Transform { build: copy::build, inputs: (1, 1), outputs: (1, 1) },
@@ -223,7 +262,17 @@ impl Operation {
             Build::Stream(b) => {
                 counts((1, usize::MAX), inputs, "input")?;
                 counts((0, 0), outputs, "output")?;
-                b(args).map(drop)
+                b(args, &Context::default()).map(drop)
+            }
+            Build::Either { stream, transform } => {
+                counts((0, 1), outputs, "output")?;
+                if outputs == 0 {
+                    counts((1, usize::MAX), inputs, "input")?;
+                    stream(args, &Context::default()).map(drop)
+                } else {
+                    counts((1, 1), inputs, "input")?;
+                    transform(args).map(drop)
+                }
             }
             Build::Transform { build, inputs: i, outputs: o } => {
                 counts(i, inputs, "input")?;
@@ -242,18 +291,25 @@ impl Operation {
         ctx: &Context,
     ) -> Result<Vec<Outcome>, ComputeError> {
         self.check(args, inputs.len(), outputs.len())?;
-        match self.build {
-            Build::Stream(b) => inputs
+        let per_input = |b: BuildKernel, inputs: &mut [&mut dyn Source]| {
+            inputs
                 .iter_mut()
                 .map(|src| {
-                    let mut k = b(args)?;
-                    while let Some(c) = src.next_chunk()? {
-                        k.update(c);
+                    let mut k = b(args, ctx)?;
+                    while k.wants_more() {
+                        match src.next_chunk()? {
+                            Some(c) => k.update(c),
+                            None => break,
+                        }
                     }
                     k.finish()
                 })
-                .collect(),
-            Build::Transform { build, .. } => Ok(vec![build(args)?.run(inputs, outputs, ctx)?]),
+                .collect()
+        };
+        match self.build {
+            Build::Stream(b) => per_input(b, inputs),
+            Build::Either { stream, .. } if outputs.is_empty() => per_input(stream, inputs),
+            Build::Transform { build, .. } | Build::Either { transform: build, .. } => Ok(vec![build(args)?.run(inputs, outputs, ctx)?]),
         }
     }
 }

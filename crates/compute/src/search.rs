@@ -5,7 +5,7 @@ use memchr::memmem;
 use regex::bytes::Regex;
 use serde::Deserialize;
 
-use crate::{parse_args, ComputeError, Kernel, Outcome};
+use crate::{parse_args, ComputeError, Context, Kernel, Outcome};
 
 /// Longest literal pattern, in bytes.
 pub const PATTERN_BYTES_MAX: usize = 4096;
@@ -101,7 +101,7 @@ impl Kernel for Literal {
     }
 }
 
-pub fn literal(args: &[u8]) -> Result<Box<dyn Kernel>, ComputeError> {
+pub fn literal(args: &[u8], _: &Context) -> Result<Box<dyn Kernel>, ComputeError> {
     let a: LiteralArgs = parse_args("search", args)?;
     let bad = |message: String| ComputeError::BadArguments { op: "search", message };
     if a.pattern.is_empty() || a.pattern.len() > PATTERN_BYTES_MAX {
@@ -209,11 +209,11 @@ fn lines(op: &'static str, args: &[u8], every_match: bool) -> Result<Box<dyn Ker
     Ok(Box::new(Lines { op, re, every_match, partial: Vec::new(), pos: 0, count: 0, error: None }))
 }
 
-pub fn regex_count(args: &[u8]) -> Result<Box<dyn Kernel>, ComputeError> {
+pub fn regex_count(args: &[u8], _: &Context) -> Result<Box<dyn Kernel>, ComputeError> {
     lines("regex-count", args, true)
 }
 
-pub fn grep_count(args: &[u8]) -> Result<Box<dyn Kernel>, ComputeError> {
+pub fn grep_count(args: &[u8], _: &Context) -> Result<Box<dyn Kernel>, ComputeError> {
     lines("grep-count", args, false)
 }
 

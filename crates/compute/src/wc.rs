@@ -1,7 +1,7 @@
 //! `wc`: bytes, lines (newline characters) and words (runs of bytes that are not ASCII
 //! white space), as GNU wc counts them in the C locale.
 
-use crate::{no_args, ComputeError, Kernel, Outcome};
+use crate::{no_args, ComputeError, Context, Kernel, Outcome};
 
 #[derive(Default)]
 struct Wc {
@@ -35,7 +35,7 @@ impl Kernel for Wc {
     }
 }
 
-pub fn build(args: &[u8]) -> Result<Box<dyn Kernel>, ComputeError> {
+pub fn build(args: &[u8], _: &Context) -> Result<Box<dyn Kernel>, ComputeError> {
     no_args("wc", args)?;
     Ok(Box::<Wc>::default())
 }

@@ -8,6 +8,12 @@ fn args_for(op: &str, pattern: &str) -> Vec<u8> {
     match op {
         "search" => format!(r#"{{"pattern":{pattern:?},"max_offsets":10000}}"#).into_bytes(),
         "regex-count" | "grep-count" => format!(r#"{{"pattern":{:?}}}"#, regex::escape(pattern)).into_bytes(),
+        // Fields are the words of each line.
+        "select" => {
+            r#"{"query":"SELECT COUNT(*), MIN(_1), MAX(_2) FROM t WHERE _1 LIKE '%a%' OR _2 IS NULL","delimiter":" ","header":false}"#
+                .as_bytes()
+                .to_vec()
+        }
         _ => Vec::new(),
     }
 }

@@ -164,8 +164,12 @@ impl Host {
 
     /// Runs a streaming operation (checksum, search, count, wc) over each file.
     pub async fn run(&mut self, op: &'static Operation, args: &[u8], files: &[PathBuf], mode: Mode) -> Result<Report, HostError> {
-        let Build::Stream(build) = op.build else {
-            return Err(HostError::Invalid(format!("{} writes an output object: use Host::transform", op.name)));
+        let (build, per_batch) = match op.build {
+            Build::Stream(b) => (b, 16),
+            // Queries return rows inline, up to 128 KiB each: one input per command keeps
+            // the result within what a target returns for one command.
+            Build::Either { stream, .. } => (stream, 1),
+            Build::Transform { .. } => return Err(HostError::Invalid(format!("{} writes an output object: use Host::transform", op.name))),
         };
         op.check(args, 1, 0)?;
         let start = Instant::now();
@@ -187,7 +191,7 @@ impl Host {
         let mut tasks = Vec::new();
         for (ep, files) in by_ep {
             let conn = self.conns.get_mut(&ep).expect("connected in plan");
-            let batches = batches(files);
+            let batches = batches(files, per_batch);
             let n = conn.queues.len();
             let mut per_queue: Vec<Vec<Vec<(usize, FileObject)>>> = (0..n).map(|_| Vec::new()).collect();
             for (k, b) in batches.into_iter().enumerate() {
@@ -314,8 +318,8 @@ impl Host {
             }
         };
         // Cut the output to what was written, and make the host's view of it fresh.
-        if let Outcome::Written { output: written, .. } = &outcome {
-            finish_output(output, *written)?;
+        if let Some(written) = outcome.output_bytes() {
+            finish_output(output, written)?;
         }
         let w1 = self.wire_total();
         Ok(Report {
@@ -335,15 +339,15 @@ fn size_of(m: &Mapped) -> u64 {
     }
 }
 
-/// Groups files into descriptors: at most 16 inputs each (so that several commands share
-/// the target's workers) and within the descriptor size limit.
-fn batches(files: Vec<(usize, FileObject)>) -> Vec<Vec<(usize, FileObject)>> {
+/// Groups files into descriptors: at most `per_batch` inputs each (16 for checksums, so
+/// that several commands share the target's workers) and within the descriptor size limit.
+fn batches(files: Vec<(usize, FileObject)>, per_batch: usize) -> Vec<Vec<(usize, FileObject)>> {
     let mut out: Vec<Vec<(usize, FileObject)>> = Vec::new();
     let mut size = 0;
     for f in files {
         let n = 16 + f.1.object.extents.len() * 16;
         match out.last_mut() {
-            Some(b) if b.len() < 16 && size + n + 64 < limits::DESCRIPTOR_BYTES_MAX - 1024 => {
+            Some(b) if b.len() < per_batch && size + n + 64 < limits::DESCRIPTOR_BYTES_MAX - 1024 => {
                 size += n;
                 b.push(f);
             }
@@ -377,7 +381,7 @@ async fn remote_batches(
         let bytes: u64 = batch.iter().map(|(_, f)| f.object.len).sum();
         if mode == Mode::Pull {
             for (i, f) in batch {
-                let mut k = build(args)?;
+                let mut k = build(args, &Context::default())?;
                 pull_object(q, ep.nsid, block, &f.object, &mut |c| k.update(c)).await.map_err(err)?;
                 out.push((i, FileResult { path: f.path, outcome: k.finish()?, how: How::Pulled }));
             }

@@ -123,7 +123,7 @@ pub fn status_of(e: &ComputeError) -> Status {
         ComputeError::BadArguments { .. } | ComputeError::Objects { .. } => cs::BAD_ARGUMENTS,
         ComputeError::LineTooLong { .. } | ComputeError::Data { .. } => cs::OPERATION_FAILED,
         ComputeError::OutputFull { .. } => cs::OUTPUT_TOO_SMALL,
-        ComputeError::Memory { .. } => cs::LIMIT_EXCEEDED,
+        ComputeError::Memory { .. } | ComputeError::ResultTooLarge { .. } => cs::LIMIT_EXCEEDED,
         ComputeError::Io(_) => Status::UNRECOVERED_READ_ERROR.dnr(),
         ComputeError::WriteIo(_) => Status::WRITE_FAULT.dnr(),
         ComputeError::Timeout(_) => cs::TIMEOUT,

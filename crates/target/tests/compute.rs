@@ -174,6 +174,54 @@ async fn copy_writes_the_output_object_and_refuses_overlap() {
     assert_refused(e, cs::OUTPUT_TOO_SMALL, "more than its 4096 bytes");
 }
 
+#[tokio::test]
+async fn select_runs_on_the_target_inline_and_into_an_output_object() {
+    let env = common::start().await;
+    let c = env.connect().await;
+    let mut q = c.io_queue(1).await.unwrap();
+    let bs = 4096u64;
+    let mut csv = b"id,city,amount\n".to_vec();
+    for i in 0..40_000u32 {
+        csv.extend_from_slice(format!("{i},\"{}\",{}.{}\n", ["Oslo", "Lima, PE", "Quito"][i as usize % 3], i % 997, i % 10).as_bytes());
+    }
+    // Fragmented and out of order, so records cross extents.
+    let input = place(&mut q, 2, bs, 0, &csv, 7, 0).await;
+    let select = by_name("select").unwrap();
+    let args = |query: &str| serde_json::json!({ "query": query }).to_string().into_bytes();
+    let group = args("SELECT city, COUNT(*), SUM(amount), MAX(id) FROM s3object GROUP BY city ORDER BY city");
+    let d = Descriptor { op: select.id, args: group.clone(), inputs: vec![input.clone(), input.clone()], outputs: vec![] };
+    let got = outcomes(&q.compute(2, &d.encode(), T).await.unwrap());
+    let want = nearstore_compute::run("select", &group, [&csv[..]]).unwrap();
+    assert_eq!(got, vec![want.clone(), want], "one result per input, equal to the local kernel");
+
+    // Rows into an output object: the target writes them; they read back as CSV.
+    let rows = args("SELECT id, city FROM s3object WHERE amount > 900");
+    let out_lba = 8192u64;
+    let output = Object { len: 1 << 20, extents: vec![Extent::data(out_lba * bs, 1 << 20)] };
+    let d = Descriptor { op: select.id, args: rows.clone(), inputs: vec![input.clone()], outputs: vec![output] };
+    let got = outcomes(&q.compute(2, &d.encode(), T).await.unwrap());
+    let Outcome::Select { output: written, rows_out, .. } = got[0].clone() else { panic!("{got:?}") };
+    let back = read_all(&mut q, 2, out_lba, written.div_ceil(bs) * bs, bs).await;
+    let text = String::from_utf8(back[..written as usize].to_vec()).unwrap();
+    assert!(text.starts_with("id,city\n"), "{}", &text[..40]);
+    assert_eq!(text.lines().count() as u64, rows_out + 1);
+    assert!(text.contains("\"Lima, PE\""), "fields with the delimiter are quoted");
+
+    // A bad query, a query over columns the object lacks, bad data, too many rows inline.
+    let e = q.compute(2, &Descriptor { args: args("SELECT a FROM t WHERE"), ..d.clone() }.encode(), T).await.unwrap_err();
+    assert_refused(e, cs::BAD_ARGUMENTS, "arguments of select: query: sql parser error");
+    let inline = |a: Vec<u8>| Descriptor { op: select.id, args: a, inputs: vec![input.clone()], outputs: vec![] };
+    let e = q.compute(2, &inline(args("SELECT nope FROM t")).encode(), T).await.unwrap_err();
+    assert_refused(e, cs::BAD_ARGUMENTS, "no column \"nope\" in the header (id, city, amount)");
+    let e = q.compute(2, &inline(args("SELECT SUM(city) FROM t")).encode(), T).await.unwrap_err();
+    assert_refused(e, cs::OPERATION_FAILED, "record 1: SUM or AVG of the text 'Oslo'");
+    let e = q.compute(2, &inline(args("SELECT * FROM t")).encode(), T).await.unwrap_err();
+    assert_refused(e, cs::LIMIT_EXCEEDED, "more than 131072 bytes inline");
+    // And the target still serves.
+    let got = outcomes(&q.compute(2, &inline(args("SELECT COUNT(*) FROM t")).encode(), T).await.unwrap());
+    assert!(matches!(&got[0], Outcome::Select { rows, .. } if rows == &vec![vec![serde_json::json!(40_000)]]), "{got:?}");
+}
+
 fn assert_refused(e: Error, status: Status, needle: &str) {
     match e {
         Error::Compute { status: s, message } => {
