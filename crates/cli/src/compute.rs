@@ -1,4 +1,5 @@
-//! The compute verbs: checksum, grep, search, wc, select, copy. Each maps its files to virtual
+//! The compute verbs: checksum, grep, search, wc, select, copy, compress, decompress, sort,
+//! merge. Each maps its files to virtual
 //! objects and runs on the targets that hold them, or on the host (`--local`, or when a
 //! file cannot offload), or reads the blocks over NVMe/TCP and computes here (`--pull`).
 
@@ -214,6 +215,56 @@ pub struct SelectArgs {
     pub common: Common,
 }
 
+#[derive(clap::Args)]
+pub struct CompressArgs {
+    pub input: PathBuf,
+    pub output: PathBuf,
+    /// zstd level: 1 (fast) to 19 (small), up to 22; negative levels are faster still.
+    #[arg(short = 'l', long, default_value_t = 3, allow_negative_numbers = true)]
+    pub level: i32,
+    /// The most bytes the output may take (default: zstd's bound for the input).
+    #[arg(long)]
+    pub capacity: Option<u64>,
+    #[command(flatten)]
+    pub common: Common,
+}
+
+#[derive(clap::Args)]
+pub struct DecompressArgs {
+    pub input: PathBuf,
+    pub output: PathBuf,
+    /// The most bytes the output may take (default: the size the zstd frame declares).
+    #[arg(long)]
+    pub capacity: Option<u64>,
+    #[command(flatten)]
+    pub common: Common,
+}
+
+#[derive(clap::Args)]
+pub struct SortArgs {
+    #[arg(required = true)]
+    pub inputs: Vec<PathBuf>,
+    /// The sorted output.
+    #[arg(long, required = true)]
+    pub into: PathBuf,
+    /// Fixed-size records of this many bytes (default: lines, compared as bytes, like
+    /// LC_ALL=C sort).
+    #[arg(long)]
+    pub record_size: Option<usize>,
+    /// With --record-size: where the key starts in a record.
+    #[arg(long, requires = "record_size")]
+    pub key_offset: Option<usize>,
+    /// With --record-size: the key's length (default: the rest of the record).
+    #[arg(long, requires = "record_size")]
+    pub key_length: Option<usize>,
+    /// The most bytes the output may take (default: the inputs' size, and a byte each
+    /// for a missing last newline).
+    #[arg(long)]
+    pub capacity: Option<u64>,
+    #[command(flatten)]
+    pub common: Common,
+}
+
 fn runtime() -> Result<tokio::runtime::Runtime> {
     Ok(tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?)
 }
@@ -248,26 +299,48 @@ pub fn select(a: SelectArgs) -> Result<()> {
         "output_format": a.into_format.name(),
     });
     let args = serde_json::to_vec(&args)?;
-    let op = nearstore_compute::by_name("select")?;
     let Some(into) = &a.into else {
         return stream("select", args, &a.files, &a.common);
     };
     let [input] = &a.files[..] else { bail!("--into takes one input file, not {}", a.files.len()) };
-    let cap = match a.into_capacity {
-        Some(c) => c,
-        None => std::fs::metadata(input).with_context(|| input.display().to_string())?.len().max(4096),
-    };
-    let mut host = a.common.host()?;
-    let r = runtime()?.block_on(host.transform(op, &args, std::slice::from_ref(input), into, cap, a.common.mode()))?;
-    print_report(&r, &a.common)
+    transform("select", args, std::slice::from_ref(input), into, a.into_capacity, &a.common)
 }
 
 pub fn copy(a: CopyArgs) -> Result<()> {
-    let op = nearstore_compute::by_name("copy")?;
-    let cap = std::fs::metadata(&a.source).with_context(|| a.source.display().to_string())?.len();
-    let mut host = a.common.host()?;
-    let r = runtime()?.block_on(host.transform(op, b"", std::slice::from_ref(&a.source), &a.destination, cap, a.common.mode()))?;
-    print_report(&r, &a.common)
+    transform("copy", Vec::new(), std::slice::from_ref(&a.source), &a.destination, None, &a.common)
+}
+
+pub fn compress(a: CompressArgs) -> Result<()> {
+    let args = serde_json::to_vec(&serde_json::json!({ "level": a.level }))?;
+    transform("compress", args, std::slice::from_ref(&a.input), &a.output, a.capacity, &a.common)
+}
+
+pub fn decompress(a: DecompressArgs) -> Result<()> {
+    transform("decompress", Vec::new(), std::slice::from_ref(&a.input), &a.output, a.capacity, &a.common)
+}
+
+/// sort or merge.
+pub fn sort(op: &str, a: SortArgs) -> Result<()> {
+    let mut args = serde_json::Map::new();
+    for (k, v) in [("record_size", a.record_size), ("key_offset", a.key_offset), ("key_length", a.key_length)] {
+        if let Some(v) = v {
+            args.insert(k.into(), v.into());
+        }
+    }
+    transform(op, serde_json::to_vec(&args)?, &a.inputs, &a.into, a.capacity, &a.common)
+}
+
+/// Runs an operation that writes an output file: on the target that holds the inputs and
+/// the output, else here.
+fn transform(op: &str, args: Vec<u8>, inputs: &[PathBuf], output: &std::path::Path, capacity: Option<u64>, common: &Common) -> Result<()> {
+    let op = nearstore_compute::by_name(op)?;
+    let cap = match capacity {
+        Some(c) => c,
+        None => nearstore_host::output_capacity(op, inputs)?,
+    };
+    let mut host = common.host()?;
+    let r = runtime()?.block_on(host.transform(op, &args, inputs, output, cap, common.mode()))?;
+    print_report(&r, common)
 }
 
 fn stream(op: &str, args: Vec<u8>, files: &[PathBuf], common: &Common) -> Result<()> {
@@ -291,7 +364,10 @@ fn print_report(r: &Report, common: &Common) -> Result<()> {
                     println!("{p}: {count} matches{}{}", if shown.is_empty() { "" } else { " at " }, shown.join(","));
                 }
                 Outcome::Wc { bytes, lines, words } => println!("{lines:>8} {words:>8} {bytes:>10} {p}"),
-                Outcome::Written { input, output } => println!("{p}: {input} bytes read, {output} written"),
+                Outcome::Written { input, output } => {
+                    let ratio = if *output > 0 { format!(" ({:.2}:1)", *input as f64 / *output as f64) } else { String::new() };
+                    println!("{p}: {input} bytes read, {output} written{ratio}")
+                }
                 Outcome::Select { columns, rows, records, rows_out, output, .. } => {
                     if !rows.is_empty() || *output == 0 {
                         if r.files.len() > 1 {

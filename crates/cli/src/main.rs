@@ -197,6 +197,14 @@ enum Cmd {
     /// SQL over CSV or JSON lines files where they lie: aggregates and rows come back,
     /// or rows go into a file next to the input.
     Select(compute::SelectArgs),
+    /// Compress a file with zstd on the target, into a file beside it.
+    Compress(compute::CompressArgs),
+    /// Decompress a zstd file on the target, into a file beside it.
+    Decompress(compute::DecompressArgs),
+    /// Sort files (lines, or fixed-size records by a key) on the target, into one file.
+    Sort(compute::SortArgs),
+    /// Merge sorted files (lines, or fixed-size records by a key) on the target, into one.
+    Merge(compute::SortArgs),
     /// Copy a file on the target, without its bytes crossing the network.
     Copy(compute::CopyArgs),
     /// Measure IOPS, bandwidth and latency against a target.
@@ -312,6 +320,10 @@ fn run(cli: Cli) -> Result<()> {
         Cmd::Grep(a) => compute::grep(a),
         Cmd::Wc(a) => compute::wc(a),
         Cmd::Select(a) => compute::select(a),
+        Cmd::Compress(a) => compute::compress(a),
+        Cmd::Decompress(a) => compute::decompress(a),
+        Cmd::Sort(a) => compute::sort("sort", a),
+        Cmd::Merge(a) => compute::sort("merge", a),
         Cmd::Copy(a) => compute::copy(a),
         Cmd::Perf(a) => perf::run(a),
         Cmd::Demo(a) => demo::run(a),

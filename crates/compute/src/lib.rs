@@ -8,10 +8,12 @@
 //! Adding an operation: write a file with a type implementing [`Kernel`] and a `build`
 //! function from its arguments, then add one line to [`OPERATIONS`] (docs/compute.md).
 
+pub mod compress;
 pub mod copy;
 pub mod digest;
 pub mod search;
 pub mod select;
+pub mod sort;
 pub mod wc;
 
 use serde::{Deserialize, Serialize};
@@ -224,6 +226,30 @@ pub static OPERATIONS: &[Operation] = &[
         id: 0x0030,
         build: Build::Either { stream: select::stream, transform: select::transform },
         summary: "SQL over CSV or JSON lines: rows inline or into the output object",
+    },
+    Operation {
+        name: "compress",
+        id: 0x0041,
+        build: Build::Transform { build: compress::compress, inputs: (1, 1), outputs: (1, 1) },
+        summary: "zstd compression into the output object; returns both sizes",
+    },
+    Operation {
+        name: "decompress",
+        id: 0x0042,
+        build: Build::Transform { build: compress::decompress, inputs: (1, 1), outputs: (1, 1) },
+        summary: "zstd decompression into the output object",
+    },
+    Operation {
+        name: "sort",
+        id: 0x0050,
+        build: Build::Transform { build: sort::sort, inputs: (1, 63), outputs: (1, 1) },
+        summary: "sort fixed-size records by a key range, or lines, within the memory bound",
+    },
+    Operation {
+        name: "merge",
+        id: 0x0051,
+        build: Build::Transform { build: sort::merge, inputs: (1, 63), outputs: (1, 1) },
+        summary: "merge sorted inputs (records or lines) into one sorted output, in any size",
     },
     Operation {
         name: "copy",

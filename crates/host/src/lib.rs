@@ -542,6 +542,32 @@ impl Sink for FileSink {
     }
 }
 
+/// How many bytes an operation may write for these inputs: the size of the output file
+/// to allocate. Exact bounds where there are (copy, sort, merge, compress); the size the
+/// zstd frame declares for decompress; the inputs' size for select (give more when a
+/// query writes more than it reads).
+pub fn output_capacity(op: &Operation, inputs: &[PathBuf]) -> Result<u64, HostError> {
+    let mut total = 0u64;
+    for p in inputs {
+        total += std::fs::metadata(p).map_err(|source| HostError::Io { path: p.clone(), source })?.len();
+    }
+    Ok(match op.name {
+        "compress" => nearstore_compute::compress::compress_bound(total),
+        "decompress" => {
+            let mut head = [0u8; 18];
+            let mut f = File::open(&inputs[0]).map_err(|source| HostError::Io { path: inputs[0].clone(), source })?;
+            let n = f.read(&mut head).map_err(|source| HostError::Io { path: inputs[0].clone(), source })?;
+            nearstore_compute::compress::declared_size(&head[..n]).ok_or_else(|| {
+                HostError::Invalid(format!("{}: the zstd frame does not say its decompressed size: give the capacity", inputs[0].display()))
+            })?
+        }
+        // A last line without a newline gets one.
+        "sort" | "merge" => total + inputs.len() as u64,
+        _ => total,
+    }
+    .max(1))
+}
+
 /// The local path of a streaming operation over one file.
 pub fn compute_file(op: &Operation, args: &[u8], path: &Path) -> Result<Outcome, HostError> {
     let mut src = FileSource::open(path)?;

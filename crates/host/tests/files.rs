@@ -287,3 +287,67 @@ async fn changes_during_a_call_and_foreign_file_systems() {
     let e = host.run(by_name("crc32c").unwrap(), b"", std::slice::from_ref(&fs.mnt), Mode::Offload).await.unwrap_err();
     assert!(e.to_string().contains("not a regular file"), "{e}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn compress_decompress_sort_and_merge_on_the_target_equal_the_host() {
+    let fs = Fs::new(128);
+    let ep = start_target(&fs.image).await;
+    let mut devices = DeviceMap::default();
+    devices.add_file(&fs.image, ep).unwrap();
+    let mut host = Host::new(devices);
+    let m = &fs.mnt;
+    // Inputs: text lines, and 100-byte records with 10-byte keys (TeraSort's shape).
+    std::fs::write(m.join("text"), text(3_000_001, 3)).unwrap();
+    let recs = |seed: u64, n: usize| -> Vec<u8> {
+        let mut s = seed | 1;
+        (0..n * 100)
+            .map(|_| {
+                s ^= s << 13;
+                s ^= s >> 7;
+                s ^= s << 17;
+                (s >> 24) as u8
+            })
+            .collect()
+    };
+    std::fs::write(m.join("r1"), recs(1, 20_000)).unwrap();
+    std::fs::write(m.join("r2"), recs(2, 7_000)).unwrap();
+    let rec_args = br#"{"record_size":100,"key_length":10}"#;
+    // (operation, arguments, inputs, output)
+    let steps: Vec<(&str, &[u8], Vec<&str>, &str)> = vec![
+        ("compress", br#"{"level":5}"#, vec!["text"], "text.zst"),
+        ("decompress", b"", vec!["text.zst"], "text.back"),
+        ("sort", b"", vec!["text"], "text.sorted"),
+        ("sort", rec_args, vec!["r1"], "r1.sorted"),
+        ("sort", rec_args, vec!["r2"], "r2.sorted"),
+        ("merge", rec_args, vec!["r1.sorted", "r2.sorted"], "merged"),
+        ("sort", rec_args, vec!["r1", "r2"], "sorted-whole"),
+    ];
+    for (op, args, inputs, out) in steps {
+        let op = by_name(op).unwrap();
+        let inputs: Vec<PathBuf> = inputs.iter().map(|i| m.join(i)).collect();
+        let cap = nearstore_host::output_capacity(op, &inputs).unwrap();
+        let r = host.transform(op, args, &inputs, &m.join(out), cap, Mode::Offload).await.unwrap();
+        assert_eq!(r.files[0].how, How::Offloaded, "{}", op.name);
+        assert!(r.wire_sent + r.wire_received < 64 * 1024, "{} moved {} bytes", op.name, r.wire_sent + r.wire_received);
+        let local = m.join(format!("{out}.local"));
+        let l = host.transform(op, args, &inputs, &local, cap, Mode::Local).await.unwrap();
+        assert_eq!(r.files[0].outcome, l.files[0].outcome, "{}", op.name);
+        assert!(
+            std::fs::read(m.join(out)).unwrap() == std::fs::read(&local).unwrap(),
+            "{}: the target's output reads back as the host's",
+            op.name
+        );
+    }
+    let text_bytes = std::fs::read(m.join("text")).unwrap();
+    assert!(std::fs::read(m.join("text.back")).unwrap() == text_bytes, "compress then decompress gives the file back");
+    assert!(zstd::decode_all(&std::fs::read(m.join("text.zst")).unwrap()[..]).unwrap() == text_bytes, "zstd reads our frames");
+    assert!(
+        std::fs::read(m.join("merged")).unwrap() == std::fs::read(m.join("sorted-whole")).unwrap(),
+        "merge of sorted pieces = sort of all"
+    );
+    // sort -C agrees: the lines come out in byte order, every line kept.
+    let sorted = std::fs::read(m.join("text.sorted")).unwrap();
+    let lines: Vec<&[u8]> = sorted.split(|&b| b == b'\n').collect();
+    assert!(lines[..lines.len() - 1].windows(2).all(|w| w[0] <= w[1]));
+    assert_eq!(sorted.len(), text_bytes.len() + 1, "every byte, and a newline for the last line");
+}

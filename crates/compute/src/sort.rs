@@ -1,0 +1,364 @@
+//! `sort` and `merge`: fixed-size records ordered by a byte range (the key, compared as
+//! unsigned bytes: TeraSort's 100-byte records with 10-byte keys), or lines ordered by
+//! their bytes (`LC_ALL=C sort`).
+//!
+//! sort holds its inputs in memory, within the command's memory bound, and refuses more
+//! before reading a byte. merge streams: k sorted inputs into one sorted output in
+//! O(k) memory, whatever their size, and refuses an input that is not sorted. Larger
+//! sorts are sorts of pieces, then a merge (what the distributed sort does). Both are
+//! stable: records with equal keys keep their input order, earlier inputs first.
+
+use std::cmp::Reverse;
+use std::collections::BinaryHeap;
+
+use serde::Deserialize;
+
+use crate::{parse_args, ComputeError, Context, Outcome, Sink, Source, Transform};
+
+/// A line (or record) is at most this long.
+pub const RECORD_BYTES_MAX: usize = 1 << 20;
+/// Output is handed to the output object in pieces of about this size.
+const OUT_CHUNK: usize = 256 << 10;
+
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+struct Args {
+    /// Fixed-size records of this many bytes; absent: lines.
+    record_size: Option<usize>,
+    /// Records: where the key starts in the record (default 0).
+    key_offset: Option<usize>,
+    /// Records: the key's length (default: the rest of the record).
+    key_length: Option<usize>,
+}
+
+/// How records are cut and compared.
+#[derive(Clone, Copy, Debug)]
+enum Layout {
+    Records { size: usize, key: (usize, usize) },
+    Lines,
+}
+
+impl Layout {
+    fn parse(op: &'static str, raw: &[u8]) -> Result<Layout, ComputeError> {
+        let a: Args = if raw.iter().all(u8::is_ascii_whitespace) { Args::default() } else { parse_args(op, raw)? };
+        let bad = |m: String| ComputeError::BadArguments { op, message: m };
+        match a.record_size {
+            None => {
+                if a.key_offset.is_some() || a.key_length.is_some() {
+                    return Err(bad("key_offset and key_length need record_size".into()));
+                }
+                Ok(Layout::Lines)
+            }
+            Some(size) => {
+                if size == 0 || size > RECORD_BYTES_MAX {
+                    return Err(bad(format!("record_size {size} is outside 1..={RECORD_BYTES_MAX}")));
+                }
+                let off = a.key_offset.unwrap_or(0);
+                let len = a.key_length.unwrap_or(size.saturating_sub(off));
+                if len == 0 || off.checked_add(len).is_none_or(|end| end > size) {
+                    return Err(bad(format!(
+                        "the key (offset {off}, length {len}) must be a non-empty range inside the {size}-byte record"
+                    )));
+                }
+                Ok(Layout::Records { size, key: (off, len) })
+            }
+        }
+    }
+
+    /// The bytes a record is ordered by: its key, or the line without its newline.
+    fn key<'a>(&self, rec: &'a [u8]) -> &'a [u8] {
+        match self {
+            Layout::Records { key: (o, l), .. } => &rec[*o..*o + *l],
+            Layout::Lines => rec.strip_suffix(b"\n").unwrap_or(rec),
+        }
+    }
+}
+
+/// Output bytes, gathered and written in large pieces.
+struct Writer<'s> {
+    out: &'s mut dyn Sink,
+    buf: Vec<u8>,
+}
+
+impl Writer<'_> {
+    /// One record; a last line without its newline gets one.
+    fn record(&mut self, rec: &[u8], layout: Layout) -> Result<(), ComputeError> {
+        self.buf.extend_from_slice(rec);
+        if matches!(layout, Layout::Lines) && !rec.ends_with(b"\n") {
+            self.buf.push(b'\n');
+        }
+        if self.buf.len() >= OUT_CHUNK {
+            self.out.write(&self.buf)?;
+            self.buf.clear();
+        }
+        Ok(())
+    }
+    fn finish(self) -> Result<u64, ComputeError> {
+        if !self.buf.is_empty() {
+            self.out.write(&self.buf)?;
+        }
+        Ok(self.out.written())
+    }
+}
+
+struct Sort {
+    layout: Layout,
+}
+
+impl Transform for Sort {
+    fn run(self: Box<Self>, inputs: &mut [&mut dyn Source], outputs: &mut [&mut dyn Sink], ctx: &Context) -> Result<Outcome, ComputeError> {
+        let total: u64 = inputs.iter().map(|s| s.len()).sum();
+        // The data and an index entry per record (at least one per 64 bytes for lines).
+        let per = match self.layout {
+            Layout::Records { size, .. } => size as u64,
+            Layout::Lines => 64,
+        };
+        let need = total + total / per * 16;
+        if need > ctx.memory_max as u64 {
+            return Err(ComputeError::Memory {
+                op: "sort",
+                limit: ctx.memory_max,
+                what: format!("{total} bytes of input: sort pieces within the bound, then merge them"),
+            });
+        }
+        let mut data = Vec::with_capacity(total as usize + inputs.len());
+        // Records as (start, end) in `data`.
+        let mut recs: Vec<(usize, usize)> = Vec::new();
+        for (i, src) in inputs.iter_mut().enumerate() {
+            let start = data.len();
+            while let Some(c) = src.next_chunk()? {
+                data.extend_from_slice(c);
+            }
+            match self.layout {
+                Layout::Records { size, .. } => {
+                    let n = data.len() - start;
+                    if n % size != 0 {
+                        return Err(ComputeError::Data {
+                            op: "sort",
+                            message: format!("input {i} is {n} bytes, not a multiple of the {size}-byte record"),
+                        });
+                    }
+                    recs.extend((start..data.len()).step_by(size).map(|s| (s, s + size)));
+                }
+                Layout::Lines => {
+                    let mut s = start;
+                    for nl in memchr::memchr_iter(b'\n', &data[start..]) {
+                        recs.push((s, start + nl + 1));
+                        s = start + nl + 1;
+                    }
+                    if s < data.len() {
+                        recs.push((s, data.len()));
+                    }
+                }
+            }
+            if let Some(&(s, e)) = recs.iter().find(|(s, e)| e - s > RECORD_BYTES_MAX) {
+                return Err(ComputeError::Data {
+                    op: "sort",
+                    message: format!("a line of {} bytes at byte {s} of the inputs, more than {RECORD_BYTES_MAX}", e - s),
+                });
+            }
+        }
+        let layout = self.layout;
+        // Stable: equal keys keep their order.
+        recs.sort_by(|a, b| layout.key(&data[a.0..a.1]).cmp(layout.key(&data[b.0..b.1])));
+        let mut w = Writer { out: &mut *outputs[0], buf: Vec::with_capacity(OUT_CHUNK + RECORD_BYTES_MAX) };
+        for (s, e) in recs {
+            w.record(&data[s..e], layout)?;
+        }
+        Ok(Outcome::Written { input: data.len() as u64, output: w.finish()? })
+    }
+}
+
+pub fn sort(args: &[u8]) -> Result<Box<dyn Transform>, ComputeError> {
+    Ok(Box::new(Sort { layout: Layout::parse("sort", args)? }))
+}
+
+/// One input of a merge: a window of its bytes and the record at its head.
+struct Cursor<'s> {
+    src: &'s mut dyn Source,
+    buf: Vec<u8>,
+    /// The head record: buf[head.0..head.1].
+    head: (usize, usize),
+    eof: bool,
+    records: u64,
+    read: u64,
+}
+
+impl Cursor<'_> {
+    /// Moves to the next record; false at the end of the input.
+    fn advance(&mut self, layout: Layout, input: usize) -> Result<bool, ComputeError> {
+        let mut start = self.head.1;
+        loop {
+            let avail = &self.buf[start..];
+            let end = match layout {
+                Layout::Records { size, .. } => (avail.len() >= size).then_some(size),
+                Layout::Lines => memchr::memchr(b'\n', avail).map(|i| i + 1).or((self.eof && !avail.is_empty()).then_some(avail.len())),
+            };
+            if let Some(n) = end {
+                self.head = (start, start + n);
+                self.records += 1;
+                return Ok(true);
+            }
+            if self.eof {
+                if !avail.is_empty() {
+                    return Err(ComputeError::Data {
+                        op: "merge",
+                        message: format!("input {input} ends with {} bytes, less than a record", avail.len()),
+                    });
+                }
+                return Ok(false);
+            }
+            if avail.len() > RECORD_BYTES_MAX {
+                return Err(ComputeError::Data {
+                    op: "merge",
+                    message: format!("input {input}: a line longer than {RECORD_BYTES_MAX} bytes"),
+                });
+            }
+            // Keep the unread tail, then the next chunk.
+            self.buf.drain(..start);
+            start = 0;
+            self.head = (0, 0);
+            match self.src.next_chunk()? {
+                Some(c) => {
+                    self.read += c.len() as u64;
+                    self.buf.extend_from_slice(c);
+                }
+                None => self.eof = true,
+            }
+        }
+    }
+
+    fn record(&self) -> &[u8] {
+        &self.buf[self.head.0..self.head.1]
+    }
+}
+
+struct Merge {
+    layout: Layout,
+}
+
+impl Transform for Merge {
+    fn run(self: Box<Self>, inputs: &mut [&mut dyn Source], outputs: &mut [&mut dyn Sink], _: &Context) -> Result<Outcome, ComputeError> {
+        let layout = self.layout;
+        let mut cursors: Vec<Cursor> =
+            inputs.iter_mut().map(|s| Cursor { src: &mut **s, buf: Vec::new(), head: (0, 0), eof: false, records: 0, read: 0 }).collect();
+        // The smallest head key first; equal keys from the earlier input first.
+        let mut heap: BinaryHeap<Reverse<(Vec<u8>, usize)>> = BinaryHeap::new();
+        for (i, c) in cursors.iter_mut().enumerate() {
+            if c.advance(layout, i)? {
+                heap.push(Reverse((layout.key(c.record()).to_vec(), i)));
+            }
+        }
+        let mut w = Writer { out: &mut *outputs[0], buf: Vec::with_capacity(OUT_CHUNK + RECORD_BYTES_MAX) };
+        while let Some(Reverse((mut key, i))) = heap.pop() {
+            let c = &mut cursors[i];
+            w.record(c.record(), layout)?;
+            if c.advance(layout, i)? {
+                let next = layout.key(c.record());
+                if next < key.as_slice() {
+                    return Err(ComputeError::Data {
+                        op: "merge",
+                        message: format!("input {i} is not sorted: its record {} sorts before the one before it", c.records),
+                    });
+                }
+                // The popped key's buffer is reused for this input's next key.
+                key.clear();
+                key.extend_from_slice(next);
+                heap.push(Reverse((key, i)));
+            }
+        }
+        let read = cursors.iter().map(|c| c.read).sum();
+        Ok(Outcome::Written { input: read, output: w.finish()? })
+    }
+}
+
+pub fn merge(args: &[u8]) -> Result<Box<dyn Transform>, ComputeError> {
+    Ok(Box::new(Merge { layout: Layout::parse("merge", args)? }))
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::{by_name, ComputeError, Context, Outcome, Sink, SliceSource, Source, VecSink};
+
+    fn exec(op: &str, args: &[u8], inputs: &[&[u8]], chunk: usize, ctx: &Context) -> Result<(Outcome, Vec<u8>), ComputeError> {
+        let mut srcs: Vec<SliceSource> = inputs.iter().map(|d| SliceSource::new(d.chunks(chunk.max(1)))).collect();
+        let mut ins: Vec<&mut dyn Source> = srcs.iter_mut().map(|s| s as &mut dyn Source).collect();
+        let mut out = VecSink::new(1 << 26);
+        let mut outs: Vec<&mut dyn Sink> = vec![&mut out];
+        let o = by_name(op).unwrap().execute(args, &mut ins, &mut outs, ctx)?.remove(0);
+        Ok((o, out.data))
+    }
+
+    fn records(n: usize, seed: u64) -> Vec<u8> {
+        let mut s = seed | 1;
+        (0..n * 20)
+            .map(|_| {
+                s ^= s << 13;
+                s ^= s >> 7;
+                s ^= s << 17;
+                // A small alphabet: many equal keys, to show stability.
+                b'a' + (s % 3) as u8
+            })
+            .collect()
+    }
+
+    #[test]
+    fn sorts_records_by_key_stably_and_lines_like_c_sort() {
+        let ctx = Context::default();
+        let (a, b) = (records(500, 1), records(300, 2));
+        let args = br#"{"record_size":20,"key_offset":3,"key_length":4}"#;
+        let (o, out) = exec("sort", args, &[&a, &b], 333, &ctx).unwrap();
+        assert_eq!(o, Outcome::Written { input: 16_000, output: 16_000 });
+        let mut want: Vec<&[u8]> = a.chunks(20).chain(b.chunks(20)).collect();
+        want.sort_by_key(|r| &r[3..7]); // std's sort is stable too
+        assert!(out == want.concat());
+
+        let text = b"pear\nApple\n\napple\nbanana\n\xc3\xa9clair\nbanana";
+        let (o, out) = exec("sort", b"", &[text], 4, &ctx).unwrap();
+        assert_eq!(out, b"\nApple\napple\nbanana\nbanana\npear\n\xc3\xa9clair\n");
+        assert_eq!(o, Outcome::Written { input: text.len() as u64, output: text.len() as u64 + 1 });
+    }
+
+    #[test]
+    fn merge_of_sorted_pieces_equals_the_sort_of_the_whole() {
+        let ctx = Context::default();
+        let args = br#"{"record_size":20,"key_length":5}"#;
+        let pieces: Vec<Vec<u8>> =
+            (0..5).map(|i| exec("sort", args, &[&records(200 + i * 37, i as u64 + 9)], 1 << 20, &ctx).unwrap().1).collect();
+        let refs: Vec<&[u8]> = pieces.iter().map(|p| &p[..]).collect();
+        let whole = exec("sort", args, &refs, 1 << 20, &ctx).unwrap().1;
+        for chunk in [7, 20, 4096] {
+            let (o, merged) = exec("merge", args, &refs, chunk, &ctx).unwrap();
+            assert!(merged == whole, "chunks of {chunk}");
+            assert_eq!(o, Outcome::Written { input: whole.len() as u64, output: whole.len() as u64 });
+        }
+        let (_, m) = exec("merge", b"", &[b"a\nc\ne", b"b\nd\n", b""], 1, &ctx).unwrap();
+        assert_eq!(m, b"a\nb\nc\nd\ne\n");
+    }
+
+    #[test]
+    fn refusals() {
+        let ctx = Context::default();
+        let e = exec("merge", b"", &[b"a\nc\nb\n"], 2, &ctx).unwrap_err();
+        assert_eq!(e.to_string(), "merge: bad input data: input 0 is not sorted: its record 3 sorts before the one before it");
+        let e = exec("merge", br#"{"record_size":4}"#, &[b"aaaabb"], 2, &ctx).unwrap_err();
+        assert!(e.to_string().contains("input 0 ends with 2 bytes, less than a record"), "{e}");
+        let e = exec("sort", br#"{"record_size":4}"#, &[b"aaaa", b"bbbbb"], 2, &ctx).unwrap_err();
+        assert!(e.to_string().contains("input 1 is 5 bytes, not a multiple of the 4-byte record"), "{e}");
+        let e = exec("sort", b"", &[&vec![b'x'; 5000]], 100, &Context { memory_max: 4096 }).unwrap_err();
+        assert!(matches!(e, ComputeError::Memory { .. }), "{e}");
+        let long = vec![b'x'; super::RECORD_BYTES_MAX + 2];
+        let e = exec("merge", b"", &[&long], 4096, &ctx).unwrap_err();
+        assert!(e.to_string().contains("a line longer than"), "{e}");
+        for (args, want) in [
+            (&br#"{"record_size":0}"#[..], "record_size 0"),
+            (br#"{"record_size":10,"key_offset":8,"key_length":3}"#, "inside the 10-byte record"),
+            (br#"{"record_size":10,"key_offset":10}"#, "non-empty range"),
+            (br#"{"key_length":3}"#, "need record_size"),
+            (br#"{"record_size":"x"}"#, "invalid type"),
+        ] {
+            let e = exec("sort", args, &[b""], 1, &ctx).unwrap_err().to_string();
+            assert!(e.contains(want), "{e}");
+        }
+    }
+}
