@@ -182,7 +182,7 @@ impl RowFormat {
 #[derive(clap::Args)]
 pub struct SelectArgs {
     /// The query, in S3 Select's SQL plus GROUP BY, HAVING, ORDER BY and LIMIT:
-    /// SELECT ... FROM s3object s [WHERE ...] [GROUP BY ...] ... (docs/compute.md).
+    /// SELECT ... FROM s3object s [WHERE ...] [GROUP BY ...] ... (docs/operations.md).
     pub query: String,
     #[arg(required = true)]
     pub files: Vec<PathBuf>,

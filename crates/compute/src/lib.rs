@@ -6,7 +6,8 @@
 //! and returns an [`Outcome`] at the end.
 //!
 //! Adding an operation: write a file with a type implementing [`Kernel`] and a `build`
-//! function from its arguments, then add one line to [`OPERATIONS`] (docs/compute.md).
+//! function from its arguments, then add one line to [`OPERATIONS`] (docs/compute.md); the
+//! operations and their arguments are listed in docs/operations.md.
 
 pub mod compress;
 pub mod copy;

@@ -297,10 +297,10 @@ impl Offload {
                 .spawn(move || {
                     for task in rx {
                         stats.running.fetch_add(1, Relaxed);
-                        let result =
-                            std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| run(&task, &cfg, &stats))).unwrap_or_else(|_| {
-                                Err(Failure::new(Status::INTERNAL_ERROR, "the operation panicked: a bug, please report it"))
-                            });
+                        let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                            run(&task.ns, task.op, &task.desc, &task.cancel, &cfg, &stats)
+                        }))
+                        .unwrap_or_else(|_| Err(Failure::new(Status::INTERNAL_ERROR, "the operation panicked: a bug, please report it")));
                         stats.running.fetch_sub(1, Relaxed);
                         stats.commands.fetch_add(1, Relaxed);
                         if result.is_err() {
@@ -324,18 +324,32 @@ impl Offload {
     }
 }
 
-/// Runs one task on the calling worker thread.
-fn run(task: &Task, cfg: &ComputeConfig, stats: &ComputeStats) -> Result<Vec<u8>, Failure> {
+/// Runs a descriptor on this thread, as a worker does, without a controller: the
+/// engine alone, reading the namespace's backend and computing (benchmarks measure
+/// the offloaded path against it). Returns the JSON outcomes.
+pub fn execute_here(ns: &Namespace, data: &[u8], cfg: &ComputeConfig) -> Result<Vec<u8>, Failure> {
+    let (desc, op) = validate(ns, data, cfg)?;
+    run(ns, op, &desc, &CancellationToken::new(), cfg, &ComputeStats::default())
+}
+
+/// Runs one command on the calling worker thread.
+fn run(
+    ns: &Namespace,
+    op: &'static Operation,
+    desc: &Descriptor,
+    cancel: &CancellationToken,
+    cfg: &ComputeConfig,
+    stats: &ComputeStats,
+) -> Result<Vec<u8>, Failure> {
     let deadline = Instant::now() + Duration::from_secs(cfg.timeout_secs);
     let stop = AtomicBool::new(false);
-    let ns = &task.ns;
     let block = ns.block_size as u64;
     let chunk = cfg.chunk.0 as usize;
-    let ctx = Context { memory_max: (cfg.memory_per_command.0 - buffer_bytes(&task.desc, cfg)) as usize };
-    let limits = Limits { deadline, timeout_secs: cfg.timeout_secs, cancel: &task.cancel };
+    let ctx = Context { memory_max: (cfg.memory_per_command.0 - buffer_bytes(desc, cfg)) as usize };
+    let limits = Limits { deadline, timeout_secs: cfg.timeout_secs, cancel };
     let outcome: Result<Vec<Outcome>, ComputeError> = std::thread::scope(|scope| {
-        let mut sources: Vec<NsSource> = Vec::with_capacity(task.desc.inputs.len());
-        for o in &task.desc.inputs {
+        let mut sources: Vec<NsSource> = Vec::with_capacity(desc.inputs.len());
+        for o in &desc.inputs {
             let (data_tx, data_rx) = crossbeam_channel::bounded(cfg.readahead.max(1));
             let (free_tx, free_rx) = crossbeam_channel::unbounded();
             let backend = ns.backend.clone();
@@ -347,11 +361,11 @@ fn run(task: &Task, cfg: &ComputeConfig, stats: &ComputeStats) -> Result<Vec<u8>
                 .expect("spawning a read-ahead thread");
             sources.push(NsSource { len: o.len, data_rx, free_tx, current: None, limits: &limits, read: 0 });
         }
-        let mut sinks: Vec<NsSink> = task.desc.outputs.iter().map(|o| NsSink::new(ns.backend.clone(), o, block, chunk, &limits)).collect();
+        let mut sinks: Vec<NsSink> = desc.outputs.iter().map(|o| NsSink::new(ns.backend.clone(), o, block, chunk, &limits)).collect();
         let r = {
             let mut ins: Vec<&mut dyn Source> = sources.iter_mut().map(|s| s as &mut dyn Source).collect();
             let mut outs: Vec<&mut dyn Sink> = sinks.iter_mut().map(|s| s as &mut dyn Sink).collect();
-            task.op.execute(&task.desc.args, &mut ins, &mut outs, &ctx)
+            op.execute(&desc.args, &mut ins, &mut outs, &ctx)
         };
         // Readers stop at their next chunk, or now if they wait for a free buffer.
         stop.store(true, Relaxed);
