@@ -41,6 +41,9 @@ fn select_prints_csv_and_json_and_writes_rows() {
     let rows = dir.path().join("oslo.jsonl");
     ok(&["select", "--local", "--into", p(&rows), "--into-format", "jsonl", "SELECT id FROM t WHERE city = 'Oslo'", p(&csv)]);
     assert_eq!(std::fs::read_to_string(&rows).unwrap(), "{\"id\":1}\n{\"id\":3}\n");
+    // No row matches: a CSV output still has its header line.
+    ok(&["select", "--local", "--into", p(&rows), "SELECT id, city AS place FROM t WHERE id > 10", p(&csv)]);
+    assert_eq!(std::fs::read_to_string(&rows).unwrap(), "id,place\n");
 
     refused(&["select", "--local", "SELECT nope FROM t", p(&csv)], "no column \"nope\" in the header (id, city, amount)");
     refused(&["select", "--local", "SELECT FROM", p(&csv)], "query:");

@@ -422,6 +422,14 @@ impl Engine {
         if !self.plan.order.is_empty() {
             self.emit_held()?;
         }
+        // CSV rows into an object: the header line even when no row matched.
+        if let Out::Object { buf, header_done: header_done @ false, .. } = &mut self.out {
+            if self.args.output_format == Format::Csv && self.args.output_header {
+                let names: Vec<Value> = self.names.iter().map(|n| Value::Text(Cow::Borrowed(n))).collect();
+                write_csv(buf, &names, self.args.delimiter as u8, self.args.quote as u8);
+                *header_done = true;
+            }
+        }
         Ok(())
     }
 
@@ -578,20 +586,25 @@ impl Engine {
             }
             return Ok(());
         }
+        self.output_row(&scope)
+    }
+
+    /// The SELECT items over a record or a group: out now, or held for ORDER BY.
+    fn output_row(&mut self, scope: &Scope) -> Result<(), ComputeError> {
         let row = self
             .plan
             .items
             .iter()
             .map(|i| match i {
-                Item::Expr { expr, .. } => self.plan.eval(expr, &scope),
-                Item::Star => unreachable!("expanded when bound"),
+                Item::Expr { expr, .. } => self.plan.eval(expr, scope),
+                Item::Star => unreachable!("expanded when bound, refused with aggregates"),
             })
             .collect::<Result<Vec<_>, _>>()
             .map_err(|e| self.data_err(e))?;
         if self.plan.order.is_empty() {
             return self.emit(&row);
         }
-        let outs = Scope { outputs: &row, ..scope };
+        let outs = Scope { cols: scope.cols, keys: scope.keys, aggs: scope.aggs, outputs: &row };
         let keys =
             self.plan.order.iter().map(|k| self.plan.eval(&k.expr, &outs)).collect::<Result<Vec<_>, _>>().map_err(|e| self.data_err(e))?;
         self.hold(keys, row)
@@ -667,31 +680,9 @@ impl Engine {
                     continue;
                 }
             }
-            let row = self
-                .plan
-                .items
-                .iter()
-                .map(|i| match i {
-                    Item::Expr { expr, .. } => self.plan.eval(expr, &scope),
-                    Item::Star => unreachable!("refused with aggregates"),
-                })
-                .collect::<Result<Vec<_>, _>>()
-                .map_err(|e| self.data_err(e))?;
-            if self.plan.order.is_empty() {
-                self.emit(&row)?;
-                if self.done {
-                    break;
-                }
-            } else {
-                let outs = Scope { outputs: &row, ..scope };
-                let sk = self
-                    .plan
-                    .order
-                    .iter()
-                    .map(|o| self.plan.eval(&o.expr, &outs))
-                    .collect::<Result<Vec<_>, _>>()
-                    .map_err(|e| self.data_err(e))?;
-                self.hold(sk, row)?;
+            self.output_row(&scope)?;
+            if self.done {
+                break;
             }
         }
         Ok(())
