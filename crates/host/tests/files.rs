@@ -351,3 +351,40 @@ async fn compress_decompress_sort_and_merge_on_the_target_equal_the_host() {
     assert!(lines[..lines.len() - 1].windows(2).all(|w| w[0] <= w[1]));
     assert_eq!(sorted.len(), text_bytes.len() + 1, "every byte, and a newline for the last line");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn transforms_give_the_same_files_offloaded_and_local_over_every_shape() {
+    let fs = Fs::new(256);
+    let ep = start_target(&fs.image).await;
+    let files = make_files(&fs.mnt);
+    let mut devices = DeviceMap::default();
+    devices.add_file(&fs.image, ep).unwrap();
+    let mut host = Host::new(devices);
+    for op in ["copy", "compress", "sort"] {
+        let op = by_name(op).unwrap();
+        for f in &files {
+            let inputs = std::slice::from_ref(f);
+            let cap = nearstore_host::output_capacity(op, inputs).unwrap();
+            let name = f.file_name().unwrap().to_str().unwrap();
+            let (off, local) = (fs.mnt.join(format!("{name}.{}.off", op.name)), fs.mnt.join(format!("{name}.{}.local", op.name)));
+            let r = host.transform(op, b"", inputs, &off, cap, Mode::Offload).await;
+            let l = host.transform(op, b"", inputs, &local, cap, Mode::Local).await;
+            match (r, l) {
+                (Ok(r), Ok(l)) => {
+                    assert_eq!(r.files[0].how, How::Offloaded, "{} {name}", op.name);
+                    assert_eq!(r.files[0].outcome, l.files[0].outcome, "{} {name}", op.name);
+                    assert!(std::fs::read(&off).unwrap() == std::fs::read(&local).unwrap(), "{} {name}: output files differ", op.name);
+                }
+                // Sorting a file whose hole is one line of megabytes of NULs: refused alike.
+                (Err(r), Err(l)) => {
+                    assert_eq!(op.name, "sort", "{name}: {r}");
+                    assert!(r.to_string().contains("more than 1048576") && l.to_string().contains("more than 1048576"), "{r} / {l}");
+                }
+                (r, l) => {
+                    panic!("{} {name}: offloaded {:?}, local {:?}", op.name, r.err().map(|e| e.to_string()), l.err().map(|e| e.to_string()))
+                }
+            }
+            let _ = (std::fs::remove_file(&off), std::fs::remove_file(&local));
+        }
+    }
+}
