@@ -3,6 +3,7 @@
 mod compute;
 mod demo;
 mod perf;
+mod testbed;
 mod tools;
 
 use std::net::{SocketAddr, ToSocketAddrs};
@@ -211,6 +212,10 @@ enum Cmd {
     Perf(perf::PerfArgs),
     /// The main job: a target on a file, writes and reads back through our initiator, a short perf.
     Demo(demo::DemoArgs),
+    /// Client and target hosts in network namespaces with shaped links; benchmarks and
+    /// experiments on them (docs/experiments.md).
+    #[command(subcommand)]
+    Testbed(testbed::TestbedCmd),
 }
 
 fn init_logs(cmd: &Cmd) {
@@ -327,5 +332,6 @@ fn run(cli: Cli) -> Result<()> {
         Cmd::Copy(a) => compute::copy(a),
         Cmd::Perf(a) => perf::run(a),
         Cmd::Demo(a) => demo::run(a),
+        Cmd::Testbed(c) => testbed::run(c),
     }
 }
