@@ -154,7 +154,7 @@ impl State {
     }
     pub fn load() -> Result<State> {
         let b = std::fs::read(STATE).with_context(|| format!("no testbed is up ({STATE} is missing): nearstore testbed up"))?;
-        Ok(serde_json::from_slice(&b).with_context(|| format!("{STATE}"))?)
+        serde_json::from_slice(&b).context(STATE)
     }
 }
 
