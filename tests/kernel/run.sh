@@ -6,7 +6,10 @@
 # The guest discovers, connects, lists, identifies, makes an ext4 file system on the
 # namespace, mounts it, writes files, unmounts, disconnects, reconnects with connect-all
 # (SQ flow control disabled, so reads complete with the C2HData SUCCESS flag), remounts,
-# verifies the files' checksums, and disconnects, reporting each step. The host then checks
+# verifies the files' checksums, runs nearstore's checksum and grep on the mounted files
+# through the kernel's NVMe passthrough ioctl (the compute commands on the kernel's own
+# connection) and compares them with the same computed locally, and disconnects, reporting
+# each step. The host then checks
 # the image file holds the same files.
 #
 # Usage: tests/kernel/run.sh [path/to/nearstore]   (default: target/release/nearstore)
@@ -57,7 +60,7 @@ file -L "$busybox" | grep -q static || fail "busybox is not static: install busy
 ird=$work/initramfs
 mkdir -p "$ird"/{bin,sbin,etc/nvme,proc,sys,dev,mnt,tmp,run,lib/modules}
 cp "$busybox" "$ird/bin/busybox"
-for app in sh mount umount mkdir cat echo sleep md5sum ip insmod ls dd sync poweroff grep seq head sed wc cut test tr; do
+for app in sh mount umount mkdir cat echo sleep md5sum ip insmod ls dd sync poweroff grep seq head sed wc cut test tr cmp; do
     ln -sf busybox "$ird/bin/$app"
 done
 copy_with_libs() {
@@ -69,6 +72,9 @@ copy_with_libs() {
     done
 }
 copy_with_libs "$(command -v nvme)"
+# nearstore itself, without its debug information, and the libraries it links.
+strip -o "$ird/bin/nearstore" "$bin"
+ldd "$bin" | grep -o '/[^ ]*' | while read -r lib; do mkdir -p "$ird$(dirname "$lib")"; cp -L "$lib" "$ird$lib"; done
 copy_with_libs "$(command -v mke2fs)"
 cp /etc/mke2fs.conf "$ird/etc/"
 
@@ -118,6 +124,11 @@ step mkfs /bin/mke2fs -t ext4 -q -F /dev/nvme0n1
 step mount mount -t ext4 /dev/nvme0n1 /mnt
 step write-files sh -c 'echo hello from the kernel initiator > /mnt/hello.txt && dd if=/dev/urandom of=/mnt/random.bin bs=1M count=24 2>/dev/null && mkdir /mnt/dir && for i in \$(seq 1 50); do echo file \$i > /mnt/dir/f\$i; done && sync'
 step checksums sh -c 'md5sum /mnt/hello.txt /mnt/random.bin > /tmp/sums && cat /tmp/sums'
+files='/mnt/random.bin /mnt/hello.txt /mnt/dir/f1 /mnt/dir/f50'
+step offload-checksum sh -c "nearstore checksum -a sha256 --stats \$files > /tmp/off 2> /tmp/stats; cat /tmp/off /tmp/stats; grep -q 'offloaded through the kernel.s NVMe/TCP connection on /dev/nvme0n1' /tmp/stats && grep -q '(4 offloaded' /tmp/stats"
+step local-checksum sh -c "nearstore checksum -a sha256 --local \$files > /tmp/loc; cat /tmp/loc"
+step offloaded-equals-local cmp /tmp/off /tmp/loc
+step offload-grep sh -c "nearstore grep -c file --stats /mnt/dir/f1 /mnt/dir/f2 /mnt/hello.txt > /tmp/goff 2> /tmp/gstats && nearstore grep -c file --local /mnt/dir/f1 /mnt/dir/f2 /mnt/hello.txt > /tmp/gloc && cat /tmp/goff /tmp/gstats && cmp /tmp/goff /tmp/gloc && grep -q 'through the kernel' /tmp/gstats"
 step umount umount /mnt
 step disconnect nvme disconnect -n $nqn
 step device-gone gone_dev

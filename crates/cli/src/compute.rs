@@ -31,6 +31,10 @@ pub struct Common {
     /// Report bytes over the network against bytes processed, and the time (on stderr).
     #[arg(long)]
     pub stats: bool,
+    /// Offload over our own NVMe/TCP connection even where the kernel attached the
+    /// namespace (by default its connection carries the commands: NVMe passthrough).
+    #[arg(long)]
+    pub no_passthrough: bool,
     /// Compute commands in flight per namespace.
     #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u32).range(1..=64))]
     pub parallel: u32,
@@ -71,6 +75,7 @@ impl Common {
         }
         let mut host = Host::new(devices);
         host.parallel = self.parallel as usize;
+        host.passthrough = !self.no_passthrough;
         if self.output_format == Output::Normal && std::io::IsTerminal::is_terminal(&std::io::stderr()) {
             let bar = indicatif::ProgressBar::new(0);
             bar.set_style(
@@ -134,8 +139,11 @@ pub struct GrepArgs {
     pub pattern: String,
     #[arg(required = true)]
     pub files: Vec<PathBuf>,
+    /// Count matching lines, as grep -c (what grep does here by default).
+    #[arg(short = 'c', long)]
+    pub count: bool,
     /// Count matches of the expression instead of matching lines.
-    #[arg(long)]
+    #[arg(long, conflicts_with = "count")]
     pub matches: bool,
     /// The pattern is a literal: report match counts and the first offsets.
     #[arg(short = 'F', long)]
@@ -402,6 +410,9 @@ fn print_report(r: &Report, common: &Common) -> Result<()> {
             r.elapsed_secs,
             r.bytes_processed as f64 / r.elapsed_secs.max(1e-9) / 1e6
         );
+        if !r.via_kernel.is_empty() {
+            eprintln!("  offloaded through the kernel's NVMe/TCP connection on {}", r.via_kernel.join(", "));
+        }
         for f in local {
             if let How::Local(reason) = &f.how {
                 eprintln!("  {} computed on the host: {reason}", f.path.display());

@@ -73,6 +73,8 @@ fn compress_decompress_sort_merge() {
     assert_eq!(std::fs::read_to_string(d("m")).unwrap(), "a\nb\nc\nd\n");
 
     refused(&["merge", "--local", "--into", p(&d("m2")), p(&d("text"))], "input 0 is not sorted");
+    // grep -c, as grep users type it.
+    assert_eq!(ok(&["grep", "-c", "c", "--local", p(&d("a"))]), format!("{}:1\n", p(&d("a"))));
     refused(&["decompress", "--local", p(&d("text")), p(&d("x"))], "does not say its decompressed size");
     refused(&["decompress", "--local", "--capacity", "100000", p(&d("text")), p(&d("x"))], "decompress: bad input data");
     refused(&["compress", "--local", "-l", "99", p(&d("text")), p(&d("x"))], "level 99 is outside");

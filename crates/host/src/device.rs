@@ -31,6 +31,9 @@ pub struct Location {
     pub offset: u64,
     /// The block device, for messages ("loop0p1").
     pub device: String,
+    /// The namespace's block device when the kernel attached it over NVMe/TCP ("nvme0n1"):
+    /// compute commands can then go through the kernel's connection (passthrough).
+    pub kernel_device: Option<String>,
 }
 
 /// One `[[namespace]]` entry of a map file: the namespace and either the file the target
@@ -121,7 +124,7 @@ impl DeviceMap {
         } else {
             (name.clone(), 0)
         };
-        let found = |endpoint: Endpoint, offset: u64| Ok(Location { endpoint, offset, device: name.clone() });
+        let found = |endpoint: Endpoint, offset: u64| Ok(Location { endpoint, offset, device: name.clone(), kernel_device: None });
         if let Some(ep) = self.devices.get(&name).or_else(|| self.devices.get(&disk)) {
             return found(ep.clone(), if self.devices.contains_key(&name) { 0 } else { part_offset });
         }
@@ -133,15 +136,40 @@ impl DeviceMap {
                 None => Err(format!("{disk} is backed by {backing}, which no known target exports")),
             };
         }
-        if self.read(format!("block/{disk}/device/transport")).as_deref() == Some("tcp") {
+        // An NVMe namespace: `device` is its controller, or, with native multipath (the
+        // default), its subsystem, whose controllers are the `nvmeN` entries in it.
+        if let Some(ctrl) = self.nvme_tcp_controller(&disk) {
             let nqn = self.read(format!("block/{disk}/device/subsysnqn")).ok_or_else(|| format!("{disk}: no subsysnqn in sysfs"))?;
             let nsid =
                 self.read(format!("block/{disk}/nsid")).and_then(|s| s.parse().ok()).ok_or_else(|| format!("{disk}: no nsid in sysfs"))?;
-            let address = self.read(format!("block/{disk}/device/address")).ok_or_else(|| format!("{disk}: no address in sysfs"))?;
+            let address = self.read(format!("{ctrl}/address")).ok_or_else(|| format!("{disk}: no address in sysfs"))?;
             let address = parse_nvme_address(&address).ok_or_else(|| format!("{disk}: cannot read transport address {address:?}"))?;
-            return found(Endpoint { address, nqn, nsid }, part_offset);
+            return Ok(Location {
+                endpoint: Endpoint { address, nqn, nsid },
+                offset: part_offset,
+                device: name.clone(),
+                kernel_device: Some(disk),
+            });
         }
         Err(format!("{disk} is not a namespace of a known nearstore target"))
+    }
+}
+
+impl DeviceMap {
+    /// The sysfs directory (relative) of an NVMe/TCP controller of namespace `disk`.
+    fn nvme_tcp_controller(&self, disk: &str) -> Option<String> {
+        let dev = format!("block/{disk}/device");
+        if self.read(format!("{dev}/transport")).as_deref() == Some("tcp") {
+            return Some(dev);
+        }
+        let mut ctrls: Vec<String> = std::fs::read_dir(self.sysfs.join(&dev))
+            .ok()?
+            .filter_map(|e| e.ok())
+            .map(|e| e.file_name().to_string_lossy().into_owned())
+            .filter(|n| n.strip_prefix("nvme").is_some_and(|r| !r.is_empty() && r.bytes().all(|b| b.is_ascii_digit())))
+            .collect();
+        ctrls.sort();
+        ctrls.into_iter().map(|c| format!("{dev}/{c}")).find(|c| self.read(format!("{c}/transport")).as_deref() == Some("tcp"))
     }
 }
 
@@ -186,6 +214,16 @@ mod tests {
         w("devices/virtual/nvme-fabrics/ctl/nvme1/nvme1n3/device/transport", "tcp\n");
         w("devices/virtual/nvme-fabrics/ctl/nvme1/nvme1n3/device/subsysnqn", "nqn.2026-11.io.nearstore:k\n");
         w("devices/virtual/nvme-fabrics/ctl/nvme1/nvme1n3/device/address", "traddr=10.0.0.2,trsvcid=4420,src_addr=10.0.0.1\n");
+        // Native multipath: the namespace's device is the subsystem, with its controllers in it.
+        w("devices/virtual/nvme-subsystem/nvme-subsys0/nvme0n1/nsid", "1\n");
+        w("devices/virtual/nvme-subsystem/nvme-subsys0/subsysnqn", "nqn.2026-11.io.nearstore:mp\n");
+        w("devices/virtual/nvme-subsystem/nvme-subsys0/nvme0/transport", "tcp\n");
+        w("devices/virtual/nvme-subsystem/nvme-subsys0/nvme0/address", "traddr=10.0.2.2,trsvcid=4420\n");
+        symlink(
+            r.join("devices/virtual/nvme-subsystem/nvme-subsys0"),
+            r.join("devices/virtual/nvme-subsystem/nvme-subsys0/nvme0n1/device"),
+        )
+        .unwrap();
         w("devices/pci/block/sda/size", "100\n");
         std::fs::create_dir_all(r.join("dev/block")).unwrap();
         std::fs::create_dir_all(r.join("block")).unwrap();
@@ -193,6 +231,7 @@ mod tests {
             ("7:0", "devices/virtual/block/loop7"),
             ("259:2", "devices/virtual/block/loop7/loop7p2"),
             ("259:5", "devices/virtual/nvme-fabrics/ctl/nvme1/nvme1n3"),
+            ("259:0", "devices/virtual/nvme-subsystem/nvme-subsys0/nvme0n1"),
             ("8:0", "devices/pci/block/sda"),
         ] {
             symlink(r.join(target), r.join("dev/block").join(devno)).unwrap();
@@ -221,6 +260,11 @@ mod tests {
         // NVMe/TCP from sysfs.
         let l = m.locate(libc::makedev(259, 5)).unwrap();
         assert_eq!(l.endpoint, Endpoint { address: "10.0.0.2:4420".parse().unwrap(), nqn: "nqn.2026-11.io.nearstore:k".into(), nsid: 3 });
+        assert_eq!(l.kernel_device.as_deref(), Some("nvme1n3"));
+        // NVMe/TCP with native multipath: through the subsystem to its controller.
+        let l = m.locate(libc::makedev(259, 0)).unwrap();
+        assert_eq!(l.endpoint, Endpoint { address: "10.0.2.2:4420".parse().unwrap(), nqn: "nqn.2026-11.io.nearstore:mp".into(), nsid: 1 });
+        assert_eq!(l.kernel_device.as_deref(), Some("nvme0n1"));
         // A plain disk, until mapped explicitly.
         assert!(m.locate(libc::makedev(8, 0)).unwrap_err().contains("sda is not a namespace"));
         m.load("[[namespace]]\naddress = \"127.0.0.1:4421\"\nnqn = \"nqn.x\"\nnsid = 2\ndevice = \"/dev/sda\"\n").unwrap();

@@ -15,6 +15,7 @@
 pub mod device;
 pub mod fiemap;
 pub mod object;
+pub mod passthrough;
 
 use std::collections::HashMap;
 use std::fs::File;
@@ -31,6 +32,8 @@ use nearstore_wire::Sqe;
 
 use crate::device::{DeviceMap, Endpoint};
 use crate::object::{FileObject, MapError, Mapped};
+use crate::passthrough::KernelNamespace;
+use std::sync::Arc;
 
 /// Bytes read at a time on the host, as the target's default chunk.
 pub const CHUNK: usize = 1 << 20;
@@ -73,6 +76,10 @@ pub struct Report {
     pub wire_sent: u64,
     pub wire_received: u64,
     pub elapsed_secs: f64,
+    /// Block devices whose compute commands went through the kernel's own NVMe/TCP
+    /// connection (passthrough); those bytes are not in `wire_sent`/`wire_received`.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub via_kernel: Vec<String>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -108,12 +115,67 @@ pub struct Host {
     pub timeout: Duration,
     /// Report progress: bytes done, bytes in all.
     pub progress: Option<Box<dyn Fn(u64, u64) + Send + Sync>>,
+    /// Offload through the kernel's own connection (NVMe passthrough on the namespace's
+    /// block device) where the kernel attached the namespace; else, and when false, over
+    /// our own NVMe/TCP connection to the same target.
+    pub passthrough: bool,
     conns: HashMap<Endpoint, Conn>,
+    kernel: HashMap<Endpoint, Arc<KernelNamespace>>,
 }
 
 impl Host {
     pub fn new(devices: DeviceMap) -> Host {
-        Host { devices, parallel: 4, timeout: Duration::from_secs(3600), progress: None, conns: HashMap::new() }
+        Host {
+            devices,
+            parallel: 4,
+            timeout: Duration::from_secs(3600),
+            progress: None,
+            passthrough: true,
+            conns: HashMap::new(),
+            kernel: HashMap::new(),
+        }
+    }
+
+    /// Opens a kernel-attached namespace for passthrough: its block size from sysfs.
+    fn open_kernel(&mut self, ep: &Endpoint, disk: &str) -> Result<u64, HostError> {
+        let block: u64 = std::fs::read_to_string(format!("/sys/block/{disk}/queue/logical_block_size"))
+            .ok()
+            .and_then(|s| s.trim().parse().ok())
+            .ok_or_else(|| HostError::Invalid(format!("{disk}: no logical_block_size in sysfs")))?;
+        if !self.kernel.contains_key(ep) {
+            let path = PathBuf::from(format!("/dev/{disk}"));
+            let k = KernelNamespace::open(&path, ep.nsid).map_err(|source| HostError::Io { path, source })?;
+            self.kernel.insert(ep.clone(), Arc::new(k));
+        }
+        Ok(block)
+    }
+
+    /// The kernel devices the offloaded files' commands went through.
+    fn via_kernel(&self, mapped: &[Mapped], mode: Mode) -> Vec<String> {
+        let mut v: Vec<String> = mapped
+            .iter()
+            .filter_map(|m| match m {
+                Mapped::Offload(fo) if mode == Mode::Offload => {
+                    self.kernel.get(&fo.location.endpoint).map(|k| k.path.display().to_string())
+                }
+                _ => None,
+            })
+            .collect();
+        v.sort();
+        v.dedup();
+        v
+    }
+
+    /// Runs one descriptor on the namespace: through the kernel where it attached it and
+    /// passthrough is on, else on our first queue to the target.
+    async fn exec(&mut self, ep: &Endpoint, d: &Descriptor) -> Result<Vec<u8>, HostError> {
+        let err = |source| HostError::Target { endpoint: ep_name(ep), source };
+        if let Some(k) = self.kernel.get(ep).cloned() {
+            let (bytes, timeout) = (d.encode(), self.timeout);
+            return tokio::task::spawn_blocking(move || k.compute(&bytes, timeout)).await.expect("passthrough task").map_err(err);
+        }
+        let conn = self.conns.get_mut(ep).expect("connected in plan");
+        conn.queues[0].compute(ep.nsid, &d.encode(), self.timeout).await.map_err(err)
     }
 
     async fn connect(&mut self, ep: &Endpoint) -> Result<(), HostError> {
@@ -147,8 +209,14 @@ impl Host {
             };
             let m = match m {
                 Mapped::Offload(fo) => {
-                    self.connect(&fo.location.endpoint).await?;
-                    let block = self.conns[&fo.location.endpoint].block;
+                    let ep = fo.location.endpoint.clone();
+                    let block = match &fo.location.kernel_device {
+                        Some(disk) if self.passthrough && mode == Mode::Offload => self.open_kernel(&ep, disk)?,
+                        _ => {
+                            self.connect(&ep).await?;
+                            self.conns[&ep].block
+                        }
+                    };
                     if fo.aligned_to(block) {
                         Mapped::Offload(fo)
                     } else {
@@ -189,7 +257,24 @@ impl Host {
         let done = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
         let progress = std::sync::Arc::new(self.progress.take());
         let mut tasks = Vec::new();
+        let mut kernel_tasks = Vec::new();
         for (ep, files) in by_ep {
+            if let (Mode::Offload, Some(k)) = (mode, self.kernel.get(&ep)) {
+                // Through the kernel: `parallel` commands in flight, each on a blocking thread.
+                let n = self.parallel.max(1);
+                let mut per_task: Vec<Vec<Vec<(usize, FileObject)>>> = (0..n).map(|_| Vec::new()).collect();
+                for (i, b) in batches(files, per_batch).into_iter().enumerate() {
+                    per_task[i % n].push(b);
+                }
+                for work in per_task.into_iter().filter(|w| !w.is_empty()) {
+                    let (k, ep, args, timeout) = (k.clone(), ep.clone(), args.to_vec(), self.timeout);
+                    let (done, progress) = (done.clone(), progress.clone());
+                    kernel_tasks.push(tokio::task::spawn_blocking(move || {
+                        kernel_batches(&k, &ep, op, &args, work, timeout, &done, total, &progress)
+                    }));
+                }
+                continue;
+            }
             let conn = self.conns.get_mut(&ep).expect("connected in plan");
             let batches = batches(files, per_batch);
             let n = conn.queues.len();
@@ -236,6 +321,14 @@ impl Host {
                 }
             }
         }
+        for t in kernel_tasks {
+            match t.await.expect("passthrough task") {
+                Ok(v) => v.into_iter().for_each(|(i, fr)| results[i] = Some(fr)),
+                Err(e) => {
+                    first_err.get_or_insert(e);
+                }
+            }
+        }
         for (i, fr) in local_task.await.expect("local task")? {
             results[i] = Some(fr);
         }
@@ -256,6 +349,7 @@ impl Host {
             wire_sent: w1.0 - w0.0,
             wire_received: w1.1 - w0.1,
             elapsed_secs: start.elapsed().as_secs_f64(),
+            via_kernel: self.via_kernel(&mapped, mode),
         })
     }
 
@@ -283,18 +377,13 @@ impl Host {
         let how;
         let outcome = match (out_file, ep) {
             (Some(Mapped::Offload(out)), Some(ep)) if out.location.endpoint == ep => {
-                let conn = self.conns.get_mut(&ep).expect("connected");
                 let d = Descriptor {
                     op: op.id,
                     args: args.to_vec(),
                     inputs: objs.iter().map(|f| f.object.clone()).collect(),
                     outputs: vec![out.object.clone()],
                 };
-                let q = &mut conn.queues[0];
-                let json = q
-                    .compute(ep.nsid, &d.encode(), self.timeout)
-                    .await
-                    .map_err(|source| HostError::Target { endpoint: ep_name(&ep), source })?;
+                let json = self.exec(&ep, &d).await?;
                 let mut outs: Vec<Outcome> =
                     serde_json::from_slice(&json).map_err(|e| HostError::Invalid(format!("target's result: {e}")))?;
                 for f in &objs {
@@ -322,12 +411,14 @@ impl Host {
             finish_output(output, written)?;
         }
         let w1 = self.wire_total();
+        let via_kernel = if how == How::Offloaded { self.via_kernel(&mapped, Mode::Offload) } else { Vec::new() };
         Ok(Report {
             files: vec![FileResult { path: output.into(), outcome, how }],
             bytes_processed: total,
             wire_sent: w1.0 - w0.0,
             wire_received: w1.1 - w0.1,
             elapsed_secs: start.elapsed().as_secs_f64(),
+            via_kernel,
         })
     }
 }
@@ -400,6 +491,42 @@ async fn remote_batches(
             for ((i, f), o) in batch.into_iter().zip(outs) {
                 out.push((i, FileResult { path: f.path, outcome: o, how: How::Offloaded }));
             }
+        }
+        let d = done.fetch_add(bytes, std::sync::atomic::Ordering::Relaxed) + bytes;
+        if let Some(p) = progress {
+            p(d, total);
+        }
+    }
+    Ok(out)
+}
+
+/// Batches through the kernel's connection, on a blocking thread.
+#[allow(clippy::too_many_arguments)]
+fn kernel_batches(
+    k: &KernelNamespace,
+    ep: &Endpoint,
+    op: &'static Operation,
+    args: &[u8],
+    work: Vec<Vec<(usize, FileObject)>>,
+    timeout: Duration,
+    done: &std::sync::atomic::AtomicU64,
+    total: u64,
+    progress: &Option<Box<dyn Fn(u64, u64) + Send + Sync>>,
+) -> Result<Vec<(usize, FileResult)>, HostError> {
+    let mut out = Vec::new();
+    for batch in work {
+        let bytes: u64 = batch.iter().map(|(_, f)| f.object.len).sum();
+        let d =
+            Descriptor { op: op.id, args: args.to_vec(), inputs: batch.iter().map(|(_, f)| f.object.clone()).collect(), outputs: vec![] };
+        let json = k
+            .compute(&d.encode(), timeout)
+            .map_err(|source| HostError::Target { endpoint: format!("{} via {}", ep_name(ep), k.path.display()), source })?;
+        let outs: Vec<Outcome> = serde_json::from_slice(&json).map_err(|e| HostError::Invalid(format!("target's result: {e}")))?;
+        if outs.len() != batch.len() {
+            return Err(HostError::Invalid(format!("target returned {} outcomes for {} inputs", outs.len(), batch.len())));
+        }
+        for ((i, f), o) in batch.into_iter().zip(outs) {
+            out.push((i, FileResult { path: f.path, outcome: o, how: How::Offloaded }));
         }
         let d = done.fetch_add(bytes, std::sync::atomic::Ordering::Relaxed) + bytes;
         if let Some(p) = progress {

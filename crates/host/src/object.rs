@@ -54,6 +54,8 @@ pub struct FileObject {
 
 /// A file either offloads or is computed on the host, with the reason.
 #[derive(Clone, Debug)]
+// One per file of a call, short-lived: the size difference costs nothing worth a Box.
+#[allow(clippy::large_enum_variant)]
 pub enum Mapped {
     Offload(FileObject),
     Local { path: PathBuf, reason: String },
