@@ -114,9 +114,12 @@ pub struct ExperimentArgs {
     pub files: usize,
     #[arg(long, default_value_t = 16 << 20)]
     pub file_size: usize,
-    /// The JSON results (one record per measurement).
+    /// The JSON results (one record per cell of the grid).
     #[arg(long)]
     pub out: PathBuf,
+    /// Runs per cell: each record is the run of median time, with every run's seconds.
+    #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u32).range(1..=20))]
+    pub runs: u32,
     #[arg(long, default_value = "/var/tmp/nearstore-testbed")]
     pub dir: PathBuf,
 }
@@ -541,6 +544,10 @@ pub struct Record {
     pub files: usize,
     pub bytes: u64,
     pub secs: f64,
+    /// Every run's seconds, when the cell was measured several times (the record is the
+    /// median one).
+    #[serde(default)]
+    pub secs_runs: Vec<f64>,
     pub mb_per_s: f64,
     /// User + system CPU seconds of the client process during the run.
     pub client_cpu_secs: f64,
@@ -624,6 +631,7 @@ pub async fn measure(host: &mut Host, st: &State, experiment: &str, op: &str, mo
         files: files.len(),
         bytes: r.bytes_processed,
         secs,
+        secs_runs: vec![secs],
         mb_per_s: r.bytes_processed as f64 / secs / 1e6,
         client_cpu_secs: cpu,
         client_rx: d[0].0,
@@ -712,8 +720,15 @@ fn run_grid(a: &ExperimentArgs, ops: &[&str], st: &mut State) -> Result<Vec<Reco
                 tx.send((op.to_string(), BenchMode::Offloaded, k, rate.clone())).expect("measuring thread");
                 rrx.recv().context("the measuring thread stopped")??;
                 for mode in [BenchMode::Conventional, BenchMode::Offloaded] {
-                    tx.send((op.to_string(), mode, k, rate.clone())).expect("measuring thread");
-                    let rec = rrx.recv().context("the measuring thread stopped")??;
+                    let mut runs = Vec::new();
+                    for _ in 0..a.runs {
+                        tx.send((op.to_string(), mode, k, rate.clone())).expect("measuring thread");
+                        runs.push(rrx.recv().context("the measuring thread stopped")??);
+                    }
+                    runs.sort_by(|x, y| x.secs.total_cmp(&y.secs));
+                    let all: Vec<f64> = runs.iter().map(|r| r.secs).collect();
+                    let mut rec = runs.swap_remove(runs.len() / 2);
+                    rec.secs_runs = all;
                     match &results {
                         None => results = Some(rec.results.clone()),
                         Some(r) if *r != rec.results => bail!("{op} on {k} targets: conventional and offloaded results differ"),
