@@ -4,17 +4,10 @@
 //! `tc`, loop devices: it fails saying which is missing, it does not skip.
 
 use std::path::Path;
-use std::process::{Command, Output};
+mod common;
 
-fn nearstore(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_nearstore")).args(args).output().expect("running nearstore")
-}
-
-fn ok(args: &[&str]) -> String {
-    let o = nearstore(args);
-    assert!(o.status.success(), "{args:?}: {}", String::from_utf8_lossy(&o.stderr));
-    String::from_utf8(o.stdout).unwrap()
-}
+use common::{nearstore, ok};
+use std::process::Command;
 
 fn prerequisites() {
     assert_eq!(unsafe { libc::geteuid() }, 0, "the testbed test needs root (network namespaces, loop devices, mounts)");

@@ -2,17 +2,9 @@
 //! they write, and that bad arguments get a message naming the problem, never a panic.
 
 use std::path::Path;
-use std::process::{Command, Output};
+mod common;
 
-fn nearstore(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_nearstore")).args(args).output().expect("running nearstore")
-}
-
-fn ok(args: &[&str]) -> String {
-    let o = nearstore(args);
-    assert!(o.status.success(), "{args:?}: {}", String::from_utf8_lossy(&o.stderr));
-    String::from_utf8(o.stdout).unwrap()
-}
+use common::{nearstore, ok};
 
 /// Fails with exit status 1 or 2 (an error or a usage error, not a panic's 101) and a
 /// message containing `needle`.

@@ -301,10 +301,7 @@ impl Host {
                 for (i, path, reason) in local {
                     let outcome = compute_file(op, &args, &path)?;
                     let len = std::fs::metadata(&path).map(|m| m.len()).unwrap_or(0);
-                    let d = done.fetch_add(len, std::sync::atomic::Ordering::Relaxed) + len;
-                    if let Some(p) = progress.as_ref() {
-                        p(d, total);
-                    }
+                    advance(&done, len, total, &progress);
                     out.push((i, FileResult { path, outcome, how: How::Local(reason) }));
                 }
                 Ok(out)
@@ -477,27 +474,34 @@ async fn remote_batches(
                 out.push((i, FileResult { path: f.path, outcome: k.finish()?, how: How::Pulled }));
             }
         } else {
-            let d = Descriptor {
-                op: op.id,
-                args: args.to_vec(),
-                inputs: batch.iter().map(|(_, f)| f.object.clone()).collect(),
-                outputs: vec![],
-            };
-            let json = q.compute(ep.nsid, &d.encode(), timeout).await.map_err(err)?;
-            let outs: Vec<Outcome> = serde_json::from_slice(&json).map_err(|e| HostError::Invalid(format!("target's result: {e}")))?;
-            if outs.len() != batch.len() {
-                return Err(HostError::Invalid(format!("target returned {} outcomes for {} inputs", outs.len(), batch.len())));
-            }
-            for ((i, f), o) in batch.into_iter().zip(outs) {
-                out.push((i, FileResult { path: f.path, outcome: o, how: How::Offloaded }));
-            }
+            let json = q.compute(ep.nsid, &batch_descriptor(op, args, &batch).encode(), timeout).await.map_err(err)?;
+            out.extend(batch_results(&json, batch)?);
         }
-        let d = done.fetch_add(bytes, std::sync::atomic::Ordering::Relaxed) + bytes;
-        if let Some(p) = progress {
-            p(d, total);
-        }
+        advance(done, bytes, total, progress);
     }
     Ok(out)
+}
+
+/// One descriptor for a batch of files, no outputs.
+fn batch_descriptor(op: &Operation, args: &[u8], batch: &[(usize, FileObject)]) -> Descriptor {
+    Descriptor { op: op.id, args: args.to_vec(), inputs: batch.iter().map(|(_, f)| f.object.clone()).collect(), outputs: vec![] }
+}
+
+/// A batch's result: one outcome per file, in order.
+fn batch_results(json: &[u8], batch: Vec<(usize, FileObject)>) -> Result<Vec<(usize, FileResult)>, HostError> {
+    let outs: Vec<Outcome> = serde_json::from_slice(json).map_err(|e| HostError::Invalid(format!("target's result: {e}")))?;
+    if outs.len() != batch.len() {
+        return Err(HostError::Invalid(format!("target returned {} outcomes for {} inputs", outs.len(), batch.len())));
+    }
+    Ok(batch.into_iter().zip(outs).map(|((i, f), o)| (i, FileResult { path: f.path, outcome: o, how: How::Offloaded })).collect())
+}
+
+/// Counts `bytes` done and reports progress.
+fn advance(done: &std::sync::atomic::AtomicU64, bytes: u64, total: u64, progress: &Option<Box<dyn Fn(u64, u64) + Send + Sync>>) {
+    let d = done.fetch_add(bytes, std::sync::atomic::Ordering::Relaxed) + bytes;
+    if let Some(p) = progress {
+        p(d, total);
+    }
 }
 
 /// Batches through the kernel's connection, on a blocking thread.
@@ -516,22 +520,11 @@ fn kernel_batches(
     let mut out = Vec::new();
     for batch in work {
         let bytes: u64 = batch.iter().map(|(_, f)| f.object.len).sum();
-        let d =
-            Descriptor { op: op.id, args: args.to_vec(), inputs: batch.iter().map(|(_, f)| f.object.clone()).collect(), outputs: vec![] };
         let json = k
-            .compute(&d.encode(), timeout)
+            .compute(&batch_descriptor(op, args, &batch).encode(), timeout)
             .map_err(|source| HostError::Target { endpoint: format!("{} via {}", ep_name(ep), k.path.display()), source })?;
-        let outs: Vec<Outcome> = serde_json::from_slice(&json).map_err(|e| HostError::Invalid(format!("target's result: {e}")))?;
-        if outs.len() != batch.len() {
-            return Err(HostError::Invalid(format!("target returned {} outcomes for {} inputs", outs.len(), batch.len())));
-        }
-        for ((i, f), o) in batch.into_iter().zip(outs) {
-            out.push((i, FileResult { path: f.path, outcome: o, how: How::Offloaded }));
-        }
-        let d = done.fetch_add(bytes, std::sync::atomic::Ordering::Relaxed) + bytes;
-        if let Some(p) = progress {
-            p(d, total);
-        }
+        out.extend(batch_results(&json, batch)?);
+        advance(done, bytes, total, progress);
     }
     Ok(out)
 }
