@@ -273,6 +273,69 @@ pub struct SortArgs {
     pub common: Common,
 }
 
+#[derive(clap::Args)]
+pub struct GensortArgs {
+    /// Records to write (100 bytes each).
+    #[arg(long)]
+    pub records: u64,
+    /// The first record's number (to write a data set in pieces).
+    #[arg(long, default_value_t = 0)]
+    pub start: u64,
+    /// The data set: the same seed gives the same records.
+    #[arg(long, default_value_t = 1)]
+    pub seed: u64,
+    pub file: PathBuf,
+}
+
+#[derive(clap::Args)]
+pub struct ValsortArgs {
+    /// Files, read one after another as one sequence of records.
+    #[arg(required = true)]
+    pub files: Vec<PathBuf>,
+    #[arg(short = 'o', long, value_enum, default_value = "normal")]
+    pub output_format: Output,
+}
+
+/// Writes sort-benchmark records (nearstore_compute::sortbench).
+pub fn gensort(a: GensortArgs) -> Result<()> {
+    use std::io::Write;
+    let f = std::fs::File::create(&a.file).with_context(|| a.file.display().to_string())?;
+    let mut w = std::io::BufWriter::with_capacity(1 << 20, f);
+    let end = a.start.checked_add(a.records).context("--start + --records overflows")?;
+    for i in a.start..end {
+        w.write_all(&nearstore_compute::sortbench::record(a.seed, i))?;
+    }
+    w.flush()?;
+    Ok(())
+}
+
+/// Checks order and the records' checksum; fails when they are not in order.
+pub fn valsort(a: ValsortArgs) -> Result<()> {
+    use std::io::Read;
+    let mut v = nearstore_compute::sortbench::Validator::default();
+    let mut buf = vec![0u8; 1 << 20];
+    for p in &a.files {
+        let mut f = std::fs::File::open(p).with_context(|| p.display().to_string())?;
+        loop {
+            let n = f.read(&mut buf).with_context(|| p.display().to_string())?;
+            if n == 0 {
+                break;
+            }
+            v.update(&buf[..n]);
+        }
+    }
+    let s = v.finish()?;
+    if a.output_format == Output::Json {
+        println!("{}", serde_json::to_string_pretty(&s)?);
+    } else {
+        println!("records {}\nduplicate keys {}\nchecksum {}", s.records, s.duplicate_keys, s.checksum);
+    }
+    match s.first_unordered {
+        None => Ok(()),
+        Some(i) => bail!("not sorted: record {i} sorts before the one before it"),
+    }
+}
+
 fn runtime() -> Result<tokio::runtime::Runtime> {
     Ok(tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?)
 }

@@ -206,6 +206,10 @@ enum Cmd {
     Sort(compute::SortArgs),
     /// Merge sorted files (lines, or fixed-size records by a key) on the target, into one.
     Merge(compute::SortArgs),
+    /// Write records in the sort benchmark's format (100 bytes, 10-byte keys), as gensort.
+    Gensort(compute::GensortArgs),
+    /// Check that records are sorted and report their checksum, as valsort.
+    Valsort(compute::ValsortArgs),
     /// Copy a file on the target, without its bytes crossing the network.
     Copy(compute::CopyArgs),
     /// Measure IOPS, bandwidth and latency against a target.
@@ -330,6 +334,8 @@ fn run(cli: Cli) -> Result<()> {
         Cmd::Sort(a) => compute::sort("sort", a),
         Cmd::Merge(a) => compute::sort("merge", a),
         Cmd::Copy(a) => compute::copy(a),
+        Cmd::Gensort(a) => compute::gensort(a),
+        Cmd::Valsort(a) => compute::valsort(a),
         Cmd::Perf(a) => perf::run(a),
         Cmd::Demo(a) => demo::run(a),
         Cmd::Testbed(c) => testbed::run(c),

@@ -65,6 +65,19 @@ fn compress_decompress_sort_merge() {
     assert_eq!(std::fs::read_to_string(d("m")).unwrap(), "a\nb\nc\nd\n");
 
     refused(&["merge", "--local", "--into", p(&d("m2")), p(&d("text"))], "input 0 is not sorted");
+    // The sort benchmark's records: generated in two pieces, sorted on the host, validated.
+    ok(&["gensort", "--records", "3000", "--seed", "5", p(&d("g1"))]);
+    ok(&["gensort", "--records", "2000", "--start", "3000", "--seed", "5", p(&d("g2"))]);
+    let o = nearstore(&["valsort", "-o", "json", p(&d("g1")), p(&d("g2"))]);
+    assert!(!o.status.success(), "unsorted records fail valsort");
+    let before: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(before["records"], 5000);
+    assert!(before["first_unordered"].is_u64());
+    refused(&["valsort", p(&d("g1"))], "not sorted: record");
+    ok(&["sort", "--local", "--record-size", "100", "--key-length", "10", "--into", p(&d("gs")), p(&d("g1")), p(&d("g2"))]);
+    let after: serde_json::Value = serde_json::from_str(&ok(&["valsort", "-o", "json", p(&d("gs"))])).unwrap();
+    assert_eq!((after["records"].clone(), after["checksum"].clone()), (before["records"].clone(), before["checksum"].clone()));
+    refused(&["valsort", p(&d("a"))], "less than a 100-byte record");
     // grep -c, as grep users type it.
     assert_eq!(ok(&["grep", "-c", "c", "--local", p(&d("a"))]), format!("{}:1\n", p(&d("a"))));
     refused(&["decompress", "--local", p(&d("text")), p(&d("x"))], "does not say its decompressed size");

@@ -15,6 +15,7 @@ pub mod digest;
 pub mod search;
 pub mod select;
 pub mod sort;
+pub mod sortbench;
 pub mod wc;
 
 use serde::{Deserialize, Serialize};
