@@ -265,6 +265,10 @@ pub struct SortArgs {
     /// With --record-size: the key's length (default: the rest of the record).
     #[arg(long, requires = "record_size")]
     pub key_length: Option<usize>,
+    /// With --record-size: `bytes` (compared as unsigned bytes) or `u64` (a little-endian
+    /// unsigned 64-bit integer).
+    #[arg(long, requires = "record_size", value_parser = ["bytes", "u64"])]
+    pub key_type: Option<String>,
     /// The most bytes the output may take (default: the inputs' size, and a byte each
     /// for a missing last newline).
     #[arg(long)]
@@ -397,6 +401,9 @@ pub fn sort(op: &str, a: SortArgs) -> Result<()> {
         if let Some(v) = v {
             args.insert(k.into(), v.into());
         }
+    }
+    if let Some(t) = a.key_type {
+        args.insert("key_type".into(), t.into());
     }
     transform(op, serde_json::to_vec(&args)?, &a.inputs, &a.into, a.capacity, &a.common)
 }

@@ -27,14 +27,17 @@ struct Args {
     record_size: Option<usize>,
     /// Records: where the key starts in the record (default 0).
     key_offset: Option<usize>,
-    /// Records: the key's length (default: the rest of the record).
+    /// Records: the key's length (default: the rest of the record; 8 for `u64`).
     key_length: Option<usize>,
+    /// Records: `bytes` (unsigned bytes, the default; also big-endian integers) or `u64`
+    /// (an unsigned 64-bit little-endian integer, as a u64 array in memory is).
+    key_type: Option<String>,
 }
 
 /// How records are cut and compared.
 #[derive(Clone, Copy, Debug)]
 enum Layout {
-    Records { size: usize, key: (usize, usize) },
+    Records { size: usize, key: (usize, usize), u64le: bool },
     Lines,
 }
 
@@ -44,8 +47,8 @@ impl Layout {
         let bad = |m: String| ComputeError::BadArguments { op, message: m };
         match a.record_size {
             None => {
-                if a.key_offset.is_some() || a.key_length.is_some() {
-                    return Err(bad("key_offset and key_length need record_size".into()));
+                if a.key_offset.is_some() || a.key_length.is_some() || a.key_type.is_some() {
+                    return Err(bad("key_offset, key_length and key_type need record_size".into()));
                 }
                 Ok(Layout::Lines)
             }
@@ -53,23 +56,36 @@ impl Layout {
                 if size == 0 || size > RECORD_BYTES_MAX {
                     return Err(bad(format!("record_size {size} is outside 1..={RECORD_BYTES_MAX}")));
                 }
+                let u64le = match a.key_type.as_deref() {
+                    None | Some("bytes") => false,
+                    Some("u64") => true,
+                    Some(t) => return Err(bad(format!("key_type {t:?}: bytes or u64"))),
+                };
                 let off = a.key_offset.unwrap_or(0);
-                let len = a.key_length.unwrap_or(size.saturating_sub(off));
+                let len = a.key_length.unwrap_or(if u64le { 8 } else { size.saturating_sub(off) });
+                if u64le && len != 8 {
+                    return Err(bad(format!("a u64 key is 8 bytes, not key_length {len}")));
+                }
                 if len == 0 || off.checked_add(len).is_none_or(|end| end > size) {
                     return Err(bad(format!(
                         "the key (offset {off}, length {len}) must be a non-empty range inside the {size}-byte record"
                     )));
                 }
-                Ok(Layout::Records { size, key: (off, len) })
+                Ok(Layout::Records { size, key: (off, len), u64le })
             }
         }
     }
 
-    /// The bytes a record is ordered by: its key, or the line without its newline.
-    fn key<'a>(&self, rec: &'a [u8]) -> &'a [u8] {
+    /// The bytes a record is ordered by, compared as unsigned bytes: its key (a u64 key
+    /// turned big-endian), or the line without its newline.
+    fn key<'a>(&self, rec: &'a [u8]) -> std::borrow::Cow<'a, [u8]> {
         match self {
-            Layout::Records { key: (o, l), .. } => &rec[*o..*o + *l],
-            Layout::Lines => rec.strip_suffix(b"\n").unwrap_or(rec),
+            Layout::Records { key: (o, _), u64le: true, .. } => {
+                let v = u64::from_le_bytes(rec[*o..*o + 8].try_into().expect("8 bytes"));
+                std::borrow::Cow::Owned(v.to_be_bytes().to_vec())
+            }
+            Layout::Records { key: (o, l), .. } => std::borrow::Cow::Borrowed(&rec[*o..*o + *l]),
+            Layout::Lines => std::borrow::Cow::Borrowed(rec.strip_suffix(b"\n").unwrap_or(rec)),
         }
     }
 }
@@ -160,7 +176,13 @@ impl Transform for Sort {
         }
         let layout = self.layout;
         // Stable: equal keys keep their order.
-        recs.sort_by(|a, b| layout.key(&data[a.0..a.1]).cmp(layout.key(&data[b.0..b.1])));
+        match layout {
+            // u64 keys: decoded once per record, not per comparison.
+            Layout::Records { key: (o, _), u64le: true, .. } => {
+                recs.sort_by_cached_key(|&(s, _)| u64::from_le_bytes(data[s + o..s + o + 8].try_into().expect("8 bytes")))
+            }
+            _ => recs.sort_by(|a, b| layout.key(&data[a.0..a.1]).cmp(&layout.key(&data[b.0..b.1]))),
+        }
         let mut w = Writer { out: &mut *outputs[0], buf: Vec::with_capacity(OUT_CHUNK + RECORD_BYTES_MAX) };
         for (s, e) in recs {
             w.record(&data[s..e], layout)?;
@@ -255,7 +277,7 @@ impl Transform for Merge {
             w.record(c.record(), layout)?;
             if c.advance(layout, i)? {
                 let next = layout.key(c.record());
-                if next < key.as_slice() {
+                if *next < *key.as_slice() {
                     return Err(ComputeError::Data {
                         op: "merge",
                         message: format!("input {i} is not sorted: its record {} sorts before the one before it", c.records),
@@ -263,7 +285,7 @@ impl Transform for Merge {
                 }
                 // The popped key's buffer is reused for this input's next key.
                 key.clear();
-                key.extend_from_slice(next);
+                key.extend_from_slice(&next);
                 heap.push(Reverse((key, i)));
             }
         }
@@ -320,6 +342,25 @@ mod tests {
     }
 
     #[test]
+    fn u64_keys_sort_as_numbers() {
+        let ctx = Context::default();
+        let nums = [5u64, 1 << 40, 3, u64::MAX, 0, 256, 255];
+        let data: Vec<u8> = nums.iter().flat_map(|n| [n.to_le_bytes().to_vec(), b"payload!".to_vec()].concat()).collect();
+        let args = br#"{"record_size":16,"key_type":"u64"}"#;
+        let (_, out) = exec("sort", args, &[&data], 5, &ctx).unwrap();
+        let got: Vec<u64> = out.chunks(16).map(|r| u64::from_le_bytes(r[..8].try_into().unwrap())).collect();
+        let mut want = nums.to_vec();
+        want.sort();
+        assert_eq!(got, want);
+        let halves: Vec<Vec<u8>> = [&data[..48], &data[48..]].iter().map(|h| exec("sort", args, &[h], 16, &ctx).unwrap().1).collect();
+        assert_eq!(exec("merge", args, &[&halves[0], &halves[1]], 7, &ctx).unwrap().1, out);
+        let e = exec("sort", br#"{"record_size":16,"key_type":"u64","key_length":4}"#, &[&data], 5, &ctx).unwrap_err();
+        assert!(e.to_string().contains("a u64 key is 8 bytes"), "{e}");
+        let e = exec("sort", br#"{"record_size":16,"key_type":"i32"}"#, &[&data], 5, &ctx).unwrap_err();
+        assert!(e.to_string().contains("bytes or u64"), "{e}");
+    }
+
+    #[test]
     fn merge_of_sorted_pieces_equals_the_sort_of_the_whole() {
         let ctx = Context::default();
         let args = br#"{"record_size":20,"key_length":5}"#;
@@ -355,6 +396,7 @@ mod tests {
             (br#"{"record_size":10,"key_offset":8,"key_length":3}"#, "inside the 10-byte record"),
             (br#"{"record_size":10,"key_offset":10}"#, "non-empty range"),
             (br#"{"key_length":3}"#, "need record_size"),
+            (br#"{"key_type":"u64"}"#, "need record_size"),
             (br#"{"record_size":"x"}"#, "invalid type"),
         ] {
             let e = exec("sort", args, &[b""], 1, &ctx).unwrap_err().to_string();
