@@ -557,6 +557,9 @@ pub struct Record {
     pub client_tx: u64,
     pub targets_tx: u64,
     pub targets_rx: u64,
+    /// Every link's bytes, host by host: (host, received, sent) at the host's end.
+    #[serde(default)]
+    pub links: Vec<(String, u64, u64)>,
     /// Link bytes (client rx + tx) per data byte.
     pub wire_fraction: f64,
     /// Our own accounting: TCP payload bytes of the client's connections.
@@ -637,6 +640,11 @@ pub async fn measure(host: &mut Host, st: &State, experiment: &str, op: &str, mo
         client_rx: d[0].0,
         client_tx: d[0].1,
         targets_rx: d[1..].iter().map(|x| x.0).sum(),
+        links: std::iter::once("client".to_string())
+            .chain(st.targets[..k].iter().map(|t| t.name.clone()))
+            .zip(&d)
+            .map(|(h, (rx, tx))| (h, *rx, *tx))
+            .collect(),
         targets_tx: d[1..].iter().map(|x| x.1).sum(),
         wire_fraction: (d[0].0 + d[0].1) as f64 / r.bytes_processed.max(1) as f64,
         tcp_bytes: r.wire_sent + r.wire_received,

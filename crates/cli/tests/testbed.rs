@@ -70,6 +70,12 @@ fn testbed_up_bench_down_and_a_failed_up_cleans_up() {
     let off_link = off["client_rx"].as_u64().unwrap() + off["client_tx"].as_u64().unwrap();
     assert!(off_link * 20 < data, "offloaded link bytes {off_link} of {data}");
     assert!(off["targets_tx"].as_u64().unwrap() * 20 < data);
+    // Every link is counted: each target's link sent its half of the data.
+    let links = conv["links"].as_array().unwrap();
+    assert_eq!(links.iter().map(|l| l[0].as_str().unwrap()).collect::<Vec<_>>(), ["client", "t1", "t2"]);
+    for l in &links[1..] {
+        assert!(l[2].as_u64().unwrap() >= data / 2, "{l}");
+    }
     // The shaping is in effect: conventional reads cannot beat the 100 Mbit/s link.
     assert!(conv["mb_per_s"].as_f64().unwrap() < 100.0 / 8.0 * 1.2, "{conv}");
     // Commands on a host; a host that does not exist.
