@@ -129,6 +129,8 @@ step offload-checksum sh -c "nearstore checksum -a sha256 --stats \$files > /tmp
 step local-checksum sh -c "nearstore checksum -a sha256 --local \$files > /tmp/loc; cat /tmp/loc"
 step offloaded-equals-local cmp /tmp/off /tmp/loc
 step offload-grep sh -c "nearstore grep -c file --stats /mnt/dir/f1 /mnt/dir/f2 /mnt/hello.txt > /tmp/goff 2> /tmp/gstats && nearstore grep -c file --local /mnt/dir/f1 /mnt/dir/f2 /mnt/hello.txt > /tmp/gloc && cat /tmp/goff /tmp/gstats && cmp /tmp/goff /tmp/gloc && grep -q 'through the kernel' /tmp/gstats"
+step offload-select sh -c "printf 'city,n\\nOslo,3\\nLima,4\\nOslo,5\\n' > /mnt/t.csv && sync && nearstore select --stats 'SELECT city, SUM(n) FROM s3object GROUP BY city' /mnt/t.csv > /tmp/soff 2> /tmp/sstats && nearstore select --local 'SELECT city, SUM(n) FROM s3object GROUP BY city' /mnt/t.csv > /tmp/sloc && cat /tmp/soff && cmp /tmp/soff /tmp/sloc && grep -q 'through the kernel' /tmp/sstats"
+step refusal-through-kernel sh -c "if nearstore select 'SELECT nope FROM s3object' /mnt/t.csv 2> /tmp/serr; then exit 1; fi; cat /tmp/serr; grep -q 'no column .nope. in the header (city, n)' /tmp/serr"
 step umount umount /mnt
 step disconnect nvme disconnect -n $nqn
 step device-gone gone_dev

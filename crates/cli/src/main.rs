@@ -233,9 +233,23 @@ fn main() {
     let cli = Cli::parse();
     init_logs(&cli.cmd);
     if let Err(e) = run(cli) {
-        eprintln!("error: {e:#}");
+        eprintln!("error: {}", message(&e));
         std::process::exit(1);
     }
+}
+
+/// The error and its causes, each said once: many errors already include their cause's
+/// text, which the chain would print a second time.
+fn message(e: &anyhow::Error) -> String {
+    let mut msg = e.to_string();
+    for cause in e.chain().skip(1) {
+        let c = cause.to_string();
+        if !msg.contains(&c) {
+            msg.push_str(": ");
+            msg.push_str(&c);
+        }
+    }
+    msg
 }
 
 fn runtime(threads: Option<usize>) -> Result<tokio::runtime::Runtime> {

@@ -42,6 +42,10 @@ fn select_prints_csv_and_json_and_writes_rows() {
     refused(&["select", "--local", "--delimiter", "\"", "SELECT 1 FROM t", p(&csv)], "delimiter, quote and comment must differ");
     refused(&["select", "--local", "--into", p(&rows), "SELECT 1 FROM t", p(&csv), p(&csv)], "--into takes one input file");
     refused(&["select", "--local", "SELECT 1 FROM t", p(&dir.path().join("missing.csv"))], "missing.csv");
+    // A cause is said once, not again by the error chain.
+    let o = nearstore(&["checksum", "--local", p(&dir.path().join("missing.csv"))]);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(err.matches("No such file or directory").count(), 1, "{err}");
 }
 
 #[test]
