@@ -315,17 +315,12 @@ pub fn gensort(a: GensortArgs) -> Result<()> {
 
 /// Checks order and the records' checksum; fails when they are not in order.
 pub fn valsort(a: ValsortArgs) -> Result<()> {
-    use std::io::Read;
+    use nearstore_compute::Source;
     let mut v = nearstore_compute::sortbench::Validator::default();
-    let mut buf = vec![0u8; 1 << 20];
     for p in &a.files {
-        let mut f = std::fs::File::open(p).with_context(|| p.display().to_string())?;
-        loop {
-            let n = f.read(&mut buf).with_context(|| p.display().to_string())?;
-            if n == 0 {
-                break;
-            }
-            v.update(&buf[..n]);
+        let mut f = nearstore_host::FileSource::open(p)?;
+        while let Some(c) = f.next_chunk().with_context(|| p.display().to_string())? {
+            v.update(c);
         }
     }
     let s = v.finish()?;

@@ -123,8 +123,9 @@ impl Drop for Mounted {
     }
 }
 
-fn sh(cmd: &str, args: &[&str]) -> Result<String> {
-    let out = Command::new(cmd).args(args).output().with_context(|| format!("running {cmd} (install it, or run scripts/demo.sh)"))?;
+/// Runs a tool; its trimmed stdout, or an error with its stderr.
+pub(crate) fn sh(cmd: &str, args: &[&str]) -> Result<String> {
+    let out = Command::new(cmd).args(args).output().with_context(|| format!("running {cmd} (install it: scripts/prereqs.sh does)"))?;
     if !out.status.success() {
         bail!("{cmd} {}: {}", args.join(" "), String::from_utf8_lossy(&out.stderr).trim());
     }

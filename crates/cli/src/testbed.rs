@@ -22,6 +22,8 @@ use nearstore_host::device::{DeviceMap, Endpoint};
 use nearstore_host::{Host, Mode};
 use serde::{Deserialize, Serialize};
 
+use crate::demo::sh;
+
 /// Where the state of the testbed that is up lives.
 pub const STATE: &str = "/run/nearstore-testbed.json";
 const PREFIX: &str = "nstb-";
@@ -159,14 +161,6 @@ impl State {
         let b = std::fs::read(STATE).with_context(|| format!("no testbed is up ({STATE} is missing): nearstore testbed up"))?;
         serde_json::from_slice(&b).context(STATE)
     }
-}
-
-fn sh(cmd: &str, args: &[&str]) -> Result<String> {
-    let out = Command::new(cmd).args(args).output().with_context(|| format!("running {cmd} (is it installed?)"))?;
-    if !out.status.success() {
-        bail!("{cmd} {}: {}", args.join(" "), String::from_utf8_lossy(&out.stderr).trim());
-    }
-    Ok(String::from_utf8_lossy(&out.stdout).trim().to_string())
 }
 
 fn netns_list() -> Vec<String> {
@@ -607,19 +601,17 @@ pub async fn measure(host: &mut Host, st: &State, experiment: &str, op: &str, mo
     let (operation, args, csv) = workload(op)?;
     let k = k.clamp(1, st.targets.len());
     let files: Vec<PathBuf> = st.targets[..k].iter().flat_map(|t| if csv { t.csvs.clone() } else { t.logs.clone() }).collect();
-    let before: Vec<(u64, u64)> = std::iter::once(CLIENT.to_string())
-        .chain(st.targets[..k].iter().map(|t| t.ns.clone()))
-        .map(|n| link_bytes(&n))
-        .collect::<Result<_>>()?;
+    // Every link's counters: the client's, then each target's.
+    let links = || -> Result<Vec<(u64, u64)>> {
+        std::iter::once(CLIENT).chain(st.targets[..k].iter().map(|t| t.ns.as_str())).map(link_bytes).collect()
+    };
+    let before = links()?;
     let cpu0 = cpu_secs();
     let t = Instant::now();
     let r = host.run(operation, &args, &files, if mode == BenchMode::Offloaded { Mode::Offload } else { Mode::Pull }).await?;
     let secs = t.elapsed().as_secs_f64();
     let cpu = cpu_secs() - cpu0;
-    let after: Vec<(u64, u64)> = std::iter::once(CLIENT.to_string())
-        .chain(st.targets[..k].iter().map(|t| t.ns.clone()))
-        .map(|n| link_bytes(&n))
-        .collect::<Result<_>>()?;
+    let after = links()?;
     let d: Vec<(u64, u64)> = after.iter().zip(&before).map(|(a, b)| (a.0 - b.0, a.1 - b.1)).collect();
     if let Some(f) = r.files.iter().find(|f| !matches!(f.how, nearstore_host::How::Offloaded | nearstore_host::How::Pulled)) {
         bail!("{} was computed on the client: {:?}", f.path.display(), f.how);

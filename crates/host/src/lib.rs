@@ -261,12 +261,7 @@ impl Host {
         for (ep, files) in by_ep {
             if let (Mode::Offload, Some(k)) = (mode, self.kernel.get(&ep)) {
                 // Through the kernel: `parallel` commands in flight, each on a blocking thread.
-                let n = self.parallel.max(1);
-                let mut per_task: Vec<Vec<Vec<(usize, FileObject)>>> = (0..n).map(|_| Vec::new()).collect();
-                for (i, b) in batches(files, per_batch).into_iter().enumerate() {
-                    per_task[i % n].push(b);
-                }
-                for work in per_task.into_iter().filter(|w| !w.is_empty()) {
+                for work in spread(batches(files, per_batch), self.parallel).into_iter().filter(|w| !w.is_empty()) {
                     let (k, ep, args, timeout) = (k.clone(), ep.clone(), args.to_vec(), self.timeout);
                     let (done, progress) = (done.clone(), progress.clone());
                     kernel_tasks.push(tokio::task::spawn_blocking(move || {
@@ -276,12 +271,7 @@ impl Host {
                 continue;
             }
             let conn = self.conns.get_mut(&ep).expect("connected in plan");
-            let batches = batches(files, per_batch);
-            let n = conn.queues.len();
-            let mut per_queue: Vec<Vec<Vec<(usize, FileObject)>>> = (0..n).map(|_| Vec::new()).collect();
-            for (k, b) in batches.into_iter().enumerate() {
-                per_queue[k % n].push(b);
-            }
+            let per_queue = spread(batches(files, per_batch), conn.queues.len());
             for (q, work) in std::mem::take(&mut conn.queues).into_iter().zip(per_queue) {
                 let (ep, args, timeout, block) = (ep.clone(), args.to_vec(), self.timeout, conn.block);
                 let (done, progress) = (done.clone(), progress.clone());
@@ -444,6 +434,16 @@ fn batches(files: Vec<(usize, FileObject)>, per_batch: usize) -> Vec<Vec<(usize,
                 out.push(vec![f]);
             }
         }
+    }
+    out
+}
+
+/// Batches dealt round-robin to `n` workers (queues or threads).
+fn spread<T>(batches: Vec<T>, n: usize) -> Vec<Vec<T>> {
+    let n = n.max(1);
+    let mut out: Vec<Vec<T>> = (0..n).map(|_| Vec::new()).collect();
+    for (i, b) in batches.into_iter().enumerate() {
+        out[i % n].push(b);
     }
     out
 }

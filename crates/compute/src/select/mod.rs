@@ -309,6 +309,11 @@ impl Engine {
         })
     }
 
+    /// The output columns' names (`*` is expanded once bound, and refused with aggregates).
+    fn item_names(&self) -> Vec<String> {
+        self.plan.items.iter().filter_map(|i| if let Item::Expr { name, .. } = i { Some(name.clone()) } else { None }).collect()
+    }
+
     /// A record that cannot be read: counted, and named by its number.
     fn bad_record(&mut self, message: String) -> ComputeError {
         self.records += 1;
@@ -406,8 +411,7 @@ impl Engine {
         }
         if matches!(self.binding, Binding::Unbound) && self.plan.group.is_none() {
             // No records: the column names still come from the query (without `*`).
-            self.names =
-                self.plan.items.iter().filter_map(|i| if let Item::Expr { name, .. } = i { Some(name.clone()) } else { None }).collect();
+            self.names = self.item_names();
         }
         if let Some(g) = &self.plan.group {
             if g.keys.is_empty() && self.groups.keys.is_empty() {
@@ -415,8 +419,7 @@ impl Engine {
                 self.groups.keys.push(Vec::new());
                 self.groups.accs.push(g.aggs.iter().map(|a| Acc::new(a.func)).collect());
             }
-            self.names =
-                self.plan.items.iter().map(|i| if let Item::Expr { name, .. } = i { name.clone() } else { String::new() }).collect();
+            self.names = self.item_names();
             self.emit_groups()?;
         }
         if !self.plan.order.is_empty() {
@@ -425,8 +428,7 @@ impl Engine {
         // CSV rows into an object: the header line even when no row matched.
         if let Out::Object { buf, header_done: header_done @ false, .. } = &mut self.out {
             if self.args.output_format == Format::Csv && self.args.output_header {
-                let names: Vec<Value> = self.names.iter().map(|n| Value::Text(Cow::Borrowed(n))).collect();
-                write_csv(buf, &names, self.args.delimiter as u8, self.args.quote as u8);
+                write_header(buf, &self.names, &self.args);
                 *header_done = true;
             }
         }
@@ -509,7 +511,7 @@ impl Engine {
             }
         }
         self.plan.items = items;
-        self.names = self.plan.items.iter().map(|i| if let Item::Expr { name, .. } = i { name.clone() } else { String::new() }).collect();
+        self.names = self.item_names();
         self.binding = Binding::Csv { fields: bound };
         Ok(())
     }
@@ -528,7 +530,7 @@ impl Engine {
             }
         }
         self.plan.items = items;
-        self.names = self.plan.items.iter().map(|i| if let Item::Expr { name, .. } = i { name.clone() } else { String::new() }).collect();
+        self.names = self.item_names();
         self.binding = Binding::Json;
     }
 
@@ -645,8 +647,7 @@ impl Engine {
                 match self.args.output_format {
                     Format::Csv => {
                         if !*header_done && self.args.output_header {
-                            let names: Vec<Value> = self.names.iter().map(|n| Value::Text(Cow::Borrowed(n))).collect();
-                            write_csv(buf, &names, self.args.delimiter as u8, self.args.quote as u8);
+                            write_header(buf, &self.names, &self.args);
                         }
                         write_csv(buf, row, self.args.delimiter as u8, self.args.quote as u8);
                     }
@@ -774,6 +775,12 @@ fn json_lookup<'v>(m: &'v serde_json::Map<String, serde_json::Value>, r: &plan::
         }
     }
     Value::from_json(v)
+}
+
+/// The CSV output's first line: the column names.
+fn write_header(buf: &mut Vec<u8>, names: &[String], args: &Args) {
+    let names: Vec<Value> = names.iter().map(|n| Value::Text(Cow::Borrowed(n))).collect();
+    write_csv(buf, &names, args.delimiter as u8, args.quote as u8);
 }
 
 /// One CSV row: fields with the delimiter, the quote or a line end are quoted, quotes
