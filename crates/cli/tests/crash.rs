@@ -4,7 +4,7 @@
 use std::net::{SocketAddr, TcpListener};
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use nearstore_initiator::{ConnectOptions, Controller};
 
@@ -23,23 +23,40 @@ fn free_port() -> SocketAddr {
     TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap()
 }
 
+/// Starts a target on a free port. Tests run in parallel: another target may take the
+/// port between our probe and its bind, and then ours exits; so a port counts only when our
+/// own process says it listens there (its stdout), else it starts again on another.
 async fn start(disk: &Path, engine: &str) -> (Target, SocketAddr) {
-    let addr = free_port();
-    let child = Command::new(env!("CARGO_BIN_EXE_nearstore"))
-        .args(["target", "--listen", &addr.to_string(), "--discovery", "none", "--nqn", NQN, "--size", "64MiB"])
-        .args(["--block-size", "4096", "--io-engine", engine, "--namespace"])
-        .arg(disk)
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("starting the target binary");
-    let t = Target(child);
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while tokio::net::TcpStream::connect(addr).await.is_err() {
-        assert!(Instant::now() < deadline, "target did not listen on {addr}");
-        tokio::time::sleep(Duration::from_millis(20)).await;
+    use std::io::BufRead;
+    for _ in 0..5 {
+        let addr = free_port();
+        let mut child = Command::new(env!("CARGO_BIN_EXE_nearstore"))
+            .args(["target", "--listen", &addr.to_string(), "--discovery", "none", "--nqn", NQN, "--size", "64MiB"])
+            .args(["--block-size", "4096", "--io-engine", engine, "--namespace"])
+            .arg(disk)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("starting the target binary");
+        let out = child.stdout.take().expect("piped stdout");
+        let t = Target(child);
+        let (tx, rx) = std::sync::mpsc::channel();
+        let want = format!("listening on {addr}");
+        std::thread::spawn(move || {
+            let mut lines = std::io::BufReader::new(out).lines();
+            // true when it listens; false when it exits first (its stdout closes).
+            let listening = lines.by_ref().map_while(Result::ok).any(|l| l.contains(&want));
+            let _ = tx.send(listening);
+            // Keep draining so the target never blocks on a full pipe.
+            lines.for_each(drop);
+        });
+        match rx.recv_timeout(Duration::from_secs(20)) {
+            Ok(true) => return (t, addr),
+            Ok(false) => continue,
+            Err(_) => panic!("target did not listen on {addr} within 20 s"),
+        }
     }
-    (t, addr)
+    panic!("the target could not listen on any of 5 free ports");
 }
 
 fn block(seed: u64) -> Vec<u8> {
