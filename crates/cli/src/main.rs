@@ -298,6 +298,7 @@ fn run(cli: Cli) -> Result<()> {
                         memory: parse("--memory", &memory)?,
                         size: parse("--size", &size)?,
                         block_size,
+                        tag: None,
                     };
                     if ns.path.is_none() && ns.memory.is_none() {
                         bail!("give --namespace PATH, --memory SIZE or --config FILE");

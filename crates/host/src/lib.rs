@@ -25,10 +25,8 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use nearstore_compute::{Build, ComputeError, Context, Operation, Outcome, Sink, Source};
-use nearstore_initiator::{ConnectOptions, Controller, Data, IoQueue};
+use nearstore_initiator::{ConnectOptions, Controller, IoQueue};
 use nearstore_wire::compute::{limits, Descriptor, Object};
-use nearstore_wire::opcode::io;
-use nearstore_wire::Sqe;
 
 use crate::device::{DeviceMap, Endpoint};
 use crate::object::{FileObject, MapError, Mapped};
@@ -538,72 +536,9 @@ pub async fn pull_object(
     obj: &Object,
     f: &mut (dyn FnMut(&[u8]) + Send),
 ) -> nearstore_initiator::Result<()> {
-    const IO: u64 = 128 * 1024;
-    const DEPTH: usize = 32;
-    // Commands in order: (namespace offset or ZEROS, length to read, bytes of the object).
-    let mut cmds = Vec::new();
-    for p in obj.pieces() {
-        let mut at = 0;
-        while at < p.len {
-            let n = (p.len - at).min(IO);
-            let off = if p.is_zeros() { p.offset } else { p.offset + at };
-            cmds.push((off, n.div_ceil(block) * block, n));
-            at += n;
-        }
-    }
-    let zeros = vec![0u8; IO as usize];
-    let qp = q.queue();
-    let mut next_submit = 0;
-    let mut next_deliver = 0;
-    // Completed commands waiting for their turn (None: a run of zeros), and the buffers
-    // they arrived in, reused: nothing is allocated per read once DEPTH buffers exist.
-    let mut ready: HashMap<usize, Option<Vec<u8>>> = HashMap::new();
-    let mut spare: Vec<Vec<u8>> = Vec::new();
-    let mut in_flight = 0;
-    while next_deliver < cmds.len() {
-        while in_flight < DEPTH && next_submit < cmds.len() {
-            let (off, len, _) = cmds[next_submit];
-            if off == nearstore_wire::compute::ZEROS {
-                ready.insert(next_submit, None);
-            } else {
-                let sqe = Sqe::rw(io::READ, nsid, off / block, (len / block) as u32, false);
-                qp.submit(sqe, Data::In(len as usize), next_submit as u64)?;
-                in_flight += 1;
-            }
-            next_submit += 1;
-        }
-        while let Some(b) = ready.remove(&next_deliver) {
-            let n = cmds[next_deliver].2 as usize;
-            match b {
-                Some(b) => {
-                    f(&b[..n]);
-                    spare.push(b);
-                }
-                None => f(&zeros[..n]),
-            }
-            next_deliver += 1;
-        }
-        if next_deliver >= cmds.len() {
-            break;
-        }
-        if in_flight > 0 {
-            let mut failed = None;
-            let n = qp
-                .poll(|tag, cqe, data| {
-                    if !cqe.status.is_success() {
-                        failed = Some(cqe.status);
-                    }
-                    let mut b = spare.pop().unwrap_or_default();
-                    b.clear();
-                    b.extend_from_slice(data);
-                    ready.insert(tag as usize, Some(b));
-                })
-                .await?;
-            in_flight -= n;
-            if let Some(status) = failed {
-                return Err(nearstore_initiator::Error::Compute { status, message: "a Read of the object failed".into() });
-            }
-        }
+    let mut r = nearstore_initiator::PieceReader::new(q.queue(), nsid, block, obj.pieces());
+    while let Some(c) = r.next().await? {
+        f(c);
     }
     Ok(())
 }

@@ -7,9 +7,11 @@
 
 mod controller;
 mod queue;
+pub mod stream;
 
 pub use controller::{default_hostnqn, ConnectOptions, Controller, IoQueue};
 pub use queue::{Data, QueueOptions, QueuePair};
+pub use stream::{PieceReader, PieceWriter};
 
 use nearstore_wire::{Cqe, Status};
 

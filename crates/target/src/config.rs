@@ -73,6 +73,9 @@ pub struct Config {
     /// The offload engine.
     #[serde(default)]
     pub compute: crate::offload::ComputeConfig,
+    /// The cluster map: the peers whose extents this target reads itself.
+    #[serde(default)]
+    pub cluster: crate::cluster::ClusterConfig,
 }
 
 /// How file and block backends do I/O.
@@ -131,6 +134,8 @@ pub struct NamespaceConfig {
     pub size: Option<ByteSize>,
     #[serde(default = "default_block_size")]
     pub block_size: u32,
+    /// This namespace's tag in the cluster map: extents tagged with it are local.
+    pub tag: Option<u16>,
 }
 
 fn default_block_size() -> u32 {
@@ -208,6 +213,21 @@ impl Config {
             return Err(invalid("io_threads", "must be between 1 and 256"));
         }
         self.compute.validate().map_err(|(f, m)| invalid(f, m))?;
+        let mut tags = Vec::new();
+        for (i, s) in self.subsystem.iter().enumerate() {
+            for (j, n) in s.namespace.iter().enumerate() {
+                let Some(t) = n.tag else { continue };
+                let f = format!("subsystem[{i}].namespace[{j}].tag");
+                if t == 0 || t == u16::MAX {
+                    return Err(invalid(f, format!("{t}: must be between 1 and 65534")));
+                }
+                if tags.contains(&t) {
+                    return Err(invalid(f, format!("tag {t} is used twice")));
+                }
+                tags.push(t);
+            }
+        }
+        self.cluster.validate(&tags).map_err(|(f, m)| invalid(f, m))?;
         let mut nqns = HashSet::new();
         for (i, s) in self.subsystem.iter().enumerate() {
             let f = format!("subsystem[{i}]");
@@ -272,6 +292,7 @@ impl Config {
             busy_poll_us: limits::BUSY_POLL_US_DEFAULT,
             io_engine: IoEngine::Uring,
             compute: Default::default(),
+            cluster: Default::default(),
         }
     }
 }

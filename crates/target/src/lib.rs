@@ -16,6 +16,7 @@ pub mod io_cmd;
 pub mod io_pool;
 pub mod limits;
 pub mod metrics;
+pub mod cluster;
 pub mod offload;
 pub mod reply;
 pub mod subsystem;
@@ -81,6 +82,7 @@ impl Target {
         busy_poll: std::time::Duration,
         io_engine: config::IoEngine,
         compute: offload::ComputeConfig,
+        cluster: &cluster::ClusterConfig,
     ) -> Arc<Target> {
         Arc::new(Target {
             subsystems: RwLock::new(BTreeMap::new()),
@@ -91,7 +93,7 @@ impl Target {
             stats: TargetStats::default(),
             busy_poll,
             io_engine,
-            offload: offload::Offload::new(compute),
+            offload: offload::Offload::new(compute, cluster),
         })
     }
 
@@ -99,7 +101,7 @@ impl Target {
     /// opened by [`Target::listen_all`]).
     pub fn from_config(cfg: &Config) -> Result<Arc<Target>, TargetError> {
         cfg.validate()?;
-        let t = Target::new(cfg.io_threads, std::time::Duration::from_micros(cfg.busy_poll_us), cfg.io_engine, cfg.compute.clone());
+        let t = Target::new(cfg.io_threads, std::time::Duration::from_micros(cfg.busy_poll_us), cfg.io_engine, cfg.compute.clone(), &cfg.cluster);
         for (i, s) in cfg.subsystem.iter().enumerate() {
             let sub = Subsystem::new(&s.nqn, s.serial.as_deref(), s.model.as_deref(), s.allow_any_host, &s.hosts);
             for (j, n) in s.namespace.iter().enumerate() {
@@ -117,7 +119,7 @@ impl Target {
                     return Err(TargetError::Namespace { field, message: format!("{} is smaller than one block", backend.describe()) });
                 }
                 info!(subnqn = %s.nqn, nsid = n.nsid, "namespace on {}", backend.describe());
-                sub.add_namespace(Namespace::new(&s.nqn, n.nsid, backend, n.block_size))
+                sub.add_namespace(Namespace { tag: n.tag, ..Namespace::new(&s.nqn, n.nsid, backend, n.block_size) })
                     .map_err(|message| TargetError::Namespace { field, message })?;
             }
             t.subsystems.write().insert(s.nqn.clone(), Arc::new(sub));

@@ -29,6 +29,7 @@ use tokio::sync::mpsc::UnboundedSender;
 use tokio_util::sync::CancellationToken;
 
 use crate::backend::Backend;
+use crate::cluster::{ClusterConfig, Peers};
 use crate::config::ByteSize;
 use crate::io_pool::Done;
 use crate::limits;
@@ -252,12 +253,22 @@ pub struct Task {
     pub cancel: CancellationToken,
 }
 
-/// Checks an EXEC's descriptor against the namespace before anything runs.
-pub fn validate(ns: &Namespace, data: &[u8], cfg: &ComputeConfig) -> Result<(Descriptor, &'static Operation), Failure> {
-    let desc = Descriptor::decode(data).map_err(|e| Failure::new(e.status, e.message))?;
+/// Checks an EXEC's descriptor against the namespace and the cluster map before anything
+/// runs. Extents on peers are checked against the peer's namespace when it is read.
+pub fn validate(ns: &Namespace, data: &[u8], cfg: &ComputeConfig, peers: &Peers) -> Result<(Descriptor, &'static Operation), Failure> {
+    let mut desc = Descriptor::decode(data).map_err(|e| Failure::new(e.status, e.message))?;
     let op = nearstore_compute::by_id(desc.op)?;
     op.check(&desc.args, desc.inputs.len(), desc.outputs.len())?;
+    if let Some(own) = ns.tag {
+        desc.localize(own);
+    }
     desc.check_extents(ns.backend.size(), ns.block_size as u64).map_err(|e| Failure::new(e.status, e.message))?;
+    if let Some(t) = desc.remote_tags().into_iter().find(|t| !peers.knows(*t)) {
+        return Err(Failure::new(
+            cs::DEVICE_UNKNOWN,
+            format!("descriptor: device tag {t} is not in this target's cluster map (its [[cluster.peer]] entries)"),
+        ));
+    }
     let buffers = buffer_bytes(&desc, cfg);
     if buffers > cfg.memory_per_command.0 {
         return Err(Failure::new(
@@ -284,21 +295,24 @@ pub struct Offload {
     tx: Sender<Task>,
     pub cfg: ComputeConfig,
     pub stats: Arc<ComputeStats>,
+    /// The cluster map's peers, read from by the workers.
+    pub peers: Arc<Peers>,
 }
 
 impl Offload {
-    pub fn new(cfg: ComputeConfig) -> Offload {
+    pub fn new(cfg: ComputeConfig, cluster: &ClusterConfig) -> Offload {
         let (tx, rx) = crossbeam_channel::unbounded::<Task>();
         let stats = Arc::new(ComputeStats::default());
+        let peers = Arc::new(Peers::new(cluster));
         for i in 0..cfg.threads.max(1) {
-            let (rx, cfg, stats) = (rx.clone(), cfg.clone(), stats.clone());
+            let (rx, cfg, stats, peers) = (rx.clone(), cfg.clone(), stats.clone(), peers.clone());
             std::thread::Builder::new()
                 .name(format!("nearstore-compute-{i}"))
                 .spawn(move || {
                     for task in rx {
                         stats.running.fetch_add(1, Relaxed);
                         let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                            run(&task.ns, task.op, &task.desc, &task.cancel, &cfg, &stats)
+                            run(&task.ns, task.op, &task.desc, &task.cancel, &cfg, &stats, &peers)
                         }))
                         .unwrap_or_else(|_| Err(Failure::new(Status::INTERNAL_ERROR, "the operation panicked: a bug, please report it")));
                         stats.running.fetch_sub(1, Relaxed);
@@ -312,7 +326,7 @@ impl Offload {
                 })
                 .expect("spawning a compute worker");
         }
-        Offload { tx, cfg, stats }
+        Offload { tx, cfg, stats, peers }
     }
 
     pub fn submit(&self, task: Task) {
@@ -328,8 +342,9 @@ impl Offload {
 /// engine alone, reading the namespace's backend and computing (benchmarks measure
 /// the offloaded path against it). Returns the JSON outcomes.
 pub fn execute_here(ns: &Namespace, data: &[u8], cfg: &ComputeConfig) -> Result<Vec<u8>, Failure> {
-    let (desc, op) = validate(ns, data, cfg)?;
-    run(ns, op, &desc, &CancellationToken::new(), cfg, &ComputeStats::default())
+    let peers = Peers::new(&ClusterConfig::default());
+    let (desc, op) = validate(ns, data, cfg, &peers)?;
+    run(ns, op, &desc, &CancellationToken::new(), cfg, &ComputeStats::default(), &peers)
 }
 
 /// Runs one command on the calling worker thread.
@@ -340,6 +355,7 @@ fn run(
     cancel: &CancellationToken,
     cfg: &ComputeConfig,
     stats: &ComputeStats,
+    peers: &Peers,
 ) -> Result<Vec<u8>, Failure> {
     let deadline = Instant::now() + Duration::from_secs(cfg.timeout_secs);
     let stop = AtomicBool::new(false);
@@ -347,6 +363,9 @@ fn run(
     let chunk = cfg.chunk.0 as usize;
     let ctx = Context { memory_max: (cfg.memory_per_command.0 - buffer_bytes(desc, cfg)) as usize };
     let limits = Limits { deadline, timeout_secs: cfg.timeout_secs, cancel };
+    // A peer's failure: the status the command fails with, whatever the operation makes
+    // of the read error.
+    let peer_failure: parking_lot::Mutex<Option<Failure>> = parking_lot::Mutex::new(None);
     let outcome: Result<Vec<Outcome>, ComputeError> = std::thread::scope(|scope| {
         let mut sources: Vec<NsSource> = Vec::with_capacity(desc.inputs.len());
         for o in &desc.inputs {
@@ -355,11 +374,13 @@ fn run(
             let backend = ns.backend.clone();
             let pieces: VecDeque<Extent> = o.pieces().collect();
             let (stop, depth) = (&stop, cfg.readahead + 1);
+            let filler = Filler { chunk, depth, allocated: 0, data: data_tx, free: free_rx, stop, buf: None, n: 0 };
             std::thread::Builder::new()
                 .name("nearstore-readahead".into())
-                .spawn_scoped(scope, move || read_ahead(&*backend, block, chunk, depth, pieces, data_tx, free_rx, stop))
+                .spawn_scoped(scope, move || read_ahead(&*backend, peers, block, pieces, filler))
                 .expect("spawning a read-ahead thread");
-            sources.push(NsSource { len: o.len, data_rx, free_tx, current: None, limits: &limits, read: 0 });
+            let peer_failure = &peer_failure;
+            sources.push(NsSource { len: o.len, data_rx, free_tx, current: None, limits: &limits, read: 0, peer_failure });
         }
         let mut sinks: Vec<NsSink> = desc.outputs.iter().map(|o| NsSink::new(ns.backend.clone(), o, block, chunk, &limits)).collect();
         let r = {
@@ -380,7 +401,7 @@ fn run(
             Ok(o)
         })
     });
-    let outcome = outcome?;
+    let outcome = outcome.map_err(|e| peer_failure.lock().take().unwrap_or_else(|| e.into()))?;
     let json = serde_json::to_vec(&outcome).expect("outcomes serialise");
     if json.len() > limits::RESULT_BYTES_MAX {
         return Err(Failure::new(
@@ -409,74 +430,146 @@ impl Limits<'_> {
     }
 }
 
-/// Reads an object's pieces into chunk buffers ahead of the operation: at most `depth`
-/// buffers exist, recycled through `free`. Stops at the end, on an error (sent on), when
-/// the consumer is gone, or when `stop` is set.
-#[allow(clippy::too_many_arguments)]
-fn read_ahead(
-    backend: &dyn Backend,
-    block: u64,
+/// Why reading an input failed.
+enum ReadError {
+    /// This namespace's backend.
+    Local(String),
+    /// A peer (the message names it).
+    Peer(String),
+}
+
+/// Chunk buffers being filled and handed to the operation: at most `depth` exist,
+/// recycled through `free`.
+struct Filler<'a> {
     chunk: usize,
     depth: usize,
-    mut pieces: VecDeque<Extent>,
-    data: Sender<Result<AlignedBuf, String>>,
+    allocated: usize,
+    data: Sender<Result<AlignedBuf, ReadError>>,
     free: Receiver<AlignedBuf>,
-    stop: &AtomicBool,
-) {
-    let mut allocated = 0;
-    while !pieces.is_empty() && !stop.load(Relaxed) {
-        let mut buf = match free.try_recv() {
-            Ok(b) => b,
-            Err(_) if allocated < depth => {
-                allocated += 1;
-                AlignedBuf::new(chunk)
-            }
-            Err(_) => loop {
-                match free.recv_timeout(Duration::from_millis(50)) {
-                    Ok(b) => break b,
-                    Err(RecvTimeoutError::Timeout) if !stop.load(Relaxed) => continue,
-                    Err(_) => return,
+    stop: &'a AtomicBool,
+    buf: Option<AlignedBuf>,
+    /// Bytes filled in `buf`.
+    n: usize,
+}
+
+impl Filler<'_> {
+    /// The unfilled part of the current buffer (a new one if none): None when the command
+    /// stops.
+    fn space(&mut self) -> Option<&mut [u8]> {
+        if self.buf.is_none() {
+            let mut b = match self.free.try_recv() {
+                Ok(b) => b,
+                Err(_) if self.allocated < self.depth => {
+                    self.allocated += 1;
+                    AlignedBuf::new(self.chunk)
                 }
-            },
-        };
-        buf.set_len(chunk);
-        let mut n = 0;
-        while n < chunk {
-            let Some(p) = pieces.front_mut() else { break };
-            let take = p.len.min((chunk - n) as u64) as usize;
+                Err(_) => loop {
+                    match self.free.recv_timeout(Duration::from_millis(50)) {
+                        Ok(b) => break b,
+                        Err(RecvTimeoutError::Timeout) if !self.stop.load(Relaxed) => continue,
+                        Err(_) => return None,
+                    }
+                },
+            };
+            b.set_len(self.chunk);
+            self.buf = Some(b);
+            self.n = 0;
+        }
+        let n = self.n;
+        self.buf.as_mut().map(|b| &mut b[n..])
+    }
+
+    /// `k` more bytes are filled; a full buffer goes to the operation. False when the
+    /// operation is gone or the command stops.
+    fn filled(&mut self, k: usize) -> bool {
+        self.n += k;
+        if self.n == self.chunk {
+            return self.send();
+        }
+        !self.stop.load(Relaxed)
+    }
+
+    fn send(&mut self) -> bool {
+        let Some(mut b) = self.buf.take() else { return true };
+        b.set_len(self.n);
+        self.data.send(Ok(b)).is_ok() && !self.stop.load(Relaxed)
+    }
+
+    fn fail(&self, e: ReadError) {
+        let _ = self.data.send(Err(e));
+    }
+}
+
+/// Reads an object's pieces into chunk buffers ahead of the operation: local pieces from
+/// the backend, tagged pieces streamed from their peer. Stops at the end, on an error
+/// (sent on), when the consumer is gone, or when `stop` is set.
+fn read_ahead(backend: &dyn Backend, peers: &Peers, block: u64, pieces: VecDeque<Extent>, mut f: Filler) {
+    for mut p in pieces {
+        if f.stop.load(Relaxed) {
+            return;
+        }
+        if p.is_remote() {
+            let mut go = true;
+            let r = peers.stream(p, &mut |mut bytes: &[u8]| {
+                while !bytes.is_empty() {
+                    let Some(space) = f.space() else {
+                        go = false;
+                        return false;
+                    };
+                    let k = space.len().min(bytes.len());
+                    space[..k].copy_from_slice(&bytes[..k]);
+                    bytes = &bytes[k..];
+                    if !f.filled(k) {
+                        go = false;
+                        return false;
+                    }
+                }
+                true
+            });
+            if let Err(e) = r {
+                f.fail(ReadError::Peer(e));
+                return;
+            }
+            if !go {
+                return;
+            }
+            continue;
+        }
+        while p.len > 0 {
+            let Some(space) = f.space() else { return };
+            let take = p.len.min(space.len() as u64) as usize;
             if p.is_zeros() {
-                buf[n..n + take].fill(0);
+                space[..take].fill(0);
             } else {
                 // Whole blocks (O_DIRECT block devices need them): the extent holds them,
                 // only the object's last piece is cut short of its block.
                 let whole = (take as u64).div_ceil(block) * block;
-                if let Err(e) = backend.read_at(&mut buf[n..n + whole as usize], p.offset) {
-                    let _ = data.send(Err(format!("reading {} bytes at namespace byte {}: {e}", whole, p.offset)));
+                if let Err(e) = backend.read_at(&mut space[..whole as usize], p.offset) {
+                    f.fail(ReadError::Local(format!("reading {whole} bytes at namespace byte {}: {e}", p.offset)));
                     return;
                 }
                 p.offset += take as u64;
             }
             p.len -= take as u64;
-            n += take;
-            if p.len == 0 {
-                pieces.pop_front();
+            if !f.filled(take) {
+                return;
             }
         }
-        buf.set_len(n);
-        if data.send(Ok(buf)).is_err() {
-            return;
-        }
+    }
+    if f.n > 0 {
+        f.send();
     }
 }
 
 /// An input object, read ahead from the namespace.
 struct NsSource<'a> {
     len: u64,
-    data_rx: Receiver<Result<AlignedBuf, String>>,
+    data_rx: Receiver<Result<AlignedBuf, ReadError>>,
     free_tx: Sender<AlignedBuf>,
     current: Option<AlignedBuf>,
     limits: &'a Limits<'a>,
     read: u64,
+    peer_failure: &'a parking_lot::Mutex<Option<Failure>>,
 }
 
 impl Source for NsSource<'_> {
@@ -492,7 +585,11 @@ impl Source for NsSource<'_> {
                     let b = self.current.insert(b);
                     return Ok(Some(&b[..]));
                 }
-                Ok(Err(e)) => return Err(ComputeError::Io(e)),
+                Ok(Err(ReadError::Local(e))) => return Err(ComputeError::Io(e)),
+                Ok(Err(ReadError::Peer(e))) => {
+                    *self.peer_failure.lock() = Some(Failure::new(cs::PEER_FAILED, e.clone()));
+                    return Err(ComputeError::Io(e));
+                }
                 Err(RecvTimeoutError::Timeout) => continue,
                 Err(RecvTimeoutError::Disconnected) => return Ok(None),
             }

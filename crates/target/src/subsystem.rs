@@ -24,6 +24,8 @@ pub struct Namespace {
     pub nguid: [u8; 16],
     pub uuid: [u8; 16],
     pub stats: NsStats,
+    /// Its tag in the cluster map, if it has one: extents tagged with it are local.
+    pub tag: Option<u16>,
 }
 
 impl Namespace {
@@ -40,6 +42,7 @@ impl Namespace {
             nguid,
             uuid,
             stats: NsStats::default(),
+            tag: None,
         }
     }
 

@@ -55,6 +55,11 @@ pub mod status {
     pub const OUTPUT_TOO_SMALL: Status = Status { sct: 1, sc: 0xc8, dnr: true };
     /// The controller already holds its limit of unfetched results: fetch or release some.
     pub const RESULTS_FULL: Status = Status { sct: 1, sc: 0xc9, dnr: false };
+    /// An extent names a device tag that is not in the target's cluster map.
+    pub const DEVICE_UNKNOWN: Status = Status { sct: 1, sc: 0xca, dnr: true };
+    /// Reading a peer's extents failed: the peer refused the connection, went away or
+    /// failed the read. The message names the peer; the command may succeed again.
+    pub const PEER_FAILED: Status = Status { sct: 1, sc: 0xcb, dnr: false };
 
     /// A name for a compute status, for messages.
     pub fn name(s: Status) -> Option<&'static str> {
@@ -72,6 +77,8 @@ pub mod status {
             0xc7 => "OUTPUT_OVERLAP",
             0xc8 => "OUTPUT_TOO_SMALL",
             0xc9 => "RESULTS_FULL",
+            0xca => "DEVICE_UNKNOWN",
+            0xcb => "PEER_FAILED",
             _ => return None,
         })
     }
@@ -98,7 +105,32 @@ pub const EXTENT_BYTES: usize = 16;
 /// is read from the namespace for it.
 pub const ZEROS: u64 = u64::MAX;
 
-/// A byte range of the namespace, or a run of zeros.
+/// Global addresses: a data extent's offset is a device tag in its upper 16 bits and a
+/// byte offset in that device's namespace in the lower 48 (256 TiB). Tag 0 is the
+/// namespace the command is addressed to, so an untagged offset means what it always
+/// meant; tags 1 to 0xFFFE name the devices of the target's cluster map; 0xFFFF is
+/// reserved ([`ZEROS`] has it).
+pub mod global {
+    pub const TAG_SHIFT: u32 = 48;
+    pub const OFFSET_MASK: u64 = (1 << TAG_SHIFT) - 1;
+    /// The addressed namespace.
+    pub const LOCAL: u16 = 0;
+    pub const RESERVED: u16 = 0xffff;
+
+    /// The global address of `offset` on the device tagged `tag`.
+    pub fn address(tag: u16, offset: u64) -> u64 {
+        debug_assert!(offset <= OFFSET_MASK);
+        (tag as u64) << TAG_SHIFT | offset
+    }
+    pub fn tag(address: u64) -> u16 {
+        (address >> TAG_SHIFT) as u16
+    }
+    pub fn offset(address: u64) -> u64 {
+        address & OFFSET_MASK
+    }
+}
+
+/// A byte range of the namespace (or, tagged, of another device's), or a run of zeros.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Extent {
     /// Byte offset in the namespace, or [`ZEROS`].
@@ -115,6 +147,14 @@ impl Extent {
     }
     pub fn is_zeros(&self) -> bool {
         self.offset == ZEROS
+    }
+    /// The device tag of a data extent ([`global::LOCAL`] for the addressed namespace).
+    pub fn tag(&self) -> u16 {
+        global::tag(self.offset)
+    }
+    /// True for a data extent on another device than the addressed one.
+    pub fn is_remote(&self) -> bool {
+        !self.is_zeros() && self.tag() != global::LOCAL
     }
 }
 
@@ -325,15 +365,54 @@ impl Descriptor {
         Ok(Descriptor { op, args, inputs: objects, outputs })
     }
 
+    /// Rewrites extents tagged with the addressed namespace's own tag (its place in the
+    /// cluster map) as local ones.
+    pub fn localize(&mut self, own: u16) {
+        if own == global::LOCAL || own == global::RESERVED {
+            return;
+        }
+        for e in self.inputs.iter_mut().chain(&mut self.outputs).flat_map(|o| &mut o.extents) {
+            if !e.is_zeros() && e.tag() == own {
+                e.offset = global::offset(e.offset);
+            }
+        }
+    }
+
+    /// The device tags the inputs name besides the addressed namespace, in order.
+    pub fn remote_tags(&self) -> Vec<u16> {
+        let mut t: Vec<u16> = self.inputs.iter().flat_map(|o| &o.extents).filter(|e| e.is_remote()).map(|e| e.tag()).collect();
+        t.sort_unstable();
+        t.dedup();
+        t
+    }
+
     /// Checks every extent against a namespace of `size` bytes and `block` bytes per
     /// logical block: inside it, block-aligned; and that no output overlaps an input or
-    /// another output.
+    /// another output. Input extents on other devices (tagged) are left to the peer that
+    /// holds them; outputs lie on the addressed namespace.
     pub fn check_extents(&self, size: u64, block: u64) -> Result<(), DescriptorError> {
         let n_in = self.inputs.len();
         for (i, o) in self.inputs.iter().chain(&self.outputs).enumerate() {
             for (k, e) in o.extents.iter().enumerate() {
                 if i >= n_in && e.is_zeros() {
                     return Err(invalid(format!("descriptor: {} extent {k}: an output cannot be zeros", object_name(i, n_in))));
+                }
+                if !e.is_zeros() && e.tag() == global::RESERVED {
+                    return Err(invalid(format!(
+                        "descriptor: {} extent {k}: device tag {:#06x} is reserved",
+                        object_name(i, n_in),
+                        global::RESERVED
+                    )));
+                }
+                if e.is_remote() {
+                    if i >= n_in {
+                        return Err(invalid(format!(
+                            "descriptor: {} extent {k} names device tag {}: outputs lie on the addressed namespace",
+                            object_name(i, n_in),
+                            e.tag()
+                        )));
+                    }
+                    continue;
                 }
                 if e.is_zeros() {
                     if e.len % block != 0 {
@@ -370,7 +449,7 @@ impl Descriptor {
         // unless both are inputs.
         let mut ranges: Vec<(u64, u64, usize)> = Vec::new();
         for (i, o) in self.inputs.iter().chain(&self.outputs).enumerate() {
-            ranges.extend(o.extents.iter().filter(|e| !e.is_zeros()).map(|e| (e.offset, e.offset + e.len, i)));
+            ranges.extend(o.extents.iter().filter(|e| !e.is_zeros() && !e.is_remote()).map(|e| (e.offset, e.offset + e.len, i)));
         }
         ranges.sort_unstable();
         // The furthest-reaching range so far of each kind: any input, any output.
@@ -556,5 +635,32 @@ mod tests {
         d.inputs.push(d.inputs[0].clone());
         d.outputs[0].extents[0] = Extent::data(8192, 1024);
         d.check_extents(1 << 20, 512).unwrap();
+    }
+
+    #[test]
+    fn tagged_extents() {
+        let a = global::address(3, 8192);
+        assert_eq!((global::tag(a), global::offset(a)), (3, 8192));
+        assert_eq!(Extent::zeros(512).tag(), global::RESERVED);
+        assert!(!Extent::zeros(512).is_remote());
+        let mut d = sample();
+        // A peer's extent far past this namespace's end is left to the peer; it may
+        // overlap the output's local bytes: it is another device.
+        d.inputs.push(Object { len: 4096, extents: vec![Extent::data(global::address(7, 65536), 4096)] });
+        d.check_extents(1 << 20, 512).unwrap();
+        assert_eq!(d.remote_tags(), vec![7]);
+        // Tagged with the namespace's own tag, it is local again, and overlaps.
+        d.localize(7);
+        assert_eq!(d.inputs[1].extents[0], Extent::data(65536, 4096));
+        assert!(d.remote_tags().is_empty());
+        assert_eq!(d.check_extents(1 << 20, 512).unwrap_err().status, status::OUTPUT_OVERLAP);
+        let mut d = sample();
+        d.outputs[0].extents[0] = Extent::data(global::address(2, 65536), 1024);
+        let e = d.check_extents(1 << 20, 512).unwrap_err();
+        assert!(e.message.contains("output 0 extent 0 names device tag 2: outputs lie on the addressed namespace"), "{e}");
+        let mut d = sample();
+        d.inputs[0].extents[0] = Extent::data(global::address(global::RESERVED, 0), 4096);
+        let e = d.check_extents(1 << 20, 512).unwrap_err();
+        assert!(e.message.contains("device tag 0xffff is reserved"), "{e}");
     }
 }

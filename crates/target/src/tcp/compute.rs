@@ -38,7 +38,7 @@ impl Core {
                     self.fail_compute(ctrl, cid, sqe.nsid(), slot, f);
                     return Ok(());
                 };
-                let (desc, op) = match offload::validate(&ns, data, &self.target.offload.cfg) {
+                let (desc, op) = match offload::validate(&ns, data, &self.target.offload.cfg, &self.target.offload.peers) {
                     Ok(v) => v,
                     Err(f) => {
                         ns.stats.errors.fetch_add(1, Relaxed);

@@ -1,0 +1,335 @@
+//! Device-to-device reads: a target that meets extents tagged with a peer's device tag
+//! reads them from the peer itself over NVMe/TCP, as its own host NQN, and streams them
+//! into the operation. The result equals the local computation over the same bytes;
+//! unknown tags, a peer that refuses the connection, is not there, dies or stalls mid-
+//! transfer, and ranges outside the peer each fail the command with a status and a
+//! message naming the peer, and the target keeps serving.
+
+mod common;
+
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use nearstore_compute::{by_name, Outcome};
+use nearstore_initiator::{ConnectOptions, Controller, Error, IoQueue};
+use nearstore_target::config::Config;
+use nearstore_target::Target;
+use nearstore_wire::compute::{global, status as cs, Descriptor, Extent, Object};
+use nearstore_wire::Status;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+
+const T: Duration = Duration::from_secs(60);
+const PEER_NQN: &str = "nqn.2026-11.io.nearstore:peer-b";
+const A_HOST: &str = "nqn.2026-11.io.nearstore:target-a";
+const BS: u64 = 512;
+
+fn content(len: usize, seed: u64) -> Vec<u8> {
+    let mut s = seed | 1;
+    (0..len)
+        .map(|_| {
+            s ^= s << 13;
+            s ^= s >> 7;
+            s ^= s << 17;
+            b"abcdefgh ij\n"[(s % 12) as usize]
+        })
+        .collect()
+}
+
+/// How a proxy in front of the peer misbehaves once `after` bytes went from the peer to
+/// the target.
+#[derive(Clone, Copy)]
+enum Fault {
+    /// Closes both connections: the peer died.
+    Cut,
+    /// Stops forwarding and holds the connections open: the peer hangs.
+    Stall,
+}
+
+/// A TCP proxy to `to` that forwards faithfully until `armed` is set, then misbehaves
+/// after `after` more bytes from the peer.
+async fn proxy(to: SocketAddr, fault: Fault, after: u64, armed: Arc<AtomicBool>) -> SocketAddr {
+    let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = l.local_addr().unwrap();
+    tokio::spawn(async move {
+        while let Ok((c, _)) = l.accept().await {
+            let s = TcpStream::connect(to).await.unwrap();
+            let armed = armed.clone();
+            tokio::spawn(async move {
+                let (mut cr, mut cw) = c.into_split();
+                let (mut sr, mut sw) = s.into_split();
+                tokio::spawn(async move {
+                    let _ = tokio::io::copy(&mut cr, &mut sw).await;
+                });
+                let mut buf = vec![0u8; 64 * 1024];
+                let mut sent = 0u64;
+                loop {
+                    let n = match sr.read(&mut buf).await {
+                        Ok(0) | Err(_) => return,
+                        Ok(n) => n,
+                    };
+                    if armed.load(Ordering::Relaxed) {
+                        sent += n as u64;
+                        if sent > after {
+                            match fault {
+                                Fault::Cut => return,
+                                Fault::Stall => {
+                                    tokio::time::sleep(Duration::from_secs(30)).await;
+                                    return;
+                                }
+                            }
+                        }
+                    }
+                    if cw.write_all(&buf[..n]).await.is_err() {
+                        return;
+                    }
+                }
+            });
+        }
+    });
+    addr
+}
+
+struct Pair {
+    a: Arc<Target>,
+    a_addr: SocketAddr,
+    b_addr: SocketAddr,
+    cut: Arc<AtomicBool>,
+    stall: Arc<AtomicBool>,
+}
+
+/// Peer B (two subsystems: one allows target A's host NQN, one does not), and target A
+/// whose cluster map names B directly (tag 2), B's closed subsystem (3), a port where
+/// nothing listens (4), and B behind proxies that cut (5) or stall (6).
+async fn start() -> Pair {
+    common::init_logs();
+    let b_cfg = Config::from_toml(&format!(
+        r#"
+        [[listener]]
+        address = "127.0.0.1:0"
+        [[subsystem]]
+        nqn = "{PEER_NQN}"
+        hosts = ["{A_HOST}"]
+        [[subsystem.namespace]]
+        nsid = 1
+        memory = "64MiB"
+        [[subsystem]]
+        nqn = "{PEER_NQN}-closed"
+        hosts = ["nqn.2026-11.io.nearstore:someone-else"]
+        [[subsystem.namespace]]
+        nsid = 1
+        memory = "1MiB"
+        "#
+    ))
+    .unwrap();
+    let b = Target::from_config(&b_cfg).unwrap();
+    let b_addr = b.listen("127.0.0.1:0".parse().unwrap(), false).await.unwrap();
+    std::mem::forget(b);
+    let nothing = TcpListener::bind("127.0.0.1:0").await.unwrap().local_addr().unwrap();
+    let (cut, stall) = (Arc::new(AtomicBool::new(false)), Arc::new(AtomicBool::new(false)));
+    let cut_addr = proxy(b_addr, Fault::Cut, 1 << 20, cut.clone()).await;
+    let stall_addr = proxy(b_addr, Fault::Stall, 1 << 20, stall.clone()).await;
+    let a_cfg = Config::from_toml(&format!(
+        r#"
+        [[listener]]
+        address = "127.0.0.1:0"
+        [cluster]
+        host_nqn = "{A_HOST}"
+        timeout_secs = 2
+        [[cluster.peer]]
+        tag = 2
+        address = "{b_addr}"
+        nqn = "{PEER_NQN}"
+        [[cluster.peer]]
+        tag = 3
+        address = "{b_addr}"
+        nqn = "{PEER_NQN}-closed"
+        [[cluster.peer]]
+        tag = 4
+        address = "{nothing}"
+        nqn = "{PEER_NQN}"
+        [[cluster.peer]]
+        tag = 5
+        address = "{cut_addr}"
+        nqn = "{PEER_NQN}"
+        [[cluster.peer]]
+        tag = 6
+        address = "{stall_addr}"
+        nqn = "{PEER_NQN}"
+        [[subsystem]]
+        nqn = "{}"
+        allow_any_host = true
+        [[subsystem.namespace]]
+        nsid = 1
+        memory = "64MiB"
+        tag = 1
+        "#,
+        common::NQN
+    ))
+    .unwrap();
+    let a = Target::from_config(&a_cfg).unwrap();
+    let a_addr = a.listen("127.0.0.1:0".parse().unwrap(), false).await.unwrap();
+    Pair { a, a_addr, b_addr, cut, stall }
+}
+
+async fn queue(addr: SocketAddr, nqn: &str, host: &str) -> (Controller, IoQueue) {
+    let mut o = ConnectOptions::new(addr, nqn);
+    o.hostnqn = host.into();
+    let c = Controller::connect(o).await.unwrap();
+    let q = c.io_queue(1).await.unwrap();
+    (c, q)
+}
+
+async fn write_all(q: &mut IoQueue, byte: u64, data: &[u8]) {
+    let mut padded = data.to_vec();
+    padded.resize(data.len().div_ceil(BS as usize) * BS as usize, 0);
+    for (i, c) in padded.chunks(128 * 1024).enumerate() {
+        q.write(1, byte / BS + (i * 128 * 1024) as u64 / BS, c, BS as u32, false).await.unwrap();
+    }
+}
+
+fn desc(op: &str, args: &[u8], inputs: Vec<Object>, outputs: Vec<Object>) -> Descriptor {
+    Descriptor { op: by_name(op).unwrap().id, args: args.to_vec(), inputs, outputs }
+}
+
+fn refused(e: Error, status: Status, needles: &[&str]) {
+    match e {
+        Error::Compute { status: s, message } => {
+            assert_eq!(s, status, "{message}");
+            for n in needles {
+                assert!(message.contains(n), "message {message:?} lacks {n:?}");
+            }
+        }
+        e => panic!("expected a compute refusal, got {e}"),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_target_reads_its_peers_extents_itself_and_computes_what_the_host_would() {
+    let p = start().await;
+    let (_ca, mut qa) = queue(p.a_addr, common::NQN, "nqn.2026-11.io.nearstore:host").await;
+    let (_cb, mut qb) = queue(p.b_addr, PEER_NQN, A_HOST).await;
+    // One object: 300 KiB on A, a hole, 2.5 MiB + 100 bytes on B (in two extents, the
+    // later bytes lower on B), 64 KiB on A again addressed by A's own tag.
+    let (a1, b1, b2, a2) = (content(300 << 10, 1), content(1 << 20, 2), content((3 << 19) + 100, 3), content(64 << 10, 4));
+    write_all(&mut qa, 0, &a1).await;
+    write_all(&mut qb, 8 << 20, &b1).await;
+    write_all(&mut qb, 1 << 20, &b2).await;
+    write_all(&mut qa, 4 << 20, &a2).await;
+    let tail = b2.len() as u64;
+    let obj = Object {
+        len: (300 << 10) + 4096 + (1 << 20) + tail + (64 << 10),
+        extents: vec![
+            Extent::data(0, 300 << 10),
+            Extent::zeros(4096),
+            Extent::data(global::address(2, 8 << 20), 1 << 20),
+            Extent::data(global::address(2, 1 << 20), tail.div_ceil(BS) * BS),
+            Extent::data(global::address(1, 4 << 20), 64 << 10),
+        ],
+    };
+    // The bytes are not contiguous in the object: B's tail is cut to the object's length
+    // only at the very end, so the object here ends in a whole-block B extent and A's.
+    let obj = Object { len: obj.len - tail + tail.div_ceil(BS) * BS, ..obj };
+    let mut b2_padded = b2.clone();
+    b2_padded.resize(tail.div_ceil(BS) as usize * BS as usize, 0);
+    let whole = [a1.clone(), vec![0; 4096], b1.clone(), b2_padded, a2.clone()].concat();
+    assert_eq!(whole.len() as u64, obj.len);
+    for op in ["crc32c", "sha256", "wc"] {
+        let json = qa.compute(1, &desc(op, b"", vec![obj.clone()], vec![]).encode(), T).await.unwrap();
+        let got: Vec<Outcome> = serde_json::from_slice(&json).unwrap();
+        assert_eq!(got[0], nearstore_compute::run(op, b"", [&whole[..]]).unwrap(), "{op}");
+    }
+    // A copy of the object into an output on A: the bytes arrive whole.
+    let out = Object { len: obj.len, extents: vec![Extent::data(16 << 20, obj.len.div_ceil(BS) * BS)] };
+    qa.compute(1, &desc("copy", b"", vec![obj.clone()], vec![out]).encode(), T).await.unwrap();
+    let mut copied = Vec::new();
+    while (copied.len() as u64) < obj.len {
+        copied.extend(qa.read(1, (16 << 20) / BS + copied.len() as u64 / BS, 256, BS as u32).await.unwrap());
+    }
+    copied.truncate(obj.len as usize);
+    assert!(copied == whole, "the copy differs");
+    // A merge of a sorted run on A with one on B: what the distributed sort's merge does.
+    let args = br#"{"record_size":4}"#;
+    let run = |seed: u64| -> Vec<u8> {
+        let mut r: Vec<[u8; 4]> = content(40_000, seed).chunks(4).map(|c| c.try_into().unwrap()).collect();
+        r.sort();
+        r.concat()
+    };
+    let (ra, rb) = (run(7), run(8));
+    write_all(&mut qa, 32 << 20, &ra).await;
+    write_all(&mut qb, 32 << 20, &rb).await;
+    let ins = vec![
+        Object { len: 40_000, extents: vec![Extent::data(32 << 20, 40_448)] },
+        Object { len: 40_000, extents: vec![Extent::data(global::address(2, 32 << 20), 40_448)] },
+    ];
+    let out = Object { len: 80_000, extents: vec![Extent::data(40 << 20, 80_384)] };
+    qa.compute(1, &desc("merge", args, ins, vec![out]).encode(), T).await.unwrap();
+    let merged = qa.read(1, (40 << 20) / BS, 157, BS as u32).await.unwrap();
+    let mut want: Vec<&[u8]> = ra.chunks(4).chain(rb.chunks(4)).collect();
+    want.sort();
+    assert!(merged[..80_000] == want.concat()[..], "the merge differs");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unknown_tags_refused_peers_and_peers_that_die_or_stall_fail_the_command_cleanly() {
+    let p = start().await;
+    let (_ca, mut qa) = queue(p.a_addr, common::NQN, "nqn.2026-11.io.nearstore:host").await;
+    let (_cb, mut qb) = queue(p.b_addr, PEER_NQN, A_HOST).await;
+    write_all(&mut qb, 0, &content(8 << 20, 5)).await;
+    let on = |tag: u16, off: u64, len: u64| Object { len, extents: vec![Extent::data(global::address(tag, off), len)] };
+    let crc = |o: Object| desc("crc32c", b"", vec![o], vec![]).encode();
+    let good = qa.compute(1, &crc(on(2, 0, 8 << 20)), T).await.unwrap();
+
+    let e = qa.compute(1, &crc(on(9, 0, 4096)), T).await.unwrap_err();
+    refused(e, cs::DEVICE_UNKNOWN, &["device tag 9 is not in this target's cluster map"]);
+    let e = qa.compute(1, &crc(on(3, 0, 4096)), T).await.unwrap_err();
+    refused(e, cs::PEER_FAILED, &["peer tag 3", "connecting as nqn.2026-11.io.nearstore:target-a"]);
+    let e = qa.compute(1, &crc(on(4, 0, 4096)), T).await.unwrap_err();
+    refused(e, cs::PEER_FAILED, &["peer tag 4", "connecting as"]);
+    let e = qa.compute(1, &crc(on(2, 63 << 20, 2 << 20)), T).await.unwrap_err();
+    refused(e, cs::PEER_FAILED, &["peer tag 2", "lie outside its namespace of 67108864 bytes"]);
+    // Outputs cannot be on a peer.
+    let out = on(2, 0, 4096);
+    let e = qa.compute(1, &desc("copy", b"", vec![on(0, 0, 4096)], vec![out]).encode(), T).await.unwrap_err();
+    refused(e, cs::DESCRIPTOR_INVALID, &["outputs lie on the addressed namespace"]);
+
+    // Through the proxies: first faithful (the connection is pooled), then the peer dies
+    // 1 MiB into the next transfer, or stalls.
+    assert_eq!(qa.compute(1, &crc(on(5, 0, 8 << 20)), T).await.unwrap(), good);
+    p.cut.store(true, Ordering::Relaxed);
+    let e = qa.compute(1, &crc(on(5, 0, 8 << 20)), T).await.unwrap_err();
+    refused(e, cs::PEER_FAILED, &["peer tag 5"]);
+    p.stall.store(true, Ordering::Relaxed);
+    let t0 = std::time::Instant::now();
+    let e = qa.compute(1, &crc(on(6, 0, 8 << 20)), T).await.unwrap_err();
+    refused(e, cs::PEER_FAILED, &["peer tag 6", "no data for 2 s"]);
+    assert!(t0.elapsed() < Duration::from_secs(20), "a stalled peer held the command for {:?}", t0.elapsed());
+
+    // The target keeps serving, peers and all, and nothing is left running.
+    assert_eq!(qa.compute(1, &crc(on(2, 0, 8 << 20)), T).await.unwrap(), good);
+    assert_eq!(p.a.offload.stats.running.load(Ordering::Relaxed), 0);
+}
+
+#[test]
+fn cluster_configuration_errors_name_the_field() {
+    let base = |extra: &str| {
+        format!(
+            "[[listener]]\naddress = \"127.0.0.1:0\"\n{extra}\n[[subsystem]]\nnqn = \"{}\"\nallow_any_host = true\n[[subsystem.namespace]]\nnsid = 1\nmemory = \"1MiB\"\ntag = 1\n",
+            common::NQN
+        )
+    };
+    for (extra, field, msg) in [
+        ("[cluster]\nconnections_per_peer = 0", "cluster.connections_per_peer", "between 1 and 64"),
+        ("[cluster]\nhost_nqn = \"bogus\"", "cluster.host_nqn", "nqn"),
+        ("[[cluster.peer]]\ntag = 0\naddress = \"127.0.0.1:1\"\nnqn = \"nqn.2026-11.io.x:y\"", "cluster.peer[0].tag", "between 1 and 65534"),
+        ("[[cluster.peer]]\ntag = 1\naddress = \"127.0.0.1:1\"\nnqn = \"nqn.2026-11.io.x:y\"", "cluster.peer[0].tag", "used twice"),
+        ("[cluster]\nread_ahead_bytes = \"1KiB\"", "cluster.read_ahead_bytes", "between 128 KiB"),
+    ] {
+        let e = Config::from_toml(&base(extra)).unwrap_err().to_string();
+        assert!(e.starts_with(field) && e.contains(msg), "{extra}: {e}");
+    }
+    let e = Config::from_toml(&base("[[cluster.peer]]\ntag = 70000")).unwrap_err().to_string();
+    assert!(e.contains("tag"), "{e}");
+}
