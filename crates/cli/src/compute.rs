@@ -437,6 +437,7 @@ fn print_report(r: &Report, common: &Common) -> Result<()> {
                     println!("{p}: {count} matches{}{}", if shown.is_empty() { "" } else { " at " }, shown.join(","));
                 }
                 Outcome::Wc { bytes, lines, words } => println!("{lines:>8} {words:>8} {bytes:>10} {p}"),
+                Outcome::Sorted { input, output, records, .. } => println!("{p}: {records} records, {input} bytes read, {output} written"),
                 Outcome::Written { input, output } => {
                     let ratio = if *output > 0 { format!(" ({:.2}:1)", *input as f64 / *output as f64) } else { String::new() };
                     println!("{p}: {input} bytes read, {output} written{ratio}")

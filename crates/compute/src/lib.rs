@@ -63,6 +63,14 @@ pub enum Outcome {
         input: u64,
         output: u64,
     },
+    /// A sort asked for an index: as Written, plus the key and output offset of every
+    /// so many records (the distributed sort picks its ranges from them).
+    Sorted {
+        input: u64,
+        output: u64,
+        records: u64,
+        index: Vec<IndexEntry>,
+    },
     /// A query's result: its column names and, with no output object, its rows (JSON
     /// values); `records` read, `matched` by WHERE, `rows_out` produced, `output` bytes
     /// written to the output object.
@@ -80,11 +88,19 @@ impl Outcome {
     /// Bytes written to the output object, for operations that write one.
     pub fn output_bytes(&self) -> Option<u64> {
         match self {
-            Outcome::Written { output, .. } => Some(*output),
+            Outcome::Written { output, .. } | Outcome::Sorted { output, .. } => Some(*output),
             Outcome::Select { output, .. } => Some(*output),
             _ => None,
         }
     }
+}
+
+/// A record of a sorted output: its key (the bytes it is ordered by, as hex; a u64 key
+/// big-endian) and its byte offset in the output.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct IndexEntry {
+    pub key: String,
+    pub offset: u64,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]

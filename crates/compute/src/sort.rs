@@ -13,7 +13,7 @@ use std::collections::BinaryHeap;
 
 use serde::Deserialize;
 
-use crate::{parse_args, ComputeError, Context, Outcome, Sink, Source, Transform};
+use crate::{parse_args, ComputeError, Context, IndexEntry, Outcome, Sink, Source, Transform};
 
 /// A line (or record) is at most this long.
 pub const RECORD_BYTES_MAX: usize = 1 << 20;
@@ -32,6 +32,56 @@ struct Args {
     /// Records: `bytes` (unsigned bytes, the default; also big-endian integers) or `u64`
     /// (an unsigned 64-bit little-endian integer, as a u64 array in memory is).
     key_type: Option<String>,
+    /// sort: also return the key and output offset of every so many records, this many
+    /// entries at most (1..=4096).
+    index: Option<usize>,
+    /// merge: write only records whose key is at least this (hex of the compared bytes).
+    key_min: Option<String>,
+    /// merge: write only records whose key is below this; an input ends at its first
+    /// record at or past it.
+    key_max: Option<String>,
+    /// merge: bytes to skip at the start of each input (a slice that starts inside a
+    /// block).
+    skip: Option<Vec<u64>>,
+}
+
+/// Most index entries a sort returns.
+pub const INDEX_MAX: usize = 4096;
+
+/// What sort and merge do besides ordering.
+#[derive(Clone, Debug, Default)]
+struct Extras {
+    index: Option<usize>,
+    key_min: Option<Vec<u8>>,
+    key_max: Option<Vec<u8>>,
+    skip: Vec<u64>,
+}
+
+impl Extras {
+    fn parse(op: &'static str, raw: &[u8]) -> Result<Extras, ComputeError> {
+        let a: Args = if raw.iter().all(u8::is_ascii_whitespace) { Args::default() } else { parse_args(op, raw)? };
+        let bad = |m: String| ComputeError::BadArguments { op, message: m };
+        let key = |name: &str, v: Option<String>| -> Result<Option<Vec<u8>>, ComputeError> {
+            v.map(|h| hex::decode(&h).map_err(|e| bad(format!("{name} {h:?}: not hex ({e})")))).transpose()
+        };
+        let is_sort = op == "sort";
+        if is_sort && (a.key_min.is_some() || a.key_max.is_some() || a.skip.is_some()) {
+            return Err(bad("key_min, key_max and skip are merge's".into()));
+        }
+        if !is_sort && a.index.is_some() {
+            return Err(bad("index is sort's".into()));
+        }
+        if let Some(n) = a.index {
+            if n == 0 || n > INDEX_MAX {
+                return Err(bad(format!("index {n} is outside 1..={INDEX_MAX}")));
+            }
+        }
+        let skip = a.skip.unwrap_or_default();
+        if let Some(s) = skip.iter().find(|s| **s > RECORD_BYTES_MAX as u64) {
+            return Err(bad(format!("skip {s} is more than {RECORD_BYTES_MAX} bytes")));
+        }
+        Ok(Extras { index: a.index, key_min: key("key_min", a.key_min)?, key_max: key("key_max", a.key_max)?, skip })
+    }
 }
 
 /// How records are cut and compared.
@@ -119,6 +169,7 @@ impl Writer<'_> {
 
 struct Sort {
     layout: Layout,
+    extras: Extras,
 }
 
 impl Transform for Sort {
@@ -184,15 +235,27 @@ impl Transform for Sort {
             _ => recs.sort_by(|a, b| layout.key(&data[a.0..a.1]).cmp(&layout.key(&data[b.0..b.1]))),
         }
         let mut w = Writer { out: &mut *outputs[0], buf: Vec::with_capacity(OUT_CHUNK + RECORD_BYTES_MAX) };
-        for (s, e) in recs {
+        let records = recs.len() as u64;
+        let stride = self.extras.index.map(|n| recs.len().div_ceil(n).max(1));
+        let mut index = Vec::new();
+        let mut at = 0u64;
+        for (i, (s, e)) in recs.into_iter().enumerate() {
+            if stride.is_some_and(|k| i % k == 0) {
+                index.push(IndexEntry { key: hex::encode(layout.key(&data[s..e])), offset: at });
+            }
+            at += (e - s) as u64 + u64::from(matches!(layout, Layout::Lines) && data[e - 1] != b'\n');
             w.record(&data[s..e], layout)?;
         }
-        Ok(Outcome::Written { input: data.len() as u64, output: w.finish()? })
+        let (input, output) = (data.len() as u64, w.finish()?);
+        Ok(match stride {
+            Some(_) => Outcome::Sorted { input, output, records, index },
+            None => Outcome::Written { input, output },
+        })
     }
 }
 
 pub fn sort(args: &[u8]) -> Result<Box<dyn Transform>, ComputeError> {
-    Ok(Box::new(Sort { layout: Layout::parse("sort", args)? }))
+    Ok(Box::new(Sort { layout: Layout::parse("sort", args)?, extras: Extras::parse("sort", args)? }))
 }
 
 /// One input of a merge: a window of its bytes and the record at its head.
@@ -204,11 +267,31 @@ struct Cursor<'s> {
     eof: bool,
     records: u64,
     read: u64,
+    /// Bytes still to pass over before the first record.
+    skip: u64,
 }
 
 impl Cursor<'_> {
     /// Moves to the next record; false at the end of the input.
     fn advance(&mut self, layout: Layout, input: usize) -> Result<bool, ComputeError> {
+        while self.skip > 0 {
+            if self.buf.is_empty() {
+                match self.src.next_chunk()? {
+                    Some(c) => {
+                        self.read += c.len() as u64;
+                        self.buf.extend_from_slice(c);
+                    }
+                    None => {
+                        self.eof = true;
+                        self.skip = 0;
+                        break;
+                    }
+                }
+            }
+            let n = (self.skip as usize).min(self.buf.len());
+            self.buf.drain(..n);
+            self.skip -= n as u64;
+        }
         let mut start = self.head.1;
         loop {
             let avail = &self.buf[start..];
@@ -257,18 +340,47 @@ impl Cursor<'_> {
 
 struct Merge {
     layout: Layout,
+    extras: Extras,
 }
 
 impl Transform for Merge {
     fn run(self: Box<Self>, inputs: &mut [&mut dyn Source], outputs: &mut [&mut dyn Sink], _: &Context) -> Result<Outcome, ComputeError> {
         let layout = self.layout;
-        let mut cursors: Vec<Cursor> =
-            inputs.iter_mut().map(|s| Cursor { src: &mut **s, buf: Vec::new(), head: (0, 0), eof: false, records: 0, read: 0 }).collect();
+        let x = &self.extras;
+        if !x.skip.is_empty() && x.skip.len() != inputs.len() {
+            return Err(ComputeError::BadArguments { op: "merge", message: format!("skip has {} entries for {} inputs", x.skip.len(), inputs.len()) });
+        }
+        let mut cursors: Vec<Cursor> = inputs
+            .iter_mut()
+            .enumerate()
+            .map(|(i, s)| Cursor {
+                src: &mut **s,
+                buf: Vec::new(),
+                head: (0, 0),
+                eof: false,
+                records: 0,
+                read: 0,
+                skip: x.skip.get(i).copied().unwrap_or(0),
+            })
+            .collect();
+        let below_max = |k: &[u8]| x.key_max.as_deref().is_none_or(|m| k < m);
         // The smallest head key first; equal keys from the earlier input first.
         let mut heap: BinaryHeap<Reverse<(Vec<u8>, usize)>> = BinaryHeap::new();
         for (i, c) in cursors.iter_mut().enumerate() {
-            if c.advance(layout, i)? {
-                heap.push(Reverse((layout.key(c.record()).to_vec(), i)));
+            // Records below key_min are passed over (they are sorted: a prefix).
+            let mut prev: Option<Vec<u8>> = None;
+            while c.advance(layout, i)? {
+                let k = layout.key(c.record());
+                if prev.as_deref().is_some_and(|p| *k < *p) {
+                    return Err(unsorted(i, c.records));
+                }
+                if x.key_min.as_deref().is_none_or(|m| *k >= *m) {
+                    if below_max(&k) {
+                        heap.push(Reverse((k.to_vec(), i)));
+                    }
+                    break;
+                }
+                prev = Some(k.to_vec());
             }
         }
         let mut w = Writer { out: &mut *outputs[0], buf: Vec::with_capacity(OUT_CHUNK + RECORD_BYTES_MAX) };
@@ -278,15 +390,15 @@ impl Transform for Merge {
             if c.advance(layout, i)? {
                 let next = layout.key(c.record());
                 if *next < *key.as_slice() {
-                    return Err(ComputeError::Data {
-                        op: "merge",
-                        message: format!("input {i} is not sorted: its record {} sorts before the one before it", c.records),
-                    });
+                    return Err(unsorted(i, c.records));
                 }
-                // The popped key's buffer is reused for this input's next key.
-                key.clear();
-                key.extend_from_slice(&next);
-                heap.push(Reverse((key, i)));
+                // Past key_max the input is done: the rest is not read.
+                if below_max(&next) {
+                    // The popped key's buffer is reused for this input's next key.
+                    key.clear();
+                    key.extend_from_slice(&next);
+                    heap.push(Reverse((key, i)));
+                }
             }
         }
         let read = cursors.iter().map(|c| c.read).sum();
@@ -294,8 +406,12 @@ impl Transform for Merge {
     }
 }
 
+fn unsorted(input: usize, record: u64) -> ComputeError {
+    ComputeError::Data { op: "merge", message: format!("input {input} is not sorted: its record {record} sorts before the one before it") }
+}
+
 pub fn merge(args: &[u8]) -> Result<Box<dyn Transform>, ComputeError> {
-    Ok(Box::new(Merge { layout: Layout::parse("merge", args)? }))
+    Ok(Box::new(Merge { layout: Layout::parse("merge", args)?, extras: Extras::parse("merge", args)? }))
 }
 
 #[cfg(test)]
@@ -402,5 +518,72 @@ mod tests {
             let e = exec("sort", args, &[b""], 1, &ctx).unwrap_err().to_string();
             assert!(e.contains(want), "{e}");
         }
+    }
+
+    /// The distributed sort's pieces: sorted runs with an index, ranges picked from the
+    /// index, slices of the runs that start inside a block (skip), merged by key range:
+    /// the ranges concatenated equal the sort of everything.
+    #[test]
+    fn index_and_key_ranges_split_a_sort_into_ranges() {
+        let ctx = Context::default();
+        for (args, size) in [(&br#"{"record_size":20,"key_length":3}"#[..], 20usize), (br#"{"record_size":16,"key_type":"u64"}"#, 16)] {
+            let runs: Vec<Vec<u8>> = (0..3).map(|i| records(300 + i * 50, 40 + i as u64)).collect();
+            let runs: Vec<Vec<u8>> = runs.iter().map(|r| r[..r.len() / size * size].to_vec()).collect();
+            let with_index = [&args[..args.len() - 1], b",\"index\":16}"].concat();
+            let mut sorted = Vec::new();
+            let mut index = Vec::new();
+            for r in &runs {
+                let (o, out) = exec("sort", &with_index, &[r], 64, &ctx).unwrap();
+                let Outcome::Sorted { records, index: ix, output, .. } = o else { panic!("{o:?}") };
+                assert_eq!((records as usize, output as usize), (r.len() / size, r.len()));
+                assert!(ix.len() <= 16 && ix[0].offset == 0);
+                for e in &ix {
+                    assert_eq!(e.offset % size as u64, 0);
+                }
+                index.push(ix);
+                sorted.push(out);
+            }
+            let refs: Vec<&[u8]> = runs.iter().map(|r| &r[..]).collect();
+            let whole = exec("sort", args, &refs, 4096, &ctx).unwrap().1;
+            // Two splitters from the index; each range merges a slice of every run: from
+            // the last entry below its low key, to the first entry at or past its high key.
+            let mut keys: Vec<&String> = index.iter().flatten().map(|e| &e.key).collect();
+            keys.sort();
+            let splitters = [keys[keys.len() / 3].clone(), keys[2 * keys.len() / 3].clone()];
+            let bounds = [None, Some(&splitters[0]), Some(&splitters[1]), None];
+            let mut joined = Vec::new();
+            for j in 0..3 {
+                let (lo, hi) = (bounds[j], bounds[j + 1]);
+                let mut slices = Vec::new();
+                let mut skips = Vec::new();
+                for (ix, run) in index.iter().zip(&sorted) {
+                    let start = lo.map_or(0, |lo| ix.iter().filter(|e| &e.key < lo).map(|e| e.offset).max().unwrap_or(0));
+                    let end = hi.map_or(run.len() as u64, |hi| ix.iter().find(|e| &e.key >= hi).map_or(run.len() as u64, |e| e.offset));
+                    // As the host cuts objects: from the block (8 bytes here) holding start.
+                    let from = start / 8 * 8;
+                    slices.push(&run[from as usize..end as usize]);
+                    skips.push(start - from);
+                }
+                let mut a: serde_json::Value = serde_json::from_slice(args).unwrap();
+                a["skip"] = serde_json::json!(skips);
+                if let Some(lo) = lo {
+                    a["key_min"] = serde_json::json!(lo);
+                }
+                if let Some(hi) = hi {
+                    a["key_max"] = serde_json::json!(hi);
+                }
+                let (_, part) = exec("merge", &serde_json::to_vec(&a).unwrap(), &slices, 7, &ctx).unwrap();
+                joined.extend(part);
+            }
+            assert!(joined == whole, "ranges differ from the whole sort");
+        }
+        let e = exec("sort", br#"{"record_size":4,"index":0}"#, &[b""], 1, &ctx).unwrap_err().to_string();
+        assert!(e.contains("index 0 is outside"), "{e}");
+        let e = exec("merge", br#"{"record_size":4,"key_min":"zz"}"#, &[b""], 1, &ctx).unwrap_err().to_string();
+        assert!(e.contains("key_min \"zz\": not hex"), "{e}");
+        let e = exec("merge", br#"{"record_size":4,"skip":[1,2]}"#, &[b""], 1, &ctx).unwrap_err().to_string();
+        assert!(e.contains("skip has 2 entries for 1 inputs"), "{e}");
+        let e = exec("sort", br#"{"record_size":4,"skip":[1]}"#, &[b""], 1, &ctx).unwrap_err().to_string();
+        assert!(e.contains("merge's"), "{e}");
     }
 }
