@@ -253,8 +253,24 @@ pub struct SortArgs {
     #[arg(required = true)]
     pub inputs: Vec<PathBuf>,
     /// The sorted output.
-    #[arg(long, required = true)]
-    pub into: PathBuf,
+    #[arg(long, required_unless_present = "ranges")]
+    pub into: Option<PathBuf>,
+    /// Sort files that lie on several targets as one data set: every target sorts its
+    /// own, then the output's target merges (or, with --ranges, every target merges one
+    /// range of keys). Needs the targets' tags in the --map file.
+    #[arg(long)]
+    pub across: bool,
+    /// With --across: instead of one output, a file of this name on every target (beside
+    /// its first input), each holding one range of keys, in the map's device order.
+    #[arg(long, requires = "across", conflicts_with = "into")]
+    pub ranges: Option<String>,
+    /// With --across: how runs reach the merging target: `d2d` (it reads them from its
+    /// peers itself) or `host` (the host copies them there first).
+    #[arg(long, requires = "across", default_value = "d2d", value_parser = ["d2d", "host"])]
+    pub transfer: String,
+    /// With --across: seconds a step waits for blocks another step holds.
+    #[arg(long, requires = "across", default_value_t = 600)]
+    pub lock_timeout: u64,
     /// Fixed-size records of this many bytes (default: lines, compared as bytes, like
     /// LC_ALL=C sort).
     #[arg(long)]
@@ -397,10 +413,70 @@ pub fn sort(op: &str, a: SortArgs) -> Result<()> {
             args.insert(k.into(), v.into());
         }
     }
-    if let Some(t) = a.key_type {
+    if let Some(t) = a.key_type.clone() {
         args.insert("key_type".into(), t.into());
     }
-    transform(op, serde_json::to_vec(&args)?, &a.inputs, &a.into, a.capacity, &a.common)
+    if a.across {
+        if op != "sort" {
+            bail!("--across: only sort runs across targets (a merge across them is what it does)");
+        }
+        return sort_across(args, a);
+    }
+    let into = a.into.clone().context("--into: give the output file")?;
+    transform(op, serde_json::to_vec(&args)?, &a.inputs, &into, a.capacity, &a.common)
+}
+
+/// `sort --across`: the orchestrator's distributed sort.
+fn sort_across(args: serde_json::Map<String, serde_json::Value>, a: SortArgs) -> Result<()> {
+    use nearstore_host::dsort::{self, SortAcross, SortOutput, Transfer};
+    if a.common.local || a.common.pull {
+        bail!("--across runs on the targets: --local and --pull do not apply");
+    }
+    if a.capacity.is_some() {
+        bail!("--across: the capacity of runs and outputs follows from the inputs; --capacity does not apply");
+    }
+    let host = a.common.host()?;
+    let req = SortAcross {
+        inputs: a.inputs.clone(),
+        args: serde_json::Value::Object(args),
+        output: match (&a.ranges, &a.into) {
+            (Some(name), _) => SortOutput::Ranges(name.clone()),
+            (None, Some(p)) => SortOutput::One(p.clone()),
+            (None, None) => bail!("--into or --ranges: where the sorted records go"),
+        },
+        transfer: if a.transfer == "host" { Transfer::HostMediated } else { Transfer::DeviceToDevice },
+    };
+    let opts = nearstore_host::orchestrator::Options { lock_timeout: std::time::Duration::from_secs(a.lock_timeout), ..Default::default() };
+    let quiet = a.common.output_format == Output::Json;
+    let progress = move |m: &str| {
+        if !quiet {
+            eprintln!("{m}");
+        }
+    };
+    let locks = std::sync::Arc::new(nearstore_host::orchestrator::Locks::default());
+    let r = runtime()?.block_on(dsort::sort_across(&host.devices, locks, &req, &opts, &progress))?;
+    if a.common.output_format == Output::Json {
+        println!("{}", serde_json::to_string_pretty(&r)?);
+        return Ok(());
+    }
+    for p in &r.outputs {
+        println!("{}: {} records, {} bytes (device {})", p.path.display(), p.records, p.bytes, p.device);
+    }
+    if a.common.stats {
+        eprintln!(
+            "{} bytes over {} devices ({}) in {:.2} s: sort phase {:.2} s, merge phase {:.2} s (copies {:.2} s, merges {:.2} s, merge input wait {:.2} s)",
+            r.bytes,
+            r.devices,
+            a.transfer,
+            r.secs,
+            r.sort_secs,
+            r.merge_phase_secs,
+            r.copy_secs,
+            r.merge_secs,
+            r.merge_input_wait_secs
+        );
+    }
+    Ok(())
 }
 
 /// Runs an operation that writes an output file: on the target that holds the inputs and
@@ -438,6 +514,7 @@ fn print_report(r: &Report, common: &Common) -> Result<()> {
                 }
                 Outcome::Wc { bytes, lines, words } => println!("{lines:>8} {words:>8} {bytes:>10} {p}"),
                 Outcome::Sorted { input, output, records, .. } => println!("{p}: {records} records, {input} bytes read, {output} written"),
+                Outcome::Merged { input, output, records, .. } => println!("{p}: {records} records, {input} bytes read, {output} written"),
                 Outcome::Written { input, output } => {
                     let ratio = if *output > 0 { format!(" ({:.2}:1)", *input as f64 / *output as f64) } else { String::new() };
                     println!("{p}: {input} bytes read, {output} written{ratio}")

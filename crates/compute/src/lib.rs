@@ -71,6 +71,14 @@ pub enum Outcome {
         records: u64,
         index: Vec<IndexEntry>,
     },
+    /// A merge: as Written, plus the records written and the time it waited for its
+    /// inputs' bytes (reading the media, or a peer over the network), in milliseconds.
+    Merged {
+        input: u64,
+        output: u64,
+        records: u64,
+        input_wait_ms: u64,
+    },
     /// A query's result: its column names and, with no output object, its rows (JSON
     /// values); `records` read, `matched` by WHERE, `rows_out` produced, `output` bytes
     /// written to the output object.
@@ -88,7 +96,7 @@ impl Outcome {
     /// Bytes written to the output object, for operations that write one.
     pub fn output_bytes(&self) -> Option<u64> {
         match self {
-            Outcome::Written { output, .. } | Outcome::Sorted { output, .. } => Some(*output),
+            Outcome::Written { output, .. } | Outcome::Sorted { output, .. } | Outcome::Merged { output, .. } => Some(*output),
             Outcome::Select { output, .. } => Some(*output),
             _ => None,
         }

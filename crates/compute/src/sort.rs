@@ -144,11 +144,13 @@ impl Layout {
 struct Writer<'s> {
     out: &'s mut dyn Sink,
     buf: Vec<u8>,
+    records: u64,
 }
 
 impl Writer<'_> {
     /// One record; a last line without its newline gets one.
     fn record(&mut self, rec: &[u8], layout: Layout) -> Result<(), ComputeError> {
+        self.records += 1;
         self.buf.extend_from_slice(rec);
         if matches!(layout, Layout::Lines) && !rec.ends_with(b"\n") {
             self.buf.push(b'\n');
@@ -234,7 +236,7 @@ impl Transform for Sort {
             }
             _ => recs.sort_by(|a, b| layout.key(&data[a.0..a.1]).cmp(&layout.key(&data[b.0..b.1]))),
         }
-        let mut w = Writer { out: &mut *outputs[0], buf: Vec::with_capacity(OUT_CHUNK + RECORD_BYTES_MAX) };
+        let mut w = Writer { out: &mut *outputs[0], buf: Vec::with_capacity(OUT_CHUNK + RECORD_BYTES_MAX), records: 0 };
         let records = recs.len() as u64;
         let stride = self.extras.index.map(|n| recs.len().div_ceil(n).max(1));
         let mut index = Vec::new();
@@ -269,6 +271,8 @@ struct Cursor<'s> {
     read: u64,
     /// Bytes still to pass over before the first record.
     skip: u64,
+    /// Time spent waiting for the source's chunks.
+    wait: std::time::Duration,
 }
 
 impl Cursor<'_> {
@@ -276,7 +280,10 @@ impl Cursor<'_> {
     fn advance(&mut self, layout: Layout, input: usize) -> Result<bool, ComputeError> {
         while self.skip > 0 {
             if self.buf.is_empty() {
-                match self.src.next_chunk()? {
+                let t = std::time::Instant::now();
+                let c = self.src.next_chunk()?;
+                self.wait += t.elapsed();
+                match c {
                     Some(c) => {
                         self.read += c.len() as u64;
                         self.buf.extend_from_slice(c);
@@ -323,7 +330,10 @@ impl Cursor<'_> {
             self.buf.drain(..start);
             start = 0;
             self.head = (0, 0);
-            match self.src.next_chunk()? {
+            let t = std::time::Instant::now();
+            let c = self.src.next_chunk()?;
+            self.wait += t.elapsed();
+            match c {
                 Some(c) => {
                     self.read += c.len() as u64;
                     self.buf.extend_from_slice(c);
@@ -348,7 +358,10 @@ impl Transform for Merge {
         let layout = self.layout;
         let x = &self.extras;
         if !x.skip.is_empty() && x.skip.len() != inputs.len() {
-            return Err(ComputeError::BadArguments { op: "merge", message: format!("skip has {} entries for {} inputs", x.skip.len(), inputs.len()) });
+            return Err(ComputeError::BadArguments {
+                op: "merge",
+                message: format!("skip has {} entries for {} inputs", x.skip.len(), inputs.len()),
+            });
         }
         let mut cursors: Vec<Cursor> = inputs
             .iter_mut()
@@ -361,6 +374,7 @@ impl Transform for Merge {
                 records: 0,
                 read: 0,
                 skip: x.skip.get(i).copied().unwrap_or(0),
+                wait: std::time::Duration::ZERO,
             })
             .collect();
         let below_max = |k: &[u8]| x.key_max.as_deref().is_none_or(|m| k < m);
@@ -383,7 +397,7 @@ impl Transform for Merge {
                 prev = Some(k.to_vec());
             }
         }
-        let mut w = Writer { out: &mut *outputs[0], buf: Vec::with_capacity(OUT_CHUNK + RECORD_BYTES_MAX) };
+        let mut w = Writer { out: &mut *outputs[0], buf: Vec::with_capacity(OUT_CHUNK + RECORD_BYTES_MAX), records: 0 };
         while let Some(Reverse((mut key, i))) = heap.pop() {
             let c = &mut cursors[i];
             w.record(c.record(), layout)?;
@@ -402,7 +416,9 @@ impl Transform for Merge {
             }
         }
         let read = cursors.iter().map(|c| c.read).sum();
-        Ok(Outcome::Written { input: read, output: w.finish()? })
+        let records = w.records;
+        let input_wait_ms = cursors.iter().map(|c| c.wait).sum::<std::time::Duration>().as_millis() as u64;
+        Ok(Outcome::Merged { input: read, output: w.finish()?, records, input_wait_ms })
     }
 }
 
@@ -487,7 +503,8 @@ mod tests {
         for chunk in [7, 20, 4096] {
             let (o, merged) = exec("merge", args, &refs, chunk, &ctx).unwrap();
             assert!(merged == whole, "chunks of {chunk}");
-            assert_eq!(o, Outcome::Written { input: whole.len() as u64, output: whole.len() as u64 });
+            let Outcome::Merged { input, output, records, .. } = o else { panic!("{o:?}") };
+            assert_eq!((input, output, records), (whole.len() as u64, whole.len() as u64, whole.len() as u64 / 20));
         }
         let (_, m) = exec("merge", b"", &[b"a\nc\ne", b"b\nd\n", b""], 1, &ctx).unwrap();
         assert_eq!(m, b"a\nb\nc\nd\ne\n");

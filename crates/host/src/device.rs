@@ -46,6 +46,9 @@ pub struct MapEntry {
     pub nsid: u32,
     pub file: Option<PathBuf>,
     pub device: Option<String>,
+    /// The namespace's device tag in the cluster map (the targets' `[[cluster.peer]]`
+    /// entries name it the same way): needed to run operations across targets.
+    pub tag: Option<u16>,
 }
 
 #[derive(Deserialize)]
@@ -62,6 +65,7 @@ pub struct DeviceMap {
     /// Exported files by (st_dev, st_ino).
     files: HashMap<(u64, u64), Endpoint>,
     devices: HashMap<String, Endpoint>,
+    tags: HashMap<Endpoint, u16>,
 }
 
 impl Default for DeviceMap {
@@ -72,7 +76,7 @@ impl Default for DeviceMap {
 
 impl DeviceMap {
     pub fn with_sysfs(root: impl Into<PathBuf>) -> DeviceMap {
-        DeviceMap { sysfs: root.into(), files: HashMap::new(), devices: HashMap::new() }
+        DeviceMap { sysfs: root.into(), files: HashMap::new(), devices: HashMap::new(), tags: HashMap::new() }
     }
 
     /// Adds the entries of a map file (TOML, `[[namespace]]` entries); errors name the entry.
@@ -80,6 +84,9 @@ impl DeviceMap {
         let m: MapFile = toml::from_str(text).map_err(|e| format!("device map: {e}"))?;
         for (i, e) in m.namespace.into_iter().enumerate() {
             let ep = Endpoint { address: e.address, nqn: e.nqn, nsid: e.nsid };
+            if let Some(t) = e.tag {
+                self.set_tag(&ep, t).map_err(|m| format!("device map: namespace[{i}].tag: {m}"))?;
+            }
             match (e.file, e.device) {
                 (Some(f), None) => self.add_file(&f, ep).map_err(|m| format!("device map: namespace[{i}].file: {m}"))?,
                 (None, Some(d)) => self.add_device(&d, ep),
@@ -87,6 +94,23 @@ impl DeviceMap {
             }
         }
         Ok(())
+    }
+
+    /// Gives a namespace its device tag (1 to 65534, one namespace each).
+    pub fn set_tag(&mut self, ep: &Endpoint, tag: u16) -> Result<(), String> {
+        if tag == 0 || tag == u16::MAX {
+            return Err(format!("{tag}: must be between 1 and 65534"));
+        }
+        if let Some((other, _)) = self.tags.iter().find(|(e, t)| **t == tag && *e != ep) {
+            return Err(format!("tag {tag} is already {} nsid {}", other.nqn, other.nsid));
+        }
+        self.tags.insert(ep.clone(), tag);
+        Ok(())
+    }
+
+    /// The device tag of a namespace, if the cluster map gives it one.
+    pub fn tag_of(&self, ep: &Endpoint) -> Option<u16> {
+        self.tags.get(ep).copied()
     }
 
     /// Maps loop devices backed by `file` (the file a target exports) to `ep`.

@@ -13,8 +13,10 @@
 //! does, the baseline of the benchmarks).
 
 pub mod device;
+pub mod dsort;
 pub mod fiemap;
 pub mod object;
+pub mod orchestrator;
 pub mod passthrough;
 
 use std::collections::HashMap;
@@ -92,6 +94,8 @@ pub enum HostError {
     Target { endpoint: String, source: nearstore_initiator::Error },
     #[error("{0}")]
     Invalid(String),
+    #[error(transparent)]
+    Step(#[from] orchestrator::StepError),
 }
 
 fn ep_name(e: &Endpoint) -> String {
@@ -643,7 +647,7 @@ fn transform_local(op: &Operation, args: &[u8], inputs: &[PathBuf], output: &Pat
 /// it. The blocks are zero-filled, not only fallocated: an unwritten extent reads as
 /// zeros on the host whatever the target writes into it, and no system call marks it
 /// written without writing it.
-fn prepare_output(path: &Path, capacity: u64, devices: &DeviceMap) -> Result<Mapped, HostError> {
+pub(crate) fn prepare_output(path: &Path, capacity: u64, devices: &DeviceMap) -> Result<Mapped, HostError> {
     let ioe = |source| HostError::Io { path: path.into(), source };
     let mut f = std::fs::OpenOptions::new().create(true).write(true).truncate(true).open(path).map_err(ioe)?;
     let cap = capacity.div_ceil(4096).max(1) * 4096;
@@ -669,7 +673,7 @@ fn prepare_output(path: &Path, capacity: u64, devices: &DeviceMap) -> Result<Map
 /// plain read shows what the target wrote. The cache goes first: cutting the file zeroes
 /// the rest of its last block through the cache, and a stale cached block (the zero
 /// fill) would be written back over the target's bytes.
-fn finish_output(path: &Path, written: u64) -> Result<(), HostError> {
+pub(crate) fn finish_output(path: &Path, written: u64) -> Result<(), HostError> {
     let ioe = |source| HostError::Io { path: path.into(), source };
     let f = std::fs::OpenOptions::new().write(true).open(path).map_err(ioe)?;
     let drop_cache = || {

@@ -159,7 +159,11 @@ impl<'q> PieceWriter<'q> {
 
     pub async fn write(&mut self, data: &[u8]) -> Result<()> {
         if self.written + data.len() as u64 > self.capacity {
-            return Err(Error::Invalid(format!("{} bytes do not fit the output's {} bytes", self.written + data.len() as u64, self.capacity)));
+            return Err(Error::Invalid(format!(
+                "{} bytes do not fit the output's {} bytes",
+                self.written + data.len() as u64,
+                self.capacity
+            )));
         }
         self.written += data.len() as u64;
         self.buf.extend_from_slice(data);

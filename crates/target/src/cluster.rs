@@ -93,7 +93,10 @@ impl ClusterConfig {
         let mut seen: Vec<u16> = own.to_vec();
         for (i, p) in self.peer.iter().enumerate() {
             if p.tag == global::LOCAL || p.tag == global::RESERVED {
-                return e(format!("peer[{i}].tag"), format!("{}: must be between 1 and 65534 (0 is the addressed namespace, 65535 is reserved)", p.tag));
+                return e(
+                    format!("peer[{i}].tag"),
+                    format!("{}: must be between 1 and 65534 (0 is the addressed namespace, 65535 is reserved)", p.tag),
+                );
             }
             if seen.contains(&p.tag) {
                 return e(format!("peer[{i}].tag"), format!("tag {} is used twice in the cluster map", p.tag));

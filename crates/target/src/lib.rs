@@ -9,6 +9,7 @@
 
 pub mod admin;
 pub mod backend;
+pub mod cluster;
 pub mod config;
 pub mod discovery;
 pub mod fabrics;
@@ -16,7 +17,6 @@ pub mod io_cmd;
 pub mod io_pool;
 pub mod limits;
 pub mod metrics;
-pub mod cluster;
 pub mod offload;
 pub mod reply;
 pub mod subsystem;
@@ -101,7 +101,13 @@ impl Target {
     /// opened by [`Target::listen_all`]).
     pub fn from_config(cfg: &Config) -> Result<Arc<Target>, TargetError> {
         cfg.validate()?;
-        let t = Target::new(cfg.io_threads, std::time::Duration::from_micros(cfg.busy_poll_us), cfg.io_engine, cfg.compute.clone(), &cfg.cluster);
+        let t = Target::new(
+            cfg.io_threads,
+            std::time::Duration::from_micros(cfg.busy_poll_us),
+            cfg.io_engine,
+            cfg.compute.clone(),
+            &cfg.cluster,
+        );
         for (i, s) in cfg.subsystem.iter().enumerate() {
             let sub = Subsystem::new(&s.nqn, s.serial.as_deref(), s.model.as_deref(), s.allow_any_host, &s.hosts);
             for (j, n) in s.namespace.iter().enumerate() {
@@ -169,7 +175,17 @@ impl Target {
         discovery: bool,
         advertise: Option<std::net::IpAddr>,
     ) -> std::io::Result<SocketAddr> {
-        let listener = TcpListener::bind(addr).await?;
+        self.serve_listener(TcpListener::bind(addr).await?, discovery, advertise)
+    }
+
+    /// Serves connections of a listener bound already (its address can then go into the
+    /// configuration of peers before this target starts).
+    pub fn serve_listener(
+        self: &Arc<Self>,
+        listener: TcpListener,
+        discovery: bool,
+        advertise: Option<std::net::IpAddr>,
+    ) -> std::io::Result<SocketAddr> {
         let bound = listener.local_addr()?;
         let port = {
             let mut ports = self.ports.write();

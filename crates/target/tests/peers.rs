@@ -323,7 +323,11 @@ fn cluster_configuration_errors_name_the_field() {
     for (extra, field, msg) in [
         ("[cluster]\nconnections_per_peer = 0", "cluster.connections_per_peer", "between 1 and 64"),
         ("[cluster]\nhost_nqn = \"bogus\"", "cluster.host_nqn", "nqn"),
-        ("[[cluster.peer]]\ntag = 0\naddress = \"127.0.0.1:1\"\nnqn = \"nqn.2026-11.io.x:y\"", "cluster.peer[0].tag", "between 1 and 65534"),
+        (
+            "[[cluster.peer]]\ntag = 0\naddress = \"127.0.0.1:1\"\nnqn = \"nqn.2026-11.io.x:y\"",
+            "cluster.peer[0].tag",
+            "between 1 and 65534",
+        ),
         ("[[cluster.peer]]\ntag = 1\naddress = \"127.0.0.1:1\"\nnqn = \"nqn.2026-11.io.x:y\"", "cluster.peer[0].tag", "used twice"),
         ("[cluster]\nread_ahead_bytes = \"1KiB\"", "cluster.read_ahead_bytes", "between 128 KiB"),
     ] {

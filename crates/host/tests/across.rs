@@ -1,0 +1,347 @@
+//! Sorting across targets: three targets, each exporting an ext4 image on a loop device,
+//! each with the others in its cluster map. Sort-benchmark records, u64 keys and lines
+//! spread over them sort into one output or per-device ranges, device to device and
+//! host-mediated, equal to the sort of everything in memory; the plan's faults (a lock
+//! never released, a target that is gone, a peer that dies mid-transfer, an output too
+//! small) each fail with the step and device named, and leave no runs, copies, outputs,
+//! locks or running commands behind. Needs root, loop devices and mkfs.ext4.
+
+use std::fs::File;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use nearstore_compute::sortbench;
+use nearstore_host::device::{DeviceMap, Endpoint};
+use nearstore_host::dsort::{sort_across, SortAcross, SortOutput, Transfer};
+use nearstore_host::orchestrator::{self, Action, Locks, Options, Range, Step};
+use nearstore_host::HostError;
+use nearstore_target::config::Config;
+use nearstore_target::Target;
+use nearstore_wire::compute::{Descriptor, Extent, Object};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+
+fn run(cmd: &str, args: &[&str]) -> String {
+    let out = Command::new(cmd).args(args).output().unwrap_or_else(|e| panic!("cannot run {cmd} (needed by this test): {e}"));
+    assert!(out.status.success(), "{cmd} {args:?} failed: {}", String::from_utf8_lossy(&out.stderr));
+    String::from_utf8_lossy(&out.stdout).trim().to_string()
+}
+
+/// An ext4 image on a loop device, mounted; torn down on drop, even after a failure.
+struct Fs {
+    _dir: tempfile::TempDir,
+    image: PathBuf,
+    dev: String,
+    mnt: PathBuf,
+}
+
+impl Fs {
+    fn new(size_mib: u64) -> Fs {
+        assert!(unsafe { libc::geteuid() } == 0, "this test needs root (loop devices, mount)");
+        assert!(Path::new("/dev/loop-control").exists(), "this test needs loop devices (/dev/loop-control is missing)");
+        let dir = tempfile::tempdir().unwrap();
+        let image = dir.path().join("disk.img");
+        File::create(&image).unwrap().set_len(size_mib << 20).unwrap();
+        run("mkfs.ext4", &["-F", "-q", "-b", "4096", image.to_str().unwrap()]);
+        let dev = run("losetup", &["-f", "--show", image.to_str().unwrap()]);
+        let mnt = dir.path().join("mnt");
+        std::fs::create_dir(&mnt).unwrap();
+        let fs = Fs { _dir: dir, image, dev, mnt };
+        run("mount", &[&fs.dev, fs.mnt.to_str().unwrap()]);
+        fs
+    }
+
+    /// What the sort left in the file system besides `keep`.
+    fn leftovers(&self, keep: &[&str]) -> Vec<String> {
+        std::fs::read_dir(&self.mnt)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .filter(|n| n != "lost+found" && !keep.contains(&n.as_str()))
+            .collect()
+    }
+}
+
+impl Drop for Fs {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg(&self.mnt).status();
+        let _ = Command::new("losetup").args(["-d", &self.dev]).status();
+    }
+}
+
+/// A proxy in front of a target: forwards until `cut` is set, then closes each
+/// connection after 1 MiB more from the target; `gone` refuses new connections.
+async fn proxy(to: SocketAddr, cut: Arc<AtomicBool>, gone: Arc<AtomicBool>) -> SocketAddr {
+    let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = l.local_addr().unwrap();
+    tokio::spawn(async move {
+        while let Ok((c, _)) = l.accept().await {
+            if gone.load(Ordering::Relaxed) {
+                continue; // dropped: the connection closes at once
+            }
+            let s = TcpStream::connect(to).await.unwrap();
+            let cut = cut.clone();
+            tokio::spawn(async move {
+                let (mut cr, mut cw) = c.into_split();
+                let (mut sr, mut sw) = s.into_split();
+                tokio::spawn(async move {
+                    let _ = tokio::io::copy(&mut cr, &mut sw).await;
+                });
+                let mut buf = vec![0u8; 64 * 1024];
+                let mut sent = 0u64;
+                while let Ok(n) = sr.read(&mut buf).await {
+                    if n == 0 {
+                        return;
+                    }
+                    if cut.load(Ordering::Relaxed) {
+                        sent += n as u64;
+                        if sent > 1 << 20 {
+                            return;
+                        }
+                    }
+                    if cw.write_all(&buf[..n]).await.is_err() {
+                        return;
+                    }
+                }
+            });
+        }
+    });
+    addr
+}
+
+struct Cluster {
+    fs: Vec<Fs>,
+    map: DeviceMap,
+    targets: Vec<Arc<Target>>,
+    /// Device 3 as everyone reaches it goes through a proxy.
+    cut: Arc<AtomicBool>,
+    gone: Arc<AtomicBool>,
+}
+
+const NQN: &str = "nqn.2026-11.io.nearstore:across";
+
+/// Three targets, tags 1 to 3; each lists the others as peers. Device 3 is reached
+/// (by the host and by its peers) through a proxy.
+async fn cluster() -> Cluster {
+    let fs: Vec<Fs> = (0..3).map(|_| Fs::new(128)).collect();
+    let listeners: Vec<TcpListener> = futures_listeners(3).await;
+    let real: Vec<SocketAddr> = listeners.iter().map(|l| l.local_addr().unwrap()).collect();
+    let (cut, gone) = (Arc::new(AtomicBool::new(false)), Arc::new(AtomicBool::new(false)));
+    let p3 = proxy(real[2], cut.clone(), gone.clone()).await;
+    let seen = [real[0], real[1], p3];
+    let mut targets = Vec::new();
+    let mut map = DeviceMap::default();
+    for (i, l) in listeners.into_iter().enumerate() {
+        let mut cfg = format!(
+            "[cluster]\nhost_nqn = \"nqn.2026-11.io.nearstore:t{}\"\ntimeout_secs = 5\n[[listener]]\naddress = \"{}\"\n[[subsystem]]\nnqn = \"{NQN}{i}\"\nallow_any_host = true\n[[subsystem.namespace]]\nnsid = 1\npath = \"{}\"\ntag = {}\n",
+            i + 1,
+            real[i],
+            fs[i].image.display(),
+            i + 1
+        );
+        for j in (0..3).filter(|j| *j != i) {
+            cfg += &format!("[[cluster.peer]]\ntag = {}\naddress = \"{}\"\nnqn = \"{NQN}{j}\"\n", j + 1, seen[j]);
+        }
+        let t = Target::from_config(&Config::from_toml(&cfg).unwrap()).unwrap();
+        t.serve_listener(l, false, None).unwrap();
+        targets.push(t);
+        let ep = Endpoint { address: seen[i], nqn: format!("{NQN}{i}"), nsid: 1 };
+        map.add_file(&fs[i].image, ep.clone()).unwrap();
+        map.set_tag(&ep, i as u16 + 1).unwrap();
+    }
+    Cluster { fs, map, targets, cut, gone }
+}
+
+async fn futures_listeners(n: usize) -> Vec<TcpListener> {
+    let mut v = Vec::new();
+    for _ in 0..n {
+        v.push(TcpListener::bind("127.0.0.1:0").await.unwrap());
+    }
+    v
+}
+
+fn write(path: &Path, data: &[u8]) -> PathBuf {
+    std::fs::write(path, data).unwrap();
+    path.to_path_buf()
+}
+
+/// Records of the sort benchmark, `n` from number `start`.
+fn records(n: u64, start: u64) -> Vec<u8> {
+    (start..start + n).flat_map(|i| sortbench::record(5, i)).collect()
+}
+
+/// The inputs of a data set on the three devices (two files on the first), and their
+/// sort in memory.
+fn spread(c: &Cluster, parts: [Vec<u8>; 4], args: &[u8]) -> (Vec<PathBuf>, Vec<u8>) {
+    let files = vec![
+        write(&c.fs[0].mnt.join("a.in"), &parts[0]),
+        write(&c.fs[0].mnt.join("b.in"), &parts[1]),
+        write(&c.fs[1].mnt.join("c.in"), &parts[2]),
+        write(&c.fs[2].mnt.join("d.in"), &parts[3]),
+    ];
+    let refs: Vec<&[u8]> = parts.iter().map(|p| &p[..]).collect();
+    let mut srcs: Vec<nearstore_compute::SliceSource> =
+        refs.iter().map(|d| nearstore_compute::SliceSource::new(d.chunks(1 << 20))).collect();
+    let mut ins: Vec<&mut dyn nearstore_compute::Source> = srcs.iter_mut().map(|s| s as &mut dyn nearstore_compute::Source).collect();
+    let mut out = nearstore_compute::VecSink::new(1 << 30);
+    nearstore_compute::by_name("sort").unwrap().execute(args, &mut ins, &mut [&mut out], &Default::default()).unwrap();
+    (files, out.data)
+}
+
+fn quiet(_: &str) {}
+
+fn opts(lock_secs: u64) -> Options {
+    Options { lock_timeout: Duration::from_secs(lock_secs), command_timeout: Duration::from_secs(120) }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sorts_across_three_targets_into_one_output_or_ranges_in_both_modes() {
+    let c = cluster().await;
+    let locks = Arc::new(Locks::default());
+    let layouts: [(serde_json::Value, [Vec<u8>; 4]); 3] = [
+        (
+            serde_json::json!({"record_size": 100, "key_length": 10}),
+            [records(3000, 0), records(1500, 3000), records(5000, 4500), records(2500, 9500)],
+        ),
+        (serde_json::json!({"record_size": 16, "key_type": "u64"}), {
+            let u =
+                |n: u64, s: u64| -> Vec<u8> { (0..n).flat_map(|i| [(i * 7919 + s) % 100_003, i].map(u64::to_le_bytes).concat()).collect() };
+            [u(4000, 1), u(10, 2), u(6000, 3), u(3000, 4)]
+        }),
+        (
+            serde_json::json!({}),
+            [b"pear\nfig\n".repeat(500), b"apple\nkiwi".to_vec(), b"plum\nfig\nlime\n".repeat(900), b"date\n".repeat(300)],
+        ),
+    ];
+    for (args, parts) in layouts {
+        let (inputs, want) = spread(&c, parts, &serde_json::to_vec(&args).unwrap());
+        for transfer in [Transfer::DeviceToDevice, Transfer::HostMediated] {
+            let what = format!("{args} {transfer:?}");
+            // One output, on the second device: it merges.
+            let out = c.fs[1].mnt.join("sorted.out");
+            let req = SortAcross { inputs: inputs.clone(), args: args.clone(), output: SortOutput::One(out.clone()), transfer };
+            let r = sort_across(&c.map, locks.clone(), &req, &opts(60), &quiet).await.unwrap();
+            assert!(std::fs::read(&out).unwrap() == want, "{what}: one output differs from the sort in memory");
+            assert_eq!((r.outputs.len(), r.outputs[0].device, r.outputs[0].bytes), (1, 2, want.len() as u64), "{what}");
+            let copies = r.steps.iter().filter(|s| s.name.starts_with("copy")).count();
+            assert_eq!(
+                copies,
+                if transfer == Transfer::HostMediated { 2 } else { 0 },
+                "{what}: {:?}",
+                r.steps.iter().map(|s| &s.name).collect::<Vec<_>>()
+            );
+            // Ranges: one output per device; in device order they are the whole sort.
+            let req = SortAcross { output: SortOutput::Ranges("part.out".into()), ..req };
+            let r = sort_across(&c.map, locks.clone(), &req, &opts(60), &quiet).await.unwrap();
+            let joined: Vec<u8> = r.outputs.iter().flat_map(|p| std::fs::read(&p.path).unwrap()).collect();
+            assert!(joined == want, "{what}: ranges differ from the sort in memory");
+            assert_eq!(r.outputs.iter().map(|p| p.device).collect::<Vec<_>>(), vec![1, 2, 3]);
+            assert!(r.outputs.iter().all(|p| p.bytes > 0), "{what}: an empty range: {:?}", r.outputs);
+            for (k, fs) in c.fs.iter().enumerate() {
+                let keep: &[&str] = &["a.in", "b.in", "c.in", "d.in", "sorted.out", "part.out"];
+                assert!(fs.leftovers(keep).is_empty(), "{what}: device {} keeps {:?}", k + 1, fs.leftovers(keep));
+            }
+        }
+    }
+    // Fewer records than devices, and empty inputs: empty ranges give empty outputs.
+    let args = serde_json::json!({"record_size": 100, "key_length": 10});
+    let (inputs, want) = spread(&c, [records(1, 0), vec![], records(1, 1), vec![]], &serde_json::to_vec(&args).unwrap());
+    for transfer in [Transfer::DeviceToDevice, Transfer::HostMediated] {
+        let req = SortAcross { inputs: inputs.clone(), args: args.clone(), output: SortOutput::Ranges("part.out".into()), transfer };
+        let r = sort_across(&c.map, locks.clone(), &req, &opts(60), &quiet).await.unwrap();
+        let joined: Vec<u8> = r.outputs.iter().flat_map(|p| std::fs::read(&p.path).unwrap()).collect();
+        assert!(joined == want, "{transfer:?}: tiny ranges differ");
+        assert_eq!(r.outputs.iter().map(|p| p.records).sum::<u64>(), 2);
+    }
+    assert!(locks.held().is_empty());
+}
+
+fn expect_step_error(r: Result<impl std::fmt::Debug, HostError>, step: &str, device: &str, needles: &[&str]) {
+    match r {
+        Err(HostError::Step(e)) => {
+            assert!(e.step.contains(step) && e.device.contains(device), "{e}");
+            for n in needles {
+                assert!(e.message.contains(n), "{e} lacks {n:?}");
+            }
+        }
+        r => panic!("expected a failed step, got {r:?}"),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn faults_fail_the_request_naming_step_and_device_and_leave_nothing_behind() {
+    let c = cluster().await;
+    let locks = Arc::new(Locks::default());
+    let args = serde_json::json!({"record_size": 100, "key_length": 10});
+    let (inputs, _) = spread(
+        &c,
+        [records(100, 0), records(100, 100), records(20_000, 200), records(30_000, 20_200)],
+        &serde_json::to_vec(&args).unwrap(),
+    );
+    let out = c.fs[0].mnt.join("sorted.out");
+    let req = SortAcross { inputs, args, output: SortOutput::One(out.clone()), transfer: Transfer::DeviceToDevice };
+    let clean = |what: &str| {
+        for fs in &c.fs {
+            let keep: &[&str] = &["a.in", "b.in", "c.in", "d.in"];
+            assert!(fs.leftovers(keep).is_empty(), "{what}: left {:?}", fs.leftovers(keep));
+        }
+        for t in &c.targets {
+            assert_eq!(t.offload.stats.running.load(Ordering::Relaxed), 0, "{what}: a command still runs");
+        }
+    };
+
+    // A lock that is never released: someone holds all of device 1.
+    locks.lock(&[Range { tag: 1, start: 0, end: u64::MAX }], "a stuck request");
+    let r = sort_across(&c.map, locks.clone(), &req, &opts(1), &quiet).await;
+    // The sort and the merge on device 1 both read its blocks: whichever gives up first.
+    expect_step_error(r, "on device 1", "device 1", &["stayed locked by 'a stuck request' for 1 s"]);
+    assert_eq!(locks.held().len(), 1, "the plan's own locks are released, the stranger's stays");
+    locks.unlock("a stuck request");
+    clean("lock timeout");
+
+    // A peer dies mid-transfer: device 3's run, read by device 1's merge, is cut after
+    // 1 MiB.
+    c.cut.store(true, Ordering::Relaxed);
+    let r = sort_across(&c.map, locks.clone(), &req, &opts(60), &quiet).await;
+    expect_step_error(r, "merge on device 1", "device 1", &["PEER_FAILED", "peer tag 3"]);
+    clean("peer died");
+
+    // A target that is gone: nothing answers for device 3.
+    c.gone.store(true, Ordering::Relaxed);
+    let r = sort_across(&c.map, locks.clone(), &req, &opts(60), &quiet).await;
+    expect_step_error(r, "sort on device 3", "device 3", &["connecting"]);
+    clean("target gone");
+    assert!(locks.held().is_empty());
+
+    // An output too small, in a plan of the orchestrator's own.
+    let src = c.fs[1].mnt.join("c.in");
+    let dst = c.fs[1].mnt.join("small.out");
+    std::fs::write(&dst, vec![0u8; 4096]).unwrap();
+    let obj = |p: &Path| match nearstore_host::object::map_file(p, &c.map).unwrap() {
+        nearstore_host::object::Mapped::Offload(f) => f,
+        _ => panic!("not offloadable"),
+    };
+    let (s, d) = (obj(&src), obj(&dst));
+    let step = Step {
+        name: "copy into a small file".into(),
+        device: s.location.endpoint.clone(),
+        tag: 2,
+        action: Action::Exec {
+            desc: Descriptor {
+                op: nearstore_compute::by_name("copy").unwrap().id,
+                args: vec![],
+                inputs: vec![s.object.clone()],
+                outputs: vec![Object { len: 4096, extents: vec![Extent { offset: d.object.extents[0].offset, len: 4096 }] }],
+            },
+        },
+        after: vec![],
+        reads: orchestrator::ranges_of(2, &s.object),
+        writes: orchestrator::ranges_of(2, &d.object),
+    };
+    let r = orchestrator::run(vec![step], locks.clone(), &opts(5), &quiet).await.map_err(HostError::Step);
+    expect_step_error(r, "copy into a small file", "device 2", &["OUTPUT_TOO_SMALL"]);
+    assert!(locks.held().is_empty());
+}
