@@ -3,6 +3,7 @@
 mod compute;
 mod demo;
 mod perf;
+mod sortexp;
 mod testbed;
 mod tools;
 

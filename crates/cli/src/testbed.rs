@@ -76,6 +76,9 @@ pub struct UpArgs {
     /// Where the images and mounts go.
     #[arg(long, default_value = "/var/tmp/nearstore-testbed")]
     pub dir: PathBuf,
+    /// Bytes of each target's image (sparse; default: room for the data files).
+    #[arg(long)]
+    pub image_size: Option<u64>,
     #[command(flatten)]
     pub shape: ShapeArgs,
 }
@@ -103,14 +106,20 @@ pub struct BenchArgs {
 
 #[derive(clap::Args, Clone)]
 pub struct ExperimentArgs {
-    /// `checksum` (crc32c and sha256 over the logs) or `select` (over the CSV files).
+    /// `checksum` (crc32c and sha256 over the logs), `select` (over the CSV files), or a
+    /// distributed sort: `sort-size`, `sort-rate`, `sort-devices`.
     pub name: String,
-    /// Target counts to measure.
-    #[arg(long, value_delimiter = ',', default_value = "1,2,4,8")]
-    pub targets: Vec<usize>,
-    /// Link rates to measure.
-    #[arg(long, value_delimiter = ',', default_value = "1gbit,10gbit")]
-    pub rates: Vec<String>,
+    /// Target counts to measure (default: 1,2,4,8; sorts: 2, or 2,4,8 for sort-devices).
+    #[arg(long, value_delimiter = ',')]
+    pub targets: Option<Vec<usize>>,
+    /// Link rates to measure (default: 1gbit,10gbit; sort-size: 1gbit; sort-rate:
+    /// 20mbit to 40gbit and none).
+    #[arg(long, value_delimiter = ',')]
+    pub rates: Option<Vec<String>>,
+    /// Sorts: total data sizes (default: 32KiB to 512MiB for sort-size, 64MiB for
+    /// sort-rate, 256MiB for sort-devices).
+    #[arg(long, value_delimiter = ',')]
+    pub sizes: Option<Vec<String>>,
     /// Files of each kind per target, and their size.
     #[arg(long, default_value_t = 16)]
     pub files: usize,
@@ -151,6 +160,9 @@ pub struct State {
     pub targets: Vec<TargetHost>,
     pub files: usize,
     pub file_size: usize,
+    /// The host's device map with the cluster's tags (`--map` of the CLI).
+    #[serde(default)]
+    pub map: Option<PathBuf>,
 }
 
 impl State {
@@ -350,14 +362,29 @@ fn build(a: &UpArgs, st: &mut State) -> Result<()> {
     }
     shape_all(st, &a.shape.rate, &a.shape.delay)?;
     let exe = std::env::current_exe()?;
+    let addr_of = |i: usize| -> SocketAddr { SocketAddr::from(([10, 77, 0, 10 + i as u8], 4420)) };
+    let nqn_of = |name: &str| format!("nqn.2026-11.io.nearstore:testbed-{name}");
+    let quoted = |v: &str| toml::Value::String(v.into()).to_string();
+    // Every target has the others as peers: device tag i is target ti.
+    let cluster_of = |i: usize| -> String {
+        let mut c = format!(
+            "[compute]\nmemory_per_command = \"2GiB\"\n[cluster]\nhost_nqn = {}\n",
+            quoted(&format!("nqn.2026-11.io.nearstore:testbed-{}-peer", names[i]))
+        );
+        for (j, other) in names.iter().enumerate().skip(1).filter(|(j, _)| *j != i) {
+            c += &format!("[[cluster.peer]]\ntag = {j}\naddress = \"{}\"\nnqn = {}\n", addr_of(j), quoted(&nqn_of(other)));
+        }
+        c
+    };
+    let mut map = String::new();
     for (i, name) in names.iter().enumerate().skip(1) {
         let ns = format!("{PREFIX}{name}");
         let image = a.dir.join(format!("{name}.img"));
         let mnt = a.dir.join(format!("{name}.mnt"));
         let need = (a.files * a.file_size * 2) as u64;
-        std::fs::File::create(&image)?.set_len((need * 3 / 2).max(128 << 20))?;
-        let addr: SocketAddr = format!("10.77.0.{}:4420", 10 + i).parse()?;
-        let nqn = format!("nqn.2026-11.io.nearstore:testbed-{name}");
+        std::fs::File::create(&image)?.set_len(a.image_size.unwrap_or((need * 3 / 2).max(128 << 20)))?;
+        let addr = addr_of(i);
+        let nqn = nqn_of(name);
         let config = a.dir.join(format!("{name}.toml"));
         st.targets.push(TargetHost {
             name: name.clone(),
@@ -388,15 +415,16 @@ fn build(a: &UpArgs, st: &mut State) -> Result<()> {
         let t = st.targets.last_mut().expect("pushed");
         t.logs = files.iter().filter(|f| f.extension().is_some_and(|e| e == "log")).cloned().collect();
         t.csvs = files.iter().filter(|f| f.extension().is_some_and(|e| e == "csv")).cloned().collect();
-        let quoted = |v: &str| toml::Value::String(v.into()).to_string();
         std::fs::write(
             &config,
             format!(
-                "[[listener]]\naddress = \"{addr}\"\n[[subsystem]]\nnqn = {}\nallow_any_host = true\n[[subsystem.namespace]]\nnsid = 1\npath = {}\n",
+                "{}[[listener]]\naddress = \"{addr}\"\n[[subsystem]]\nnqn = {}\nallow_any_host = true\n[[subsystem.namespace]]\nnsid = 1\npath = {}\ntag = {i}\n",
+                cluster_of(i),
                 quoted(&nqn),
                 quoted(img)
             ),
         )?;
+        map += &format!("[[namespace]]\naddress = \"{addr}\"\nnqn = {}\nnsid = 1\nfile = {}\ntag = {i}\n", quoted(&nqn), quoted(img));
         let log = std::fs::File::create(a.dir.join(format!("{name}.log")))?;
         let child = Command::new("ip")
             .args(["netns", "exec", &ns])
@@ -416,7 +444,10 @@ fn build(a: &UpArgs, st: &mut State) -> Result<()> {
         wait_listening(addr, pid)
             .with_context(|| format!("target {name}: {}", std::fs::read_to_string(&log).unwrap_or_default().trim()))?;
     }
-    Ok(())
+    let map_file = a.dir.join("map.toml");
+    std::fs::write(&map_file, map)?;
+    st.map = Some(map_file);
+    st.save()
 }
 
 /// Stops a process we started, if it is still the one we started.
@@ -473,6 +504,9 @@ pub fn down() -> Result<()> {
         }
     }
     if let Some(st) = &st {
+        if let Some(m) = &st.map {
+            let _ = std::fs::remove_file(m);
+        }
         // The directory too, when nothing else is in it.
         let _ = std::fs::remove_dir(&st.dir);
     }
@@ -587,8 +621,10 @@ fn workload(op: &str) -> Result<(&'static nearstore_compute::Operation, Vec<u8>,
 /// The client's host library, with every target's image mapped to its endpoint.
 pub fn client(st: &State) -> Result<Host> {
     let mut devices = DeviceMap::default();
-    for t in &st.targets {
-        devices.add_file(&t.image, Endpoint { address: t.addr, nqn: t.nqn.clone(), nsid: 1 }).map_err(anyhow::Error::msg)?;
+    for (i, t) in st.targets.iter().enumerate() {
+        let ep = Endpoint { address: t.addr, nqn: t.nqn.clone(), nsid: 1 };
+        devices.add_file(&t.image, ep.clone()).map_err(anyhow::Error::msg)?;
+        devices.set_tag(&ep, i as u16 + 1).map_err(anyhow::Error::msg)?;
     }
     let mut host = Host::new(devices);
     host.parallel = 4;
@@ -665,18 +701,28 @@ pub fn bench(a: &BenchArgs) -> Result<()> {
 }
 
 pub fn experiment(a: &ExperimentArgs) -> Result<()> {
+    if crate::sortexp::is_sort(&a.name) {
+        return crate::sortexp::experiment(a);
+    }
+    let a = &ExperimentArgs {
+        targets: Some(a.targets.clone().unwrap_or_else(|| vec![1, 2, 4, 8])),
+        rates: Some(a.rates.clone().unwrap_or_else(|| vec!["1gbit".into(), "10gbit".into()])),
+        ..a.clone()
+    };
     let ops: &[&str] = match a.name.as_str() {
         "checksum" => &["crc32c", "sha256"],
         "select" => &["select"],
         other => bail!("experiment {other:?}: checksum or select"),
     };
-    let max = *a.targets.iter().max().context("--targets is empty")?;
+    let (targets, rates) = (a.targets.as_deref().unwrap_or_default(), a.rates.as_deref().unwrap_or_default());
+    let max = *targets.iter().max().context("--targets is empty")?;
     let up_args = UpArgs {
         targets: max as u32,
         files: a.files,
         file_size: a.file_size,
         dir: a.dir.clone(),
-        shape: ShapeArgs { rate: a.rates[0].clone(), delay: "0ms".into() },
+        image_size: None,
+        shape: ShapeArgs { rate: rates.first().context("--rates is empty")?.clone(), delay: "0ms".into() },
     };
     let mut st = up(&up_args)?;
     let r = run_grid(a, ops, &mut st);
@@ -711,9 +757,9 @@ fn run_grid(a: &ExperimentArgs, ops: &[&str], st: &mut State) -> Result<Vec<Reco
         }
         Ok(())
     });
-    for rate in &a.rates {
+    for rate in a.rates.as_deref().unwrap_or_default() {
         shape_all(st, rate, "0ms")?;
-        for &k in &a.targets {
+        for &k in a.targets.as_deref().unwrap_or_default() {
             for op in ops {
                 let mut results: Option<String> = None;
                 // Untimed: connections made, targets' caches warm.

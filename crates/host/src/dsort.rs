@@ -74,9 +74,11 @@ pub struct SortReport {
     pub devices: usize,
     pub bytes: u64,
     pub outputs: Vec<SortedPart>,
-    /// Seconds: the whole request, the sort phase (every device sorting its inputs), and
-    /// the merge phase after it (with host copies, when host-mediated).
+    /// Seconds: the whole request; mapping the inputs and allocating runs, copies and the
+    /// output before the first step; the sort phase (every device sorting its inputs);
+    /// and the merge phase after it (with host copies, when host-mediated).
     pub secs: f64,
+    pub prepare_secs: f64,
     pub sort_secs: f64,
     pub merge_phase_secs: f64,
     /// Within the merge phase: the host copies (host-mediated), and the merges.
@@ -285,6 +287,8 @@ async fn plan_and_run(
     }
     let mut reports: Vec<StepReport> = Vec::new();
     let mut steps: Vec<Step> = Vec::new();
+    // When the first plan started: mapping and allocating came before.
+    let mut prepare_secs = 0.0;
     let jobs = match &req.output {
         SortOutput::One(out) => {
             steps = sort_steps(false);
@@ -308,7 +312,9 @@ async fn plan_and_run(
         }
         SortOutput::Ranges(name) => {
             progress("sort phase: every device sorts its inputs");
+            prepare_secs = t0.elapsed().as_secs_f64();
             reports = orchestrator::run(sort_steps(true), locks.clone(), opts, progress).await.map_err(HostError::Step)?;
+            shift(&mut reports, prepare_secs);
             let index: Vec<Vec<IndexEntry>> = reports
                 .iter()
                 .map(|r| match &r.outcome {
@@ -405,12 +411,11 @@ async fn plan_and_run(
         });
     }
     let offset = t0.elapsed().as_secs_f64();
-    let shift = if reports.is_empty() { 0.0 } else { offset };
-    let mut more = orchestrator::run(steps, locks, opts, progress).await.map_err(HostError::Step)?;
-    for r in &mut more {
-        r.started += shift;
-        r.ended += shift;
+    if reports.is_empty() {
+        prepare_secs = offset;
     }
+    let mut more = orchestrator::run(steps, locks, opts, progress).await.map_err(HostError::Step)?;
+    shift(&mut more, offset);
     reports.extend(more);
     // The outputs, cut to what the merges wrote.
     let mut outputs = Vec::new();
@@ -443,13 +448,22 @@ async fn plan_and_run(
         bytes: total,
         outputs,
         secs,
-        sort_secs: sort_end,
+        prepare_secs,
+        sort_secs: sort_end - prepare_secs,
         merge_phase_secs: secs - sort_end,
         copy_secs: span("copy"),
         merge_secs: span("merge"),
         merge_input_wait_secs: wait_ms.unwrap_or(0) as f64 / 1000.0,
         steps: reports,
     })
+}
+
+/// Makes step times relative to the request's start: the plan started `at` seconds in.
+fn shift(reports: &mut [StepReport], at: f64) {
+    for r in reports {
+        r.started += at;
+        r.ended += at;
+    }
 }
 
 fn merge_name(tag: u16, job: usize, jobs: usize) -> String {
