@@ -2,10 +2,13 @@
 """Plots of the testbed experiments (docs/experiments.md) from their JSON.
 
     scripts/plot-experiments.py docs/experiments/checksum.json docs/experiments/checksum.png
+    scripts/plot-experiments.py docs/experiments/sort-size.json docs/experiments/sort-size.png
 
-One column per link rate: throughput against the number of targets, conventional (the
+Checksum and select: one column per link rate: throughput against the number of targets, conventional (the
 client reads the blocks and computes) against offloaded (the targets compute), and below it
 the bytes the client's link carried per byte of data, from the interfaces' counters.
+The sorts (sort-size, sort-rate, sort-devices): runtime of both transfers against the
+grid's variable, and the merge phase split into its parts.
 Installs matplotlib with pip when it is missing.
 """
 import json
@@ -30,8 +33,73 @@ def rate_value(rate):
     return float("inf")
 
 
+MODES = {"host-mediated": ("tab:red", "--", "host-mediated"), "device-to-device": ("tab:blue", "-", "device to device")}
+
+
+def sort_plot(records, dst):
+    name = records[0]["experiment"]
+    if name == "sort-size":
+        groups = [("", records)]
+        xkey, xlabel, xlog = "bytes", "data size (bytes)", True
+    elif name == "sort-rate":
+        groups = [("", records)]
+        xkey, xlabel, xlog = "rate", "link rate", True
+    else:
+        rates = sorted({r["rate"] for r in records}, key=rate_value)
+        groups = [(f"links at {rate}", [r for r in records if r["rate"] == rate]) for rate in rates]
+        xkey, xlabel, xlog = "targets", "targets", False
+    fig, axes = plt.subplots(2, len(groups), figsize=(5.6 * len(groups), 7), squeeze=False)
+    for col, (title, rs) in enumerate(groups):
+        top, bottom = axes[0][col], axes[1][col]
+        xs = sorted({r[xkey] for r in rs}, key=rate_value if xkey == "rate" else (lambda v: v))
+        pos = {x: i for i, x in enumerate(xs)} if xkey == "rate" else None
+        for mode, (color, style, label) in MODES.items():
+            m = sorted((r for r in rs if r["transfer"] == mode), key=lambda r: pos[r[xkey]] if pos else r[xkey])
+            x = [pos[r[xkey]] if pos else r[xkey] for r in m]
+            top.plot(x, [r["secs"] for r in m], style, marker="o", color=color, label=f"{label}: whole sort")
+            top.plot(x, [r["merge_phase_secs"] for r in m], style, marker="s", color=color, alpha=0.5, label=f"{label}: merge phase")
+            width = 0.35 if pos else None
+            if pos:
+                off = -width / 2 if mode == "host-mediated" else width / 2
+                bx = [v + off for v in x]
+                copy = [r["copy_secs"] if mode == "host-mediated" else r["merge_input_wait_secs"] for r in m]
+                rest = [max(r["merge_phase_secs"] - c, 0) for r, c in zip(m, copy)]
+                bottom.bar(bx, copy, width, color=color, alpha=0.9, label=f"{label}: " + ("host copies" if mode == "host-mediated" else "merge waiting for peers"))
+                bottom.bar(bx, rest, width, bottom=copy, color=color, alpha=0.35, label=f"{label}: rest of the merge phase")
+            else:
+                bottom.plot(x, [r["client_bytes"] / max(r["bytes"], 1) * 100 for r in m], style, marker="o", color=color, label=label)
+        if pos:
+            for ax in (top, bottom):
+                ax.set_xticks(range(len(xs)))
+                ax.set_xticklabels(xs)
+            bottom.set_ylabel("merge phase (s)")
+            top.set_yscale("log")
+        else:
+            bottom.set_ylabel("client link bytes (% of data)")
+            bottom.set_yscale("log")
+            if xlog:
+                for ax in (top, bottom):
+                    ax.set_xscale("log", base=2)
+            top.set_yscale("log" if xlog else "linear")
+            if not xlog:
+                for ax in (top, bottom):
+                    ax.set_xticks(xs)
+        top.set_ylabel("seconds (median of runs)")
+        top.set_title(title or name)
+        top.grid(alpha=0.3, which="both")
+        bottom.grid(alpha=0.3, which="both")
+        bottom.set_xlabel(xlabel)
+        top.legend(fontsize=7)
+        bottom.legend(fontsize=7)
+    fig.suptitle(f"{name}: distributed sort, device to device vs host-mediated, 2-core machine", fontsize=10)
+    fig.tight_layout()
+    fig.savefig(dst, dpi=90)
+
+
 def main(src, dst):
     records = json.load(open(src))
+    if records and str(records[0].get("experiment", "")).startswith("sort-"):
+        return sort_plot(records, dst)
     rates = sorted({r["rate"] for r in records}, key=rate_value)
     ops = sorted({r["op"] for r in records})
     fig, axes = plt.subplots(2, len(rates), figsize=(5.2 * len(rates), 6.4), squeeze=False, gridspec_kw={"height_ratios": [3, 2]})

@@ -48,7 +48,10 @@ pub struct SortRecord {
 fn grid(a: &ExperimentArgs) -> Result<(Vec<u64>, Vec<String>, Vec<usize>)> {
     let sizes = |d: &[&str]| -> Result<Vec<u64>> {
         let given: Vec<String> = a.sizes.clone().unwrap_or_else(|| d.iter().map(|s| s.to_string()).collect());
-        given.iter().map(|s| s.parse::<nearstore_target::config::ByteSize>().map(|b| b.0).map_err(|e| anyhow::anyhow!("--sizes {s}: {e}"))).collect()
+        given
+            .iter()
+            .map(|s| s.parse::<nearstore_target::config::ByteSize>().map(|b| b.0).map_err(|e| anyhow::anyhow!("--sizes {s}: {e}")))
+            .collect()
     };
     let rates = |d: &[&str]| a.rates.clone().unwrap_or_else(|| d.iter().map(|s| s.to_string()).collect());
     let targets = |d: &[usize]| a.targets.clone().unwrap_or_else(|| d.to_vec());

@@ -78,6 +78,50 @@ fn testbed_up_bench_down_and_a_failed_up_cleans_up() {
     }
     // The shaping is in effect: conventional reads cannot beat the 100 Mbit/s link.
     assert!(conv["mb_per_s"].as_f64().unwrap() < 100.0 / 8.0 * 1.2, "{conv}");
+    // A sort across both targets from the client, through the CLI, with the testbed's map:
+    // device to device (the client's link carries commands only) and host-mediated.
+    let map = state["map"].as_str().unwrap().to_string();
+    let mnts: Vec<String> = state["targets"].as_array().unwrap().iter().map(|t| t["mnt"].as_str().unwrap().to_string()).collect();
+    ok(&["gensort", "--records", "30000", &format!("{}/part0", mnts[0])]);
+    ok(&["gensort", "--records", "20000", "--start", "30000", &format!("{}/part1", mnts[1])]);
+    // The inputs together are not in order (valsort says so and fails), but their checksum
+    // is what the sorted output must have.
+    let want = String::from_utf8(nearstore(&["valsort", &format!("{}/part0", mnts[0]), &format!("{}/part1", mnts[1])]).stdout).unwrap();
+    let want_sum = want.lines().find(|l| l.contains("checksum")).unwrap_or_else(|| panic!("{want}")).to_string();
+    for transfer in ["d2d", "host"] {
+        let out = format!("{}/sorted", mnts[1]);
+        let o = ok(&[
+            "testbed",
+            "exec",
+            "client",
+            "--",
+            env!("CARGO_BIN_EXE_nearstore"),
+            "sort",
+            "--across",
+            "--map",
+            &map,
+            "--record-size",
+            "100",
+            "--key-length",
+            "10",
+            "--transfer",
+            transfer,
+            "--into",
+            &out,
+            &format!("{}/part0", mnts[0]),
+            &format!("{}/part1", mnts[1]),
+        ]);
+        assert!(o.contains("50000 records, 5000000 bytes (device 2)"), "{transfer}: {o}");
+        let v = ok(&["valsort", &out]);
+        assert!(v.contains(&want_sum), "{transfer}: {v} against {want}");
+        std::fs::remove_file(&out).unwrap();
+    }
+    // Refused by name: no tags in the map, and --across with merge.
+    let o = nearstore(&["sort", "--across", "--record-size", "100", "--into", "/tmp/x", &format!("{}/part0", mnts[0])]);
+    assert!(String::from_utf8_lossy(&o.stderr).contains("not on a target's namespace"), "{}", String::from_utf8_lossy(&o.stderr));
+    let o = nearstore(&["merge", "--across", "--map", &map, "--into", "/tmp/x", &format!("{}/part0", mnts[0])]);
+    assert!(String::from_utf8_lossy(&o.stderr).contains("only sort runs across targets"), "{}", String::from_utf8_lossy(&o.stderr));
+
     // Commands on a host; a host that does not exist.
     let o = nearstore(&["testbed", "exec", "t2", "--", "ip", "-br", "addr", "show", "eth0"]);
     assert!(o.status.success() && String::from_utf8_lossy(&o.stdout).contains("10.77.0.12"));

@@ -90,6 +90,9 @@ pub struct SortReport {
     pub steps: Vec<StepReport>,
 }
 
+/// Names of runs and copies (hidden, beside the inputs) start with this.
+const SCRATCH: &str = ".nearstore-sort-";
+
 /// Index entries each run returns for picking ranges.
 const INDEX_ENTRIES: usize = 1024;
 /// Slices of runs start at a multiple of this (every namespace block size divides it).
@@ -160,9 +163,19 @@ fn sorted_len(files: &[FileObject], lines: bool) -> Result<u64, HostError> {
 
 /// Allocates `path` with `capacity` bytes on the device `want` (an error if the file
 /// system puts it elsewhere).
-fn allocate(path: &Path, capacity: u64, devices: &DeviceMap, want: &Endpoint, alloc: &mut Vec<PathBuf>) -> Result<FileObject, HostError> {
+/// Runs and copies are `scratch` (read by targets only, removed at the end); outputs are
+/// read through the file system afterwards and need written blocks.
+fn allocate(
+    path: &Path,
+    capacity: u64,
+    devices: &DeviceMap,
+    want: &Endpoint,
+    alloc: &mut Vec<PathBuf>,
+    scratch: bool,
+) -> Result<FileObject, HostError> {
     alloc.push(path.to_path_buf());
-    match crate::prepare_output(path, capacity, devices)? {
+    let m = if scratch { crate::prepare_scratch(path, capacity, devices)? } else { crate::prepare_output(path, capacity, devices)? };
+    match m {
         Mapped::Offload(f) if &f.location.endpoint == want => Ok(f),
         Mapped::Offload(f) => Err(invalid(format!(
             "{}: allocated on {} {}, not on {} {}",
@@ -242,8 +255,8 @@ async fn plan_and_run(
     let mut runs: Vec<(FileObject, u64)> = Vec::new();
     for (i, d) in devs.iter().enumerate() {
         let len = sorted_len(&d.inputs, lines)?;
-        let path = d.dir.join(format!(".nearstore-sort-{id}-run{i}"));
-        let f = allocate(&path, len, map, &d.ep, &mut alloc.temporary)?;
+        let path = d.dir.join(format!("{SCRATCH}{id}-run{i}"));
+        let f = allocate(&path, len, map, &d.ep, &mut alloc.temporary, true)?;
         runs.push((f, len));
     }
     let total: u64 = runs.iter().map(|r| r.1).sum();
@@ -336,7 +349,7 @@ async fn plan_and_run(
                     .collect();
                 let cap: u64 = slices.iter().map(|s| s.2 - s.1).sum();
                 let path = dev.dir.join(name);
-                let f = allocate(&path, cap, map, &dev.ep, &mut alloc.outputs)?;
+                let f = allocate(&path, cap, map, &dev.ep, &mut alloc.outputs, false)?;
                 jobs.push(MergeJob { dev: j, slices, key_min: lo, key_max: hi, output: f });
             }
             jobs
@@ -361,8 +374,8 @@ async fn plan_and_run(
                 skips.push(from - at);
                 continue;
             }
-            let path = here.dir.join(format!(".nearstore-sort-{id}-copy{i}to{}-{jn}", job.dev));
-            let copy = allocate(&path, to - from, map, &here.ep, &mut alloc.temporary)?;
+            let path = here.dir.join(format!("{SCRATCH}{id}-copy{i}to{}-{jn}", job.dev));
+            let copy = allocate(&path, to - from, map, &here.ep, &mut alloc.temporary, true)?;
             let to_obj = Object { len: to - from, ..copy.object.clone() };
             steps.push(Step {
                 name: format!(

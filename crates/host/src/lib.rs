@@ -669,6 +669,23 @@ pub(crate) fn prepare_output(path: &Path, capacity: u64, devices: &DeviceMap) ->
     Ok(object::map_file(path, devices)?)
 }
 
+/// Creates a scratch file of `capacity` bytes, allocated but not written (fallocate: no
+/// zero fill, no write-back), and maps it with [`object::map_scratch`]. Where the file
+/// system cannot fallocate, it is a zero-filled output like any other.
+pub(crate) fn prepare_scratch(path: &Path, capacity: u64, devices: &DeviceMap) -> Result<Mapped, HostError> {
+    let ioe = |source| HostError::Io { path: path.into(), source };
+    let f = std::fs::OpenOptions::new().create(true).write(true).truncate(true).open(path).map_err(ioe)?;
+    let cap = capacity.div_ceil(4096).max(1) * 4096;
+    // SAFETY: plain syscall on an open descriptor.
+    if unsafe { libc::fallocate(f.as_raw_fd(), 0, 0, cap as libc::off_t) } != 0 {
+        drop(f);
+        return prepare_output(path, capacity, devices);
+    }
+    f.sync_all().map_err(ioe)?;
+    drop(f);
+    Ok(object::map_scratch(path, devices)?)
+}
+
 /// Cuts the output to the bytes written and drops the host's cached pages of it, so a
 /// plain read shows what the target wrote. The cache goes first: cutting the file zeroes
 /// the rest of its last block through the cache, and a stale cached block (the zero

@@ -77,6 +77,18 @@ fn io(path: &Path) -> impl FnOnce(std::io::Error) -> MapError + '_ {
 
 /// Maps a file: where its device lies (or why it cannot offload), then its extents.
 pub fn map_file(path: &Path, devices: &DeviceMap) -> Result<Mapped, MapError> {
+    map_with(path, devices, false)
+}
+
+/// Maps a scratch file: allocated with fallocate and written only by targets, never read
+/// through the file system (a sort's runs and copies). Its unwritten extents are blocks
+/// like any other to the target; the file system still reads them as zeros, which no one
+/// does before the file is removed.
+pub fn map_scratch(path: &Path, devices: &DeviceMap) -> Result<Mapped, MapError> {
+    map_with(path, devices, true)
+}
+
+fn map_with(path: &Path, devices: &DeviceMap, unwritten_is_data: bool) -> Result<Mapped, MapError> {
     let file = File::open(path).map_err(io(path))?;
     let m = file.metadata().map_err(io(path))?;
     if !m.is_file() {
@@ -95,7 +107,7 @@ pub fn map_file(path: &Path, devices: &DeviceMap) -> Result<Mapped, MapError> {
         }
         Err(e) => return Err(MapError::Io { path: path.into(), source: e }),
     };
-    match build_object(&snapshot, location.offset) {
+    match build_object_as(&snapshot, location.offset, unwritten_is_data) {
         Ok(object) => Ok(Mapped::Offload(FileObject { path: path.into(), object, location, snapshot })),
         Err(reason) => local(reason),
     }
@@ -105,6 +117,11 @@ pub fn map_file(path: &Path, devices: &DeviceMap) -> Result<Mapped, MapError> {
 /// physically contiguous extents merge, `offset` (partition and loop offsets) is added.
 /// Err: why the file must be computed on the host.
 pub fn build_object(s: &Snapshot, offset: u64) -> Result<Object, String> {
+    build_object_as(s, offset, false)
+}
+
+/// [`build_object`], with unwritten extents as data when `unwritten_is_data` (scratch).
+fn build_object_as(s: &Snapshot, offset: u64, unwritten_is_data: bool) -> Result<Object, String> {
     let mut out: Vec<Extent> = Vec::new();
     let mut pos = 0u64;
     let push = |out: &mut Vec<Extent>, e: Extent| {
@@ -130,7 +147,7 @@ pub fn build_object(s: &Snapshot, offset: u64) -> Result<Object, String> {
         if e.logical > pos {
             push(&mut out, Extent::zeros(e.logical - pos));
         }
-        if e.flags & flags::UNWRITTEN != 0 {
+        if e.flags & flags::UNWRITTEN != 0 && !unwritten_is_data {
             push(&mut out, Extent::zeros(e.length));
         } else {
             let phys = e.physical.checked_add(offset).ok_or_else(|| format!("extent at byte {} overflows", e.logical))?;
