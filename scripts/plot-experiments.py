@@ -62,17 +62,19 @@ def sort_plot(records, dst):
             if pos:
                 off = -width / 2 if mode == "host-mediated" else width / 2
                 bx = [v + off for v in x]
-                copy = [r["copy_secs"] if mode == "host-mediated" else r["merge_input_wait_secs"] for r in m]
-                rest = [max(r["merge_phase_secs"] - c, 0) for r, c in zip(m, copy)]
-                bottom.bar(bx, copy, width, color=color, alpha=0.9, label=f"{label}: " + ("host copies" if mode == "host-mediated" else "merge waiting for peers"))
-                bottom.bar(bx, rest, width, bottom=copy, color=color, alpha=0.35, label=f"{label}: rest of the merge phase")
+                # As the seed's figure 5.3: the share of the merge phase spent moving data.
+                moved = [r["copy_secs"] if mode == "host-mediated" else r["merge_input_wait_secs"] for r in m]
+                share = [min(c / r["merge_phase_secs"], 1) * 100 for r, c in zip(m, moved)]
+                bottom.bar(bx, share, width, color=color, alpha=0.9, label=f"{label}: " + ("host copies" if mode == "host-mediated" else "merge waiting for peers' data"))
+                bottom.bar(bx, [100 - v for v in share], width, bottom=share, color=color, alpha=0.3, label=f"{label}: merging")
             else:
                 bottom.plot(x, [r["client_bytes"] / max(r["bytes"], 1) * 100 for r in m], style, marker="o", color=color, label=label)
         if pos:
             for ax in (top, bottom):
                 ax.set_xticks(range(len(xs)))
                 ax.set_xticklabels(xs)
-            bottom.set_ylabel("merge phase (s)")
+            bottom.set_ylabel("share of the merge phase (%)")
+            bottom.set_ylim(0, 135)
             top.set_yscale("log")
         else:
             bottom.set_ylabel("client link bytes (% of data)")
@@ -91,7 +93,8 @@ def sort_plot(records, dst):
         bottom.set_xlabel(xlabel)
         top.legend(fontsize=7)
         bottom.legend(fontsize=7)
-    fig.suptitle(f"{name}: distributed sort, device to device vs host-mediated, 2-core machine", fontsize=10)
+    output = "one output per target (key ranges)" if records[0].get("output") == "ranges" else "one output"
+    fig.suptitle(f"{name}, {output}:\ndevice to device vs host-mediated, 2-core machine", fontsize=10)
     fig.tight_layout()
     fig.savefig(dst, dpi=90)
 

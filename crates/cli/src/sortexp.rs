@@ -25,6 +25,9 @@ use crate::testbed::{self, ExperimentArgs, State};
 pub struct SortRecord {
     pub experiment: String,
     pub transfer: Transfer,
+    /// `one` output file on the first target, or `ranges`: one per target.
+    #[serde(default = "one")]
+    pub output: String,
     pub targets: usize,
     pub rate: String,
     pub bytes: u64,
@@ -42,6 +45,10 @@ pub struct SortRecord {
     pub links: Vec<(String, u64, u64)>,
     /// Bytes through the client's link (received + sent).
     pub client_bytes: u64,
+}
+
+fn one() -> String {
+    "one".into()
 }
 
 /// The grid of an experiment: (sizes, rates, target counts).
@@ -87,11 +94,11 @@ pub fn experiment(a: &ExperimentArgs) -> Result<()> {
     let mut st = testbed::up(&up)?;
     let st2 = st.clone();
     let name = a.name.clone();
-    let runs = a.runs;
+    let (runs, ranges) = (a.runs, a.ranges);
     let worker = std::thread::spawn(move || -> Result<Vec<SortRecord>> {
         testbed::enter_netns("nstb-client")?;
         let mut st = st2;
-        run_grid(&name, &mut st, &sizes, &rates, &targets, runs)
+        run_grid(&name, &mut st, &sizes, &rates, &targets, runs, ranges)
     });
     let r = worker.join().expect("the measuring thread");
     let d = testbed::down();
@@ -129,7 +136,15 @@ fn generate(st: &State, k: usize, total: u64) -> Result<(Vec<PathBuf>, sortbench
     Ok((files, v.finish()?))
 }
 
-fn run_grid(name: &str, st: &mut State, sizes: &[u64], rates: &[String], targets: &[usize], runs: u32) -> Result<Vec<SortRecord>> {
+fn run_grid(
+    name: &str,
+    st: &mut State,
+    sizes: &[u64],
+    rates: &[String],
+    targets: &[usize],
+    runs: u32,
+    ranges: bool,
+) -> Result<Vec<SortRecord>> {
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
     let host = testbed::client(st)?;
     let locks = Arc::new(Locks::default());
@@ -139,7 +154,10 @@ fn run_grid(name: &str, st: &mut State, sizes: &[u64], rates: &[String], targets
         for &k in targets {
             for &size in sizes {
                 let (inputs, want) = generate(st, k, size)?;
+                // One output on the first target, or a range on each.
                 let out = st.targets[0].mnt.join("sort.out");
+                let outs: Vec<PathBuf> =
+                    if ranges { st.targets[..k].iter().map(|t| t.mnt.join("sort.out")).collect() } else { vec![out.clone()] };
                 let mut cells: Vec<Vec<SortRecord>> = vec![Vec::new(), Vec::new()];
                 // Modes alternate, so that drifts of the machine touch both alike.
                 for _ in 0..runs {
@@ -151,7 +169,7 @@ fn run_grid(name: &str, st: &mut State, sizes: &[u64], rates: &[String], targets
                         let req = SortAcross {
                             inputs: inputs.clone(),
                             args: serde_json::json!({"record_size": 100, "key_length": 10}),
-                            output: SortOutput::One(out.clone()),
+                            output: if ranges { SortOutput::Ranges("sort.out".into()) } else { SortOutput::One(out.clone()) },
                             transfer,
                         };
                         let t0 = Instant::now();
@@ -160,20 +178,25 @@ fn run_grid(name: &str, st: &mut State, sizes: &[u64], rates: &[String], targets
                         let after: Vec<(u64, u64)> = hosts.iter().map(|h| testbed::link_bytes(&h.1)).collect::<Result<_>>()?;
                         // valsort: in order, every record there once.
                         let mut v = Validator::default();
-                        let mut src = nearstore_host::FileSource::open(&out)?;
-                        while let Some(c) = nearstore_compute::Source::next_chunk(&mut src)? {
-                            v.update(c);
+                        for o in &outs {
+                            let mut src = nearstore_host::FileSource::open(o)?;
+                            while let Some(c) = nearstore_compute::Source::next_chunk(&mut src)? {
+                                v.update(c);
+                            }
                         }
                         let got = v.finish()?;
                         if got.first_unordered.is_some() || got.records != want.records || got.checksum != want.checksum {
                             bail!("{k} targets, {size} bytes, {transfer:?}: the output is not the sorted input: {got:?} against {want:?}");
                         }
-                        std::fs::remove_file(&out)?;
+                        for o in &outs {
+                            std::fs::remove_file(o)?;
+                        }
                         let links: Vec<(String, u64, u64)> =
                             hosts.iter().zip(after.iter().zip(&before)).map(|(h, (a, b))| (h.0.clone(), a.0 - b.0, a.1 - b.1)).collect();
                         cells[m].push(SortRecord {
                             experiment: name.into(),
                             transfer,
+                            output: if ranges { "ranges".into() } else { "one".into() },
                             targets: k,
                             rate: rate.clone(),
                             bytes: r.bytes,
@@ -197,7 +220,8 @@ fn run_grid(name: &str, st: &mut State, sizes: &[u64], rates: &[String], targets
                     let mut rec = c.swap_remove(c.len() / 2);
                     rec.secs_runs = all;
                     eprintln!(
-                        "{name} {k} targets {rate:>7} {:>10} bytes {:<15?} {:>7.2} s (prepare {:.2}, sort {:.2}, merge phase {:.2}: copies {:.2}, merge {:.2}, input wait {:.2}) client link {} bytes",
+                        "{name} {} {k} targets {rate:>7} {:>10} bytes {:<15?} {:>7.2} s (prepare {:.2}, sort {:.2}, merge phase {:.2}: copies {:.2}, merge {:.2}, input wait {:.2}) client link {} bytes",
+                        rec.output,
                         rec.bytes,
                         rec.transfer,
                         rec.secs,

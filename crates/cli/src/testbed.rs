@@ -120,6 +120,9 @@ pub struct ExperimentArgs {
     /// sort-rate, 256MiB for sort-devices).
     #[arg(long, value_delimiter = ',')]
     pub sizes: Option<Vec<String>>,
+    /// Sorts: one output per target (key ranges) instead of one output on the first.
+    #[arg(long)]
+    pub ranges: bool,
     /// Files of each kind per target, and their size.
     #[arg(long, default_value_t = 16)]
     pub files: usize,

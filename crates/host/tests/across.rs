@@ -116,6 +116,8 @@ struct Cluster {
     fs: Vec<Fs>,
     map: DeviceMap,
     targets: Vec<Arc<Target>>,
+    /// Where the host reaches each target.
+    targets_addr: Vec<SocketAddr>,
     /// Device 3 as everyone reaches it goes through a proxy.
     cut: Arc<AtomicBool>,
     gone: Arc<AtomicBool>,
@@ -152,7 +154,7 @@ async fn cluster() -> Cluster {
         map.add_file(&fs[i].image, ep.clone()).unwrap();
         map.set_tag(&ep, i as u16 + 1).unwrap();
     }
-    Cluster { fs, map, targets, cut, gone }
+    Cluster { fs, map, targets, targets_addr: seen.to_vec(), cut, gone }
 }
 
 async fn futures_listeners(n: usize) -> Vec<TcpListener> {
@@ -315,6 +317,19 @@ async fn faults_fail_the_request_naming_step_and_device_and_leave_nothing_behind
     expect_step_error(r, "sort on device 3", "device 3", &["connecting"]);
     clean("target gone");
     assert!(locks.held().is_empty());
+
+    // A namespace without a tag in the host's map: refused before anything is allocated.
+    let mut untagged = DeviceMap::default();
+    for (i, fs) in c.fs.iter().enumerate() {
+        let ep = Endpoint { address: c.targets_addr[i], nqn: format!("{NQN}{i}"), nsid: 1 };
+        untagged.add_file(&fs.image, ep).unwrap();
+    }
+    let r = sort_across(&untagged, locks.clone(), &req, &opts(60), &quiet).await;
+    match r {
+        Err(HostError::Invalid(m)) => assert!(m.contains("has no tag in the cluster map"), "{m}"),
+        r => panic!("expected a refusal, got {r:?}"),
+    }
+    clean("untagged");
 
     // An output too small, in a plan of the orchestrator's own.
     let src = c.fs[1].mnt.join("c.in");

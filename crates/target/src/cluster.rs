@@ -10,7 +10,7 @@
 //! [cluster]
 //! host_nqn = "nqn.2026-11.io.nearstore:t1"   # the peers must allow this host
 //! connections_per_peer = 4                   # concurrent streams to one peer
-//! read_ahead_bytes = "2MiB"                  # reads in flight per stream
+//! read_ahead_bytes = "4MiB"                  # reads in flight per stream
 //! timeout_secs = 30                          # connecting, and waiting for data
 //!
 //! [[cluster.peer]]
@@ -50,7 +50,7 @@ pub struct ClusterConfig {
 
 impl Default for ClusterConfig {
     fn default() -> Self {
-        ClusterConfig { host_nqn: None, connections_per_peer: 4, read_ahead_bytes: ByteSize(2 << 20), timeout_secs: 30, peer: Vec::new() }
+        ClusterConfig { host_nqn: None, connections_per_peer: 4, read_ahead_bytes: ByteSize(4 << 20), timeout_secs: 30, peer: Vec::new() }
     }
 }
 
