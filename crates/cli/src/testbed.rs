@@ -363,7 +363,6 @@ fn build(a: &UpArgs, st: &mut State) -> Result<()> {
         sh("ip", &["-n", &ns, "link", "set", "eth0", "up"])?;
         sh("ip", &["-n", SWITCH, "link", "set", &peer, "master", "br0", "up"])?;
     }
-    shape_all(st, &a.shape.rate, &a.shape.delay)?;
     let exe = std::env::current_exe()?;
     let addr_of = |i: usize| -> SocketAddr { SocketAddr::from(([10, 77, 0, 10 + i as u8], 4420)) };
     let nqn_of = |name: &str| format!("nqn.2026-11.io.nearstore:testbed-{name}");
@@ -450,7 +449,8 @@ fn build(a: &UpArgs, st: &mut State) -> Result<()> {
     let map_file = a.dir.join("map.toml");
     std::fs::write(&map_file, map)?;
     st.map = Some(map_file);
-    st.save()
+    // Every host's link, targets included (they are in the state now).
+    shape_all(st, &a.shape.rate, &a.shape.delay)
 }
 
 /// Stops a process we started, if it is still the one we started.

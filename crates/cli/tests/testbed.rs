@@ -53,6 +53,12 @@ fn testbed_up_bench_down_and_a_failed_up_cleans_up() {
     assert_eq!(namespaces().len(), 4, "switch, client, two targets");
     let status = ok(&["testbed", "status"]);
     assert_eq!(status.matches("(running)").count(), 2, "{status}");
+    // Every link is shaped from the start, the targets' too (target to target traffic).
+    for h in ["client", "t1", "t2"] {
+        let o = nearstore(&["testbed", "exec", h, "--", "tc", "qdisc", "show", "dev", "eth0"]);
+        let q = String::from_utf8_lossy(&o.stdout);
+        assert!(q.contains("tbf") && q.contains("100Mbit"), "{h}: {q}");
+    }
     // A second testbed is refused while this one is up.
     let o = nearstore(&["testbed", "up", "--targets", "1", "--dir", tbs]);
     assert!(!o.status.success() && String::from_utf8_lossy(&o.stderr).contains("a testbed is already up"));
