@@ -463,18 +463,7 @@ fn sort_across(args: serde_json::Map<String, serde_json::Value>, a: SortArgs) ->
         println!("{}: {} records, {} bytes (device {})", p.path.display(), p.records, p.bytes, p.device);
     }
     if a.common.stats {
-        eprintln!(
-            "{} bytes over {} devices ({}) in {:.2} s: sort phase {:.2} s, merge phase {:.2} s (copies {:.2} s, merges {:.2} s, merge input wait {:.2} s)",
-            r.bytes,
-            r.devices,
-            a.transfer,
-            r.secs,
-            r.sort_secs,
-            r.merge_phase_secs,
-            r.copy_secs,
-            r.merge_secs,
-            r.merge_input_wait_secs
-        );
+        eprintln!("{} bytes over {} devices ({}) in {}", r.bytes, r.devices, a.transfer, r.phases);
     }
     Ok(())
 }

@@ -11,11 +11,10 @@
 use std::io::{BufWriter, Write};
 use std::path::PathBuf;
 use std::sync::Arc;
-use std::time::Instant;
 
 use anyhow::{bail, Context, Result};
 use nearstore_compute::sortbench::{self, Validator};
-use nearstore_host::dsort::{sort_across, SortAcross, SortOutput, Transfer};
+use nearstore_host::dsort::{sort_across, Phases, SortAcross, SortOutput, Transfer};
 use nearstore_host::orchestrator::{Locks, Options};
 use serde::{Deserialize, Serialize};
 
@@ -32,15 +31,10 @@ pub struct SortRecord {
     pub rate: String,
     pub bytes: u64,
     pub records: u64,
-    /// The median run's seconds, and every run's.
-    pub secs: f64,
+    /// The median run's phases, and every run's seconds.
+    #[serde(flatten)]
+    pub phases: Phases,
     pub secs_runs: Vec<f64>,
-    pub prepare_secs: f64,
-    pub sort_secs: f64,
-    pub merge_phase_secs: f64,
-    pub copy_secs: f64,
-    pub merge_secs: f64,
-    pub merge_input_wait_secs: f64,
     /// Every link's bytes: (host, received, sent) at the host's end.
     pub links: Vec<(String, u64, u64)>,
     /// Bytes through the client's link (received + sent).
@@ -172,9 +166,7 @@ fn run_grid(
                             output: if ranges { SortOutput::Ranges("sort.out".into()) } else { SortOutput::One(out.clone()) },
                             transfer,
                         };
-                        let t0 = Instant::now();
                         let r = rt.block_on(sort_across(&host.devices, locks.clone(), &req, &Options::default(), &|_| {}))?;
-                        let secs = t0.elapsed().as_secs_f64();
                         let after: Vec<(u64, u64)> = hosts.iter().map(|h| testbed::link_bytes(&h.1)).collect::<Result<_>>()?;
                         // valsort: in order, every record there once.
                         let mut v = Validator::default();
@@ -201,37 +193,21 @@ fn run_grid(
                             rate: rate.clone(),
                             bytes: r.bytes,
                             records: want.records,
-                            secs,
+                            phases: r.phases,
                             secs_runs: vec![],
-                            prepare_secs: r.prepare_secs,
-                            sort_secs: r.sort_secs,
-                            merge_phase_secs: r.merge_phase_secs,
-                            copy_secs: r.copy_secs,
-                            merge_secs: r.merge_secs,
-                            merge_input_wait_secs: r.merge_input_wait_secs,
                             client_bytes: links[0].1 + links[0].2,
                             links,
                         });
                     }
                 }
                 for mut c in cells {
-                    c.sort_by(|x, y| x.secs.total_cmp(&y.secs));
-                    let all: Vec<f64> = c.iter().map(|r| r.secs).collect();
+                    c.sort_by(|x, y| x.phases.secs.total_cmp(&y.phases.secs));
+                    let all: Vec<f64> = c.iter().map(|r| r.phases.secs).collect();
                     let mut rec = c.swap_remove(c.len() / 2);
                     rec.secs_runs = all;
                     eprintln!(
-                        "{name} {} {k} targets {rate:>7} {:>10} bytes {:<15?} {:>7.2} s (prepare {:.2}, sort {:.2}, merge phase {:.2}: copies {:.2}, merge {:.2}, input wait {:.2}) client link {} bytes",
-                        rec.output,
-                        rec.bytes,
-                        rec.transfer,
-                        rec.secs,
-                        rec.prepare_secs,
-                        rec.sort_secs,
-                        rec.merge_phase_secs,
-                        rec.copy_secs,
-                        rec.merge_secs,
-                        rec.merge_input_wait_secs,
-                        rec.client_bytes
+                        "{name} {} {k} targets {rate:>7} {:>10} bytes {:<15?} {} client link {} bytes",
+                        rec.output, rec.bytes, rec.transfer, rec.phases, rec.client_bytes
                     );
                     records.push(rec);
                 }

@@ -72,7 +72,8 @@ pub enum Outcome {
         index: Vec<IndexEntry>,
     },
     /// A merge: as Written, plus the records written and the time it waited for its
-    /// inputs' bytes (reading the media, or a peer over the network), in milliseconds.
+    /// inputs' bytes (reading the media, or a peer over the network), in milliseconds: a
+    /// measurement, not part of the result ([`Outcome::result`] leaves it out).
     Merged {
         input: u64,
         output: u64,
@@ -93,6 +94,17 @@ pub enum Outcome {
 }
 
 impl Outcome {
+    /// The outcome without its measurements (a merge's input wait): what two runs of the
+    /// same operation over the same bytes agree on, wherever they ran.
+    pub fn result(&self) -> Outcome {
+        match self {
+            Outcome::Merged { input, output, records, .. } => {
+                Outcome::Merged { input: *input, output: *output, records: *records, input_wait_ms: 0 }
+            }
+            o => o.clone(),
+        }
+    }
+
     /// Bytes written to the output object, for operations that write one.
     pub fn output_bytes(&self) -> Option<u64> {
         match self {

@@ -288,21 +288,9 @@ impl Cursor<'_> {
     /// Moves to the next record; false at the end of the input.
     fn advance(&mut self, layout: Layout, input: usize) -> Result<bool, ComputeError> {
         while self.skip > 0 {
-            if self.buf.is_empty() {
-                let t = std::time::Instant::now();
-                let c = self.src.next_chunk()?;
-                self.wait += t.elapsed();
-                match c {
-                    Some(c) => {
-                        self.read += c.len() as u64;
-                        self.buf.extend_from_slice(c);
-                    }
-                    None => {
-                        self.eof = true;
-                        self.skip = 0;
-                        break;
-                    }
-                }
+            if self.buf.is_empty() && !self.pull()? {
+                self.skip = 0;
+                break;
             }
             let n = (self.skip as usize).min(self.buf.len());
             self.buf.drain(..n);
@@ -339,15 +327,25 @@ impl Cursor<'_> {
             self.buf.drain(..start);
             start = 0;
             self.head = (0, 0);
-            let t = std::time::Instant::now();
-            let c = self.src.next_chunk()?;
-            self.wait += t.elapsed();
-            match c {
-                Some(c) => {
-                    self.read += c.len() as u64;
-                    self.buf.extend_from_slice(c);
-                }
-                None => self.eof = true,
+            self.pull()?;
+        }
+    }
+
+    /// Appends the source's next chunk to the window (timing the wait for it); false,
+    /// and `eof` set, at its end.
+    fn pull(&mut self) -> Result<bool, ComputeError> {
+        let t = std::time::Instant::now();
+        let c = self.src.next_chunk()?;
+        self.wait += t.elapsed();
+        match c {
+            Some(c) => {
+                self.read += c.len() as u64;
+                self.buf.extend_from_slice(c);
+                Ok(true)
+            }
+            None => {
+                self.eof = true;
+                Ok(false)
             }
         }
     }

@@ -68,25 +68,49 @@ pub struct SortedPart {
     pub records: u64,
 }
 
+/// Where a sort's time went, in seconds.
+#[derive(Clone, Debug, Default, Serialize, serde::Deserialize)]
+pub struct Phases {
+    /// The whole request.
+    pub secs: f64,
+    /// Mapping the inputs and allocating runs, copies and the output, before the first step.
+    pub prepare_secs: f64,
+    /// Every device sorting its inputs, until the last is done.
+    pub sort_secs: f64,
+    /// The rest: host copies (host-mediated) and merges, and the outputs cut to size.
+    pub merge_phase_secs: f64,
+    /// Within the merge phase: the span of the host copies, and of the merges.
+    pub copy_secs: f64,
+    pub merge_secs: f64,
+    /// Time the merges waited for their inputs' bytes (the slowest merge's): reading runs
+    /// from peers over the network device to device, from the local media otherwise.
+    pub merge_input_wait_secs: f64,
+}
+
+impl std::fmt::Display for Phases {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{:.2} s: prepare {:.2} s, sort phase {:.2} s, merge phase {:.2} s (copies {:.2} s, merges {:.2} s, merge input wait {:.2} s)",
+            self.secs,
+            self.prepare_secs,
+            self.sort_secs,
+            self.merge_phase_secs,
+            self.copy_secs,
+            self.merge_secs,
+            self.merge_input_wait_secs
+        )
+    }
+}
+
 #[derive(Clone, Debug, Serialize)]
 pub struct SortReport {
     pub transfer: Transfer,
     pub devices: usize,
     pub bytes: u64,
     pub outputs: Vec<SortedPart>,
-    /// Seconds: the whole request; mapping the inputs and allocating runs, copies and the
-    /// output before the first step; the sort phase (every device sorting its inputs);
-    /// and the merge phase after it (with host copies, when host-mediated).
-    pub secs: f64,
-    pub prepare_secs: f64,
-    pub sort_secs: f64,
-    pub merge_phase_secs: f64,
-    /// Within the merge phase: the host copies (host-mediated), and the merges.
-    pub copy_secs: f64,
-    pub merge_secs: f64,
-    /// Time the merges waited for their inputs' bytes (the slowest merge's): reading runs
-    /// from peers over the network device to device, from the local media otherwise.
-    pub merge_input_wait_secs: f64,
+    #[serde(flatten)]
+    pub phases: Phases,
     pub steps: Vec<StepReport>,
 }
 
@@ -460,13 +484,15 @@ async fn plan_and_run(
         devices: k,
         bytes: total,
         outputs,
-        secs,
-        prepare_secs,
-        sort_secs: sort_end - prepare_secs,
-        merge_phase_secs: secs - sort_end,
-        copy_secs: span("copy"),
-        merge_secs: span("merge"),
-        merge_input_wait_secs: wait_ms.unwrap_or(0) as f64 / 1000.0,
+        phases: Phases {
+            secs,
+            prepare_secs,
+            sort_secs: sort_end - prepare_secs,
+            merge_phase_secs: secs - sort_end,
+            copy_secs: span("copy"),
+            merge_secs: span("merge"),
+            merge_input_wait_secs: wait_ms.unwrap_or(0) as f64 / 1000.0,
+        },
         steps: reports,
     })
 }

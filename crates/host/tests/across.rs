@@ -6,14 +6,17 @@
 //! small) each fail with the step and device named, and leave no runs, copies, outputs,
 //! locks or running commands behind. Needs root, loop devices and mkfs.ext4.
 
-use std::fs::File;
+mod common;
+#[path = "../../target/tests/common/proxy.rs"]
+mod proxy;
+
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
-use std::process::Command;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
+use common::Fs;
 use nearstore_compute::sortbench;
 use nearstore_host::device::{DeviceMap, Endpoint};
 use nearstore_host::dsort::{sort_across, SortAcross, SortOutput, Transfer};
@@ -22,95 +25,8 @@ use nearstore_host::HostError;
 use nearstore_target::config::Config;
 use nearstore_target::Target;
 use nearstore_wire::compute::{Descriptor, Extent, Object};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::{TcpListener, TcpStream};
-
-fn run(cmd: &str, args: &[&str]) -> String {
-    let out = Command::new(cmd).args(args).output().unwrap_or_else(|e| panic!("cannot run {cmd} (needed by this test): {e}"));
-    assert!(out.status.success(), "{cmd} {args:?} failed: {}", String::from_utf8_lossy(&out.stderr));
-    String::from_utf8_lossy(&out.stdout).trim().to_string()
-}
-
-/// An ext4 image on a loop device, mounted; torn down on drop, even after a failure.
-struct Fs {
-    _dir: tempfile::TempDir,
-    image: PathBuf,
-    dev: String,
-    mnt: PathBuf,
-}
-
-impl Fs {
-    fn new(size_mib: u64) -> Fs {
-        assert!(unsafe { libc::geteuid() } == 0, "this test needs root (loop devices, mount)");
-        assert!(Path::new("/dev/loop-control").exists(), "this test needs loop devices (/dev/loop-control is missing)");
-        let dir = tempfile::tempdir().unwrap();
-        let image = dir.path().join("disk.img");
-        File::create(&image).unwrap().set_len(size_mib << 20).unwrap();
-        run("mkfs.ext4", &["-F", "-q", "-b", "4096", image.to_str().unwrap()]);
-        let dev = run("losetup", &["-f", "--show", image.to_str().unwrap()]);
-        let mnt = dir.path().join("mnt");
-        std::fs::create_dir(&mnt).unwrap();
-        let fs = Fs { _dir: dir, image, dev, mnt };
-        run("mount", &[&fs.dev, fs.mnt.to_str().unwrap()]);
-        fs
-    }
-
-    /// What the sort left in the file system besides `keep`.
-    fn leftovers(&self, keep: &[&str]) -> Vec<String> {
-        std::fs::read_dir(&self.mnt)
-            .unwrap()
-            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
-            .filter(|n| n != "lost+found" && !keep.contains(&n.as_str()))
-            .collect()
-    }
-}
-
-impl Drop for Fs {
-    fn drop(&mut self) {
-        let _ = Command::new("umount").arg(&self.mnt).status();
-        let _ = Command::new("losetup").args(["-d", &self.dev]).status();
-    }
-}
-
-/// A proxy in front of a target: forwards until `cut` is set, then closes each
-/// connection after 1 MiB more from the target; `gone` refuses new connections.
-async fn proxy(to: SocketAddr, cut: Arc<AtomicBool>, gone: Arc<AtomicBool>) -> SocketAddr {
-    let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = l.local_addr().unwrap();
-    tokio::spawn(async move {
-        while let Ok((c, _)) = l.accept().await {
-            if gone.load(Ordering::Relaxed) {
-                continue; // dropped: the connection closes at once
-            }
-            let s = TcpStream::connect(to).await.unwrap();
-            let cut = cut.clone();
-            tokio::spawn(async move {
-                let (mut cr, mut cw) = c.into_split();
-                let (mut sr, mut sw) = s.into_split();
-                tokio::spawn(async move {
-                    let _ = tokio::io::copy(&mut cr, &mut sw).await;
-                });
-                let mut buf = vec![0u8; 64 * 1024];
-                let mut sent = 0u64;
-                while let Ok(n) = sr.read(&mut buf).await {
-                    if n == 0 {
-                        return;
-                    }
-                    if cut.load(Ordering::Relaxed) {
-                        sent += n as u64;
-                        if sent > 1 << 20 {
-                            return;
-                        }
-                    }
-                    if cw.write_all(&buf[..n]).await.is_err() {
-                        return;
-                    }
-                }
-            });
-        }
-    });
-    addr
-}
+use proxy::{proxy, Faults};
+use tokio::net::TcpListener;
 
 struct Cluster {
     fs: Vec<Fs>,
@@ -119,8 +35,7 @@ struct Cluster {
     /// Where the host reaches each target.
     targets_addr: Vec<SocketAddr>,
     /// Device 3 as everyone reaches it goes through a proxy.
-    cut: Arc<AtomicBool>,
-    gone: Arc<AtomicBool>,
+    faults: Arc<Faults>,
 }
 
 const NQN: &str = "nqn.2026-11.io.nearstore:across";
@@ -131,8 +46,8 @@ async fn cluster() -> Cluster {
     let fs: Vec<Fs> = (0..3).map(|_| Fs::new(128)).collect();
     let listeners: Vec<TcpListener> = futures_listeners(3).await;
     let real: Vec<SocketAddr> = listeners.iter().map(|l| l.local_addr().unwrap()).collect();
-    let (cut, gone) = (Arc::new(AtomicBool::new(false)), Arc::new(AtomicBool::new(false)));
-    let p3 = proxy(real[2], cut.clone(), gone.clone()).await;
+    let faults = Arc::new(Faults::default());
+    let p3 = proxy(real[2], faults.clone(), 1 << 20).await;
     let seen = [real[0], real[1], p3];
     let mut targets = Vec::new();
     let mut map = DeviceMap::default();
@@ -154,7 +69,7 @@ async fn cluster() -> Cluster {
         map.add_file(&fs[i].image, ep.clone()).unwrap();
         map.set_tag(&ep, i as u16 + 1).unwrap();
     }
-    Cluster { fs, map, targets, targets_addr: seen.to_vec(), cut, gone }
+    Cluster { fs, map, targets, targets_addr: seen.to_vec(), faults }
 }
 
 async fn futures_listeners(n: usize) -> Vec<TcpListener> {
@@ -306,13 +221,13 @@ async fn faults_fail_the_request_naming_step_and_device_and_leave_nothing_behind
 
     // A peer dies mid-transfer: device 3's run, read by device 1's merge, is cut after
     // 1 MiB.
-    c.cut.store(true, Ordering::Relaxed);
+    c.faults.cut.store(true, Ordering::Relaxed);
     let r = sort_across(&c.map, locks.clone(), &req, &opts(60), &quiet).await;
     expect_step_error(r, "merge on device 1", "device 1", &["PEER_FAILED", "peer tag 3"]);
     clean("peer died");
 
     // A target that is gone: nothing answers for device 3.
-    c.gone.store(true, Ordering::Relaxed);
+    c.faults.gone.store(true, Ordering::Relaxed);
     let r = sort_across(&c.map, locks.clone(), &req, &opts(60), &quiet).await;
     expect_step_error(r, "sort on device 3", "device 3", &["connecting"]);
     clean("target gone");

@@ -4,12 +4,14 @@
 //! file system; a file changed during a call is detected. Needs root, loop devices and
 //! mkfs.ext4 (CI runs as root); it fails, naming what is missing, without them.
 
+mod common;
+
 use std::fs::{File, OpenOptions};
 use std::io::Write;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
-use std::process::Command;
 
+use common::Fs;
 use nearstore_compute::{by_name, Build, Outcome, OPERATIONS};
 use nearstore_host::device::{DeviceMap, Endpoint};
 use nearstore_host::object::{map_file, MapError, Mapped};
@@ -18,45 +20,6 @@ use nearstore_target::config::Config;
 use nearstore_target::Target;
 
 const NQN: &str = "nqn.2026-11.io.nearstore:hosttest";
-
-fn run(cmd: &str, args: &[&str]) -> String {
-    let out = Command::new(cmd).args(args).output().unwrap_or_else(|e| panic!("cannot run {cmd} (needed by this test): {e}"));
-    assert!(out.status.success(), "{cmd} {args:?} failed: {}", String::from_utf8_lossy(&out.stderr));
-    String::from_utf8_lossy(&out.stdout).trim().to_string()
-}
-
-/// An ext4 image on a loop device, mounted; torn down on drop, even after a failure.
-struct Fs {
-    dir: tempfile::TempDir,
-    image: PathBuf,
-    dev: String,
-    mnt: PathBuf,
-}
-
-impl Fs {
-    fn new(size_mib: u64) -> Fs {
-        assert!(unsafe { libc::geteuid() } == 0, "this test needs root (loop devices, mount)");
-        assert!(Path::new("/dev/loop-control").exists(), "this test needs loop devices (/dev/loop-control is missing)");
-        let dir = tempfile::tempdir().unwrap();
-        let image = dir.path().join("disk.img");
-        File::create(&image).unwrap().set_len(size_mib << 20).unwrap();
-        run("mkfs.ext4", &["-F", "-q", "-b", "4096", image.to_str().unwrap()]);
-        let dev = run("losetup", &["-f", "--show", image.to_str().unwrap()]);
-        let mnt = dir.path().join("mnt");
-        std::fs::create_dir(&mnt).unwrap();
-        let fs = Fs { dir, image, dev, mnt };
-        run("mount", &[&fs.dev, fs.mnt.to_str().unwrap()]);
-        fs
-    }
-}
-
-impl Drop for Fs {
-    fn drop(&mut self) {
-        let _ = Command::new("umount").arg(&self.mnt).status();
-        let _ = Command::new("losetup").args(["-d", &self.dev]).status();
-        let _ = &self.dir;
-    }
-}
 
 async fn start_target(image: &Path) -> Endpoint {
     let cfg = Config::from_toml(&format!(
@@ -331,7 +294,7 @@ async fn compress_decompress_sort_and_merge_on_the_target_equal_the_host() {
         assert!(r.wire_sent + r.wire_received < 64 * 1024, "{} moved {} bytes", op.name, r.wire_sent + r.wire_received);
         let local = m.join(format!("{out}.local"));
         let l = host.transform(op, args, &inputs, &local, cap, Mode::Local).await.unwrap();
-        assert_eq!(r.files[0].outcome, l.files[0].outcome, "{}", op.name);
+        assert_eq!(r.files[0].outcome.result(), l.files[0].outcome.result(), "{}", op.name);
         assert!(
             std::fs::read(m.join(out)).unwrap() == std::fs::read(&local).unwrap(),
             "{}: the target's output reads back as the host's",
@@ -372,7 +335,7 @@ async fn transforms_give_the_same_files_offloaded_and_local_over_every_shape() {
             match (r, l) {
                 (Ok(r), Ok(l)) => {
                     assert_eq!(r.files[0].how, How::Offloaded, "{} {name}", op.name);
-                    assert_eq!(r.files[0].outcome, l.files[0].outcome, "{} {name}", op.name);
+                    assert_eq!(r.files[0].outcome.result(), l.files[0].outcome.result(), "{} {name}", op.name);
                     assert!(std::fs::read(&off).unwrap() == std::fs::read(&local).unwrap(), "{} {name}: output files differ", op.name);
                 }
                 // Sorting a file whose hole is one line of megabytes of NULs: refused alike.

@@ -77,8 +77,8 @@ async fn steps_run_in_the_order_their_blocks_and_dependencies_give() {
         got.extend(q.read(1, (24 * MIB + got.len() as u64) / 512, 256, 512).await.unwrap());
     }
     assert!(got == data, "the chain's output differs");
-    let heard = heard.lock().unwrap();
-    assert_eq!(heard.iter().filter(|m| m.contains(" done in ")).count(), 5, "{heard:?}");
+    let done = heard.lock().unwrap().iter().filter(|m| m.contains(" done in ")).count();
+    assert_eq!(done, 5, "{:?}", heard.lock().unwrap());
 
     // Refused before anything runs: two steps of one name, a dependency on a later step.
     let e = orchestrator::run(

@@ -8,18 +8,18 @@
 mod common;
 
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
+use common::proxy::{proxy, Faults};
 use nearstore_compute::{by_name, Outcome};
 use nearstore_initiator::{ConnectOptions, Controller, Error, IoQueue};
 use nearstore_target::config::Config;
 use nearstore_target::Target;
 use nearstore_wire::compute::{global, status as cs, Descriptor, Extent, Object};
 use nearstore_wire::Status;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::{TcpListener, TcpStream};
+use tokio::net::TcpListener;
 
 const T: Duration = Duration::from_secs(60);
 const PEER_NQN: &str = "nqn.2026-11.io.nearstore:peer-b";
@@ -38,66 +38,12 @@ fn content(len: usize, seed: u64) -> Vec<u8> {
         .collect()
 }
 
-/// How a proxy in front of the peer misbehaves once `after` bytes went from the peer to
-/// the target.
-#[derive(Clone, Copy)]
-enum Fault {
-    /// Closes both connections: the peer died.
-    Cut,
-    /// Stops forwarding and holds the connections open: the peer hangs.
-    Stall,
-}
-
-/// A TCP proxy to `to` that forwards faithfully until `armed` is set, then misbehaves
-/// after `after` more bytes from the peer.
-async fn proxy(to: SocketAddr, fault: Fault, after: u64, armed: Arc<AtomicBool>) -> SocketAddr {
-    let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = l.local_addr().unwrap();
-    tokio::spawn(async move {
-        while let Ok((c, _)) = l.accept().await {
-            let s = TcpStream::connect(to).await.unwrap();
-            let armed = armed.clone();
-            tokio::spawn(async move {
-                let (mut cr, mut cw) = c.into_split();
-                let (mut sr, mut sw) = s.into_split();
-                tokio::spawn(async move {
-                    let _ = tokio::io::copy(&mut cr, &mut sw).await;
-                });
-                let mut buf = vec![0u8; 64 * 1024];
-                let mut sent = 0u64;
-                loop {
-                    let n = match sr.read(&mut buf).await {
-                        Ok(0) | Err(_) => return,
-                        Ok(n) => n,
-                    };
-                    if armed.load(Ordering::Relaxed) {
-                        sent += n as u64;
-                        if sent > after {
-                            match fault {
-                                Fault::Cut => return,
-                                Fault::Stall => {
-                                    tokio::time::sleep(Duration::from_secs(30)).await;
-                                    return;
-                                }
-                            }
-                        }
-                    }
-                    if cw.write_all(&buf[..n]).await.is_err() {
-                        return;
-                    }
-                }
-            });
-        }
-    });
-    addr
-}
-
 struct Pair {
     a: Arc<Target>,
     a_addr: SocketAddr,
     b_addr: SocketAddr,
-    cut: Arc<AtomicBool>,
-    stall: Arc<AtomicBool>,
+    cut: Arc<Faults>,
+    stall: Arc<Faults>,
 }
 
 /// Peer B (two subsystems: one allows target A's host NQN, one does not), and target A
@@ -128,9 +74,9 @@ async fn start() -> Pair {
     let b_addr = b.listen("127.0.0.1:0".parse().unwrap(), false).await.unwrap();
     std::mem::forget(b);
     let nothing = TcpListener::bind("127.0.0.1:0").await.unwrap().local_addr().unwrap();
-    let (cut, stall) = (Arc::new(AtomicBool::new(false)), Arc::new(AtomicBool::new(false)));
-    let cut_addr = proxy(b_addr, Fault::Cut, 1 << 20, cut.clone()).await;
-    let stall_addr = proxy(b_addr, Fault::Stall, 1 << 20, stall.clone()).await;
+    let (cut, stall) = (Arc::new(Faults::default()), Arc::new(Faults::default()));
+    let cut_addr = proxy(b_addr, cut.clone(), 1 << 20).await;
+    let stall_addr = proxy(b_addr, stall.clone(), 1 << 20).await;
     let a_cfg = Config::from_toml(&format!(
         r#"
         [[listener]]
@@ -298,10 +244,10 @@ async fn unknown_tags_refused_peers_and_peers_that_die_or_stall_fail_the_command
     // Through the proxies: first faithful (the connection is pooled), then the peer dies
     // 1 MiB into the next transfer, or stalls.
     assert_eq!(qa.compute(1, &crc(on(5, 0, 8 << 20)), T).await.unwrap(), good);
-    p.cut.store(true, Ordering::Relaxed);
+    p.cut.cut.store(true, Ordering::Relaxed);
     let e = qa.compute(1, &crc(on(5, 0, 8 << 20)), T).await.unwrap_err();
     refused(e, cs::PEER_FAILED, &["peer tag 5"]);
-    p.stall.store(true, Ordering::Relaxed);
+    p.stall.stall.store(true, Ordering::Relaxed);
     let t0 = std::time::Instant::now();
     let e = qa.compute(1, &crc(on(6, 0, 8 << 20)), T).await.unwrap_err();
     refused(e, cs::PEER_FAILED, &["peer tag 6", "no data for 2 s"]);

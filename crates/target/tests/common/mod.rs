@@ -1,6 +1,8 @@
 //! Shared set-up: a target on a free loopback port with a memory and a file namespace.
 #![allow(dead_code)]
 
+pub mod proxy;
+
 use std::net::SocketAddr;
 use std::sync::Arc;
 
