@@ -40,6 +40,7 @@ fn content(len: usize, seed: u64) -> Vec<u8> {
 
 struct Pair {
     a: Arc<Target>,
+    b: Arc<Target>,
     a_addr: SocketAddr,
     b_addr: SocketAddr,
     cut: Arc<Faults>,
@@ -72,7 +73,6 @@ async fn start() -> Pair {
     .unwrap();
     let b = Target::from_config(&b_cfg).unwrap();
     let b_addr = b.listen("127.0.0.1:0".parse().unwrap(), false).await.unwrap();
-    std::mem::forget(b);
     let nothing = TcpListener::bind("127.0.0.1:0").await.unwrap().local_addr().unwrap();
     let (cut, stall) = (Arc::new(Faults::default()), Arc::new(Faults::default()));
     let cut_addr = proxy(b_addr, cut.clone(), 1 << 20).await;
@@ -117,7 +117,7 @@ async fn start() -> Pair {
     .unwrap();
     let a = Target::from_config(&a_cfg).unwrap();
     let a_addr = a.listen("127.0.0.1:0".parse().unwrap(), false).await.unwrap();
-    Pair { a, a_addr, b_addr, cut, stall }
+    Pair { a, b, a_addr, b_addr, cut, stall }
 }
 
 async fn queue(addr: SocketAddr, nqn: &str, host: &str) -> (Controller, IoQueue) {
@@ -256,6 +256,40 @@ async fn unknown_tags_refused_peers_and_peers_that_die_or_stall_fail_the_command
     // The target keeps serving, peers and all, and nothing is left running.
     assert_eq!(qa.compute(1, &crc(on(2, 0, 8 << 20)), T).await.unwrap(), good);
     assert_eq!(p.a.offload.stats.running.load(Ordering::Relaxed), 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_commands_share_a_bounded_number_of_peer_connections() {
+    let p = start().await;
+    let (_cb, mut qb) = queue(p.b_addr, PEER_NQN, A_HOST).await;
+    let data = content(8 << 20, 9);
+    write_all(&mut qb, 0, &data).await;
+    // A target allowed one connection to its peer: three commands at once take turns on it.
+    let cfg = Config::from_toml(&format!(
+        "[[listener]]\naddress = \"127.0.0.1:0\"\n[cluster]\nhost_nqn = \"{A_HOST}\"\nconnections_per_peer = 1\n[[cluster.peer]]\ntag = 2\naddress = \"{}\"\nnqn = \"{PEER_NQN}\"\n[[subsystem]]\nnqn = \"{}\"\nallow_any_host = true\n[[subsystem.namespace]]\nnsid = 1\nmemory = \"1MiB\"\n",
+        p.b_addr,
+        common::NQN
+    ))
+    .unwrap();
+    let a1 = Target::from_config(&cfg).unwrap();
+    let addr = a1.listen("127.0.0.1:0".parse().unwrap(), false).await.unwrap();
+    let want = nearstore_compute::run("crc32c", b"", [&data[..]]).unwrap();
+    let obj = Object { len: 8 << 20, extents: vec![Extent::data(global::address(2, 0), 8 << 20)] };
+    let d = desc("crc32c", b"", vec![obj], vec![]).encode();
+    let mut tasks = Vec::new();
+    for _ in 0..3 {
+        let d = d.clone();
+        tasks.push(tokio::spawn(async move {
+            let (_c, mut q) = queue(addr, common::NQN, "nqn.2026-11.io.nearstore:host").await;
+            q.compute(1, &d, T).await.unwrap()
+        }));
+    }
+    for t in tasks {
+        let got: Vec<Outcome> = serde_json::from_slice(&t.await.unwrap()).unwrap();
+        assert_eq!(got[0], want);
+    }
+    // The peer saw the test's own connection and one from the target, kept for reuse.
+    assert_eq!(p.b.subsystem(PEER_NQN).unwrap().controller_count(), 2);
 }
 
 #[test]
