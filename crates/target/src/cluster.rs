@@ -26,6 +26,7 @@
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -126,6 +127,18 @@ struct Peer {
     cfg: PeerConfig,
     idle: Mutex<Vec<Conn>>,
     permits: Arc<Semaphore>,
+    stats: PeerStats,
+}
+
+/// Counters of one peer, served by the metrics endpoint.
+#[derive(Default)]
+pub struct PeerStats {
+    /// Bytes read from the peer and handed to operations.
+    pub read_bytes: AtomicU64,
+    /// Streams that failed (refused, gone, stalled, out of range).
+    pub failures: AtomicU64,
+    /// Connections opened to it.
+    pub connections: AtomicU64,
 }
 
 /// The peers of this target, their idle connections, and the runtime that drives them.
@@ -146,7 +159,7 @@ impl Peers {
                 .iter()
                 .map(|p| {
                     let permits = Arc::new(Semaphore::new(cfg.connections_per_peer));
-                    (p.tag, Peer { cfg: p.clone(), idle: Mutex::new(Vec::new()), permits })
+                    (p.tag, Peer { cfg: p.clone(), idle: Mutex::new(Vec::new()), permits, stats: PeerStats::default() })
                 })
                 .collect(),
             host_nqn: cfg.host_nqn.clone().unwrap_or_else(nearstore_initiator::default_hostnqn),
@@ -171,11 +184,31 @@ impl Peers {
         self.peers.contains_key(&tag)
     }
 
+    /// Every peer's tag, address and counters, by tag.
+    pub fn stats(&self) -> Vec<(u16, SocketAddr, &PeerStats)> {
+        let mut v: Vec<_> = self.peers.iter().map(|(t, p)| (*t, p.cfg.address, &p.stats)).collect();
+        v.sort_by_key(|x| x.0);
+        v
+    }
+
     /// Streams a piece of a peer (a tagged extent) to `f` in order, a few hundred KiB at
     /// a time. `f` returns false to stop early. Errors name the peer.
     pub fn stream(&self, piece: Extent, f: &mut dyn FnMut(&[u8]) -> bool) -> Result<(), String> {
         let tag = piece.tag();
         let peer = self.peers.get(&tag).ok_or_else(|| format!("device tag {tag} is not in the cluster map"))?;
+        let mut counted = |b: &[u8]| {
+            peer.stats.read_bytes.fetch_add(b.len() as u64, Relaxed);
+            f(b)
+        };
+        let r = self.stream_from(peer, piece, &mut counted);
+        if r.is_err() {
+            peer.stats.failures.fetch_add(1, Relaxed);
+        }
+        r
+    }
+
+    fn stream_from(&self, peer: &Peer, piece: Extent, f: &mut dyn FnMut(&[u8]) -> bool) -> Result<(), String> {
+        let tag = piece.tag();
         let name = format!("peer tag {tag} ({} {} nsid {})", peer.cfg.address, peer.cfg.nqn, peer.cfg.nsid);
         let local = Extent::data(global::offset(piece.offset), piece.len);
         let mut delivered = 0u64;
@@ -245,6 +278,7 @@ impl Peers {
             if let Some(c) = peer.idle.lock().pop() {
                 return Ok((c, true, permit));
             }
+            peer.stats.connections.fetch_add(1, Relaxed);
             let conn = tokio::time::timeout(self.timeout, self.connect(&peer.cfg))
                 .await
                 .map_err(|_| format!("connecting took more than {} s", self.timeout.as_secs()))??;

@@ -87,6 +87,19 @@ pub fn render(t: &Target) -> String {
     ] {
         let _ = writeln!(o, "# TYPE {name} {kind}\n{name} {v}");
     }
+    let peers = t.offload.peers.stats();
+    type PeerCounter = (&'static str, fn(&crate::cluster::PeerStats) -> &AtomicU64);
+    let peer_counters: [PeerCounter; 3] = [
+        ("nearstore_peer_read_bytes_total", |p| &p.read_bytes),
+        ("nearstore_peer_failures_total", |p| &p.failures),
+        ("nearstore_peer_connections_total", |p| &p.connections),
+    ];
+    for (name, get) in peer_counters {
+        let _ = writeln!(o, "# TYPE {name} counter");
+        for (tag, addr, st) in &peers {
+            let _ = writeln!(o, "{name}{{tag=\"{tag}\",address=\"{addr}\"}} {}", get(st).load(Relaxed));
+        }
+    }
     type Counter = (&'static str, fn(&NsStats) -> &AtomicU64);
     let counters: [Counter; 6] = [
         ("nearstore_reads_total", |n| &n.reads),

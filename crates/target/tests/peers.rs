@@ -256,6 +256,17 @@ async fn unknown_tags_refused_peers_and_peers_that_die_or_stall_fail_the_command
     // The target keeps serving, peers and all, and nothing is left running.
     assert_eq!(qa.compute(1, &crc(on(2, 0, 8 << 20)), T).await.unwrap(), good);
     assert_eq!(p.a.offload.stats.running.load(Ordering::Relaxed), 0);
+    // The metrics count each peer's bytes, failures and connections.
+    let m = nearstore_target::metrics::render(&p.a);
+    let value = |name: &str, tag: u16| -> u64 {
+        let line = m.lines().find(|l| l.starts_with(&format!("{name}{{tag=\"{tag}\""))).unwrap_or_else(|| panic!("{name} tag {tag}:\n{m}"));
+        line.rsplit(' ').next().unwrap().parse().unwrap()
+    };
+    assert!(value("nearstore_peer_read_bytes_total", 2) >= 16 << 20, "{m}");
+    assert_eq!(value("nearstore_peer_failures_total", 2), 1, "the range outside the namespace");
+    assert_eq!(value("nearstore_peer_failures_total", 5), 1, "{m}");
+    assert_eq!(value("nearstore_peer_failures_total", 4), 1, "{m}");
+    assert_eq!(value("nearstore_peer_connections_total", 5), 1, "the first command's connection is reused by the second: {m}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
