@@ -69,6 +69,14 @@ fn compress_decompress_sort_merge() {
     assert_eq!(std::fs::read_to_string(d("m")).unwrap(), "a\nb\nc\nd\n");
 
     refused(&["merge", "--local", "--into", p(&d("m2")), p(&d("text"))], "input 0 is not sorted");
+    // An output that is an input, under its own name or another (a hard link), is refused and
+    // the input is left as it was.
+    std::fs::hard_link(d("b"), d("b-link")).unwrap();
+    for into in ["b", "b-link"] {
+        refused(&["merge", "--local", "--into", p(&d(into)), p(&d("a")), p(&d("b"))], "is input 1");
+        assert_eq!(std::fs::read_to_string(d("b")).unwrap(), "b\nd\n");
+    }
+    refused(&["compress", "--local", p(&d("a")), p(&d("a"))], "writing it would destroy the input");
     // The sort benchmark's records: generated in two pieces, sorted on the host, validated.
     ok(&["gensort", "--records", "3000", "--seed", "5", p(&d("g1"))]);
     ok(&["gensort", "--records", "2000", "--start", "3000", "--seed", "5", p(&d("g2"))]);

@@ -328,6 +328,7 @@ async fn plan_and_run(
     let mut prepare_secs = 0.0;
     let jobs = match &req.output {
         SortOutput::One(out) => {
+            crate::refuse_overwriting_inputs(out, &req.inputs)?;
             steps = sort_steps(false);
             let f = match crate::prepare_output(out, total, map)? {
                 Mapped::Offload(f) => f,
@@ -348,6 +349,9 @@ async fn plan_and_run(
             vec![MergeJob { dev: m, slices: (0..k).map(|i| (i, 0, runs[i].1)).collect(), key_min: None, key_max: None, output: f }]
         }
         SortOutput::Ranges(name) => {
+            for d in &devs {
+                crate::refuse_overwriting_inputs(&d.dir.join(name), &req.inputs)?;
+            }
             progress("sort phase: every device sorts its inputs");
             prepare_secs = t0.elapsed().as_secs_f64();
             reports = orchestrator::run(sort_steps(true), locks.clone(), opts, progress).await.map_err(HostError::Step)?;

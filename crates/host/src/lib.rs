@@ -355,6 +355,7 @@ impl Host {
         mode: Mode,
     ) -> Result<Report, HostError> {
         op.check(args, inputs.len(), 1)?;
+        refuse_overwriting_inputs(output, inputs)?;
         let start = Instant::now();
         let mapped = self.plan(inputs, if mode == Mode::Local { Mode::Local } else { Mode::Offload }).await?;
         let total: u64 = mapped.iter().map(size_of).sum();
@@ -641,6 +642,24 @@ fn transform_local(op: &Operation, args: &[u8], inputs: &[PathBuf], output: &Pat
     let r = op.execute(args, &mut ins, &mut [&mut sink], &Context::default())?.remove(0);
     sink.file.flush().map_err(|source| HostError::Io { path: output.into(), source })?;
     Ok(r)
+}
+
+/// Refuses an output that is one of the inputs (the same file by device and inode, under
+/// any name): allocating the output would truncate the input before it is read.
+pub fn refuse_overwriting_inputs(output: &Path, inputs: &[PathBuf]) -> Result<(), HostError> {
+    use std::os::unix::fs::MetadataExt;
+    let Ok(o) = std::fs::metadata(output) else { return Ok(()) };
+    for (i, p) in inputs.iter().enumerate() {
+        let m = std::fs::metadata(p).map_err(|source| HostError::Io { path: p.clone(), source })?;
+        if (m.dev(), m.ino()) == (o.dev(), o.ino()) {
+            return Err(HostError::Invalid(format!(
+                "the output {} is input {i} ({}): writing it would destroy the input; give another output",
+                output.display(),
+                p.display()
+            )));
+        }
+    }
+    Ok(())
 }
 
 /// Creates the output file with `capacity` bytes of allocated, written blocks, and maps

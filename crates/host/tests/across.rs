@@ -210,6 +210,21 @@ async fn faults_fail_the_request_naming_step_and_device_and_leave_nothing_behind
         }
     };
 
+    // The output is an input: refused before anything is written, the input intact.
+    let before = std::fs::read(&req.inputs[0]).unwrap();
+    let into_input = SortAcross { output: SortOutput::One(req.inputs[0].clone()), ..req.clone() };
+    match sort_across(&c.map, locks.clone(), &into_input, &opts(60), &quiet).await {
+        Err(HostError::Invalid(m)) => assert!(m.contains("is input 0"), "{m}"),
+        r => panic!("expected a refusal, got {r:?}"),
+    }
+    assert!(std::fs::read(&req.inputs[0]).unwrap() == before, "the input changed");
+    let into_input = SortAcross { output: SortOutput::Ranges("c.in".into()), ..req.clone() };
+    match sort_across(&c.map, locks.clone(), &into_input, &opts(60), &quiet).await {
+        Err(HostError::Invalid(m)) => assert!(m.contains("is input 2"), "{m}"),
+        r => panic!("expected a refusal, got {r:?}"),
+    }
+    clean("output is an input");
+
     // A lock that is never released: someone holds all of device 1.
     locks.lock(&[Range { tag: 1, start: 0, end: u64::MAX }], "a stuck request");
     let r = sort_across(&c.map, locks.clone(), &req, &opts(1), &quiet).await;
