@@ -273,7 +273,9 @@ async fn plan_and_run(
             }
         }
     }
-    let id = format!("{}-{}", std::process::id(), t0.elapsed().as_nanos() % 1_000_000);
+    // Unique among the sorts of this process and of others (the pid) at once.
+    static SORTS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let id = format!("{}-{}", std::process::id(), SORTS.fetch_add(1, std::sync::atomic::Ordering::Relaxed));
     let k = devs.len();
     // Runs, allocated beside each device's inputs.
     let mut runs: Vec<(FileObject, u64)> = Vec::new();
@@ -458,6 +460,10 @@ async fn plan_and_run(
     let mut more = orchestrator::run(steps, locks, opts, progress).await.map_err(HostError::Step)?;
     shift(&mut more, offset);
     reports.extend(more);
+    // The inputs are as they were mapped: a file changed during the sort fails it.
+    for f in devs.iter().flat_map(|d| &d.inputs) {
+        f.verify()?;
+    }
     // The outputs, cut to what the merges wrote.
     let mut outputs = Vec::new();
     let merges: Vec<&StepReport> = reports.iter().filter(|r| r.name.starts_with("merge")).collect();

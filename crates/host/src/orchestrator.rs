@@ -11,11 +11,11 @@
 //! shared by every plan of the process; a lock that stays held past the plan's lock
 //! timeout fails the waiting step with the holder's name.
 //!
-//! Failure is clean: the first step that fails stops the plan; the steps still running
-//! are cancelled by dropping their connections (the targets cancel the commands of a
-//! controller that goes away); the plan's locks are released; the caller removes what it
-//! allocated. The error names the step and its device; no step is reported done that
-//! did not complete.
+//! Failure is clean: the first step that fails stops the plan; steps still waiting never
+//! start; steps already executing on a target are waited for (bounded by the command
+//! timeout), so that nothing still writes when the caller frees what it allocated; then
+//! the plan's locks are released. The error names the step and its device; no step is
+//! reported done that did not complete.
 
 use std::collections::HashMap;
 use std::path::PathBuf;
@@ -26,7 +26,14 @@ use nearstore_compute::Outcome;
 use nearstore_initiator::{ConnectOptions, Controller, PieceReader, PieceWriter};
 use nearstore_wire::compute::{global, Descriptor, Extent, Object};
 use parking_lot::Mutex;
+use std::sync::atomic::{AtomicU8, Ordering::SeqCst};
 use tokio::sync::watch;
+
+/// A step's state: waiting for its dependencies and blocks, executing, or stopped
+/// before it started.
+const WAITING: u8 = 0;
+const EXECUTING: u8 = 1;
+const STOPPED: u8 = 2;
 
 use crate::device::Endpoint;
 
@@ -219,10 +226,14 @@ pub async fn run(
     let done_tx = Arc::new(done_tx);
     let mut set = tokio::task::JoinSet::new();
     let n = steps.len();
+    // Each step waits, then executes; a failing plan stops the waiting ones only.
+    let states: Arc<Vec<AtomicU8>> = Arc::new((0..n).map(|_| AtomicU8::new(WAITING)).collect());
+    let mut handles = Vec::with_capacity(n);
     for (i, s) in steps.into_iter().enumerate() {
         let (locks, opts, done_tx, mut done_rx) = (locks.clone(), opts.clone(), done_tx.clone(), done_rx.clone());
+        let states = states.clone();
         let me = owner(&s.name);
-        set.spawn(async move {
+        handles.push(set.spawn(async move {
             let fail = |m: String| StepError { step: s.name.clone(), device: device_name(&s.device, s.tag), message: m };
             // Explicit dependencies, then the blocks it reads.
             while !s.after.iter().all(|&d| done_rx.borrow_and_update()[d]) {
@@ -233,6 +244,9 @@ pub async fn run(
             if let Err((r, holder)) = locks.wait_free(&s.reads, &me, opts.lock_timeout).await {
                 let holder = holder.rsplit('/').next().unwrap_or(&holder).to_string();
                 return (i, Err(fail(format!("{r} stayed locked by '{holder}' for {} s (the lock timeout)", opts.lock_timeout.as_secs()))));
+            }
+            if states[i].compare_exchange(WAITING, EXECUTING, SeqCst, SeqCst).is_err() {
+                return (i, Err(fail("the plan stopped".into())));
             }
             let started = start.elapsed().as_secs_f64();
             let r = execute(&s, &opts).await.map_err(fail);
@@ -248,7 +262,7 @@ pub async fn run(
                 done_tx.send_modify(|d| d[i] = true);
             }
             (i, r)
-        });
+        }));
     }
     progress(&format!("{n} steps planned"));
     let mut reports: Vec<Option<StepReport>> = (0..n).map(|_| None).collect();
@@ -269,8 +283,17 @@ pub async fn run(
             }
         }
     }
-    // Cancels what still runs: its connections close, and the targets stop its commands.
-    set.shutdown().await;
+    if failure.is_some() {
+        // Steps still waiting never start. Steps executing are waited for, not dropped: a
+        // target notices a closed connection only at its command's next chunk, and until
+        // then it could write into blocks the caller is about to free.
+        for (i, h) in handles.iter().enumerate() {
+            if states[i].compare_exchange(WAITING, STOPPED, SeqCst, SeqCst).is_ok() {
+                h.abort();
+            }
+        }
+        while set.join_next().await.is_some() {}
+    }
     for name in names.keys() {
         locks.unlock(&owner(name));
     }
