@@ -230,10 +230,13 @@ impl Peers {
             }
             let r = self.read(&mut conn, peer.cfg.nsid, local, delivered, f);
             match r {
-                Ok(()) => {
+                Ok(true) => {
                     self.checkin(peer, conn, permit);
                     return Ok(());
                 }
+                // Stopped early: reads are still in flight on the connection, so it is not
+                // reused (their completions would reach the next stream).
+                Ok(false) => return Ok(()),
                 Err((e, n)) => {
                     delivered = n;
                     if !(reused && attempt == 0 && delivered == 0) {
@@ -245,9 +248,10 @@ impl Peers {
         unreachable!("the second attempt returns")
     }
 
-    /// Reads `local` from the peer, skipping the first `skip` bytes (already delivered).
-    /// On failure, the error and the bytes delivered so far.
-    fn read(&self, conn: &mut Conn, nsid: u32, local: Extent, skip: u64, f: &mut dyn FnMut(&[u8]) -> bool) -> Result<(), (String, u64)> {
+    /// Reads `local` from the peer, skipping the first `skip` bytes (already delivered):
+    /// true when it read it all, false when `f` stopped it. On failure, the error and the
+    /// bytes delivered so far.
+    fn read(&self, conn: &mut Conn, nsid: u32, local: Extent, skip: u64, f: &mut dyn FnMut(&[u8]) -> bool) -> Result<bool, (String, u64)> {
         let (block, timeout, depth) = (conn.block, self.timeout, self.depth);
         self.rt().block_on(async {
             let mut r = PieceReader::new(conn.q.queue(), nsid, block, [local]).depth(depth);
@@ -255,7 +259,7 @@ impl Peers {
             loop {
                 let c = match tokio::time::timeout(timeout, r.next()).await {
                     Ok(Ok(Some(c))) => c,
-                    Ok(Ok(None)) => return Ok(()),
+                    Ok(Ok(None)) => return Ok(true),
                     Ok(Err(e)) => return Err((e.to_string(), at.max(skip))),
                     Err(_) => return Err((format!("no data for {} s", timeout.as_secs()), at.max(skip))),
                 };
@@ -263,7 +267,7 @@ impl Peers {
                 let from = skip.saturating_sub(at).min(n) as usize;
                 at += n;
                 if from < c.len() && !f(&c[from..]) {
-                    return Ok(());
+                    return Ok(false);
                 }
             }
         })
@@ -286,8 +290,12 @@ impl Peers {
         })
     }
 
-    fn checkin(&self, peer: &Peer, conn: Conn, permit: OwnedSemaphorePermit) {
-        peer.idle.lock().push(conn);
+    /// Returns a connection to the pool, if nothing is in flight on it (else its late
+    /// completions would reach the next stream: it is closed instead).
+    fn checkin(&self, peer: &Peer, mut conn: Conn, permit: OwnedSemaphorePermit) {
+        if conn.q.queue().in_flight() == 0 {
+            peer.idle.lock().push(conn);
+        }
         drop(permit);
     }
 

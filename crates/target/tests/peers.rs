@@ -303,6 +303,27 @@ async fn concurrent_commands_share_a_bounded_number_of_peer_connections() {
     assert_eq!(p.b.subsystem(PEER_NQN).unwrap().controller_count(), 2);
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_command_that_stops_reading_early_leaves_the_peer_connection_clean() {
+    let p = start().await;
+    let (_ca, mut qa) = queue(p.a_addr, common::NQN, "nqn.2026-11.io.nearstore:host").await;
+    let (_cb, mut qb) = queue(p.b_addr, PEER_NQN, A_HOST).await;
+    let csv = [b"x,y\n".to_vec(), b"1,2\n".repeat(2 << 20)].concat();
+    write_all(&mut qb, 0, &csv).await;
+    let obj = Object { len: csv.len() as u64, extents: vec![Extent::data(global::address(2, 0), (csv.len() as u64).div_ceil(BS) * BS)] };
+    let crc = desc("crc32c", b"", vec![obj.clone()], vec![]).encode();
+    let want = nearstore_compute::run("crc32c", b"", [&csv[..]]).unwrap();
+    for _ in 0..3 {
+        // LIMIT 1 stops after the first chunk, with reads of the peer still in flight.
+        let q = desc("select", br#"{"query":"SELECT x FROM s3object LIMIT 1"}"#, vec![obj.clone()], vec![]).encode();
+        let got: Vec<Outcome> = serde_json::from_slice(&qa.compute(1, &q, T).await.unwrap()).unwrap();
+        assert!(matches!(&got[0], Outcome::Select { rows, .. } if rows.len() == 1), "{got:?}");
+        // The next stream from that peer reads the right bytes.
+        let got: Vec<Outcome> = serde_json::from_slice(&qa.compute(1, &crc, T).await.unwrap()).unwrap();
+        assert_eq!(got[0], want);
+    }
+}
+
 #[test]
 fn cluster_configuration_errors_name_the_field() {
     let base = |extra: &str| {
