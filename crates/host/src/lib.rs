@@ -301,8 +301,12 @@ impl Host {
         };
         let mut first_err = None;
         for t in tasks {
-            let (ep, q, r) = t.await.expect("compute task");
-            self.conns.get_mut(&ep).expect("connected").queues.push(q);
+            let (ep, mut q, r) = t.await.expect("compute task");
+            // A queue left with commands in flight (its connection failed mid-stream) is
+            // closed, not reused: their late completions would reach the next call.
+            if q.queue().in_flight() == 0 {
+                self.conns.get_mut(&ep).expect("connected").queues.push(q);
+            }
             match r {
                 Ok(v) => v.into_iter().for_each(|(i, fr)| results[i] = Some(fr)),
                 Err(e) => {
@@ -322,6 +326,8 @@ impl Host {
             results[i] = Some(fr);
         }
         self.progress = std::sync::Arc::try_unwrap(progress).ok().flatten();
+        // A target with no usable queue left is connected again by the next call.
+        self.conns.retain(|_, c| !c.queues.is_empty());
         if let Some(e) = first_err {
             return Err(e);
         }

@@ -261,6 +261,19 @@ async fn faults_fail_the_request_naming_step_and_device_and_leave_nothing_behind
     }
     clean("untagged");
 
+    // A host whose connection breaks mid-pull reconnects on its next call.
+    c.faults.gone.store(false, Ordering::Relaxed);
+    let mut host = nearstore_host::Host::new(c.map.clone());
+    host.parallel = 1;
+    let d_in = vec![c.fs[2].mnt.join("d.in")];
+    let crc = nearstore_compute::by_name("crc32c").unwrap();
+    let want = host.run(crc, b"", &d_in, nearstore_host::Mode::Local).await.unwrap().files[0].outcome.clone();
+    let r = host.run(crc, b"", &d_in, nearstore_host::Mode::Pull).await;
+    assert!(r.is_err(), "the cut connection fails the pull: {r:?}");
+    c.faults.cut.store(false, Ordering::Relaxed);
+    let r = host.run(crc, b"", &d_in, nearstore_host::Mode::Pull).await.unwrap();
+    assert_eq!(r.files[0].outcome, want);
+
     // An output too small, in a plan of the orchestrator's own.
     let src = c.fs[1].mnt.join("c.in");
     let dst = c.fs[1].mnt.join("small.out");
