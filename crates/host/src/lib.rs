@@ -177,7 +177,12 @@ impl Host {
             return tokio::task::spawn_blocking(move || k.compute(&bytes, timeout)).await.expect("passthrough task").map_err(err);
         }
         let conn = self.conns.get_mut(ep).expect("connected in plan");
-        conn.queues[0].compute(ep.nsid, &d.encode(), self.timeout).await.map_err(err)
+        let r = conn.queues[0].compute(ep.nsid, &d.encode(), self.timeout).await;
+        if r.is_err() && conn.queues[0].queue().in_flight() > 0 {
+            // The connection failed under the command: the next call connects again.
+            self.conns.remove(ep);
+        }
+        r.map_err(err)
     }
 
     async fn connect(&mut self, ep: &Endpoint) -> Result<(), HostError> {
