@@ -329,17 +329,23 @@ pub fn gensort(a: GensortArgs) -> Result<()> {
     Ok(())
 }
 
-/// Checks order and the records' checksum; fails when they are not in order.
-pub fn valsort(a: ValsortArgs) -> Result<()> {
+/// The sort benchmark's summary of files read one after another as one sequence of
+/// records: count, order, checksum.
+pub fn validate_records(files: &[PathBuf]) -> Result<nearstore_compute::sortbench::Summary> {
     use nearstore_compute::Source;
     let mut v = nearstore_compute::sortbench::Validator::default();
-    for p in &a.files {
+    for p in files {
         let mut f = nearstore_host::FileSource::open(p)?;
         while let Some(c) = f.next_chunk().with_context(|| p.display().to_string())? {
             v.update(c);
         }
     }
-    let s = v.finish()?;
+    Ok(v.finish()?)
+}
+
+/// Checks order and the records' checksum; fails when they are not in order.
+pub fn valsort(a: ValsortArgs) -> Result<()> {
+    let s = validate_records(&a.files)?;
     if a.output_format == Output::Json {
         println!("{}", serde_json::to_string_pretty(&s)?);
     } else {

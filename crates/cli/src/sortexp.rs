@@ -149,39 +149,33 @@ fn run_grid(
             for &size in sizes {
                 let (inputs, want) = generate(st, k, size)?;
                 // One output on the first target, or a range on each.
-                let out = st.targets[0].mnt.join("sort.out");
-                let outs: Vec<PathBuf> =
-                    if ranges { st.targets[..k].iter().map(|t| t.mnt.join("sort.out")).collect() } else { vec![out.clone()] };
+                let output =
+                    if ranges { SortOutput::Ranges("sort.out".into()) } else { SortOutput::One(st.targets[0].mnt.join("sort.out")) };
+                let hosts: Vec<(String, String)> = std::iter::once(("client".to_string(), "nstb-client".to_string()))
+                    .chain(st.targets[..k].iter().map(|t| (t.name.clone(), t.ns.clone())))
+                    .collect();
                 let mut cells: Vec<Vec<SortRecord>> = vec![Vec::new(), Vec::new()];
                 // Modes alternate, so that drifts of the machine touch both alike.
                 for _ in 0..runs {
                     for (m, transfer) in [Transfer::HostMediated, Transfer::DeviceToDevice].into_iter().enumerate() {
-                        let hosts: Vec<(String, String)> = std::iter::once(("client".to_string(), "nstb-client".to_string()))
-                            .chain(st.targets[..k].iter().map(|t| (t.name.clone(), t.ns.clone())))
-                            .collect();
                         let before: Vec<(u64, u64)> = hosts.iter().map(|h| testbed::link_bytes(&h.1)).collect::<Result<_>>()?;
                         let req = SortAcross {
                             inputs: inputs.clone(),
                             args: serde_json::json!({"record_size": 100, "key_length": 10}),
-                            output: if ranges { SortOutput::Ranges("sort.out".into()) } else { SortOutput::One(out.clone()) },
+                            output: output.clone(),
                             transfer,
                         };
                         let r = rt.block_on(sort_across(&host.devices, locks.clone(), &req, &Options::default(), &|_| {}))?;
                         let after: Vec<(u64, u64)> = hosts.iter().map(|h| testbed::link_bytes(&h.1)).collect::<Result<_>>()?;
-                        // valsort: in order, every record there once.
-                        let mut v = Validator::default();
-                        for o in &outs {
-                            let mut src = nearstore_host::FileSource::open(o)?;
-                            while let Some(c) = nearstore_compute::Source::next_chunk(&mut src)? {
-                                v.update(c);
-                            }
-                        }
-                        let got = v.finish()?;
+                        // valsort over the outputs the sort reports, in order: in order, every
+                        // record there once.
+                        let paths: Vec<PathBuf> = r.outputs.iter().map(|o| o.path.clone()).collect();
+                        let got = crate::compute::validate_records(&paths)?;
                         if got.first_unordered.is_some() || got.records != want.records || got.checksum != want.checksum {
                             bail!("{k} targets, {size} bytes, {transfer:?}: the output is not the sorted input: {got:?} against {want:?}");
                         }
-                        for o in &outs {
-                            std::fs::remove_file(o)?;
+                        for p in &paths {
+                            std::fs::remove_file(p)?;
                         }
                         let links: Vec<(String, u64, u64)> =
                             hosts.iter().zip(after.iter().zip(&before)).map(|(h, (a, b))| (h.0.clone(), a.0 - b.0, a.1 - b.1)).collect();

@@ -18,7 +18,7 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
-use nearstore_host::device::{DeviceMap, Endpoint};
+use nearstore_host::device::DeviceMap;
 use nearstore_host::{Host, Mode};
 use serde::{Deserialize, Serialize};
 
@@ -623,12 +623,10 @@ fn workload(op: &str) -> Result<(&'static nearstore_compute::Operation, Vec<u8>,
 
 /// The client's host library, with every target's image mapped to its endpoint.
 pub fn client(st: &State) -> Result<Host> {
+    // The map `up` wrote: the same one the CLI takes with --map.
+    let map = st.map.as_ref().context("the testbed's state names no map: take it down and up again")?;
     let mut devices = DeviceMap::default();
-    for (i, t) in st.targets.iter().enumerate() {
-        let ep = Endpoint { address: t.addr, nqn: t.nqn.clone(), nsid: 1 };
-        devices.add_file(&t.image, ep.clone()).map_err(anyhow::Error::msg)?;
-        devices.set_tag(&ep, i as u16 + 1).map_err(anyhow::Error::msg)?;
-    }
+    devices.load(&std::fs::read_to_string(map).with_context(|| map.display().to_string())?).map_err(anyhow::Error::msg)?;
     let mut host = Host::new(devices);
     host.parallel = 4;
     Ok(host)

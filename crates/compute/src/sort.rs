@@ -57,9 +57,15 @@ struct Extras {
     skip: Vec<u64>,
 }
 
+/// The arguments of sort or merge, read once: how records are cut and compared, and the
+/// rest.
+fn parse(op: &'static str, raw: &[u8]) -> Result<(Layout, Extras), ComputeError> {
+    let a: Args = if raw.iter().all(u8::is_ascii_whitespace) { Args::default() } else { parse_args(op, raw)? };
+    Ok((Layout::from_args(op, &a)?, Extras::from_args(op, a)?))
+}
+
 impl Extras {
-    fn parse(op: &'static str, raw: &[u8]) -> Result<Extras, ComputeError> {
-        let a: Args = if raw.iter().all(u8::is_ascii_whitespace) { Args::default() } else { parse_args(op, raw)? };
+    fn from_args(op: &'static str, a: Args) -> Result<Extras, ComputeError> {
         let bad = |m: String| ComputeError::BadArguments { op, message: m };
         let key = |name: &str, v: Option<String>| -> Result<Option<Vec<u8>>, ComputeError> {
             v.map(|h| hex::decode(&h).map_err(|e| bad(format!("{name} {h:?}: not hex ({e})")))).transpose()
@@ -92,8 +98,7 @@ enum Layout {
 }
 
 impl Layout {
-    fn parse(op: &'static str, raw: &[u8]) -> Result<Layout, ComputeError> {
-        let a: Args = if raw.iter().all(u8::is_ascii_whitespace) { Args::default() } else { parse_args(op, raw)? };
+    fn from_args(op: &'static str, a: &Args) -> Result<Layout, ComputeError> {
         let bad = |m: String| ComputeError::BadArguments { op, message: m };
         match a.record_size {
             None => {
@@ -266,7 +271,8 @@ impl Transform for Sort {
 }
 
 pub fn sort(args: &[u8]) -> Result<Box<dyn Transform>, ComputeError> {
-    Ok(Box::new(Sort { layout: Layout::parse("sort", args)?, extras: Extras::parse("sort", args)? }))
+    let (layout, extras) = parse("sort", args)?;
+    Ok(Box::new(Sort { layout, extras }))
 }
 
 /// One input of a merge: a window of its bytes and the record at its head.
@@ -389,10 +395,12 @@ impl Transform for Merge {
         let mut heap: BinaryHeap<Reverse<(Vec<u8>, usize)>> = BinaryHeap::new();
         for (i, c) in cursors.iter_mut().enumerate() {
             // Records below key_min are passed over (they are sorted: a prefix).
-            let mut prev: Option<Vec<u8>> = None;
+            // The key before, in one buffer reused record after record.
+            let mut prev: Vec<u8> = Vec::new();
+            let mut first = true;
             while c.advance(layout, i)? {
                 let k = layout.key(c.record());
-                if prev.as_deref().is_some_and(|p| *k < *p) {
+                if !first && *k < *prev {
                     return Err(unsorted(i, c.records));
                 }
                 if x.key_min.as_deref().is_none_or(|m| *k >= *m) {
@@ -401,7 +409,9 @@ impl Transform for Merge {
                     }
                     break;
                 }
-                prev = Some(k.to_vec());
+                prev.clear();
+                prev.extend_from_slice(&k);
+                first = false;
             }
         }
         let mut w = Writer { out: &mut *outputs[0], buf: Vec::with_capacity(OUT_CHUNK + RECORD_BYTES_MAX), records: 0 };
@@ -434,7 +444,8 @@ fn unsorted(input: usize, record: u64) -> ComputeError {
 }
 
 pub fn merge(args: &[u8]) -> Result<Box<dyn Transform>, ComputeError> {
-    Ok(Box::new(Merge { layout: Layout::parse("merge", args)?, extras: Extras::parse("merge", args)? }))
+    let (layout, extras) = parse("merge", args)?;
+    Ok(Box::new(Merge { layout, extras }))
 }
 
 #[cfg(test)]

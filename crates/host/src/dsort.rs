@@ -185,39 +185,46 @@ fn sorted_len(files: &[FileObject], lines: bool) -> Result<u64, HostError> {
     Ok(n)
 }
 
-/// Allocates `path` with `capacity` bytes on the device `want` (an error if the file
-/// system puts it elsewhere).
-/// Runs and copies are `scratch` (read by targets only, removed at the end); outputs are
-/// read through the file system afterwards and need written blocks.
+/// Allocates `path` with `capacity` bytes on a target's namespace (on `want`, if given),
+/// and records it in `alloc` to be removed. Runs and copies are `scratch` (read by targets
+/// only, removed at the end); outputs are read through the file system afterwards and need
+/// written blocks.
 fn allocate(
     path: &Path,
     capacity: u64,
     devices: &DeviceMap,
-    want: &Endpoint,
+    want: Option<&Endpoint>,
     alloc: &mut Vec<PathBuf>,
     scratch: bool,
 ) -> Result<FileObject, HostError> {
-    alloc.push(path.to_path_buf());
-    let m = if scratch { crate::prepare_scratch(path, capacity, devices)? } else { crate::prepare_output(path, capacity, devices)? };
-    match m {
-        Mapped::Offload(f) if &f.location.endpoint == want => Ok(f),
-        Mapped::Offload(f) => Err(invalid(format!(
-            "{}: allocated on {} {}, not on {} {}",
-            path.display(),
-            f.location.endpoint.address,
-            f.location.endpoint.nqn,
-            want.address,
-            want.nqn
-        ))),
+    // Ours to remove once prepared, or if we made it: a file that was there and could not
+    // be prepared is left alone.
+    let existed = path.exists();
+    let m = if scratch { crate::prepare_scratch(path, capacity, devices) } else { crate::prepare_output(path, capacity, devices) };
+    if m.is_ok() || !existed {
+        alloc.push(path.to_path_buf());
+    }
+    match m? {
+        Mapped::Offload(f) if want.is_none_or(|w| &f.location.endpoint == w) => Ok(f),
+        Mapped::Offload(f) => {
+            let want = want.expect("checked above");
+            Err(invalid(format!(
+                "{}: allocated on {} {}, not on {} {}",
+                path.display(),
+                f.location.endpoint.address,
+                f.location.endpoint.nqn,
+                want.address,
+                want.nqn
+            )))
+        }
         Mapped::Local { reason, .. } => Err(invalid(format!("{}: cannot be written by a target: {reason}", path.display()))),
     }
 }
 
-/// The steps' outcome of a sort or merge, or an error naming the step.
-fn written(r: &StepReport) -> Result<(u64, u64), HostError> {
+/// What a merge step wrote: bytes and records, or an error naming the step.
+fn merged(r: &StepReport) -> Result<(u64, u64), HostError> {
     match &r.outcome {
-        Some(Outcome::Sorted { output, records, .. }) | Some(Outcome::Merged { output, records, .. }) => Ok((*output, *records)),
-        Some(Outcome::Written { output, .. }) => Ok((*output, 0)),
+        Some(Outcome::Merged { output, records, .. }) => Ok((*output, *records)),
         o => Err(invalid(format!("step '{}' returned {o:?}", r.name))),
     }
 }
@@ -282,7 +289,7 @@ async fn plan_and_run(
     for (i, d) in devs.iter().enumerate() {
         let len = sorted_len(&d.inputs, lines)?;
         let path = d.dir.join(format!("{SCRATCH}{id}-run{i}"));
-        let f = allocate(&path, len, map, &d.ep, &mut alloc.temporary, true)?;
+        let f = allocate(&path, len, map, Some(&d.ep), &mut alloc.temporary, true)?;
         runs.push((f, len));
     }
     let total: u64 = runs.iter().map(|r| r.1).sum();
@@ -332,11 +339,7 @@ async fn plan_and_run(
         SortOutput::One(out) => {
             crate::refuse_overwriting_inputs(out, &req.inputs)?;
             steps = sort_steps(false);
-            let f = match crate::prepare_output(out, total, map)? {
-                Mapped::Offload(f) => f,
-                Mapped::Local { reason, .. } => return Err(invalid(format!("{}: cannot be written by a target: {reason}", out.display()))),
-            };
-            alloc.outputs.push(out.clone());
+            let f = allocate(out, total, map, None, &mut alloc.outputs, false)?;
             let ep = f.location.endpoint.clone();
             let m = match devs.iter().position(|d| d.ep == ep) {
                 Some(m) => m,
@@ -379,7 +382,7 @@ async fn plan_and_run(
                     .collect();
                 let cap: u64 = slices.iter().map(|s| s.2 - s.1).sum();
                 let path = dev.dir.join(name);
-                let f = allocate(&path, cap, map, &dev.ep, &mut alloc.outputs, false)?;
+                let f = allocate(&path, cap, map, Some(&dev.ep), &mut alloc.outputs, false)?;
                 jobs.push(MergeJob { dev: j, slices, key_min: lo, key_max: hi, output: f });
             }
             jobs
@@ -405,7 +408,7 @@ async fn plan_and_run(
                 continue;
             }
             let path = here.dir.join(format!("{SCRATCH}{id}-copy{i}to{}-{jn}", job.dev));
-            let copy = allocate(&path, to - from, map, &here.ep, &mut alloc.temporary, true)?;
+            let copy = allocate(&path, to - from, map, Some(&here.ep), &mut alloc.temporary, true)?;
             let to_obj = Object { len: to - from, ..copy.object.clone() };
             steps.push(Step {
                 name: format!(
@@ -470,7 +473,7 @@ async fn plan_and_run(
     for (jn, job) in jobs.iter().enumerate() {
         let name = merge_name(devs[job.dev].tag, jn, jobs.len());
         let (bytes, records) = match merges.iter().find(|r| r.name == name) {
-            Some(r) => written(r)?,
+            Some(r) => merged(r)?,
             None => (0, 0),
         };
         crate::finish_output(&job.output.path, bytes)?;

@@ -678,42 +678,37 @@ pub fn refuse_overwriting_inputs(output: &Path, inputs: &[PathBuf]) -> Result<()
 /// zeros on the host whatever the target writes into it, and no system call marks it
 /// written without writing it.
 pub(crate) fn prepare_output(path: &Path, capacity: u64, devices: &DeviceMap) -> Result<Mapped, HostError> {
-    let ioe = |source| HostError::Io { path: path.into(), source };
-    let mut f = std::fs::OpenOptions::new().create(true).write(true).truncate(true).open(path).map_err(ioe)?;
-    let cap = capacity.div_ceil(4096).max(1) * 4096;
-    // Best effort, for contiguous blocks: where the file system cannot fallocate, the zero
-    // fill below allocates anyway.
-    // SAFETY: plain syscall on an open descriptor.
-    unsafe {
-        libc::fallocate(f.as_raw_fd(), 0, 0, cap as libc::off_t);
-    }
-    let zeros = vec![0u8; CHUNK];
-    let mut left = cap;
-    while left > 0 {
-        let n = left.min(CHUNK as u64) as usize;
-        f.write_all(&zeros[..n]).map_err(ioe)?;
-        left -= n as u64;
-    }
-    f.sync_all().map_err(ioe)?;
-    drop(f);
-    Ok(object::map_file(path, devices)?)
+    prepare(path, capacity, devices, false)
 }
 
 /// Creates a scratch file of `capacity` bytes, allocated but not written (fallocate: no
 /// zero fill, no write-back), and maps it with [`object::map_scratch`]. Where the file
 /// system cannot fallocate, it is a zero-filled output like any other.
 pub(crate) fn prepare_scratch(path: &Path, capacity: u64, devices: &DeviceMap) -> Result<Mapped, HostError> {
+    prepare(path, capacity, devices, true)
+}
+
+fn prepare(path: &Path, capacity: u64, devices: &DeviceMap, scratch: bool) -> Result<Mapped, HostError> {
     let ioe = |source| HostError::Io { path: path.into(), source };
-    let f = std::fs::OpenOptions::new().create(true).write(true).truncate(true).open(path).map_err(ioe)?;
+    let mut f = std::fs::OpenOptions::new().create(true).write(true).truncate(true).open(path).map_err(ioe)?;
     let cap = capacity.div_ceil(4096).max(1) * 4096;
+    // For contiguous blocks; where the file system cannot fallocate, the zero fill below
+    // allocates anyway.
     // SAFETY: plain syscall on an open descriptor.
-    if unsafe { libc::fallocate(f.as_raw_fd(), 0, 0, cap as libc::off_t) } != 0 {
-        drop(f);
-        return prepare_output(path, capacity, devices);
+    let allocated = unsafe { libc::fallocate(f.as_raw_fd(), 0, 0, cap as libc::off_t) } == 0;
+    let scratch = scratch && allocated;
+    if !scratch {
+        let zeros = vec![0u8; CHUNK];
+        let mut left = cap;
+        while left > 0 {
+            let n = left.min(CHUNK as u64) as usize;
+            f.write_all(&zeros[..n]).map_err(ioe)?;
+            left -= n as u64;
+        }
     }
     f.sync_all().map_err(ioe)?;
     drop(f);
-    Ok(object::map_scratch(path, devices)?)
+    Ok(if scratch { object::map_scratch(path, devices)? } else { object::map_file(path, devices)? })
 }
 
 /// Cuts the output to the bytes written and drops the host's cached pages of it, so a

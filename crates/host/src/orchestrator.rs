@@ -70,22 +70,21 @@ pub fn ranges_of(tag: u16, o: &Object) -> Vec<Range> {
 }
 
 /// Block locks by global address, held by named owners.
-#[derive(Default)]
 pub struct Locks {
     held: Mutex<Vec<(Range, String)>>,
-    changed: Mutex<Option<watch::Sender<u64>>>,
+    /// Bumped on every change, for waiters.
+    changed: watch::Sender<u64>,
+}
+
+impl Default for Locks {
+    fn default() -> Self {
+        Locks { held: Mutex::new(Vec::new()), changed: watch::channel(0).0 }
+    }
 }
 
 impl Locks {
-    fn signal(&self) -> watch::Receiver<u64> {
-        let mut c = self.changed.lock();
-        let tx = c.get_or_insert_with(|| watch::channel(0).0);
-        tx.send_modify(|g| *g += 1);
-        tx.subscribe()
-    }
-
-    fn subscribe(&self) -> watch::Receiver<u64> {
-        self.changed.lock().get_or_insert_with(|| watch::channel(0).0).subscribe()
+    fn signal(&self) {
+        self.changed.send_modify(|g| *g += 1);
     }
 
     /// The first of `ranges` that someone other than `me` holds, and who.
@@ -110,7 +109,7 @@ impl Locks {
     /// after `timeout`.
     pub async fn wait_free(&self, ranges: &[Range], me: &str, timeout: Duration) -> Result<(), (Range, String)> {
         let deadline = tokio::time::Instant::now() + timeout;
-        let mut rx = self.subscribe();
+        let mut rx = self.changed.subscribe();
         loop {
             rx.borrow_and_update();
             let Some(h) = self.holder(ranges, me) else { return Ok(()) };
@@ -344,8 +343,8 @@ async fn execute(s: &Step, opts: &Options) -> Result<(Option<Outcome>, u64), Str
     }
 }
 
-/// Where a step's files are: the paths it allocated, to remove on failure (or after,
-/// for temporaries).
+/// The files a request allocated: temporaries, removed when it ends, and outputs, removed
+/// when it fails.
 #[derive(Default)]
 pub struct Allocations {
     pub temporary: Vec<PathBuf>,

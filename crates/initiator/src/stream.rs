@@ -170,27 +170,27 @@ impl<'q> PieceWriter<'q> {
         self.drain(false).await
     }
 
-    /// Submits what is buffered: whole commands, or everything (padded) at the end.
+    /// Submits what is buffered as whole commands (a command is as long as the piece and
+    /// [`IO_BYTES`] allow; at the end, whatever is left). The buffer holds whole blocks
+    /// whenever a command is cut from it: pieces are whole blocks, and `finish` pads it.
     async fn drain(&mut self, all: bool) -> Result<()> {
         let mut at = 0;
         while let Some(&p) = self.pieces.front() {
-            let left = self.buf.len() - at;
-            let n = (p.len.min(IO_BYTES) as usize).min(left);
-            if n == 0 || (!all && n < (p.len.min(IO_BYTES) as usize)) {
+            let full = p.len.min(IO_BYTES) as usize;
+            let n = full.min(self.buf.len() - at);
+            if n == 0 || (!all && n < full) {
                 break;
             }
-            let whole = (n as u64).div_ceil(self.block) * self.block;
             if self.in_flight >= DEPTH {
                 self.wait_one().await?;
             }
-            let p = self.pieces.front_mut().expect("still there");
-            let mut cmd = self.buf[at..at + n].to_vec();
-            cmd.resize(whole as usize, 0);
-            let sqe = Sqe::rw(io::WRITE, self.nsid, p.offset / self.block, (whole / self.block) as u32, false);
-            self.qp.submit(sqe, Data::Out(&cmd), 0)?;
+            let sqe = Sqe::rw(io::WRITE, self.nsid, p.offset / self.block, (n as u64 / self.block) as u32, false);
+            // The queue copies the data into its own buffer: no allocation here.
+            self.qp.submit(sqe, Data::Out(&self.buf[at..at + n]), 0)?;
             self.in_flight += 1;
-            p.offset += whole.min(p.len);
-            p.len -= whole.min(p.len);
+            let p = self.pieces.front_mut().expect("still there");
+            p.offset += n as u64;
+            p.len -= n as u64;
             if p.len == 0 {
                 self.pieces.pop_front();
             }
@@ -220,6 +220,8 @@ impl<'q> PieceWriter<'q> {
     /// Writes the tail, waits for every write, and flushes the namespace: the bytes
     /// written.
     pub async fn finish(mut self) -> Result<u64> {
+        let padded = (self.buf.len() as u64).div_ceil(self.block) * self.block;
+        self.buf.resize(padded as usize, 0);
         self.drain(true).await?;
         while self.in_flight > 0 {
             self.wait_one().await?;
