@@ -210,8 +210,7 @@ mod tests {
         };
         let mut src = crate::SliceSource::new([&big[..]]);
         let mut out = VecSink::new(1 << 22);
-        let e =
-            by_name("decompress").unwrap().execute(b"", &mut [&mut src], &mut [&mut out], &Context { memory_max: 1 << 20 }).unwrap_err();
+        let e = by_name("decompress").unwrap().execute(b"", &mut [&mut src], &mut [&mut out], &Context::with_memory(1 << 20)).unwrap_err();
         assert!(e.to_string().contains("decompress: bad input data"), "{e}");
         for (args, want) in
             [(&br#"{"level":99}"#[..], "level 99 is outside"), (br#"{"level":0}"#, "level 0"), (br#"{"lvl":3}"#, "unknown field")]

@@ -10,6 +10,7 @@
 //! operations and their arguments are listed in docs/operations.md.
 
 pub mod compress;
+mod context;
 pub mod copy;
 pub mod digest;
 pub mod search;
@@ -19,6 +20,8 @@ pub mod sortbench;
 pub mod wc;
 
 use serde::{Deserialize, Serialize};
+
+pub use context::{Account, Budget, Context, Meter, Stop, STOP_CHECK_WORK};
 
 /// A streaming operation over one input object.
 pub trait Kernel: Send {
@@ -149,6 +152,9 @@ pub enum ComputeError {
     WriteIo(String),
     #[error("timed out after {0} s")]
     Timeout(u64),
+    /// The command was cancelled (its connection or controller went away).
+    #[error("cancelled")]
+    Cancelled,
 }
 
 /// Builds a kernel from an operation's arguments.
@@ -195,20 +201,6 @@ pub trait Sink {
     fn write(&mut self, data: &[u8]) -> Result<(), ComputeError>;
     /// Bytes written so far.
     fn written(&self) -> u64;
-}
-
-/// What an operation may use besides its inputs.
-#[derive(Clone, Copy, Debug)]
-pub struct Context {
-    /// Memory the operation may hold at once (a sort's records, a select's groups), in
-    /// bytes. Chunks read from the inputs are counted by the engine, not here.
-    pub memory_max: usize,
-}
-
-impl Default for Context {
-    fn default() -> Self {
-        Context { memory_max: 256 << 20 }
-    }
 }
 
 /// An operation over several inputs and outputs.
@@ -361,6 +353,7 @@ impl Operation {
                 .map(|src| {
                     let mut k = b(args, ctx)?;
                     while k.wants_more() {
+                        ctx.stop.check()?;
                         match src.next_chunk()? {
                             Some(c) => k.update(c),
                             None => break,
@@ -373,8 +366,29 @@ impl Operation {
         match self.build {
             Build::Stream(b) => per_input(b, inputs),
             Build::Either { stream, .. } if outputs.is_empty() => per_input(stream, inputs),
-            Build::Transform { build, .. } | Build::Either { transform: build, .. } => Ok(vec![build(args)?.run(inputs, outputs, ctx)?]),
+            Build::Transform { build, .. } | Build::Either { transform: build, .. } => {
+                // Every chunk a transform reads passes a look at the stop.
+                let mut stopping: Vec<Stopping> = inputs.iter_mut().map(|s| Stopping { src: &mut **s, stop: &ctx.stop }).collect();
+                let mut inputs: Vec<&mut dyn Source> = stopping.iter_mut().map(|s| s as &mut dyn Source).collect();
+                Ok(vec![build(args)?.run(&mut inputs, outputs, ctx)?])
+            }
         }
+    }
+}
+
+/// A source that looks at the command's [`Stop`] before each chunk.
+struct Stopping<'a, 's> {
+    src: &'a mut (dyn Source + 's),
+    stop: &'a Stop,
+}
+
+impl Source for Stopping<'_, '_> {
+    fn next_chunk(&mut self) -> Result<Option<&[u8]>, ComputeError> {
+        self.stop.check()?;
+        self.src.next_chunk()
+    }
+    fn len(&self) -> u64 {
+        self.src.len()
     }
 }
 

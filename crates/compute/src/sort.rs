@@ -537,7 +537,7 @@ mod tests {
         assert!(e.to_string().contains("input 0 ends with 2 bytes, less than a record"), "{e}");
         let e = exec("sort", br#"{"record_size":4}"#, &[b"aaaa", b"bbbbb"], 2, &ctx).unwrap_err();
         assert!(e.to_string().contains("input 1 is 5 bytes, not a multiple of the 4-byte record"), "{e}");
-        let e = exec("sort", b"", &[&vec![b'x'; 5000]], 100, &Context { memory_max: 4096 }).unwrap_err();
+        let e = exec("sort", b"", &[&vec![b'x'; 5000]], 100, &Context::with_memory(4096)).unwrap_err();
         assert!(matches!(e, ComputeError::Memory { .. }), "{e}");
         let long = vec![b'x'; super::RECORD_BYTES_MAX + 2];
         let e = exec("merge", b"", &[&long], 4096, &ctx).unwrap_err();

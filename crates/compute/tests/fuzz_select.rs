@@ -249,7 +249,7 @@ proptest! {
         let op = by_name("select").unwrap();
         let mut src = SliceSource::new(d.chunks(chunk));
         let mut out = VecSink::new(4096);
-        let ctx = Context { memory_max: 1 << 20 };
+        let ctx = Context::with_memory(1 << 20);
         let r = if into {
             op.execute(args.as_bytes(), &mut [&mut src], &mut [&mut out], &ctx)
         } else {

@@ -10,7 +10,7 @@ fn exec(op: &str, args: &[u8], inputs: &[Vec<u8>], chunk: usize) -> Result<(Outc
     let mut ins: Vec<&mut dyn Source> = srcs.iter_mut().map(|s| s as &mut dyn Source).collect();
     let mut out = VecSink::new(1 << 20);
     let mut outs: Vec<&mut dyn Sink> = vec![&mut out];
-    let o = by_name(op)?.execute(args, &mut ins, &mut outs, &Context { memory_max: 1 << 20 })?.remove(0);
+    let o = by_name(op)?.execute(args, &mut ins, &mut outs, &Context::with_memory(1 << 20))?.remove(0);
     Ok((o, out.data))
 }
 

@@ -360,7 +360,7 @@ fn limits_and_bad_input_are_refused_by_name() {
     assert_eq!(e.to_string(), "select returns more than 131072 bytes inline: give it an output object");
     // Groups and ORDER BY rows are bounded by the command's memory.
     let op = by_name("select").unwrap();
-    let small = Context { memory_max: 64 << 10 };
+    let small = Context::with_memory(64 << 10);
     for q in ["SELECT id, COUNT(*) FROM t GROUP BY id", "SELECT id FROM t ORDER BY s LIMIT 1"] {
         let mut src = SliceSource::new([&t.csv[..]]);
         let e = op.execute(&args(q, "csv"), &mut [&mut src], &mut [], &small).unwrap_err();

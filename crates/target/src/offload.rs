@@ -20,7 +20,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crossbeam_channel::{Receiver, RecvTimeoutError, Sender};
-use nearstore_compute::{ComputeError, Context, Operation, Outcome, Sink, Source};
+use nearstore_compute::{ComputeError, Context, Operation, Outcome, Sink, Source, Stop};
 use nearstore_transport::AlignedBuf;
 use nearstore_wire::compute::{status as cs, Descriptor, Extent, Object};
 use nearstore_wire::Status;
@@ -128,6 +128,7 @@ pub fn status_of(e: &ComputeError) -> Status {
         ComputeError::Io(_) => Status::UNRECOVERED_READ_ERROR.dnr(),
         ComputeError::WriteIo(_) => Status::WRITE_FAULT.dnr(),
         ComputeError::Timeout(_) => cs::TIMEOUT,
+        ComputeError::Cancelled => Status::ABORT_REQUESTED,
     }
 }
 
@@ -361,7 +362,11 @@ fn run(
     let stop = AtomicBool::new(false);
     let block = ns.block_size as u64;
     let chunk = cfg.chunk.0 as usize;
-    let ctx = Context { memory_max: (cfg.memory_per_command.0 - buffer_bytes(desc, cfg)) as usize };
+    // The operation looks at its stop inside long work on one record, too: the
+    // command's deadline, and the controller's cancellation.
+    let token = cancel.clone();
+    let halt = Stop::new(Some(Duration::from_secs(cfg.timeout_secs)), Some(Box::new(move || token.is_cancelled())));
+    let ctx = Context { memory_max: (cfg.memory_per_command.0 - buffer_bytes(desc, cfg)) as usize, budget: None, stop: halt };
     let limits = Limits { deadline, timeout_secs: cfg.timeout_secs, cancel };
     // A peer's failure: the status the command fails with, whatever the operation makes
     // of the read error.
