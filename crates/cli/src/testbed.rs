@@ -366,12 +366,15 @@ fn build(a: &UpArgs, st: &mut State) -> Result<()> {
     let exe = std::env::current_exe()?;
     let addr_of = |i: usize| -> SocketAddr { SocketAddr::from(([10, 77, 0, 10 + i as u8], 4420)) };
     let nqn_of = |name: &str| format!("nqn.2026-11.io.nearstore:testbed-{name}");
+    // Each target's NQN to its peers; every target trusts the others to read it for a host.
+    let peer_of = |name: &str| format!("nqn.2026-11.io.nearstore:testbed-{name}-peer");
     let quoted = |v: &str| toml::Value::String(v.into()).to_string();
     // Every target has the others as peers: device tag i is target ti.
     let cluster_of = |i: usize| -> String {
         let mut c = format!(
-            "[compute]\nmemory_per_command = \"2GiB\"\n[cluster]\nhost_nqn = {}\n",
-            quoted(&format!("nqn.2026-11.io.nearstore:testbed-{}-peer", names[i]))
+            "[compute]\nmemory_per_command = \"2GiB\"\n[cluster]\nhost_nqn = {}\ntrusted_members = [{}]\n",
+            quoted(&peer_of(&names[i])),
+            names.iter().skip(1).map(|n| quoted(&peer_of(n))).collect::<Vec<_>>().join(", ")
         );
         for (j, other) in names.iter().enumerate().skip(1).filter(|(j, _)| *j != i) {
             c += &format!("[[cluster.peer]]\ntag = {j}\naddress = \"{}\"\nnqn = {}\n", addr_of(j), quoted(&nqn_of(other)));

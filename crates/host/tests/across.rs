@@ -53,7 +53,7 @@ async fn cluster() -> Cluster {
     let mut map = DeviceMap::default();
     for (i, l) in listeners.into_iter().enumerate() {
         let mut cfg = format!(
-            "[cluster]\nhost_nqn = \"nqn.2026-11.io.nearstore:t{}\"\ntimeout_secs = 5\n[[listener]]\naddress = \"{}\"\n[[subsystem]]\nnqn = \"{NQN}{i}\"\nallow_any_host = true\n[[subsystem.namespace]]\nnsid = 1\npath = \"{}\"\ntag = {}\n",
+            "[cluster]\nhost_nqn = \"nqn.2026-11.io.nearstore:t{}\"\ntrusted_members = [\"nqn.2026-11.io.nearstore:t1\", \"nqn.2026-11.io.nearstore:t2\", \"nqn.2026-11.io.nearstore:t3\"]\ntimeout_secs = 5\n[[listener]]\naddress = \"{}\"\n[[subsystem]]\nnqn = \"{NQN}{i}\"\nallow_any_host = true\n[[subsystem.namespace]]\nnsid = 1\npath = \"{}\"\ntag = {}\n",
             i + 1,
             real[i],
             fs[i].image.display(),

@@ -39,6 +39,10 @@ pub struct ConnectOptions {
     pub send_keep_alive: bool,
     /// I/O queues poll their socket this long before sleeping (see [`QueueOptions`]).
     pub busy_poll: Duration,
+    /// nearstore extension: connect acting for this host (a target reading its peer for
+    /// a host's command). The peer must confirm it checked the host, or the connection
+    /// fails with [`Error::ActingForUnconfirmed`]. None: `hostnqn` acts for itself.
+    pub acting_for: Option<String>,
 }
 
 impl ConnectOptions {
@@ -58,6 +62,7 @@ impl ConnectOptions {
             timeout: Duration::from_secs(30),
             send_keep_alive: true,
             busy_poll: Duration::ZERO,
+            acting_for: None,
         }
     }
 }
@@ -116,10 +121,22 @@ fn connect_sqe(opts: &ConnectOptions, qid: u16, sqsize: u16) -> Sqe {
 
 async fn connect_queue(opts: &ConnectOptions, qid: u16, depth: u16, cntlid: u16, qo: QueueOptions) -> Result<(QueuePair<TcpStream>, u16)> {
     let mut q = QueuePair::connect(tcp(opts.addr).await?, qo).await?;
-    let data = ConnectData { hostid: opts.hostid, cntlid, subnqn: opts.subnqn.clone(), hostnqn: opts.hostnqn.clone() }.encode();
+    let data = ConnectData {
+        hostid: opts.hostid,
+        cntlid,
+        subnqn: opts.subnqn.clone(),
+        hostnqn: opts.hostnqn.clone(),
+        acting_for: opts.acting_for.clone(),
+    }
+    .encode();
     let (cqe, _) =
         run(&mut q, connect_sqe(opts, qid, depth), Data::Out(&data), &format!("Connect (queue {qid}) to {}", opts.subnqn), opts.timeout)
             .await?;
+    if let Some(host) = &opts.acting_for {
+        if cqe.dw1 != connect::ACTING_FOR_CONFIRMED {
+            return Err(Error::ActingForUnconfirmed { subnqn: opts.subnqn.clone(), host: host.clone() });
+        }
+    }
     Ok((q, cqe.dw0 as u16))
 }
 

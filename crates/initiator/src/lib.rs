@@ -37,6 +37,11 @@ pub enum Error {
     /// message it held for the host.
     #[error("{status}: {message}")]
     Compute { status: Status, message: String },
+    /// A Connect acting for a host ([`ConnectOptions::acting_for`]) succeeded without the
+    /// target's confirmation that it checked that host: it ignored the name (not a
+    /// nearstore target, or an old one), so the connection would serve anyone.
+    #[error("{subnqn} admitted the connection without confirming that it checked host {host} (it does not know the acting-for extension)")]
+    ActingForUnconfirmed { subnqn: String, host: String },
 }
 
 pub type Result<T> = std::result::Result<T, Error>;

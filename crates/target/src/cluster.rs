@@ -6,9 +6,18 @@
 //! offload engine reads those extents from the peer itself over NVMe/TCP, with the
 //! userspace initiator, as host `cluster.host_nqn`: no byte goes through the host.
 //!
+//! A target reads a peer only for the host whose command it runs, and the peer decides:
+//! the Connect names that host (bytes 768.. of the Connect data, a nearstore extension),
+//! and the peer admits the connection only if `host_nqn` is one of its
+//! `cluster.trusted_members` and that host is allowed on the subsystem; it confirms in
+//! the Connect response (DW1 "NSAF"), and a connection it did not confirm is not used.
+//! Connections are pooled per (peer, host), so one host's connection never serves
+//! another. Every peer a command names is admitted before a byte of the command is read.
+//!
 //! ```toml
 //! [cluster]
-//! host_nqn = "nqn.2026-11.io.nearstore:t1"   # the peers must allow this host
+//! host_nqn = "nqn.2026-11.io.nearstore:t1"   # the peers must trust this member
+//! trusted_members = ["nqn.2026-11.io.nearstore:t2"]   # may read this target for a host
 //! connections_per_peer = 4                   # concurrent streams to one peer
 //! read_ahead_bytes = "4MiB"                  # reads in flight per stream
 //! timeout_secs = 30                          # connecting, and waiting for data
@@ -20,8 +29,9 @@
 //! nsid = 1
 //! ```
 //!
-//! Bounds: at most `connections_per_peer` streams read from one peer at a time (a
-//! command waits for a free one); each keeps at most `read_ahead_bytes` of reads in
+//! Bounds: at most `connections_per_peer` connections to one peer, busy or idle, for
+//! all hosts together (a command waits for a free one; an idle connection of another
+//! host is closed to make room); each keeps at most `read_ahead_bytes` of reads in
 //! flight, besides the command's own chunk buffers.
 
 use std::collections::HashMap;
@@ -30,8 +40,9 @@ use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::Arc;
 use std::time::Duration;
 
-use nearstore_initiator::{ConnectOptions, Controller, IoQueue, PieceReader};
-use nearstore_wire::compute::{global, Extent};
+use nearstore_initiator::{ConnectOptions, Controller, Error as InitiatorError, IoQueue, PieceReader};
+use nearstore_wire::compute::{global, status as cs, Extent};
+use nearstore_wire::Status;
 use parking_lot::Mutex;
 use serde::Deserialize;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
@@ -47,11 +58,21 @@ pub struct ClusterConfig {
     pub read_ahead_bytes: ByteSize,
     pub timeout_secs: u64,
     pub peer: Vec<PeerConfig>,
+    /// Host NQNs of the other targets (their `cluster.host_nqn`) that may connect to this
+    /// one acting for a host: such a connection is admitted when that host is allowed.
+    pub trusted_members: Vec<String>,
 }
 
 impl Default for ClusterConfig {
     fn default() -> Self {
-        ClusterConfig { host_nqn: None, connections_per_peer: 4, read_ahead_bytes: ByteSize(4 << 20), timeout_secs: 30, peer: Vec::new() }
+        ClusterConfig {
+            host_nqn: None,
+            connections_per_peer: 4,
+            read_ahead_bytes: ByteSize(4 << 20),
+            timeout_secs: 30,
+            peer: Vec::new(),
+            trusted_members: Vec::new(),
+        }
     }
 }
 
@@ -79,6 +100,11 @@ impl ClusterConfig {
         if let Some(n) = &self.host_nqn {
             if let Err(m) = crate::config::check_nqn(n) {
                 return e("host_nqn".into(), m);
+            }
+        }
+        for (i, m) in self.trusted_members.iter().enumerate() {
+            if let Err(m) = crate::config::check_nqn(m) {
+                return e(format!("trusted_members[{i}]"), m);
             }
         }
         if self.connections_per_peer == 0 || self.connections_per_peer > 64 {
@@ -125,9 +151,22 @@ struct Conn {
 
 struct Peer {
     cfg: PeerConfig,
-    idle: Mutex<Vec<Conn>>,
+    /// Idle connections with the host each acts for, least recently used first.
+    idle: Mutex<Vec<(String, Conn)>>,
     permits: Arc<Semaphore>,
     stats: PeerStats,
+}
+
+/// Why reading a peer failed: the status the command fails with (PEER_DENIED, or
+/// PEER_FAILED) and a message that names the peer.
+#[derive(Debug)]
+pub struct PeerError {
+    pub status: Status,
+    pub message: String,
+}
+
+fn failed(message: String) -> PeerError {
+    PeerError { status: cs::PEER_FAILED, message }
 }
 
 /// Counters of one peer, served by the metrics endpoint.
@@ -145,6 +184,10 @@ pub struct PeerStats {
 pub struct Peers {
     peers: HashMap<u16, Peer>,
     host_nqn: String,
+    /// Members that may connect to this target acting for a host.
+    trusted: std::collections::HashSet<String>,
+    /// `connections_per_peer`: connections to one peer, busy and idle together.
+    per_peer: usize,
     depth: usize,
     timeout: Duration,
     /// Made on first use: a target without peers runs no thread for them.
@@ -163,6 +206,8 @@ impl Peers {
                 })
                 .collect(),
             host_nqn: cfg.host_nqn.clone().unwrap_or_else(nearstore_initiator::default_hostnqn),
+            trusted: cfg.trusted_members.iter().cloned().collect(),
+            per_peer: cfg.connections_per_peer,
             depth: (cfg.read_ahead_bytes.0 / nearstore_initiator::stream::IO_BYTES).max(1) as usize,
             timeout: Duration::from_secs(cfg.timeout_secs),
             rt: std::sync::OnceLock::new(),
@@ -184,6 +229,32 @@ impl Peers {
         self.peers.contains_key(&tag)
     }
 
+    /// Whether `hostnqn` (another target) may connect to this one acting for a host.
+    pub fn trusts(&self, hostnqn: &str) -> bool {
+        self.trusted.contains(hostnqn)
+    }
+
+    /// Checks that every peer in `tags` lets this target read it for `host`, before a
+    /// command reads anything: a pooled connection for that host is proof, else one is
+    /// opened (and kept for the command's streams).
+    pub fn admit(&self, tags: &[u16], host: &str) -> Result<(), PeerError> {
+        for &tag in tags {
+            let peer = self.peers.get(&tag).ok_or_else(|| failed(format!("device tag {tag} is not in the cluster map")))?;
+            match self.checkout(peer, host) {
+                Ok((conn, _, permit)) => self.checkin(peer, host, conn, permit),
+                Err(e) => {
+                    peer.stats.failures.fetch_add(1, Relaxed);
+                    return Err(PeerError { status: e.status, message: format!("{}: {}", self.name(tag, peer), e.message) });
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn name(&self, tag: u16, peer: &Peer) -> String {
+        format!("peer tag {tag} ({} {} nsid {})", peer.cfg.address, peer.cfg.nqn, peer.cfg.nsid)
+    }
+
     /// Every peer's tag, address and counters, by tag.
     pub fn stats(&self) -> Vec<(u16, SocketAddr, &PeerStats)> {
         let mut v: Vec<_> = self.peers.iter().map(|(t, p)| (*t, p.cfg.address, &p.stats)).collect();
@@ -192,30 +263,30 @@ impl Peers {
     }
 
     /// Streams a piece of a peer (a tagged extent) to `f` in order, a few hundred KiB at
-    /// a time. `f` returns false to stop early. Errors name the peer.
-    pub fn stream(&self, piece: Extent, f: &mut dyn FnMut(&[u8]) -> bool) -> Result<(), String> {
+    /// a time, read for `host`. `f` returns false to stop early. Errors name the peer.
+    pub fn stream(&self, piece: Extent, host: &str, f: &mut dyn FnMut(&[u8]) -> bool) -> Result<(), PeerError> {
         let tag = piece.tag();
-        let peer = self.peers.get(&tag).ok_or_else(|| format!("device tag {tag} is not in the cluster map"))?;
+        let peer = self.peers.get(&tag).ok_or_else(|| failed(format!("device tag {tag} is not in the cluster map")))?;
         let mut counted = |b: &[u8]| {
             peer.stats.read_bytes.fetch_add(b.len() as u64, Relaxed);
             f(b)
         };
-        let r = self.stream_from(peer, piece, &mut counted);
+        let r = self.stream_from(peer, piece, host, &mut counted);
         if r.is_err() {
             peer.stats.failures.fetch_add(1, Relaxed);
         }
         r
     }
 
-    fn stream_from(&self, peer: &Peer, piece: Extent, f: &mut dyn FnMut(&[u8]) -> bool) -> Result<(), String> {
-        let tag = piece.tag();
-        let name = format!("peer tag {tag} ({} {} nsid {})", peer.cfg.address, peer.cfg.nqn, peer.cfg.nsid);
+    fn stream_from(&self, peer: &Peer, piece: Extent, host: &str, f: &mut dyn FnMut(&[u8]) -> bool) -> Result<(), PeerError> {
+        let name = self.name(piece.tag(), peer);
         let local = Extent::data(global::offset(piece.offset), piece.len);
         let mut delivered = 0u64;
         // A pooled connection may have died since it was last used (the peer restarted):
         // such a failure before the first byte is retried once on a fresh connection.
         for attempt in 0..2 {
-            let (mut conn, reused, permit) = self.checkout(peer).map_err(|e| format!("{name}: {e}"))?;
+            let (mut conn, reused, permit) =
+                self.checkout(peer, host).map_err(|e| PeerError { status: e.status, message: format!("{name}: {}", e.message) })?;
             let end = local.offset + local.len.div_ceil(conn.block) * conn.block;
             let bad = if !local.offset.is_multiple_of(conn.block) {
                 Some(format!("offset {} is not a multiple of its {}-byte block", local.offset, conn.block))
@@ -225,13 +296,13 @@ impl Peers {
                 None
             };
             if let Some(m) = bad {
-                self.checkin(peer, conn, permit);
-                return Err(format!("{name}: {m}"));
+                self.checkin(peer, host, conn, permit);
+                return Err(failed(format!("{name}: {m}")));
             }
             let r = self.read(&mut conn, peer.cfg.nsid, local, delivered, f);
             match r {
                 Ok(true) => {
-                    self.checkin(peer, conn, permit);
+                    self.checkin(peer, host, conn, permit);
                     return Ok(());
                 }
                 // Stopped early: reads are still in flight on the connection, so it is not
@@ -240,7 +311,7 @@ impl Peers {
                 Err((e, n)) => {
                     delivered = n;
                     if !(reused && attempt == 0 && delivered == 0) {
-                        return Err(format!("{name}: {e}"));
+                        return Err(failed(format!("{name}: {e}")));
                     }
                 }
             }
@@ -273,44 +344,70 @@ impl Peers {
         })
     }
 
-    fn checkout(&self, peer: &Peer) -> Result<(Conn, bool, OwnedSemaphorePermit), String> {
+    /// A connection to `peer` acting for `host`: an idle one of that host, else a new one
+    /// (closing the least recently used idle connection of another host when the peer's
+    /// connections are all open).
+    fn checkout(&self, peer: &Peer, host: &str) -> Result<(Conn, bool, OwnedSemaphorePermit), PeerError> {
         self.rt().block_on(async {
             let permit = tokio::time::timeout(self.timeout, peer.permits.clone().acquire_owned())
                 .await
-                .map_err(|_| format!("no free connection for {} s", self.timeout.as_secs()))?
+                .map_err(|_| failed(format!("no free connection for {} s", self.timeout.as_secs())))?
                 .expect("the semaphore is never closed");
-            if let Some(c) = peer.idle.lock().pop() {
-                return Ok((c, true, permit));
+            {
+                let mut idle = peer.idle.lock();
+                if let Some(i) = idle.iter().rposition(|(h, _)| h == host) {
+                    return Ok((idle.remove(i).1, true, permit));
+                }
+                let busy = self.per_peer - peer.permits.available_permits();
+                while !idle.is_empty() && idle.len() + busy > self.per_peer {
+                    idle.remove(0);
+                }
             }
             peer.stats.connections.fetch_add(1, Relaxed);
-            let conn = tokio::time::timeout(self.timeout, self.connect(&peer.cfg))
+            let conn = tokio::time::timeout(self.timeout, self.connect(&peer.cfg, host))
                 .await
-                .map_err(|_| format!("connecting took more than {} s", self.timeout.as_secs()))??;
+                .map_err(|_| failed(format!("connecting took more than {} s", self.timeout.as_secs())))??;
             Ok((conn, false, permit))
         })
     }
 
-    /// Returns a connection to the pool, if nothing is in flight on it (else its late
-    /// completions would reach the next stream: it is closed instead).
-    fn checkin(&self, peer: &Peer, mut conn: Conn, permit: OwnedSemaphorePermit) {
+    /// Returns a connection to the pool of its host, if nothing is in flight on it (else
+    /// its late completions would reach the next stream: it is closed instead).
+    fn checkin(&self, peer: &Peer, host: &str, mut conn: Conn, permit: OwnedSemaphorePermit) {
         if conn.q.queue().in_flight() == 0 {
-            peer.idle.lock().push(conn);
+            peer.idle.lock().push((host.to_string(), conn));
         }
         drop(permit);
     }
 
-    async fn connect(&self, p: &PeerConfig) -> Result<Conn, String> {
+    async fn connect(&self, p: &PeerConfig, host: &str) -> Result<Conn, PeerError> {
         let mut opts = ConnectOptions::new(p.address, &p.nqn);
         opts.hostnqn = self.host_nqn.clone();
         opts.hostid = *uuid::Uuid::new_v5(&uuid::Uuid::NAMESPACE_OID, self.host_nqn.as_bytes()).as_bytes();
         opts.timeout = self.timeout;
-        let ctrl = Controller::connect(opts).await.map_err(|e| format!("connecting as {}: {e}", self.host_nqn))?;
-        let id = ctrl.identify_namespace(p.nsid).await.map_err(|e| format!("identifying namespace {}: {e}", p.nsid))?;
-        let (block, size) = (id.block_size() as u64, id.nsze * id.block_size() as u64);
+        opts.acting_for = Some(host.to_string());
+        let ctrl = Controller::connect(opts).await.map_err(|e| {
+            let denied = matches!(&e, InitiatorError::ActingForUnconfirmed { .. })
+                || matches!(&e, InitiatorError::Status { status, .. } if status.sct == Status::CONNECT_INVALID_HOST.sct && status.sc == Status::CONNECT_INVALID_HOST.sc);
+            if denied {
+                PeerError {
+                    status: cs::PEER_DENIED,
+                    message: format!(
+                        "does not let {} read it for host {host}: {e} (the peer's subsystem must allow {host} and its cluster.trusted_members must list {})",
+                        self.host_nqn, self.host_nqn
+                    ),
+                }
+            } else {
+                failed(format!("connecting as {} for host {host}: {e}", self.host_nqn))
+            }
+        })?;
+        let id = ctrl.identify_namespace(p.nsid).await.map_err(|e| failed(format!("identifying namespace {}: {e}", p.nsid)))?;
+        let block = id.block_size() as u64;
+        let size = id.nsze.checked_mul(block).unwrap_or(0);
         if size == 0 {
-            return Err(format!("namespace {} is not there", p.nsid));
+            return Err(failed(format!("namespace {} is not there (or reports no size or block size)", p.nsid)));
         }
-        let q = ctrl.io_queue(1).await.map_err(|e| format!("opening an I/O queue: {e}"))?;
+        let q = ctrl.io_queue(1).await.map_err(|e| failed(format!("opening an I/O queue: {e}")))?;
         Ok(Conn { _ctrl: ctrl, q, block, size })
     }
 }

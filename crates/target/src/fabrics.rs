@@ -18,6 +18,9 @@ pub struct Connected {
     pub qid: u16,
     pub sqsize: u16,
     pub sqflow_disabled: bool,
+    /// The Connect response's DW1: [`connect::ACTING_FOR_CONFIRMED`] when the connection
+    /// acts for a host (its access was checked), else 0.
+    pub dw1: u32,
 }
 
 /// Byte offsets the Connect Invalid Parameters response points at.
@@ -26,6 +29,7 @@ const IPO_SQSIZE: u16 = 44;
 const IPO_CNTLID: u16 = 16;
 const IPO_SUBNQN: u16 = 256;
 const IPO_HOSTNQN: u16 = 512;
+const IPO_ACTING_FOR: u16 = nearstore_wire::fabrics::ACTING_FOR_OFFSET as u16;
 
 fn invalid_param(in_data: bool, offset: u16) -> Reply {
     Reply { dw0: connect::invalid_param(in_data, offset), ..Reply::status(Status::CONNECT_INVALID_PARAMETERS.dnr()) }
@@ -54,21 +58,38 @@ pub fn connect(target: &Target, sqe: &Sqe, data: &[u8], discovery_port: bool, pe
         warn!(peer, subnqn = %d.subnqn, "connect: only the discovery subsystem is served on this port");
         return Err(invalid_param(true, IPO_SUBNQN));
     }
-    if !sub.host_allowed(&d.hostnqn) {
-        warn!(peer, hostnqn = %d.hostnqn, subnqn = %sub.nqn, "connect: host not allowed");
+    // nearstore extension: a trusted cluster member connecting for a host (it reads this
+    // target for that host's compute command) is admitted only if that host itself is.
+    let host = match &d.acting_for {
+        None => &d.hostnqn,
+        Some(h) => {
+            if let Err(m) = crate::config::check_nqn(h) {
+                warn!(peer, hostnqn = %d.hostnqn, "connect: the host it acts for is not an NQN: {m}");
+                return Err(invalid_param(true, IPO_ACTING_FOR));
+            }
+            if !target.offload.peers.trusts(&d.hostnqn) {
+                warn!(peer, hostnqn = %d.hostnqn, acting_for = %h, "connect: acts for a host but is not in cluster.trusted_members");
+                return Err(Reply::status(Status::CONNECT_INVALID_HOST.dnr()));
+            }
+            h
+        }
+    };
+    if !sub.host_allowed(host) {
+        warn!(peer, hostnqn = %d.hostnqn, acting_for = ?d.acting_for, subnqn = %sub.nqn, "connect: host not allowed");
         return Err(Reply::status(Status::CONNECT_INVALID_HOST.dnr()));
     }
+    let dw1 = if d.acting_for.is_some() { connect::ACTING_FOR_CONFIRMED } else { 0 };
     if qid == 0 {
         if d.cntlid != 0xffff {
             return Err(invalid_param(true, IPO_CNTLID));
         }
         let kato = connect::kato(sqe.cdw(12));
-        let Some(ctrl) = sub.add_controller(&d.hostnqn, d.hostid, kato) else {
+        let Some(ctrl) = sub.add_controller(&d.hostnqn, d.hostid, d.acting_for.as_deref(), kato) else {
             return Err(Reply::status(Status::CONNECT_CONTROLLER_BUSY));
         };
         ctrl.touch();
-        info!(peer, subnqn = %sub.nqn, hostnqn = %d.hostnqn, cntlid = ctrl.cntlid, kato_ms = kato, "controller created");
-        return Ok(Connected { ctrl, qid, sqsize, sqflow_disabled });
+        info!(peer, subnqn = %sub.nqn, hostnqn = %d.hostnqn, acting_for = ?d.acting_for, cntlid = ctrl.cntlid, kato_ms = kato, "controller created");
+        return Ok(Connected { ctrl, qid, sqsize, sqflow_disabled, dw1 });
     }
     if sub.discovery {
         return Err(invalid_param(false, IPO_QID));
@@ -79,6 +100,9 @@ pub fn connect(target: &Target, sqe: &Sqe, data: &[u8], discovery_port: bool, pe
     };
     if ctrl.hostnqn != d.hostnqn {
         return Err(invalid_param(true, IPO_HOSTNQN));
+    }
+    if ctrl.acting_for != d.acting_for {
+        return Err(invalid_param(true, IPO_ACTING_FOR));
     }
     if ctrl.hostid != d.hostid {
         return Err(Reply::status(Status::HOST_ID_INCONSISTENT.dnr()));
@@ -93,7 +117,7 @@ pub fn connect(target: &Target, sqe: &Sqe, data: &[u8], discovery_port: bool, pe
     }
     drop(st);
     ctrl.touch();
-    Ok(Connected { ctrl, qid, sqsize, sqflow_disabled })
+    Ok(Connected { ctrl, qid, sqsize, sqflow_disabled, dw1 })
 }
 
 /// CAP as this target reports it.

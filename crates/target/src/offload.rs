@@ -252,6 +252,8 @@ pub struct Task {
     pub reply: UnboundedSender<Done>,
     /// The controller's: fires when it goes away.
     pub cancel: CancellationToken,
+    /// The host the command runs for (`Controller::requester`): peers are read for it.
+    pub host: String,
 }
 
 /// Checks an EXEC's descriptor against the namespace and the cluster map before anything
@@ -313,7 +315,7 @@ impl Offload {
                     for task in rx {
                         stats.running.fetch_add(1, Relaxed);
                         let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                            run(&task.ns, task.op, &task.desc, &task.cancel, &cfg, &stats, &peers)
+                            run(&task.ns, task.op, &task.desc, &task.cancel, &cfg, &stats, (&peers, &task.host))
                         }))
                         .unwrap_or_else(|_| Err(Failure::new(Status::INTERNAL_ERROR, "the operation panicked: a bug, please report it")));
                         stats.running.fetch_sub(1, Relaxed);
@@ -345,10 +347,11 @@ impl Offload {
 pub fn execute_here(ns: &Namespace, data: &[u8], cfg: &ComputeConfig) -> Result<Vec<u8>, Failure> {
     let peers = Peers::new(&ClusterConfig::default());
     let (desc, op) = validate(ns, data, cfg, &peers)?;
-    run(ns, op, &desc, &CancellationToken::new(), cfg, &ComputeStats::default(), &peers)
+    run(ns, op, &desc, &CancellationToken::new(), cfg, &ComputeStats::default(), (&peers, ""))
 }
 
-/// Runs one command on the calling worker thread.
+/// Runs one command on the calling worker thread; `peers` are read for `host`, each
+/// admitted before anything is read.
 fn run(
     ns: &Namespace,
     op: &'static Operation,
@@ -356,8 +359,9 @@ fn run(
     cancel: &CancellationToken,
     cfg: &ComputeConfig,
     stats: &ComputeStats,
-    peers: &Peers,
+    (peers, host): (&Peers, &str),
 ) -> Result<Vec<u8>, Failure> {
+    peers.admit(&desc.remote_tags(), host).map_err(|e| Failure::new(e.status, e.message))?;
     let deadline = Instant::now() + Duration::from_secs(cfg.timeout_secs);
     let stop = AtomicBool::new(false);
     let block = ns.block_size as u64;
@@ -382,7 +386,7 @@ fn run(
             let filler = Filler { chunk, depth, allocated: 0, data: data_tx, free: free_rx, stop, buf: None, n: 0 };
             std::thread::Builder::new()
                 .name("nearstore-readahead".into())
-                .spawn_scoped(scope, move || read_ahead(&*backend, peers, block, pieces, filler))
+                .spawn_scoped(scope, move || read_ahead(&*backend, (peers, host), block, pieces, filler))
                 .expect("spawning a read-ahead thread");
             let peer_failure = &peer_failure;
             sources.push(NsSource { len: o.len, data_rx, free_tx, current: None, limits: &limits, read: 0, peer_failure });
@@ -440,7 +444,7 @@ enum ReadError {
     /// This namespace's backend.
     Local(String),
     /// A peer (the message names it).
-    Peer(String),
+    Peer(crate::cluster::PeerError),
 }
 
 /// Chunk buffers being filled and handed to the operation: at most `depth` exist,
@@ -508,14 +512,14 @@ impl Filler<'_> {
 /// Reads an object's pieces into chunk buffers ahead of the operation: local pieces from
 /// the backend, tagged pieces streamed from their peer. Stops at the end, on an error
 /// (sent on), when the consumer is gone, or when `stop` is set.
-fn read_ahead(backend: &dyn Backend, peers: &Peers, block: u64, pieces: VecDeque<Extent>, mut f: Filler) {
+fn read_ahead(backend: &dyn Backend, (peers, host): (&Peers, &str), block: u64, pieces: VecDeque<Extent>, mut f: Filler) {
     for mut p in pieces {
         if f.stop.load(Relaxed) {
             return;
         }
         if p.is_remote() {
             let mut go = true;
-            let r = peers.stream(p, &mut |mut bytes: &[u8]| {
+            let r = peers.stream(p, host, &mut |mut bytes: &[u8]| {
                 while !bytes.is_empty() {
                     let Some(space) = f.space() else {
                         go = false;
@@ -592,8 +596,8 @@ impl Source for NsSource<'_> {
                 }
                 Ok(Err(ReadError::Local(e))) => return Err(ComputeError::Io(e)),
                 Ok(Err(ReadError::Peer(e))) => {
-                    *self.peer_failure.lock() = Some(Failure::new(cs::PEER_FAILED, e.clone()));
-                    return Err(ComputeError::Io(e));
+                    *self.peer_failure.lock() = Some(Failure::new(e.status, e.message.clone()));
+                    return Err(ComputeError::Io(e.message));
                 }
                 Err(RecvTimeoutError::Timeout) => continue,
                 Err(RecvTimeoutError::Disconnected) => return Ok(None),

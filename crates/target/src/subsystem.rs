@@ -126,13 +126,20 @@ impl Subsystem {
     }
 
     /// Creates a controller with the lowest free CNTLID (dynamic controller model).
-    pub fn add_controller(self: &Arc<Self>, hostnqn: &str, hostid: [u8; 16], kato_ms: u32) -> Option<Arc<Controller>> {
+    /// `acting_for`: the host a trusted cluster member connected for (see [`Controller::acting_for`]).
+    pub fn add_controller(
+        self: &Arc<Self>,
+        hostnqn: &str,
+        hostid: [u8; 16],
+        acting_for: Option<&str>,
+        kato_ms: u32,
+    ) -> Option<Arc<Controller>> {
         let mut ctrls = self.controllers.lock();
         if ctrls.len() >= limits::CONTROLLERS_PER_SUBSYSTEM_MAX {
             return None;
         }
         let cntlid = (1..=0xffefu16).find(|id| !ctrls.contains_key(id))?;
-        let c = Arc::new(Controller::new(cntlid, self.clone(), hostnqn, hostid, kato_ms));
+        let c = Arc::new(Controller::new(cntlid, self.clone(), hostnqn, hostid, acting_for.map(str::to_string), kato_ms));
         ctrls.insert(cntlid, c.clone());
         Some(c)
     }
@@ -174,6 +181,10 @@ pub struct Controller {
     pub subsys: Arc<Subsystem>,
     pub hostnqn: String,
     pub hostid: [u8; 16],
+    /// The host a trusted cluster member (`hostnqn`) connected for, named in the Connect
+    /// data (nearstore extension): access was checked for that host, and the
+    /// controller's compute commands read peers for it.
+    pub acting_for: Option<String>,
     pub state: Mutex<CtrlState>,
     /// Volatile write cache enabled (feature 06h); when off every write is FUA.
     pub write_cache: AtomicBool,
@@ -193,12 +204,13 @@ pub const AEN_NS_CHANGED: u32 = 0x02 | (0x04 << 16);
 pub const AEC_NS_ATTR: u32 = 1 << 8;
 
 impl Controller {
-    fn new(cntlid: u16, subsys: Arc<Subsystem>, hostnqn: &str, hostid: [u8; 16], kato_ms: u32) -> Controller {
+    fn new(cntlid: u16, subsys: Arc<Subsystem>, hostnqn: &str, hostid: [u8; 16], acting_for: Option<String>, kato_ms: u32) -> Controller {
         Controller {
             cntlid,
             subsys,
             hostnqn: hostnqn.into(),
             hostid,
+            acting_for,
             state: Mutex::new(CtrlState {
                 cc: 0,
                 csts: 0,
@@ -218,6 +230,11 @@ impl Controller {
             events: Notify::new(),
             results: Mutex::new(Default::default()),
         }
+    }
+
+    /// The host whose access this controller has: the one it acts for, or its own.
+    pub fn requester(&self) -> &str {
+        self.acting_for.as_deref().unwrap_or(&self.hostnqn)
     }
 
     /// Records host activity for the keep-alive timer.

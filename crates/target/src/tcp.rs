@@ -732,7 +732,7 @@ impl Core {
         let r = match (sqe.fctype(), &self.queue) {
             (fctype::CONNECT, None) => match fabrics::connect(&self.target, &sqe, data, self.port.discovery, &self.peer) {
                 Ok(c) => {
-                    let r = Reply::dw0(c.ctrl.cntlid as u32);
+                    let r = Reply { dw1: c.dw1, ..Reply::dw0(c.ctrl.cntlid as u32) };
                     if c.qid == 0 {
                         spawn_keep_alive_watchdog(self.target.clone(), c.ctrl.clone());
                     }

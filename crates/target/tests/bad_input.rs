@@ -104,7 +104,9 @@ async fn raw_connected(env: &common::Env, hd: bool, dd: bool) -> QueuePair<TcpSt
     let mut q = raw(env, hd, dd).await;
     let mut s = Sqe::new(FABRICS, 0);
     s.set_nsid(fctype::CONNECT as u32).set_cdw(11, 31).set_cdw(12, 0);
-    let d = ConnectData { hostid: [1; 16], cntlid: 0xffff, subnqn: common::NQN.into(), hostnqn: common::GOOD_HOST.into() }.encode();
+    let d =
+        ConnectData { hostid: [1; 16], cntlid: 0xffff, subnqn: common::NQN.into(), hostnqn: common::GOOD_HOST.into(), acting_for: None }
+            .encode();
     let cid = q.submit(s, Data::Out(&d), 0).unwrap();
     let cqe = q.wait(cid, |_, _, _| {}).await.unwrap();
     assert!(cqe.status.is_success(), "{}", cqe.status);

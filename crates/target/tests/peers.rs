@@ -4,6 +4,10 @@
 //! unknown tags, a peer that refuses the connection, is not there, dies or stalls mid-
 //! transfer, and ranges outside the peer each fail the command with a status and a
 //! message naming the peer, and the target keeps serving.
+//!
+//! A target reads a peer only for the host whose command it runs, and only if the peer
+//! admits that host (the confused deputy of issue 12): the peer decides, through the
+//! acting-for extension of Connect, before a byte of the command is read.
 
 mod common;
 
@@ -24,6 +28,10 @@ use tokio::net::TcpListener;
 const T: Duration = Duration::from_secs(60);
 const PEER_NQN: &str = "nqn.2026-11.io.nearstore:peer-b";
 const A_HOST: &str = "nqn.2026-11.io.nearstore:target-a";
+/// The host the tests compute as on A: B's subsystem allows it.
+const HOST: &str = "nqn.2026-11.io.nearstore:host";
+/// Allowed on A's open subsystem and on B's open one, not on B's subsystem.
+const STRANGER: &str = "nqn.2026-11.io.nearstore:stranger";
 const BS: u64 = 512;
 
 fn content(len: usize, seed: u64) -> Vec<u8> {
@@ -47,24 +55,34 @@ struct Pair {
     stall: Arc<Faults>,
 }
 
-/// Peer B (two subsystems: one allows target A's host NQN, one does not), and target A
-/// whose cluster map names B directly (tag 2), B's closed subsystem (3), a port where
-/// nothing listens (4), and B behind proxies that cut (5) or stall (6).
+/// Peer B, which trusts target A's host NQN as a cluster member, with three subsystems:
+/// one allows A's host NQN and HOST, one allows someone else, one any host. Target A
+/// (an open subsystem) whose cluster map names B directly (tag 2), B's closed subsystem
+/// (3), a port where nothing listens (4), B behind proxies that cut (5) or stall (6), and
+/// B's open subsystem (7).
 async fn start() -> Pair {
     common::init_logs();
     let b_cfg = Config::from_toml(&format!(
         r#"
         [[listener]]
         address = "127.0.0.1:0"
+        [cluster]
+        trusted_members = ["{A_HOST}"]
         [[subsystem]]
         nqn = "{PEER_NQN}"
-        hosts = ["{A_HOST}"]
+        hosts = ["{A_HOST}", "{HOST}", "{HOST}-2", "{HOST}-3"]
         [[subsystem.namespace]]
         nsid = 1
         memory = "64MiB"
         [[subsystem]]
         nqn = "{PEER_NQN}-closed"
         hosts = ["nqn.2026-11.io.nearstore:someone-else"]
+        [[subsystem.namespace]]
+        nsid = 1
+        memory = "1MiB"
+        [[subsystem]]
+        nqn = "{PEER_NQN}-open"
+        allow_any_host = true
         [[subsystem.namespace]]
         nsid = 1
         memory = "1MiB"
@@ -104,6 +122,10 @@ async fn start() -> Pair {
         tag = 6
         address = "{stall_addr}"
         nqn = "{PEER_NQN}"
+        [[cluster.peer]]
+        tag = 7
+        address = "{b_addr}"
+        nqn = "{PEER_NQN}-open"
         [[subsystem]]
         nqn = "{}"
         allow_any_host = true
@@ -155,7 +177,7 @@ fn refused(e: Error, status: Status, needles: &[&str]) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_target_reads_its_peers_extents_itself_and_computes_what_the_host_would() {
     let p = start().await;
-    let (_ca, mut qa) = queue(p.a_addr, common::NQN, "nqn.2026-11.io.nearstore:host").await;
+    let (_ca, mut qa) = queue(p.a_addr, common::NQN, HOST).await;
     let (_cb, mut qb) = queue(p.b_addr, PEER_NQN, A_HOST).await;
     // One object: 300 KiB on A, a hole, 2.5 MiB + 100 bytes on B (in two extents, the
     // later bytes lower on B), 64 KiB on A again addressed by A's own tag.
@@ -221,7 +243,7 @@ async fn a_target_reads_its_peers_extents_itself_and_computes_what_the_host_woul
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn unknown_tags_refused_peers_and_peers_that_die_or_stall_fail_the_command_cleanly() {
     let p = start().await;
-    let (_ca, mut qa) = queue(p.a_addr, common::NQN, "nqn.2026-11.io.nearstore:host").await;
+    let (_ca, mut qa) = queue(p.a_addr, common::NQN, HOST).await;
     let (_cb, mut qb) = queue(p.b_addr, PEER_NQN, A_HOST).await;
     write_all(&mut qb, 0, &content(8 << 20, 5)).await;
     let on = |tag: u16, off: u64, len: u64| Object { len, extents: vec![Extent::data(global::address(tag, off), len)] };
@@ -231,7 +253,11 @@ async fn unknown_tags_refused_peers_and_peers_that_die_or_stall_fail_the_command
     let e = qa.compute(1, &crc(on(9, 0, 4096)), T).await.unwrap_err();
     refused(e, cs::DEVICE_UNKNOWN, &["device tag 9 is not in this target's cluster map"]);
     let e = qa.compute(1, &crc(on(3, 0, 4096)), T).await.unwrap_err();
-    refused(e, cs::PEER_FAILED, &["peer tag 3", "connecting as nqn.2026-11.io.nearstore:target-a"]);
+    refused(
+        e,
+        cs::PEER_DENIED,
+        &["peer tag 3", "does not let nqn.2026-11.io.nearstore:target-a read it for host nqn.2026-11.io.nearstore:host"],
+    );
     let e = qa.compute(1, &crc(on(4, 0, 4096)), T).await.unwrap_err();
     refused(e, cs::PEER_FAILED, &["peer tag 4", "connecting as"]);
     let e = qa.compute(1, &crc(on(2, 63 << 20, 2 << 20)), T).await.unwrap_err();
@@ -264,6 +290,7 @@ async fn unknown_tags_refused_peers_and_peers_that_die_or_stall_fail_the_command
     };
     assert!(value("nearstore_peer_read_bytes_total", 2) >= 16 << 20, "{m}");
     assert_eq!(value("nearstore_peer_failures_total", 2), 1, "the range outside the namespace");
+    assert_eq!(value("nearstore_peer_failures_total", 3), 1, "the host B does not admit");
     assert_eq!(value("nearstore_peer_failures_total", 5), 1, "{m}");
     assert_eq!(value("nearstore_peer_failures_total", 4), 1, "{m}");
     assert_eq!(value("nearstore_peer_connections_total", 5), 1, "the first command's connection is reused by the second: {m}");
@@ -291,7 +318,7 @@ async fn concurrent_commands_share_a_bounded_number_of_peer_connections() {
     for _ in 0..3 {
         let d = d.clone();
         tasks.push(tokio::spawn(async move {
-            let (_c, mut q) = queue(addr, common::NQN, "nqn.2026-11.io.nearstore:host").await;
+            let (_c, mut q) = queue(addr, common::NQN, HOST).await;
             q.compute(1, &d, T).await.unwrap()
         }));
     }
@@ -306,7 +333,7 @@ async fn concurrent_commands_share_a_bounded_number_of_peer_connections() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_command_that_stops_reading_early_leaves_the_peer_connection_clean() {
     let p = start().await;
-    let (_ca, mut qa) = queue(p.a_addr, common::NQN, "nqn.2026-11.io.nearstore:host").await;
+    let (_ca, mut qa) = queue(p.a_addr, common::NQN, HOST).await;
     let (_cb, mut qb) = queue(p.b_addr, PEER_NQN, A_HOST).await;
     let csv = [b"x,y\n".to_vec(), b"1,2\n".repeat(2 << 20)].concat();
     write_all(&mut qb, 0, &csv).await;
@@ -321,6 +348,191 @@ async fn a_command_that_stops_reading_early_leaves_the_peer_connection_clean() {
         // The next stream from that peer reads the right bytes.
         let got: Vec<Outcome> = serde_json::from_slice(&qa.compute(1, &crc, T).await.unwrap()).unwrap();
         assert_eq!(got[0], want);
+    }
+}
+
+/// The confused deputy as it was reproduced: a host allowed only on A's open subsystem
+/// sends a copy whose input is a local extent then B's extent (B admits A's cluster NQN,
+/// not this host). It read B's data back; now the command is refused with PEER_DENIED
+/// naming the peer and the host, before a byte is read, locally or from B.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_host_cannot_read_through_a_target_what_the_peer_denies_it() {
+    let p = start().await;
+    let (_cb, mut qb) = queue(p.b_addr, PEER_NQN, A_HOST).await;
+    let secret = content(1 << 20, 11);
+    write_all(&mut qb, 0, &secret).await;
+    // The host could not read B itself.
+    let mut o = ConnectOptions::new(p.b_addr, PEER_NQN);
+    o.hostnqn = STRANGER.into();
+    match Controller::connect(o).await {
+        Err(Error::Status { status, .. }) => assert_eq!(status, Status::CONNECT_INVALID_HOST.dnr()),
+        r => panic!("the stranger connected to B itself: {:?}", r.map(|c| c.cntlid)),
+    }
+    let (_ca, mut qa) = queue(p.a_addr, common::NQN, STRANGER).await;
+    let b_ns = p.b.subsystem(PEER_NQN).unwrap().namespace(1).unwrap();
+    let (b_reads, a_read) = (b_ns.stats.reads.load(Ordering::Relaxed), p.a.offload.stats.bytes_read.load(Ordering::Relaxed));
+    let input = Object { len: 4096 + (1 << 20), extents: vec![Extent::data(0, 4096), Extent::data(global::address(2, 0), 1 << 20)] };
+    let out = Object { len: input.len, extents: vec![Extent::data(16 << 20, input.len)] };
+    let e = qa.compute(1, &desc("copy", b"", vec![input], vec![out]).encode(), T).await.unwrap_err();
+    refused(e, cs::PEER_DENIED, &["peer tag 2", &format!("{}", p.b_addr), PEER_NQN, &format!("for host {STRANGER}"), A_HOST]);
+    assert_eq!(b_ns.stats.reads.load(Ordering::Relaxed), b_reads, "B served reads for the refused command");
+    assert_eq!(p.a.offload.stats.bytes_read.load(Ordering::Relaxed), a_read, "A read input bytes for the refused command");
+    for i in 0..((1u64 << 20) + 4096).div_ceil(128 << 10) {
+        let copied = qa.read(1, (16 << 20) / BS + i * 256, 256, BS as u32).await.unwrap();
+        assert!(copied.iter().all(|&b| b == 0), "the output holds bytes of B");
+    }
+}
+
+/// Who may read through A: the host B allows, any host on B's open subsystem; not a host
+/// B does not allow, on either subsystem B restricts.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_target_reads_a_peer_for_exactly_the_hosts_the_peer_admits() {
+    let p = start().await;
+    for nqn in [PEER_NQN.to_string(), format!("{PEER_NQN}-open")] {
+        let (_cb, mut qb) = queue(p.b_addr, &nqn, A_HOST).await;
+        write_all(&mut qb, 0, &content(64 << 10, 12)).await;
+    }
+    let want = serde_json::to_vec(&[nearstore_compute::run("crc32c", b"", [&content(64 << 10, 12)[..]]).unwrap()]).unwrap();
+    let crc = |tag: u16| {
+        desc("crc32c", b"", vec![Object { len: 64 << 10, extents: vec![Extent::data(global::address(tag, 0), 64 << 10)] }], vec![]).encode()
+    };
+    for (host, tag, denied) in [
+        (HOST, 2, false),
+        (STRANGER, 2, true),
+        (HOST, 7, false),
+        (STRANGER, 7, false),
+        (HOST, 3, true),
+        (A_HOST, 2, false),
+        ("nqn.2026-11.io.nearstore:someone-else", 3, false),
+    ] {
+        let (_ca, mut qa) = queue(p.a_addr, common::NQN, host).await;
+        let r = qa.compute(1, &crc(tag), T).await;
+        if denied {
+            refused(r.unwrap_err(), cs::PEER_DENIED, &[&format!("peer tag {tag}"), &format!("for host {host}")]);
+        } else if tag == 3 {
+            // B's closed subsystem holds other bytes: only admission is asked here.
+            r.unwrap_or_else(|e| panic!("{host} on tag {tag}: {e}"));
+        } else {
+            assert_eq!(r.unwrap_or_else(|e| panic!("{host} on tag {tag}: {e}")), want, "{host} on tag {tag}");
+        }
+    }
+}
+
+/// The peer's side of the extension: only a trusted member may act for a host, only for
+/// a host the subsystem allows, with a well-formed NQN, and an I/O queue must act for the
+/// same host as its admin queue. A member's own connection (no host named) is unchanged.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn only_trusted_members_act_for_hosts_the_subsystem_allows() {
+    let p = start().await;
+    let ok = None;
+    let invalid_host = Some(Status::CONNECT_INVALID_HOST.dnr());
+    let invalid_param = Some(Status::CONNECT_INVALID_PARAMETERS.dnr());
+    let open = format!("{PEER_NQN}-open");
+    for (hostnqn, acting_for, subnqn, want) in [
+        (A_HOST, Some(HOST), PEER_NQN, ok),
+        (A_HOST, None, PEER_NQN, ok),
+        (A_HOST, Some(STRANGER), PEER_NQN, invalid_host),
+        (A_HOST, Some(STRANGER), open.as_str(), ok),
+        // Not a member: refused even where the host it names, or it itself, is allowed.
+        (HOST, Some(HOST), PEER_NQN, invalid_host),
+        (STRANGER, Some(HOST), open.as_str(), invalid_host),
+        (A_HOST, Some("not an nqn"), PEER_NQN, invalid_param),
+    ] {
+        let mut o = ConnectOptions::new(p.b_addr, subnqn);
+        o.hostnqn = hostnqn.into();
+        o.acting_for = acting_for.map(str::to_string);
+        let case = format!("{hostnqn} acting for {acting_for:?} on {subnqn}");
+        match (Controller::connect(o).await, want) {
+            (Ok(c), None) => {
+                let ctrl = p.b.subsystem(subnqn).unwrap().controller(c.cntlid).unwrap();
+                assert_eq!(ctrl.requester(), acting_for.unwrap_or(hostnqn), "{case}");
+                // The I/O queue must act for the same host.
+                let mut c = c;
+                c.io_queue(1).await.unwrap_or_else(|e| panic!("{case}: I/O queue: {e}"));
+                c.opts.acting_for = Some(format!("{HOST}-2"));
+                match c.io_queue(2).await {
+                    Err(Error::Status { status, cqe, .. }) => {
+                        assert_eq!(status, Status::CONNECT_INVALID_PARAMETERS.dnr(), "{case}");
+                        assert_eq!(cqe.dw0 >> 16, 768, "{case}: IPO names the acting-for field");
+                    }
+                    r => panic!("{case}: an I/O queue acting for another host: {:?}", r.map(|_| ())),
+                }
+            }
+            (Err(Error::Status { status, .. }), Some(w)) => assert_eq!(status, w, "{case}"),
+            (r, w) => panic!("{case}: got {:?}, want {w:?}", r.map(|c| c.cntlid)),
+        }
+    }
+    // A target that is not one of B's members is refused for a host B allows.
+    let cfg = Config::from_toml(&format!(
+        "[[listener]]\naddress = \"127.0.0.1:0\"\n[cluster]\nhost_nqn = \"{STRANGER}\"\n[[cluster.peer]]\ntag = 2\naddress = \"{}\"\nnqn = \"{PEER_NQN}\"\n[[subsystem]]\nnqn = \"{}\"\nallow_any_host = true\n[[subsystem.namespace]]\nnsid = 1\nmemory = \"1MiB\"\n",
+        p.b_addr,
+        common::NQN
+    ))
+    .unwrap();
+    let a2 = Target::from_config(&cfg).unwrap();
+    let addr = a2.listen("127.0.0.1:0".parse().unwrap(), false).await.unwrap();
+    let (_c, mut q) = queue(addr, common::NQN, HOST).await;
+    let obj = Object { len: 4096, extents: vec![Extent::data(global::address(2, 0), 4096)] };
+    let e = q.compute(1, &desc("crc32c", b"", vec![obj], vec![]).encode(), T).await.unwrap_err();
+    refused(e, cs::PEER_DENIED, &["peer tag 2", &format!("does not let {STRANGER} read it for host {HOST}"), "trusted_members"]);
+}
+
+/// Pooled connections belong to one host: host X's connection never serves host Y, and
+/// the peer's connections stay within connections_per_peer for all hosts together.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pooled_peer_connections_never_serve_another_host() {
+    let p = start().await;
+    let (_cb, mut qb) = queue(p.b_addr, PEER_NQN, A_HOST).await;
+    let data = content(64 << 10, 13);
+    write_all(&mut qb, 0, &data).await;
+    let cfg = Config::from_toml(&format!(
+        "[[listener]]\naddress = \"127.0.0.1:0\"\n[cluster]\nhost_nqn = \"{A_HOST}\"\nconnections_per_peer = 2\n[[cluster.peer]]\ntag = 2\naddress = \"{}\"\nnqn = \"{PEER_NQN}\"\n[[subsystem]]\nnqn = \"{}\"\nallow_any_host = true\n[[subsystem.namespace]]\nnsid = 1\nmemory = \"1MiB\"\n",
+        p.b_addr,
+        common::NQN
+    ))
+    .unwrap();
+    let a = Target::from_config(&cfg).unwrap();
+    let addr = a.listen("127.0.0.1:0".parse().unwrap(), false).await.unwrap();
+    let obj = Object { len: 64 << 10, extents: vec![Extent::data(global::address(2, 0), 64 << 10)] };
+    let d = desc("crc32c", b"", vec![obj], vec![]).encode();
+    let want = serde_json::to_vec(&[nearstore_compute::run("crc32c", b"", [&data[..]]).unwrap()]).unwrap();
+    let connections = || a.offload.peers.stats()[0].2.connections.load(Ordering::Relaxed);
+    // B's controllers made by A, by the host each acts for.
+    let on_b = || -> Vec<String> {
+        let sub = p.b.subsystem(PEER_NQN).unwrap();
+        let mut v: Vec<String> = (1..=64)
+            .filter_map(|id| sub.controller(id))
+            .filter(|c| c.hostnqn == A_HOST && c.acting_for.is_some())
+            .map(|c| c.requester().into())
+            .collect();
+        v.sort();
+        v
+    };
+    let (h2, h3) = (format!("{HOST}-2"), format!("{HOST}-3"));
+    // (host, admitted, connections opened so far)
+    for (host, admitted, opened) in [
+        (HOST, true, 1),
+        (STRANGER, false, 2), // HOST's idle connection is not lent to it
+        (HOST, true, 2),      // reused
+        (h2.as_str(), true, 3),
+        (HOST, true, 3),
+        (h3.as_str(), true, 4), // a third host: the least recently used idle connection (h2's) closes
+    ] {
+        let (_c, mut q) = queue(addr, common::NQN, host).await;
+        let r = q.compute(1, &d, T).await;
+        if admitted {
+            assert_eq!(r.unwrap_or_else(|e| panic!("{host}: {e}")), want, "{host}");
+        } else {
+            refused(r.unwrap_err(), cs::PEER_DENIED, &[&format!("for host {host}")]);
+        }
+        assert_eq!(connections(), opened, "after {host}");
+    }
+    let t0 = std::time::Instant::now();
+    let mut want_on_b = vec![HOST.to_string(), h3.clone()];
+    want_on_b.sort();
+    while on_b() != want_on_b {
+        assert!(t0.elapsed() < Duration::from_secs(10), "B's controllers from A act for {:?}, want {want_on_b:?}", on_b());
+        tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }
 
@@ -342,6 +554,7 @@ fn cluster_configuration_errors_name_the_field() {
         ),
         ("[[cluster.peer]]\ntag = 1\naddress = \"127.0.0.1:1\"\nnqn = \"nqn.2026-11.io.x:y\"", "cluster.peer[0].tag", "used twice"),
         ("[cluster]\nread_ahead_bytes = \"1KiB\"", "cluster.read_ahead_bytes", "between 128 KiB"),
+        ("[cluster]\ntrusted_members = [\"nqn.2026-11.io.x:y\", \"t2\"]", "cluster.trusted_members[1]", "not an NQN"),
     ] {
         let e = Config::from_toml(&base(extra)).unwrap_err().to_string();
         assert!(e.starts_with(field) && e.contains(msg), "{extra}: {e}");

@@ -42,7 +42,8 @@ fn fuzz_env() -> &'static Fuzz {
 fn connect_capsule(qid: u16, cntlid: u16) -> Vec<u8> {
     let mut s = Sqe::new(FABRICS, 1);
     s.set_nsid(fctype::CONNECT as u32).set_cdw(10, (qid as u32) << 16).set_cdw(11, 31);
-    let d = ConnectData { hostid: [1; 16], cntlid, subnqn: common::NQN.into(), hostnqn: common::GOOD_HOST.into() }.encode();
+    let d =
+        ConnectData { hostid: [1; 16], cntlid, subnqn: common::NQN.into(), hostnqn: common::GOOD_HOST.into(), acting_for: None }.encode();
     s.set_sgl(Sgl { addr: 0, len: d.len() as u32, id: sgl_id::IN_CAPSULE });
     let mut b = Vec::new();
     pdu::put_capsule_cmd(&mut b, &s, &d, false, false);

@@ -60,6 +60,12 @@ pub mod status {
     /// Reading a peer's extents failed: the peer refused the connection, went away or
     /// failed the read. The message names the peer; the command may succeed again.
     pub const PEER_FAILED: Status = Status { sct: 1, sc: 0xcb, dnr: false };
+    /// The peer does not let this target read it for the requesting host: the host is
+    /// not on the peer subsystem's allow-list, the target is not one of the peer's
+    /// trusted cluster members, or the peer did not confirm it checked the host. The
+    /// message names the peer and the host. Retrying does not help until a
+    /// configuration changes.
+    pub const PEER_DENIED: Status = Status { sct: 1, sc: 0xcc, dnr: true };
 
     /// A name for a compute status, for messages.
     pub fn name(s: Status) -> Option<&'static str> {
@@ -79,6 +85,7 @@ pub mod status {
             0xc9 => "RESULTS_FULL",
             0xca => "DEVICE_UNKNOWN",
             0xcb => "PEER_FAILED",
+            0xcc => "PEER_DENIED",
             _ => return None,
         })
     }

@@ -5,6 +5,12 @@ use crate::bytes::*;
 /// Size of the Connect command's data (host id, controller id, NQNs).
 pub const CONNECT_DATA_LEN: usize = 1024;
 
+/// Where the nearstore extension puts the NQN of the host a connection acts for: the
+/// last 256 bytes of the Connect data, reserved by the NVMe over Fabrics specification
+/// (a standard initiator leaves them zero). Same format as HOSTNQN (UTF-8, NUL-padded).
+pub const ACTING_FOR_OFFSET: usize = 768;
+pub const ACTING_FOR_LEN: usize = 256;
+
 /// The Connect command's data.
 #[derive(Clone, PartialEq, Eq, Debug, Default)]
 pub struct ConnectData {
@@ -14,6 +20,10 @@ pub struct ConnectData {
     pub cntlid: u16,
     pub subnqn: String,
     pub hostnqn: String,
+    /// nearstore extension: the host this connection acts for (a cluster member reading
+    /// a peer for a host's compute command), or None (bytes 768.. zero): the host acts
+    /// for itself. docs/compute-protocol.md "Acting for a host".
+    pub acting_for: Option<String>,
 }
 
 impl ConnectData {
@@ -23,7 +33,8 @@ impl ConnectData {
         }
         let mut hostid = [0u8; 16];
         hostid.copy_from_slice(&b[0..16]);
-        Some(ConnectData { hostid, cntlid: u16_at(b, 16), subnqn: str_at(b, 256, 256), hostnqn: str_at(b, 512, 256) })
+        let acting_for = (b[ACTING_FOR_OFFSET] != 0).then(|| str_at(b, ACTING_FOR_OFFSET, ACTING_FOR_LEN));
+        Some(ConnectData { hostid, cntlid: u16_at(b, 16), subnqn: str_at(b, 256, 256), hostnqn: str_at(b, 512, 256), acting_for })
     }
 
     pub fn encode(&self) -> Vec<u8> {
@@ -32,6 +43,9 @@ impl ConnectData {
         put_u16(&mut b, 16, self.cntlid);
         put_str(&mut b, 256, 256, &self.subnqn, 0);
         put_str(&mut b, 512, 256, &self.hostnqn, 0);
+        if let Some(h) = &self.acting_for {
+            put_str(&mut b, ACTING_FOR_OFFSET, ACTING_FOR_LEN, h, 0);
+        }
         b
     }
 }
@@ -64,6 +78,13 @@ pub mod connect {
     pub fn invalid_param(in_data: bool, offset: u16) -> u32 {
         in_data as u32 | ((offset as u32) << 16)
     }
+    /// Connect-response DW1 (reserved by the specification, zero) of a nearstore target
+    /// that admitted a connection acting for a host (Connect data bytes 768..): it
+    /// checked that host against the subsystem's allow-list and the connecting host
+    /// against its trusted cluster members. An initiator that named a host and gets
+    /// anything else back talks to a target that ignored the name and must not use the
+    /// connection for that host. "NSAF" little-endian.
+    pub const ACTING_FOR_CONFIRMED: u32 = u32::from_le_bytes(*b"NSAF");
 }
 
 /// Property offsets (NVMe Base, "Controller Properties").
@@ -135,8 +156,14 @@ mod tests {
             cntlid: 0xffff,
             subnqn: "nqn.2026-11.io.nearstore:disk0".into(),
             hostnqn: "nqn.2014-08.org.nvmexpress:uuid:1234".into(),
+            acting_for: None,
         };
         assert_eq!(ConnectData::decode(&d.encode()).unwrap(), d);
+        assert!(d.encode()[ACTING_FOR_OFFSET..].iter().all(|&b| b == 0), "a host acting for itself leaves the reserved bytes zero");
+        let delegated = ConnectData { acting_for: Some("nqn.2026-11.io.nearstore:h".into()), ..d };
+        let b = delegated.encode();
+        assert_eq!(&b[ACTING_FOR_OFFSET..ACTING_FOR_OFFSET + 26], b"nqn.2026-11.io.nearstore:h");
+        assert_eq!(ConnectData::decode(&b).unwrap(), delegated);
         assert!(ConnectData::decode(&[0u8; 100]).is_none());
     }
 }

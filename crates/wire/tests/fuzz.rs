@@ -106,8 +106,14 @@ proptest! {
     }
 
     #[test]
-    fn connect_data_round_trip(hostid: [u8; 16], cntlid: u16, sub in "nqn\\.[a-z0-9.:-]{1,200}", host in "nqn\\.[a-z0-9.:-]{1,200}") {
-        let d = ConnectData { hostid, cntlid, subnqn: sub, hostnqn: host };
+    fn connect_data_round_trip(
+        hostid: [u8; 16],
+        cntlid: u16,
+        sub in "nqn\\.[a-z0-9.:-]{1,200}",
+        host in "nqn\\.[a-z0-9.:-]{1,200}",
+        acting_for in proptest::option::of("nqn\\.[a-z0-9.:-]{1,200}"),
+    ) {
+        let d = ConnectData { hostid, cntlid, subnqn: sub, hostnqn: host, acting_for };
         prop_assert_eq!(ConnectData::decode(&d.encode()).unwrap(), d);
     }
 }

@@ -51,7 +51,16 @@ impl Core {
                 }
                 let token =
                     self.inflight.insert(Inflight { cid, ns: ns.clone(), kind: IoKind::Compute, len: 0, lba: 0, start, ring: None });
-                let task = Task { ns, op, desc, token: token as u32, slot, reply: self.done_tx.clone(), cancel: ctrl.cancel.clone() };
+                let task = Task {
+                    ns,
+                    op,
+                    desc,
+                    token: token as u32,
+                    slot,
+                    reply: self.done_tx.clone(),
+                    cancel: ctrl.cancel.clone(),
+                    host: ctrl.requester().to_string(),
+                };
                 self.target.offload.submit(task);
             }
             cop::FETCH => {
