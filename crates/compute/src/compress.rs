@@ -110,7 +110,11 @@ impl Transform for Decompress {
                     message: format!("at input byte {}: {e}", read - (chunk.len() - at) as u64),
                 })?;
                 at += s.bytes_read;
-                frame_left = s.remaining;
+                // A call that moved nothing (a last look after the output buffer filled
+                // exactly) reports the next frame's header as wanted: not a cut frame.
+                if s.bytes_read > 0 || s.bytes_written > 0 {
+                    frame_left = s.remaining;
+                }
                 pending.extend_from_slice(&buf[..s.bytes_written]);
                 if pending.len() >= OUT_CHUNK {
                     drain(&mut pending, out)?;
@@ -186,6 +190,42 @@ mod tests {
         // The empty input compresses to a frame that decompresses to nothing.
         let (_, z) = exec("compress", b"", b"", 1, 100).unwrap();
         assert_eq!(exec("decompress", b"", &z, 1, 100).unwrap().1, b"");
+    }
+
+    #[test]
+    fn every_size_at_the_edges_of_every_buffer_round_trips() {
+        const K: usize = 1 << 10;
+        // zstd's block (128 KiB), our output piece (256 KiB), the engine's chunk (1 MiB).
+        let mut sizes = vec![0, 1, 2];
+        for b in [128 * K, super::OUT_CHUNK, 1 << 20] {
+            for m in [1, 2, 3, 4] {
+                sizes.extend([m * b - 1, m * b, m * b + 1]);
+            }
+        }
+        // Data that compresses, and data that does not (blocks stored raw).
+        let text: Vec<u8> = (0..(4 << 20) + 1).map(|i: usize| b"abcdefgh"[i % 8 ^ (i >> 14) % 3]).collect();
+        let noise: Vec<u8> = (0..(4 << 20) + 1)
+            .scan(7u64, |s, _| {
+                *s ^= *s << 13;
+                *s ^= *s >> 7;
+                *s ^= *s << 17;
+                Some(*s as u8)
+            })
+            .collect();
+        for n in sizes {
+            for data in [&text[..n], &noise[..n]] {
+                let z = zstd::encode_all(data, 3).unwrap();
+                for chunk in [1 << 20, 128 * K, super::OUT_CHUNK, 4096, z.len().max(1)] {
+                    let (o, back) =
+                        exec("decompress", b"", &z, chunk, n as u64).unwrap_or_else(|e| panic!("{n} bytes, chunk {chunk}: {e}"));
+                    assert_eq!(o, Outcome::Written { input: z.len() as u64, output: n as u64 }, "{n} bytes, chunk {chunk}");
+                    assert!(back == data, "{n} bytes, chunk {chunk}");
+                }
+                let (o, z) = exec("compress", b"", data, 1 << 20, super::compress_bound(n as u64)).unwrap();
+                assert_eq!(o, Outcome::Written { input: n as u64, output: z.len() as u64 });
+                assert!(zstd::decode_all(&z[..]).unwrap() == data, "{n} bytes");
+            }
+        }
     }
 
     #[test]
