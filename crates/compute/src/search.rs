@@ -1,5 +1,10 @@
 //! Search: a literal (count and first offsets, matches crossing chunk and extent borders
 //! included), regular-expression matches within lines, and matching lines (grep -c).
+//!
+//! Patterns of every mode are 1 to [`PATTERN_BYTES_MAX`] bytes. A newline in a regular
+//! expression separates patterns, as GNU grep reads it: a line matches if any does. A
+//! literal search finds one literal, so a newline in it is refused (it could only match
+//! across lines).
 
 use memchr::memmem;
 use regex::bytes::Regex;
@@ -7,7 +12,9 @@ use serde::Deserialize;
 
 use crate::{parse_args, ComputeError, Context, Kernel, Outcome};
 
-/// Longest literal pattern, in bytes.
+/// Longest pattern of every mode (a literal, or regular expressions with their
+/// newlines), in bytes: far beyond what a person types, and it keeps the literal
+/// search's carried tail and a compiled expression small.
 pub const PATTERN_BYTES_MAX: usize = 4096;
 /// Most match offsets a search returns (the count is always complete).
 pub const OFFSETS_MAX: usize = 10_000;
@@ -101,11 +108,23 @@ impl Kernel for Literal {
     }
 }
 
+/// Every mode's pattern is 1 to PATTERN_BYTES_MAX bytes.
+fn check_length(op: &'static str, pattern: &str) -> Result<(), ComputeError> {
+    if pattern.is_empty() || pattern.len() > PATTERN_BYTES_MAX {
+        return Err(ComputeError::BadArguments {
+            op,
+            message: format!("pattern: must be 1 to {PATTERN_BYTES_MAX} bytes, not {}", pattern.len()),
+        });
+    }
+    Ok(())
+}
+
 pub fn literal(args: &[u8], _: &Context) -> Result<Box<dyn Kernel>, ComputeError> {
     let a: LiteralArgs = parse_args("search", args)?;
     let bad = |message: String| ComputeError::BadArguments { op: "search", message };
-    if a.pattern.is_empty() || a.pattern.len() > PATTERN_BYTES_MAX {
-        return Err(bad(format!("pattern: must be 1 to {PATTERN_BYTES_MAX} bytes")));
+    check_length("search", &a.pattern)?;
+    if a.pattern.contains('\n') {
+        return Err(bad("pattern: a newline: search finds one literal (grep -F with several patterns: one search each)".into()));
     }
     if a.max_offsets > OFFSETS_MAX {
         return Err(bad(format!("max_offsets: at most {OFFSETS_MAX}")));
@@ -202,10 +221,19 @@ impl Kernel for Lines {
 
 fn lines(op: &'static str, args: &[u8], every_match: bool) -> Result<Box<dyn Kernel>, ComputeError> {
     let a: RegexArgs = parse_args(op, args)?;
-    let re = regex::bytes::RegexBuilder::new(&a.pattern)
-        .size_limit(REGEX_SIZE_MAX)
-        .build()
-        .map_err(|e| ComputeError::BadArguments { op, message: format!("pattern: {e}") })?;
+    check_length(op, &a.pattern)?;
+    let compile = |p: &str| regex::bytes::RegexBuilder::new(p).size_limit(REGEX_SIZE_MAX).build();
+    // GNU grep: one pattern per line (an empty one matches every line), any matching.
+    let parts: Vec<&str> = a.pattern.split('\n').collect();
+    let re = if let [one] = &parts[..] {
+        compile(one).map_err(|e| ComputeError::BadArguments { op, message: format!("pattern: {e}") })?
+    } else {
+        for (i, p) in parts.iter().enumerate() {
+            compile(p).map_err(|e| ComputeError::BadArguments { op, message: format!("pattern line {}: {e}", i + 1) })?;
+        }
+        let any: Vec<String> = parts.iter().map(|p| format!("(?:{p})")).collect();
+        compile(&any.join("|")).map_err(|e| ComputeError::BadArguments { op, message: format!("pattern: {e}") })?
+    };
     Ok(Box::new(Lines { op, re, every_match, partial: Vec::new(), pos: 0, count: 0, error: None }))
 }
 
@@ -247,6 +275,53 @@ mod tests {
         }
         // ^ and $ anchor at line borders.
         assert_eq!(run("grep-count", br#"{"pattern":"^baz$"}"#, [&data[..]]).unwrap(), Outcome::Count { count: 1 });
+    }
+
+    #[test]
+    fn newlines_separate_patterns_as_gnu_grep_reads_them() {
+        let data = b"x\ny\nab\nxab\n";
+        for (op, pattern, want) in [
+            ("grep-count", "a\nx", 3),
+            ("grep-count", "^y$\n^ab$", 2),
+            // A trailing newline is an empty pattern: every line matches.
+            ("grep-count", "q\n", 4),
+            ("regex-count", "a\nx", 4),
+            ("regex-count", "b\nab", 2),
+        ] {
+            let args = serde_json::json!({ "pattern": pattern }).to_string();
+            assert_eq!(run(op, args.as_bytes(), [&data[..]]).unwrap(), Outcome::Count { count: want }, "{op} {pattern:?}");
+        }
+        let e = run("grep-count", br#"{"pattern":"a\n("}"#, [&data[..]]).unwrap_err().to_string();
+        assert!(e.contains("pattern line 2"), "{e}");
+        let e = run("search", br#"{"pattern":"a\nb"}"#, [&data[..]]).unwrap_err().to_string();
+        assert!(e.contains("pattern: a newline"), "{e}");
+    }
+
+    #[test]
+    fn pattern_length_limits_in_every_mode() {
+        let max = super::PATTERN_BYTES_MAX;
+        let data = "a".repeat(max + 1);
+        for op in ["search", "regex-count", "grep-count"] {
+            for (len, ok) in [(0, false), (1, true), (max, true), (max + 1, false)] {
+                let args = serde_json::json!({ "pattern": "a".repeat(len) }).to_string();
+                match run(op, args.as_bytes(), [data.as_bytes()]) {
+                    Ok(o) => {
+                        assert!(ok, "{op}: {len} bytes accepted");
+                        // Non-overlapping matches in the one line of max + 1 bytes.
+                        let n = (max + 1) as u64 / len as u64;
+                        let count = match o {
+                            Outcome::Search { count, .. } | Outcome::Count { count } => count,
+                            o => panic!("{o:?}"),
+                        };
+                        assert_eq!(count, if op == "grep-count" { 1 } else { n }, "{op} {len}");
+                    }
+                    Err(e) => {
+                        assert!(!ok, "{op}: {len} bytes refused: {e}");
+                        assert!(e.to_string().contains(&format!("pattern: must be 1 to {max} bytes, not {len}")), "{e}");
+                    }
+                }
+            }
+        }
     }
 
     #[test]
