@@ -20,6 +20,45 @@ pub enum Outcome {
     ParkAer,
 }
 
+/// How many bytes the host's SGL must describe for a command, as the command itself
+/// defines its data (NVMe Base, each command's "Data Pointer"; Linux's target checks the
+/// same in `nvmet_check_transfer_len` and `nvmet_check_data_len_lte`). The connection
+/// engine checks it before it allocates, requests or sends anything: a longer or shorter
+/// SGL is Data SGL Length Invalid (SGLS bit 18 is clear: no SGL may be longer than the data).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DataLen {
+    /// The SGL must describe exactly this many bytes.
+    Exactly(u64),
+    /// The SGL must describe at least this many bytes, and only these move (Get and Set
+    /// Features: a feature's data structure, if it has one).
+    AtLeast(u64),
+}
+
+impl DataLen {
+    /// The bytes that move, if an SGL of `sgl_len` bytes fits; None: Data SGL Length Invalid.
+    pub fn moved(self, sgl_len: u32) -> Option<u64> {
+        match self {
+            DataLen::Exactly(n) => (u64::from(sgl_len) == n).then_some(n),
+            DataLen::AtLeast(n) => (u64::from(sgl_len) >= n).then_some(n),
+        }
+    }
+}
+
+/// The data of an admin command (see [`DataLen`]); an opcode this controller does not
+/// implement is Invalid Opcode, before any of its data is requested.
+pub fn data_len(ctrl: &Controller, sqe: &Sqe) -> Result<DataLen, Status> {
+    Ok(match sqe.opcode() {
+        admin::IDENTIFY => DataLen::Exactly(IDENTIFY_LEN as u64),
+        // (NUMD + 1) dwords, up to 16 GiB: compared as 64 bits, never wrapped.
+        admin::GET_LOG_PAGE => DataLen::Exactly(get_log::len(sqe)),
+        // None of the features implemented here has a data structure.
+        admin::GET_FEATURES | admin::SET_FEATURES => DataLen::AtLeast(0),
+        admin::KEEP_ALIVE | admin::ASYNC_EVENT_REQUEST => DataLen::Exactly(0),
+        admin::ABORT if !ctrl.subsys.discovery => DataLen::Exactly(0),
+        _ => return Err(Status::INVALID_OPCODE.dnr()),
+    })
+}
+
 pub fn handle(target: &Target, ctrl: &Controller, sqe: &Sqe, local: Option<SocketAddr>) -> Outcome {
     let disc = ctrl.subsys.discovery;
     let r = match sqe.opcode() {

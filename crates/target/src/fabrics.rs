@@ -2,11 +2,12 @@
 
 use std::sync::Arc;
 
-use nearstore_wire::fabrics::{cap, cc, connect, csts, prop, ConnectData, VERSION_1_3};
+use nearstore_wire::fabrics::{cap, cc, connect, csts, prop, ConnectData, CONNECT_DATA_LEN, VERSION_1_3};
 use nearstore_wire::opcode::fctype;
 use nearstore_wire::{Sqe, Status};
 use tracing::{info, warn};
 
+use crate::admin::DataLen;
 use crate::limits;
 use crate::reply::Reply;
 use crate::subsystem::Controller;
@@ -118,6 +119,15 @@ pub fn connect(target: &Target, sqe: &Sqe, data: &[u8], discovery_port: bool, pe
     drop(st);
     ctrl.touch();
     Ok(Connected { ctrl, qid, sqsize, sqflow_disabled, dw1 })
+}
+
+/// The data of a fabrics command (see [`DataLen`]): Connect's 1024 bytes, none for the others.
+pub fn data_len(sqe: &Sqe) -> Result<DataLen, Status> {
+    match sqe.fctype() {
+        fctype::CONNECT => Ok(DataLen::Exactly(CONNECT_DATA_LEN as u64)),
+        fctype::PROPERTY_GET | fctype::PROPERTY_SET | fctype::DISCONNECT => Ok(DataLen::Exactly(0)),
+        _ => Err(Status::INVALID_FIELD.dnr()),
+    }
 }
 
 /// CAP as this target reports it.

@@ -608,16 +608,54 @@ impl Core {
                 return Ok(());
             }
         }
-        if to_controller && sgl.id == sgl_id::TRANSPORT && sgl.len > 0 {
-            return self.request_data(sqe, start);
+        // Bytes to request from the host: the SGL's, or for fabrics and admin commands what
+        // the command itself defines, checked before anything is allocated or requested.
+        let want = match self.admin_data_len(&sqe) {
+            Ok(Some(n)) => n as usize,
+            Ok(None) => sgl.len as usize,
+            Err(s) => {
+                self.fail_admin(&sqe, s);
+                return Ok(());
+            }
+        };
+        if to_controller && sgl.id == sgl_id::TRANSPORT && want > 0 {
+            return self.request_data(sqe, want, start);
         }
         self.execute(sqe, data, start)
     }
 
-    /// Sends an R2T for a command's whole data, after checking the command is valid.
-    fn request_data(&mut self, sqe: Sqe, start: Instant) -> Result<(), ConnError> {
+    /// For fabrics and admin commands: the bytes that move, from the data the command
+    /// defines ([`admin::DataLen`]) checked against the host's SGL and MDTS. None for I/O
+    /// commands, which io_cmd::plan and the compute commands check against their own fields.
+    fn admin_data_len(&self, sqe: &Sqe) -> Result<Option<u64>, Status> {
+        let expect = match (&self.queue, sqe.opcode()) {
+            (_, FABRICS) => fabrics::data_len(sqe)?,
+            (None, _) => return Err(Status::COMMAND_SEQUENCE_ERROR.dnr()),
+            (Some(q), _) if q.qid == 0 => admin::data_len(&q.ctrl, sqe)?,
+            (Some(_), _) => return Ok(None),
+        };
+        let moved = expect.moved(sqe.sgl().len).ok_or(Status::DATA_SGL_LENGTH_INVALID.dnr())?;
+        if moved > limits::TRANSFER_BYTES_MAX as u64 {
+            return Err(Status::INVALID_FIELD.dnr());
+        }
+        Ok(Some(moved))
+    }
+
+    /// Completes a fabrics or admin command refused before it ran, in the error log too.
+    fn fail_admin(&mut self, sqe: &Sqe, status: Status) {
+        if let Some(q) = &self.queue {
+            // The SGL is the data pointer, at byte 24 of the command.
+            let param_loc = if status == Status::DATA_SGL_LENGTH_INVALID.dnr() { 24 } else { 0 };
+            let e =
+                ErrorEntry { sqid: q.qid, cid: sqe.cid(), status: status.to_field(), param_loc, nsid: sqe.nsid(), ..Default::default() };
+            q.ctrl.record_error(e);
+        }
+        self.complete(sqe.cid(), status, 0, 0);
+    }
+
+    /// Sends an R2T for `len` bytes, a command's whole data, after checking the command is valid.
+    fn request_data(&mut self, sqe: Sqe, len: usize, start: Instant) -> Result<(), ConnError> {
         let cid = sqe.cid();
-        let len = sqe.sgl().len as usize;
         if len > limits::TRANSFER_BYTES_MAX {
             self.complete(cid, Status::INVALID_FIELD.dnr(), 0, 0);
             return Ok(());
@@ -705,10 +743,9 @@ impl Core {
         let ctrl = q.ctrl.clone();
         match admin::handle(&self.target, &ctrl, &sqe, self.local) {
             admin::Outcome::Reply(mut r) => {
-                // Controller-to-host data is exactly what the host's SGL asked for.
-                if !r.data.is_empty() {
-                    r.data.resize(sqe.sgl().len as usize, 0);
-                }
+                // The reply is what the command defines, which admin_data_len checked the
+                // host's SGL against: never more than the SGL describes.
+                r.data.truncate(sqe.sgl().len as usize);
                 if !r.status.is_success() {
                     ctrl.record_error(ErrorEntry { sqid: 0, cid, status: r.status.to_field(), nsid: sqe.nsid(), ..Default::default() });
                 }

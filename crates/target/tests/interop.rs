@@ -1,0 +1,166 @@
+//! What other initiators send, spoken in raw PDUs: transfer lengths the command defines.
+
+mod common;
+
+use std::time::Duration;
+
+use nearstore_initiator::{Data, Error, QueueOptions, QueuePair};
+use nearstore_target::limits;
+use nearstore_wire::fabrics::{cc, csts, prop, ConnectData};
+use nearstore_wire::log::{ErrorEntry, ERROR_ENTRY_LEN};
+use nearstore_wire::opcode::{admin, cns, fctype, lid, FABRICS};
+use nearstore_wire::pdu::{self, DataHdr, PduType};
+use nearstore_wire::sqe::sgl_id;
+use nearstore_wire::{Cqe, Sgl, Sqe, Status, DISCOVERY_NQN};
+use tokio::net::TcpStream;
+
+const HOSTID: [u8; 16] = [1; 16];
+
+async fn raw(addr: std::net::SocketAddr, hd: bool) -> QueuePair<TcpStream> {
+    let s = TcpStream::connect(addr).await.unwrap();
+    QueuePair::connect(s, QueueOptions { hdgst: hd, ..Default::default() }).await.unwrap()
+}
+
+/// Sends a Connect and returns its completion.
+async fn connect(q: &mut QueuePair<TcpStream>, subnqn: &str, qid: u16, sqsize: u16, cntlid: u16, hostid: [u8; 16]) -> Cqe {
+    let mut s = Sqe::new(FABRICS, 0);
+    s.set_nsid(fctype::CONNECT as u32).set_cdw(10, (qid as u32) << 16).set_cdw(11, sqsize as u32);
+    let d = ConnectData { hostid, cntlid, subnqn: subnqn.into(), hostnqn: common::GOOD_HOST.into(), acting_for: None }.encode();
+    let cid = q.submit(s, Data::Out(&d), 0).unwrap();
+    q.wait(cid, |_, _, _| {}).await.unwrap()
+}
+
+/// A raw admin queue on `subnqn`, connected with `hostid` and enabled (CSTS.RDY).
+async fn admin_queue(addr: std::net::SocketAddr, subnqn: &str, hd: bool, hostid: [u8; 16]) -> (QueuePair<TcpStream>, u16) {
+    let mut q = raw(addr, hd).await;
+    let c = connect(&mut q, subnqn, 0, 31, 0xffff, hostid).await;
+    assert!(c.status.is_success(), "connect: {}", c.status);
+    let mut s = Sqe::new(FABRICS, 0);
+    s.set_nsid(fctype::PROPERTY_SET as u32).set_cdw(11, prop::CC).set_cdw(12, cc::LINUX_ENABLE);
+    let cid = q.submit(s, Data::None, 0).unwrap();
+    assert!(q.wait(cid, |_, _, _| {}).await.unwrap().status.is_success());
+    let mut s = Sqe::new(FABRICS, 0);
+    s.set_nsid(fctype::PROPERTY_GET as u32).set_cdw(11, prop::CSTS);
+    let cid = q.submit(s, Data::None, 0).unwrap();
+    assert_eq!(q.wait(cid, |_, _, _| {}).await.unwrap().dw0 & (csts::RDY | csts::CFS), csts::RDY);
+    (q, c.dw0 as u16)
+}
+
+/// Sends one command exactly as given (its SGL untouched) and collects what comes back
+/// until its CapsuleResp: (the C2HData bytes announced, R2Ts, the completion).
+async fn exchange(q: &mut QueuePair<TcpStream>, sqe: &Sqe, hd: bool) -> (u64, usize, Cqe) {
+    let mut b = Vec::new();
+    pdu::put_capsule_cmd(&mut b, sqe, &[], hd, false);
+    q.send_raw(&b).await.unwrap();
+    let (mut c2h, mut r2t) = (0u64, 0);
+    loop {
+        let (t, h) = tokio::time::timeout(Duration::from_secs(10), q.recv_raw()).await.expect("a reply within 10 s").unwrap();
+        match t {
+            PduType::C2HData => c2h += DataHdr::decode(&h).len as u64,
+            PduType::R2T => r2t += 1,
+            PduType::CapsuleResp => return (c2h, r2t, pdu::capsule_cqe(&h)),
+            t => panic!("unexpected {t:?}"),
+        }
+    }
+}
+
+fn transport(sqe: &mut Sqe, len: u32) -> Sqe {
+    sqe.set_sgl(Sgl { addr: 0, len, id: sgl_id::TRANSPORT });
+    *sqe
+}
+
+fn identify(c: u8, sgl_len: u32) -> Sqe {
+    let mut s = Sqe::new(admin::IDENTIFY, 7);
+    s.set_cdw(10, c as u32);
+    transport(&mut s, sgl_len)
+}
+
+/// Get Log Page with NUMD for `numd_bytes` (a multiple of 4, up to 16 GiB) and an SGL of `sgl_len`.
+fn get_log_page(log: u8, numd_bytes: u64, sgl_len: u32) -> Sqe {
+    let mut s = Sqe::new(admin::GET_LOG_PAGE, 8);
+    let numd = numd_bytes / 4 - 1;
+    s.set_cdw(10, log as u32 | ((numd as u32 & 0xffff) << 16)).set_cdw(11, (numd >> 16) as u32);
+    transport(&mut s, sgl_len)
+}
+
+fn simple(opcode: u8, cdw10: u32, sgl_len: u32) -> Sqe {
+    let mut s = Sqe::new(opcode, 9);
+    s.set_cdw(10, cdw10);
+    transport(&mut s, sgl_len)
+}
+
+fn fabrics(t: u8, cdw11: u32, sgl_len: u32) -> Sqe {
+    let mut s = Sqe::new(FABRICS, 10);
+    s.set_nsid(t as u32).set_cdw(11, cdw11);
+    transport(&mut s, sgl_len)
+}
+
+/// Every admin and fabrics command's data length is the one the command defines, checked
+/// before anything is allocated, requested or sent; near 4 GiB nothing wraps. On the I/O
+/// controller and on the discovery controller (which admits any host) alike.
+#[tokio::test]
+async fn admin_transfer_lengths_are_the_commands_own() {
+    let env = common::start().await;
+    const GIB: u32 = 1 << 30;
+    let dsli = Status::DATA_SGL_LENGTH_INVALID.dnr();
+    let ok = Status::SUCCESS;
+    // (what, command, on the discovery controller too, status, C2HData bytes, R2Ts)
+    let cases: Vec<(&str, Sqe, bool, Status, u64, usize)> = vec![
+        ("Identify, SGL 4 KiB", identify(cns::CONTROLLER, 4096), true, ok, 4096, 0),
+        ("Identify, SGL 8 KiB", identify(cns::CONTROLLER, 8192), true, dsli, 0, 0),
+        ("Identify, SGL 1 GiB", identify(cns::CONTROLLER, GIB), true, dsli, 0, 0),
+        ("Identify, SGL FFFFFFFFh", identify(cns::CONTROLLER, u32::MAX), true, dsli, 0, 0),
+        ("Identify, SGL 4095", identify(cns::CONTROLLER, 4095), true, dsli, 0, 0),
+        ("Identify, SGL 0", identify(cns::CONTROLLER, 0), true, dsli, 0, 0),
+        ("Identify of an unknown CNS, SGL 1 GiB", identify(0x7e, GIB), true, dsli, 0, 0),
+        ("Get Log Page 4 KiB, SGL 4 KiB", get_log_page(lid::ERROR_INFORMATION, 4096, 4096), true, ok, 4096, 0),
+        ("Get Log Page 4 KiB, SGL 256 MiB", get_log_page(lid::ERROR_INFORMATION, 4096, 256 << 20), true, dsli, 0, 0),
+        ("Get Log Page 4 KiB, SGL 1 KiB", get_log_page(lid::ERROR_INFORMATION, 4096, 1024), true, dsli, 0, 0),
+        // (NUMD + 1) x 4 is 4 GiB: a 32-bit product would wrap to the SGL's 0.
+        ("Get Log Page 4 GiB, SGL 0", get_log_page(lid::ERROR_INFORMATION, 1 << 32, 0), true, dsli, 0, 0),
+        ("Get Log Page 16 GiB, SGL FFFFFFFCh", get_log_page(lid::ERROR_INFORMATION, 1 << 34, u32::MAX - 3), true, dsli, 0, 0),
+        (
+            "Get Log Page FFFFFFFCh, SGL FFFFFFFCh: above MDTS",
+            get_log_page(lid::ERROR_INFORMATION, u32::MAX as u64 - 3, u32::MAX - 3),
+            true,
+            Status::INVALID_FIELD.dnr(),
+            0,
+            0,
+        ),
+        (
+            "Get Log Page of MDTS + 4, SGL alike",
+            get_log_page(lid::ERROR_INFORMATION, limits::TRANSFER_BYTES_MAX as u64 + 4, limits::TRANSFER_BYTES_MAX as u32 + 4),
+            true,
+            Status::INVALID_FIELD.dnr(),
+            0,
+            0,
+        ),
+        ("Get Features, SGL 1 GiB: nothing moves", simple(admin::GET_FEATURES, 0x0f, GIB), true, ok, 0, 0),
+        ("Set Features, SGL 1 GiB: nothing requested", simple(admin::SET_FEATURES, 0x0b, GIB), true, ok, 0, 0),
+        ("Keep Alive, SGL 4 KiB", simple(admin::KEEP_ALIVE, 0, 4096), true, dsli, 0, 0),
+        ("Abort, SGL 1 GiB", simple(admin::ABORT, 0, GIB), false, dsli, 0, 0),
+        ("unknown admin opcode, host-to-controller, SGL 128 KiB", simple(0xc1, 0, 128 << 10), true, Status::INVALID_OPCODE.dnr(), 0, 0),
+        ("Property Get, SGL 1 GiB", fabrics(fctype::PROPERTY_GET, prop::VS, GIB), true, dsli, 0, 0),
+        ("Property Get, SGL 0", fabrics(fctype::PROPERTY_GET, prop::VS, 0), true, ok, 0, 0),
+        ("Connect again, SGL 1 GiB", fabrics(fctype::CONNECT, 0, GIB), true, dsli, 0, 0),
+    ];
+    for hd in [false, true] {
+        let (mut io, _) = admin_queue(env.addr, common::NQN, hd, HOSTID).await;
+        let (mut disc, _) = admin_queue(env.disc, DISCOVERY_NQN, hd, HOSTID).await;
+        for (what, sqe, on_disc, status, c2h, r2t) in &cases {
+            for (ctrl, q) in [("I/O", &mut io), ("discovery", &mut disc)] {
+                if ctrl == "discovery" && !on_disc {
+                    continue;
+                }
+                let (got_c2h, got_r2t, cqe) = exchange(q, sqe, hd).await;
+                assert_eq!((cqe.status, got_c2h, got_r2t), (*status, *c2h, *r2t), "{what} on the {ctrl} controller, hdgst {hd}");
+            }
+        }
+    }
+    // A refusal is in the error log, pointing at the SGL (byte 24 of the command).
+    let c = env.connect().await;
+    let e = c.admin(identify(cns::CONTROLLER, 0), Data::In(8192), "Identify with an 8 KiB SGL").await;
+    assert!(matches!(e, Err(Error::Status { status, .. }) if status == Status::DATA_SGL_LENGTH_INVALID.dnr()), "{e:?}");
+    let newest = ErrorEntry::decode(&c.get_log(lid::ERROR_INFORMATION, 0, ERROR_ENTRY_LEN as u32, 0).await.unwrap());
+    assert_eq!((Status::from_field(newest.status), newest.param_loc), (Status::DATA_SGL_LENGTH_INVALID.dnr(), 24));
+}
