@@ -1,4 +1,5 @@
-//! What other initiators send, spoken in raw PDUs: transfer lengths the command defines.
+//! What other initiators send, spoken in raw PDUs: transfer lengths the command defines,
+//! PDO on capsules without data.
 
 mod common;
 
@@ -163,4 +164,51 @@ async fn admin_transfer_lengths_are_the_commands_own() {
     assert!(matches!(e, Err(Error::Status { status, .. }) if status == Status::DATA_SGL_LENGTH_INVALID.dnr()), "{e:?}");
     let newest = ErrorEntry::decode(&c.get_log(lid::ERROR_INFORMATION, 0, ERROR_ENTRY_LEN as u32, 0).await.unwrap());
     assert_eq!((Status::from_field(newest.status), newest.param_loc), (Status::DATA_SGL_LENGTH_INVALID.dnr(), 24));
+}
+
+/// Rewrites a PDU's PDO, and its header digest to match.
+fn set_pdo(b: &mut [u8], pdo: u8, hd: bool) {
+    b[3] = pdo;
+    if hd {
+        let hlen = b[2] as usize;
+        let crc = crc32c::crc32c(&b[..hlen]);
+        b[hlen..hlen + 4].copy_from_slice(&crc.to_le_bytes());
+    }
+}
+
+/// A CapsuleCmd whose data field is empty may carry PDO = HLEN (+ HDGST): what one
+/// third-party initiator sends for every admin command. PDO inside the header stays fatal.
+#[tokio::test]
+async fn pdo_at_the_end_of_the_header_on_a_capsule_without_data() {
+    let env = common::start().await;
+    // (header digest, PDO, Ok: the command completes / Err: TermReq FEI)
+    let cases: &[(bool, u8, Result<(), u32>)] =
+        &[(false, 0, Ok(())), (false, 72, Ok(())), (true, 76, Ok(())), (true, 72, Err(3)), (false, 8, Err(3)), (false, 200, Err(3))];
+    for &(hd, pdo, want) in cases {
+        let (mut q, _) = admin_queue(env.addr, common::NQN, hd, HOSTID).await;
+        for sqe in [identify(cns::CONTROLLER, 4096), simple(admin::KEEP_ALIVE, 0, 0), fabrics(fctype::PROPERTY_GET, prop::VS, 0)] {
+            let mut b = Vec::new();
+            pdu::put_capsule_cmd(&mut b, &sqe, &[], hd, false);
+            set_pdo(&mut b, pdo, hd);
+            q.send_raw(&b).await.unwrap();
+            let mut got = None;
+            while got.is_none() {
+                let (t, h) = q.recv_raw().await.unwrap_or_else(|e| panic!("hd {hd} pdo {pdo}: {e}"));
+                got = match t {
+                    PduType::C2HData => None,
+                    PduType::CapsuleResp => Some(Ok(pdu::capsule_cqe(&h))),
+                    PduType::C2HTermReq => Some(Err(pdu::term_req_decode(&h))),
+                    t => panic!("unexpected {t:?}"),
+                };
+            }
+            match (got.expect("reply"), want) {
+                (Ok(cqe), Ok(())) => assert_eq!(cqe.status, Status::SUCCESS, "hd {hd} pdo {pdo} {sqe:?}"),
+                (Err((fes, fei)), Err(w)) => {
+                    assert_eq!((fes, fei), (pdu::fes::INVALID_HEADER_FIELD, w), "hd {hd} pdo {pdo}");
+                    break;
+                }
+                (g, w) => panic!("hd {hd} pdo {pdo}: got {g:?}, want {w:?}"),
+            }
+        }
+    }
 }

@@ -203,8 +203,12 @@ pub fn parse_frame<'a>(buf: &'a [u8], f: &Framing) -> Result<Option<Frame<'a>>, 
     let (data_off, data_len) = if t.is_term() {
         (hlen, plen - hlen)
     } else if plen == hlen_d {
-        if hdr.pdo != 0 {
-            return Err(PduError::header(3, "PDO set on a PDU without data"));
+        // The data field is empty: PDO may be 0 or point just past the header (and its
+        // digest), where the empty data field starts; anything else is inside the header
+        // or beyond the PDU.
+        let pdo = hdr.pdo as usize;
+        if pdo != 0 && pdo != hlen_d {
+            return Err(PduError::header(3, "PDO of a PDU without data is neither 0 nor the end of its header"));
         }
         if dd {
             return Err(PduError::header(1, "DDGSTF set on a PDU without data"));
@@ -458,6 +462,89 @@ mod tests {
             let e = parse_frame(&b, &f).expect_err(name);
             assert_eq!((e.fes, e.fei), (*want_fes, *want_fei), "{name}: {e}");
         }
+    }
+
+    /// PDO on every PDU that has one: 0 or the end of the header (digest included) when
+    /// the data field is empty, at or past the header when there is data, never inside it.
+    #[test]
+    fn pdo_is_checked_against_the_header_and_the_data() {
+        let cmd = |hd: bool, data: &[u8]| {
+            let mut b = Vec::new();
+            put_capsule_cmd(&mut b, &Sqe::new(0x06, 1), data, hd, false);
+            b
+        };
+        let h2c = |hd: bool| {
+            let mut b = Vec::new();
+            let d = DataHdr { cccid: 1, ttag: 0, offset: 0, len: 8 };
+            put_pdu(&mut b, PduType::H2CData, flags::LAST_PDU, &d.psh(), &[7; 8], hd, false);
+            b
+        };
+        let resp = |hd: bool| {
+            let mut b = Vec::new();
+            put_capsule_resp(&mut b, &Cqe::default(), hd);
+            b
+        };
+        let r2t = |hd: bool| {
+            let mut b = Vec::new();
+            put_r2t(&mut b, &DataHdr { cccid: 1, ttag: 0, offset: 0, len: 4096 }, hd);
+            b
+        };
+        let host = |hd| Framing { hdgst: hd, ddgst: false, from_host: true, capsule_data_max: 8192, data_pdu_max: 65536 };
+        let ctrl = |hd| Framing { from_host: false, ..host(hd) };
+        // (what, PDU, framing, PDO written, Ok(data length) or Err(FEI))
+        let cases: Vec<(&str, Vec<u8>, Framing, u8, Result<usize, u32>)> = vec![
+            ("capsule, no data, PDO 0", cmd(false, &[]), host(false), 0, Ok(0)),
+            ("capsule, no data, PDO = HLEN", cmd(false, &[]), host(false), 72, Ok(0)),
+            ("capsule, no data, PDO = HLEN + HDGST", cmd(true, &[]), host(true), 76, Ok(0)),
+            ("capsule, no data, PDO on the header digest", cmd(true, &[]), host(true), 72, Err(3)),
+            ("capsule, no data, PDO inside the header", cmd(false, &[]), host(false), 8, Err(3)),
+            ("capsule, no data, PDO past the PDU", cmd(false, &[]), host(false), 100, Err(3)),
+            ("capsule with data, PDO = HLEN", cmd(false, &[1; 16]), host(false), 72, Ok(16)),
+            ("capsule with data, PDO inside the header", cmd(false, &[1; 16]), host(false), 64, Err(3)),
+            ("capsule with data and HDGST, PDO on the digest", cmd(true, &[1; 16]), host(true), 72, Err(3)),
+            ("H2CData, PDO = HLEN", h2c(false), host(false), 24, Ok(8)),
+            ("H2CData, PDO inside the header", h2c(false), host(false), 16, Err(3)),
+            ("H2CData with HDGST, PDO on the digest", h2c(true), host(true), 24, Err(3)),
+            ("CapsuleResp, PDO = HLEN", resp(false), ctrl(false), 24, Ok(0)),
+            ("CapsuleResp with HDGST, PDO = HLEN + HDGST", resp(true), ctrl(true), 28, Ok(0)),
+            ("CapsuleResp, PDO inside the header", resp(false), ctrl(false), 12, Err(3)),
+            ("R2T, PDO = HLEN", r2t(false), ctrl(false), 24, Ok(0)),
+            ("R2T, PDO past the PDU", r2t(false), ctrl(false), 32, Err(3)),
+        ];
+        for (what, mut b, f, pdo, want) in cases {
+            b[3] = pdo;
+            if f.hdgst {
+                let hlen = b[2] as usize;
+                let crc = crc32c::crc32c(&b[..hlen]);
+                b[hlen..hlen + 4].copy_from_slice(&crc.to_le_bytes());
+            }
+            let got = parse_frame(&b, &f).map(|fr| fr.expect("whole PDU").data.len()).map_err(|e| e.fei);
+            assert_eq!(got, want, "{what}");
+        }
+    }
+
+    /// PLEN near 4 GiB: the length arithmetic does not wrap; the PDU is refused for its
+    /// size as soon as the common header is in, before anything is buffered.
+    #[test]
+    fn plen_near_4_gib_does_not_wrap() {
+        let f = target_framing(false, false);
+        for (what, t, pdo, plen) in [
+            ("capsule, PLEN FFFFFFFFh", PduType::CapsuleCmd, 72u8, u32::MAX),
+            ("capsule, PLEN FFFFFFFFh, PDO FFh", PduType::CapsuleCmd, 0xff, u32::MAX),
+            ("capsule, PLEN FFFFFFF0h", PduType::CapsuleCmd, 72, u32::MAX - 15),
+            ("H2CData, PLEN FFFFFFFFh", PduType::H2CData, 24, u32::MAX),
+            ("H2CTermReq, PLEN FFFFFFFFh", PduType::H2CTermReq, 0, u32::MAX),
+        ] {
+            let mut b = vec![t as u8, 0, t.hlen() as u8, pdo];
+            b.extend_from_slice(&plen.to_le_bytes());
+            let e = parse_frame(&b, &f).expect_err(what);
+            assert_eq!((e.fes, e.fei), (fes::DATA_LIMIT_EXCEEDED, 4), "{what}: {e}");
+        }
+        // A receiver that accepts any size still only asks for more bytes.
+        let any = Framing { capsule_data_max: u32::MAX, ..f };
+        let mut b = vec![PduType::CapsuleCmd as u8, 0, 72, 72];
+        b.extend_from_slice(&u32::MAX.to_le_bytes());
+        assert!(parse_frame(&b, &any).unwrap().is_none());
     }
 
     #[test]
