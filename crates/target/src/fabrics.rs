@@ -25,12 +25,15 @@ pub struct Connected {
 }
 
 /// Byte offsets the Connect Invalid Parameters response points at.
+const IPO_HOSTID: u16 = 0;
 const IPO_QID: u16 = 42;
 const IPO_SQSIZE: u16 = 44;
 const IPO_CNTLID: u16 = 16;
 const IPO_SUBNQN: u16 = 256;
 const IPO_HOSTNQN: u16 = 512;
 const IPO_ACTING_FOR: u16 = nearstore_wire::fabrics::ACTING_FOR_OFFSET as u16;
+
+const NO_HOSTID: [u8; 16] = [0; 16];
 
 fn invalid_param(in_data: bool, offset: u16) -> Reply {
     Reply { dw0: connect::invalid_param(in_data, offset), ..Reply::status(Status::CONNECT_INVALID_PARAMETERS.dnr()) }
@@ -105,8 +108,11 @@ pub fn connect(target: &Target, sqe: &Sqe, data: &[u8], discovery_port: bool, pe
     if ctrl.acting_for != d.acting_for {
         return Err(invalid_param(true, IPO_ACTING_FOR));
     }
-    if ctrl.hostid != d.hostid {
-        return Err(Reply::status(Status::HOST_ID_INCONSISTENT.dnr()));
+    // A Host ID of zero is no host identifier (NVMe Base, "Host Identifier"): it is ignored,
+    // and only two identifiers that are both given can disagree.
+    if d.hostid != NO_HOSTID && ctrl.hostid != NO_HOSTID && ctrl.hostid != d.hostid {
+        warn!(peer, cntlid = d.cntlid, "connect: I/O queue host ID differs from the admin queue's");
+        return Err(invalid_param(true, IPO_HOSTID));
     }
     let mut st = ctrl.state.lock();
     if st.csts & csts::RDY == 0 {

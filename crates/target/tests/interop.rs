@@ -1,5 +1,5 @@
 //! What other initiators send, spoken in raw PDUs: transfer lengths the command defines,
-//! PDO on capsules without data.
+//! PDO on capsules without data, Host IDs on I/O queue Connects.
 
 mod common;
 
@@ -209,6 +209,32 @@ async fn pdo_at_the_end_of_the_header_on_a_capsule_without_data() {
                 }
                 (g, w) => panic!("hd {hd} pdo {pdo}: got {g:?}, want {w:?}"),
             }
+        }
+    }
+}
+
+/// An I/O queue Connect whose Host ID differs from the admin queue's is Connect Invalid
+/// Parameters naming HOSTID (in the data, offset 0); a Host ID of zero is ignored.
+#[tokio::test]
+async fn io_queue_host_id() {
+    let env = common::start().await;
+    let other = [2u8; 16];
+    let zero = [0u8; 16];
+    let bad = Err(1); // IATTR: in the data; IPO 0: HOSTID
+    let cases: &[(&str, [u8; 16], [u8; 16], Result<(), u32>)] = &[
+        ("same", HOSTID, HOSTID, Ok(())),
+        ("different", HOSTID, other, bad),
+        ("zero on the I/O queue", HOSTID, zero, Ok(())),
+        ("zero on the admin queue", zero, other, Ok(())),
+        ("zero on both", zero, zero, Ok(())),
+    ];
+    for (what, admin_id, io_id, want) in cases {
+        let (_admin, cntlid) = admin_queue(env.addr, common::NQN, false, *admin_id).await;
+        let mut q = raw(env.addr, false).await;
+        let c = connect(&mut q, common::NQN, 1, 31, cntlid, *io_id).await;
+        match want {
+            Ok(()) => assert!(c.status.is_success(), "{what}: {}", c.status),
+            Err(dw0) => assert_eq!((c.status, c.dw0), (Status::CONNECT_INVALID_PARAMETERS.dnr(), *dw0), "{what}"),
         }
     }
 }
