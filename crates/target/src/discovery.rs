@@ -5,7 +5,7 @@ use std::net::SocketAddr;
 
 use nearstore_wire::log::{disc, encode_discovery_log, DiscoveryEntry};
 
-use crate::Target;
+use crate::{limits, Target};
 
 pub fn log_page(target: &Target, hostnqn: &str, local: Option<SocketAddr>) -> Vec<u8> {
     let mut entries = Vec::new();
@@ -25,7 +25,7 @@ pub fn log_page(target: &Target, hostnqn: &str, local: Option<SocketAddr>) -> Ve
             treq: disc::TREQ_DISABLE_SQFLOW,
             portid: port.id,
             cntlid: 0xffff,
-            asqsz: 32,
+            asqsz: limits::ADMIN_QUEUE_DEPTH_MAX,
             trsvcid: addr.port().to_string(),
             subnqn: String::new(),
             traddr: addr.ip().to_string(),

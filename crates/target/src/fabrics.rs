@@ -50,7 +50,9 @@ pub fn connect(target: &Target, sqe: &Sqe, data: &[u8], discovery_port: bool, pe
     let qid = connect::qid(sqe.cdw(10));
     let sqsize = connect::sqsize(sqe.cdw(11));
     let sqflow_disabled = connect::cattr(sqe.cdw(11)) & connect::CATTR_DISABLE_SQFLOW != 0;
-    if sqsize == 0 || sqsize >= limits::QUEUE_DEPTH_MAX {
+    // SQSIZE is 0's based: at most ASQSZ (admin) or CAP.MQES + 1 (I/O) entries.
+    let entries_max = if qid == 0 { limits::ADMIN_QUEUE_DEPTH_MAX } else { limits::QUEUE_DEPTH_MAX };
+    if sqsize == 0 || sqsize >= entries_max {
         warn!(peer, sqsize, "connect: queue size out of range");
         return Err(invalid_param(false, IPO_SQSIZE));
     }

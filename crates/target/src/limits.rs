@@ -5,6 +5,13 @@
 /// with it (docs/protocol.md, "Memory per connection").
 pub const QUEUE_DEPTH_MAX: u16 = 256;
 
+/// Largest admin submission queue a host may ask for at Connect, in entries; the discovery
+/// log reports it as ASQSZ. The same as an I/O queue: admin commands hold no data buffers
+/// beyond Connect's 1 KiB (their replies are bounded by what each command defines), so a
+/// deep admin queue costs no more memory than an I/O queue, and initiators that ask for
+/// more than Linux's 32 keep working. It must stay at least 32 (NVMe over Fabrics, ASQSZ).
+pub const ADMIN_QUEUE_DEPTH_MAX: u16 = QUEUE_DEPTH_MAX;
+
 /// Largest transfer of one command: MDTS = 5, 2^5 4 KiB pages = 128 KiB, as SPDK's
 /// default max_io_size. The Linux host splits larger I/O.
 pub const MDTS: u8 = 5;

@@ -1,5 +1,5 @@
 //! What other initiators send, spoken in raw PDUs: transfer lengths the command defines,
-//! PDO on capsules without data, Host IDs on I/O queue Connects.
+//! PDO on capsules without data, Host IDs on I/O queue Connects, admin queue sizes.
 
 mod common;
 
@@ -235,6 +235,36 @@ async fn io_queue_host_id() {
         match want {
             Ok(()) => assert!(c.status.is_success(), "{what}: {}", c.status),
             Err(dw0) => assert_eq!((c.status, c.dw0), (Status::CONNECT_INVALID_PARAMETERS.dnr(), *dw0), "{what}"),
+        }
+    }
+}
+
+/// The discovery log's ASQSZ is what Connect accepts for an admin queue, on the
+/// discovery and the I/O subsystems alike.
+#[tokio::test]
+async fn admin_queue_size_agrees_with_asqsz() {
+    let env = common::start().await;
+    let mut o = env.opts();
+    o.addr = env.disc;
+    o.subnqn = DISCOVERY_NQN.into();
+    let c = nearstore_initiator::Controller::connect(o).await.unwrap();
+    let (_, entries) = c.discovery_log().await.unwrap();
+    assert!(!entries.is_empty());
+    let asqsz = entries[0].asqsz;
+    assert!(entries.iter().all(|e| e.asqsz == asqsz), "{entries:?}");
+    assert_eq!(asqsz, limits::ADMIN_QUEUE_DEPTH_MAX);
+    assert!(asqsz >= 32, "ASQSZ is at least 32 entries");
+    let too_big = Err(44 << 16); // IATTR 0 (in the command), IPO 44: SQSIZE
+                                 // (SQSIZE, 0's based; accepted or the Connect Invalid Parameters DW0)
+    let cases: &[(u16, Result<(), u32>)] = &[(31, Ok(())), (asqsz - 1, Ok(())), (asqsz, too_big), (u16::MAX, too_big), (0, too_big)];
+    for (addr, nqn) in [(env.disc, DISCOVERY_NQN), (env.addr, common::NQN)] {
+        for (sqsize, want) in cases {
+            let mut q = raw(addr, false).await;
+            let c = connect(&mut q, nqn, 0, *sqsize, 0xffff, HOSTID).await;
+            match want {
+                Ok(()) => assert!(c.status.is_success(), "{nqn} SQSIZE {sqsize}: {}", c.status),
+                Err(dw0) => assert_eq!((c.status, c.dw0), (Status::CONNECT_INVALID_PARAMETERS.dnr(), *dw0), "{nqn} SQSIZE {sqsize}"),
+            }
         }
     }
 }
