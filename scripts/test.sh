@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # The whole test suite: unit, integration and fuzz (bounded) tests of the workspace, then
-# the Linux kernel initiator in qemu. Installs what it needs (Debian packages) when root.
+# the Linux kernel initiator in qemu, then 20 power cuts of the target in qemu. Installs what it needs (Debian packages) when root.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . scripts/prereqs.sh
 export PROPTEST_CASES=${PROPTEST_CASES:-20000}
-cargo build --release --locked -p nearstore
+cargo build --release --locked -p nearstore -p nearstore-powercut
 cargo test --workspace --locked 2>&1 | tee /tmp/nearstore-cargo-test.log
 bash tests/kernel/run.sh target/release/nearstore
+bash tests/kernel/powercut.sh --cuts 20

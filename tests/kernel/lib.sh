@@ -1,0 +1,88 @@
+# Sourced by the qemu tests (powercut.sh): the prerequisites, Debian's kernel, and a small
+# initramfs of busybox, binaries with their shared libraries, and kernel modules.
+# The caller defines fail() (prints its test's name and exits).
+
+# Checks qemu, static busybox, cpio, e2fsprogs and a Debian kernel with its modules;
+# installs the missing packages when root, else fails naming them.
+guest_prereqs() {
+    local need=()
+    command -v qemu-system-x86_64 >/dev/null || need+=(qemu-system-x86)
+    { [ -x /bin/busybox ] && file -L /bin/busybox 2>/dev/null | grep -q static; } || [ -x /usr/bin/busybox ] || need+=(busybox-static)
+    command -v mke2fs >/dev/null || need+=(e2fsprogs)
+    command -v cpio >/dev/null || need+=(cpio)
+    command -v file >/dev/null || need+=(file)
+    ls /boot/vmlinuz-* >/dev/null 2>&1 || need+=(linux-image-amd64)
+    if [ ${#need[@]} -gt 0 ]; then
+        if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+            echo "installing ${need[*]}" >&2
+            apt-get update -qq >/dev/null
+            DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
+        else
+            fail "missing prerequisites: ${need[*]} (install them: apt-get install ${need[*]})"
+        fi
+    fi
+    kver=$(ls /boot/vmlinuz-* | sed 's|/boot/vmlinuz-||' | sort -V | tail -1)
+    kernel=/boot/vmlinuz-$kver
+    [ -d "/lib/modules/$kver" ] || fail "modules for kernel $kver not found in /lib/modules/$kver"
+    busybox=$(command -v busybox || echo /bin/busybox)
+    file -L "$busybox" | grep -q static || busybox=/bin/busybox
+    file -L "$busybox" | grep -q static || fail "busybox is not static: install busybox-static"
+}
+
+# initramfs_busybox DIR APPLET...: the directory tree, busybox and its applets.
+initramfs_busybox() {
+    local ird=$1 app
+    shift
+    mkdir -p "$ird"/{bin,sbin,etc,proc,sys,dev,mnt,tmp,run,lib/modules}
+    cp "$busybox" "$ird/bin/busybox"
+    for app in "$@"; do ln -sf busybox "$ird/bin/$app"; done
+}
+
+# initramfs_binary DIR BINARY [NAME]: the binary (stripped) as DIR/bin/NAME (default: its
+# own name), and the libraries it links.
+initramfs_binary() {
+    local ird=$1 b=$2 name=${3:-$(basename "$2")} lib
+    strip -o "$ird/bin/$name" "$b"
+    ldd "$b" | grep -o '/[^ ]*' | while read -r lib; do
+        mkdir -p "$ird$(dirname "$lib")"
+        cp -L "$lib" "$ird$lib"
+    done
+}
+
+# initramfs_modules DIR MODULE...: the modules and what they depend on, uncompressed, in
+# DIR/lib/modules, and their load order in DIR/modules.list.
+initramfs_modules() {
+    local ird=$1 m f
+    shift
+    local -A seen=()
+    local order=()
+    add_mod() {
+        local m=$1 d
+        [ -n "${seen[$m]:-}" ] && return
+        seen[$m]=1
+        for d in $(modinfo -k "$kver" -F depends "$m" | tr ',' ' '); do add_mod "$d"; done
+        order+=("$m")
+    }
+    for m in "$@"; do add_mod "$m"; done
+    : > "$ird/modules.list"
+    for m in "${order[@]}"; do
+        f=$(modinfo -k "$kver" -n "$m")
+        case "$f" in
+            *.ko) cp "$f" "$ird/lib/modules/$m.ko" ;;
+            *.ko.xz) xz -dc "$f" > "$ird/lib/modules/$m.ko" ;;
+            *.ko.zst) zstd -qdc "$f" > "$ird/lib/modules/$m.ko" ;;
+            *) continue ;;
+        esac
+        echo "$m" >> "$ird/modules.list"
+    done
+}
+
+# initramfs_pack DIR OUT: DIR as a gzipped cpio archive.
+initramfs_pack() {
+    (cd "$1" && find . | cpio -o -H newc --quiet | gzip -1 > "$2")
+}
+
+# A free TCP port on the host's loopback.
+free_port() {
+    python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'
+}
