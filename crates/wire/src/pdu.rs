@@ -492,7 +492,8 @@ mod tests {
         let host = |hd| Framing { hdgst: hd, ddgst: false, from_host: true, capsule_data_max: 8192, data_pdu_max: 65536 };
         let ctrl = |hd| Framing { from_host: false, ..host(hd) };
         // (what, PDU, framing, PDO written, Ok(data length) or Err(FEI))
-        let cases: Vec<(&str, Vec<u8>, Framing, u8, Result<usize, u32>)> = vec![
+        type Case = (&'static str, Vec<u8>, Framing, u8, Result<usize, u32>);
+        let cases: Vec<Case> = vec![
             ("capsule, no data, PDO 0", cmd(false, &[]), host(false), 0, Ok(0)),
             ("capsule, no data, PDO = HLEN", cmd(false, &[]), host(false), 72, Ok(0)),
             ("capsule, no data, PDO = HLEN + HDGST", cmd(true, &[]), host(true), 76, Ok(0)),
