@@ -4,9 +4,9 @@
 use std::net::SocketAddr;
 use std::sync::atomic::Ordering::Relaxed;
 
-use nearstore_wire::identify::{self, cntrltype, oncs, IdentifyController, IdentifyNamespace, IDENTIFY_LEN};
+use nearstore_wire::identify::{self, cntrltype, oncs, IdentifyController, IdentifyNamespace, IndependentNamespace, IDENTIFY_LEN};
 use nearstore_wire::log::{self, get_log, Smart};
-use nearstore_wire::opcode::{admin, cns, feature, lid};
+use nearstore_wire::opcode::{admin, cns, csi, feature, lid};
 use nearstore_wire::{Sqe, Status};
 
 use crate::limits;
@@ -99,12 +99,14 @@ pub fn identify_controller(ctrl: &Controller) -> IdentifyController {
         // Bit 0: per-namespace SMART; bit 2: extended data (offsets) for Get Log Page.
         lpa: 0x1 | 0x4,
         elpe: (limits::ERROR_LOG_ENTRIES - 1) as u8,
+        wctemp: if disc { 0 } else { WARNING_TEMPERATURE_K },
+        cctemp: if disc { 0 } else { CRITICAL_TEMPERATURE_K },
         kas: (limits::KEEP_ALIVE_GRANULARITY_MS / 100) as u16,
         sqes: 0x66,
         cqes: 0x44,
         maxcmd: limits::QUEUE_DEPTH_MAX,
         nn: if disc { 0 } else { limits::NSID_MAX },
-        oncs: if disc { 0 } else { oncs::DSM | oncs::WRITE_ZEROES },
+        oncs: if disc { 0 } else { oncs::DSM | oncs::WRITE_ZEROES | oncs::SAVE_SELECT },
         // Bit 0: a volatile write cache is present (the page cache); bits 2:1 = 10b:
         // Flush with NSID FFFFFFFFh is not supported.
         vwc: if disc { 0 } else { 0x1 | 0x4 },
@@ -154,13 +156,28 @@ fn identify(ctrl: &Controller, sqe: &Sqe) -> Reply {
             Some(ns) => Reply::data(identify::encode_ns_descriptors(&ns.nguid, &ns.uuid)),
             None => Reply::status(Status::INVALID_NAMESPACE.dnr()),
         },
-        // NVM command set specific structures: nearstore reports no limits beyond the
-        // common ones, which an all-zero structure says.
-        cns::CS_CONTROLLER if csi == 0 => Reply::data(vec![0; IDENTIFY_LEN]),
-        cns::CS_NAMESPACE if csi == 0 => match sub.namespace(nsid) {
+        // The I/O command set structures a host enabling with CC.CSS = 110b reads. NVM
+        // command set specific ones: nearstore reports no limits beyond the common ones,
+        // which an all-zero structure says.
+        cns::CS_CONTROLLER | cns::CS_NAMESPACE | cns::CS_ACTIVE_NS_LIST if csi != csi::NVM => {
+            Reply::status(Status::INVALID_IO_COMMAND_SET.dnr())
+        }
+        cns::CS_CONTROLLER => Reply::data(vec![0; IDENTIFY_LEN]),
+        cns::CS_NAMESPACE => match sub.namespace(nsid) {
             Some(_) => Reply::data(vec![0; IDENTIFY_LEN]),
             None => Reply::status(Status::INVALID_NAMESPACE.dnr()),
         },
+        cns::CS_ACTIVE_NS_LIST if nsid < 0xffff_fffe => Reply::data(identify::encode_ns_list(sub.nsids(), nsid)),
+        cns::CS_INDEPENDENT_NAMESPACE => match sub.namespace(nsid) {
+            Some(ns) => {
+                let id = identify_namespace(&ns);
+                Reply::data(IndependentNamespace { nsfeat: id.nsfeat, nmic: id.nmic, nstat: 1 }.encode())
+            }
+            None if nsid != 0 && nsid <= limits::NSID_MAX => Reply::data(vec![0; IDENTIFY_LEN]),
+            None => Reply::status(Status::INVALID_NAMESPACE.dnr()),
+        },
+        // One combination, index 0: the NVM command set alone (CSI 0, bit 0).
+        cns::IO_COMMAND_SETS => Reply::data(identify::encode_io_command_sets(&[1 << csi::NVM])),
         _ => Reply::status(Status::INVALID_FIELD.dnr()),
     }
 }
@@ -170,7 +187,14 @@ fn smart(ctrl: &Controller, nsid: u32) -> Option<Vec<u8>> {
         0 | 0xffff_ffff => ctrl.subsys.namespaces(),
         n => vec![ctrl.subsys.namespace(n)?],
     };
-    let mut s = Smart { temperature: 300, available_spare: 100, spare_threshold: 10, ..Default::default() };
+    let over_or_under = temperature_alarm(&ctrl.state.lock().features);
+    let mut s = Smart {
+        critical_warning: if over_or_under { CRITICAL_WARNING_TEMPERATURE } else { 0 },
+        temperature: TEMPERATURE_K,
+        available_spare: 100,
+        spare_threshold: 10,
+        ..Default::default()
+    };
     let (mut rb, mut wb) = (0u64, 0u64);
     for ns in nss {
         rb += ns.stats.read_bytes.load(Relaxed);
@@ -222,28 +246,143 @@ fn get_log_page(target: &Target, ctrl: &Controller, sqe: &Sqe, local: Option<Soc
     Reply::data(data)
 }
 
+/// Composite temperature nearstore reports (SMART/health, kelvins): 27 °C. There is no
+/// sensor; a constant lets hosts exercise the temperature thresholds.
+const TEMPERATURE_K: u16 = 300;
+/// Warning (WCTEMP) and critical (CCTEMP) composite temperatures in Identify Controller;
+/// WCTEMP is also the over-temperature threshold's default (NVMe Base, Temperature Threshold).
+const WARNING_TEMPERATURE_K: u16 = 343;
+const CRITICAL_TEMPERATURE_K: u16 = 358;
+/// SMART/health critical warning bit 1: a temperature is over or under a threshold.
+const CRITICAL_WARNING_TEMPERATURE: u8 = 1 << 1;
+/// Asynchronous event: SMART/health status (type 1), temperature threshold (info 01h), log 02h.
+const AEN_TEMPERATURE: u32 = 0x01 | (0x01 << 8) | (0x02 << 16);
+/// Async Event Configuration bit for the temperature critical warning.
+const AEC_TEMPERATURE: u32 = 1 << 1;
+
+/// Current values of the features that have no home elsewhere in the controller (Number
+/// of Queues, Keep Alive Timer, Async Event Configuration and Volatile Write Cache keep
+/// theirs in [`crate::subsystem::CtrlState`] and [`Controller::write_cache`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Features {
+    /// 01h: Arbitration Burst (bits 2:0) and the priority weights, stored as set (CAP.AMS
+    /// offers round robin only, so they change nothing).
+    pub arbitration: u32,
+    /// 02h: Power State (bits 4:0), 0: the one power state (NPSS 0); Workload Hint 0.
+    pub power_management: u32,
+    /// 04h: over- and under-temperature thresholds of the composite temperature, kelvins.
+    pub temperature_over_k: u16,
+    pub temperature_under_k: u16,
+    /// 05h: Time Limited Error Recovery (bits 15:0, 100 ms units); DULBE is not supported.
+    pub error_recovery: u32,
+    /// 0Ah: Disable Normal (bit 0).
+    pub write_atomicity: u32,
+    /// 19h: the I/O command set combination in use (index into Identify CNS 1Ch).
+    pub io_command_set_profile: u32,
+    /// 0Fh: the Keep Alive Timer Connect set, its default.
+    pub kato_at_connect_ms: u32,
+}
+
+impl Features {
+    pub fn new(kato_at_connect_ms: u32) -> Features {
+        Features {
+            // Arbitration Burst 111b: no limit.
+            arbitration: 0x7,
+            power_management: 0,
+            temperature_over_k: WARNING_TEMPERATURE_K,
+            temperature_under_k: 0,
+            error_recovery: 0,
+            write_atomicity: 0,
+            io_command_set_profile: 0,
+            kato_at_connect_ms,
+        }
+    }
+}
+
+fn temperature_alarm(f: &Features) -> bool {
+    TEMPERATURE_K > f.temperature_over_k || TEMPERATURE_K < f.temperature_under_k
+}
+
+/// The features a controller answers: the ones the NVMe Base specification makes mandatory
+/// for an I/O controller over fabrics (Interrupt Coalescing and Interrupt Vector Configuration
+/// are for PCIe only), the I/O Command Set Profile that CC.CSS = 110b implies, and Volatile
+/// Write Cache. A discovery controller has Async Event Configuration and Keep Alive Timer.
+fn feature_known(ctrl: &Controller, fid: u8) -> bool {
+    match fid {
+        feature::ASYNC_EVENT_CONFIG | feature::KEEP_ALIVE_TIMER => true,
+        feature::ARBITRATION
+        | feature::POWER_MANAGEMENT
+        | feature::TEMPERATURE_THRESHOLD
+        | feature::ERROR_RECOVERY
+        | feature::VOLATILE_WRITE_CACHE
+        | feature::NUMBER_OF_QUEUES
+        | feature::WRITE_ATOMICITY_NORMAL
+        | feature::IO_COMMAND_SET_PROFILE => !ctrl.subsys.discovery,
+        _ => false,
+    }
+}
+
+/// Temperature Threshold's CDW11: TMPTH (15:0), TMPSEL (19:16), THSEL (21:20). Only the
+/// composite temperature exists: TMPSEL 0, or Fh ("all sensors") when setting. Some(true):
+/// the over-temperature threshold.
+fn temperature_select(cdw11: u32, set: bool) -> Option<bool> {
+    let tmpsel = (cdw11 >> 16) & 0xf;
+    if tmpsel != 0 && !(set && tmpsel == 0xf) {
+        return None;
+    }
+    match (cdw11 >> 20) & 0x3 {
+        0 => Some(true),
+        1 => Some(false),
+        _ => None,
+    }
+}
+
+/// A feature's value (CQE DW0) from `f` and the controller, current or default.
+fn feature_value(ctrl: &Controller, sqe: &Sqe, current: bool) -> Option<u32> {
+    let st = ctrl.state.lock();
+    let f = if current { st.features } else { Features::new(st.features.kato_at_connect_ms) };
+    let fid = sqe.cdw(10) as u8;
+    Some(match fid {
+        feature::ARBITRATION => f.arbitration,
+        feature::POWER_MANAGEMENT => f.power_management,
+        feature::TEMPERATURE_THRESHOLD => {
+            let cdw11 = sqe.cdw(11) & 0x003f_0000;
+            let over = temperature_select(cdw11, false)?;
+            cdw11 | u32::from(if over { f.temperature_over_k } else { f.temperature_under_k })
+        }
+        feature::ERROR_RECOVERY => f.error_recovery,
+        feature::WRITE_ATOMICITY_NORMAL => f.write_atomicity,
+        feature::IO_COMMAND_SET_PROFILE => f.io_command_set_profile,
+        feature::NUMBER_OF_QUEUES => {
+            let n = if current { st.io_queues_granted } else { limits::IO_QUEUES_MAX } as u32 - 1;
+            n | (n << 16)
+        }
+        feature::KEEP_ALIVE_TIMER if current => st.kato_ms,
+        feature::KEEP_ALIVE_TIMER => f.kato_at_connect_ms,
+        feature::ASYNC_EVENT_CONFIG if current => st.async_event_config,
+        feature::ASYNC_EVENT_CONFIG => 0,
+        feature::VOLATILE_WRITE_CACHE if current => ctrl.write_cache.load(Relaxed) as u32,
+        feature::VOLATILE_WRITE_CACHE => 1,
+        _ => return None,
+    })
+}
+
 fn get_features(ctrl: &Controller, sqe: &Sqe) -> Reply {
     let fid = sqe.cdw(10) as u8;
-    let sel = (sqe.cdw(10) >> 8) & 0x7;
-    if sel == 3 {
-        // Supported capabilities: changeable (bit 2), not saveable, not per-namespace.
-        return match fid {
-            feature::NUMBER_OF_QUEUES | feature::KEEP_ALIVE_TIMER | feature::ASYNC_EVENT_CONFIG | feature::VOLATILE_WRITE_CACHE => {
-                Reply::dw0(1 << 2)
-            }
-            _ => Reply::status(Status::INVALID_FIELD.dnr()),
-        };
+    if !feature_known(ctrl, fid) {
+        return Reply::status(Status::INVALID_FIELD.dnr());
     }
-    let st = ctrl.state.lock();
-    match fid {
-        feature::NUMBER_OF_QUEUES => {
-            let n = (st.io_queues_granted - 1) as u32;
-            Reply::dw0(n | (n << 16))
-        }
-        feature::KEEP_ALIVE_TIMER => Reply::dw0(st.kato_ms),
-        feature::ASYNC_EVENT_CONFIG => Reply::dw0(st.async_event_config),
-        feature::VOLATILE_WRITE_CACHE if !ctrl.subsys.discovery => Reply::dw0(ctrl.write_cache.load(Relaxed) as u32),
-        _ => Reply::status(Status::INVALID_FIELD.dnr()),
+    let value = match (sqe.cdw(10) >> 8) & 0x7 {
+        feature::sel::CURRENT => feature_value(ctrl, sqe, true),
+        // Nothing is saveable: the saved value is the default (NVMe Base, Get Features SEL).
+        feature::sel::DEFAULT | feature::sel::SAVED => feature_value(ctrl, sqe, false),
+        // Changeable (bit 2); neither saveable (bit 0) nor namespace specific (bit 1).
+        feature::sel::SUPPORTED_CAPABILITIES => Some(1 << 2),
+        _ => None,
+    };
+    match value {
+        Some(v) => Reply::dw0(v),
+        None => Reply::status(Status::INVALID_FIELD.dnr()),
     }
 }
 
@@ -252,13 +391,42 @@ fn set_features(ctrl: &Controller, sqe: &Sqe) -> Reply {
         return Reply::status(Status::FEATURE_NOT_SAVEABLE.dnr());
     }
     let fid = sqe.cdw(10) as u8;
+    if !feature_known(ctrl, fid) {
+        return Reply::status(Status::INVALID_FIELD.dnr());
+    }
     let v = sqe.cdw(11);
+    let invalid = Reply::status(Status::INVALID_FIELD.dnr());
     let mut st = ctrl.state.lock();
     match fid {
-        feature::NUMBER_OF_QUEUES if !ctrl.subsys.discovery => {
+        feature::ARBITRATION => st.features.arbitration = v & 0xffff_ff07,
+        // One power state (NPSS 0) and no workload hints.
+        feature::POWER_MANAGEMENT if v & 0xff != 0 => return invalid,
+        feature::POWER_MANAGEMENT => st.features.power_management = 0,
+        feature::TEMPERATURE_THRESHOLD => {
+            let Some(over) = temperature_select(v, true) else { return invalid };
+            let before = temperature_alarm(&st.features);
+            if over {
+                st.features.temperature_over_k = v as u16;
+            } else {
+                st.features.temperature_under_k = v as u16;
+            }
+            if !before && temperature_alarm(&st.features) && st.async_event_config & AEC_TEMPERATURE != 0 {
+                st.pending_event = Some(AEN_TEMPERATURE);
+                drop(st);
+                ctrl.events.notify_one();
+            }
+        }
+        // DULBE (bit 16) needs NSFEAT bit 2, which no namespace sets.
+        feature::ERROR_RECOVERY if v & !0xffff != 0 => return invalid,
+        feature::ERROR_RECOVERY => st.features.error_recovery = v,
+        feature::WRITE_ATOMICITY_NORMAL => st.features.write_atomicity = v & 1,
+        // Index 0 is the only combination (Identify CNS 1Ch).
+        feature::IO_COMMAND_SET_PROFILE if v & 0x1ff != 0 => return Reply::status(Status::IO_COMMAND_SET_COMBINATION_REJECTED.dnr()),
+        feature::IO_COMMAND_SET_PROFILE => st.features.io_command_set_profile = 0,
+        feature::NUMBER_OF_QUEUES => {
             let (nsq, ncq) = (v & 0xffff, v >> 16);
             if nsq == 0xffff || ncq == 0xffff {
-                return Reply::status(Status::INVALID_FIELD.dnr());
+                return invalid;
             }
             if !st.io_queues.is_empty() {
                 return Reply::status(Status::COMMAND_SEQUENCE_ERROR.dnr());
@@ -266,20 +434,12 @@ fn set_features(ctrl: &Controller, sqe: &Sqe) -> Reply {
             let n = (nsq.min(ncq) + 1).min(limits::IO_QUEUES_MAX as u32) as u16;
             st.io_queues_granted = n;
             let g = (n - 1) as u32;
-            Reply::dw0(g | (g << 16))
+            return Reply::dw0(g | (g << 16));
         }
-        feature::KEEP_ALIVE_TIMER => {
-            st.kato_ms = v;
-            Reply::ok()
-        }
-        feature::ASYNC_EVENT_CONFIG => {
-            st.async_event_config = v;
-            Reply::ok()
-        }
-        feature::VOLATILE_WRITE_CACHE if !ctrl.subsys.discovery => {
-            ctrl.write_cache.store(v & 1 != 0, Relaxed);
-            Reply::ok()
-        }
-        _ => Reply::status(Status::INVALID_FIELD.dnr()),
+        feature::KEEP_ALIVE_TIMER => st.kato_ms = v,
+        feature::ASYNC_EVENT_CONFIG => st.async_event_config = v,
+        feature::VOLATILE_WRITE_CACHE => ctrl.write_cache.store(v & 1 != 0, Relaxed),
+        _ => return invalid,
     }
+    Reply::ok()
 }

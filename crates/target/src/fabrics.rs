@@ -168,7 +168,11 @@ pub fn property_set(ctrl: &Controller, sqe: &Sqe) -> Reply {
     st.cc = new;
     if new & cc::EN != 0 && old & cc::EN == 0 {
         let io = !ctrl.subsys.discovery;
-        if io && (cc::iosqes(new) != 6 || cc::iocqes(new) != 4) || cc::mps(new) != 0 || cc::css(new) != 0 {
+        // CSS: the NVM command set (000b) or all supported I/O command sets (110b, CAP.CSS
+        // bit 6), which here is the NVM command set too; other values are unsupported and,
+        // as for Linux's target, fail the enable with CSTS.CFS.
+        let css_ok = matches!(cc::css(new), cc::CSS_NVM | cc::CSS_ALL_IO_COMMAND_SETS);
+        if io && (cc::iosqes(new) != 6 || cc::iocqes(new) != 4) || cc::mps(new) != 0 || !css_ok {
             warn!(cntlid = ctrl.cntlid, cc = new, "CC enable with unsupported queue entry size, page size or command set");
             st.csts = csts::CFS;
         } else {

@@ -174,6 +174,8 @@ pub struct CtrlState {
     pub changed_ns: BTreeSet<u32>,
     /// An event waiting for an Asynchronous Event Request to carry it (CQE DW0).
     pub pending_event: Option<u32>,
+    /// The other features' current values.
+    pub features: crate::admin::Features,
 }
 
 pub struct Controller {
@@ -222,6 +224,7 @@ impl Controller {
                 error_count: 0,
                 changed_ns: BTreeSet::new(),
                 pending_event: None,
+                features: crate::admin::Features::new(kato_ms),
             }),
             write_cache: AtomicBool::new(true),
             epoch: Instant::now(),

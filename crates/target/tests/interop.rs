@@ -9,7 +9,7 @@ use nearstore_initiator::{Data, Error, QueueOptions, QueuePair};
 use nearstore_target::limits;
 use nearstore_wire::fabrics::{cc, csts, prop, ConnectData};
 use nearstore_wire::log::{ErrorEntry, ERROR_ENTRY_LEN};
-use nearstore_wire::opcode::{admin, cns, fctype, lid, FABRICS};
+use nearstore_wire::opcode::{admin, cns, fctype, feature, lid, FABRICS};
 use nearstore_wire::pdu::{self, DataHdr, PduType};
 use nearstore_wire::sqe::sgl_id;
 use nearstore_wire::{Cqe, Sgl, Sqe, Status, DISCOVERY_NQN};
@@ -36,15 +36,33 @@ async fn admin_queue(addr: std::net::SocketAddr, subnqn: &str, hd: bool, hostid:
     let mut q = raw(addr, hd).await;
     let c = connect(&mut q, subnqn, 0, 31, 0xffff, hostid).await;
     assert!(c.status.is_success(), "connect: {}", c.status);
+    assert_eq!(enable(&mut q, cc::LINUX_ENABLE).await, csts::RDY);
+    (q, c.dw0 as u16)
+}
+
+/// Writes CC (enabling the controller) and returns CSTS.RDY and CSTS.CFS.
+async fn enable(q: &mut QueuePair<TcpStream>, cc_value: u32) -> u32 {
     let mut s = Sqe::new(FABRICS, 0);
-    s.set_nsid(fctype::PROPERTY_SET as u32).set_cdw(11, prop::CC).set_cdw(12, cc::LINUX_ENABLE);
-    let cid = q.submit(s, Data::None, 0).unwrap();
-    assert!(q.wait(cid, |_, _, _| {}).await.unwrap().status.is_success());
+    s.set_nsid(fctype::PROPERTY_SET as u32).set_cdw(11, prop::CC).set_cdw(12, cc_value);
+    assert!(run(q, s, 0).await.0.status.is_success());
     let mut s = Sqe::new(FABRICS, 0);
     s.set_nsid(fctype::PROPERTY_GET as u32).set_cdw(11, prop::CSTS);
-    let cid = q.submit(s, Data::None, 0).unwrap();
-    assert_eq!(q.wait(cid, |_, _, _| {}).await.unwrap().dw0 & (csts::RDY | csts::CFS), csts::RDY);
-    (q, c.dw0 as u16)
+    run(q, s, 0).await.0.dw0 & (csts::RDY | csts::CFS)
+}
+
+/// Runs one command (data controller to host of `len` bytes) on a raw queue.
+async fn run(q: &mut QueuePair<TcpStream>, sqe: Sqe, len: usize) -> (Cqe, Vec<u8>) {
+    let cid = q.submit(sqe, if len > 0 { Data::In(len) } else { Data::None }, 0).unwrap();
+    let mut out = Vec::new();
+    let cqe = q
+        .wait(cid, |_, c, d| {
+            if c.cid == cid {
+                out.extend_from_slice(d)
+            }
+        })
+        .await
+        .unwrap();
+    (cqe, out)
 }
 
 /// Sends one command exactly as given (its SGL untouched) and collects what comes back
@@ -221,7 +239,8 @@ async fn io_queue_host_id() {
     let other = [2u8; 16];
     let zero = [0u8; 16];
     let bad = Err(1); // IATTR: in the data; IPO 0: HOSTID
-    let cases: &[(&str, [u8; 16], [u8; 16], Result<(), u32>)] = &[
+    type Case = (&'static str, [u8; 16], [u8; 16], Result<(), u32>);
+    let cases: &[Case] = &[
         ("same", HOSTID, HOSTID, Ok(())),
         ("different", HOSTID, other, bad),
         ("zero on the I/O queue", HOSTID, zero, Ok(())),
@@ -267,4 +286,197 @@ async fn admin_queue_size_agrees_with_asqsz() {
             }
         }
     }
+}
+
+fn get_feature(fid: u8, sel: u32, cdw11: u32) -> Sqe {
+    let mut s = Sqe::new(admin::GET_FEATURES, 0);
+    s.set_cdw(10, fid as u32 | (sel << 8)).set_cdw(11, cdw11);
+    s
+}
+
+fn set_feature(fid: u8, cdw11: u32) -> Sqe {
+    let mut s = Sqe::new(admin::SET_FEATURES, 0);
+    s.set_cdw(10, fid as u32).set_cdw(11, cdw11);
+    s
+}
+
+/// Every feature the base specification makes mandatory for an I/O controller over fabrics
+/// answers Get Features with each SEL (current, default, saved = default, capabilities)
+/// and Set Features with its own checks, as SPDK's spdk_nvme_identify expects.
+#[tokio::test]
+async fn mandatory_features_get_and_set() {
+    let env = common::start().await;
+    let (mut q, _) = admin_queue(env.addr, common::NQN, false, HOSTID).await;
+    let under = 1 << 20; // THSEL 01b: the under-temperature threshold
+                         // (feature, CDW11 of the Get, default value)
+    let defaults: &[(u8, u32, u32)] = &[
+        (feature::ARBITRATION, 0, 0x7),
+        (feature::POWER_MANAGEMENT, 0, 0),
+        (feature::TEMPERATURE_THRESHOLD, 0, 343),
+        (feature::TEMPERATURE_THRESHOLD, under, under),
+        (feature::ERROR_RECOVERY, 0, 0),
+        (feature::VOLATILE_WRITE_CACHE, 0, 1),
+        (feature::NUMBER_OF_QUEUES, 0, 63 | (63 << 16)),
+        (feature::WRITE_ATOMICITY_NORMAL, 0, 0),
+        (feature::ASYNC_EVENT_CONFIG, 0, 0),
+        (feature::KEEP_ALIVE_TIMER, 0, 0),
+        (feature::IO_COMMAND_SET_PROFILE, 0, 0),
+    ];
+    for &(fid, cdw11, default) in defaults {
+        for (sel, want) in [(feature::sel::CURRENT, default), (feature::sel::DEFAULT, default), (feature::sel::SAVED, default), (3, 1 << 2)]
+        {
+            let (c, _) = run(&mut q, get_feature(fid, sel, cdw11), 0).await;
+            assert_eq!((c.status, c.dw0), (Status::SUCCESS, want), "feature {fid:#04x} SEL {sel} CDW11 {cdw11:#x}");
+        }
+        let (c, _) = run(&mut q, get_feature(fid, 4, cdw11), 0).await;
+        assert_eq!(c.status, Status::INVALID_FIELD.dnr(), "feature {fid:#04x}: SEL 4 is reserved");
+    }
+    let invalid = Status::INVALID_FIELD.dnr();
+    // (what, feature, Set CDW11, status, then Get CDW11 and the current value it reads)
+    let sets: &[(&str, u8, u32, Status, u32, u32)] = &[
+        ("arbitration weights and burst", feature::ARBITRATION, 0x0302_0103, Status::SUCCESS, 0, 0x0302_0103),
+        ("arbitration reserved bits dropped", feature::ARBITRATION, 0x0000_00f9, Status::SUCCESS, 0, 0x1),
+        ("power state 0", feature::POWER_MANAGEMENT, 0, Status::SUCCESS, 0, 0),
+        ("power state 1: NPSS is 0", feature::POWER_MANAGEMENT, 1, invalid, 0, 0),
+        ("workload hint", feature::POWER_MANAGEMENT, 1 << 5, invalid, 0, 0),
+        ("over-temperature 350 K", feature::TEMPERATURE_THRESHOLD, 350, Status::SUCCESS, 0, 350),
+        ("over-temperature, all sensors", feature::TEMPERATURE_THRESHOLD, (0xf << 16) | 360, Status::SUCCESS, 0, 360),
+        ("under-temperature 250 K", feature::TEMPERATURE_THRESHOLD, under | 250, Status::SUCCESS, under, under | 250),
+        ("sensor 1 does not exist", feature::TEMPERATURE_THRESHOLD, (1 << 16) | 300, invalid, 0, 360),
+        ("THSEL 10b is reserved", feature::TEMPERATURE_THRESHOLD, 2 << 20, invalid, 0, 360),
+        ("error recovery TLER 3 s", feature::ERROR_RECOVERY, 30, Status::SUCCESS, 0, 30),
+        ("DULBE is not supported", feature::ERROR_RECOVERY, 1 << 16, invalid, 0, 30),
+        ("write atomicity: disable normal", feature::WRITE_ATOMICITY_NORMAL, 1, Status::SUCCESS, 0, 1),
+        ("write cache off", feature::VOLATILE_WRITE_CACHE, 0, Status::SUCCESS, 0, 0),
+        ("write cache on", feature::VOLATILE_WRITE_CACHE, 1, Status::SUCCESS, 0, 1),
+        ("keep alive 5 s", feature::KEEP_ALIVE_TIMER, 5000, Status::SUCCESS, 0, 5000),
+        ("I/O command set combination 0", feature::IO_COMMAND_SET_PROFILE, 0, Status::SUCCESS, 0, 0),
+        (
+            "I/O command set combination 1: none",
+            feature::IO_COMMAND_SET_PROFILE,
+            1,
+            Status::IO_COMMAND_SET_COMBINATION_REJECTED.dnr(),
+            0,
+            0,
+        ),
+        ("interrupt coalescing: PCIe only", 0x08, 0, invalid, 0, 0),
+    ];
+    for &(what, fid, cdw11, status, get11, current) in sets {
+        let (c, _) = run(&mut q, set_feature(fid, cdw11), 0).await;
+        assert_eq!(c.status, status, "{what}");
+        if fid != 0x08 {
+            let (c, _) = run(&mut q, get_feature(fid, feature::sel::CURRENT, get11), 0).await;
+            assert_eq!((c.status, c.dw0), (Status::SUCCESS, current), "{what}: read back");
+        }
+    }
+    let mut s = set_feature(feature::ARBITRATION, 0);
+    s.set_cdw(10, feature::ARBITRATION as u32 | (1 << 31));
+    assert_eq!(run(&mut q, s, 0).await.0.status, Status::FEATURE_NOT_SAVEABLE.dnr(), "SV: nothing is saveable");
+    // The default stays the default after a Set.
+    let (c, _) = run(&mut q, get_feature(feature::ERROR_RECOVERY, feature::sel::DEFAULT, 0), 0).await;
+    assert_eq!(c.dw0, 0);
+    // A discovery controller has only Async Event Configuration and Keep Alive Timer.
+    let (mut d, _) = admin_queue(env.disc, DISCOVERY_NQN, false, HOSTID).await;
+    for fid in [feature::ARBITRATION, feature::TEMPERATURE_THRESHOLD, feature::NUMBER_OF_QUEUES] {
+        assert_eq!(run(&mut d, get_feature(fid, 0, 0), 0).await.0.status, invalid, "discovery, feature {fid:#04x}");
+    }
+    assert!(run(&mut d, get_feature(feature::KEEP_ALIVE_TIMER, 0, 0), 0).await.0.status.is_success());
+}
+
+/// An over-temperature threshold below the composite temperature (300 K) raises the
+/// temperature critical warning in SMART/health and, when enabled, an asynchronous event;
+/// moving it back clears the warning.
+#[tokio::test]
+async fn temperature_threshold_warns() {
+    let env = common::start().await;
+    let (mut q, _) = admin_queue(env.addr, common::NQN, false, HOSTID).await;
+    let smart_warning = |d: &[u8]| d[0] & (1 << 1) != 0;
+    let smart = || {
+        let mut s = Sqe::new(admin::GET_LOG_PAGE, 0);
+        s.set_nsid(0xffff_ffff);
+        nearstore_wire::log::get_log::build(&mut s, lid::SMART_HEALTH, 512, 0);
+        s
+    };
+    assert!(!smart_warning(&run(&mut q, smart(), 512).await.1));
+    assert!(run(&mut q, set_feature(feature::ASYNC_EVENT_CONFIG, 1 << 1), 0).await.0.status.is_success());
+    let aer = q.submit(Sqe::new(admin::ASYNC_EVENT_REQUEST, 0), Data::None, 0).unwrap();
+    let mut event = None;
+    let set = q.submit(set_feature(feature::TEMPERATURE_THRESHOLD, 290), Data::None, 0).unwrap();
+    q.wait(set, |_, c, _| {
+        if c.cid == aer {
+            event = Some(c.dw0)
+        }
+    })
+    .await
+    .unwrap();
+    if event.is_none() {
+        let c = tokio::time::timeout(Duration::from_secs(5), q.wait(aer, |_, _, _| {})).await.expect("an event").unwrap();
+        event = Some(c.dw0);
+    }
+    // SMART/health status (1), temperature threshold (01h), log page 02h.
+    assert_eq!(event, Some(0x0002_0101));
+    assert!(smart_warning(&run(&mut q, smart(), 512).await.1));
+    assert!(run(&mut q, set_feature(feature::TEMPERATURE_THRESHOLD, 343), 0).await.0.status.is_success());
+    assert!(!smart_warning(&run(&mut q, smart(), 512).await.1));
+}
+
+/// CC.CSS = 110b ("all supported I/O command sets", CAP.CSS bit 6) enables the controller
+/// like 000b, with the Identify structures it implies; reserved values fail the enable
+/// with CSTS.CFS, as Linux's target does.
+#[tokio::test]
+async fn all_io_command_sets_enable() {
+    let env = common::start().await;
+    let cap = {
+        let mut q = raw(env.addr, false).await;
+        assert!(connect(&mut q, common::NQN, 0, 31, 0xffff, HOSTID).await.status.is_success());
+        let mut s = Sqe::new(FABRICS, 0);
+        s.set_nsid(fctype::PROPERTY_GET as u32).set_cdw(10, 1).set_cdw(11, prop::CAP);
+        run(&mut q, s, 0).await.0.result64()
+    };
+    assert_eq!(cap & (1 << 37 | 1 << 43), 1 << 37 | 1 << 43, "CAP.CSS: NVM and I/O command sets: {cap:#x}");
+    // (CC.CSS, CSTS after the enable)
+    let cases: &[(u32, u32)] =
+        &[(0b000, csts::RDY), (0b110, csts::RDY), (0b001, csts::CFS), (0b010, csts::CFS), (0b101, csts::CFS), (0b111, csts::CFS)];
+    for &(css, want) in cases {
+        for (addr, nqn) in [(env.addr, common::NQN), (env.disc, DISCOVERY_NQN)] {
+            let mut q = raw(addr, false).await;
+            assert!(connect(&mut q, nqn, 0, 31, 0xffff, HOSTID).await.status.is_success());
+            assert_eq!(enable(&mut q, cc::LINUX_ENABLE | (css << 4)).await, want, "{nqn}: CSS {css:03b}");
+        }
+    }
+    let mut q = raw(env.addr, false).await;
+    let cntlid = connect(&mut q, common::NQN, 0, 31, 0xffff, HOSTID).await.dw0 as u16;
+    assert_eq!(enable(&mut q, cc::LINUX_ENABLE | (0b110 << 4)).await, csts::RDY);
+    let id = |c: u8, csi: u8, nsid: u32| {
+        let mut s = Sqe::new(admin::IDENTIFY, 0);
+        s.set_nsid(nsid).set_cdw(10, c as u32).set_cdw(11, (csi as u32) << 24);
+        s
+    };
+    let (c, d) = run(&mut q, id(cns::IO_COMMAND_SETS, 0, 0), 4096).await;
+    assert!(c.status.is_success());
+    assert_eq!((u64::from_le_bytes(d[0..8].try_into().unwrap()), d[8..].iter().all(|&b| b == 0)), (1, true), "one combination: NVM");
+    // (what, CNS, CSI, NSID, status)
+    let ok = Status::SUCCESS;
+    let cases: &[(&str, u8, u8, u32, Status)] = &[
+        ("NVM Identify Controller", cns::CS_CONTROLLER, 0, 0, ok),
+        ("NVM Identify Namespace", cns::CS_NAMESPACE, 0, 1, ok),
+        ("NVM active namespaces", cns::CS_ACTIVE_NS_LIST, 0, 0, ok),
+        ("independent Identify Namespace", cns::CS_INDEPENDENT_NAMESPACE, 0, 1, ok),
+        ("zoned Identify Controller", cns::CS_CONTROLLER, 2, 0, Status::INVALID_IO_COMMAND_SET.dnr()),
+        ("key-value active namespaces", cns::CS_ACTIVE_NS_LIST, 1, 0, Status::INVALID_IO_COMMAND_SET.dnr()),
+        ("NVM Identify Namespace of no namespace", cns::CS_NAMESPACE, 0, 0xffff_fff0, Status::INVALID_NAMESPACE.dnr()),
+    ];
+    for &(what, c, csi, nsid, status) in cases {
+        assert_eq!(run(&mut q, id(c, csi, nsid), 4096).await.0.status, status, "{what}");
+    }
+    let (_, d) = run(&mut q, id(cns::CS_ACTIVE_NS_LIST, 0, 0), 4096).await;
+    assert_eq!(nearstore_wire::identify::decode_ns_list(&d), vec![1, 2]);
+    let (_, d) = run(&mut q, id(cns::CS_INDEPENDENT_NAMESPACE, 0, 1), 4096).await;
+    assert_eq!((d[0], d[1], d[14]), (1, 1, 1), "NSFEAT thin, NMIC shared, NSTAT ready");
+    let (_, d) = run(&mut q, id(cns::NS_ID_DESCRIPTORS, 0, 1), 4096).await;
+    assert!(nearstore_wire::identify::decode_ns_descriptors(&d).contains(&(nearstore_wire::identify::nidt::CSI, vec![0])));
+    // The I/O queues work as with CSS 000b.
+    let mut io = raw(env.addr, false).await;
+    assert!(connect(&mut io, common::NQN, 1, 31, cntlid, HOSTID).await.status.is_success());
+    assert!(run(&mut io, Sqe::rw(nearstore_wire::opcode::io::READ, 1, 0, 1, false), 512).await.0.status.is_success());
 }

@@ -98,10 +98,14 @@ pub mod prop {
 
 /// Controller Capabilities.
 pub mod cap {
-    /// Builds CAP: MQES (0's based), CQR set, TO in 500 ms units, NVM command set,
-    /// memory page size minimum and maximum 4 KiB.
+    /// CSS bit 0: the NVM command set.
+    pub const CSS_NVM: u64 = 1 << 37;
+    /// CSS bit 6: one or more I/O command sets, selected with CC.CSS = 110b.
+    pub const CSS_IO_COMMAND_SETS: u64 = 1 << 43;
+    /// Builds CAP: MQES (0's based), CQR set, TO in 500 ms units, the NVM command set
+    /// alone or among all supported I/O command sets, memory page size 4 KiB.
     pub fn build(mqes: u16, timeout_500ms: u8) -> u64 {
-        mqes as u64 | (1 << 16) | ((timeout_500ms as u64) << 24) | (1u64 << 37)
+        mqes as u64 | (1 << 16) | ((timeout_500ms as u64) << 24) | CSS_NVM | CSS_IO_COMMAND_SETS
     }
     pub fn mqes(cap: u64) -> u16 {
         cap as u16
@@ -129,6 +133,10 @@ pub mod cc {
     pub fn css(cc: u32) -> u32 {
         (cc >> 4) & 0x7
     }
+    /// CSS 000b: the NVM command set.
+    pub const CSS_NVM: u32 = 0b000;
+    /// CSS 110b: all I/O command sets that CAP.CSS bit 6 says are supported.
+    pub const CSS_ALL_IO_COMMAND_SETS: u32 = 0b110;
     /// What the Linux host writes to enable: EN, IOSQES=6, IOCQES=4.
     pub const LINUX_ENABLE: u32 = EN | (6 << 16) | (4 << 20);
     pub const SHN_NORMAL: u32 = 1 << 14;

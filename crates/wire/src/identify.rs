@@ -15,6 +15,8 @@ pub mod cntrltype {
 pub mod oncs {
     pub const DSM: u16 = 1 << 2;
     pub const WRITE_ZEROES: u16 = 1 << 3;
+    /// The Save field of Set Features and the Select field of Get Features.
+    pub const SAVE_SELECT: u16 = 1 << 4;
 }
 
 /// The fields of Identify Controller that nearstore sets or reads.
@@ -45,6 +47,9 @@ pub struct IdentifyController {
     pub lpa: u8,
     /// Error log page entries, 0's based.
     pub elpe: u8,
+    /// Warning and critical composite temperature thresholds, in kelvins (0: not reported).
+    pub wctemp: u16,
+    pub cctemp: u16,
     /// Keep-alive support granularity in 100 ms units.
     pub kas: u16,
     pub sqes: u8,
@@ -86,6 +91,8 @@ impl IdentifyController {
         b[260] = self.frmw;
         b[261] = self.lpa;
         b[262] = self.elpe;
+        put_u16(&mut b, 266, self.wctemp);
+        put_u16(&mut b, 268, self.cctemp);
         put_u16(&mut b, 320, self.kas);
         b[512] = self.sqes;
         b[513] = self.cqes;
@@ -131,6 +138,8 @@ impl IdentifyController {
             frmw: b[260],
             lpa: b[261],
             elpe: b[262],
+            wctemp: u16_at(b, 266),
+            cctemp: u16_at(b, 268),
             kas: u16_at(b, 320),
             sqes: b[512],
             cqes: b[513],
@@ -220,6 +229,35 @@ impl IdentifyNamespace {
 
     pub fn block_size(&self) -> u32 {
         1u32.checked_shl(self.lbads as u32).unwrap_or(0)
+    }
+}
+
+/// The I/O Command Set data structure (CNS 1Ch): 512 combinations of command sets, each a
+/// 64-bit vector of CSIs; `combinations[i]` is index i, the rest are zero (none).
+pub fn encode_io_command_sets(combinations: &[u64]) -> Vec<u8> {
+    let mut b = vec![0u8; IDENTIFY_LEN];
+    for (i, v) in combinations.iter().take(IDENTIFY_LEN / 8).enumerate() {
+        put_u64(&mut b, i * 8, *v);
+    }
+    b
+}
+
+/// The I/O command set independent Identify Namespace (CNS 08h), the fields nearstore sets.
+#[derive(Clone, Copy, PartialEq, Eq, Debug, Default)]
+pub struct IndependentNamespace {
+    pub nsfeat: u8,
+    pub nmic: u8,
+    /// Namespace status, bit 0: the namespace is ready.
+    pub nstat: u8,
+}
+
+impl IndependentNamespace {
+    pub fn encode(&self) -> Vec<u8> {
+        let mut b = vec![0u8; IDENTIFY_LEN];
+        b[0] = self.nsfeat;
+        b[1] = self.nmic;
+        b[14] = self.nstat;
+        b
     }
 }
 

@@ -41,14 +41,39 @@ pub mod cns {
     pub const CS_NAMESPACE: u8 = 0x05;
     /// I/O command set specific Identify Controller (CSI in CDW11).
     pub const CS_CONTROLLER: u8 = 0x06;
+    /// Active namespace ID list of the namespaces of one I/O command set (CSI in CDW11).
+    pub const CS_ACTIVE_NS_LIST: u8 = 0x07;
+    /// I/O command set independent Identify Namespace.
+    pub const CS_INDEPENDENT_NAMESPACE: u8 = 0x08;
+    /// I/O Command Set data structure: the combinations of command sets the controller supports.
+    pub const IO_COMMAND_SETS: u8 = 0x1c;
+}
+
+/// Command Set Identifiers (CSI).
+pub mod csi {
+    pub const NVM: u8 = 0x00;
 }
 
 /// Feature identifiers.
 pub mod feature {
+    pub const ARBITRATION: u8 = 0x01;
+    pub const POWER_MANAGEMENT: u8 = 0x02;
+    pub const TEMPERATURE_THRESHOLD: u8 = 0x04;
+    pub const ERROR_RECOVERY: u8 = 0x05;
     pub const VOLATILE_WRITE_CACHE: u8 = 0x06;
     pub const NUMBER_OF_QUEUES: u8 = 0x07;
+    pub const WRITE_ATOMICITY_NORMAL: u8 = 0x0a;
     pub const ASYNC_EVENT_CONFIG: u8 = 0x0b;
     pub const KEEP_ALIVE_TIMER: u8 = 0x0f;
+    pub const IO_COMMAND_SET_PROFILE: u8 = 0x19;
+
+    /// Get Features SEL (CDW10 bits 10:8).
+    pub mod sel {
+        pub const CURRENT: u32 = 0;
+        pub const DEFAULT: u32 = 1;
+        pub const SAVED: u32 = 2;
+        pub const SUPPORTED_CAPABILITIES: u32 = 3;
+    }
 }
 
 /// Log page identifiers.

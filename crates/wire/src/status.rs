@@ -58,6 +58,10 @@ statuses! {
     INVALID_LOG_PAGE = (1, 0x09);
     FEATURE_NOT_SAVEABLE = (1, 0x0d);
     FEATURE_NOT_CHANGEABLE = (1, 0x0e);
+    /// Set Features (I/O Command Set Profile): the combination index names no combination.
+    IO_COMMAND_SET_COMBINATION_REJECTED = (1, 0x2b);
+    /// Identify: the CSI names an I/O command set the controller does not support.
+    INVALID_IO_COMMAND_SET = (1, 0x2c);
     CONNECT_INCOMPATIBLE_FORMAT = (1, 0x80);
     CONNECT_CONTROLLER_BUSY = (1, 0x81);
     CONNECT_INVALID_PARAMETERS = (1, 0x82);
