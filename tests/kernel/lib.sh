@@ -1,6 +1,7 @@
-# Sourced by the qemu tests (powercut.sh): the prerequisites, Debian's kernel, and a small
-# initramfs of busybox, binaries with their shared libraries, and kernel modules.
-# The caller defines fail() (prints its test's name and exits).
+# Sourced by the qemu tests (run.sh, powercut.sh): the prerequisites, Debian's kernel, and
+# a small initramfs of busybox, binaries with their shared libraries, and kernel modules.
+# The caller defines fail() (prints its test's name and exits); the initramfs functions use
+# $busybox and $kver, which guest_prereqs sets.
 
 # Checks qemu, static busybox, cpio, e2fsprogs and a Debian kernel with its modules;
 # installs the missing packages when root, else fails naming them.

@@ -57,49 +57,16 @@ file -L "$busybox" | grep -q static || busybox=/bin/busybox
 file -L "$busybox" | grep -q static || fail "busybox is not static: install busybox-static"
 
 # --- initramfs ---
+. "$here/lib.sh"
 ird=$work/initramfs
-mkdir -p "$ird"/{bin,sbin,etc/nvme,proc,sys,dev,mnt,tmp,run,lib/modules}
-cp "$busybox" "$ird/bin/busybox"
-for app in sh mount umount mkdir cat echo sleep md5sum ip insmod ls dd sync poweroff grep seq head sed wc cut test tr cmp; do
-    ln -sf busybox "$ird/bin/$app"
-done
-copy_with_libs() {
-    local b=$1
-    cp -L "$b" "$ird/bin/"
-    ldd "$b" | grep -o '/[^ ]*' | while read -r lib; do
-        mkdir -p "$ird$(dirname "$lib")"
-        cp -L "$lib" "$ird$lib"
-    done
-}
-copy_with_libs "$(command -v nvme)"
+initramfs_busybox "$ird" sh mount umount mkdir cat echo sleep md5sum ip insmod ls dd sync poweroff grep seq head sed wc cut test tr cmp
+mkdir -p "$ird/etc/nvme"
+initramfs_binary "$ird" "$(command -v nvme)"
 # nearstore itself, without its debug information, and the libraries it links.
-strip -o "$ird/bin/nearstore" "$bin"
-ldd "$bin" | grep -o '/[^ ]*' | while read -r lib; do mkdir -p "$ird$(dirname "$lib")"; cp -L "$lib" "$ird$lib"; done
-copy_with_libs "$(command -v mke2fs)"
+initramfs_binary "$ird" "$bin" nearstore
+initramfs_binary "$ird" "$(command -v mke2fs)"
 cp /etc/mke2fs.conf "$ird/etc/"
-
-# Modules in dependency order.
-declare -A seen=()
-order=()
-add_mod() {
-    local m=$1 d
-    [ -n "${seen[$m]:-}" ] && return
-    seen[$m]=1
-    for d in $(modinfo -k "$kver" -F depends "$m" | tr ',' ' '); do add_mod "$d"; done
-    order+=("$m")
-}
-for m in e1000 crc32c_generic nvme-tcp ext4; do add_mod "$m"; done
-: > "$ird/modules.list"
-for m in "${order[@]}"; do
-    f=$(modinfo -k "$kver" -n "$m")
-    case "$f" in
-        *.ko) cp "$f" "$ird/lib/modules/$m.ko" ;;
-        *.ko.xz) xz -dc "$f" > "$ird/lib/modules/$m.ko" ;;
-        *.ko.zst) zstd -qdc "$f" > "$ird/lib/modules/$m.ko" ;;
-        *) continue ;;
-    esac
-    echo "$m" >> "$ird/modules.list"
-done
+initramfs_modules "$ird" e1000 crc32c_generic nvme-tcp ext4
 
 nqn=nqn.2026-11.io.nearstore:kernel
 cat > "$ird/init" <<INIT
@@ -154,7 +121,7 @@ s=[socket.socket() for _ in range(2)]
 [x.bind(("127.0.0.1",0)) for x in s]
 print(*[x.getsockname()[1] for x in s])')
 sed -i "s/-s 4420/-s $io_port/; s/-s 8009/-s $disc_port/g" "$ird/init"
-(cd "$ird" && find . | cpio -o -H newc --quiet | gzip -1 > "$work/initrd.gz")
+initramfs_pack "$ird" "$work/initrd.gz"
 rm -f "$img"
 RUST_LOG=${RUST_LOG:-info} "$bin" target --listen 127.0.0.1:$io_port --discovery 127.0.0.1:$disc_port --advertise 10.0.2.2 \
     --namespace "$img" --size 256MiB --nqn $nqn > "$work/target.out" 2> "$work/target.log" &
