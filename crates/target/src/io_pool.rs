@@ -31,6 +31,13 @@ pub enum Op {
     Deallocate,
 }
 
+impl Op {
+    /// Work not bounded by the transfer size (MDTS): it never runs on a network thread.
+    pub fn unbounded(&self) -> bool {
+        matches!(self, Op::WriteZeroes { .. } | Op::Deallocate)
+    }
+}
+
 pub struct Job {
     pub backend: Arc<dyn Backend>,
     pub op: Op,

@@ -845,7 +845,11 @@ impl Core {
         } else {
             (op, buf)
         };
-        if ns.backend.inline() {
+        // Reads and writes of a memory backend are bounded by MDTS and run here; write
+        // zeroes (up to 65536 blocks) and deallocate (256 ranges, each up to the whole
+        // namespace) are not: inline they held this network thread, and every connection
+        // on it, for seconds. They go to the pool.
+        if ns.backend.inline() && !op.unbounded() {
             return self.execute_inline(&ctrl, &sqe, &ns, kind, op, data, buf, len, start);
         }
         if self.r2t.live + self.inflight.live >= self.outstanding_limit() {
