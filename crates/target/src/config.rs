@@ -76,6 +76,56 @@ pub struct Config {
     /// The cluster map: the peers whose extents this target reads itself.
     #[serde(default)]
     pub cluster: crate::cluster::ClusterConfig,
+    /// What one host may hold, and the target in total.
+    #[serde(default)]
+    pub limits: LimitsConfig,
+}
+
+/// The `[limits]` section: what one host may hold, and the target in total
+/// (docs/operations.md, "Limits").
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct LimitsConfig {
+    /// Connections open at once, all hosts together. Default: what the descriptor limit
+    /// allows once raised to its hard limit at start-up ([`limits::connections_max`]).
+    pub connections: Option<usize>,
+    /// Connections one source address may hold before they Connect.
+    pub connections_per_address: usize,
+    /// Controllers one host NQN may hold in one subsystem.
+    pub controllers_per_host: usize,
+    /// Milliseconds a connection may take from accept to a successful Connect.
+    pub connect_timeout_ms: u64,
+}
+
+impl Default for LimitsConfig {
+    fn default() -> Self {
+        LimitsConfig {
+            connections: None,
+            connections_per_address: limits::CONNECTIONS_PER_ADDRESS_DEFAULT,
+            controllers_per_host: limits::CONTROLLERS_PER_HOST_DEFAULT,
+            connect_timeout_ms: limits::CONNECT_TIMEOUT_MS_DEFAULT,
+        }
+    }
+}
+
+impl LimitsConfig {
+    /// Checks ranges; errors name the field as it is written in the TOML file. The
+    /// connection cap is checked against the descriptor limit when the target starts.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        if self.connections == Some(0) {
+            return Err(invalid("limits.connections", "must be at least 1"));
+        }
+        if self.connections_per_address == 0 {
+            return Err(invalid("limits.connections_per_address", "must be at least 1"));
+        }
+        if self.controllers_per_host == 0 || self.controllers_per_host > limits::CONTROLLERS_PER_SUBSYSTEM_MAX {
+            return Err(invalid("limits.controllers_per_host", format!("must be between 1 and {}", limits::CONTROLLERS_PER_SUBSYSTEM_MAX)));
+        }
+        if !(100..=600_000).contains(&self.connect_timeout_ms) {
+            return Err(invalid("limits.connect_timeout_ms", "must be between 100 and 600000"));
+        }
+        Ok(())
+    }
 }
 
 /// How file and block backends do I/O.
@@ -213,6 +263,7 @@ impl Config {
             return Err(invalid("io_threads", "must be between 1 and 256"));
         }
         self.compute.validate().map_err(|(f, m)| invalid(f, m))?;
+        self.limits.validate()?;
         let mut tags = Vec::new();
         for (i, s) in self.subsystem.iter().enumerate() {
             for (j, n) in s.namespace.iter().enumerate() {
@@ -293,6 +344,7 @@ impl Config {
             io_engine: IoEngine::Uring,
             compute: Default::default(),
             cluster: Default::default(),
+            limits: Default::default(),
         }
     }
 }
@@ -349,6 +401,11 @@ mod tests {
             ("nsid = 1", "nsid = 1\ncolour = 3", "unknown field `colour`"),
             ("[[listener]]", "busy_poll_us = 1000000\n[[listener]]", "busy_poll_us"),
             ("[[listener]]", "io_engine = \"aio\"\n[[listener]]", "unknown variant `aio`"),
+            ("[[listener]]", "[limits]\nconnections = 0\n[[listener]]", "limits.connections"),
+            ("[[listener]]", "[limits]\nconnections_per_address = 0\n[[listener]]", "limits.connections_per_address"),
+            ("[[listener]]", "[limits]\ncontrollers_per_host = 2000\n[[listener]]", "limits.controllers_per_host"),
+            ("[[listener]]", "[limits]\nconnect_timeout_ms = 5\n[[listener]]", "limits.connect_timeout_ms"),
+            ("[[listener]]", "[limits]\nsockets = 5\n[[listener]]", "unknown field `sockets`"),
             (
                 "address = \"127.0.0.1:4420\"",
                 "address = \"127.0.0.1:4420\"\n[[listener]]\naddress = \"127.0.0.1:4420\"",

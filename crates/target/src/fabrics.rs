@@ -1,16 +1,17 @@
 //! Fabrics commands: Connect, Property Get, Property Set, Disconnect.
 
+use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
 
 use nearstore_wire::fabrics::{cap, cc, connect, csts, prop, ConnectData, CONNECT_DATA_LEN, VERSION_1_3};
 use nearstore_wire::opcode::fctype;
 use nearstore_wire::{Sqe, Status};
-use tracing::{info, warn};
+use tracing::{debug, info, warn};
 
 use crate::admin::DataLen;
 use crate::limits;
 use crate::reply::Reply;
-use crate::subsystem::Controller;
+use crate::subsystem::{Controller, ControllersFull};
 use crate::Target;
 
 /// What a successful Connect bound the queue to.
@@ -90,8 +91,15 @@ pub fn connect(target: &Target, sqe: &Sqe, data: &[u8], discovery_port: bool, pe
             return Err(invalid_param(true, IPO_CNTLID));
         }
         let kato = connect::kato(sqe.cdw(12));
-        let Some(ctrl) = sub.add_controller(&d.hostnqn, d.hostid, d.acting_for.as_deref(), kato) else {
-            return Err(Reply::status(Status::CONNECT_CONTROLLER_BUSY));
+        let ctrl = match sub.add_controller(&d.hostnqn, d.hostid, d.acting_for.as_deref(), kato, target.limits.controllers_per_host) {
+            Ok(c) => c,
+            Err(full) => {
+                if full == ControllersFull::Host {
+                    target.stats.controllers_refused.fetch_add(1, Relaxed);
+                }
+                debug!(peer, subnqn = %sub.nqn, hostnqn = %d.hostnqn, ?full, "connect: no controller");
+                return Err(Reply::status(Status::CONNECT_CONTROLLER_BUSY));
+            }
         };
         ctrl.touch();
         info!(peer, subnqn = %sub.nqn, hostnqn = %d.hostnqn, acting_for = ?d.acting_for, cntlid = ctrl.cntlid, kato_ms = kato, "controller created");

@@ -8,6 +8,7 @@
 //! Prometheus text.
 
 pub mod admin;
+pub mod admission;
 pub mod backend;
 pub mod cluster;
 pub mod config;
@@ -30,10 +31,11 @@ use std::sync::Arc;
 
 use parking_lot::RwLock;
 use tokio::net::TcpListener;
-use tracing::{error, info};
+use tracing::{debug, error, info, warn};
 
+use crate::admission::Admission;
 use crate::backend::{Backend, FileBackend, MemoryBackend};
-use crate::config::Config;
+use crate::config::{Config, LimitsConfig};
 use crate::io_pool::IoPool;
 use crate::metrics::TargetStats;
 use crate::subsystem::{Namespace, Subsystem};
@@ -59,6 +61,8 @@ pub enum TargetError {
     Namespace { field: String, message: String },
     #[error("{field}: cannot listen on {addr}: {source}")]
     Listen { field: String, addr: SocketAddr, source: std::io::Error },
+    #[error("limits.connections: {wanted} connections need more descriptors than the limit of {nofile} allows (at most {max})")]
+    Descriptors { wanted: usize, nofile: u64, max: usize },
 }
 
 pub struct Target {
@@ -74,6 +78,12 @@ pub struct Target {
     pub io_engine: config::IoEngine,
     /// Runs compute commands.
     pub offload: offload::Offload,
+    /// What one host may hold (`[limits]`).
+    pub limits: LimitsConfig,
+    /// The connection cap and the connections that have not Connected.
+    pub admission: Arc<Admission>,
+    /// The descriptor limit (RLIMIT_NOFILE) after raising it at start-up.
+    pub nofile: u64,
 }
 
 impl Target {
@@ -83,7 +93,11 @@ impl Target {
         io_engine: config::IoEngine,
         compute: offload::ComputeConfig,
         cluster: &cluster::ClusterConfig,
+        limits: LimitsConfig,
+        connections: usize,
+        nofile: u64,
     ) -> Arc<Target> {
+        let admission = Admission::new(connections, limits.connections_per_address);
         Arc::new(Target {
             subsystems: RwLock::new(BTreeMap::new()),
             discovery: Arc::new(Subsystem::new(nearstore_wire::DISCOVERY_NQN, None, Some("nearstore discovery"), true, &[])),
@@ -94,6 +108,9 @@ impl Target {
             busy_poll,
             io_engine,
             offload: offload::Offload::new(compute, cluster),
+            limits,
+            admission,
+            nofile,
         })
     }
 
@@ -101,12 +118,23 @@ impl Target {
     /// opened by [`Target::listen_all`]).
     pub fn from_config(cfg: &Config) -> Result<Arc<Target>, TargetError> {
         cfg.validate()?;
+        let nofile = raise_descriptor_limit();
+        let max = limits::connections_max(nofile);
+        let connections = match cfg.limits.connections {
+            Some(wanted) if wanted > max => return Err(TargetError::Descriptors { wanted, nofile, max }),
+            Some(n) => n,
+            None => max,
+        };
+        info!(nofile, connections, "descriptor limit and connection cap");
         let t = Target::new(
             cfg.io_threads,
             std::time::Duration::from_micros(cfg.busy_poll_us),
             cfg.io_engine,
             cfg.compute.clone(),
             &cfg.cluster,
+            cfg.limits.clone(),
+            connections,
+            nofile,
         );
         for (i, s) in cfg.subsystem.iter().enumerate() {
             let sub = Subsystem::new(&s.nqn, s.serial.as_deref(), s.model.as_deref(), s.allow_any_host, &s.hosts);
@@ -198,11 +226,22 @@ impl Target {
         tokio::spawn(async move {
             loop {
                 match listener.accept().await {
-                    Ok((sock, _)) => {
-                        let _ = sock.set_nodelay(true);
-                        let local = sock.local_addr().ok();
-                        tokio::spawn(tcp::serve(sock, target.clone(), port.clone(), local));
-                    }
+                    Ok((sock, from)) => match target.admission.admit(from.ip()) {
+                        Ok(a) => {
+                            if a.evicted {
+                                target.stats.connections_evicted.fetch_add(1, Relaxed);
+                            }
+                            let _ = sock.set_nodelay(true);
+                            let local = sock.local_addr().ok();
+                            tokio::spawn(tcp::serve(sock, target.clone(), port.clone(), local, Some(a.ticket)));
+                        }
+                        Err(why) => {
+                            // Closed at once; counted, logged only at debug level so that a
+                            // flood of connections is not also a flood of log lines.
+                            target.stats.connections_refused.fetch_add(1, Relaxed);
+                            debug!(%from, ?why, "connection refused");
+                        }
+                    },
                     Err(e) => {
                         // EMFILE and friends: keep serving the connections we have.
                         error!("accept on {bound}: {e}");
@@ -232,7 +271,7 @@ impl Target {
     /// Serves one already-connected stream (an in-process socket pair in tests).
     pub fn serve_stream<S: nearstore_transport::Stream>(self: &Arc<Self>, s: S, discovery: bool) -> tokio::task::JoinHandle<()> {
         let port = Arc::new(Port { id: 0, addr: SocketAddr::from(([127, 0, 0, 1], 0)), discovery, advertise: None });
-        tokio::spawn(tcp::serve(s, self.clone(), port, None))
+        tokio::spawn(tcp::serve(s, self.clone(), port, None, None))
     }
 
     /// Flushes every namespace: called at shutdown.
@@ -245,4 +284,29 @@ impl Target {
             }
         }
     }
+}
+
+/// Raises the soft descriptor limit (RLIMIT_NOFILE) to the hard limit, once per process,
+/// and returns the limit in force: the connection cap is derived from it
+/// ([`limits::connections_max`]).
+pub fn raise_descriptor_limit() -> u64 {
+    static NOFILE: std::sync::OnceLock<u64> = std::sync::OnceLock::new();
+    *NOFILE.get_or_init(|| {
+        let mut r = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
+        // SAFETY: getrlimit and setrlimit read or fill the one struct they are given.
+        if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut r) } != 0 {
+            warn!("getrlimit(RLIMIT_NOFILE): {}", std::io::Error::last_os_error());
+            return 1024;
+        }
+        if r.rlim_cur < r.rlim_max {
+            let raised = libc::rlimit { rlim_cur: r.rlim_max, rlim_max: r.rlim_max };
+            // SAFETY: as above.
+            if unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &raised) } == 0 {
+                r.rlim_cur = r.rlim_max;
+            } else {
+                warn!(soft = r.rlim_cur, hard = r.rlim_max, "raising RLIMIT_NOFILE: {}", std::io::Error::last_os_error());
+            }
+        }
+        r.rlim_cur
+    })
 }

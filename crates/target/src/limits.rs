@@ -114,3 +114,33 @@ pub const RESULTS_HELD_MAX: usize = 128;
 /// Largest result of one compute command (its JSON outcomes). With RESULTS_HELD_MAX, a
 /// controller holds at most 32 MiB of results. Larger outputs go to output objects.
 pub const RESULT_BYTES_MAX: usize = 256 * 1024;
+
+/// Connections one source address may hold before they Connect (`limits.connections_per_address`).
+/// A host opens one connection per queue and Connects each within a round trip; 64 covers
+/// a host bringing up an admin queue and 63 I/O queues at once, while one address can no
+/// longer hold thousands of half-open connections.
+pub const CONNECTIONS_PER_ADDRESS_DEFAULT: usize = 64;
+
+/// Controllers one host NQN may hold in one subsystem (`limits.controllers_per_host`). A
+/// host needs one per path (multipath: a few); 16 leaves room for reconnects whose old
+/// controller has not yet expired, and with CONTROLLERS_PER_SUBSYSTEM_MAX it takes 64
+/// host NQNs, not one, to fill a subsystem.
+pub const CONTROLLERS_PER_HOST_DEFAULT: usize = 16;
+
+/// Milliseconds a connection may take from accept to a successful Connect, ICReq included
+/// (`limits.connect_timeout_ms`). A host sends both within a few round trips; 10 s
+/// tolerates a loaded host and a slow network while idle half-open connections go.
+pub const CONNECT_TIMEOUT_MS_DEFAULT: u64 = 10_000;
+
+/// Descriptors kept out of the connection cap: listeners, the metrics endpoint, backend
+/// files, peer connections, log files, stdio, and connections being evicted (each holds
+/// its socket until its task runs again).
+pub const DESCRIPTORS_RESERVED: u64 = 256;
+
+/// Descriptors one connection may hold: its socket and its io_uring.
+pub const DESCRIPTORS_PER_CONNECTION: u64 = 2;
+
+/// The connection cap a descriptor limit allows.
+pub fn connections_max(nofile: u64) -> usize {
+    (nofile.saturating_sub(DESCRIPTORS_RESERVED) / DESCRIPTORS_PER_CONNECTION) as usize
+}

@@ -53,6 +53,15 @@ pub struct TargetStats {
     /// The most buffer bytes one connection has held (bounded by
     /// limits::connection_memory_max).
     pub connection_buffer_bytes_max: AtomicU64,
+    /// Connections closed at accept: the cap was reached by Connected hosts, or their
+    /// address held its limit of connections that had not Connected.
+    pub connections_refused: AtomicU64,
+    /// Connections that had not Connected, closed to make room for a new one.
+    pub connections_evicted: AtomicU64,
+    /// Connections closed because they did not Connect within limits.connect_timeout_ms.
+    pub connect_timeouts: AtomicU64,
+    /// Connects refused because the host held limits.controllers_per_host controllers.
+    pub controllers_refused: AtomicU64,
 }
 
 /// Renders the Prometheus text exposition of every counter.
@@ -77,6 +86,16 @@ pub fn render(t: &Target) -> String {
         "# TYPE nearstore_connection_buffer_bytes_max gauge\nnearstore_connection_buffer_bytes_max {}",
         s.connection_buffer_bytes_max.load(Relaxed)
     );
+    for (name, kind, v) in [
+        ("nearstore_connections_refused_total", "counter", s.connections_refused.load(Relaxed)),
+        ("nearstore_connections_evicted_total", "counter", s.connections_evicted.load(Relaxed)),
+        ("nearstore_connect_timeouts_total", "counter", s.connect_timeouts.load(Relaxed)),
+        ("nearstore_controllers_refused_total", "counter", s.controllers_refused.load(Relaxed)),
+        ("nearstore_connections_max", "gauge", t.admission.cap() as u64),
+        ("nearstore_descriptor_limit", "gauge", t.nofile),
+    ] {
+        let _ = writeln!(o, "# TYPE {name} {kind}\n{name} {v}");
+    }
     let c = &t.offload.stats;
     for (name, kind, v) in [
         ("nearstore_compute_commands_total", "counter", c.commands.load(Relaxed)),

@@ -250,7 +250,7 @@ pub struct Task {
     pub token: u32,
     pub slot: Slot,
     pub reply: UnboundedSender<Done>,
-    /// The controller's: fires when it goes away.
+    /// The connection's: fires when it closes or its controller goes away.
     pub cancel: CancellationToken,
     /// The host the command runs for (`Controller::requester`): peers are read for it.
     pub host: String,

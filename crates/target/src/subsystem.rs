@@ -125,7 +125,8 @@ impl Subsystem {
         }
     }
 
-    /// Creates a controller with the lowest free CNTLID (dynamic controller model).
+    /// Creates a controller with the lowest free CNTLID (dynamic controller model), unless
+    /// the subsystem is full or `hostnqn` already holds `per_host` controllers in it.
     /// `acting_for`: the host a trusted cluster member connected for (see [`Controller::acting_for`]).
     pub fn add_controller(
         self: &Arc<Self>,
@@ -133,15 +134,19 @@ impl Subsystem {
         hostid: [u8; 16],
         acting_for: Option<&str>,
         kato_ms: u32,
-    ) -> Option<Arc<Controller>> {
+        per_host: usize,
+    ) -> Result<Arc<Controller>, ControllersFull> {
         let mut ctrls = self.controllers.lock();
-        if ctrls.len() >= limits::CONTROLLERS_PER_SUBSYSTEM_MAX {
-            return None;
+        if ctrls.values().filter(|c| c.hostnqn == hostnqn).count() >= per_host {
+            return Err(ControllersFull::Host);
         }
-        let cntlid = (1..=0xffefu16).find(|id| !ctrls.contains_key(id))?;
+        if ctrls.len() >= limits::CONTROLLERS_PER_SUBSYSTEM_MAX {
+            return Err(ControllersFull::Subsystem);
+        }
+        let cntlid = (1..=0xffefu16).find(|id| !ctrls.contains_key(id)).ok_or(ControllersFull::Subsystem)?;
         let c = Arc::new(Controller::new(cntlid, self.clone(), hostnqn, hostid, acting_for.map(str::to_string), kato_ms));
         ctrls.insert(cntlid, c.clone());
-        Some(c)
+        Ok(c)
     }
 
     pub fn controller(&self, cntlid: u16) -> Option<Arc<Controller>> {
@@ -158,6 +163,15 @@ impl Subsystem {
             c.cancel.cancel();
         }
     }
+}
+
+/// Why a controller could not be created.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ControllersFull {
+    /// The host NQN holds limits.controllers_per_host controllers in the subsystem.
+    Host,
+    /// The subsystem holds CONTROLLERS_PER_SUBSYSTEM_MAX controllers.
+    Subsystem,
 }
 
 /// Controller state that commands change (features, properties, logs, events).

@@ -24,6 +24,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
 use crate::admin;
+use crate::admission::Ticket;
 use crate::config::IoEngine;
 use crate::fabrics;
 use crate::io_cmd::{self, IoKind, IoPlan};
@@ -36,8 +37,6 @@ use crate::{Port, Target};
 
 mod compute;
 
-/// How long a new connection may take to send its ICReq.
-const IC_TIMEOUT: Duration = Duration::from_secs(10);
 /// How long a TermReq may take to leave before the socket is closed anyway.
 const TERM_FLUSH_TIMEOUT: Duration = Duration::from_secs(1);
 
@@ -51,12 +50,15 @@ pub enum ConnError {
     HostTerminated { fes: u16, fei: u32 },
     #[error("controller {0} went away (keep-alive expiry, shutdown or admin queue loss)")]
     ControllerGone(u16),
-    #[error("no ICReq within {0:?}")]
-    IcTimeout(Duration),
+    #[error("no Connect within {0:?} (limits.connect_timeout_ms)")]
+    ConnectTimeout(Duration),
+    #[error("closed before its Connect to make room for a new connection (limits.connections)")]
+    Evicted,
 }
 
 /// Serves one connection until it closes, then detaches it from its controller.
-pub async fn serve<S: Stream>(stream: S, target: Arc<Target>, port: Arc<Port>, local: Option<SocketAddr>) {
+/// `ticket`: its place among the target's connections (None for in-process streams).
+pub async fn serve<S: Stream>(stream: S, target: Arc<Target>, port: Arc<Port>, local: Option<SocketAddr>, ticket: Option<Ticket>) {
     target.stats.connections.fetch_add(1, Relaxed);
     target.stats.connections_total.fetch_add(1, Relaxed);
     let peer = stream.peer();
@@ -66,7 +68,9 @@ pub async fn serve<S: Stream>(stream: S, target: Arc<Target>, port: Arc<Port>, l
         stream,
         rx: RxBuf::new(limits::RX_BUFFER_BYTES),
         done_rx,
-        cancel: CancellationToken::new(),
+        cancel: ticket.as_ref().map_or_else(CancellationToken::new, |t| t.evicted().clone()),
+        connect_by: tokio::time::Instant::now() + Duration::from_millis(target.limits.connect_timeout_ms),
+        ticket,
         bound: false,
         stalled: false,
         core: Core {
@@ -90,9 +94,12 @@ pub async fn serve<S: Stream>(stream: S, target: Arc<Target>, port: Arc<Port>, l
             done_tx,
             aers: Vec::new(),
             close_after_flush: false,
+            cancel: CancellationToken::new(),
         },
     };
     let result = conn.run().await;
+    // Compute commands of this connection, queued or running, stop.
+    conn.core.cancel.cancel();
     if let Err(e) = conn.flush_quickly().await {
         debug!(peer, "flushing before close: {e}");
     }
@@ -102,6 +109,11 @@ pub async fn serve<S: Stream>(stream: S, target: Arc<Target>, port: Arc<Port>, l
             target.stats.fatal_errors.fetch_add(1, Relaxed);
             warn!(peer, "closing connection: {e}");
         }
+        Err(e @ ConnError::ConnectTimeout(_)) => {
+            target.stats.connect_timeouts.fetch_add(1, Relaxed);
+            debug!(peer, "closing connection: {e}");
+        }
+        Err(e @ ConnError::Evicted) => debug!(peer, "closing connection: {e}"),
         Err(e) => info!(peer, "closing connection: {e}"),
     }
     conn.core.detach();
@@ -113,7 +125,12 @@ struct Conn<S> {
     stream: S,
     rx: RxBuf,
     done_rx: UnboundedReceiver<Done>,
+    /// Before Connect: fires when the connection is evicted; after: the connection's own
+    /// token, which fires when its controller goes.
     cancel: CancellationToken,
+    /// Connect must succeed by then (limits.connect_timeout_ms from accept).
+    connect_by: tokio::time::Instant,
+    ticket: Option<Ticket>,
     bound: bool,
     /// process_rx stopped with bytes unread because the send buffer was full.
     stalled: bool,
@@ -222,6 +239,8 @@ struct Core {
     /// CIDs of outstanding Asynchronous Event Requests.
     aers: Vec<u16>,
     close_after_flush: bool,
+    /// Fires when this connection ends or its controller goes: stops its compute commands.
+    cancel: CancellationToken,
 }
 
 enum Flow {
@@ -244,7 +263,13 @@ enum Polled {
 
 impl<S: Stream> Conn<S> {
     async fn run(&mut self) -> Result<(), ConnError> {
-        if !tokio::time::timeout(IC_TIMEOUT, self.handshake()).await.map_err(|_| ConnError::IcTimeout(IC_TIMEOUT))?? {
+        let evicted = self.cancel.clone();
+        let timeout = Duration::from_millis(self.core.target.limits.connect_timeout_ms);
+        let shook = tokio::select! {
+            r = tokio::time::timeout_at(self.connect_by, self.handshake()) => r.map_err(|_| ConnError::ConnectTimeout(timeout))??,
+            _ = evicted.cancelled() => return Err(ConnError::Evicted),
+        };
+        if !shook {
             return Ok(());
         }
         loop {
@@ -286,9 +311,16 @@ impl<S: Stream> Conn<S> {
                 RingState::Ready(r) if r.in_flight() > 0 => Some(r.waker()),
                 _ => None,
             };
+            let unbound = !self.bound;
             tokio::select! {
                 _ = self.cancel.cancelled() => {
+                    if unbound {
+                        return Err(ConnError::Evicted);
+                    }
                     return Err(ConnError::ControllerGone(self.core.queue.as_ref().map_or(0, |q| q.ctrl.cntlid)));
+                }
+                _ = tokio::time::sleep_until(self.connect_by), if unbound => {
+                    return Err(ConnError::ConnectTimeout(Duration::from_millis(self.core.target.limits.connect_timeout_ms)));
                 }
                 d = self.done_rx.recv(), if room => {
                     if let Some(d) = d {
@@ -434,8 +466,12 @@ impl<S: Stream> Conn<S> {
             if !self.bound {
                 if let Some(q) = &self.core.queue {
                     // From Connect on, the connection lives as long as its controller.
-                    self.cancel = q.ctrl.cancel.clone();
+                    self.core.cancel = q.ctrl.cancel.child_token();
+                    self.cancel = self.core.cancel.clone();
                     self.bound = true;
+                    if let Some(t) = &self.ticket {
+                        t.connected();
+                    }
                 }
             }
         }

@@ -58,7 +58,7 @@ impl Core {
                     token: token as u32,
                     slot,
                     reply: self.done_tx.clone(),
-                    cancel: ctrl.cancel.clone(),
+                    cancel: self.cancel.clone(),
                     host: ctrl.requester().to_string(),
                 };
                 self.target.offload.submit(task);

@@ -1,0 +1,303 @@
+//! One host against the others: it cannot lock them out with controllers or half-open
+//! connections, run the target out of descriptors, or stall them with long work.
+//!
+//! The target runs on its own runtime with one network thread, so that anything that
+//! holds a network thread stalls every other connection, as it would on a loaded target.
+
+mod common;
+
+use std::net::SocketAddr;
+use std::sync::atomic::Ordering::Relaxed;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use nearstore_initiator::{ConnectOptions, Controller, Data};
+use nearstore_target::config::Config;
+use nearstore_target::{limits, Target};
+use nearstore_wire::opcode::io;
+use nearstore_wire::pdu::{self, IcReq};
+use nearstore_wire::Sqe;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpSocket, TcpStream};
+
+const NQN: &str = common::NQN;
+const HOST_A: &str = "nqn.2014-08.org.nvmexpress:uuid:00000000-0000-0000-0000-00000000000a";
+const HOST_B: &str = "nqn.2014-08.org.nvmexpress:uuid:00000000-0000-0000-0000-00000000000b";
+
+/// A target with a 64 MiB memory namespace on a runtime of its own (one network thread),
+/// configured with `extra` TOML (sections after the listener).
+struct Isolated {
+    target: Arc<Target>,
+    addr: SocketAddr,
+    _rt: tokio::runtime::Runtime,
+}
+
+fn isolated(extra: &str) -> Isolated {
+    common::init_logs();
+    let cfg = format!(
+        r#"
+        io_threads = 2
+        [[listener]]
+        address = "127.0.0.1:0"
+        [[subsystem]]
+        nqn = "{NQN}"
+        allow_any_host = true
+        [[subsystem.namespace]]
+        nsid = 1
+        memory = "64MiB"
+        {extra}
+        "#
+    );
+    let cfg = Config::from_toml(&cfg).unwrap();
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build().unwrap();
+    let (target, addr) = rt.block_on(async {
+        let t = Target::from_config(&cfg).unwrap();
+        let a = t.listen("127.0.0.1:0".parse().unwrap(), false).await.unwrap();
+        (t, a)
+    });
+    Isolated { target, addr, _rt: rt }
+}
+
+impl Isolated {
+    fn opts(&self, host: &str) -> ConnectOptions {
+        let mut o = ConnectOptions::new(self.addr, NQN);
+        o.hostnqn = host.into();
+        o.timeout = Duration::from_secs(10);
+        o
+    }
+}
+
+fn client_rt() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap()
+}
+
+/// A raw connection from `from` (a loopback address) that has sent `sent`.
+async fn raw(to: SocketAddr, from: [u8; 4], sent: &[u8]) -> TcpStream {
+    let sock = TcpSocket::new_v4().unwrap();
+    sock.bind(SocketAddr::from((from, 0))).unwrap();
+    let mut s = sock.connect(to).await.unwrap();
+    s.write_all(sent).await.unwrap();
+    s
+}
+
+fn icreq() -> Vec<u8> {
+    let mut b = Vec::new();
+    IcReq { pfv: 0, hpda: 0, hdgst: false, ddgst: false, maxr2t: 0 }.encode(&mut b);
+    b
+}
+
+/// Reads until the target closes the connection; returns how long that took. Fails if it
+/// stays open for `within`.
+async fn closed_within(s: &mut TcpStream, within: Duration) -> Duration {
+    let start = Instant::now();
+    let mut buf = [0u8; 256];
+    loop {
+        match tokio::time::timeout_at((start + within).into(), s.read(&mut buf)).await {
+            Err(_) => panic!("connection still open after {within:?}"),
+            Ok(Ok(0)) | Ok(Err(_)) => return start.elapsed(),
+            Ok(Ok(_)) => {}
+        }
+    }
+}
+
+/// True while the target has not closed the connection (nothing to read, no EOF).
+async fn still_open(s: &mut TcpStream) -> bool {
+    let mut buf = [0u8; 256];
+    loop {
+        match tokio::time::timeout(Duration::from_millis(50), s.read(&mut buf)).await {
+            Err(_) => return true,
+            Ok(Ok(0)) | Ok(Err(_)) => return false,
+            Ok(Ok(_)) => {}
+        }
+    }
+}
+
+fn wait_until(what: &str, within: Duration, cond: impl Fn() -> bool) {
+    let start = Instant::now();
+    while !cond() {
+        assert!(start.elapsed() < within, "{what}: not reached in {within:?}");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+/// One host opening controllers until refused gets `controllers_per_host` of them; another
+/// host still connects and does I/O. Before the limit, 1023 controllers of one host left
+/// others with CONNECT_CTRL_BUSY.
+#[test]
+fn one_host_cannot_lock_another_out_with_controllers() {
+    let t = isolated("[limits]\ncontrollers_per_host = 4");
+    client_rt().block_on(async {
+        let mut held = Vec::new();
+        let refused = loop {
+            match Controller::connect(t.opts(HOST_A)).await {
+                Ok(c) => held.push(c),
+                Err(e) => break e,
+            }
+            assert!(held.len() <= 4, "host A got more than 4 controllers");
+        };
+        assert_eq!(held.len(), 4, "host A got fewer controllers than its limit: {refused}");
+        assert!(refused.to_string().contains("Connect"), "{refused}");
+        assert_eq!(t.target.stats.controllers_refused.load(Relaxed), 1);
+        let b = Controller::connect(t.opts(HOST_B)).await.unwrap();
+        let mut q = b.io_queue(1).await.unwrap();
+        q.write(1, 0, &[5u8; 512], 512, false).await.unwrap();
+        assert_eq!(q.read(1, 0, 1, 512).await.unwrap(), vec![5u8; 512]);
+        // Host A's controllers are its own: closing one gives it room for another.
+        held.pop().unwrap().shutdown().await.unwrap();
+        let _again = Controller::connect(t.opts(HOST_A)).await.unwrap();
+    });
+}
+
+/// Connections that stop before their Connect are closed after connect_timeout_ms, at
+/// whichever step they stopped; a host that Connected stays.
+#[test]
+fn connections_that_do_not_connect_are_closed_after_the_timeout() {
+    let t = isolated("[limits]\nconnect_timeout_ms = 300");
+    client_rt().block_on(async {
+        let mut half_capsule = icreq();
+        half_capsule.extend_from_slice(&[pdu::PduType::CapsuleCmd as u8, 0, 72, 0]);
+        let cases: [(&str, Vec<u8>); 3] = [("nothing", vec![]), ("ICReq only", icreq()), ("ICReq and half a capsule", half_capsule)];
+        let host = Controller::connect(t.opts(HOST_B)).await.unwrap();
+        let mut socks = Vec::new();
+        for (what, sent) in &cases {
+            socks.push((what, Instant::now(), raw(t.addr, [127, 0, 0, 1], sent).await));
+        }
+        for (what, opened, s) in &mut socks {
+            closed_within(s, Duration::from_secs(5)).await;
+            let took = opened.elapsed();
+            assert!(took >= Duration::from_millis(250), "{what}: closed after {took:?}, before the timeout");
+        }
+        assert_eq!(t.target.stats.connect_timeouts.load(Relaxed), cases.len() as u64);
+        // The Connected host is past the timeout and still served.
+        tokio::time::sleep(Duration::from_millis(400)).await;
+        let mut q = host.io_queue(1).await.unwrap();
+        q.read(1, 0, 8, 512).await.unwrap();
+    });
+}
+
+/// The total cap holds: when it is reached, the oldest connection that has not Connected
+/// makes room; when every connection has Connected, a new one is refused. One address
+/// cannot hold more than connections_per_address that have not Connected, and others
+/// still get in.
+#[test]
+fn the_connection_cap_holds() {
+    let t = isolated("[limits]\nconnections = 6\nconnections_per_address = 3");
+    let adm = t.target.admission.clone();
+    client_rt().block_on(async {
+        // An attacker at 127.0.0.2 holds its 3 half-open connections; a 4th is refused.
+        let mut attacker = Vec::new();
+        for _ in 0..3 {
+            attacker.push(raw(t.addr, [127, 0, 0, 2], &icreq()).await);
+        }
+        let mut fourth = raw(t.addr, [127, 0, 0, 2], &icreq()).await;
+        closed_within(&mut fourth, Duration::from_secs(2)).await;
+        assert_eq!(t.target.stats.connections_refused.load(Relaxed), 1);
+        for s in &mut attacker {
+            assert!(still_open(s).await, "the attacker's first three stay");
+        }
+        // Other hosts still connect: 3 controllers (one connection each) fill the cap of 6.
+        let mut hosts = Vec::new();
+        for _ in 0..3 {
+            hosts.push(Controller::connect(t.opts(HOST_B)).await.unwrap());
+        }
+        assert_eq!(adm.open(), 6);
+        // A 7th connection evicts the oldest half-open one, not a host.
+        let _newcomer = raw(t.addr, [127, 0, 0, 3], &icreq()).await;
+        closed_within(&mut attacker[0], Duration::from_secs(2)).await;
+        assert!(still_open(&mut attacker[1]).await);
+        assert_eq!(t.target.stats.connections_evicted.load(Relaxed), 1);
+        // Fill the cap with Connected hosts only: then a newcomer is refused and no host is
+        // evicted.
+        drop(attacker);
+        drop(_newcomer);
+        wait_until("the half-open connections are gone", Duration::from_secs(5), || adm.open() == 3);
+        for _ in 0..3 {
+            hosts.push(Controller::connect(t.opts(HOST_A)).await.unwrap());
+        }
+        let mut late = raw(t.addr, [127, 0, 0, 3], &icreq()).await;
+        closed_within(&mut late, Duration::from_secs(2)).await;
+        assert_eq!(t.target.stats.connections_refused.load(Relaxed), 2);
+        for h in &hosts {
+            h.get_feature(0x07).await.unwrap();
+        }
+        assert_eq!(adm.open(), 6);
+    });
+}
+
+/// At start-up the descriptor limit is raised to its hard limit and reported (metric), and
+/// the default connection cap is what it allows.
+#[test]
+fn descriptor_limit_is_raised_and_reported() {
+    let t = isolated("");
+    let limits_text = std::fs::read_to_string("/proc/self/limits").unwrap();
+    let line = limits_text.lines().find(|l| l.starts_with("Max open files")).unwrap();
+    let v: Vec<&str> = line.split_whitespace().collect();
+    let (soft, hard) = (v[3], v[4]);
+    assert_eq!(soft, hard, "soft limit not raised: {line}");
+    let hard: u64 = hard.parse().unwrap_or(u64::MAX);
+    assert_eq!(t.target.nofile, hard);
+    assert_eq!(t.target.admission.cap(), limits::connections_max(hard));
+    let text = nearstore_target::metrics::render(&t.target);
+    assert!(text.contains(&format!("nearstore_descriptor_limit {hard}\n")), "{text}");
+    assert!(text.contains(&format!("nearstore_connections_max {}\n", limits::connections_max(hard))), "{text}");
+    // A cap the descriptors cannot carry is refused, naming the key.
+    let cfg = Config::from_toml(&format!(
+        "[[listener]]\naddress = \"127.0.0.1:0\"\n[limits]\nconnections = {}",
+        limits::connections_max(hard) + 1
+    ))
+    .unwrap();
+    let e = Target::from_config(&cfg).err().expect("over the descriptor limit").to_string();
+    assert!(e.contains("limits.connections"), "{e}");
+}
+
+/// Dataset Management of 256 ranges, each the whole namespace, over a memory namespace
+/// runs off the network thread: another host's 4 KiB reads keep completing while it runs.
+/// Inline, each such command held the network thread, and every host on it, for a second
+/// or more.
+#[test]
+fn dataset_management_does_not_stall_other_hosts() {
+    let t = isolated("");
+    let blocks = (64u64 << 20) / 512;
+    let mut dsm = Vec::new();
+    for _ in 0..256 {
+        dsm.extend_from_slice(&0u32.to_le_bytes());
+        dsm.extend_from_slice(&(blocks as u32).to_le_bytes());
+        dsm.extend_from_slice(&0u64.to_le_bytes());
+    }
+    let sqe = *Sqe::new(io::DATASET_MANAGEMENT, 1).set_nsid(1).set_cdw(10, 255).set_cdw(11, 1 << 2);
+    let n = 4;
+    let t = &t;
+    client_rt().block_on(async move {
+        let attacker = Controller::connect(t.opts(HOST_A)).await.unwrap();
+        let mut aq = attacker.io_queue(1).await.unwrap();
+        let victim = Controller::connect(t.opts(HOST_B)).await.unwrap();
+        let mut vq = victim.io_queue(1).await.unwrap();
+        vq.read(1, 0, 8, 512).await.unwrap();
+        let start = Instant::now();
+        let attack = tokio::spawn(async move {
+            let q = aq.queue();
+            for i in 0..n {
+                q.submit(sqe, Data::Out(&dsm), i).unwrap();
+            }
+            q.flush().await.unwrap();
+            let mut done = 0;
+            while done < n as usize {
+                done += q.poll(|_, cqe, _| assert!(cqe.status.is_success(), "{}", cqe.status)).await.unwrap();
+            }
+            start.elapsed()
+        });
+        let mut worst = Duration::ZERO;
+        let mut reads = 0;
+        while !attack.is_finished() {
+            let t0 = Instant::now();
+            vq.read(1, (reads % 1000) * 8, 8, 512).await.unwrap();
+            worst = worst.max(t0.elapsed());
+            reads += 1;
+        }
+        let took = attack.await.unwrap();
+        eprintln!("{n} deallocations took {took:?}; {reads} reads meanwhile, the slowest {worst:?}");
+        assert!(took > Duration::from_millis(1500), "the deallocations took only {took:?}, too short to tell");
+        assert!(worst < Duration::from_millis(500), "a 4 KiB read waited {worst:?}");
+        assert!(reads > 10, "only {reads} reads in {took:?}");
+    });
+}
