@@ -20,6 +20,7 @@ pub mod limits;
 pub mod metrics;
 pub mod offload;
 pub mod reply;
+pub mod sched;
 pub mod subsystem;
 pub mod tcp;
 pub mod uring;
@@ -87,27 +88,21 @@ pub struct Target {
 }
 
 impl Target {
-    pub fn new(
-        io_threads: usize,
-        busy_poll: std::time::Duration,
-        io_engine: config::IoEngine,
-        compute: offload::ComputeConfig,
-        cluster: &cluster::ClusterConfig,
-        limits: LimitsConfig,
-        connections: usize,
-        nofile: u64,
-    ) -> Arc<Target> {
+    /// A target with no subsystems yet, as `cfg` describes it (its `[limits]` with
+    /// `connections` resolved against the descriptor limit `nofile`).
+    pub fn new(cfg: &Config, connections: usize, nofile: u64) -> Arc<Target> {
+        let limits = cfg.limits.clone();
         let admission = Admission::new(connections, limits.connections_per_address);
         Arc::new(Target {
             subsystems: RwLock::new(BTreeMap::new()),
             discovery: Arc::new(Subsystem::new(nearstore_wire::DISCOVERY_NQN, None, Some("nearstore discovery"), true, &[])),
             ports: RwLock::new(Vec::new()),
             genctr: AtomicU64::new(1),
-            pool: IoPool::new(io_threads),
+            pool: IoPool::new(cfg.io_threads),
             stats: TargetStats::default(),
-            busy_poll,
-            io_engine,
-            offload: offload::Offload::new(compute, cluster),
+            busy_poll: std::time::Duration::from_micros(cfg.busy_poll_us),
+            io_engine: cfg.io_engine,
+            offload: offload::Offload::new(cfg.compute.clone(), &cfg.cluster),
             limits,
             admission,
             nofile,
@@ -126,16 +121,7 @@ impl Target {
             None => max,
         };
         info!(nofile, connections, "descriptor limit and connection cap");
-        let t = Target::new(
-            cfg.io_threads,
-            std::time::Duration::from_micros(cfg.busy_poll_us),
-            cfg.io_engine,
-            cfg.compute.clone(),
-            &cfg.cluster,
-            cfg.limits.clone(),
-            connections,
-            nofile,
-        );
+        let t = Target::new(cfg, connections, nofile);
         for (i, s) in cfg.subsystem.iter().enumerate() {
             let sub = Subsystem::new(&s.nqn, s.serial.as_deref(), s.model.as_deref(), s.allow_any_host, &s.hosts);
             for (j, n) in s.namespace.iter().enumerate() {

@@ -144,3 +144,19 @@ pub const DESCRIPTORS_PER_CONNECTION: u64 = 2;
 pub fn connections_max(nofile: u64) -> usize {
     (nofile.saturating_sub(DESCRIPTORS_RESERVED) / DESCRIPTORS_PER_CONNECTION) as usize
 }
+
+/// Compute commands started at once, all controllers together: each has a thread of its
+/// own (a stack of 2 MiB address space, a few KiB touched) and its chunk buffers, reserved
+/// from the memory budget; they compute `compute.threads` at a time, in turns. More wait
+/// in the fair queue.
+pub const COMPUTE_STARTED_MAX: usize = 256;
+
+/// Compute commands one controller may have started: with turns handed round robin, 8
+/// keep every core of a large target busy for one host, and one controller holds at most
+/// 1/32 of COMPUTE_STARTED_MAX.
+pub const COMPUTE_STARTED_PER_CONTROLLER_MAX: usize = 8;
+
+/// How long a command computes before it hands its turn to a waiting one, in
+/// milliseconds: a host's 4 KiB checksum waits for at most one slice per command ahead
+/// of it in the round robin, while switching every 10 ms costs nothing measurable.
+pub const COMPUTE_SLICE_MS: u64 = 10;

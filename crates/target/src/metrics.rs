@@ -103,6 +103,7 @@ pub fn render(t: &Target) -> String {
         ("nearstore_compute_read_bytes_total", "counter", c.bytes_read.load(Relaxed)),
         ("nearstore_compute_written_bytes_total", "counter", c.bytes_written.load(Relaxed)),
         ("nearstore_compute_running", "gauge", c.running.load(Relaxed)),
+        ("nearstore_compute_queued", "gauge", c.queued.load(Relaxed)),
     ] {
         let _ = writeln!(o, "# TYPE {name} {kind}\n{name} {v}");
     }

@@ -33,13 +33,14 @@ use crate::cluster::{ClusterConfig, Peers};
 use crate::config::ByteSize;
 use crate::io_pool::Done;
 use crate::limits;
+use crate::sched::{Cpu, FairQueue, Turn};
 use crate::subsystem::{Controller, Namespace};
 
 /// The `[compute]` section of the configuration.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct ComputeConfig {
-    /// Worker threads running compute commands (default: the machine's cores).
+    /// Commands computing at once (default: the machine's cores); more take turns.
     pub threads: usize,
     /// Bytes read from the backend and handed to the operation at a time.
     pub chunk: ByteSize,
@@ -101,7 +102,10 @@ pub struct ComputeStats {
     pub errors: AtomicU64,
     pub bytes_read: AtomicU64,
     pub bytes_written: AtomicU64,
+    /// Commands started (on a thread of their own, computing or waiting for a turn).
     pub running: AtomicU64,
+    /// Commands waiting to start.
+    pub queued: AtomicU64,
 }
 
 /// Why a command failed: the NVMe status and the message the host can fetch.
@@ -162,6 +166,11 @@ impl Slot {
         }
         r.reserved += 1;
         Some(Slot { ctrl: ctrl.clone() })
+    }
+
+    /// Its controller, as a key of the engine's fair queue.
+    fn owner(&self) -> usize {
+        Arc::as_ptr(&self.ctrl) as usize
     }
 
     /// Stores `data` in the claimed slot: its handle.
@@ -293,52 +302,140 @@ fn buffer_bytes(desc: &Descriptor, cfg: &ComputeConfig) -> u64 {
     desc.inputs.len() as u64 * (cfg.readahead as u64 + 1) * chunk + desc.outputs.len() as u64 * chunk
 }
 
-/// The worker pool.
+/// The engine: commands wait in a queue fair across controllers, start on a thread of
+/// their own, and compute in turns (crate::sched).
 pub struct Offload {
-    tx: Sender<Task>,
+    engine: Arc<Engine>,
     pub cfg: ComputeConfig,
     pub stats: Arc<ComputeStats>,
     /// The cluster map's peers, read from by the workers.
     pub peers: Arc<Peers>,
 }
 
+struct Engine {
+    pending: parking_lot::Mutex<Pending>,
+    cpu: Arc<Cpu>,
+    cfg: ComputeConfig,
+    stats: Arc<ComputeStats>,
+    peers: Arc<Peers>,
+}
+
+#[derive(Default)]
+struct Pending {
+    tasks: FairQueue<Task>,
+    started: usize,
+    /// Started commands per controller.
+    per_ctrl: HashMap<usize, usize>,
+}
+
 impl Offload {
     pub fn new(cfg: ComputeConfig, cluster: &ClusterConfig) -> Offload {
-        let (tx, rx) = crossbeam_channel::unbounded::<Task>();
         let stats = Arc::new(ComputeStats::default());
         let peers = Arc::new(Peers::new(cluster));
-        for i in 0..cfg.threads.max(1) {
-            let (rx, cfg, stats, peers) = (rx.clone(), cfg.clone(), stats.clone(), peers.clone());
-            std::thread::Builder::new()
-                .name(format!("nearstore-compute-{i}"))
-                .spawn(move || {
-                    for task in rx {
-                        stats.running.fetch_add(1, Relaxed);
-                        let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                            run(&task.ns, task.op, &task.desc, &task.cancel, &cfg, &stats, (&peers, &task.host))
-                        }))
-                        .unwrap_or_else(|_| Err(Failure::new(Status::INTERNAL_ERROR, "the operation panicked: a bug, please report it")));
-                        stats.running.fetch_sub(1, Relaxed);
-                        stats.commands.fetch_add(1, Relaxed);
-                        if result.is_err() {
-                            stats.errors.fetch_add(1, Relaxed);
-                        }
-                        let Task { token, slot, reply, .. } = task;
-                        let _ = reply.send(Done::computed(token, Computed { result, slot }));
-                    }
-                })
-                .expect("spawning a compute worker");
-        }
-        Offload { tx, cfg, stats, peers }
+        let engine = Arc::new(Engine {
+            pending: parking_lot::Mutex::new(Pending::default()),
+            cpu: Cpu::new(cfg.threads),
+            cfg: cfg.clone(),
+            stats: stats.clone(),
+            peers: peers.clone(),
+        });
+        Offload { engine, cfg, stats, peers }
     }
 
     pub fn submit(&self, task: Task) {
-        if let Err(e) = self.tx.send(task) {
-            let t = e.into_inner();
-            let c = Computed { result: Err(Failure::new(Status::INTERNAL_ERROR, "compute pool stopped")), slot: t.slot };
-            let _ = t.reply.send(Done::computed(t.token, c));
+        let key = task.slot.owner();
+        self.engine.pending.lock().tasks.push(key, task);
+        self.engine.dispatch();
+    }
+}
+
+impl Engine {
+    /// Drops queued commands whose connection has gone and starts what the limits allow,
+    /// taking controllers in turn.
+    fn dispatch(self: &Arc<Self>) {
+        let mut start = Vec::new();
+        let mut dropped = Vec::new();
+        {
+            let mut guard = self.pending.lock();
+            let p = &mut *guard;
+            p.tasks.retain(|t| !t.cancel.is_cancelled(), |t| dropped.push(t));
+            while p.started < limits::COMPUTE_STARTED_MAX {
+                let per = &p.per_ctrl;
+                let Some((key, t)) = p.tasks.pop_if(|k| per.get(&k).copied().unwrap_or(0) < limits::COMPUTE_STARTED_PER_CONTROLLER_MAX)
+                else {
+                    break;
+                };
+                p.started += 1;
+                *p.per_ctrl.entry(key).or_default() += 1;
+                start.push((key, t));
+            }
+            self.stats.queued.store(p.tasks.len() as u64, Relaxed);
+        }
+        for t in dropped {
+            finish(t, Err(ComputeError::Cancelled.into()));
+        }
+        for (key, t) in start {
+            // The task goes to the thread only once it exists: if it cannot be made, the
+            // command still completes, with an error.
+            let (tx, rx) = crossbeam_channel::bounded::<Task>(1);
+            let engine = self.clone();
+            let spawned = std::thread::Builder::new().name("nearstore-compute".into()).spawn(move || {
+                if let Ok(t) = rx.recv() {
+                    engine.run_task(key, t);
+                }
+            });
+            match spawned {
+                Ok(_) => {
+                    let _ = tx.send(t);
+                }
+                Err(e) => {
+                    self.stopped(key);
+                    finish(t, Err(Failure::new(Status::INTERNAL_ERROR, format!("no thread for the command: {e}"))));
+                }
+            }
         }
     }
+
+    /// Runs a started command on its own thread, in turns, then starts the next.
+    fn run_task(self: &Arc<Self>, key: usize, task: Task) {
+        self.stats.running.fetch_add(1, Relaxed);
+        let turn = Arc::new(self.cpu.turn(key));
+        let cancel = task.cancel.clone();
+        let result = if turn.take(&|| cancel.is_cancelled()) {
+            std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                run(&task.ns, task.op, &task.desc, &task.cancel, Some(&turn), &self.cfg, &self.stats, (&self.peers, &task.host))
+            }))
+            .unwrap_or_else(|_| Err(Failure::new(Status::INTERNAL_ERROR, "the operation panicked: a bug, please report it")))
+        } else {
+            Err(ComputeError::Cancelled.into())
+        };
+        turn.give_back();
+        self.stats.running.fetch_sub(1, Relaxed);
+        self.stats.commands.fetch_add(1, Relaxed);
+        if result.is_err() {
+            self.stats.errors.fetch_add(1, Relaxed);
+        }
+        finish(task, result);
+        self.stopped(key);
+        self.dispatch();
+    }
+
+    fn stopped(&self, key: usize) {
+        let mut p = self.pending.lock();
+        p.started -= 1;
+        if let Some(n) = p.per_ctrl.get_mut(&key) {
+            *n -= 1;
+            if *n == 0 {
+                p.per_ctrl.remove(&key);
+            }
+        }
+    }
+}
+
+/// Sends a command's result back to its connection (which may be gone).
+fn finish(task: Task, result: Result<Vec<u8>, Failure>) {
+    let Task { token, slot, reply, .. } = task;
+    let _ = reply.send(Done::computed(token, Computed { result, slot }));
 }
 
 /// Runs a descriptor on this thread, as a worker does, without a controller: the
@@ -347,16 +444,18 @@ impl Offload {
 pub fn execute_here(ns: &Namespace, data: &[u8], cfg: &ComputeConfig) -> Result<Vec<u8>, Failure> {
     let peers = Peers::new(&ClusterConfig::default());
     let (desc, op) = validate(ns, data, cfg, &peers)?;
-    run(ns, op, &desc, &CancellationToken::new(), cfg, &ComputeStats::default(), (&peers, ""))
+    run(ns, op, &desc, &CancellationToken::new(), None, cfg, &ComputeStats::default(), (&peers, ""))
 }
 
-/// Runs one command on the calling worker thread; `peers` are read for `host`, each
-/// admitted before anything is read.
+/// Runs one command on the calling thread; `peers` are read for `host`, each admitted
+/// before anything is read.
+#[allow(clippy::too_many_arguments)]
 fn run(
     ns: &Namespace,
     op: &'static Operation,
     desc: &Descriptor,
     cancel: &CancellationToken,
+    turn: Option<&Arc<Turn>>,
     cfg: &ComputeConfig,
     stats: &ComputeStats,
     (peers, host): (&Peers, &str),
@@ -367,11 +466,15 @@ fn run(
     let block = ns.block_size as u64;
     let chunk = cfg.chunk.0 as usize;
     // The operation looks at its stop inside long work on one record, too: the
-    // command's deadline, and the controller's cancellation.
+    // command's deadline, its connection's cancellation, and its turn to compute.
     let token = cancel.clone();
-    let halt = Stop::new(Some(Duration::from_secs(cfg.timeout_secs)), Some(Box::new(move || token.is_cancelled())));
+    let probe: Box<dyn Fn() -> bool + Send + Sync> = match turn.cloned() {
+        Some(turn) => Box::new(move || !turn.checkpoint(&|| token.is_cancelled()) || token.is_cancelled()),
+        None => Box::new(move || token.is_cancelled()),
+    };
+    let halt = Stop::new(Some(Duration::from_secs(cfg.timeout_secs)), Some(probe));
     let ctx = Context { memory_max: (cfg.memory_per_command.0 - buffer_bytes(desc, cfg)) as usize, budget: None, stop: halt };
-    let limits = Limits { deadline, timeout_secs: cfg.timeout_secs, cancel };
+    let limits = Limits { deadline, timeout_secs: cfg.timeout_secs, cancel, turn: turn.map(|t| &**t) };
     // A peer's failure: the status the command fails with, whatever the operation makes
     // of the read error.
     let peer_failure: parking_lot::Mutex<Option<Failure>> = parking_lot::Mutex::new(None);
@@ -425,12 +528,15 @@ struct Limits<'a> {
     deadline: Instant,
     timeout_secs: u64,
     cancel: &'a CancellationToken,
+    /// The command's turn to compute, handed on at checks when others wait.
+    turn: Option<&'a Turn>,
 }
 
 impl Limits<'_> {
     fn check(&self) -> Result<(), ComputeError> {
-        if self.cancel.is_cancelled() {
-            return Err(ComputeError::Io("the controller went away".into()));
+        let stopped = || self.cancel.is_cancelled();
+        if stopped() || self.turn.is_some_and(|t| !t.checkpoint(&stopped)) {
+            return Err(ComputeError::Cancelled);
         }
         if Instant::now() >= self.deadline {
             return Err(ComputeError::Timeout(self.timeout_secs));

@@ -301,3 +301,64 @@ fn dataset_management_does_not_stall_other_hosts() {
         assert!(reads > 10, "only {reads} reads in {took:?}");
     });
 }
+
+/// An attacker keeps the compute engine busy with many endless commands (over a terabyte
+/// of zeros); a victim's 4 KiB checksum still completes within a bound, since commands
+/// take turns across controllers. When the attacker's connection closes (its controller
+/// stays), its queued commands are dropped and its running ones stop. Before, the victim
+/// waited behind every command ahead of it, and they ran on after the attacker had gone.
+#[test]
+fn compute_is_shared_fairly_and_stops_with_its_connection() {
+    use nearstore_compute::by_name;
+    use nearstore_wire::compute::{opcode as cop, Descriptor, Extent, Object};
+    let t = isolated("[compute]\nthreads = 2\ntimeout_secs = 600");
+    let endless = |op: &str, args: &[u8]| {
+        Descriptor {
+            op: by_name(op).unwrap().id,
+            args: args.to_vec(),
+            inputs: vec![Object { len: 1 << 40, extents: vec![Extent::zeros(1 << 40)] }],
+            outputs: vec![],
+        }
+        .encode()
+    };
+    let cases: [(&str, Vec<u8>); 2] = [("crc32c", endless("crc32c", b"")), ("grep-count", endless("grep-count", br#"{"pattern":"x+y"}"#))];
+    let stats = t.target.offload.stats.clone();
+    let t = &t;
+    client_rt().block_on(async move {
+        let victim = Controller::connect(t.opts(HOST_B)).await.unwrap();
+        let mut vq = victim.io_queue(1).await.unwrap();
+        vq.write(1, 0, &[7u8; 4096], 512, false).await.unwrap();
+        let small = Descriptor {
+            op: by_name("crc32c").unwrap().id,
+            args: vec![],
+            inputs: vec![Object { len: 4096, extents: vec![Extent::data(0, 4096)] }],
+            outputs: vec![],
+        }
+        .encode();
+        for (what, d) in &cases {
+            let attacker = Controller::connect(t.opts(HOST_A)).await.unwrap();
+            let mut aq = attacker.io_queue(1).await.unwrap();
+            let n = 16;
+            for i in 0..n {
+                let mut s = Sqe::new(cop::EXEC, 0);
+                s.set_nsid(1);
+                aq.queue().submit(s, Data::Out(d), i).unwrap();
+            }
+            aq.queue().flush().await.unwrap();
+            wait_until(what, Duration::from_secs(5), || stats.running.load(Relaxed) + stats.queued.load(Relaxed) == n);
+            assert_eq!(stats.running.load(Relaxed), limits::COMPUTE_STARTED_PER_CONTROLLER_MAX as u64, "{what}");
+            for _ in 0..3 {
+                let t0 = Instant::now();
+                vq.compute(1, &small, Duration::from_secs(30)).await.unwrap();
+                let took = t0.elapsed();
+                assert!(took < Duration::from_secs(2), "{what}: the victim's 4 KiB checksum took {took:?}");
+            }
+            // The attacker's I/O queue closes; its controller (admin queue) stays.
+            drop(aq);
+            let t0 = Instant::now();
+            wait_until(what, Duration::from_secs(3), || stats.running.load(Relaxed) == 0 && stats.queued.load(Relaxed) == 0);
+            eprintln!("{what}: the attacker's commands stopped {:?} after its connection closed", t0.elapsed());
+            attacker.shutdown().await.unwrap();
+        }
+    });
+}
