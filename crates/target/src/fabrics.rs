@@ -10,6 +10,7 @@ use tracing::{debug, info, warn};
 
 use crate::admin::DataLen;
 use crate::limits;
+use crate::log_limit::peer_warn;
 use crate::reply::Reply;
 use crate::subsystem::{Controller, ControllersFull};
 use crate::Target;
@@ -54,15 +55,15 @@ pub fn connect(target: &Target, sqe: &Sqe, data: &[u8], discovery_port: bool, pe
     // SQSIZE is 0's based: at most ASQSZ (admin) or CAP.MQES + 1 (I/O) entries.
     let entries_max = if qid == 0 { limits::ADMIN_QUEUE_DEPTH_MAX } else { limits::QUEUE_DEPTH_MAX };
     if sqsize == 0 || sqsize >= entries_max {
-        warn!(peer, sqsize, "connect: queue size out of range");
+        peer_warn!(target.log_limit, peer, "connect: queue size out of range", sqsize);
         return Err(invalid_param(false, IPO_SQSIZE));
     }
     let Some(sub) = target.subsystem(&d.subnqn) else {
-        warn!(peer, subnqn = %d.subnqn, "connect: no such subsystem");
+        peer_warn!(target.log_limit, peer, "connect: no such subsystem", subnqn = %d.subnqn);
         return Err(invalid_param(true, IPO_SUBNQN));
     };
     if discovery_port && !sub.discovery {
-        warn!(peer, subnqn = %d.subnqn, "connect: only the discovery subsystem is served on this port");
+        peer_warn!(target.log_limit, peer, "connect: only the discovery subsystem is served on this port", subnqn = %d.subnqn);
         return Err(invalid_param(true, IPO_SUBNQN));
     }
     // nearstore extension: a trusted cluster member connecting for a host (it reads this
@@ -71,18 +72,18 @@ pub fn connect(target: &Target, sqe: &Sqe, data: &[u8], discovery_port: bool, pe
         None => &d.hostnqn,
         Some(h) => {
             if let Err(m) = crate::config::check_nqn(h) {
-                warn!(peer, hostnqn = %d.hostnqn, "connect: the host it acts for is not an NQN: {m}");
+                peer_warn!(target.log_limit, peer, "connect: the host it acts for is not an NQN", hostnqn = %d.hostnqn, reason = %m);
                 return Err(invalid_param(true, IPO_ACTING_FOR));
             }
             if !target.offload.peers.trusts(&d.hostnqn) {
-                warn!(peer, hostnqn = %d.hostnqn, acting_for = %h, "connect: acts for a host but is not in cluster.trusted_members");
+                peer_warn!(target.log_limit, peer, "connect: acts for a host but is not in cluster.trusted_members", hostnqn = %d.hostnqn, acting_for = %h);
                 return Err(Reply::status(Status::CONNECT_INVALID_HOST.dnr()));
             }
             h
         }
     };
     if !sub.host_allowed(host) {
-        warn!(peer, hostnqn = %d.hostnqn, acting_for = ?d.acting_for, subnqn = %sub.nqn, "connect: host not allowed");
+        peer_warn!(target.log_limit, peer, "connect: host not allowed", hostnqn = %d.hostnqn, acting_for = ?d.acting_for, subnqn = %sub.nqn);
         return Err(Reply::status(Status::CONNECT_INVALID_HOST.dnr()));
     }
     let dw1 = if d.acting_for.is_some() { connect::ACTING_FOR_CONFIRMED } else { 0 };
@@ -109,7 +110,7 @@ pub fn connect(target: &Target, sqe: &Sqe, data: &[u8], discovery_port: bool, pe
         return Err(invalid_param(false, IPO_QID));
     }
     let Some(ctrl) = sub.controller(d.cntlid) else {
-        warn!(peer, cntlid = d.cntlid, "connect: I/O queue for an unknown controller");
+        peer_warn!(target.log_limit, peer, "connect: I/O queue for an unknown controller", cntlid = d.cntlid);
         return Err(invalid_param(true, IPO_CNTLID));
     };
     if ctrl.hostnqn != d.hostnqn {
@@ -121,7 +122,7 @@ pub fn connect(target: &Target, sqe: &Sqe, data: &[u8], discovery_port: bool, pe
     // A Host ID of zero is no host identifier (NVMe Base, "Host Identifier"): it is ignored,
     // and only two identifiers that are both given can disagree.
     if d.hostid != NO_HOSTID && ctrl.hostid != NO_HOSTID && ctrl.hostid != d.hostid {
-        warn!(peer, cntlid = d.cntlid, "connect: I/O queue host ID differs from the admin queue's");
+        peer_warn!(target.log_limit, peer, "connect: I/O queue host ID differs from the admin queue's", cntlid = d.cntlid);
         return Err(invalid_param(true, IPO_HOSTID));
     }
     let mut st = ctrl.state.lock();
@@ -129,7 +130,7 @@ pub fn connect(target: &Target, sqe: &Sqe, data: &[u8], discovery_port: bool, pe
         return Err(Reply::status(Status::CONNECT_CONTROLLER_BUSY));
     }
     if qid > st.io_queues_granted || !st.io_queues.insert(qid) {
-        warn!(peer, qid, granted = st.io_queues_granted, "connect: queue id not granted or already connected");
+        peer_warn!(target.log_limit, peer, "connect: queue id not granted or already connected", qid, granted = st.io_queues_granted);
         return Err(invalid_param(false, IPO_QID));
     }
     drop(st);
@@ -166,7 +167,7 @@ pub fn property_get(ctrl: &Controller, sqe: &Sqe) -> Reply {
 
 /// Property Set of CC: enable, disable (reset) and shutdown. Shutdown flushes every
 /// namespace before reporting complete, so a host that shuts down cleanly loses nothing.
-pub fn property_set(ctrl: &Controller, sqe: &Sqe) -> Reply {
+pub fn property_set(target: &Target, peer: &str, ctrl: &Controller, sqe: &Sqe) -> Reply {
     if sqe.cdw(10) & 0x7 != 0 || sqe.cdw(11) != prop::CC {
         return Reply::status(Status::INVALID_FIELD.dnr());
     }
@@ -181,7 +182,13 @@ pub fn property_set(ctrl: &Controller, sqe: &Sqe) -> Reply {
         // as for Linux's target, fail the enable with CSTS.CFS.
         let css_ok = matches!(cc::css(new), cc::CSS_NVM | cc::CSS_ALL_IO_COMMAND_SETS);
         if io && (cc::iosqes(new) != 6 || cc::iocqes(new) != 4) || cc::mps(new) != 0 || !css_ok {
-            warn!(cntlid = ctrl.cntlid, cc = new, "CC enable with unsupported queue entry size, page size or command set");
+            peer_warn!(
+                target.log_limit,
+                peer,
+                "CC enable with unsupported queue entry size, page size or command set",
+                cntlid = ctrl.cntlid,
+                cc = new
+            );
             st.csts = csts::CFS;
         } else {
             st.csts = csts::RDY;

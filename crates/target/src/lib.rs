@@ -17,6 +17,7 @@ pub mod fabrics;
 pub mod io_cmd;
 pub mod io_pool;
 pub mod limits;
+pub mod log_limit;
 pub mod metrics;
 pub mod offload;
 pub mod reply;
@@ -85,6 +86,8 @@ pub struct Target {
     pub admission: Arc<Admission>,
     /// The descriptor limit (RLIMIT_NOFILE) after raising it at start-up.
     pub nofile: u64,
+    /// Rate-limits the warnings remote peers cause.
+    pub log_limit: log_limit::LogLimiter,
 }
 
 impl Target {
@@ -106,6 +109,7 @@ impl Target {
             limits,
             admission,
             nofile,
+            log_limit: log_limit::LogLimiter::default(),
         })
     }
 

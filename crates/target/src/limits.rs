@@ -12,6 +12,17 @@ pub const QUEUE_DEPTH_MAX: u16 = 256;
 /// more than Linux's 32 keep working. It must stay at least 32 (NVMe over Fabrics, ASQSZ).
 pub const ADMIN_QUEUE_DEPTH_MAX: u16 = QUEUE_DEPTH_MAX;
 
+/// Log lines of one cause from one peer host logged per interval before the rest are only
+/// counted (crate::log_limit): enough to show what happens, few enough that a host looping
+/// on a refused Connect (thousands a second) cannot fill the disk or bury other lines.
+pub const LOG_REPEATS_MAX: u32 = 5;
+/// That interval, in milliseconds; a flood costs at most LOG_REPEATS_MAX + 1 lines a second
+/// per host and cause.
+pub const LOG_INTERVAL_MS: u64 = 1000;
+/// Hosts and causes whose lines are counted at once: about 100 bytes each, 400 KiB in all;
+/// beyond, hosts share one count per cause.
+pub const LOG_KEYS_MAX: usize = 4096;
+
 /// Largest transfer of one command: MDTS = 5, 2^5 4 KiB pages = 128 KiB, as SPDK's
 /// default max_io_size. The Linux host splits larger I/O.
 pub const MDTS: u8 = 5;

@@ -30,6 +30,7 @@ use crate::fabrics;
 use crate::io_cmd::{self, IoKind, IoPlan};
 use crate::io_pool::{self, Done, Job, Op};
 use crate::limits;
+use crate::log_limit::peer_warn;
 use crate::reply::Reply;
 use crate::subsystem::{Controller, Namespace};
 use crate::uring::{self, Ring, Sub};
@@ -107,7 +108,7 @@ pub async fn serve<S: Stream>(stream: S, target: Arc<Target>, port: Arc<Port>, l
         Ok(()) => debug!(peer, "connection closed by host"),
         Err(ConnError::Fatal(e)) => {
             target.stats.fatal_errors.fetch_add(1, Relaxed);
-            warn!(peer, "closing connection: {e}");
+            peer_warn!(target.log_limit, peer.as_str(), "closing connection after a fatal transport error", error = %e);
         }
         Err(e @ ConnError::ConnectTimeout(_)) => {
             target.stats.connect_timeouts.fetch_add(1, Relaxed);
@@ -609,7 +610,7 @@ impl Core {
             q.ctrl.touch();
         }
         if !digest_ok {
-            warn!(peer = %self.peer, cid, "data digest error on a command capsule");
+            peer_warn!(self.target.log_limit, self.peer.as_str(), "data digest error on a command capsule", cid);
             self.complete(cid, Status::TRANSIENT_TRANSPORT_ERROR, 0, 0);
             return Ok(());
         }
@@ -738,7 +739,7 @@ impl Core {
         if !f.data_digest_ok {
             // The data is bad; the command fails, the connection stays (NVMe/TCP 1.0, 3.6.2.x).
             let x = self.r2t.remove(h.ttag as usize).expect("present");
-            warn!(peer = %self.peer, cid = h.cccid, "data digest error on H2CData");
+            peer_warn!(self.target.log_limit, self.peer.as_str(), "data digest error on H2CData", cid = h.cccid);
             self.put_buf(x.buf);
             self.complete(h.cccid, Status::TRANSIENT_TRANSPORT_ERROR, 0, 0);
             return Ok(());
@@ -818,7 +819,7 @@ impl Core {
             (fctype::CONNECT, Some(_)) => Reply::status(Status::COMMAND_SEQUENCE_ERROR.dnr()),
             (_, None) => Reply::status(Status::COMMAND_SEQUENCE_ERROR.dnr()),
             (fctype::PROPERTY_GET, Some(q)) if q.qid == 0 => fabrics::property_get(&q.ctrl, &sqe),
-            (fctype::PROPERTY_SET, Some(q)) if q.qid == 0 => fabrics::property_set(&q.ctrl, &sqe),
+            (fctype::PROPERTY_SET, Some(q)) if q.qid == 0 => fabrics::property_set(&self.target, &self.peer, &q.ctrl, &sqe),
             (fctype::DISCONNECT, Some(_)) => {
                 self.close_after_flush = true;
                 Reply::ok()
@@ -1105,7 +1106,7 @@ impl Core {
             IoKind::Read => Status::UNRECOVERED_READ_ERROR,
             _ => Status::WRITE_FAULT,
         };
-        warn!(peer = %self.peer, nsid = ns.nsid, lba, "backend I/O failed: {e}");
+        peer_warn!(self.target.log_limit, self.peer.as_str(), "backend I/O failed", nsid = ns.nsid, lba, error = %e);
         ns.stats.errors.fetch_add(1, Relaxed);
         let qid = self.queue.as_ref().map_or(0, |q| q.qid);
         ctrl.record_error(ErrorEntry { sqid: qid, cid, status: status.to_field(), lba, nsid: ns.nsid, ..Default::default() });
@@ -1179,7 +1180,9 @@ fn spawn_keep_alive_watchdog(target: Arc<Target>, ctrl: Arc<Controller>) {
                 ctrl.touch();
             }
             if kato != 0 && ctrl.idle_ms() > kato {
-                warn!(cntlid = ctrl.cntlid, subnqn = %ctrl.subsys.nqn, kato_ms = kato, "keep-alive timeout: controller torn down");
+                // Keyed by host NQN: a host may connect and fall silent over and over.
+                let host = ctrl.hostnqn.as_str();
+                peer_warn!(target.log_limit, host, "keep-alive timeout: controller torn down", cntlid = ctrl.cntlid, subnqn = %ctrl.subsys.nqn, kato_ms = kato);
                 target.stats.controllers_expired.fetch_add(1, Relaxed);
                 ctrl.subsys.remove_controller(ctrl.cntlid);
                 return;

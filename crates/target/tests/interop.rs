@@ -480,3 +480,53 @@ async fn all_io_command_sets_enable() {
     assert!(connect(&mut io, common::NQN, 1, 31, cntlid, HOSTID).await.status.is_success());
     assert!(run(&mut io, Sqe::rw(nearstore_wire::opcode::io::READ, 1, 0, 1, false), 512).await.0.status.is_success());
 }
+
+/// Log lines captured from the tracing subscriber of the test's thread.
+#[derive(Clone, Default)]
+struct Captured(std::sync::Arc<std::sync::Mutex<Vec<u8>>>);
+
+impl std::io::Write for Captured {
+    fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(b);
+        Ok(b.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+/// A host reconnecting in a tight loop with a stale controller ID: a few warnings per
+/// interval and one line counting the rest, not one line per attempt.
+#[tokio::test]
+async fn a_reconnect_flood_logs_a_bounded_number_of_lines() {
+    let env = common::start().await;
+    let log = Captured::default();
+    let writer = log.clone();
+    let subscriber =
+        tracing_subscriber::fmt().with_writer(move || writer.clone()).with_ansi(false).with_max_level(tracing::Level::WARN).finish();
+    let _guard = tracing::subscriber::set_default(subscriber);
+    const FLOOD: u64 = 300;
+    let start = std::time::Instant::now();
+    for _ in 0..FLOOD {
+        let mut q = raw(env.addr, false).await;
+        let c = connect(&mut q, common::NQN, 1, 31, 0x1234, HOSTID).await;
+        assert_eq!((c.status, c.dw0), (Status::CONNECT_INVALID_PARAMETERS.dnr(), 1 | (16 << 16)));
+    }
+    let intervals = start.elapsed().as_millis() as u64 / limits::LOG_INTERVAL_MS + 1;
+    // Once the interval is over, the next attempt brings the count of what was suppressed.
+    tokio::time::sleep(Duration::from_millis(limits::LOG_INTERVAL_MS + 50)).await;
+    let mut q = raw(env.addr, false).await;
+    connect(&mut q, common::NQN, 1, 31, 0x1234, HOSTID).await;
+    let text = String::from_utf8(log.0.lock().unwrap().clone()).unwrap();
+    let cause = "connect: I/O queue for an unknown controller";
+    let logged = text.lines().filter(|l| l.contains(cause) && !l.contains("suppressed")).count() as u64;
+    let suppressed: u64 = text
+        .lines()
+        .filter(|l| l.contains(cause))
+        .filter_map(|l| l.split("suppressed=").nth(1))
+        .map(|n| n.split_whitespace().next().unwrap().parse::<u64>().unwrap())
+        .sum();
+    assert!(logged <= (intervals + 1) * limits::LOG_REPEATS_MAX as u64, "{logged} lines in {intervals} intervals:\n{text}");
+    assert_eq!(logged + suppressed, FLOOD + 1, "every attempt is logged or counted:\n{text}");
+    assert!(suppressed >= FLOOD - intervals * limits::LOG_REPEATS_MAX as u64, "{text}");
+}
