@@ -92,13 +92,13 @@ for i in \$(seq 1 100); do [ -b /dev/vda ] && break; sleep 0.1; done
 # Mounting replays the journal: the file system as the cut left it.
 mount -t ext4 /dev/vda /mnt || { echo POWERCUT-GUEST-FAIL mount; poweroff -f; }
 RUST_LOG=warn nearstore target --listen 10.0.2.15:4420 --discovery none --nqn $nqn --namespace /mnt/ns.img \\
-    --block-size 4096 --io-engine \$engine --busy-poll-us 0 > /tmp/target.out 2>&1 &
+    --block-size 4096 --io-engine \$engine --busy-poll-us 0 > /tmp/target.out 2> /dev/console &
 pid=\$!
 for i in \$(seq 1 600); do grep -q "listening on" /tmp/target.out && break; kill -0 \$pid 2>/dev/null || break; sleep 0.1; done
-grep -q "listening on" /tmp/target.out || { cat /tmp/target.out; echo POWERCUT-GUEST-FAIL target; poweroff -f; }
+grep -q "listening on" /tmp/target.out || { echo POWERCUT-GUEST-FAIL target; poweroff -f; }
 echo "POWERCUT-TARGET-UP (\$engine)"
 wait \$pid
-echo "POWERCUT-TARGET-EXITED \$?"; tail -20 /tmp/target.out
+echo "POWERCUT-TARGET-EXITED \$?"
 poweroff -f
 INIT
 chmod +x "$ird/init"
@@ -140,7 +140,7 @@ boot() {
     port=$(free_port)
     start=$(date +%s%N)
     qemu-system-x86_64 -accel $accel -m 512 -smp 1 -nographic -no-reboot \
-        -kernel "$kernel" -initrd "$work/initrd.gz" -append "console=ttyS0 loglevel=3 panic=-1 powercut.engine=$engine" \
+        -kernel "$kernel" -initrd "$work/initrd.gz" -append "console=ttyS0 loglevel=4 panic=-1 powercut.engine=$engine" \
         -drive file="$img",format=raw,if=virtio,cache=none \
         -netdev user,id=n0,hostfwd=tcp:127.0.0.1:$port-10.0.2.15:4420 -device virtio-net-pci,netdev=n0 \
         > "$work/guest.log" 2>&1 &
@@ -150,7 +150,13 @@ boot() {
         > "$work/writer.out" 2>&1 &
     writer_pid=$!
     if [ "$phase" != verify ]; then
-        wait_for "$work/writer.out" '^WRITING' 300 $writer_pid || { wait $writer_pid || true; writer_pid=; show_failure; fail "boot $n: the writer stopped before writing (seed $seed)"; }
+        if ! wait_for "$work/writer.out" '^WRITING' 300 $writer_pid; then
+            kill -9 $writer_pid 2>/dev/null || true
+            wait $writer_pid || true
+            writer_pid=
+            show_failure
+            fail "boot $n: the writer failed or hung before writing (seed $seed)"
+        fi
         # A seeded time into the writes: 0.3-4 s (the control 3 s, so that writes completed).
         if [ "$phase" = control ]; then delay_ms=3000; else delay_ms=$((300 + (RANDOM * 32768 + RANDOM) % 3700)); fi
         sleep "$((delay_ms / 1000)).$(printf %03d $((delay_ms % 1000)))"

@@ -21,6 +21,9 @@ use rand_xorshift::XorShiftRng;
 const NSID: u32 = 1;
 /// Commands in flight while writing: enough to have writes in flight at every cut.
 const DEPTH: usize = 16;
+/// How long reading every block back may take (under TCG it takes about a second): a
+/// target that stops answering fails the boot instead of hanging it.
+const READ_BACK_TIME_MAX: Duration = Duration::from_secs(120);
 /// Blocks per write at most.
 const WRITE_BLOCKS_MAX: u64 = 8;
 /// Of 100 commands in the durable phase: this many FUA writes, and one of these many
@@ -87,13 +90,22 @@ async fn run(args: Args) -> Result<()> {
     // What the last cut left.
     let start = Instant::now();
     let mut disk = vec![0u8; blocks as usize * BLOCK];
-    {
+    let mut at = 0;
+    let read_back = async {
         let mut r = PieceReader::new(q.queue(), NSID, BLOCK as u64, [Extent::data(0, disk.len() as u64)]);
-        let mut at = 0;
-        while let Some(chunk) = r.next().await.context("reading the blocks back")? {
+        while let Some(chunk) = r.next().await? {
             disk[at..at + chunk.len()].copy_from_slice(chunk);
             at += chunk.len();
         }
+        Ok::<_, nearstore_initiator::Error>(())
+    };
+    match tokio::time::timeout(READ_BACK_TIME_MAX, read_back).await {
+        Ok(r) => r.context("reading the blocks back")?,
+        Err(_) => bail!(
+            "reading the blocks back: the target returned {at} of {} bytes within {} s, then stopped answering",
+            disk.len(),
+            READ_BACK_TIME_MAX.as_secs()
+        ),
     }
     let control = model.control;
     let verdict = model.settle(|lba| disk[lba as usize * BLOCK..][..BLOCK].to_vec());
