@@ -12,6 +12,7 @@
 //! into its group. Groups and ORDER BY rows are held in memory within the command's
 //! memory bound; nothing else is.
 
+pub mod like;
 pub mod plan;
 pub mod value;
 
@@ -21,8 +22,9 @@ use std::hash::{BuildHasher, Hasher};
 
 use serde::Deserialize;
 
+use crate::Account;
 use crate::{parse_args, ComputeError, Context, Kernel, Outcome, Sink, Source, Transform};
-use plan::{AggFunc, Expr, Item, Plan, Scope};
+use plan::{AggFunc, Expr, Fail, Item, Plan, Scope, Work};
 use value::Value;
 
 const OP: &str = "select";
@@ -121,7 +123,10 @@ enum Binding {
 struct Engine {
     plan: Plan,
     args: Args,
-    memory_max: usize,
+    /// The command's meter and memory account: groups, rows held for ORDER BY, output
+    /// waiting to be written and the strings of expressions are charged before they are
+    /// made.
+    work: Work,
     reader: Reader,
     binding: Binding,
     /// Output column names, once `*` is expanded.
@@ -135,8 +140,9 @@ struct Engine {
     groups: Groups,
     /// ORDER BY: (sort keys, row) held until the end.
     held: Vec<(Vec<Value<'static>>, Vec<Value<'static>>)>,
-    held_bytes: usize,
     out: Out,
+    /// Bytes of the output buffer charged (its capacity).
+    out_charged: usize,
     done: bool,
 }
 
@@ -153,7 +159,6 @@ struct Groups {
     index: HashMap<u64, smallvec::SmallVec<[usize; 1]>, foldhash::fast::RandomState>,
     keys: Vec<Vec<Value<'static>>>,
     accs: Vec<Vec<Acc>>,
-    bytes: usize,
 }
 
 #[derive(Clone, Debug)]
@@ -209,8 +214,9 @@ impl Acc {
         }
     }
 
-    /// Folds one value in (None: COUNT(*)'s row). Returns the bytes it now holds more.
-    fn add(&mut self, v: Option<&Value>) -> Result<usize, String> {
+    /// Folds one value in (None: COUNT(*)'s row); a MIN or MAX charges the value it keeps
+    /// before copying it, and gives back the one it drops.
+    fn add(&mut self, v: Option<&Value>, account: &mut Account) -> Result<(), Fail> {
         match self {
             Acc::Count(n) => *n += v.is_none_or(|v| !v.is_null()) as u64,
             Acc::Sum(s) | Acc::Avg(s) => s.add(v.expect("an argument"))?,
@@ -218,13 +224,14 @@ impl Acc {
                 let v = v.expect("an argument");
                 if !v.is_null() && (m.is_null() || value::order(v, m) == self.wanted()) {
                     let (Acc::Min(m) | Acc::Max(m)) = self else { unreachable!() };
-                    let before = m.footprint();
+                    let need = v.owned_footprint();
+                    account.charge(need, || format!("a MIN or MAX of {need} bytes")).map_err(Fail::Stop)?;
+                    account.release(m.owned_footprint());
                     *m = v.clone().into_owned();
-                    return Ok(m.footprint().saturating_sub(before));
                 }
             }
         }
-        Ok(0)
+        Ok(())
     }
 
     /// MIN keeps a value less than its own, MAX one greater.
@@ -293,7 +300,7 @@ impl Engine {
         Ok(Engine {
             plan,
             args,
-            memory_max: ctx.memory_max,
+            work: Work::new(OP, ctx),
             reader,
             binding: Binding::Unbound,
             names: Vec::new(),
@@ -303,8 +310,8 @@ impl Engine {
             skipped: 0,
             groups: Groups::default(),
             held: Vec::new(),
-            held_bytes: 0,
             out,
+            out_charged: 0,
             done: false,
         })
     }
@@ -322,6 +329,14 @@ impl Engine {
 
     fn data_err(&self, message: String) -> ComputeError {
         ComputeError::Data { op: OP, message: format!("record {}: {message}", self.records) }
+    }
+
+    /// An evaluation's failure: bad data names the record; a stop is the command's.
+    fn fail(&self, f: Fail) -> ComputeError {
+        match f {
+            Fail::Data(m) => self.data_err(m),
+            Fail::Stop(e) => e,
+        }
     }
 
     /// The next bytes of the input.
@@ -554,41 +569,55 @@ impl Engine {
             _ => unreachable!("records match their binding"),
         };
         let scope = Scope { cols: &cols, keys: &[], aggs: &[], outputs: &[] };
+        let r = self.fold(&scope);
+        // The strings made for this record are gone with it.
+        self.work.record_done();
+        r
+    }
+
+    /// A record's values: filter, then project or fold into its group.
+    fn fold(&mut self, scope: &Scope) -> Result<(), ComputeError> {
         if let Some(f) = &self.plan.filter {
-            let t = self.plan.eval(f, &scope).and_then(|v| v.truth()).map_err(|e| self.data_err(e))?;
+            let t = self.plan.eval(f, scope, &mut self.work).and_then(|v| Ok(v.truth()?)).map_err(|e| self.fail(e))?;
             if t != Some(true) {
                 return Ok(());
             }
         }
         self.matched += 1;
         if let Some(g) = &self.plan.group {
-            let keys = g.keys.iter().map(|k| self.plan.eval(k, &scope)).collect::<Result<Values, _>>().map_err(|e| self.data_err(e))?;
+            let keys =
+                g.keys.iter().map(|k| self.plan.eval(k, scope, &mut self.work)).collect::<Result<Values, _>>().map_err(|e| self.fail(e))?;
             let h = hash_keys(&self.groups.seed, &keys);
-            let slot = self.groups.index.entry(h).or_default();
-            let found = slot.iter().copied().find(|&i| self.groups.keys[i].iter().zip(&keys).all(|(a, b)| value::same_group(a, b)));
+            let account = &mut self.work.account;
+            let found = self.groups.index.get(&h).and_then(|slot| {
+                slot.iter().copied().find(|&i| self.groups.keys[i].iter().zip(&keys).all(|(a, b)| value::same_group(a, b)))
+            });
             let gi = match found {
                 Some(i) => i,
                 None => {
                     let i = self.groups.keys.len();
-                    slot.push(i);
+                    let what = || format!("{} groups", i + 1);
+                    // The group's keys, accumulators and the room of its index entry are
+                    // charged before they are made.
+                    let need = 24 + keys.iter().map(Value::owned_footprint).sum::<usize>() + 24 + g.aggs.len() * std::mem::size_of::<Acc>();
+                    account.charge(need, what)?;
+                    grow(account, &mut self.groups.keys, what)?;
+                    grow(account, &mut self.groups.accs, what)?;
+                    grow_index(account, &mut self.groups.index, what)?;
+                    self.groups.index.entry(h).or_default().push(i);
                     let keys: Vec<Value<'static>> = keys.into_iter().map(Value::into_owned).collect();
-                    self.groups.bytes += 96 + keys.iter().map(Value::footprint).sum::<usize>() + g.aggs.len() * std::mem::size_of::<Acc>();
                     self.groups.keys.push(keys);
                     self.groups.accs.push(g.aggs.iter().map(|a| Acc::new(a.func)).collect());
                     i
                 }
             };
             for (a, spec) in g.aggs.iter().enumerate() {
-                let v = spec.arg.as_ref().map(|e| self.plan.eval(e, &scope)).transpose().map_err(|e| self.data_err(e))?;
-                let grew = self.groups.accs[gi][a].add(v.as_ref()).map_err(|e| self.data_err(e))?;
-                self.groups.bytes += grew;
-            }
-            if self.groups.bytes > self.memory_max {
-                return Err(ComputeError::Memory { op: OP, limit: self.memory_max, what: format!("{} groups", self.groups.keys.len()) });
+                let v = spec.arg.as_ref().map(|e| self.plan.eval(e, scope, &mut self.work)).transpose().map_err(|e| self.fail(e))?;
+                self.groups.accs[gi][a].add(v.as_ref(), &mut self.work.account).map_err(|e| self.fail(e))?;
             }
             return Ok(());
         }
-        self.output_row(&scope)
+        self.output_row(scope)
     }
 
     /// The SELECT items over a record or a group: out now, or held for ORDER BY.
@@ -598,27 +627,35 @@ impl Engine {
             .items
             .iter()
             .map(|i| match i {
-                Item::Expr { expr, .. } => self.plan.eval(expr, scope),
+                Item::Expr { expr, .. } => self.plan.eval(expr, scope, &mut self.work),
                 Item::Star => unreachable!("expanded when bound, refused with aggregates"),
             })
             .collect::<Result<Vec<_>, _>>()
-            .map_err(|e| self.data_err(e))?;
+            .map_err(|e| self.fail(e))?;
         if self.plan.order.is_empty() {
             return self.emit(&row);
         }
         let outs = Scope { cols: scope.cols, keys: scope.keys, aggs: scope.aggs, outputs: &row };
-        let keys =
-            self.plan.order.iter().map(|k| self.plan.eval(&k.expr, &outs)).collect::<Result<Vec<_>, _>>().map_err(|e| self.data_err(e))?;
+        let keys = self
+            .plan
+            .order
+            .iter()
+            .map(|k| self.plan.eval(&k.expr, &outs, &mut self.work))
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(|e| self.fail(e))?;
         self.hold(keys, row)
     }
 
+    /// A row held for ORDER BY: charged (its values, its place in the list) before it is
+    /// copied.
     fn hold(&mut self, keys: Vec<Value>, row: Vec<Value>) -> Result<(), ComputeError> {
+        let n = self.held.len();
+        let what = || format!("{} rows to ORDER BY", n + 1);
+        let need = 48 + keys.iter().chain(&row).map(Value::owned_footprint).sum::<usize>();
+        self.work.account.charge(need, what)?;
+        grow(&mut self.work.account, &mut self.held, what)?;
         let keys: Vec<Value<'static>> = keys.into_iter().map(Value::into_owned).collect();
         let row: Vec<Value<'static>> = row.into_iter().map(Value::into_owned).collect();
-        self.held_bytes += 48 + keys.iter().chain(&row).map(Value::footprint).sum::<usize>();
-        if self.held_bytes > self.memory_max {
-            return Err(ComputeError::Memory { op: OP, limit: self.memory_max, what: format!("{} rows to ORDER BY", self.held.len()) });
-        }
         self.held.push((keys, row));
         Ok(())
     }
@@ -636,6 +673,11 @@ impl Engine {
         self.rows_out += 1;
         match &mut self.out {
             Out::Inline { rows, bytes } => {
+                // A row's JSON is at least its text: too large a row is refused before it
+                // is converted.
+                if *bytes + row.iter().map(|v| v.text().len()).sum::<usize>() > INLINE_BYTES_MAX {
+                    return Err(ComputeError::ResultTooLarge { op: OP, limit: INLINE_BYTES_MAX });
+                }
                 let r: Vec<serde_json::Value> = row.iter().map(Value::to_json).collect();
                 *bytes += 2 + r.iter().map(|v| v.to_string().len() + 1).sum::<usize>();
                 if *bytes > INLINE_BYTES_MAX {
@@ -644,6 +686,18 @@ impl Engine {
                 rows.push(r);
             }
             Out::Object { buf, header_done, .. } => {
+                // The most the row takes as CSV (every byte quoted and doubled) or JSON (every
+                // byte escaped as \u00XX), with the header: room for it is charged first.
+                let text: usize = row.iter().map(|v| v.text().len() + 16).sum();
+                let names: usize = self.names.iter().map(|n| n.len() + 16).sum();
+                let most = 6 * (text + names) + 2;
+                if buf.capacity() - buf.len() < most {
+                    let cap = (buf.len() + most).max(2 * buf.capacity());
+                    self.work.account.charge(cap, || format!("{cap} bytes of output waiting to be written"))?;
+                    buf.reserve_exact(cap - buf.len());
+                    self.work.account.release(self.out_charged);
+                    self.out_charged = cap;
+                }
                 match self.args.output_format {
                     Format::Csv => {
                         if !*header_done && self.args.output_header {
@@ -652,12 +706,21 @@ impl Engine {
                         write_csv(buf, row, self.args.delimiter as u8, self.args.quote as u8);
                     }
                     Format::Jsonl => {
-                        let mut m = serde_json::Map::new();
-                        for (n, v) in self.names.iter().zip(row) {
-                            m.insert(n.clone(), v.to_json());
+                        // Written value by value: text straight from the row, no copy.
+                        buf.push(b'{');
+                        for (i, (n, v)) in self.names.iter().zip(row).enumerate() {
+                            if i > 0 {
+                                buf.push(b',');
+                            }
+                            serde_json::to_writer(&mut *buf, n).expect("writing to memory");
+                            buf.push(b':');
+                            match v {
+                                Value::Text(t) => serde_json::to_writer(&mut *buf, t.as_ref()),
+                                v => serde_json::to_writer(&mut *buf, &v.to_json()),
+                            }
+                            .expect("writing to memory");
                         }
-                        serde_json::to_writer(&mut *buf, &serde_json::Value::Object(m)).expect("writing to memory");
-                        buf.push(b'\n');
+                        buf.extend_from_slice(b"}\n");
                     }
                 }
                 *header_done = true;
@@ -674,14 +737,13 @@ impl Engine {
         let keys = std::mem::take(&mut self.groups.keys);
         let accs = std::mem::take(&mut self.groups.accs);
         for (k, a) in keys.into_iter().zip(accs) {
+            let copies = a.iter().map(|a| if let Acc::Min(v) | Acc::Max(v) = a { v.owned_footprint() } else { 0 }).sum();
+            self.work.make(copies, "a group's MIN and MAX").map_err(|e| self.fail(e))?;
             let aggs = a.iter().map(Acc::value).collect::<Result<Vec<_>, _>>().map_err(|e| self.data_err(e))?;
             let scope = Scope { cols: &[], keys: &k, aggs: &aggs, outputs: &[] };
-            if let Some(h) = &g.having {
-                if self.plan.eval(h, &scope).and_then(|v| v.truth()).map_err(|e| self.data_err(e))? != Some(true) {
-                    continue;
-                }
-            }
-            self.output_row(&scope)?;
+            let r = self.group_row(&g, &scope);
+            self.work.record_done();
+            r?;
             if self.done {
                 break;
             }
@@ -689,9 +751,22 @@ impl Engine {
         Ok(())
     }
 
+    /// A group through HAVING into the output.
+    fn group_row(&mut self, g: &plan::Group, scope: &Scope) -> Result<(), ComputeError> {
+        if let Some(h) = &g.having {
+            if self.plan.eval(h, scope, &mut self.work).and_then(|v| Ok(v.truth()?)).map_err(|e| self.fail(e))? != Some(true) {
+                return Ok(());
+            }
+        }
+        self.output_row(scope)
+    }
+
     fn emit_held(&mut self) -> Result<(), ComputeError> {
         let mut held = std::mem::take(&mut self.held);
         let order = self.plan.order.clone();
+        // A stable sort takes scratch room of up to one entry per row.
+        let scratch = held.len() * std::mem::size_of::<(Vec<Value>, Vec<Value>)>();
+        self.work.account.charge(scratch, || format!("sorting {} rows for ORDER BY", held.len()))?;
         // Stable: rows equal in every key keep their input order.
         held.sort_by(|(a, _), (b, _)| {
             for (k, (x, y)) in order.iter().zip(a.iter().zip(b)) {
@@ -726,6 +801,7 @@ impl Engine {
             }
             std::cmp::Ordering::Equal
         });
+        self.work.account.release(scratch);
         for (_, row) in held {
             self.emit(&row)?;
             if self.done {
@@ -740,6 +816,8 @@ impl Engine {
         match &mut self.out {
             Out::Object { buf, written, .. } if !buf.is_empty() && buf.len() >= at_least => {
                 *written += buf.len() as u64;
+                self.work.account.release(self.out_charged);
+                self.out_charged = 0;
                 Some(std::mem::take(buf))
             }
             _ => None,
@@ -753,6 +831,40 @@ impl Engine {
         };
         Outcome::Select { columns: self.names, rows, records: self.records, matched: self.matched, rows_out: self.rows_out, output }
     }
+}
+
+/// Makes room for one more element, charging the larger buffer before it is allocated
+/// (while the old one is copied both exist) and giving the old one back after.
+fn grow<T>(account: &mut Account, v: &mut Vec<T>, what: impl FnOnce() -> String) -> Result<(), ComputeError> {
+    if v.len() < v.capacity() {
+        return Ok(());
+    }
+    let (old, new) = (v.capacity(), (2 * v.capacity()).max(16));
+    account.charge(new * std::mem::size_of::<T>(), what)?;
+    v.reserve_exact(new - v.len());
+    account.release(old * std::mem::size_of::<T>());
+    Ok(())
+}
+
+/// As [`grow`], for the groups' hash index (hashbrown: buckets a power of two at least
+/// 8/7 of the capacity, each an entry and a control byte).
+fn grow_index<K, V, S: BuildHasher>(
+    account: &mut Account,
+    m: &mut HashMap<K, V, S>,
+    what: impl FnOnce() -> String,
+) -> Result<(), ComputeError>
+where
+    K: Eq + std::hash::Hash,
+{
+    if m.len() < m.capacity() {
+        return Ok(());
+    }
+    let bytes = |cap: usize| if cap == 0 { 0 } else { (cap * 8 / 7).next_power_of_two() * (std::mem::size_of::<(K, V)>() + 1) + 16 };
+    let (old, new) = (m.capacity(), (2 * m.capacity()).max(16));
+    account.charge(bytes(new), what)?;
+    m.reserve(new - m.len());
+    account.release(bytes(old));
+    Ok(())
 }
 
 fn field<'r>(rec: &'r [u8], ends: &[usize], i: usize) -> &'r [u8] {

@@ -5,12 +5,13 @@
 use std::borrow::Cow;
 use std::cmp::Ordering;
 
-use regex::Regex;
 use sqlparser::ast;
 use sqlparser::dialect::GenericDialect;
 use sqlparser::parser::Parser;
 
+use super::like::{self, Like};
 use super::value::{self, Arith, SqlType, Value};
+use crate::{Account, ComputeError, Context, Meter};
 
 /// Expressions nest at most this deep (the parser's own limit covers its recursion, not
 /// long chains such as `a+a+a+...`, which we evaluate recursively).
@@ -88,7 +89,8 @@ pub enum Expr {
         escape: Option<char>,
         negated: bool,
         ci: bool,
-        re: Option<usize>,
+        /// The compiled pattern when it is a literal: index into [`Plan::likes`].
+        like: Option<usize>,
     },
     In {
         expr: Box<Expr>,
@@ -162,7 +164,7 @@ pub struct Plan {
     pub order: Vec<OrderKey>,
     pub limit: Option<u64>,
     pub offset: u64,
-    pub regexes: Vec<Regex>,
+    pub likes: Vec<Like>,
 }
 
 /// What an expression is evaluated over.
@@ -199,7 +201,7 @@ pub fn parse(sql: &str) -> Result<Plan, String> {
 #[derive(Default)]
 struct Compiler {
     refs: Vec<ColRef>,
-    regexes: Vec<Regex>,
+    likes: Vec<Like>,
     /// Names the FROM clause gives the object (its name and alias), lowercase.
     qualifiers: Vec<String>,
     keys: Vec<Expr>,
@@ -320,7 +322,7 @@ impl Compiler {
             Some(ast::LimitClause::OffsetCommaLimit { offset, limit }) => (Some(count(limit, "LIMIT")?), count(offset, "OFFSET")?),
         };
         let group = aggregate.then(|| Group { keys: std::mem::take(&mut self.keys), aggs: std::mem::take(&mut self.aggs), having });
-        Ok(Plan { refs: self.refs, items, filter, group, order, limit, offset, regexes: self.regexes })
+        Ok(Plan { refs: self.refs, items, filter, group, order, limit, offset, likes: self.likes })
     }
 
     fn check_select(&mut self, s: &ast::Select) -> Result<(), String> {
@@ -505,15 +507,14 @@ impl Compiler {
                     Some(_) => return Err("ESCAPE takes one character in quotes".into()),
                 };
                 let pattern = sub(self, pattern)?;
-                let re = match pattern.as_ref() {
+                let like = match pattern.as_ref() {
                     Expr::Lit(Value::Text(p)) => {
-                        let re = value::like_regex(p, escape, ci)?;
-                        self.regexes.push(Regex::new(&re).map_err(|e| format!("LIKE '{p}': {e}"))?);
-                        Some(self.regexes.len() - 1)
+                        self.likes.push(Like::new(p, escape, ci, like::TABLE_BYTES_MAX)?);
+                        Some(self.likes.len() - 1)
                     }
                     _ => None,
                 };
-                Expr::Like { expr: sub(self, expr)?, pattern, escape, negated: *negated, ci, re }
+                Expr::Like { expr: sub(self, expr)?, pattern, escape, negated: *negated, ci, like }
             }
             A::InList { expr, list, negated } => Expr::In {
                 expr: sub(self, expr)?,
@@ -757,42 +758,97 @@ fn count(e: &ast::Expr, what: &str) -> Result<u64, String> {
     }
 }
 
+/// Why an evaluation failed: the data (a message naming the value; the caller adds the
+/// record's number), or the command must stop (out of memory, cancelled, out of time).
+#[derive(Debug)]
+pub enum Fail {
+    Data(String),
+    Stop(ComputeError),
+}
+
+impl From<String> for Fail {
+    fn from(m: String) -> Fail {
+        Fail::Data(m)
+    }
+}
+
+/// What evaluation spends: work, counted on the command's meter (so that long work on
+/// one record notices cancellation and the deadline), and memory: every string an
+/// expression makes is charged to the command's account before it is made, and stays
+/// charged until the record (or group) is done ([`Work::record_done`]), a bound on all
+/// the strings alive at once.
+pub struct Work {
+    pub meter: Meter,
+    pub account: Account,
+    /// Bytes charged for the strings of the record being evaluated.
+    made: usize,
+}
+
+impl Work {
+    pub fn new(op: &'static str, ctx: &Context) -> Work {
+        Work { meter: ctx.stop.meter(), account: Account::new(op, ctx), made: 0 }
+    }
+
+    /// Charges a string of `bytes` about to be made by `what`.
+    pub fn make(&mut self, bytes: usize, what: &str) -> Result<(), Fail> {
+        self.meter.work(bytes as u64).map_err(Fail::Stop)?;
+        self.account.charge(bytes, || format!("{what} of {bytes} bytes, with the strings made for one record")).map_err(Fail::Stop)?;
+        self.made += bytes;
+        Ok(())
+    }
+
+    /// A value copied: charged if it holds its own text.
+    fn copy<'a>(&mut self, v: &Value<'a>) -> Result<Value<'a>, Fail> {
+        if let Value::Text(Cow::Owned(t)) = v {
+            self.make(t.len(), "a copy of a value")?;
+        }
+        Ok(v.clone())
+    }
+
+    /// The strings made for the last record or group are gone: their bytes are given back.
+    pub fn record_done(&mut self) {
+        self.account.release(self.made);
+        self.made = 0;
+    }
+}
+
 impl Plan {
-    /// Evaluates an expression. Errors name the value that failed (the caller adds the
-    /// record's number).
-    pub fn eval<'a>(&self, e: &Expr, s: &Scope<'_, 'a>) -> Result<Value<'a>, String> {
+    /// Evaluates an expression, counting its work and charging the strings it makes on
+    /// `w`.
+    pub fn eval<'a>(&self, e: &Expr, s: &Scope<'_, 'a>, w: &mut Work) -> Result<Value<'a>, Fail> {
+        w.meter.work(1).map_err(Fail::Stop)?;
         Ok(match e {
-            Expr::Lit(v) => v.clone(),
-            Expr::Col(i) => s.cols[*i].clone(),
-            Expr::Key(i) => s.keys[*i].clone(),
-            Expr::Agg(i) => s.aggs[*i].clone(),
-            Expr::Output(i) => s.outputs[*i].clone(),
-            Expr::Neg(x) => value::negate(&self.eval(x, s)?)?,
-            Expr::Not(x) => opt_bool(self.eval(x, s)?.truth()?.map(|b| !b)),
+            Expr::Lit(v) => w.copy(v)?,
+            Expr::Col(i) => w.copy(&s.cols[*i])?,
+            Expr::Key(i) => w.copy(&s.keys[*i])?,
+            Expr::Agg(i) => w.copy(&s.aggs[*i])?,
+            Expr::Output(i) => w.copy(&s.outputs[*i])?,
+            Expr::Neg(x) => value::negate(&self.eval(x, s, w)?)?,
+            Expr::Not(x) => opt_bool(self.eval(x, s, w)?.truth()?.map(|b| !b)),
             Expr::And(a, b) => {
-                let a = self.eval(a, s)?.truth()?;
+                let a = self.eval(a, s, w)?.truth()?;
                 if a == Some(false) {
                     return Ok(Value::Bool(false));
                 }
-                match (a, self.eval(b, s)?.truth()?) {
+                match (a, self.eval(b, s, w)?.truth()?) {
                     (_, Some(false)) => Value::Bool(false),
                     (Some(true), Some(true)) => Value::Bool(true),
                     _ => Value::Null,
                 }
             }
             Expr::Or(a, b) => {
-                let a = self.eval(a, s)?.truth()?;
+                let a = self.eval(a, s, w)?.truth()?;
                 if a == Some(true) {
                     return Ok(Value::Bool(true));
                 }
-                match (a, self.eval(b, s)?.truth()?) {
+                match (a, self.eval(b, s, w)?.truth()?) {
                     (_, Some(true)) => Value::Bool(true),
                     (Some(false), Some(false)) => Value::Bool(false),
                     _ => Value::Null,
                 }
             }
             Expr::Cmp(op, a, b) => {
-                let (a, b) = (self.eval(a, s)?, self.eval(b, s)?);
+                let (a, b) = (self.eval(a, s, w)?, self.eval(b, s, w)?);
                 opt_bool(value::compare(&a, &b).map(|o| match op {
                     Cmp::Eq => o == Ordering::Equal,
                     Cmp::Ne => o != Ordering::Equal,
@@ -802,47 +858,56 @@ impl Plan {
                     Cmp::Ge => o != Ordering::Less,
                 }))
             }
-            Expr::Arith(op, a, b) => value::arith(*op, &self.eval(a, s)?, &self.eval(b, s)?)?,
+            Expr::Arith(op, a, b) => value::arith(*op, &self.eval(a, s, w)?, &self.eval(b, s, w)?)?,
             Expr::Concat(a, b) => {
-                let (a, b) = (self.eval(a, s)?, self.eval(b, s)?);
+                let (a, b) = (self.eval(a, s, w)?, self.eval(b, s, w)?);
                 if a.is_null() || b.is_null() {
                     Value::Null
                 } else {
-                    Value::Text(Cow::Owned(format!("{}{}", a.text(), b.text())))
+                    let (a, b) = (a.text(), b.text());
+                    w.make(a.len() + b.len(), "||")?;
+                    let mut t = String::with_capacity(a.len() + b.len());
+                    t.push_str(&a);
+                    t.push_str(&b);
+                    Value::Text(Cow::Owned(t))
                 }
             }
-            Expr::IsNull(x, negated) => Value::Bool(self.eval(x, s)?.is_null() != *negated),
-            Expr::IsBool { expr, value, negated } => Value::Bool((self.eval(expr, s)?.truth()? == Some(*value)) != *negated),
+            Expr::IsNull(x, negated) => Value::Bool(self.eval(x, s, w)?.is_null() != *negated),
+            Expr::IsBool { expr, value, negated } => Value::Bool((self.eval(expr, s, w)?.truth()? == Some(*value)) != *negated),
             Expr::IsDistinct { a, b, negated } => {
-                let (a, b) = (self.eval(a, s)?, self.eval(b, s)?);
+                let (a, b) = (self.eval(a, s, w)?, self.eval(b, s, w)?);
                 Value::Bool(value::same_group(&a, &b) == *negated)
             }
-            Expr::Like { expr, pattern, escape, negated, ci, re } => {
-                let v = self.eval(expr, s)?;
+            Expr::Like { expr, pattern, escape, negated, ci, like } => {
+                let v = self.eval(expr, s, w)?;
                 if v.is_null() {
                     return Ok(Value::Null);
                 }
                 let t = v.text();
-                let m = match re {
-                    Some(r) => self.regexes[*r].is_match(&t),
+                let m = match like {
+                    Some(l) => self.likes[*l].matches(&t, &mut w.meter).map_err(Fail::Stop)?,
                     None => {
-                        let p = self.eval(pattern, s)?;
+                        // A pattern from the data: compiled for this record, its tables
+                        // charged first.
+                        let p = self.eval(pattern, s, w)?;
                         if p.is_null() {
                             return Ok(Value::Null);
                         }
-                        value::like_match(&t, &p.text(), *escape, *ci)?
+                        let p = p.text();
+                        w.make(like::table_bytes(&p), "a LIKE pattern's tables")?;
+                        Like::new(&p, *escape, *ci, like::TABLE_BYTES_MAX)?.matches(&t, &mut w.meter).map_err(Fail::Stop)?
                     }
                 };
                 Value::Bool(m != *negated)
             }
             Expr::In { expr, list, negated } => {
-                let v = self.eval(expr, s)?;
+                let v = self.eval(expr, s, w)?;
                 if v.is_null() {
                     return Ok(Value::Null);
                 }
                 let mut unknown = false;
                 for x in list {
-                    match value::compare(&v, &self.eval(x, s)?) {
+                    match value::compare(&v, &self.eval(x, s, w)?) {
                         Some(Ordering::Equal) => return Ok(Value::Bool(!negated)),
                         None => unknown = true,
                         _ => {}
@@ -855,9 +920,9 @@ impl Plan {
                 }
             }
             Expr::Between { expr, low, high, negated } => {
-                let v = self.eval(expr, s)?;
-                let ge = value::compare(&v, &self.eval(low, s)?).map(|o| o != Ordering::Less);
-                let le = value::compare(&v, &self.eval(high, s)?).map(|o| o != Ordering::Greater);
+                let v = self.eval(expr, s, w)?;
+                let ge = value::compare(&v, &self.eval(low, s, w)?).map(|o| o != Ordering::Less);
+                let le = value::compare(&v, &self.eval(high, s, w)?).map(|o| o != Ordering::Greater);
                 let r = match (ge, le) {
                     (Some(false), _) | (_, Some(false)) => Some(false),
                     (Some(true), Some(true)) => Some(true),
@@ -865,30 +930,30 @@ impl Plan {
                 };
                 opt_bool(r.map(|b| b != *negated))
             }
-            Expr::Cast(x, t) => value::cast(self.eval(x, s)?, *t)?,
+            Expr::Cast(x, t) => value::cast(self.eval(x, s, w)?, *t)?,
             Expr::Case { operand, whens, otherwise } => {
-                let op = operand.as_deref().map(|o| self.eval(o, s)).transpose()?;
-                for (w, r) in whens {
-                    let w = self.eval(w, s)?;
+                let op = operand.as_deref().map(|o| self.eval(o, s, w)).transpose()?;
+                for (when, r) in whens {
+                    let when = self.eval(when, s, w)?;
                     let hit = match &op {
-                        Some(o) => value::compare(o, &w) == Some(Ordering::Equal),
-                        None => w.truth()? == Some(true),
+                        Some(o) => value::compare(o, &when) == Some(Ordering::Equal),
+                        None => when.truth()? == Some(true),
                     };
                     if hit {
-                        return self.eval(r, s);
+                        return self.eval(r, s, w);
                     }
                 }
                 match otherwise {
-                    Some(o) => self.eval(o, s)?,
+                    Some(o) => self.eval(o, s, w)?,
                     None => Value::Null,
                 }
             }
             Expr::Func(f, args) => {
                 let mut v = Vec::with_capacity(args.len());
                 for a in args {
-                    v.push(self.eval(a, s)?);
+                    v.push(self.eval(a, s, w)?);
                 }
-                function(*f, v)?
+                function(*f, v, w)?
             }
         })
     }
@@ -905,7 +970,7 @@ fn int_arg(v: &Value, what: &str) -> Result<i64, String> {
     }
 }
 
-fn function<'a>(f: Func, mut args: Vec<Value<'a>>) -> Result<Value<'a>, String> {
+fn function<'a>(f: Func, mut args: Vec<Value<'a>>, w: &mut Work) -> Result<Value<'a>, Fail> {
     if f == Func::Coalesce {
         return Ok(args.into_iter().find(|v| !v.is_null()).unwrap_or(Value::Null));
     }
@@ -918,15 +983,23 @@ fn function<'a>(f: Func, mut args: Vec<Value<'a>>) -> Result<Value<'a>, String> 
         return Ok(Value::Null);
     }
     let owned = |s: String| Value::Text(Cow::Owned(s));
+    // Case mappings make at most three bytes of one (U+0390 is 2 bytes, its uppercase 6).
+    let len = args[0].text().len();
     Ok(match f {
-        Func::Lower => owned(args[0].text().to_lowercase()),
-        Func::Upper => owned(args[0].text().to_uppercase()),
+        Func::Lower => {
+            w.make(3 * len, "LOWER")?;
+            owned(args[0].text().to_lowercase())
+        }
+        Func::Upper => {
+            w.make(3 * len, "UPPER")?;
+            owned(args[0].text().to_uppercase())
+        }
         Func::Length => Value::Int(args[0].text().chars().count() as i64),
         Func::Abs => match &args[0] {
             Value::Int(i) => i.checked_abs().map(Value::Int).unwrap_or(Value::Float((*i as f64).abs())),
             Value::Float(x) => Value::Float(x.abs()),
             Value::Bool(b) => Value::Int(*b as i64),
-            v => return Err(format!("ABS({}): not a number", v.describe())),
+            v => return Err(format!("ABS({}): not a number", v.describe()).into()),
         },
         Func::Substring => {
             // SQL's definition: the characters at positions [start, start + len), of
@@ -936,16 +1009,18 @@ fn function<'a>(f: Func, mut args: Vec<Value<'a>>) -> Result<Value<'a>, String> 
                 Some(l) => {
                     let l = int_arg(l, "SUBSTRING's length")?;
                     if l < 0 {
-                        return Err(format!("SUBSTRING's length is negative ({l})"));
+                        return Err(format!("SUBSTRING's length is negative ({l})").into());
                     }
                     start.saturating_add(l)
                 }
                 None => i64::MAX,
             };
             let (from, to) = (start.max(1) as usize - 1, end.max(1) as usize - 1);
+            w.make(len, "SUBSTRING")?;
             owned(args[0].text().chars().skip(from).take(to.saturating_sub(from)).collect())
         }
         Func::Trim { leading, trailing } => {
+            w.make(len, "TRIM")?;
             let t = args[0].text();
             let what: Vec<char> = match args.get(1) {
                 Some(w) => w.text().chars().collect(),

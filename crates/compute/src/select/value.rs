@@ -100,9 +100,14 @@ impl<'a> Value<'a> {
         matches!(self, Value::Null)
     }
 
-    /// Bytes this value holds in memory, for the memory bound.
-    pub fn footprint(&self) -> usize {
-        std::mem::size_of::<Self>() + if let Value::Text(Cow::Owned(s)) = self { s.capacity() } else { 0 }
+    /// Bytes the value holds once owned ([`Value::into_owned`]), for the memory bound.
+    pub fn owned_footprint(&self) -> usize {
+        std::mem::size_of::<Self>()
+            + match self {
+                Value::Text(Cow::Owned(s)) => s.capacity(),
+                Value::Text(s) => s.len(),
+                _ => 0,
+            }
     }
 
     fn num(&self) -> Option<Num> {
@@ -361,83 +366,6 @@ pub fn cast<'a>(v: Value<'a>, to: SqlType) -> Result<Value<'a>, String> {
     })
 }
 
-/// A LIKE pattern as an anchored regular expression: `%` any run, `_` one character,
-/// `escape` makes the next character literal.
-pub fn like_regex(pattern: &str, escape: Option<char>, case_insensitive: bool) -> Result<String, String> {
-    let mut re = String::from(if case_insensitive { "(?is)^" } else { "(?s)^" });
-    let mut chars = pattern.chars();
-    while let Some(c) = chars.next() {
-        if Some(c) == escape {
-            match chars.next() {
-                Some(n) => re.push_str(&regex::escape(n.encode_utf8(&mut [0; 4]))),
-                None => return Err(format!("LIKE pattern '{pattern}' ends with its escape character")),
-            }
-        } else if c == '%' {
-            re.push_str(".*");
-        } else if c == '_' {
-            re.push('.');
-        } else {
-            re.push_str(&regex::escape(c.encode_utf8(&mut [0; 4])));
-        }
-    }
-    re.push('$');
-    Ok(re)
-}
-
-/// LIKE without a regular expression, for patterns that change per record.
-pub fn like_match(text: &str, pattern: &str, escape: Option<char>, case_insensitive: bool) -> Result<bool, String> {
-    // Tokens: Some(c) a literal character, None for '_'; '%' as a separate marker.
-    #[derive(Clone, Copy, PartialEq)]
-    enum T {
-        Lit(char),
-        One,
-        Any,
-    }
-    let mut toks = Vec::new();
-    let mut it = pattern.chars();
-    while let Some(c) = it.next() {
-        toks.push(if Some(c) == escape {
-            T::Lit(it.next().ok_or_else(|| format!("LIKE pattern '{pattern}' ends with its escape character"))?)
-        } else if c == '%' {
-            T::Any
-        } else if c == '_' {
-            T::One
-        } else {
-            T::Lit(c)
-        });
-    }
-    let eq = |a: char, b: char| if case_insensitive { a.to_lowercase().eq(b.to_lowercase()) } else { a == b };
-    let s: Vec<char> = text.chars().collect();
-    // Greedy match with one backtrack point per '%': linear in practice, quadratic at worst.
-    let (mut i, mut p) = (0, 0);
-    let mut star: Option<(usize, usize)> = None;
-    while i < s.len() {
-        match toks.get(p) {
-            Some(T::Any) => {
-                star = Some((p, i));
-                p += 1;
-            }
-            Some(T::One) => {
-                i += 1;
-                p += 1;
-            }
-            Some(T::Lit(c)) if eq(*c, s[i]) => {
-                i += 1;
-                p += 1;
-            }
-            _ => match star {
-                Some((sp, si)) => {
-                    p = sp + 1;
-                    i = si + 1;
-                    star = Some((sp, si + 1));
-                }
-                None => return Ok(false),
-            },
-        }
-    }
-    Ok(toks[p..].iter().all(|t| *t == T::Any))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -491,30 +419,5 @@ mod tests {
         assert_eq!(cast(Value::Null, SqlType::Int), Ok(Value::Null));
         assert!(cast(t("12abc"), SqlType::Int).unwrap_err().contains("'12abc'"));
         assert!(cast(Value::Float(1e300), SqlType::Int).is_err());
-    }
-
-    #[test]
-    fn like_both_ways() {
-        let cases = [
-            ("hello", "h%o", true),
-            ("hello", "h_llo", true),
-            ("hello", "H%", false),
-            ("hello", "%ll%", true),
-            ("hello", "%x%", false),
-            ("50%", "50!%", true),
-            ("500", "50!%", false),
-            ("a\nb", "a_b", true),
-            ("", "%", true),
-            ("", "_", false),
-            ("aaa", "%a%a%a%", true),
-            ("aa", "%a%a%a%", false),
-        ];
-        for (s, p, want) in cases {
-            let re = regex::Regex::new(&like_regex(p, Some('!'), false).unwrap()).unwrap();
-            assert_eq!(re.is_match(s), want, "{s} LIKE {p}");
-            assert_eq!(like_match(s, p, Some('!'), false), Ok(want), "{s} LIKE {p}");
-        }
-        assert!(like_match("HeLLo", "hello", None, true).unwrap());
-        assert!(like_regex("ab!", Some('!'), false).is_err());
     }
 }
