@@ -928,7 +928,8 @@ impl Core {
             self.ring = match Ring::new(limits::QUEUE_DEPTH_MAX as u32) {
                 Ok(r) => RingState::Ready(Box::new(r)),
                 Err(e) => {
-                    warn!(peer = %self.peer, "io_uring unavailable, file I/O goes to the worker pool: {e}");
+                    // Once per connection: a host reconnecting in a loop would repeat it.
+                    peer_warn!(self.target.log_limit, self.peer.as_str(), "io_uring unavailable, file I/O goes to the worker pool", error = %e);
                     RingState::Unavailable
                 }
             };
