@@ -17,6 +17,17 @@ pub mod oncs {
     pub const WRITE_ZEROES: u16 = 1 << 3;
     /// The Save field of Set Features and the Select field of Get Features.
     pub const SAVE_SELECT: u16 = 1 << 4;
+    pub const RESERVATIONS: u16 = 1 << 5;
+}
+
+/// Reservation Capabilities of a namespace (RESCAP, Identify Namespace byte 31).
+pub mod rescap {
+    /// Persist Through Power Loss is supported.
+    pub const PTPL: u8 = 1 << 0;
+    /// Bits 6:1: the six reservation types.
+    pub const ALL_TYPES: u8 = 0x7e;
+    /// Ignore Existing Key as NVMe 1.3 and later define it (refused in Acquire and Release).
+    pub const IEKEY_1_3: u8 = 1 << 7;
 }
 
 /// The fields of Identify Controller that nearstore sets or reads.
@@ -180,6 +191,8 @@ pub struct IdentifyNamespace {
     /// bit 3: Write Zeroes may deallocate.
     pub dlfeat: u8,
     pub nmic: u8,
+    /// Reservation capabilities ([`rescap`]).
+    pub rescap: u8,
     pub nguid: [u8; 16],
     pub eui64: [u8; 8],
     /// LBA data size as a power of two (9 for 512 B, 12 for 4 KiB), format 0 only.
@@ -196,6 +209,7 @@ impl IdentifyNamespace {
         b[25] = 0; // NLBAF: one format (0's based)
         b[26] = 0; // FLBAS: format 0, no metadata
         b[30] = self.nmic;
+        b[31] = self.rescap;
         b[33] = self.dlfeat;
         b[104..120].copy_from_slice(&self.nguid);
         b[120..128].copy_from_slice(&self.eui64);
@@ -221,6 +235,7 @@ impl IdentifyNamespace {
             nsfeat: b[24],
             dlfeat: b[33],
             nmic: b[30],
+            rescap: b[31],
             nguid,
             eui64,
             lbads: (lbaf >> 16) as u8,

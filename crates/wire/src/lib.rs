@@ -14,6 +14,7 @@ pub mod identify;
 pub mod log;
 pub mod opcode;
 pub mod pdu;
+pub mod resv;
 pub mod sqe;
 pub mod status;
 

@@ -18,6 +18,10 @@ pub mod io {
     pub const READ: u8 = 0x02;
     pub const WRITE_ZEROES: u8 = 0x08;
     pub const DATASET_MANAGEMENT: u8 = 0x09;
+    pub const RESERVATION_REGISTER: u8 = 0x0d;
+    pub const RESERVATION_REPORT: u8 = 0x0e;
+    pub const RESERVATION_ACQUIRE: u8 = 0x11;
+    pub const RESERVATION_RELEASE: u8 = 0x15;
 }
 
 /// The Fabrics command opcode; the command type is in byte 4 (FCTYPE).
@@ -66,6 +70,10 @@ pub mod feature {
     pub const ASYNC_EVENT_CONFIG: u8 = 0x0b;
     pub const KEEP_ALIVE_TIMER: u8 = 0x0f;
     pub const IO_COMMAND_SET_PROFILE: u8 = 0x19;
+    /// Namespace specific: which reservation notices are masked.
+    pub const RESERVATION_NOTIFICATION_MASK: u8 = 0x82;
+    /// Namespace specific: Persist Through Power Loss.
+    pub const RESERVATION_PERSISTENCE: u8 = 0x83;
 
     /// Get Features SEL (CDW10 bits 10:8).
     pub mod sel {
@@ -83,4 +91,5 @@ pub mod lid {
     pub const FIRMWARE_SLOT: u8 = 0x03;
     pub const CHANGED_NS_LIST: u8 = 0x04;
     pub const DISCOVERY: u8 = 0x70;
+    pub const RESERVATION_NOTIFICATION: u8 = 0x80;
 }

@@ -51,6 +51,8 @@ statuses! {
     LBA_OUT_OF_RANGE = (0, 0x80);
     CAPACITY_EXCEEDED = (0, 0x81);
     NAMESPACE_NOT_READY = (0, 0x82);
+    /// A reservation forbids the command, or the host is not a registrant with that key.
+    RESERVATION_CONFLICT = (0, 0x83);
     INVALID_QUEUE_IDENTIFIER = (1, 0x01);
     INVALID_QUEUE_SIZE = (1, 0x02);
     ABORT_LIMIT_EXCEEDED = (1, 0x03);

@@ -7,6 +7,7 @@ use nearstore_wire::fabrics::ConnectData;
 use nearstore_wire::identify::{decode_ns_descriptors, decode_ns_list, IdentifyController, IdentifyNamespace};
 use nearstore_wire::log::{decode_discovery_log, ErrorEntry, Smart};
 use nearstore_wire::pdu::{self, DataHdr, Framing, IcReq, IcResp, PduType};
+use nearstore_wire::resv;
 use nearstore_wire::{Cqe, Sqe, Status};
 use proptest::prelude::*;
 
@@ -79,6 +80,29 @@ proptest! {
         }
         if buf.len() >= 512 {
             let _ = Smart::decode(&buf);
+        }
+        let _ = resv::ReservationStatus::decode(&buf);
+        let _ = resv::NoticeLog::decode(&buf);
+        let _ = resv::Keys::decode(&buf, resv::KEYS_LEN);
+    }
+
+    #[test]
+    fn reservation_status_round_trip(
+        generation: u32,
+        rtype in 0u8..7,
+        ptpls: bool,
+        regs in prop::collection::vec((any::<u16>(), any::<bool>(), any::<[u8; 16]>(), any::<u64>()), 0..20),
+        cut in 0usize..1500,
+    ) {
+        let registrants: Vec<_> = regs.iter().map(|&(cntlid, holder, hostid, rkey)| resv::Registrant { cntlid, holder, hostid, rkey }).collect();
+        let s = resv::ReservationStatus { generation, rtype, regctl: registrants.len() as u16, ptpls, registrants };
+        prop_assert_eq!(resv::ReservationStatus::decode(&s.encode(s.encoded_len())), Some(s.clone()));
+        // A transfer of any length: the registrants that fit, REGCTL as it was.
+        let b = s.encode(cut);
+        prop_assert_eq!(b.len(), cut);
+        if let Some(d) = resv::ReservationStatus::decode(&b) {
+            prop_assert_eq!(d.regctl, s.regctl);
+            prop_assert_eq!(&d.registrants[..], &s.registrants[..d.registrants.len()]);
         }
     }
 
