@@ -9,6 +9,7 @@ use nearstore_wire::fabrics::{cap, cc, connect, csts, prop, ConnectData};
 use nearstore_wire::identify::{self, IdentifyController, IdentifyNamespace, IDENTIFY_LEN};
 use nearstore_wire::log::{self, get_log, DiscoveryEntry};
 use nearstore_wire::opcode::{admin, cns, fctype, feature, io, lid, FABRICS};
+use nearstore_wire::resv;
 use nearstore_wire::{Cqe, Sqe};
 use tokio::net::TcpStream;
 use tokio::sync::Mutex;
@@ -394,6 +395,49 @@ impl IoQueue {
         s.set_nsid(nsid).set_cdw(10, ranges.len() as u32 - 1).set_cdw(11, 1 << 2);
         run(&mut self.q, s, Data::Out(&d), "Dataset Management (deallocate)", self.timeout).await?;
         Ok(())
+    }
+
+    /// Reservation Register with these CDW10 fields (action, IEKEY, CPTPL) and keys
+    /// (CRKEY, NRKEY).
+    pub async fn resv_register(&mut self, nsid: u32, cdw10: resv::Cdw10, keys: resv::Keys) -> Result<()> {
+        self.resv(io::RESERVATION_REGISTER, nsid, cdw10, &keys.encode(), "Reservation Register").await
+    }
+
+    /// Reservation Acquire with these CDW10 fields (action, type) and keys (CRKEY, PRKEY).
+    pub async fn resv_acquire(&mut self, nsid: u32, cdw10: resv::Cdw10, keys: resv::Keys) -> Result<()> {
+        self.resv(io::RESERVATION_ACQUIRE, nsid, cdw10, &keys.encode(), "Reservation Acquire").await
+    }
+
+    /// Reservation Release with these CDW10 fields (action, type) and the current key.
+    pub async fn resv_release(&mut self, nsid: u32, cdw10: resv::Cdw10, crkey: u64) -> Result<()> {
+        self.resv(io::RESERVATION_RELEASE, nsid, cdw10, &crkey.to_le_bytes(), "Reservation Release").await
+    }
+
+    async fn resv(&mut self, opcode: u8, nsid: u32, cdw10: resv::Cdw10, data: &[u8], what: &str) -> Result<()> {
+        let mut s = Sqe::new(opcode, 0);
+        s.set_nsid(nsid).set_cdw(10, cdw10.encode());
+        run(&mut self.q, s, Data::Out(data), what, self.timeout).await?;
+        Ok(())
+    }
+
+    /// Reservation Report (extended data structure) of `len` bytes, a multiple of 4.
+    pub async fn resv_report_len(&mut self, nsid: u32, len: u32) -> Result<resv::ReservationStatus> {
+        if len < 4 || !len.is_multiple_of(4) {
+            return Err(Error::Invalid(format!("a report of {len} bytes is not a whole number of dwords")));
+        }
+        let mut s = Sqe::new(io::RESERVATION_REPORT, 0);
+        s.set_nsid(nsid).set_cdw(10, len / 4 - 1).set_cdw(11, resv::REPORT_EDS);
+        let (_, d) = run(&mut self.q, s, Data::In(len as usize), "Reservation Report", self.timeout).await?;
+        resv::ReservationStatus::decode(&d).ok_or_else(|| Error::Protocol(format!("Reservation Report of {} bytes", d.len())))
+    }
+
+    /// The whole Reservation Report: the header first, then every registrant that fits
+    /// this queue's largest transfer.
+    pub async fn resv_report(&mut self, nsid: u32) -> Result<resv::ReservationStatus> {
+        let head = self.resv_report_len(nsid, resv::STATUS_EXT_HEADER_LEN as u32).await?;
+        let max = self.q.options().max_transfer.min(128 * 1024);
+        let len = (resv::STATUS_EXT_HEADER_LEN + head.regctl as usize * resv::REGISTRANT_EXT_LEN).min(max);
+        self.resv_report_len(nsid, len as u32).await
     }
 
     /// Runs a compute command (docs/compute-protocol.md): EXEC with the encoded
