@@ -3,21 +3,24 @@
 
 use std::net::SocketAddr;
 use std::sync::atomic::Ordering::Relaxed;
+use std::sync::Arc;
 
-use nearstore_wire::identify::{self, cntrltype, oncs, IdentifyController, IdentifyNamespace, IndependentNamespace, IDENTIFY_LEN};
+use nearstore_wire::identify::{self, cntrltype, oncs, rescap, IdentifyController, IdentifyNamespace, IndependentNamespace, IDENTIFY_LEN};
 use nearstore_wire::log::{self, get_log, Smart};
 use nearstore_wire::opcode::{admin, cns, csi, feature, lid};
 use nearstore_wire::{Sqe, Status};
 
 use crate::limits;
 use crate::reply::Reply;
-use crate::subsystem::{Controller, Namespace};
+use crate::subsystem::{Controller, Namespace, Snapshot};
 use crate::{discovery, Target};
 
 pub enum Outcome {
     Reply(Reply),
     /// An Asynchronous Event Request to hold until an event happens.
     ParkAer,
+    /// Success once the namespace's reservation state file is written.
+    Persist(Arc<Namespace>, Snapshot),
 }
 
 /// How many bytes the host's SGL must describe for a command, as the command itself
@@ -65,6 +68,7 @@ pub fn handle(target: &Target, ctrl: &Controller, sqe: &Sqe, local: Option<Socke
         admin::IDENTIFY => identify(ctrl, sqe),
         admin::GET_LOG_PAGE => get_log_page(target, ctrl, sqe, local),
         admin::GET_FEATURES => get_features(ctrl, sqe),
+        admin::SET_FEATURES if is_reservation_feature(sqe) => return set_reservation_feature(ctrl, sqe),
         admin::SET_FEATURES => set_features(ctrl, sqe),
         admin::KEEP_ALIVE => Reply::ok(),
         // Commands complete too fast to be caught: report "not aborted" (DW0 bit 0).
@@ -106,7 +110,7 @@ pub fn identify_controller(ctrl: &Controller) -> IdentifyController {
         cqes: 0x44,
         maxcmd: limits::QUEUE_DEPTH_MAX,
         nn: if disc { 0 } else { limits::NSID_MAX },
-        oncs: if disc { 0 } else { oncs::DSM | oncs::WRITE_ZEROES | oncs::SAVE_SELECT },
+        oncs: if disc { 0 } else { oncs::DSM | oncs::WRITE_ZEROES | oncs::SAVE_SELECT | oncs::RESERVATIONS },
         // Bit 0: a volatile write cache is present (the page cache); bits 2:1 = 10b:
         // Flush with NSID FFFFFFFFh is not supported.
         vwc: if disc { 0 } else { 0x1 | 0x4 },
@@ -129,6 +133,7 @@ pub fn identify_namespace(ns: &Namespace) -> IdentifyNamespace {
         nsfeat: 1, // thin provisioned: deallocate frees space
         dlfeat: 0x1 | 0x8,
         nmic: 1, // may be shared by several controllers
+        rescap: rescap::ALL_TYPES | rescap::IEKEY_1_3 | if ns.reservations.file.is_some() { rescap::PTPL } else { 0 },
         nguid: ns.nguid,
         eui64: [0; 8],
         lbads: ns.lba_shift as u8,
@@ -231,6 +236,7 @@ fn get_log_page(target: &Target, ctrl: &Controller, sqe: &Sqe, local: Option<Soc
             None => return Reply::status(Status::INVALID_NAMESPACE.dnr()),
         },
         (lid::FIRMWARE_SLOT, false) => log::encode_firmware_slot(env!("CARGO_PKG_VERSION")),
+        (lid::RESERVATION_NOTIFICATION, false) => ctrl.take_reservation_notice(get_log::rae(sqe)).encode(),
         (lid::CHANGED_NS_LIST, false) => {
             let mut st = ctrl.state.lock();
             let ids = std::mem::take(&mut st.changed_ns);
@@ -369,6 +375,9 @@ fn feature_value(ctrl: &Controller, sqe: &Sqe, current: bool) -> Option<u32> {
 
 fn get_features(ctrl: &Controller, sqe: &Sqe) -> Reply {
     let fid = sqe.cdw(10) as u8;
+    if is_reservation_feature(sqe) && !ctrl.subsys.discovery {
+        return get_reservation_feature(ctrl, sqe);
+    }
     if !feature_known(ctrl, fid) {
         return Reply::status(Status::INVALID_FIELD.dnr());
     }
@@ -411,7 +420,7 @@ fn set_features(ctrl: &Controller, sqe: &Sqe) -> Reply {
                 st.features.temperature_under_k = v as u16;
             }
             if !before && temperature_alarm(&st.features) && st.async_event_config & AEC_TEMPERATURE != 0 {
-                st.pending_event = Some(AEN_TEMPERATURE);
+                st.pending_events.push_back(AEN_TEMPERATURE);
                 drop(st);
                 ctrl.events.notify_one();
             }
@@ -442,4 +451,74 @@ fn set_features(ctrl: &Controller, sqe: &Sqe) -> Reply {
         _ => return invalid,
     }
     Reply::ok()
+}
+
+fn is_reservation_feature(sqe: &Sqe) -> bool {
+    matches!(sqe.cdw(10) as u8, feature::RESERVATION_NOTIFICATION_MASK | feature::RESERVATION_PERSISTENCE)
+}
+
+/// Get Features 82h and 83h of one namespace: nothing is saveable, so the saved value is
+/// the default (0: no notice masked, PTPL off).
+fn get_reservation_feature(ctrl: &Controller, sqe: &Sqe) -> Reply {
+    let Some(ns) = ctrl.subsys.namespace(sqe.nsid()) else {
+        return Reply::status(Status::INVALID_NAMESPACE.dnr());
+    };
+    match ((sqe.cdw(10) >> 8) & 0x7, sqe.cdw(10) as u8) {
+        (feature::sel::CURRENT, feature::RESERVATION_NOTIFICATION_MASK) => {
+            Reply::dw0(ctrl.state.lock().resv_masks.get(&ns.nsid).copied().unwrap_or(0))
+        }
+        (feature::sel::CURRENT, _) => Reply::dw0(ns.reservations.ptpl() as u32),
+        (feature::sel::DEFAULT | feature::sel::SAVED, _) => Reply::dw0(0),
+        // Changeable (bit 2) and namespace specific (bit 1).
+        (feature::sel::SUPPORTED_CAPABILITIES, _) => Reply::dw0((1 << 2) | (1 << 1)),
+        _ => Reply::status(Status::INVALID_FIELD.dnr()),
+    }
+}
+
+/// Notice types the Reservation Notification Mask may mask (bits 3:1).
+const RESV_MASK_BITS: u32 = 0xe;
+
+/// Set Features 82h (the notices masked for one namespace, or for all with NSID FFFFFFFFh)
+/// and 83h (Persist Through Power Loss of one namespace, written before completion).
+fn set_reservation_feature(ctrl: &Controller, sqe: &Sqe) -> Outcome {
+    let fail = |s: Status| Outcome::Reply(Reply::status(s));
+    if ctrl.subsys.discovery {
+        return fail(Status::INVALID_FIELD.dnr());
+    }
+    if sqe.cdw(10) & (1 << 31) != 0 {
+        return fail(Status::FEATURE_NOT_SAVEABLE.dnr());
+    }
+    let (fid, v, nsid) = (sqe.cdw(10) as u8, sqe.cdw(11), sqe.nsid());
+    if fid == feature::RESERVATION_NOTIFICATION_MASK {
+        if v & !RESV_MASK_BITS != 0 {
+            return fail(Status::INVALID_FIELD.dnr());
+        }
+        let nsids = match nsid {
+            0xffff_ffff => ctrl.subsys.nsids(),
+            n if ctrl.subsys.namespace(n).is_some() => vec![n],
+            _ => return fail(Status::INVALID_NAMESPACE.dnr()),
+        };
+        let mut st = ctrl.state.lock();
+        for n in nsids {
+            st.resv_masks.insert(n, v);
+        }
+        return Outcome::Reply(Reply::ok());
+    }
+    let Some(ns) = ctrl.subsys.namespace(nsid) else {
+        return fail(Status::INVALID_NAMESPACE.dnr());
+    };
+    let on = v & 1 != 0;
+    if v & !1 != 0 || (on && ns.reservations.file.is_none()) {
+        return fail(Status::INVALID_FIELD.dnr());
+    }
+    let r = ns.reservations.update(|s| {
+        let changed = s.ptpl != on;
+        s.ptpl = on;
+        Ok(crate::reservation::Effects { changed, ..Default::default() })
+    });
+    match r {
+        Ok((_, Some(snapshot))) => Outcome::Persist(ns, snapshot),
+        Ok((_, None)) => Outcome::Reply(Reply::ok()),
+        Err(s) => fail(s),
+    }
 }

@@ -3,6 +3,7 @@
 //! ```toml
 //! io_threads = 4
 //! metrics = "127.0.0.1:9100"
+//! state_dir = "/var/lib/nearstore/state"   # reservation state files (default: beside each file)
 //!
 //! [[listener]]
 //! address = "127.0.0.1:4420"
@@ -79,6 +80,10 @@ pub struct Config {
     /// What one host may hold, and the target in total.
     #[serde(default)]
     pub limits: LimitsConfig,
+    /// Where reservations that persist through power loss are kept, one file per namespace
+    /// named by its NGUID. Without it, a namespace on a regular file keeps them beside the
+    /// file (PATH.resv); one on a block device cannot persist them (docs/operations.md).
+    pub state_dir: Option<PathBuf>,
 }
 
 /// The `[limits]` section: what one host may hold, and the target in total
@@ -345,6 +350,7 @@ impl Config {
             compute: Default::default(),
             cluster: Default::default(),
             limits: Default::default(),
+            state_dir: None,
         }
     }
 }

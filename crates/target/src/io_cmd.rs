@@ -1,15 +1,19 @@
-//! NVM I/O commands: Read, Write, Flush, Write Zeroes, Dataset Management.
-//! Parsing and validation only; the connection runs the resulting [`IoPlan`].
+//! NVM I/O commands: Read, Write, Flush, Write Zeroes, Dataset Management, and the
+//! reservation commands. Parsing and validation only; the connection runs the resulting
+//! [`IoPlan`].
 
 use std::sync::Arc;
 
 use nearstore_transport::AlignedBuf;
 use nearstore_wire::opcode::io;
+use nearstore_wire::resv::{Cdw10, Keys, KEYS_LEN, RELEASE_DATA_LEN, REPORT_EDS};
 use nearstore_wire::{Sqe, Status};
 
 use crate::io_pool::Op;
 use crate::limits;
-use crate::subsystem::{Namespace, Subsystem};
+use crate::reply::Reply;
+use crate::reservation::{Access, HostId};
+use crate::subsystem::{Controller, Namespace, Snapshot, Subsystem};
 
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 pub enum IoKind {
@@ -51,16 +55,20 @@ fn rw_range(ns: &Namespace, sqe: &Sqe) -> Result<(u64, usize), Status> {
     Ok((off, len as usize))
 }
 
-/// Validates an I/O command before any data moves. `write_cache`: when off, writes are FUA.
-/// DSM ranges are checked later, in [`dsm_ranges`], once the data is in.
-pub fn plan(sub: &Subsystem, sqe: &Sqe, write_cache: bool) -> Result<IoPlan, Status> {
+/// Validates an I/O command of `host` before any data moves. `write_cache`: when off,
+/// writes are FUA. DSM ranges are checked later, in [`dsm_ranges`], once the data is in.
+pub fn plan(sub: &Subsystem, host: &HostId, sqe: &Sqe, write_cache: bool) -> Result<IoPlan, Status> {
     if sqe.fuse() != 0 {
         return Err(Status::INVALID_FIELD.dnr());
     }
-    let ns = match sqe.opcode() {
-        io::READ | io::WRITE | io::FLUSH | io::WRITE_ZEROES | io::DATASET_MANAGEMENT => namespace(sub, sqe)?,
+    let (ns, access) = match sqe.opcode() {
+        io::READ => (namespace(sub, sqe)?, Access::Read),
+        io::WRITE | io::FLUSH | io::WRITE_ZEROES | io::DATASET_MANAGEMENT => (namespace(sub, sqe)?, Access::Write),
         _ => return Err(Status::INVALID_OPCODE.dnr()),
     };
+    if !ns.reservations.allows(host, access) {
+        return Err(Status::RESERVATION_CONFLICT.dnr());
+    }
     let lba = sqe.slba();
     let (kind, op, len) = match sqe.opcode() {
         io::READ => {
@@ -112,4 +120,70 @@ pub fn dsm_ranges(ns: &Namespace, sqe: &Sqe, data: &[u8], out: &mut AlignedBuf) 
         out[i * 16 + 8..i * 16 + 16].copy_from_slice(&len.to_le_bytes());
     }
     Ok(())
+}
+
+/// A namespace's reservation state to write before a command completes.
+pub type Persist = (Arc<Namespace>, Snapshot);
+
+pub fn is_reservation(opcode: u8) -> bool {
+    matches!(opcode, io::RESERVATION_REGISTER | io::RESERVATION_REPORT | io::RESERVATION_ACQUIRE | io::RESERVATION_RELEASE)
+}
+
+/// Validates a reservation command before its data moves: the namespace, and a transfer of
+/// exactly what the command defines (Report: NUMD, at most one transfer; 128-bit Host
+/// Identifiers need the extended data structure).
+pub fn check_reservation(sub: &Subsystem, sqe: &Sqe) -> Result<Arc<Namespace>, Status> {
+    if sqe.fuse() != 0 {
+        return Err(Status::INVALID_FIELD.dnr());
+    }
+    let ns = namespace(sub, sqe)?;
+    let want = match sqe.opcode() {
+        io::RESERVATION_REGISTER | io::RESERVATION_ACQUIRE => KEYS_LEN as u64,
+        io::RESERVATION_RELEASE => RELEASE_DATA_LEN as u64,
+        _ => {
+            if sqe.cdw(11) & REPORT_EDS == 0 {
+                return Err(Status::HOST_ID_INCONSISTENT.dnr());
+            }
+            let len = (sqe.cdw(10) as u64 + 1) * 4;
+            if len > limits::TRANSFER_BYTES_MAX as u64 {
+                return Err(Status::INVALID_FIELD.dnr());
+            }
+            len
+        }
+    };
+    if sqe.sgl().len as u64 != want {
+        return Err(Status::DATA_SGL_LENGTH_INVALID.dnr());
+    }
+    Ok(ns)
+}
+
+/// Runs a reservation command of `ctrl` with its host data, delivering the notices it
+/// causes. Returns the reply and, when the state persists, the snapshot to write before
+/// the command completes.
+pub fn reservation(ctrl: &Controller, sqe: &Sqe, data: &[u8]) -> Result<(Reply, Option<Persist>), Status> {
+    let ns = check_reservation(&ctrl.subsys, sqe)?;
+    let c = Cdw10::decode(sqe.cdw(10));
+    let host = &ctrl.hostid;
+    let r = &ns.reservations;
+    let keys = |len| Keys::decode(data, len).ok_or(Status::DATA_SGL_LENGTH_INVALID.dnr());
+    let (fx, snap) = match sqe.opcode() {
+        io::RESERVATION_REPORT => return Ok((Reply::data(r.report().encode(data_len(sqe))), None)),
+        io::RESERVATION_REGISTER => {
+            let k = keys(KEYS_LEN)?;
+            let capable = r.file.is_some();
+            r.update(|s| s.register(host, c, k, capable, limits::RESERVATION_REGISTRANTS_MAX))?
+        }
+        io::RESERVATION_ACQUIRE => {
+            let k = keys(KEYS_LEN)?;
+            r.update(|s| s.acquire(host, c, k))?
+        }
+        _ => {
+            let k = keys(RELEASE_DATA_LEN)?;
+            r.update(|s| s.release(host, c, k.current))?
+        }
+    };
+    for n in fx.notices {
+        ctrl.subsys.reservation_notice(&n.host, n.kind, ns.nsid);
+    }
+    Ok((Reply::ok(), snap.map(|s| (ns.clone(), s))))
 }

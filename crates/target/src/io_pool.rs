@@ -46,11 +46,23 @@ pub struct Job {
     pub reply: UnboundedSender<Done>,
 }
 
-/// A finished job: a pool I/O with its buffer back, or a compute command from the offload
-/// engine. Both come back to the connection on one channel.
+/// A finished job: a pool I/O with its buffer back, a compute command from the offload
+/// engine, or a reservation state written. All come back to the connection on one channel.
 pub enum Done {
-    Io { token: u32, result: io::Result<()>, buf: AlignedBuf },
-    Computed { token: u32, computed: Box<crate::offload::Computed> },
+    Io {
+        token: u32,
+        result: io::Result<()>,
+        buf: AlignedBuf,
+    },
+    Computed {
+        token: u32,
+        computed: Box<crate::offload::Computed>,
+    },
+    /// A reservation state file written (or not) for the command `token`.
+    Persisted {
+        token: u32,
+        result: io::Result<()>,
+    },
 }
 
 impl Done {

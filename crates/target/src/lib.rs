@@ -21,6 +21,7 @@ pub mod log_limit;
 pub mod metrics;
 pub mod offload;
 pub mod reply;
+pub mod reservation;
 pub mod sched;
 pub mod subsystem;
 pub mod tcp;
@@ -40,7 +41,7 @@ use crate::backend::{Backend, FileBackend, MemoryBackend};
 use crate::config::{Config, LimitsConfig};
 use crate::io_pool::IoPool;
 use crate::metrics::TargetStats;
-use crate::subsystem::{Namespace, Subsystem};
+use crate::subsystem::{Namespace, NsReservations, Subsystem};
 
 /// A listener: where hosts connect.
 #[derive(Debug, Clone)]
@@ -126,6 +127,13 @@ impl Target {
         };
         info!(nofile, connections, "descriptor limit and connection cap");
         let t = Target::new(cfg, connections, nofile);
+        if let Some(d) = &cfg.state_dir {
+            std::fs::create_dir_all(d).map_err(|source| TargetError::Backend {
+                field: "state_dir".into(),
+                path: d.display().to_string(),
+                source,
+            })?;
+        }
         for (i, s) in cfg.subsystem.iter().enumerate() {
             let sub = Subsystem::new(&s.nqn, s.serial.as_deref(), s.model.as_deref(), s.allow_any_host, &s.hosts);
             for (j, n) in s.namespace.iter().enumerate() {
@@ -143,7 +151,12 @@ impl Target {
                     return Err(TargetError::Namespace { field, message: format!("{} is smaller than one block", backend.describe()) });
                 }
                 info!(subnqn = %s.nqn, nsid = n.nsid, "namespace on {}", backend.describe());
-                sub.add_namespace(Namespace { tag: n.tag, ..Namespace::new(&s.nqn, n.nsid, backend, n.block_size) })
+                let ns = Namespace::new(&s.nqn, n.nsid, backend, n.block_size);
+                let reservations = match n.path.as_deref().and_then(|p| reservation_file(cfg.state_dir.as_deref(), p, &ns.nguid)) {
+                    Some(f) => NsReservations::load(f).map_err(|message| TargetError::Namespace { field: field.clone(), message })?,
+                    None => NsReservations::new(None),
+                };
+                sub.add_namespace(Namespace { tag: n.tag, reservations, ..ns })
                     .map_err(|message| TargetError::Namespace { field, message })?;
             }
             t.subsystems.write().insert(s.nqn.clone(), Arc::new(sub));
@@ -299,4 +312,21 @@ pub fn raise_descriptor_limit() -> u64 {
         }
         r.rlim_cur
     })
+}
+
+/// Where a namespace on `path` keeps reservations that persist through power loss: in the
+/// state directory by NGUID, else beside a regular file; a block device without a state
+/// directory has nowhere to keep them.
+fn reservation_file(state_dir: Option<&std::path::Path>, path: &std::path::Path, nguid: &[u8; 16]) -> Option<std::path::PathBuf> {
+    use std::os::unix::fs::FileTypeExt;
+    if let Some(d) = state_dir {
+        let name: String = nguid.iter().map(|b| format!("{b:02x}")).collect();
+        return Some(d.join(format!("{name}.resv")));
+    }
+    if std::fs::metadata(path).is_ok_and(|m| m.file_type().is_block_device()) {
+        return None;
+    }
+    let mut f = path.as_os_str().to_owned();
+    f.push(".resv");
+    Some(f.into())
 }

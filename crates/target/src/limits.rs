@@ -65,6 +65,17 @@ pub const NSID_MAX: u32 = 1024;
 /// Controllers per subsystem: CNTLIDs 1..=0xFFEF are valid; keep fewer to bound state.
 pub const CONTROLLERS_PER_SUBSYSTEM_MAX: usize = 1024;
 
+/// Registrants per namespace (each a Host Identifier and a key, 24 bytes). As many as the
+/// controllers a subsystem holds, so that every connected host can register; registrations
+/// outlive their controllers, so the bound is needed. The Reservation Report of a full
+/// namespace (64 + 64 bytes each, 64 KiB) fits one transfer. Past it, Register fails with
+/// Internal Error (the specification has no status for it).
+pub const RESERVATION_REGISTRANTS_MAX: usize = CONTROLLERS_PER_SUBSYSTEM_MAX;
+
+/// Reservation Notification log pages kept per controller until read (64 bytes each). A
+/// notice beyond it drops the oldest; the host sees the gap in the Log Page Count.
+pub const RESERVATION_NOTICES_MAX: usize = 64;
+
 /// Keep-alive granularity reported in KAS, in milliseconds (KAS is in 100 ms units).
 pub const KEEP_ALIVE_GRANULARITY_MS: u32 = 100;
 

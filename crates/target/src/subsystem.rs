@@ -1,11 +1,15 @@
 //! Subsystems, namespaces and controllers: the state the command handlers work on.
 
 use std::collections::{BTreeMap, BTreeSet, HashSet, VecDeque};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
+use std::io;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering, Ordering::Relaxed};
 use std::sync::Arc;
 use std::time::Instant;
 
 use nearstore_wire::log::ErrorEntry;
+use nearstore_wire::resv::{NoticeLog, ReservationStatus, AEN_RESERVATION_LOG};
+use nearstore_wire::Status;
 use parking_lot::{Mutex, RwLock};
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
@@ -13,6 +17,7 @@ use tokio_util::sync::CancellationToken;
 use crate::backend::Backend;
 use crate::limits;
 use crate::metrics::NsStats;
+use crate::reservation::{Access, Effects, HostId, Reservations};
 
 pub struct Namespace {
     pub nsid: u32,
@@ -26,6 +31,7 @@ pub struct Namespace {
     pub stats: NsStats,
     /// Its tag in the cluster map, if it has one: extents tagged with it are local.
     pub tag: Option<u16>,
+    pub reservations: NsReservations,
 }
 
 impl Namespace {
@@ -43,6 +49,7 @@ impl Namespace {
             uuid,
             stats: NsStats::default(),
             tag: None,
+            reservations: NsReservations::new(None),
         }
     }
 
@@ -51,6 +58,110 @@ impl Namespace {
         let end = slba.checked_add(nlb)?;
         (end <= self.blocks).then(|| (slba << self.lba_shift, nlb << self.lba_shift))
     }
+}
+
+/// A snapshot of a namespace's reservation state to write to its state file (None: PTPL
+/// was turned off, remove the file), with the version it has.
+pub struct Snapshot {
+    version: u64,
+    bytes: Option<Vec<u8>>,
+}
+
+/// A namespace's reservations, shared by every controller of the subsystem.
+pub struct NsReservations {
+    /// The state and its version (incremented with every snapshot).
+    state: Mutex<(Reservations, u64)>,
+    /// A reservation exists: only then does an I/O command look at the state.
+    active: AtomicBool,
+    /// Where the state persists while PTPL is set; None: this namespace cannot persist it.
+    pub file: Option<PathBuf>,
+    /// The version last written to the file.
+    written: Mutex<u64>,
+}
+
+impl NsReservations {
+    pub fn new(file: Option<PathBuf>) -> NsReservations {
+        NsReservations { state: Mutex::new((Reservations::default(), 0)), active: AtomicBool::new(false), file, written: Mutex::new(0) }
+    }
+
+    /// Reservations persisting in `file`, read from it if it exists.
+    pub fn load(file: PathBuf) -> Result<NsReservations, String> {
+        let state = match std::fs::read(&file) {
+            Ok(b) => Reservations::decode_file(&b, limits::RESERVATION_REGISTRANTS_MAX)
+                .map_err(|e| format!("reservation state file {}: {e}", file.display()))?,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => Reservations::default(),
+            Err(e) => return Err(format!("reading reservation state file {}: {e}", file.display())),
+        };
+        let r = NsReservations::new(Some(file));
+        r.active.store(state.rtype.is_some(), Ordering::Release);
+        r.state.lock().0 = state;
+        Ok(r)
+    }
+
+    /// Whether `host` may run a command of this group now.
+    pub fn allows(&self, host: &HostId, access: Access) -> bool {
+        !self.active.load(Ordering::Acquire) || self.state.lock().0.allows(host, access)
+    }
+
+    /// Runs a reservation command on the state. Returns its effects and, when the state
+    /// changed and persists (or persisted until now), the snapshot to write before the
+    /// command completes.
+    pub fn update(&self, f: impl FnOnce(&mut Reservations) -> Result<Effects, Status>) -> Result<(Effects, Option<Snapshot>), Status> {
+        let mut g = self.state.lock();
+        let (state, version) = &mut *g;
+        let persisted = state.ptpl;
+        let fx = f(state)?;
+        self.active.store(state.rtype.is_some(), Ordering::Release);
+        let snap = (fx.changed && (persisted || state.ptpl) && self.file.is_some()).then(|| {
+            *version += 1;
+            Snapshot { version: *version, bytes: state.ptpl.then(|| state.encode_file()) }
+        });
+        Ok((fx, snap))
+    }
+
+    pub fn report(&self) -> ReservationStatus {
+        self.state.lock().0.report()
+    }
+
+    pub fn ptpl(&self) -> bool {
+        self.state.lock().0.ptpl
+    }
+
+    /// Writes a snapshot unless a newer one is written already: atomically (a temporary
+    /// file, fsync, rename, fsync of the directory). Blocking: not on a network thread.
+    pub fn persist(&self, snap: Snapshot) -> io::Result<()> {
+        let Some(path) = &self.file else { return Ok(()) };
+        let mut written = self.written.lock();
+        if snap.version <= *written {
+            return Ok(());
+        }
+        match snap.bytes {
+            Some(b) => write_atomically(path, &b)?,
+            None => match std::fs::remove_file(path) {
+                Ok(()) => sync_dir(path)?,
+                Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+                Err(e) => return Err(e),
+            },
+        }
+        *written = snap.version;
+        Ok(())
+    }
+}
+
+fn sync_dir(path: &Path) -> io::Result<()> {
+    let dir = path.parent().filter(|d| !d.as_os_str().is_empty()).unwrap_or(Path::new("."));
+    std::fs::File::open(dir)?.sync_all()
+}
+
+fn write_atomically(path: &Path, bytes: &[u8]) -> io::Result<()> {
+    use std::io::Write;
+    let mut tmp = path.as_os_str().to_owned();
+    tmp.push(".tmp");
+    let mut f = std::fs::File::create(&tmp)?;
+    f.write_all(bytes)?;
+    f.sync_all()?;
+    std::fs::rename(&tmp, path)?;
+    sync_dir(path)
 }
 
 pub struct Subsystem {
@@ -157,6 +268,13 @@ impl Subsystem {
         self.controllers.lock().len()
     }
 
+    /// Delivers a reservation notice to every controller of `host`.
+    pub fn reservation_notice(&self, host: &HostId, kind: u8, nsid: u32) {
+        for c in self.controllers.lock().values().filter(|c| c.hostid == *host) {
+            c.reservation_notice(kind, nsid);
+        }
+    }
+
     /// Removes the controller and stops every queue attached to it.
     pub fn remove_controller(&self, cntlid: u16) {
         if let Some(c) = self.controllers.lock().remove(&cntlid) {
@@ -186,8 +304,16 @@ pub struct CtrlState {
     pub errors: VecDeque<ErrorEntry>,
     pub error_count: u64,
     pub changed_ns: BTreeSet<u32>,
-    /// An event waiting for an Asynchronous Event Request to carry it (CQE DW0).
-    pub pending_event: Option<u32>,
+    /// Events waiting for Asynchronous Event Requests to carry them (CQE DW0).
+    pub pending_events: VecDeque<u32>,
+    /// Reservation Notification log pages not yet read, oldest first.
+    pub resv_notices: VecDeque<NoticeLog>,
+    /// The Log Page Count of the last notice (never 0 once counting).
+    pub resv_notice_count: u64,
+    /// A reservation event was posted and the log page not yet read with RAE cleared.
+    pub resv_event_posted: bool,
+    /// Reservation Notification Mask (feature 82h) per NSID: bit n masks notice type n.
+    pub resv_masks: BTreeMap<u32, u32>,
     /// The other features' current values.
     pub features: crate::admin::Features,
 }
@@ -237,7 +363,11 @@ impl Controller {
                 errors: VecDeque::new(),
                 error_count: 0,
                 changed_ns: BTreeSet::new(),
-                pending_event: None,
+                pending_events: VecDeque::new(),
+                resv_notices: VecDeque::new(),
+                resv_notice_count: 0,
+                resv_event_posted: false,
+                resv_masks: BTreeMap::new(),
                 features: crate::admin::Features::new(kato_ms),
             }),
             write_cache: AtomicBool::new(true),
@@ -282,10 +412,43 @@ impl Controller {
         if s.changed_ns.len() < 1024 {
             s.changed_ns.insert(nsid);
         }
-        if s.async_event_config & AEC_NS_ATTR != 0 {
-            s.pending_event = Some(AEN_NS_CHANGED);
+        if s.async_event_config & AEC_NS_ATTR != 0 && !s.pending_events.contains(&AEN_NS_CHANGED) {
+            s.pending_events.push_back(AEN_NS_CHANGED);
             drop(s);
             self.events.notify_one();
         }
+    }
+
+    /// Logs a reservation notice unless masked, and posts the event unless one is posted
+    /// and the log not yet read.
+    fn reservation_notice(&self, kind: u8, nsid: u32) {
+        let mut s = self.state.lock();
+        if s.resv_masks.get(&nsid).copied().unwrap_or(0) & (1 << kind) != 0 {
+            return;
+        }
+        s.resv_notice_count = s.resv_notice_count.checked_add(1).unwrap_or(1);
+        if s.resv_notices.len() == limits::RESERVATION_NOTICES_MAX {
+            s.resv_notices.pop_front();
+        }
+        let count = s.resv_notice_count;
+        s.resv_notices.push_back(NoticeLog { count, kind, available: 0, nsid });
+        if !s.resv_event_posted {
+            s.resv_event_posted = true;
+            s.pending_events.push_back(AEN_RESERVATION_LOG);
+            drop(s);
+            self.events.notify_one();
+        }
+    }
+
+    /// Reads the oldest reservation notice (an empty page when there is none); with `rae`
+    /// clear, a new notice posts an event again.
+    pub fn take_reservation_notice(&self, rae: bool) -> NoticeLog {
+        let mut s = self.state.lock();
+        if !rae {
+            s.resv_event_posted = false;
+        }
+        let mut n = s.resv_notices.pop_front().unwrap_or_default();
+        n.available = s.resv_notices.len().min(255) as u8;
+        n
     }
 }

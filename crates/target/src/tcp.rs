@@ -37,6 +37,7 @@ use crate::uring::{self, Ring, Sub};
 use crate::{Port, Target};
 
 mod compute;
+mod reservation;
 
 /// How long a TermReq may take to leave before the socket is closed anyway.
 const TERM_FLUSH_TIMEOUT: Duration = Duration::from_secs(1);
@@ -698,7 +699,12 @@ impl Core {
             return Ok(());
         }
         if let Some(q) = self.queue.as_ref().filter(|q| q.qid > 0 && !compute::is_compute(sqe.opcode())) {
-            if let Err(s) = io_cmd::plan(&q.ctrl.subsys, &sqe, true) {
+            let checked = if io_cmd::is_reservation(sqe.opcode()) {
+                io_cmd::check_reservation(&q.ctrl.subsys, &sqe).map(drop)
+            } else {
+                io_cmd::plan(&q.ctrl.subsys, &q.ctrl.hostid, &sqe, true).map(drop)
+            };
+            if let Err(s) = checked {
                 let ctrl = q.ctrl.clone();
                 self.fail_io(&ctrl, &sqe, s);
                 return Ok(());
@@ -789,6 +795,7 @@ impl Core {
                 let data = std::mem::take(&mut r.data);
                 self.complete_with_data(cid, &data, &r);
             }
+            admin::Outcome::Persist(ns, snapshot) => self.persist(cid, ns, snapshot, start)?,
             admin::Outcome::ParkAer => {
                 if self.aers.len() >= limits::AER_MAX {
                     self.complete(cid, Status::ASYNC_EVENT_LIMIT_EXCEEDED.dnr(), 0, 0);
@@ -857,7 +864,14 @@ impl Core {
             }
             return r;
         }
-        let plan = match io_cmd::plan(&ctrl.subsys, &sqe, ctrl.write_cache.load(Relaxed)) {
+        if io_cmd::is_reservation(sqe.opcode()) {
+            let r = self.execute_reservation(&ctrl, &sqe, buf.as_deref().unwrap_or(data), start);
+            if let Some(b) = buf {
+                self.put_buf(b);
+            }
+            return r;
+        }
+        let plan = match io_cmd::plan(&ctrl.subsys, &ctrl.hostid, &sqe, ctrl.write_cache.load(Relaxed)) {
             Ok(p) => p,
             Err(s) => {
                 if let Some(b) = buf {
@@ -1119,6 +1133,7 @@ impl Core {
         let (token, result, buf) = match d {
             Done::Io { token, result, buf } => (token, result, buf),
             Done::Computed { token, computed } => return self.on_computed(token, *computed),
+            Done::Persisted { token, result } => return self.on_persisted(token, result),
         };
         let Some(x) = self.inflight.remove(token as usize) else {
             return;
@@ -1140,14 +1155,14 @@ impl Core {
         self.put_buf(buf);
     }
 
-    /// Completes an outstanding AER if an event is pending.
+    /// Completes outstanding AERs while events are pending.
     fn deliver_events(&mut self) {
-        let Some(q) = &self.queue else { return };
         if self.aers.is_empty() {
             return;
         }
-        let ev = q.ctrl.state.lock().pending_event.take();
-        if let Some(ev) = ev {
+        let Some(ctrl) = self.queue.as_ref().map(|q| q.ctrl.clone()) else { return };
+        while !self.aers.is_empty() {
+            let Some(ev) = ctrl.state.lock().pending_events.pop_front() else { return };
             let cid = self.aers.remove(0);
             self.complete(cid, Status::SUCCESS, ev, 0);
         }

@@ -15,6 +15,7 @@ use crate::io_cmd::IoKind;
 use crate::limits;
 use crate::offload::{self, Computed, Failure, Slot, Task};
 use crate::reply::Reply;
+use crate::reservation::Access;
 use crate::subsystem::Controller;
 use nearstore_wire::pdu::fes;
 
@@ -46,6 +47,13 @@ impl Core {
                         return Ok(());
                     }
                 };
+                // Reading the namespace's extents is a read; writing outputs into it a write.
+                let access = if desc.outputs.is_empty() { Access::Read } else { Access::Write };
+                if !ns.reservations.allows(&ctrl.hostid, access) {
+                    let f = Failure::new(Status::RESERVATION_CONFLICT.dnr(), format!("namespace {} is reserved by another host", ns.nsid));
+                    self.fail_compute(ctrl, cid, sqe.nsid(), slot, f);
+                    return Ok(());
+                }
                 if self.r2t.live + self.inflight.live >= self.outstanding_limit() {
                     return Err(fatal(fes::PDU_SEQUENCE_ERROR, 0, "more commands outstanding than the queue size"));
                 }
