@@ -153,7 +153,8 @@ pub async fn read(t: &TargetArgs, nsid: u32, slba: u64, bytes: u64, out: &Path) 
     let c = connect(t).await?;
     let bs = block_size(&c, nsid).await?;
     let mut q = c.io_queue(1).await?;
-    let chunk_blocks = (c.id.max_transfer().unwrap_or(128 * 1024) / bs) as u64;
+    // The queue's transfer limit: the target's MDTS, bounded by the initiator's.
+    let chunk_blocks = (q.queue().options().max_transfer as u64 / bs as u64).max(1);
     let total_blocks = bytes.div_ceil(bs as u64);
     let mut w: Box<dyn std::io::Write> = if out == Path::new("-") {
         Box::new(std::io::stdout().lock())
@@ -180,7 +181,10 @@ pub async fn write(t: &TargetArgs, nsid: u32, slba: u64, input: &Path, fua: bool
     let c = connect(t).await?;
     let bs = block_size(&c, nsid).await? as usize;
     let mut q = c.io_queue(1).await?;
-    let chunk = c.id.max_transfer().unwrap_or(128 * 1024) as usize;
+    let chunk = q.queue().options().max_transfer / bs * bs;
+    if chunk == 0 {
+        bail!("the controller's transfer limit ({} bytes) is below one {bs}-byte block", q.queue().options().max_transfer);
+    }
     for (i, part) in data.chunks(chunk).enumerate() {
         let mut buf = part.to_vec();
         buf.resize(part.len().div_ceil(bs) * bs, 0);

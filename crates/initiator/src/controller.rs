@@ -16,6 +16,7 @@ use tokio::sync::Mutex;
 use tokio::task::JoinHandle;
 use tracing::warn;
 
+use crate::limits::{DISCOVERY_RECORDS_MAX, FETCH_BYTES_MAX, IN_CAPSULE_BYTES_MAX, TRANSFER_BYTES_MAX};
 use crate::queue::{Data, QueueOptions, QueuePair};
 use crate::{io_err, Error, Result};
 
@@ -167,7 +168,7 @@ impl Controller {
             hdgst: opts.hdgst,
             ddgst: opts.ddgst,
             depth: 32,
-            max_transfer: 1 << 20,
+            max_transfer: TRANSFER_BYTES_MAX,
             in_capsule_max: 8192,
             busy_poll: Duration::ZERO,
         };
@@ -176,7 +177,9 @@ impl Controller {
         let (c, _) = run(&mut q, prop_get(prop::CAP, true), Data::None, "Property Get CAP", t).await?;
         let capv = c.result64();
         run(&mut q, prop_set(prop::CC, cc::LINUX_ENABLE), Data::None, "Property Set CC.EN", t).await?;
-        let deadline = tokio::time::Instant::now() + Duration::from_millis(cap::timeout_ms(capv).max(500));
+        // CAP.TO (up to 127.5 s), but no longer than the caller's timeout.
+        let ready_wait = Duration::from_millis(cap::timeout_ms(capv).max(500)).min(t);
+        let deadline = tokio::time::Instant::now() + ready_wait;
         loop {
             let (c, _) = run(&mut q, prop_get(prop::CSTS, false), Data::None, "Property Get CSTS", t).await?;
             if c.dw0 & csts::CFS != 0 {
@@ -242,7 +245,17 @@ impl Controller {
         let mut s = Sqe::new(admin::IDENTIFY, 0);
         s.set_nsid(nsid).set_cdw(10, cns::NAMESPACE as u32);
         let (_, d) = self.admin(s, Data::In(IDENTIFY_LEN), &format!("Identify Namespace {nsid}")).await?;
-        IdentifyNamespace::decode(&d).ok_or_else(|| Error::Protocol("short Identify Namespace".into()))
+        let id = IdentifyNamespace::decode(&d).ok_or_else(|| Error::Protocol("short Identify Namespace".into()))?;
+        // An active namespace's block is 512 bytes or more (LBADS 9); one larger than a
+        // transfer could not be read. Callers size reads by it.
+        let max_lbads = TRANSFER_BYTES_MAX.trailing_zeros() as u8;
+        if id.nsze != 0 && !(9..=max_lbads).contains(&id.lbads) {
+            return Err(Error::Protocol(format!(
+                "namespace {nsid} reports blocks of 2^{} bytes: not between 512 bytes and {TRANSFER_BYTES_MAX}",
+                id.lbads
+            )));
+        }
+        Ok(id)
     }
 
     pub async fn active_namespaces(&self) -> Result<Vec<u32>> {
@@ -266,13 +279,24 @@ impl Controller {
         Ok(self.admin(s, Data::In(len as usize), &format!("Get Log Page {lid:#04x}")).await?.1)
     }
 
-    /// Reads the whole discovery log (header first, then all entries).
+    /// Reads the whole discovery log (header first, then all entries): at most
+    /// [`DISCOVERY_RECORDS_MAX`] records, and the same count both times.
     pub async fn discovery_log(&self) -> Result<(u64, Vec<DiscoveryEntry>)> {
         let head = self.get_log(lid::DISCOVERY, 0, log::DISCOVERY_HEADER_LEN as u32, 0).await?;
-        let n = u64::from_le_bytes(head[8..16].try_into().expect("8")) as usize;
-        let n = n.min(1000);
-        let full = self.get_log(lid::DISCOVERY, 0, ((n + 1) * log::DISCOVERY_ENTRY_LEN) as u32, 0).await?;
-        log::decode_discovery_log(&full).ok_or_else(|| Error::Protocol("short discovery log".into()))
+        let short = |n: usize| Error::Protocol(format!("discovery log of {n} bytes, shorter than its header"));
+        let n = head.get(8..16).and_then(|b| b.try_into().ok()).map(u64::from_le_bytes).ok_or_else(|| short(head.len()))?;
+        if n > DISCOVERY_RECORDS_MAX as u64 {
+            return Err(Error::Protocol(format!(
+                "discovery log of {n} records, more than the {DISCOVERY_RECORDS_MAX} this initiator reads"
+            )));
+        }
+        let len = (n as usize + 1) * log::DISCOVERY_ENTRY_LEN;
+        let full = self.get_log(lid::DISCOVERY, 0, len as u32, 0).await?;
+        let (genctr, entries) = log::decode_discovery_log(&full).ok_or_else(|| short(full.len()))?;
+        if entries.len() as u64 != n {
+            return Err(Error::Protocol(format!("discovery log changed while read: {n} records, then {}", entries.len())));
+        }
+        Ok((genctr, entries))
     }
 
     pub async fn get_feature(&self, fid: u8) -> Result<u32> {
@@ -293,8 +317,8 @@ impl Controller {
             hdgst: self.opts.hdgst,
             ddgst: self.opts.ddgst,
             depth: self.opts.queue_depth,
-            max_transfer: self.id.max_transfer().unwrap_or(1 << 20) as usize,
-            in_capsule_max: self.id.in_capsule_max() as usize,
+            max_transfer: self.id.max_transfer().map_or(TRANSFER_BYTES_MAX, |m| (m as usize).min(TRANSFER_BYTES_MAX)),
+            in_capsule_max: (self.id.in_capsule_max() as usize).min(IN_CAPSULE_BYTES_MAX),
             busy_poll: self.opts.busy_poll,
         };
         let (q, _) = connect_queue(&self.opts, qid, self.opts.queue_depth, self.cntlid, qo).await?;
@@ -463,16 +487,29 @@ impl IoQueue {
     }
 
     /// FETCHes `len` bytes held under `handle`, in transfers of at most the queue's
-    /// largest; the last releases the handle.
+    /// largest; the last releases the handle. At most [`FETCH_BYTES_MAX`], and never more
+    /// than `len`, whatever the target says remains.
     pub async fn fetch(&mut self, handle: u32, len: u32) -> Result<Vec<u8>> {
+        let len = len as usize;
+        if len > FETCH_BYTES_MAX {
+            return Err(Error::Protocol(format!("a result of {len} bytes, more than the {FETCH_BYTES_MAX} this initiator fetches")));
+        }
         let max = self.q.options().max_transfer.min(128 * 1024);
-        let mut out = Vec::with_capacity(len as usize);
+        let mut out = Vec::with_capacity(len);
         loop {
-            let want = (len as usize - out.len()).clamp(1, max);
+            let want = (len - out.len()).clamp(1, max);
             let mut s = Sqe::new(cop::FETCH, 0);
             s.set_cdw(10, handle).set_cdw(11, out.len() as u32);
             let (cqe, d) = run(&mut self.q, s, Data::In(want), "compute FETCH", self.timeout).await?;
             let valid = (cqe.dw0 as usize).min(d.len());
+            if out.len() + valid > len || (cqe.dw1 != 0 && out.len() + valid == len && valid > 0) {
+                return Err(Error::Protocol(format!(
+                    "FETCH of handle {handle} returns more than the {len} bytes its result has ({} valid at byte {}, {} remaining)",
+                    valid,
+                    out.len(),
+                    cqe.dw1
+                )));
+            }
             out.extend_from_slice(&d[..valid]);
             if cqe.dw1 == 0 || valid == 0 {
                 return Ok(out);

@@ -6,6 +6,7 @@
 //! identifies it, keeps it alive, and opens I/O queues.
 
 mod controller;
+pub mod limits;
 mod queue;
 pub mod stream;
 

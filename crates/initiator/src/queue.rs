@@ -55,6 +55,9 @@ struct Slot {
     len: usize,
     /// Data to send on R2T (a write that did not fit the capsule).
     out: bool,
+    /// Data to receive (a command with `Data::In` of more than 0 bytes): only such a
+    /// command takes C2HData.
+    reads: bool,
     received: usize,
     digest_error: bool,
 }
@@ -84,7 +87,7 @@ impl<S: Stream> QueuePair<S> {
             maxh2cdata: 0,
             cpda: 0,
             slots: (0..depth)
-                .map(|_| Slot { busy: false, tag: 0, buf: None, len: 0, out: false, received: 0, digest_error: false })
+                .map(|_| Slot { busy: false, tag: 0, buf: None, len: 0, out: false, reads: false, received: 0, digest_error: false })
                 .collect(),
             free: (0..depth).rev().collect(),
             opts,
@@ -103,11 +106,13 @@ impl<S: Stream> QueuePair<S> {
                 let r = IcResp::decode(f.header);
                 let len = f.len;
                 q.rx.consume(len);
+                // CPDA above 31 is reserved: its alignment would not fit the PDO byte.
                 if r.pfv != 0
                     || r.hdgst != q.opts.hdgst
                     || r.ddgst != q.opts.ddgst
                     || r.maxh2cdata < 4096
                     || !r.maxh2cdata.is_multiple_of(4)
+                    || r.cpda > 31
                 {
                     return Err(Error::Protocol(format!("unacceptable ICResp {r:?}")));
                 }
@@ -165,6 +170,7 @@ impl<S: Stream> QueuePair<S> {
         slot.received = 0;
         slot.digest_error = false;
         slot.out = false;
+        slot.reads = matches!(data, Data::In(n) if n > 0);
         let (hd, dd) = (self.opts.hdgst, self.opts.ddgst);
         match data {
             Data::Out(d) if d.len() <= self.opts.in_capsule_max && !d.is_empty() => {
@@ -257,7 +263,12 @@ impl<S: Stream> QueuePair<S> {
     pub async fn wait(&mut self, cid: u16, mut f: impl FnMut(u64, &Cqe, &[u8])) -> Result<Cqe> {
         let mut mine = None;
         while mine.is_none() {
-            let want = self.slots[cid as usize].tag;
+            let want = self
+                .slots
+                .get(cid as usize)
+                .filter(|s| s.busy)
+                .ok_or_else(|| Error::Invalid(format!("command id {cid} is not in flight")))?
+                .tag;
             self.poll(|tag, cqe, data| {
                 if cqe.cid == cid && tag == want {
                     mine = Some(*cqe);
@@ -296,8 +307,16 @@ impl<S: Stream> QueuePair<S> {
                     if slot.digest_error && cqe.status.is_success() {
                         cqe.status = Status::TRANSIENT_TRANSPORT_ERROR;
                     }
-                    let data: &[u8] = match (&slot.buf, slot.out) {
-                        (Some(b), false) if slot.len > 0 => &b[..slot.received.min(slot.len)],
+                    let data_in = slot.reads;
+                    // A command completes successfully only with all of its data.
+                    if data_in && cqe.status.is_success() && slot.received != slot.len {
+                        return Err(Error::Protocol(format!(
+                            "command id {} completed with {} of its {} bytes of data",
+                            cqe.cid, slot.received, slot.len
+                        )));
+                    }
+                    let data: &[u8] = match &slot.buf {
+                        Some(b) if data_in => &b[..slot.received],
                         _ => &[],
                     };
                     f(slot.tag, &cqe, data);
@@ -309,8 +328,12 @@ impl<S: Stream> QueuePair<S> {
                     let slot = self
                         .slots
                         .get_mut(h.cccid as usize)
-                        .filter(|s| s.busy && !s.out)
+                        .filter(|s| s.busy)
                         .ok_or_else(|| Error::Protocol(format!("C2HData for unknown command id {}", h.cccid)))?;
+                    let reads = slot.reads;
+                    let Some(buf) = slot.buf.as_mut().filter(|_| reads) else {
+                        return Err(Error::Protocol(format!("C2HData for command id {}, which reads no data", h.cccid)));
+                    };
                     let end = h.offset as usize + frame.data.len();
                     if h.offset as usize != slot.received || end > slot.len {
                         return Err(Error::Protocol(format!(
@@ -326,6 +349,12 @@ impl<S: Stream> QueuePair<S> {
                     if success && frame.hdr.flags & flags::LAST_PDU == 0 {
                         return Err(Error::Protocol("C2HData SUCCESS without LAST_PDU".into()));
                     }
+                    if success && end != slot.len {
+                        return Err(Error::Protocol(format!(
+                            "C2HData SUCCESS for command id {} after {end} of its {} bytes",
+                            h.cccid, slot.len
+                        )));
+                    }
                     let status = if slot.digest_error { Status::TRANSIENT_TRANSPORT_ERROR } else { Status::SUCCESS };
                     let cqe = Cqe { cid: h.cccid, status, ..Default::default() };
                     // The whole transfer in one PDU, completed by it: hand the data over from
@@ -333,12 +362,11 @@ impl<S: Stream> QueuePair<S> {
                     // 128 KiB reads).
                     let whole = success && h.offset == 0;
                     if !whole {
-                        let buf = slot.buf.as_mut().expect("read slot has a buffer");
                         buf[h.offset as usize..end].copy_from_slice(frame.data);
                         slot.received = end;
                     }
                     if success {
-                        let data = if whole { frame.data } else { &slot.buf.as_ref().expect("read slot has a buffer")[..end] };
+                        let data = if whole { frame.data } else { &buf[..end] };
                         f(slot.tag, &cqe, data);
                         self.release(h.cccid);
                         done += 1;
@@ -349,13 +377,15 @@ impl<S: Stream> QueuePair<S> {
                     let slot = self
                         .slots
                         .get(h.cccid as usize)
-                        .filter(|s| s.busy && s.out)
+                        .filter(|s| s.busy)
                         .ok_or_else(|| Error::Protocol(format!("R2T for unknown command id {}", h.cccid)))?;
                     let (off, rl) = (h.offset as usize, h.len as usize);
                     if off + rl > slot.len || rl == 0 {
                         return Err(Error::Protocol(format!("R2T range {off}+{rl} outside the command's {} bytes", slot.len)));
                     }
-                    let buf = slot.buf.as_ref().expect("write slot has a buffer");
+                    let Some(buf) = slot.buf.as_ref().filter(|_| slot.out) else {
+                        return Err(Error::Protocol(format!("R2T for command id {}, which has no data to send", h.cccid)));
+                    };
                     let mut pos = off;
                     while pos < off + rl {
                         let n = (off + rl - pos).min(self.maxh2cdata);

@@ -170,12 +170,13 @@ impl IdentifyController {
 
     /// Largest transfer in bytes, or None when unlimited.
     pub fn max_transfer(&self) -> Option<u32> {
-        (self.mdts != 0).then(|| 4096u32 << self.mdts)
+        // 4 KiB << 20 and more do not fit: u32::MAX stands for them (any MDTS is valid).
+        (self.mdts != 0).then(|| if self.mdts >= 20 { u32::MAX } else { 4096u32 << self.mdts })
     }
 
     /// Largest in-capsule data for I/O commands.
     pub fn in_capsule_max(&self) -> u32 {
-        (self.ioccsz * 16).saturating_sub(64)
+        self.ioccsz.saturating_mul(16).saturating_sub(64)
     }
 }
 
@@ -348,6 +349,14 @@ mod tests {
         assert_eq!(d, c);
         assert_eq!(d.max_transfer(), Some(128 * 1024));
         assert_eq!(d.in_capsule_max(), 16384);
+        // Any MDTS and IOCCSZ a controller reports: no overflow (a shift of 32 and more
+        // panicked), the largest values saturate.
+        for (mdts, want) in [(0, None), (19, Some(1 << 31)), (20, Some(u32::MAX)), (31, Some(u32::MAX)), (255, Some(u32::MAX))] {
+            assert_eq!(IdentifyController { mdts, ..Default::default() }.max_transfer(), want, "MDTS {mdts}");
+        }
+        for (ioccsz, want) in [(0, 0), (4, 0), (u32::MAX, u32::MAX - 64)] {
+            assert_eq!(IdentifyController { ioccsz, ..Default::default() }.in_capsule_max(), want, "IOCCSZ {ioccsz}");
+        }
     }
 
     #[test]
