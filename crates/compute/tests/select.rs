@@ -409,3 +409,47 @@ fn float_results_survive_the_wire_exactly() {
         assert_eq!(back, o, "{f:?}");
     }
 }
+
+/// One identifier rule everywhere (select list, WHERE, GROUP BY, HAVING, ORDER BY, aliases,
+/// JSON paths): unquoted ignoring case, quoted exactly; a name matching two fields is refused
+/// naming both.
+#[test]
+fn identifiers_follow_one_rule_in_every_place() {
+    let csv = b"carrier,delay\nAA,1\nBB,2\nAA,3\n";
+    let json = b"{\"carrier\":\"AA\",\"s\":{\"city\":\"Oslo\"},\"delay\":1}\n{\"carrier\":\"BB\",\"s\":{\"city\":\"Rome\"},\"delay\":2}\n{\"carrier\":\"AA\",\"s\":{\"city\":\"Oslo\"},\"delay\":3}\n";
+    let grouped = serde_json::json!([["AA", 4], ["BB", 2]]);
+    for (format, data) in [("csv", &csv[..]), ("jsonl", &json[..])] {
+        for (query, want) in [
+            ("SELECT carrier, SUM(delay) FROM t GROUP BY CARRIER ORDER BY carrier", &grouped),
+            ("SELECT CARRIER, SUM(Delay) FROM t GROUP BY \"carrier\" ORDER BY Carrier", &grouped),
+            ("SELECT \"carrier\", SUM(delay) FROM t GROUP BY carrier HAVING COUNT(CARRIER) > 0 ORDER BY 1", &grouped),
+            ("SELECT t.Carrier, SUM(DELAY) FROM t GROUP BY t.carrier HAVING Carrier <> 'x' ORDER BY CARRIER", &grouped),
+            ("SELECT carrier AS c, SUM(delay) AS total FROM t WHERE CARRIER <> 'x' GROUP BY Carrier ORDER BY C", &grouped),
+            ("SELECT carrier AS \"C\", SUM(delay) FROM t GROUP BY carrier ORDER BY \"C\"", &grouped),
+            ("SELECT CARRIER FROM t WHERE \"carrier\" = 'BB' AND Delay = 2", &serde_json::json!([["BB"]])),
+        ] {
+            let o = select(&args(query, format), data, 7).unwrap_or_else(|e| panic!("{format}: {query}: {e}"));
+            let Outcome::Select { rows, .. } = o else { panic!() };
+            assert_eq!(serde_json::Value::from(rows), *want, "{format}: {query}");
+        }
+    }
+    let o = select(&args("SELECT S.CITY, s.\"city\" FROM t LIMIT 1", "jsonl"), json, 7).unwrap();
+    let Outcome::Select { rows, .. } = o else { panic!() };
+    assert_eq!(serde_json::Value::from(rows), serde_json::json!([["Oslo", "Oslo"]]));
+    // Refused: two fields by the rule, a quoted spelling no field has, two outputs.
+    let twice = b"Carrier,carrier\nAA,BB\n";
+    let twice_json = b"{\"Carrier\":\"AA\",\"carrier\":\"BB\"}\n";
+    for (format, data, query, want) in [
+        ("csv", &twice[..], "SELECT carrier FROM t", "matches the header fields \"Carrier\" and \"carrier\""),
+        ("jsonl", &twice_json[..], "SELECT CARRIER FROM t", "matches the keys \"Carrier\" and \"carrier\""),
+        ("csv", &csv[..], "SELECT \"Carrier\" FROM t", "no column \"Carrier\""),
+        ("csv", &csv[..], "SELECT carrier AS x, delay AS X FROM t ORDER BY x", "matches the output columns \"x\" and \"X\""),
+    ] {
+        let e = fails(select(&args(query, format), data, 7)).to_string();
+        assert!(e.contains(want), "{query}: {e}");
+    }
+    // Quoted names tell apart what unquoted ones cannot.
+    let o = select(&args("SELECT \"carrier\", \"Carrier\" FROM t", "csv"), twice, 7).unwrap();
+    let Outcome::Select { rows, .. } = o else { panic!() };
+    assert_eq!(serde_json::Value::from(rows), serde_json::json!([["BB", "AA"]]));
+}

@@ -494,13 +494,19 @@ impl Engine {
         let mut bound = Vec::new();
         for r in &self.plan.refs {
             if !r.path.is_empty() {
-                return Err(bad(format!("query: {}.{}: CSV fields have no nested fields", r.name, r.path.join("."))));
+                let path: Vec<&str> = r.path.iter().map(|(p, _)| p.as_str()).collect();
+                return Err(bad(format!("query: {}.{}: CSV fields have no nested fields", r.name, path.join("."))));
             }
             let by_name = if is_header {
-                names
-                    .iter()
-                    .position(|n| *n == r.name)
-                    .or_else(|| (!r.quoted).then(|| names.iter().position(|n| n.eq_ignore_ascii_case(&r.name))).flatten())
+                // One rule: unquoted ignoring case, quoted exactly; two fields matching is
+                // an error naming both.
+                let mut hits = names.iter().enumerate().filter(|(_, n)| plan::name_matches(&r.name, r.quoted, n));
+                match (hits.next(), hits.next()) {
+                    (Some((_, a)), Some((_, b))) => {
+                        return Err(bad(format!("query: the column {:?} matches the header fields {a:?} and {b:?}", r.name)))
+                    }
+                    (first, _) => first.map(|(i, _)| i),
+                }
             } else {
                 None
             };
@@ -565,7 +571,9 @@ impl Engine {
                     _ => Value::Null,
                 })
                 .collect(),
-            (Fields::Json(serde_json::Value::Object(m)), _) => self.plan.refs.iter().map(|r| json_lookup(m, r)).collect(),
+            (Fields::Json(serde_json::Value::Object(m)), _) => {
+                self.plan.refs.iter().map(|r| json_lookup(m, r)).collect::<Result<_, _>>().map_err(|e| self.data_err(e))?
+            }
             _ => unreachable!("records match their binding"),
         };
         let scope = Scope { cols: &cols, keys: &[], aggs: &[], outputs: &[] };
@@ -872,21 +880,30 @@ fn field<'r>(rec: &'r [u8], ends: &[usize], i: usize) -> &'r [u8] {
     &rec[start..ends[i]]
 }
 
-fn json_lookup<'v>(m: &'v serde_json::Map<String, serde_json::Value>, r: &plan::ColRef) -> Value<'v> {
-    let get = |m: &'v serde_json::Map<String, serde_json::Value>, k: &str, exact: bool| {
-        m.get(k).or_else(|| if exact { None } else { m.iter().find(|(n, _)| n.eq_ignore_ascii_case(k)).map(|(_, v)| v) })
+/// A JSON column: its key, then the keys of its path, each by the identifier rule (a key
+/// matching two of an object's keys is an error naming both); a missing one is NULL.
+fn json_lookup<'v>(m: &'v serde_json::Map<String, serde_json::Value>, r: &plan::ColRef) -> Result<Value<'v>, String> {
+    let get = |m: &'v serde_json::Map<String, serde_json::Value>, k: &str, quoted: bool| {
+        if quoted {
+            return Ok(m.get(k));
+        }
+        let mut hits = m.iter().filter(|(n, _)| n.eq_ignore_ascii_case(k));
+        match (hits.next(), hits.next()) {
+            (Some((a, _)), Some((b, _))) => Err(format!("the column {k:?} matches the keys {a:?} and {b:?}")),
+            (first, _) => Ok(first.map(|(_, v)| v)),
+        }
     };
-    let Some(mut v) = get(m, &r.name, r.quoted) else { return Value::Null };
-    for p in &r.path {
+    let Some(mut v) = get(m, &r.name, r.quoted)? else { return Ok(Value::Null) };
+    for (p, quoted) in &r.path {
         match v {
-            serde_json::Value::Object(o) => match get(o, p, false) {
+            serde_json::Value::Object(o) => match get(o, p, *quoted)? {
                 Some(x) => v = x,
-                None => return Value::Null,
+                None => return Ok(Value::Null),
             },
-            _ => return Value::Null,
+            _ => return Ok(Value::Null),
         }
     }
-    Value::from_json(v)
+    Ok(Value::from_json(v))
 }
 
 /// The CSV output's first line: the column names.

@@ -26,8 +26,9 @@ pub struct ColRef {
     pub name: String,
     /// A quoted identifier matches a header name exactly; an unquoted one ignoring case.
     pub quoted: bool,
-    /// JSON only: the keys below `name` (`s.address.city`).
-    pub path: Vec<String>,
+    /// JSON only: the keys below `name` (`s.address.city`), each with whether it was
+    /// quoted.
+    pub path: Vec<(String, bool)>,
     /// `_1`, `_2`, ...: the field's position (S3 Select's names for CSV columns).
     pub position: Option<usize>,
 }
@@ -381,7 +382,24 @@ impl Compiler {
     fn output_ref(&self, e: &ast::Expr, items: &[Item]) -> Result<Option<usize>, String> {
         match e {
             ast::Expr::Identifier(id) => {
-                Ok(items.iter().position(|i| matches!(i, Item::Expr { name, .. } if name.eq_ignore_ascii_case(&id.value))))
+                let quoted = id.quote_style.is_some();
+                let hits: Vec<(usize, &String)> = items
+                    .iter()
+                    .enumerate()
+                    .filter_map(|(at, i)| match i {
+                        Item::Expr { name, .. } if name_matches(&id.value, quoted, name) => Some((at, name)),
+                        _ => None,
+                    })
+                    .collect();
+                // Two outputs spelled differently that both match: ambiguous (outputs of
+                // one name are one column, the first).
+                match hits.first() {
+                    Some((_, a)) => match hits.iter().find(|(_, n)| n != a) {
+                        Some((_, b)) => Err(format!("ORDER BY {id}: matches the output columns {a:?} and {b:?}")),
+                        None => Ok(Some(hits[0].0)),
+                    },
+                    None => Ok(None),
+                }
             }
             ast::Expr::Value(v) => match &v.value {
                 ast::Value::Number(n, _) => {
@@ -415,17 +433,17 @@ impl Compiler {
         let r = ColRef {
             name: first.value.clone(),
             quoted: first.quote_style.is_some(),
-            path: parts[1..].iter().map(|p| p.value.clone()).collect(),
+            path: parts[1..].iter().map(|p| (p.value.clone(), p.quote_style.is_some())).collect(),
             position,
         };
-        let i = match self.refs.iter().position(|x| *x == r) {
-            Some(i) => i,
-            None => {
-                self.refs.push(r);
-                self.refs.len() - 1
-            }
-        };
-        Ok(Expr::Col(i))
+        // Spellings of one column (`carrier`, `CARRIER`, `"carrier"`) are one expression,
+        // so that GROUP BY keys, HAVING and ORDER BY recognise each other. Each spelling
+        // is still bound on its own, so that one naming no field, or two, is refused.
+        let same = self.refs.iter().position(|x| same_column(x, &r));
+        if !self.refs.contains(&r) {
+            self.refs.push(r);
+        }
+        Ok(Expr::Col(same.unwrap_or(self.refs.len() - 1)))
     }
 
     fn expr(&mut self, e: &ast::Expr, mode: Mode, depth: usize) -> Result<Expr, String> {
@@ -646,6 +664,27 @@ impl Compiler {
         }
         Ok(Expr::Func(func, args))
     }
+}
+
+/// Whether a name matches another by the identifier rule: an unquoted name ignoring
+/// (ASCII) case, a quoted one exactly.
+pub fn name_matches(name: &str, quoted: bool, other: &str) -> bool {
+    if quoted {
+        name == other
+    } else {
+        name.eq_ignore_ascii_case(other)
+    }
+}
+
+/// Whether two references name the same field whenever both name exactly one: two
+/// quoted names if equal, otherwise if equal ignoring case (an unquoted name matches
+/// one field ignoring case, so a quoted name matching that field is the same field).
+fn same_column(a: &ColRef, b: &ColRef) -> bool {
+    let same = |x: &str, xq: bool, y: &str, yq: bool| if xq && yq { x == y } else { x.eq_ignore_ascii_case(y) };
+    a.position == b.position
+        && same(&a.name, a.quoted, &b.name, b.quoted)
+        && a.path.len() == b.path.len()
+        && a.path.iter().zip(&b.path).all(|((x, xq), (y, yq))| same(x, *xq, y, *yq))
 }
 
 fn not_grouped(e: &ast::Expr) -> String {
