@@ -293,6 +293,13 @@ impl<S: Stream> Conn<S> {
             if self.stalled && self.core.tx.pending() <= limits::TX_PENDING_BYTES_MAX {
                 continue;
             }
+            // Completions left in the ring while the send buffer was full: the eventfd
+            // signal that announced them was consumed then and will not come again, so
+            // waiting on it would hang the queue (seen with busy-polling off: a host
+            // waiting for 8 reads whose completions sat in the ring). Take them now.
+            if self.core.tx.pending() <= limits::TX_PENDING_BYTES_MAX && self.core.ring_has_completions() {
+                continue;
+            }
             let mut interest = Interest::READABLE;
             if self.core.tx.pending() > limits::TX_PENDING_BYTES_MAX {
                 interest = Interest::WRITABLE;
@@ -930,6 +937,14 @@ impl Core {
         let token = self.inflight.insert(Inflight { cid, ns: ns.clone(), kind, len, lba, start, ring: None }) as u32;
         self.target.pool.submit(Job { backend: ns.backend.clone(), op, buf, token, reply: self.done_tx.clone() });
         Ok(())
+    }
+
+    /// True when completions wait in this connection's io_uring.
+    fn ring_has_completions(&mut self) -> bool {
+        match &mut self.ring {
+            RingState::Ready(r) => r.has_completions(),
+            _ => false,
+        }
     }
 
     /// True once this connection has an io_uring; makes one the first time.

@@ -101,6 +101,11 @@ impl Ring {
         }
     }
 
+    /// True when completions wait in the ring; no syscall.
+    pub fn has_completions(&mut self) -> bool {
+        !self.ring.completion().is_empty()
+    }
+
     /// Calls `f(user_data, result)` for up to `max` completions that have arrived; no
     /// syscall. The rest stay in the ring.
     pub fn reap(&mut self, max: usize, mut f: impl FnMut(u64, i32)) -> usize {

@@ -273,3 +273,56 @@ async fn metrics_endpoint_counts_io() {
     assert!(body.contains("nearstore_connections 2"), "admin + I/O queue connected:\n{body}");
     assert!(body.lines().any(|l| l.starts_with("nearstore_buffer_bytes ") && !l.ends_with(" 0")), "{body}");
 }
+
+/// Reads whose completions wait in the io_uring while the send buffer is full are taken
+/// once it has room, even with busy-polling off: the eventfd that announced them was
+/// consumed when the first of them were reaped and will not signal again. The power-cut
+/// test found a read-back hanging this way (docs/crash-testing.md).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ring_completions_left_while_the_send_buffer_was_full_are_taken() {
+    common::init_logs();
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = format!(
+        r#"
+        busy_poll_us = 0
+        io_engine = "uring"
+        [[listener]]
+        address = "127.0.0.1:0"
+        [[subsystem]]
+        nqn = "{}"
+        allow_any_host = true
+        [[subsystem.namespace]]
+        nsid = 1
+        path = "{}/disk.img"
+        size = "32MiB"
+        block_size = 4096
+        "#,
+        common::NQN,
+        dir.path().display()
+    );
+    let target = Target::from_config(&nearstore_target::config::Config::from_toml(&cfg).unwrap()).unwrap();
+    let addr = target.listen("127.0.0.1:0".parse().unwrap(), false).await.unwrap();
+    let mut o = nearstore_initiator::ConnectOptions::new(addr, common::NQN);
+    o.queue_depth = 128;
+    let c = Controller::connect(o).await.unwrap();
+    let mut io = c.io_queue(1).await.unwrap();
+    let q = io.queue();
+    // Page-cache hits complete inside the submit: each batch of 64 x 128 KiB (8 MiB)
+    // completes at once, far more than the 1 MiB the send buffer takes before it stops
+    // reaping.
+    for round in 0..8u64 {
+        for i in 0..64u64 {
+            q.submit(Sqe::rw(io::READ, 1, i * 32, 32, false), Data::In(128 * 1024), i).unwrap();
+        }
+        let mut done = 0;
+        while done < 64 {
+            let n = tokio::time::timeout(Duration::from_secs(10), q.poll(|_, cqe, _| assert!(cqe.status.is_success())))
+                .await
+                .unwrap_or_else(|_| panic!("round {round}: {done} of 64 reads completed, the rest hang"))
+                .unwrap();
+            done += n;
+        }
+    }
+    drop(io);
+    c.shutdown().await.unwrap();
+}
