@@ -1,19 +1,26 @@
 # Sourced by demo.sh and test.sh: installs what they need on a fresh Debian machine (as
-# root: e2fsprogs, mount, iproute2 for the testbed, a C compiler and binutils, curl) and Rust
-# (rustup) when cargo is missing.
+# root, Debian packages without their recommendations, upgrading nothing already installed)
+# and Rust (rustup) when cargo is missing. README.md lists the packages and why.
 if [ "$(id -u)" = 0 ]; then
     need=()
-    command -v mkfs.ext4 >/dev/null || need+=(e2fsprogs)
-    command -v losetup >/dev/null || need+=(mount)
-    command -v ip >/dev/null && command -v tc >/dev/null || need+=(iproute2)
-    command -v cc >/dev/null || need+=(gcc)
-    command -v strip >/dev/null || need+=(binutils)
-    command -v curl >/dev/null || need+=(curl ca-certificates)
+    why=()
+    want() { need+=("$1"); why+=("$1 ($2)"); }
+    command -v mkfs.ext4 >/dev/null || want e2fsprogs "mkfs.ext4: the file systems on exported images"
+    command -v losetup >/dev/null || want mount "losetup, mount: loop devices over the images"
+    command -v ip >/dev/null && command -v tc >/dev/null || want iproute2 "ip, tc: the testbed's network namespaces and links"
+    command -v cc >/dev/null || want gcc "a C compiler and linker for cargo"
+    command -v strip >/dev/null || want binutils "strip: nearstore without debug information in the kernel test's guest"
+    command -v curl >/dev/null || want curl "rustup's installer, when cargo is missing"
+    [ -e /etc/ssl/certs/ca-certificates.crt ] || want ca-certificates "curl's TLS certificates"
     if [ ${#need[@]} -gt 0 ]; then
-        apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need[@]}" >/dev/null
+        echo "installing Debian packages: ${why[*]}" >&2
+        apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends --no-upgrade "${need[@]}" >/dev/null
     fi
 fi
 if ! command -v cargo >/dev/null; then
-    [ -x "$HOME/.cargo/bin/cargo" ] || curl -sSf https://sh.rustup.rs | sh -s -- -y --profile minimal >/dev/null
+    if [ ! -x "$HOME/.cargo/bin/cargo" ]; then
+        echo "installing Rust with rustup (minimal profile) into $HOME/.cargo" >&2
+        curl -sSf https://sh.rustup.rs | sh -s -- -y --profile minimal >/dev/null
+    fi
     export PATH="$HOME/.cargo/bin:$PATH"
 fi

@@ -1,8 +1,11 @@
 #!/usr/bin/env bash
 # The whole test suite: unit, integration and fuzz (bounded) tests of the workspace, then
-# the Linux kernel initiator in qemu, then 20 power cuts of the target in qemu. Installs what it needs (Debian packages) when root.
+# the Linux kernel initiator in qemu, then 20 power cuts of the target in qemu. Installs what it
+# needs (Debian packages, without their recommendations). Needs root (loop devices, mounts,
+# network namespaces): run as another user, it runs itself again with sudo.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+. scripts/as-root.sh
 . scripts/prereqs.sh
 export PROPTEST_CASES=${PROPTEST_CASES:-20000}
 cargo build --release --locked -p nearstore -p nearstore-powercut

@@ -39,9 +39,9 @@ command -v debugfs >/dev/null || need_pkgs+=(e2fsprogs)
 ls /boot/vmlinuz-* >/dev/null 2>&1 || need_pkgs+=(linux-image-amd64)
 if [ ${#need_pkgs[@]} -gt 0 ]; then
     if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
-        echo "installing ${need_pkgs[*]}"
+        echo "installing for the kernel-initiator test (qemu boots Debian's kernel, nvme-cli in a busybox initramfs): ${need_pkgs[*]}" >&2
         apt-get update -qq >/dev/null
-        DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need_pkgs[@]}" >/dev/null
+        DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends --no-upgrade "${need_pkgs[@]}" >/dev/null
     else
         fail "missing prerequisites: ${need_pkgs[*]} (install them: apt-get install ${need_pkgs[*]})"
     fi
