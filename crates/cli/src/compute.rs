@@ -38,6 +38,7 @@ pub struct Common {
     /// Compute commands in flight per namespace.
     #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u32).range(1..=64))]
     pub parallel: u32,
+    /// Output format: normal (text) or json.
     #[arg(short = 'o', long, value_enum, default_value = "normal")]
     pub output_format: Output,
 }
@@ -216,8 +217,8 @@ pub struct SelectArgs {
     /// With --into: the rows' format.
     #[arg(long, value_enum, default_value = "csv")]
     pub into_format: RowFormat,
-    /// With --into: the most bytes the output may take (default: the input's size).
-    #[arg(long)]
+    /// With --into: the most bytes the output may take, with or without a unit (default: the input's size).
+    #[arg(long, value_parser = crate::size)]
     pub into_capacity: Option<u64>,
     #[command(flatten)]
     pub common: Common,
@@ -230,8 +231,8 @@ pub struct CompressArgs {
     /// zstd level: 1 (fast) to 19 (small), up to 22; negative levels are faster still.
     #[arg(short = 'l', long, default_value_t = 3, allow_negative_numbers = true)]
     pub level: i32,
-    /// The most bytes the output may take (default: zstd's bound for the input).
-    #[arg(long)]
+    /// The most bytes the output may take, with or without a unit (default: zstd's bound for the input).
+    #[arg(long, value_parser = crate::size)]
     pub capacity: Option<u64>,
     #[command(flatten)]
     pub common: Common,
@@ -241,8 +242,8 @@ pub struct CompressArgs {
 pub struct DecompressArgs {
     pub input: PathBuf,
     pub output: PathBuf,
-    /// The most bytes the output may take (default: the size the zstd frame declares).
-    #[arg(long)]
+    /// The most bytes the output may take, with or without a unit (default: the size the zstd frame declares).
+    #[arg(long, value_parser = crate::size)]
     pub capacity: Option<u64>,
     #[command(flatten)]
     pub common: Common,
@@ -285,9 +286,9 @@ pub struct SortArgs {
     /// unsigned 64-bit integer).
     #[arg(long, requires = "record_size", value_parser = ["bytes", "u64"])]
     pub key_type: Option<String>,
-    /// The most bytes the output may take (default: the inputs' size, and a byte each
+    /// The most bytes the output may take, with or without a unit (default: the inputs' size, and a byte each
     /// for a missing last newline).
-    #[arg(long)]
+    #[arg(long, value_parser = crate::size)]
     pub capacity: Option<u64>,
     #[command(flatten)]
     pub common: Common,
@@ -312,6 +313,7 @@ pub struct ValsortArgs {
     /// Files, read one after another as one sequence of records.
     #[arg(required = true)]
     pub files: Vec<PathBuf>,
+    /// Output format: normal (text) or json.
     #[arg(short = 'o', long, value_enum, default_value = "normal")]
     pub output_format: Output,
 }

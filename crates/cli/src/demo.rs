@@ -21,8 +21,8 @@ pub struct DemoArgs {
     /// Files of each kind (logs, CSV).
     #[arg(long, default_value_t = 16)]
     pub files: usize,
-    /// Bytes per file.
-    #[arg(long, default_value_t = 8 << 20)]
+    /// Bytes per file, with or without a unit (8MiB, 8388608).
+    #[arg(long, default_value = "8MiB", value_parser = crate::size_usize)]
     pub file_size: usize,
     /// Also print throughputs and each kernel's in-memory limit on all cores (the
     /// benchmark of docs/benchmarks.md runs this with 4 GiB of files).

@@ -17,28 +17,55 @@ use nearstore_target::config::{ByteSize, Config, NamespaceConfig};
 #[derive(Parser)]
 #[command(name = "nearstore", version, about = "NVMe/TCP computational storage: target, initiator tools, benchmarks")]
 struct Cli {
+    /// Errors with the protocol's words too (NVMe status, the field it names).
+    #[arg(short = 'v', long, global = true)]
+    verbose: bool,
     #[command(subcommand)]
     cmd: Cmd,
 }
 
-/// Where a target is: address and subsystem.
+/// An error said in the user's terms; `detail` holds the protocol's words (the NVMe status),
+/// printed with -v.
+#[derive(Debug)]
+pub struct Plain {
+    pub said: String,
+    pub detail: String,
+}
+
+impl std::fmt::Display for Plain {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.said)
+    }
+}
+
+impl std::error::Error for Plain {}
+
 /// Where `read` and `write` go: a target, a namespace and the first block.
 #[derive(clap::Args)]
 struct Blocks {
     #[command(flatten)]
     t: TargetArgs,
+    /// Namespace ID.
     #[arg(long, default_value_t = 1)]
     nsid: u32,
-    /// First LBA.
-    #[arg(short = 's', long, default_value_t = 0)]
+    /// First LBA (`-s` is the port, as in nvme-cli's fabrics verbs).
+    #[arg(long, default_value_t = 0)]
     start_block: u64,
 }
 
+/// Where a target is: address and subsystem, in nvme-cli's spellings
+/// (`-t tcp -a ADDR -s PORT -n NQN`).
 #[derive(clap::Args, Clone)]
 pub struct TargetArgs {
-    /// Target address, HOST:PORT (port 4420 if left out).
-    #[arg(short = 'a', long = "traddr", default_value = "127.0.0.1:4420")]
+    /// Transport type: tcp, the only one.
+    #[arg(short = 't', long, default_value = "tcp", value_parser = ["tcp"])]
+    pub transport: String,
+    /// Target address: HOST, or HOST:PORT.
+    #[arg(short = 'a', long = "traddr", default_value = "127.0.0.1")]
     pub traddr: String,
+    /// Target port (default 4420), when the address does not give one.
+    #[arg(short = 's', long = "trsvcid")]
+    pub trsvcid: Option<u16>,
     /// Subsystem NQN.
     #[arg(short = 'n', long = "nqn", default_value = DEFAULT_NQN)]
     pub nqn: String,
@@ -54,6 +81,26 @@ pub struct TargetArgs {
 }
 
 pub const DEFAULT_NQN: &str = "nqn.2026-11.io.nearstore:disk0";
+
+/// A socket address from `-a` and `-s`: HOST:PORT, or HOST and the port (`default_port`
+/// when `-s` is not given). A port given both ways is refused unless it is the same.
+pub fn address(addr: &str, port: Option<u16>, default_port: u16) -> Result<SocketAddr> {
+    let a = resolve(addr, port.unwrap_or(default_port))?;
+    match port {
+        Some(p) if p != a.port() => bail!("-a {addr} and -s {p} give two ports: give it once"),
+        _ => Ok(a),
+    }
+}
+
+/// A size in bytes, with or without a unit (4096, 4KiB, 1GiB, 10G): clap's value parser.
+pub fn size(s: &str) -> Result<u64, String> {
+    s.parse::<ByteSize>().map(|b| b.0).map_err(|e| e.to_string())
+}
+
+/// [`size`] as a usize.
+pub fn size_usize(s: &str) -> Result<usize, String> {
+    usize::try_from(size(s)?).map_err(|_| format!("{s} is too large for this machine"))
+}
 
 pub fn resolve(addr: &str, default_port: u16) -> Result<SocketAddr> {
     if let Ok(a) = addr.parse::<SocketAddr>() {
@@ -71,7 +118,7 @@ pub fn resolve(addr: &str, default_port: u16) -> Result<SocketAddr> {
 
 impl TargetArgs {
     pub fn options(&self) -> Result<nearstore_initiator::ConnectOptions> {
-        let mut o = nearstore_initiator::ConnectOptions::new(resolve(&self.traddr, 4420)?, &self.nqn);
+        let mut o = nearstore_initiator::ConnectOptions::new(address(&self.traddr, self.trsvcid, 4420)?, &self.nqn);
         if let Some(h) = &self.hostnqn {
             o.hostnqn = h.clone();
         }
@@ -137,11 +184,19 @@ enum Cmd {
     },
     /// Print a target's discovery log.
     Discover {
-        /// Discovery address, HOST[:PORT], port 8009 by default.
-        #[arg(short = 'a', long = "traddr", default_value = "127.0.0.1:8009")]
+        /// Transport type: tcp, the only one.
+        #[arg(short = 't', long, default_value = "tcp", value_parser = ["tcp"])]
+        transport: String,
+        /// Discovery address: HOST, or HOST:PORT.
+        #[arg(short = 'a', long = "traddr", default_value = "127.0.0.1")]
         traddr: String,
+        /// Discovery port (default 8009), when the address does not give one.
+        #[arg(short = 's', long = "trsvcid")]
+        trsvcid: Option<u16>,
+        /// Host NQN (default: /etc/nvme/hostnqn or one derived from the machine id).
         #[arg(long)]
         hostnqn: Option<String>,
+        /// Output format: normal (nvme-cli's layout) or json.
         #[arg(short = 'o', long, value_enum, default_value = "normal")]
         output_format: Output,
     },
@@ -149,6 +204,7 @@ enum Cmd {
     List {
         #[command(flatten)]
         t: TargetArgs,
+        /// Output format: normal (text) or json.
         #[arg(short = 'o', long, value_enum, default_value = "normal")]
         output_format: Output,
     },
@@ -156,6 +212,7 @@ enum Cmd {
     IdCtrl {
         #[command(flatten)]
         t: TargetArgs,
+        /// Output format: normal (text) or json.
         #[arg(short = 'o', long, value_enum, default_value = "normal")]
         output_format: Output,
     },
@@ -165,6 +222,7 @@ enum Cmd {
         t: TargetArgs,
         #[arg(long, default_value_t = 1)]
         nsid: u32,
+        /// Output format: normal (text) or json.
         #[arg(short = 'o', long, value_enum, default_value = "normal")]
         output_format: Output,
     },
@@ -172,9 +230,9 @@ enum Cmd {
     Read {
         #[command(flatten)]
         b: Blocks,
-        /// Bytes to read (rounded up to whole blocks).
-        #[arg(short = 'z', long)]
-        data_size: String,
+        /// Bytes to read, with or without a unit (512, 4KiB); rounded up to whole blocks.
+        #[arg(short = 'z', long, value_parser = size)]
+        data_size: u64,
         /// Output file ("-" for standard output).
         #[arg(short = 'd', long, default_value = "-")]
         data: PathBuf,
@@ -233,8 +291,12 @@ fn init_logs(cmd: &Cmd) {
 fn main() {
     let cli = Cli::parse();
     init_logs(&cli.cmd);
+    let verbose = cli.verbose;
     if let Err(e) = run(cli) {
         eprintln!("error: {}", message(&e));
+        if let Some(p) = e.chain().find_map(|c| c.downcast_ref::<Plain>()).filter(|_| verbose) {
+            eprintln!("  ({})", p.detail);
+        }
         std::process::exit(1);
     }
 }
@@ -332,14 +394,13 @@ fn run(cli: Cli) -> Result<()> {
             }
             runtime(cfg.net_threads)?.block_on(tools::run_target(cfg))
         }
-        Cmd::Discover { traddr, hostnqn, output_format } => runtime(Some(1))?.block_on(tools::discover(&traddr, hostnqn, output_format)),
+        Cmd::Discover { transport: _, traddr, trsvcid, hostnqn, output_format } => {
+            runtime(Some(1))?.block_on(tools::discover(address(&traddr, trsvcid, 8009)?, hostnqn, output_format))
+        }
         Cmd::List { t, output_format } => runtime(Some(1))?.block_on(tools::list(&t, output_format)),
         Cmd::IdCtrl { t, output_format } => runtime(Some(1))?.block_on(tools::id_ctrl(&t, output_format)),
         Cmd::IdNs { t, nsid, output_format } => runtime(Some(1))?.block_on(tools::id_ns(&t, nsid, output_format)),
-        Cmd::Read { b, data_size, data } => {
-            let n: ByteSize = data_size.parse().map_err(|e| anyhow::anyhow!("--data-size: {e}"))?;
-            runtime(Some(1))?.block_on(tools::read(&b.t, b.nsid, b.start_block, n.0, &data))
-        }
+        Cmd::Read { b, data_size, data } => runtime(Some(1))?.block_on(tools::read(&b.t, b.nsid, b.start_block, data_size, &data)),
         Cmd::Write { b, data, fua } => runtime(Some(1))?.block_on(tools::write(&b.t, b.nsid, b.start_block, &data, fua)),
         Cmd::Checksum(a) => compute::checksum(a),
         Cmd::Grep(a) => compute::grep(a),

@@ -10,7 +10,6 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Context, Result};
 use hdrhistogram::Histogram;
 use nearstore_initiator::{ConnectOptions, Controller, Data};
-use nearstore_target::config::ByteSize;
 use nearstore_wire::opcode::io;
 use nearstore_wire::Sqe;
 use serde::Serialize;
@@ -32,21 +31,24 @@ pub enum Workload {
 pub struct PerfArgs {
     #[command(flatten)]
     pub t: TargetArgs,
+    /// Namespace ID.
     #[arg(long, default_value_t = 1)]
     pub nsid: u32,
     /// Commands in flight per queue.
     #[arg(short = 'q', long, default_value_t = 32)]
     pub queue_depth: u16,
-    /// I/O size (e.g. 4096, 4KiB, 128KiB).
-    #[arg(short = 'o', long, default_value = "4KiB")]
-    pub io_size: String,
+    /// I/O size, with or without a unit (4096, 4KiB, 128KiB). `-z` as nvme-cli's data size;
+    /// `-o` is the output format on every verb.
+    #[arg(short = 'z', long, default_value = "4KiB", value_parser = crate::size_usize)]
+    pub io_size: usize,
+    /// The access pattern.
     #[arg(short = 'w', long, value_enum, default_value = "randread")]
     pub workload: Workload,
     /// Percentage of reads in rw and randrw.
     #[arg(short = 'M', long, default_value_t = 50)]
     pub rwmixread: u8,
-    /// Seconds to run.
-    #[arg(short = 't', long, default_value_t = 10.0)]
+    /// Seconds to run (`-t` is the transport, as in nvme-cli).
+    #[arg(short = 'T', long, default_value_t = 10.0)]
     pub time: f64,
     /// I/O queues (connections), each driven by its own task.
     #[arg(long, default_value_t = 1)]
@@ -57,7 +59,8 @@ pub struct PerfArgs {
     /// Microseconds each queue polls its socket before sleeping (0: sleep at once).
     #[arg(long, default_value_t = 200)]
     pub busy_poll_us: u64,
-    #[arg(long = "output-format", value_enum, default_value = "normal")]
+    /// Output format: normal (one line) or json.
+    #[arg(short = 'o', long, value_enum, default_value = "normal")]
     pub output_format: Output,
 }
 
@@ -95,7 +98,7 @@ struct QueueStats {
 }
 
 pub fn run(a: PerfArgs) -> Result<()> {
-    let io_size = a.io_size.parse::<ByteSize>().map_err(|e| anyhow::anyhow!("--io-size: {e}"))?.0 as usize;
+    let io_size = a.io_size;
     if a.rwmixread > 100 {
         bail!("--rwmixread: {} is not a percentage", a.rwmixread);
     }

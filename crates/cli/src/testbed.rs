@@ -70,14 +70,15 @@ pub struct UpArgs {
     /// Files of each kind (logs, CSV) per target.
     #[arg(long, default_value_t = 8)]
     pub files: usize,
-    /// Bytes per file.
-    #[arg(long, default_value_t = 16 << 20)]
+    /// Bytes per file, with or without a unit (16MiB, 16777216).
+    #[arg(long, default_value = "16MiB", value_parser = crate::size_usize)]
     pub file_size: usize,
     /// Where the images and mounts go.
     #[arg(long, default_value = "/var/tmp/nearstore-testbed")]
     pub dir: PathBuf,
-    /// Bytes of each target's image (sparse; default: room for the data files).
-    #[arg(long)]
+    /// Bytes of each target's image, with or without a unit (1GiB; sparse; default: room
+    /// for the data files).
+    #[arg(long, value_parser = crate::size)]
     pub image_size: Option<u64>,
     #[command(flatten)]
     pub shape: ShapeArgs,
@@ -123,10 +124,11 @@ pub struct ExperimentArgs {
     /// Sorts: one output per target (key ranges) instead of one output on the first.
     #[arg(long)]
     pub ranges: bool,
-    /// Files of each kind per target, and their size.
+    /// Files of each kind per target.
     #[arg(long, default_value_t = 16)]
     pub files: usize,
-    #[arg(long, default_value_t = 16 << 20)]
+    /// Bytes per file, with or without a unit (16MiB, 16777216).
+    #[arg(long, default_value = "16MiB", value_parser = crate::size_usize)]
     pub file_size: usize,
     /// The JSON results (one record per cell of the grid).
     #[arg(long)]

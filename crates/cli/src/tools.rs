@@ -10,7 +10,7 @@ use nearstore_target::Target;
 use serde_json::json;
 use tracing::info;
 
-use crate::{resolve, Output, TargetArgs};
+use crate::{Output, Plain, TargetArgs};
 
 pub async fn run_target(cfg: Config) -> Result<()> {
     let target = Target::from_config(&cfg)?;
@@ -36,11 +36,34 @@ pub async fn run_target(cfg: Config) -> Result<()> {
 async fn connect(t: &TargetArgs) -> Result<Controller> {
     let o = t.options()?;
     let what = format!("connecting to {} at {}", o.subnqn, o.addr);
-    Controller::connect(o).await.context(what)
+    let (subnqn, hostnqn, addr) = (o.subnqn.clone(), o.hostnqn.clone(), o.addr);
+    Controller::connect(o).await.map_err(|e| match plain_connect_error(&e, &subnqn, &hostnqn, addr) {
+        Some(p) => anyhow::Error::new(p),
+        None => anyhow::Error::new(e).context(what),
+    })
 }
 
-pub async fn discover(traddr: &str, hostnqn: Option<String>, out: Output) -> Result<()> {
-    let mut o = ConnectOptions::new(resolve(traddr, 8009)?, nearstore_wire::DISCOVERY_NQN);
+/// A refused Connect in the user's terms: the subsystem does not exist there, or does not
+/// let this host in. The NVMe status stays in the detail (-v).
+pub fn plain_connect_error(e: &nearstore_initiator::Error, subnqn: &str, hostnqn: &str, addr: std::net::SocketAddr) -> Option<Plain> {
+    use nearstore_wire::fabrics::connect;
+    use nearstore_wire::Status;
+    let nearstore_initiator::Error::Status { status, cqe, .. } = e else { return None };
+    // The SUBNQN field's byte offset in the Connect data (NVMe over Fabrics, "Connect").
+    const SUBNQN_OFFSET: u16 = 256;
+    let status = Status { dnr: false, ..*status };
+    let said = if status == Status::CONNECT_INVALID_PARAMETERS && cqe.dw0 == connect::invalid_param(true, SUBNQN_OFFSET) {
+        format!("no such subsystem: {addr} serves no {subnqn} (`nearstore discover -a {}` lists what it serves)", addr.ip())
+    } else if status == Status::CONNECT_INVALID_HOST {
+        format!("{subnqn} at {addr} does not allow this host ({hostnqn}): add it to the subsystem's hosts, or give --hostnqn")
+    } else {
+        return None;
+    };
+    Some(Plain { said, detail: e.to_string() })
+}
+
+pub async fn discover(traddr: std::net::SocketAddr, hostnqn: Option<String>, out: Output) -> Result<()> {
+    let mut o = ConnectOptions::new(traddr, nearstore_wire::DISCOVERY_NQN);
     o.kato_ms = 0;
     if let Some(h) = hostnqn {
         o.hostnqn = h;

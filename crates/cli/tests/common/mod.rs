@@ -1,6 +1,11 @@
-//! Running the `nearstore` binary from the CLI tests.
+//! Running the `nearstore` binary from the CLI tests, a target process to run it against,
+//! and an ext4 file system on a loop device.
+#![allow(dead_code)]
 
-use std::process::{Command, Output};
+use std::io::BufRead;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
 
 pub fn nearstore(args: &[&str]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_nearstore")).args(args).output().expect("running nearstore")
@@ -11,4 +16,112 @@ pub fn ok(args: &[&str]) -> String {
     let o = nearstore(args);
     assert!(o.status.success(), "{args:?}: {}", String::from_utf8_lossy(&o.stderr));
     String::from_utf8(o.stdout).unwrap()
+}
+
+/// Runs it, requires exit status 1 (an error, not a usage error or a panic), returns
+/// (stdout, stderr).
+pub fn fails(args: &[&str]) -> (String, String) {
+    let o = nearstore(args);
+    let (out, err) = (String::from_utf8_lossy(&o.stdout).into_owned(), String::from_utf8_lossy(&o.stderr).into_owned());
+    assert_eq!(o.status.code(), Some(1), "{args:?}: status {:?}, stdout {out:?}, stderr {err:?}", o.status);
+    (out, err)
+}
+
+/// A `nearstore target` process on a port the kernel chose (`--listen 127.0.0.1:0`), killed
+/// when dropped, passed or failed.
+pub struct Target {
+    child: Child,
+    /// Kept open: a target writing to a closed stdout would fail.
+    _stdout: std::io::BufReader<std::process::ChildStdout>,
+    /// Its I/O listener, and its discovery listener (on 127.0.0.2) when it has one.
+    pub addr: SocketAddr,
+    pub discovery: Option<SocketAddr>,
+}
+
+impl Target {
+    /// `args`: what the namespace is (`--memory 64MiB`, `--namespace FILE`), or `--config
+    /// FILE` with one listener on 127.0.0.1:0.
+    pub fn start(args: &[&str]) -> Target {
+        Target::spawn(&["--discovery", "none"], args, 1)
+    }
+
+    /// With a discovery listener too, on 127.0.0.2.
+    pub fn with_discovery(args: &[&str]) -> Target {
+        Target::spawn(&["--discovery", "127.0.0.2:0"], args, 2)
+    }
+
+    fn spawn(discovery: &[&str], args: &[&str], listeners: usize) -> Target {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_nearstore"))
+            .args(["target", "--listen", "127.0.0.1:0"])
+            .args(discovery)
+            .args(args)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("starting nearstore target");
+        let mut stdout = std::io::BufReader::new(child.stdout.take().expect("stdout"));
+        let mut addrs: Vec<SocketAddr> = Vec::new();
+        for _ in 0..listeners {
+            let mut line = String::new();
+            let _ = stdout.read_line(&mut line);
+            match line.trim().strip_prefix("listening on ").and_then(|a| a.parse().ok()) {
+                Some(a) => addrs.push(a),
+                None => {
+                    let _ = child.kill();
+                    let _ = child.wait();
+                    panic!("the target did not say where it listens: {line:?}");
+                }
+            }
+        }
+        let discovery = addrs.iter().copied().find(|a| a.ip().to_string() == "127.0.0.2");
+        let addr = addrs.iter().copied().find(|a| Some(*a) != discovery).expect("an I/O listener");
+        Target { child, _stdout: stdout, addr, discovery }
+    }
+}
+
+impl Drop for Target {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+pub fn run(cmd: &str, args: &[&str]) -> String {
+    let out = Command::new(cmd).args(args).output().unwrap_or_else(|e| panic!("cannot run {cmd} (needed by this test): {e}"));
+    assert!(out.status.success(), "{cmd} {args:?} failed: {}", String::from_utf8_lossy(&out.stderr));
+    String::from_utf8_lossy(&out.stdout).trim().to_string()
+}
+
+/// An ext4 image on a loop device, mounted; unmounted and detached when dropped, even after
+/// a failure.
+pub struct Fs {
+    pub dir: tempfile::TempDir,
+    pub image: PathBuf,
+    pub dev: String,
+    pub mnt: PathBuf,
+}
+
+impl Fs {
+    /// Needs root, loop devices and mkfs.ext4, and says which is missing.
+    pub fn new(size_mib: u64) -> Fs {
+        assert!(unsafe { libc::geteuid() } == 0, "this test needs root (loop devices, mount)");
+        assert!(Path::new("/dev/loop-control").exists(), "this test needs loop devices (/dev/loop-control is missing)");
+        let dir = tempfile::tempdir().unwrap();
+        let image = dir.path().join("disk.img");
+        std::fs::File::create(&image).unwrap().set_len(size_mib << 20).unwrap();
+        run("mkfs.ext4", &["-F", "-q", "-b", "4096", image.to_str().unwrap()]);
+        let dev = run("losetup", &["-f", "--show", image.to_str().unwrap()]);
+        let mnt = dir.path().join("mnt");
+        std::fs::create_dir(&mnt).unwrap();
+        let fs = Fs { dir, image, dev, mnt };
+        run("mount", &[&fs.dev, fs.mnt.to_str().unwrap()]);
+        fs
+    }
+}
+
+impl Drop for Fs {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg(&self.mnt).status();
+        let _ = Command::new("losetup").args(["-d", &self.dev]).status();
+    }
 }
