@@ -96,6 +96,39 @@ pub enum HostError {
     Invalid(String),
     #[error(transparent)]
     Step(#[from] orchestrator::StepError),
+    /// With `Host::offload_only`: files that would have been computed on the host.
+    #[error("not offloaded (--offload-only): {}", .0.iter().map(Cause::to_string).collect::<Vec<_>>().join("; "))]
+    NotOffloaded(Vec<Cause>),
+}
+
+/// Why some files were computed on the host, not offloaded: one reason and the files
+/// that share it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Cause {
+    pub reason: String,
+    pub files: Vec<PathBuf>,
+}
+
+impl std::fmt::Display for Cause {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match &self.files[..] {
+            [one] => write!(f, "{}: {}", one.display(), self.reason),
+            [first, ..] => write!(f, "{} files ({} and others): {}", self.files.len(), first.display(), self.reason),
+            [] => write!(f, "{}", self.reason),
+        }
+    }
+}
+
+/// The files computed on the host grouped by reason, in the order the reasons first appear.
+pub fn causes<'a>(local: impl IntoIterator<Item = (&'a Path, &'a str)>) -> Vec<Cause> {
+    let mut out: Vec<Cause> = Vec::new();
+    for (path, reason) in local {
+        match out.iter_mut().find(|c| c.reason == reason) {
+            Some(c) => c.files.push(path.into()),
+            None => out.push(Cause { reason: reason.into(), files: vec![path.into()] }),
+        }
+    }
+    out
 }
 
 fn ep_name(e: &Endpoint) -> String {
@@ -121,6 +154,9 @@ pub struct Host {
     /// block device) where the kernel attached the namespace; else, and when false, over
     /// our own NVMe/TCP connection to the same target.
     pub passthrough: bool,
+    /// Refuse (`HostError::NotOffloaded`, before computing anything) rather than compute
+    /// on the host what cannot be offloaded; `Mode::Local` is unaffected.
+    pub offload_only: bool,
     conns: HashMap<Endpoint, Conn>,
     kernel: HashMap<Endpoint, Arc<KernelNamespace>>,
 }
@@ -133,6 +169,7 @@ impl Host {
             timeout: Duration::from_secs(3600),
             progress: None,
             passthrough: true,
+            offload_only: false,
             conns: HashMap::new(),
             kernel: HashMap::new(),
         }
@@ -233,6 +270,15 @@ impl Host {
                 m => m,
             };
             out.push(m);
+        }
+        if self.offload_only && mode != Mode::Local {
+            let local = causes(out.iter().filter_map(|m| match m {
+                Mapped::Local { path, reason } => Some((path.as_path(), reason.as_str())),
+                Mapped::Offload(_) => None,
+            }));
+            if !local.is_empty() {
+                return Err(HostError::NotOffloaded(local));
+            }
         }
         Ok(out)
     }
@@ -403,6 +449,9 @@ impl Host {
                         .find_map(|m| if let Mapped::Local { reason, .. } = m { Some(reason.clone()) } else { None })
                         .unwrap_or_else(|| "the inputs are on different namespaces".into()),
                 };
+                if self.offload_only && mode != Mode::Local {
+                    return Err(HostError::NotOffloaded(vec![Cause { reason, files: vec![output.into()] }]));
+                }
                 how = How::Local(reason);
                 transform_local(op, args, inputs, output, capacity)?
             }
