@@ -8,10 +8,13 @@ use std::path::PathBuf;
 use anyhow::{bail, Context, Result};
 use nearstore_compute::Outcome;
 use nearstore_host::device::{DeviceMap, Endpoint};
-use nearstore_host::{Host, How, Mode, Report};
+use nearstore_host::{Host, HostError, How, Mode, Report};
 use nearstore_target::config::Config;
 
-use crate::Output;
+use nearstore_wire::compute::status as cs;
+use nearstore_wire::Status;
+
+use crate::{Output, Plain};
 
 #[derive(clap::Args, Clone)]
 pub struct Common {
@@ -35,6 +38,10 @@ pub struct Common {
     /// namespace (by default its connection carries the commands: NVMe passthrough).
     #[arg(long)]
     pub no_passthrough: bool,
+    /// Fail, computing nothing, when a file cannot be offloaded (by default it is
+    /// computed on the host, and stderr says why).
+    #[arg(long, conflicts_with_all = ["local", "pull"])]
+    pub offload_only: bool,
     /// Compute commands in flight per namespace.
     #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u32).range(1..=64))]
     pub parallel: u32,
@@ -77,6 +84,7 @@ impl Common {
         let mut host = Host::new(devices);
         host.parallel = self.parallel as usize;
         host.passthrough = !self.no_passthrough;
+        host.offload_only = self.offload_only;
         if self.output_format == Output::Normal && std::io::IsTerminal::is_terminal(&std::io::stderr()) {
             let bar = indicatif::ProgressBar::new(0);
             bar.set_style(
@@ -485,20 +493,112 @@ fn transform(op: &str, args: Vec<u8>, inputs: &[PathBuf], output: &std::path::Pa
         None => nearstore_host::output_capacity(op, inputs)?,
     };
     let mut host = common.host()?;
-    let r = runtime()?.block_on(host.transform(op, &args, inputs, output, cap, common.mode()))?;
-    print_report(&r, common)
+    let r = runtime()?.block_on(host.transform(op, &args, inputs, output, cap, common.mode())).map_err(in_user_terms)?;
+    print_report(&r, common, &[])
 }
 
+/// Runs a streaming operation over each file, as sha256sum does: a file that cannot be read
+/// or fails is reported for itself on stderr, the others are still computed, and the exit
+/// status is 1 at the end.
 fn stream(op: &str, args: Vec<u8>, files: &[PathBuf], common: &Common) -> Result<()> {
     let op = nearstore_compute::by_name(op)?;
     let mut host = common.host()?;
-    let r = runtime()?.block_on(host.run(op, &args, files, common.mode()))?;
-    print_report(&r, common)
+    let rt = runtime()?;
+    let mut failed: Vec<(PathBuf, String)> = Vec::new();
+    let readable: Vec<PathBuf> = files
+        .iter()
+        .filter(|f| match std::fs::File::open(f).and_then(|h| h.metadata()) {
+            Ok(m) if m.is_file() => true,
+            Ok(_) => {
+                failed.push(((*f).clone(), "not a regular file".into()));
+                false
+            }
+            Err(e) => {
+                failed.push(((*f).clone(), e.to_string()));
+                false
+            }
+        })
+        .cloned()
+        .collect();
+    let report = if readable.is_empty() {
+        Report::default()
+    } else {
+        match rt.block_on(host.run(op, &args, &readable, common.mode())) {
+            Ok(r) => r,
+            // One file's failure failed the call: each file again on its own, to report
+            // which (a refusal of --offload-only, or one file alone, is the answer as it is).
+            Err(e) if readable.len() == 1 || matches!(e, HostError::NotOffloaded(_)) => return Err(in_user_terms(e)),
+            Err(_) => {
+                let mut all = Report::default();
+                for f in &readable {
+                    match rt.block_on(host.run(op, &args, std::slice::from_ref(f), common.mode())) {
+                        Ok(r) => {
+                            all.files.extend(r.files);
+                            all.bytes_processed += r.bytes_processed;
+                            all.wire_sent += r.wire_sent;
+                            all.wire_received += r.wire_received;
+                            all.elapsed_secs += r.elapsed_secs;
+                            all.via_kernel.extend(r.via_kernel);
+                        }
+                        Err(e) => failed.push((f.clone(), file_error(in_user_terms(e), f))),
+                    }
+                }
+                all.via_kernel.sort();
+                all.via_kernel.dedup();
+                all
+            }
+        }
+    };
+    // One file alone: its error is the error.
+    if let ([f], [(_, e)]) = (files, &failed[..]) {
+        bail!("{}: {e}", f.display());
+    }
+    // In the order given, as sha256sum reports them.
+    failed.sort_by_key(|(f, _)| files.iter().position(|g| g == f));
+    for (f, e) in &failed {
+        eprintln!("nearstore: {}: {e}", f.display());
+    }
+    print_report(&report, common, &failed)?;
+    match failed.len() {
+        0 => Ok(()),
+        n => bail!("{n} of {} files failed", files.len()),
+    }
 }
 
-fn print_report(r: &Report, common: &Common) -> Result<()> {
+/// A file's error without its path when the message already starts with it.
+fn file_error(e: anyhow::Error, f: &std::path::Path) -> String {
+    let msg = crate::message(&e);
+    let prefix = format!("{}: ", f.display());
+    msg.strip_prefix(&prefix).map(str::to_string).unwrap_or(msg)
+}
+
+/// An error in the user's terms where the target's are the protocol's: a result too big to
+/// return inline names --into. The first words stay in the detail (-v).
+fn in_user_terms(e: HostError) -> anyhow::Error {
+    let too_big = match &e {
+        HostError::Compute(nearstore_compute::ComputeError::ResultTooLarge { .. }) => true,
+        HostError::Target { source: nearstore_initiator::Error::Compute { status, message }, .. } => {
+            (Status { dnr: true, ..*status }) == cs::LIMIT_EXCEEDED && (message.contains(" inline") || message.starts_with("result of"))
+        }
+        _ => false,
+    };
+    if too_big {
+        let said = "the result is too big to return inline (docs/protocol.md gives the limit): write the rows into a file with --into FILE";
+        return Plain { said: said.into(), detail: e.to_string() }.into();
+    }
+    e.into()
+}
+
+/// The results on stdout (with the files that failed, in JSON), then on stderr why files
+/// were computed on the host, one line per cause, and with --stats the costs.
+fn print_report(r: &Report, common: &Common, failed: &[(PathBuf, String)]) -> Result<()> {
     if common.output_format == Output::Json {
-        println!("{}", serde_json::to_string_pretty(r)?);
+        let mut v = serde_json::to_value(r)?;
+        if !failed.is_empty() {
+            let errors: Vec<_> = failed.iter().map(|(p, e)| serde_json::json!({ "path": p, "error": e })).collect();
+            v["errors"] = errors.into();
+        }
+        println!("{}", serde_json::to_string_pretty(&v)?);
     } else {
         for f in &r.files {
             let p = f.path.display();
@@ -535,16 +635,31 @@ fn print_report(r: &Report, common: &Common) -> Result<()> {
             }
         }
     }
+    // Asked for with --local: no news. Otherwise the host computing a file is.
+    if !common.local {
+        let local = nearstore_host::causes(r.files.iter().filter_map(|f| match &f.how {
+            How::Local(reason) => Some((f.path.as_path(), reason.as_str())),
+            _ => None,
+        }));
+        let hint = if common.map.is_none() && common.target_config.is_none() {
+            " (--map or --target-config names the targets that export images; --offload-only refuses)"
+        } else {
+            " (--offload-only refuses)"
+        };
+        for c in local {
+            eprintln!("nearstore: computed on the host, not offloaded: {c}{hint}");
+        }
+    }
     if common.stats {
         let offloaded = r.files.iter().filter(|f| f.how == How::Offloaded).count();
         let pulled = r.files.iter().filter(|f| f.how == How::Pulled).count();
-        let local: Vec<&nearstore_host::FileResult> = r.files.iter().filter(|f| matches!(f.how, How::Local(_))).collect();
+        let local = r.files.iter().filter(|f| matches!(f.how, How::Local(_))).count();
         let wire = r.wire_sent + r.wire_received;
         let pct = if r.bytes_processed > 0 { wire as f64 * 100.0 / r.bytes_processed as f64 } else { 0.0 };
         eprintln!(
             "{} files ({offloaded} offloaded, {pulled} pulled, {} local): {} processed, {} over the network ({pct:.4}%), {:.3} s, {:.1} MB/s",
             r.files.len(),
-            local.len(),
+            local,
             human(r.bytes_processed),
             human(wire),
             r.elapsed_secs,
@@ -552,11 +667,6 @@ fn print_report(r: &Report, common: &Common) -> Result<()> {
         );
         if !r.via_kernel.is_empty() {
             eprintln!("  offloaded through the kernel's NVMe/TCP connection on {}", r.via_kernel.join(", "));
-        }
-        for f in local {
-            if let How::Local(reason) = &f.how {
-                eprintln!("  {} computed on the host: {reason}", f.path.display());
-            }
         }
     }
     Ok(())
