@@ -64,81 +64,129 @@ pub struct TargetStats {
     pub controllers_refused: AtomicU64,
 }
 
-/// Renders the Prometheus text exposition of every counter.
+/// Writes a metric family's `# HELP` and `# TYPE` lines.
+fn family(o: &mut String, name: &str, kind: &str, help: &str) {
+    let _ = writeln!(o, "# HELP {name} {help}\n# TYPE {name} {kind}");
+}
+
+/// Renders the Prometheus text exposition of every counter, each family with its help.
 pub fn render(t: &Target) -> String {
     let mut o = String::new();
     let s = &t.stats;
-    let _ = writeln!(o, "# TYPE nearstore_connections gauge\nnearstore_connections {}", s.connections.load(Relaxed));
-    let _ = writeln!(o, "# TYPE nearstore_connections_total counter\nnearstore_connections_total {}", s.connections_total.load(Relaxed));
-    let _ = writeln!(
-        o,
-        "# TYPE nearstore_transport_fatal_errors_total counter\nnearstore_transport_fatal_errors_total {}",
-        s.fatal_errors.load(Relaxed)
-    );
-    let _ = writeln!(
-        o,
-        "# TYPE nearstore_keep_alive_expired_total counter\nnearstore_keep_alive_expired_total {}",
-        s.controllers_expired.load(Relaxed)
-    );
-    let _ = writeln!(o, "# TYPE nearstore_buffer_bytes gauge\nnearstore_buffer_bytes {}", s.buffer_bytes.load(Relaxed));
-    let _ = writeln!(
-        o,
-        "# TYPE nearstore_connection_buffer_bytes_max gauge\nnearstore_connection_buffer_bytes_max {}",
-        s.connection_buffer_bytes_max.load(Relaxed)
-    );
-    for (name, kind, v) in [
-        ("nearstore_connections_refused_total", "counter", s.connections_refused.load(Relaxed)),
-        ("nearstore_connections_evicted_total", "counter", s.connections_evicted.load(Relaxed)),
-        ("nearstore_connect_timeouts_total", "counter", s.connect_timeouts.load(Relaxed)),
-        ("nearstore_controllers_refused_total", "counter", s.controllers_refused.load(Relaxed)),
-        ("nearstore_connections_max", "gauge", t.admission.cap() as u64),
-        ("nearstore_descriptor_limit", "gauge", t.nofile),
-    ] {
-        let _ = writeln!(o, "# TYPE {name} {kind}\n{name} {v}");
+    let target: [(&str, &str, &str, i64); 12] = [
+        ("nearstore_connections", "gauge", "NVMe/TCP connections open now (one per queue).", s.connections.load(Relaxed)),
+        ("nearstore_connections_total", "counter", "NVMe/TCP connections accepted.", s.connections_total.load(Relaxed) as i64),
+        (
+            "nearstore_transport_fatal_errors_total",
+            "counter",
+            "Connections closed for a transport error (malformed PDU, digest mismatch, protocol violation).",
+            s.fatal_errors.load(Relaxed) as i64,
+        ),
+        (
+            "nearstore_keep_alive_expired_total",
+            "counter",
+            "Controllers removed because their host's keep-alive timer expired.",
+            s.controllers_expired.load(Relaxed) as i64,
+        ),
+        ("nearstore_buffer_bytes", "gauge", "Bytes of buffers held by all connections now.", s.buffer_bytes.load(Relaxed)),
+        (
+            "nearstore_connection_buffer_bytes_max",
+            "gauge",
+            "The most buffer bytes one connection has held (bounded as docs/protocol.md says).",
+            s.connection_buffer_bytes_max.load(Relaxed) as i64,
+        ),
+        (
+            "nearstore_connections_refused_total",
+            "counter",
+            "Connections closed at accept: the cap was reached, or their address held its limit of connections not yet Connected.",
+            s.connections_refused.load(Relaxed) as i64,
+        ),
+        (
+            "nearstore_connections_evicted_total",
+            "counter",
+            "Connections not yet Connected, closed to make room for a new one.",
+            s.connections_evicted.load(Relaxed) as i64,
+        ),
+        (
+            "nearstore_connect_timeouts_total",
+            "counter",
+            "Connections closed because they did not Connect in time (limits.connect_timeout_ms).",
+            s.connect_timeouts.load(Relaxed) as i64,
+        ),
+        (
+            "nearstore_controllers_refused_total",
+            "counter",
+            "Connects refused because the host held its limit of controllers (limits.controllers_per_host).",
+            s.controllers_refused.load(Relaxed) as i64,
+        ),
+        ("nearstore_connections_max", "gauge", "The most connections the target accepts at once.", t.admission.cap() as i64),
+        (
+            "nearstore_descriptor_limit",
+            "gauge",
+            "The process's file descriptor limit (RLIMIT_NOFILE) the target sized itself by.",
+            t.nofile as i64,
+        ),
+    ];
+    for (name, kind, help, v) in target {
+        family(&mut o, name, kind, help);
+        let _ = writeln!(o, "{name} {v}");
     }
     let c = &t.offload.stats;
-    for (name, kind, v) in [
-        ("nearstore_compute_commands_total", "counter", c.commands.load(Relaxed)),
-        ("nearstore_compute_errors_total", "counter", c.errors.load(Relaxed)),
-        ("nearstore_compute_read_bytes_total", "counter", c.bytes_read.load(Relaxed)),
-        ("nearstore_compute_written_bytes_total", "counter", c.bytes_written.load(Relaxed)),
-        ("nearstore_compute_running", "gauge", c.running.load(Relaxed)),
-        ("nearstore_compute_queued", "gauge", c.queued.load(Relaxed)),
+    for (name, kind, help, v) in [
+        ("nearstore_compute_commands_total", "counter", "Compute commands executed by the offload engine.", c.commands.load(Relaxed)),
+        ("nearstore_compute_errors_total", "counter", "Compute commands that failed.", c.errors.load(Relaxed)),
+        ("nearstore_compute_read_bytes_total", "counter", "Bytes compute commands read from namespaces.", c.bytes_read.load(Relaxed)),
+        (
+            "nearstore_compute_written_bytes_total",
+            "counter",
+            "Bytes compute commands wrote to output objects.",
+            c.bytes_written.load(Relaxed),
+        ),
+        ("nearstore_compute_running", "gauge", "Compute commands running now.", c.running.load(Relaxed)),
+        ("nearstore_compute_queued", "gauge", "Compute commands waiting to start.", c.queued.load(Relaxed)),
     ] {
-        let _ = writeln!(o, "# TYPE {name} {kind}\n{name} {v}");
+        family(&mut o, name, kind, help);
+        let _ = writeln!(o, "{name} {v}");
     }
     let peers = t.offload.peers.stats();
-    type PeerCounter = (&'static str, fn(&crate::cluster::PeerStats) -> &AtomicU64);
+    type PeerCounter = (&'static str, &'static str, fn(&crate::cluster::PeerStats) -> &AtomicU64);
     let peer_counters: [PeerCounter; 3] = [
-        ("nearstore_peer_read_bytes_total", |p| &p.read_bytes),
-        ("nearstore_peer_failures_total", |p| &p.failures),
-        ("nearstore_peer_connections_total", |p| &p.connections),
+        ("nearstore_peer_read_bytes_total", "Bytes read from this peer of the cluster map, device to device.", |p| &p.read_bytes),
+        ("nearstore_peer_failures_total", "Peer read streams that failed: refused, gone, stalled, out of range.", |p| &p.failures),
+        ("nearstore_peer_connections_total", "Connections opened to this peer (idle ones are reused).", |p| &p.connections),
     ];
-    for (name, get) in peer_counters {
-        let _ = writeln!(o, "# TYPE {name} counter");
+    for (name, help, get) in peer_counters {
+        family(&mut o, name, "counter", help);
         for (tag, addr, st) in &peers {
             let _ = writeln!(o, "{name}{{tag=\"{tag}\",address=\"{addr}\"}} {}", get(st).load(Relaxed));
         }
     }
-    type Counter = (&'static str, fn(&NsStats) -> &AtomicU64);
+    type Counter = (&'static str, &'static str, fn(&NsStats) -> &AtomicU64);
     let counters: [Counter; 6] = [
-        ("nearstore_reads_total", |n| &n.reads),
-        ("nearstore_writes_total", |n| &n.writes),
-        ("nearstore_read_bytes_total", |n| &n.read_bytes),
-        ("nearstore_written_bytes_total", |n| &n.written_bytes),
-        ("nearstore_other_commands_total", |n| &n.other),
-        ("nearstore_io_errors_total", |n| &n.errors),
+        ("nearstore_reads_total", "Read commands completed on the namespace.", |n| &n.reads),
+        ("nearstore_writes_total", "Write commands completed on the namespace.", |n| &n.writes),
+        ("nearstore_read_bytes_total", "Bytes read from the namespace by hosts.", |n| &n.read_bytes),
+        ("nearstore_written_bytes_total", "Bytes written to the namespace by hosts.", |n| &n.written_bytes),
+        ("nearstore_other_commands_total", "Other I/O and compute commands (flush, write zeroes, dataset management, compute).", |n| {
+            &n.other
+        }),
+        ("nearstore_io_errors_total", "I/O commands that completed with an error status.", |n| &n.errors),
     ];
     let subsystems = t.subsystems();
-    for (name, get) in counters {
-        let _ = writeln!(o, "# TYPE {name} counter");
+    for (name, help, get) in counters {
+        family(&mut o, name, "counter", help);
         for sub in &subsystems {
             for ns in sub.namespaces() {
                 let _ = writeln!(o, "{name}{{subnqn=\"{}\",nsid=\"{}\"}} {}", sub.nqn, ns.nsid, get(&ns.stats).load(Relaxed));
             }
         }
     }
-    let _ = writeln!(o, "# TYPE nearstore_io_latency_seconds histogram");
+    family(
+        &mut o,
+        "nearstore_io_latency_seconds",
+        "histogram",
+        "Latency of I/O and compute commands on the namespace, from command to completion.",
+    );
     for sub in &subsystems {
         for ns in sub.namespaces() {
             let h = &ns.stats.latency;
@@ -173,5 +221,42 @@ pub async fn serve(listener: TcpListener, target: Arc<Target>) {
             let _ = sock.write_all(head.as_bytes()).await;
             let _ = sock.write_all(body.as_bytes()).await;
         });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::{ByteSize, Config, NamespaceConfig};
+
+    /// Every sample belongs to a family announced before it with a `# HELP` that says
+    /// something and a `# TYPE`, as Prometheus' text format wants.
+    #[test]
+    fn every_metric_has_help_and_type() {
+        let ns = NamespaceConfig { nsid: 1, path: None, memory: Some(ByteSize(1 << 20)), size: None, block_size: 512, tag: None };
+        let cfg = Config::single("127.0.0.1:0".parse().unwrap(), None, "nqn.2026-11.io.nearstore:metrics", ns);
+        let text = render(&Target::from_config(&cfg).unwrap());
+        let (mut helped, mut typed) = (Vec::new(), Vec::new());
+        let mut samples = 0;
+        for line in text.lines() {
+            if let Some(rest) = line.strip_prefix("# HELP ") {
+                let (name, help) = rest.split_once(' ').unwrap_or((rest, ""));
+                assert!(help.len() > 10, "{name}: help {help:?}");
+                helped.push(name.to_string());
+            } else if let Some(rest) = line.strip_prefix("# TYPE ") {
+                let name = rest.split(' ').next().unwrap_or_default();
+                assert_eq!(helped.last().map(String::as_str), Some(name), "# HELP right before # TYPE of {name}");
+                typed.push(name.to_string());
+            } else {
+                let name = line.split(['{', ' ']).next().unwrap_or_default();
+                let family =
+                    ["_bucket", "_sum", "_count"].iter().find_map(|s| name.strip_suffix(s)).filter(|f| typed.iter().any(|t| t == f));
+                let family = family.unwrap_or(name);
+                assert!(typed.iter().any(|t| t == family), "{line}: no # TYPE for {family}");
+                samples += 1;
+            }
+        }
+        assert_eq!(helped, typed);
+        assert!(helped.len() >= 21 && samples > helped.len(), "{text}");
     }
 }
