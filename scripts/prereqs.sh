@@ -12,6 +12,7 @@ if [ "$(id -u)" = 0 ]; then
     command -v strip >/dev/null || want binutils "strip: nearstore without debug information in the kernel test's guest"
     command -v curl >/dev/null || want curl "rustup's installer, when cargo is missing"
     [ -e /etc/ssl/certs/ca-certificates.crt ] || want ca-certificates "curl's TLS certificates"
+    command -v systemd-analyze >/dev/null || want systemd "systemd-analyze: the test of dist/'s unit"
     if [ ${#need[@]} -gt 0 ]; then
         echo "installing Debian packages: ${why[*]}" >&2
         apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends --no-upgrade "${need[@]}" >/dev/null
