@@ -136,6 +136,7 @@ pub struct ChecksumArgs {
     /// The checksum or hash.
     #[arg(short = 'a', long, value_enum, default_value = "crc32c")]
     pub algorithm: Algorithm,
+    /// The files, each computed where it lies.
     #[arg(required = true)]
     pub files: Vec<PathBuf>,
     #[command(flatten)]
@@ -146,6 +147,7 @@ pub struct ChecksumArgs {
 pub struct GrepArgs {
     /// A regular expression (Rust regex syntax), or a literal with --fixed-strings.
     pub pattern: String,
+    /// The files, each computed where it lies.
     #[arg(required = true)]
     pub files: Vec<PathBuf>,
     /// Count matching lines, as grep -c (what grep does here by default).
@@ -166,6 +168,7 @@ pub struct GrepArgs {
 
 #[derive(clap::Args)]
 pub struct WcArgs {
+    /// The files, each computed where it lies.
     #[arg(required = true)]
     pub files: Vec<PathBuf>,
     #[command(flatten)]
@@ -174,7 +177,9 @@ pub struct WcArgs {
 
 #[derive(clap::Args)]
 pub struct CopyArgs {
+    /// The file to copy.
     pub source: PathBuf,
+    /// The copy, on the same file system to stay on the target.
     pub destination: PathBuf,
     #[command(flatten)]
     pub common: Common,
@@ -201,6 +206,7 @@ pub struct SelectArgs {
     /// The query, in S3 Select's SQL plus GROUP BY, HAVING, ORDER BY and LIMIT:
     /// SELECT ... FROM s3object s [WHERE ...] [GROUP BY ...] ... (docs/operations.md).
     pub query: String,
+    /// The files, each computed where it lies.
     #[arg(required = true)]
     pub files: Vec<PathBuf>,
     /// The files' format.
@@ -234,7 +240,9 @@ pub struct SelectArgs {
 
 #[derive(clap::Args)]
 pub struct CompressArgs {
+    /// The file to compress.
     pub input: PathBuf,
+    /// The zstd file to write, on the same file system to stay on the target.
     pub output: PathBuf,
     /// zstd level: 1 (fast) to 19 (small), up to 22; negative levels are faster still.
     #[arg(short = 'l', long, default_value_t = 3, allow_negative_numbers = true)]
@@ -248,7 +256,9 @@ pub struct CompressArgs {
 
 #[derive(clap::Args)]
 pub struct DecompressArgs {
+    /// The zstd file.
     pub input: PathBuf,
+    /// The file to write, on the same file system to stay on the target.
     pub output: PathBuf,
     /// The most bytes the output may take, with or without a unit (default: the size the zstd frame declares).
     #[arg(long, value_parser = crate::size)]
@@ -259,6 +269,7 @@ pub struct DecompressArgs {
 
 #[derive(clap::Args)]
 pub struct SortArgs {
+    /// The files to sort (or, for merge, the sorted files to merge).
     #[arg(required = true)]
     pub inputs: Vec<PathBuf>,
     /// The sorted output.
@@ -313,6 +324,7 @@ pub struct GensortArgs {
     /// The data set: the same seed gives the same records.
     #[arg(long, default_value_t = 1)]
     pub seed: u64,
+    /// The file to write.
     pub file: PathBuf,
 }
 

@@ -11,7 +11,7 @@ use std::net::{SocketAddr, ToSocketAddrs};
 use std::path::PathBuf;
 
 use anyhow::{bail, Context, Result};
-use clap::{Parser, Subcommand};
+use clap::{CommandFactory, Parser, Subcommand};
 use nearstore_target::config::{ByteSize, Config, NamespaceConfig};
 
 #[derive(Parser)]
@@ -181,6 +181,13 @@ enum Cmd {
         /// File and block I/O: io_uring per connection, or the worker thread pool.
         #[arg(long, value_enum)]
         io_engine: Option<nearstore_target::config::IoEngine>,
+        /// Least severe log events written (default info); RUST_LOG, when set and this is
+        /// not given, is a finer filter (`warn,nearstore_target::tcp=debug`).
+        #[arg(long, value_enum)]
+        log_level: Option<LogLevel>,
+        /// Log lines as text (colours only on a terminal) or as JSON objects, one a line.
+        #[arg(long, value_enum, default_value = "text")]
+        log_format: LogFormat,
     },
     /// Print a target's discovery log.
     Discover {
@@ -220,6 +227,7 @@ enum Cmd {
     IdNs {
         #[command(flatten)]
         t: TargetArgs,
+        /// Namespace ID.
         #[arg(long, default_value_t = 1)]
         nsid: u32,
         /// Output format: normal (text) or json.
@@ -279,13 +287,50 @@ enum Cmd {
     /// experiments on them (docs/experiments.md).
     #[command(subcommand)]
     Testbed(testbed::TestbedCmd),
+    /// Print a shell's completions for nearstore on stdout (docs/operations.md says where they go).
+    Completions {
+        /// The shell.
+        #[arg(value_enum)]
+        shell: clap_complete::Shell,
+    },
+    /// Write man pages, generated from this help: nearstore.1 and one per verb
+    /// (nearstore-checksum.1, nearstore-testbed-up.1, ...).
+    Man {
+        /// The directory to write them in (made if missing), e.g. /usr/local/share/man/man1.
+        dir: PathBuf,
+    },
 }
 
+#[derive(Clone, Copy, Debug, clap::ValueEnum)]
+enum LogLevel {
+    Error,
+    Warn,
+    Info,
+    Debug,
+    Trace,
+}
+
+#[derive(Clone, Copy, clap::ValueEnum, PartialEq, Eq)]
+enum LogFormat {
+    Text,
+    Json,
+}
+
+/// Logs on stderr: the target's at info, the client verbs' only of problems; RUST_LOG
+/// filters finer, --log-level (the target's) wins. Colour codes only on a terminal.
 fn init_logs(cmd: &Cmd) {
-    // The target logs connections at info; the client verbs speak only of problems.
+    let (level, format) = match cmd {
+        Cmd::Target { log_level, log_format, .. } => (log_level.map(|l| format!("{l:?}").to_lowercase()), *log_format),
+        _ => (None, LogFormat::Text),
+    };
     let default = if matches!(cmd, Cmd::Target { .. }) { "info" } else { "warn" };
-    let filter = std::env::var("RUST_LOG").unwrap_or_else(|_| default.into());
-    tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).init();
+    let filter = level.or_else(|| std::env::var("RUST_LOG").ok()).unwrap_or_else(|| default.into());
+    let logs = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
+    if format == LogFormat::Json {
+        logs.json().init();
+    } else {
+        logs.with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr())).init();
+    }
 }
 
 fn main() {
@@ -343,6 +388,8 @@ fn run(cli: Cli) -> Result<()> {
             io_threads,
             busy_poll_us,
             io_engine,
+            log_level: _,
+            log_format: _,
         } => {
             let mut cfg = match config {
                 Some(p) => Config::from_file(&p)?,
@@ -416,5 +463,47 @@ fn run(cli: Cli) -> Result<()> {
         Cmd::Perf(a) => perf::run(a),
         Cmd::Demo(a) => demo::run(a),
         Cmd::Testbed(c) => testbed::run(c),
+        Cmd::Completions { shell } => {
+            clap_complete::generate(shell, &mut Cli::command(), "nearstore", &mut std::io::stdout());
+            Ok(())
+        }
+        Cmd::Man { dir } => {
+            std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+            clap_mangen::generate_to(Cli::command(), &dir).with_context(|| format!("writing man pages into {}", dir.display()))?;
+            Ok(())
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every verb and every argument of `nearstore --help` and of each verb's help, at any
+    /// depth, has a description.
+    #[test]
+    fn every_verb_and_argument_has_help() {
+        fn walk(cmd: &clap::Command, path: &str, missing: &mut Vec<String>) {
+            let said = |s: Option<&clap::builder::StyledStr>| s.is_some_and(|h| !h.to_string().trim().is_empty());
+            if !said(cmd.get_about()) {
+                missing.push(format!("{path}: the verb"));
+            }
+            for a in cmd.get_arguments() {
+                if !said(a.get_help()) && !said(a.get_long_help()) {
+                    missing.push(format!("{path}: {}", a.get_id()));
+                }
+            }
+            for sub in cmd.get_subcommands() {
+                walk(sub, &format!("{path} {}", sub.get_name()), missing);
+            }
+        }
+        let mut cmd = Cli::command();
+        cmd.build();
+        let mut missing = Vec::new();
+        walk(&cmd, "nearstore", &mut missing);
+        assert!(missing.is_empty(), "arguments without a description:\n{}", missing.join("\n"));
+        // The walk reaches the nested verbs and their arguments.
+        let up = cmd.find_subcommand("testbed").and_then(|t| t.find_subcommand("up")).expect("testbed up");
+        assert!(up.get_arguments().any(|a| a.get_id() == "image_size"));
     }
 }

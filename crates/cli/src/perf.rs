@@ -59,6 +59,9 @@ pub struct PerfArgs {
     /// Microseconds each queue polls its socket before sleeping (0: sleep at once).
     #[arg(long, default_value_t = 200)]
     pub busy_poll_us: u64,
+    /// No progress line on stderr every second.
+    #[arg(long)]
+    pub quiet: bool,
     /// Output format: normal (one line) or json.
     #[arg(short = 'o', long, value_enum, default_value = "normal")]
     pub output_format: Output,
@@ -73,6 +76,8 @@ pub struct PerfParams {
     pub rwmixread: u8,
     pub duration: Duration,
     pub queues: u16,
+    /// A line on stderr every second: IOPS and bandwidth of that second.
+    pub progress: bool,
 }
 
 #[derive(Debug, Serialize)]
@@ -116,6 +121,7 @@ pub fn run(a: PerfArgs) -> Result<()> {
         rwmixread: a.rwmixread,
         duration: Duration::from_secs_f64(a.time),
         queues: a.queues,
+        progress: !a.quiet,
     };
     let threads = a.threads.unwrap_or(if a.queues == 1 { 1 } else { 0 });
     let rt = crate::runtime(if threads == 0 { None } else { Some(threads) })?;
@@ -168,10 +174,13 @@ pub async fn measure(mut o: ConnectOptions, p: &PerfParams) -> Result<PerfResult
         bail!("namespace smaller than one I/O");
     }
     let mut tasks = Vec::new();
+    // I/Os completed by all queues, for the progress line.
+    let done = Arc::new(std::sync::atomic::AtomicU64::new(0));
     let start = Instant::now();
     for qid in 1..=p.queues {
         let mut q = c.io_queue(qid).await?;
         let p = p.clone();
+        let done = done.clone();
         tasks.push(tokio::spawn(async move {
             let mut hist = Histogram::<u64>::new_with_bounds(1, 60_000_000_000, 3).expect("histogram bounds");
             let data = vec![0x5au8; p.io_size];
@@ -209,6 +218,7 @@ pub async fn measure(mut o: ConnectOptions, p: &PerfParams) -> Result<PerfResult
                     break;
                 }
                 let mut err = None;
+                let before = ios;
                 qp.poll(|tag, cqe, _| {
                     if !cqe.status.is_success() {
                         err = Some(cqe.status);
@@ -218,6 +228,7 @@ pub async fn measure(mut o: ConnectOptions, p: &PerfParams) -> Result<PerfResult
                     ios += 1;
                 })
                 .await?;
+                done.fetch_add(ios - before, std::sync::atomic::Ordering::Relaxed);
                 if let Some(s) = err {
                     bail!("I/O failed: {s}");
                 }
@@ -225,10 +236,18 @@ pub async fn measure(mut o: ConnectOptions, p: &PerfParams) -> Result<PerfResult
             Ok::<_, anyhow::Error>(QueueStats { ios, hist })
         }));
     }
+    let reporter = p.progress.then(|| tokio::spawn(report_progress(done, p.io_size)));
     let mut hist = Histogram::<u64>::new_with_bounds(1, 60_000_000_000, 3).expect("bounds");
     let mut ios = 0;
+    let mut results = Vec::new();
     for t in tasks {
-        let s = t.await??;
+        results.push(t.await);
+    }
+    if let Some(r) = reporter {
+        r.abort();
+    }
+    for r in results {
+        let s = r??;
         ios += s.ios;
         hist.add(&s.hist).expect("same bounds");
     }
@@ -249,4 +268,21 @@ pub async fn measure(mut o: ConnectOptions, p: &PerfParams) -> Result<PerfResult
         p999_us: us(hist.value_at_quantile(0.999)),
         max_us: us(hist.max()),
     })
+}
+
+/// Every second until aborted, on stderr: the seconds so far and that second's IOPS and
+/// bandwidth, from the count of I/Os completed.
+async fn report_progress(done: Arc<std::sync::atomic::AtomicU64>, io_size: usize) {
+    let start = Instant::now();
+    let mut tick = tokio::time::interval(Duration::from_secs(1));
+    tick.tick().await;
+    let (mut last, mut last_at) = (0u64, start);
+    loop {
+        tick.tick().await;
+        let (n, now) = (done.load(std::sync::atomic::Ordering::Relaxed), Instant::now());
+        let secs = now.duration_since(last_at).as_secs_f64().max(1e-9);
+        let iops = (n - last) as f64 / secs;
+        eprintln!("perf: {:>4.0} s {iops:>10.0} IOPS {:>9.1} MB/s", now.duration_since(start).as_secs_f64(), iops * io_size as f64 / 1e6);
+        (last, last_at) = (n, now);
+    }
 }

@@ -42,7 +42,9 @@ pub enum TestbedCmd {
     Shape(ShapeArgs),
     /// Run a command on a host of the testbed: `client` or `t1`, `t2`, ...
     Exec {
+        /// The host: `client`, or a target `t1`, `t2`, ...
         host: String,
+        /// The command and its arguments (after `--`).
         #[arg(trailing_var_arg = true, required = true)]
         command: Vec<String>,
     },
@@ -98,6 +100,7 @@ pub struct BenchArgs {
     /// crc32c, sha256, blake3 (over the logs), or select (over the CSV files).
     #[arg(long, default_value = "crc32c")]
     pub op: String,
+    /// How: the targets compute, or the client reads the blocks and computes.
     #[arg(long, value_enum, default_value = "offloaded")]
     pub mode: BenchMode,
     /// Use the first K targets (default: all).
@@ -136,6 +139,7 @@ pub struct ExperimentArgs {
     /// Runs per cell: each record is the run of median time, with every run's seconds.
     #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u32).range(1..=20))]
     pub runs: u32,
+    /// Where the images and mounts go.
     #[arg(long, default_value = "/var/tmp/nearstore-testbed")]
     pub dir: PathBuf,
 }

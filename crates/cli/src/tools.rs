@@ -13,6 +13,9 @@ use tracing::info;
 use crate::{Output, Plain, TargetArgs};
 
 pub async fn run_target(cfg: Config) -> Result<()> {
+    // Before saying it listens: a SIGTERM from then on (systemd's stop) flushes and exits 0.
+    use tokio::signal::unix::{signal, SignalKind};
+    let (mut term, mut int) = (signal(SignalKind::terminate())?, signal(SignalKind::interrupt())?);
     let target = Target::from_config(&cfg)?;
     let addrs = target.listen_all(&cfg).await?;
     if let Some(m) = cfg.metrics {
@@ -23,9 +26,8 @@ pub async fn run_target(cfg: Config) -> Result<()> {
     for a in &addrs {
         println!("listening on {a}");
     }
-    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
     tokio::select! {
-        _ = tokio::signal::ctrl_c() => {}
+        _ = int.recv() => {}
         _ = term.recv() => {}
     }
     info!("stopping: flushing namespaces");

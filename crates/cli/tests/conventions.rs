@@ -117,3 +117,38 @@ fn a_refused_connect_is_said_in_the_users_terms() {
     assert!(err.contains("CONNECT_INVALID_HOST"), "{err}");
     ok(&["list", "-a", &addr, "--hostnqn", "nqn.2014-08.org.example:friend"]);
 }
+
+/// The target's logs on stderr, not a terminal here, as each set of options and RUST_LOG
+/// make them: (arguments, RUST_LOG, check of the whole stderr).
+#[test]
+fn target_logs_without_colours_at_a_level_as_text_or_json() {
+    type Check = fn(&str) -> bool;
+    let cases: &[(&[&str], Option<&str>, Check)] = &[
+        (&[], None, |e| e.contains(" INFO ") && e.contains("listening") && !e.contains('\x1b')),
+        (&["--log-level", "warn"], None, |e| !e.contains("INFO")),
+        (&[], Some("warn"), |e| !e.contains("INFO")),
+        (&["--log-level", "info"], Some("warn"), |e| e.contains(" INFO ")),
+        (&["--log-format", "json"], None, |e| {
+            e.lines().count() > 0
+                && e.lines().all(|l| serde_json::from_str::<serde_json::Value>(l).is_ok_and(|v| v["level"].is_string()))
+                && e.contains("\"listening\"")
+        }),
+    ];
+    for (args, rust_log, check) in cases {
+        use std::io::BufRead;
+        let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_nearstore"));
+        cmd.args(["target", "--memory", "16MiB", "--listen", "127.0.0.1:0", "--discovery", "none"]).args(*args);
+        match rust_log {
+            Some(v) => cmd.env("RUST_LOG", v),
+            None => cmd.env_remove("RUST_LOG"),
+        };
+        let mut child = cmd.stdout(std::process::Stdio::piped()).stderr(std::process::Stdio::piped()).spawn().unwrap();
+        let mut line = String::new();
+        std::io::BufReader::new(child.stdout.take().unwrap()).read_line(&mut line).unwrap();
+        unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+        let out = child.wait_with_output().unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(line.starts_with("listening on"), "{args:?}: {line:?} {err}");
+        assert!(check(&err), "{args:?} RUST_LOG={rust_log:?}: {err}");
+    }
+}
