@@ -17,7 +17,7 @@ guest_prereqs() {
         if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
             echo "installing ${need[*]}" >&2
             apt-get update -qq >/dev/null
-            DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
+            DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends --no-upgrade "${need[@]}" >/dev/null
         else
             fail "missing prerequisites: ${need[*]} (install them: apt-get install ${need[*]})"
         fi
