@@ -100,6 +100,10 @@ pub struct LimitsConfig {
     pub controllers_per_host: usize,
     /// Milliseconds a connection may take from accept to a successful Connect.
     pub connect_timeout_ms: u64,
+    /// Memory hosts can make the target hold in total: held compute results and started
+    /// compute commands (their whole `compute.memory_per_command`). Default: half the
+    /// machine's physical memory.
+    pub memory: Option<ByteSize>,
 }
 
 impl Default for LimitsConfig {
@@ -109,6 +113,7 @@ impl Default for LimitsConfig {
             connections_per_address: limits::CONNECTIONS_PER_ADDRESS_DEFAULT,
             controllers_per_host: limits::CONTROLLERS_PER_HOST_DEFAULT,
             connect_timeout_ms: limits::CONNECT_TIMEOUT_MS_DEFAULT,
+            memory: None,
         }
     }
 }
@@ -269,6 +274,12 @@ impl Config {
         }
         self.compute.validate().map_err(|(f, m)| invalid(f, m))?;
         self.limits.validate()?;
+        if let Some(m) = self.limits.memory {
+            let need = self.compute.memory_per_command.0 + limits::RESULT_BYTES_MAX as u64;
+            if m.0 < need {
+                return Err(invalid("limits.memory", format!("must hold one compute command and its result ({need} bytes)")));
+            }
+        }
         let mut tags = Vec::new();
         for (i, s) in self.subsystem.iter().enumerate() {
             for (j, n) in s.namespace.iter().enumerate() {
@@ -412,6 +423,7 @@ mod tests {
             ("[[listener]]", "[limits]\ncontrollers_per_host = 2000\n[[listener]]", "limits.controllers_per_host"),
             ("[[listener]]", "[limits]\nconnect_timeout_ms = 5\n[[listener]]", "limits.connect_timeout_ms"),
             ("[[listener]]", "[limits]\nsockets = 5\n[[listener]]", "unknown field `sockets`"),
+            ("[[listener]]", "[limits]\nmemory = \"64MiB\"\n[[listener]]", "limits.memory"),
             (
                 "address = \"127.0.0.1:4420\"",
                 "address = \"127.0.0.1:4420\"\n[[listener]]\naddress = \"127.0.0.1:4420\"",

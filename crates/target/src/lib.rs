@@ -18,6 +18,7 @@ pub mod io_cmd;
 pub mod io_pool;
 pub mod limits;
 pub mod log_limit;
+pub mod memory;
 pub mod metrics;
 pub mod offload;
 pub mod reply;
@@ -89,6 +90,8 @@ pub struct Target {
     pub nofile: u64,
     /// Rate-limits the warnings remote peers cause.
     pub log_limit: log_limit::LogLimiter,
+    /// The memory budget (`limits.memory`): held results and started compute commands.
+    pub memory: Arc<memory::Memory>,
 }
 
 impl Target {
@@ -97,6 +100,7 @@ impl Target {
     pub fn new(cfg: &Config, connections: usize, nofile: u64) -> Arc<Target> {
         let limits = cfg.limits.clone();
         let admission = Admission::new(connections, limits.connections_per_address);
+        let memory = memory::Memory::new(limits.memory.map_or_else(memory::Memory::machine_default, |m| m.0));
         Arc::new(Target {
             subsystems: RwLock::new(BTreeMap::new()),
             discovery: Arc::new(Subsystem::new(nearstore_wire::DISCOVERY_NQN, None, Some("nearstore discovery"), true, &[])),
@@ -106,11 +110,12 @@ impl Target {
             stats: TargetStats::default(),
             busy_poll: std::time::Duration::from_micros(cfg.busy_poll_us),
             io_engine: cfg.io_engine,
-            offload: offload::Offload::new(cfg.compute.clone(), &cfg.cluster),
+            offload: offload::Offload::new(cfg.compute.clone(), &cfg.cluster, memory.clone()),
             limits,
             admission,
             nofile,
             log_limit: log_limit::LogLimiter::default(),
+            memory,
         })
     }
 

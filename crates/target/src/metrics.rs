@@ -73,7 +73,7 @@ fn family(o: &mut String, name: &str, kind: &str, help: &str) {
 pub fn render(t: &Target) -> String {
     let mut o = String::new();
     let s = &t.stats;
-    let target: [(&str, &str, &str, i64); 12] = [
+    let target: [(&str, &str, &str, i64); 15] = [
         ("nearstore_connections", "gauge", "NVMe/TCP connections open now (one per queue).", s.connections.load(Relaxed)),
         ("nearstore_connections_total", "counter", "NVMe/TCP connections accepted.", s.connections_total.load(Relaxed) as i64),
         (
@@ -126,6 +126,14 @@ pub fn render(t: &Target) -> String {
             "The process's file descriptor limit (RLIMIT_NOFILE) the target sized itself by.",
             t.nofile as i64,
         ),
+        ("nearstore_memory_budget_bytes", "gauge", "The memory budget (limits.memory).", t.memory.limit() as i64),
+        (
+            "nearstore_memory_reserved_bytes",
+            "gauge",
+            "Bytes of the budget reserved now (held results, started compute commands).",
+            t.memory.used() as i64,
+        ),
+        ("nearstore_memory_reserved_bytes_max", "gauge", "The most bytes of the budget reserved at once.", t.memory.peak() as i64),
     ];
     for (name, kind, help, v) in target {
         family(&mut o, name, kind, help);

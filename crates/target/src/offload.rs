@@ -33,6 +33,7 @@ use crate::cluster::{ClusterConfig, Peers};
 use crate::config::ByteSize;
 use crate::io_pool::Done;
 use crate::limits;
+use crate::memory::{Memory, Reservation};
 use crate::sched::{Cpu, FairQueue, Turn};
 use crate::subsystem::{Controller, Namespace};
 
@@ -153,19 +154,23 @@ pub struct Computed {
 /// command is accepted so that its result always has room.
 pub struct Slot {
     ctrl: Arc<Controller>,
+    /// RESULT_BYTES_MAX of the target's memory budget, until the result is stored.
+    memory: Option<Reservation>,
 }
 
 impl Slot {
     /// Claims a slot, or RESULTS_FULL when the controller holds its limit of results and
-    /// running commands.
-    pub fn claim(ctrl: &Arc<Controller>) -> Option<Slot> {
+    /// running commands, or the target's memory budget cannot hold one more result and
+    /// still `command_bytes` for a command to start.
+    pub fn claim(ctrl: &Arc<Controller>, memory: &Arc<Memory>, command_bytes: u64) -> Option<Slot> {
         let mut r = ctrl.results.lock();
         r.purge(Instant::now());
         if r.held.len() + r.reserved >= limits::RESULTS_HELD_MAX {
             return None;
         }
+        let memory = memory.reserve_leaving(limits::RESULT_BYTES_MAX as u64, command_bytes)?;
         r.reserved += 1;
-        Some(Slot { ctrl: ctrl.clone() })
+        Some(Slot { ctrl: ctrl.clone(), memory: Some(memory) })
     }
 
     /// Its controller, as a key of the engine's fair queue.
@@ -173,14 +178,16 @@ impl Slot {
         Arc::as_ptr(&self.ctrl) as usize
     }
 
-    /// Stores `data` in the claimed slot: its handle.
-    pub fn fill(self, data: Vec<u8>, ttl: Duration) -> u32 {
-        let mut r = self.ctrl.results.lock();
-        r.reserved -= 1;
-        let h = r.insert(data, Instant::now() + ttl);
-        drop(r);
-        std::mem::forget(self);
-        h
+    /// Stores `data` in the claimed slot, holding only its bytes of the budget: its handle.
+    pub fn fill(mut self, data: Vec<u8>, ttl: Duration) -> u32 {
+        let mut memory = self.memory.take();
+        if let Some(m) = &mut memory {
+            m.shrink_to(data.len() as u64);
+        }
+        let handle = self.ctrl.results.lock().insert(data, Instant::now() + ttl, memory);
+        // Gives the slot's place among the reserved ones back.
+        drop(self);
+        handle
     }
 }
 
@@ -194,24 +201,24 @@ impl Drop for Slot {
 #[derive(Default)]
 pub struct Results {
     next: u32,
-    held: HashMap<u32, (Vec<u8>, Instant)>,
+    held: HashMap<u32, (Vec<u8>, Instant, Option<Reservation>)>,
     /// Slots claimed by running commands.
     reserved: usize,
 }
 
 impl Results {
     fn purge(&mut self, now: Instant) {
-        self.held.retain(|_, (_, expires)| *expires > now);
+        self.held.retain(|_, (_, expires, _)| *expires > now);
     }
 
-    fn insert(&mut self, data: Vec<u8>, expires: Instant) -> u32 {
+    fn insert(&mut self, data: Vec<u8>, expires: Instant, memory: Option<Reservation>) -> u32 {
         loop {
             self.next = self.next.wrapping_add(1);
             if self.next != 0 && !self.held.contains_key(&self.next) {
                 break;
             }
         }
-        self.held.insert(self.next, (data, expires));
+        self.held.insert(self.next, (data, expires, memory));
         self.next
     }
 
@@ -219,7 +226,7 @@ impl Results {
     /// after them). Reaching the end releases the handle.
     pub fn fetch(&mut self, handle: u32, offset: u64, len: usize) -> Result<(Vec<u8>, u32), Failure> {
         self.purge(Instant::now());
-        let Some((data, _)) = self.held.get(&handle) else {
+        let Some((data, _, _)) = self.held.get(&handle) else {
             return Err(Failure::new(
                 cs::HANDLE_INVALID,
                 format!("handle {handle} is not held (never issued, fetched to the end, released or expired)"),
@@ -315,6 +322,8 @@ pub struct Offload {
 struct Engine {
     pending: parking_lot::Mutex<Pending>,
     cpu: Arc<Cpu>,
+    /// The target's budget: a started command reserves `compute.memory_per_command`.
+    memory: Arc<Memory>,
     cfg: ComputeConfig,
     stats: Arc<ComputeStats>,
     peers: Arc<Peers>,
@@ -329,12 +338,13 @@ struct Pending {
 }
 
 impl Offload {
-    pub fn new(cfg: ComputeConfig, cluster: &ClusterConfig) -> Offload {
+    pub fn new(cfg: ComputeConfig, cluster: &ClusterConfig, memory: Arc<Memory>) -> Offload {
         let stats = Arc::new(ComputeStats::default());
         let peers = Arc::new(Peers::new(cluster));
         let engine = Arc::new(Engine {
             pending: parking_lot::Mutex::new(Pending::default()),
             cpu: Cpu::new(cfg.threads),
+            memory,
             cfg: cfg.clone(),
             stats: stats.clone(),
             peers: peers.clone(),
@@ -345,6 +355,12 @@ impl Offload {
     pub fn submit(&self, task: Task) {
         let key = task.slot.owner();
         self.engine.pending.lock().tasks.push(key, task);
+        self.engine.dispatch();
+    }
+
+    /// Starts queued commands if memory was given back outside the engine (a result
+    /// fetched or released).
+    pub fn kick(&self) {
         self.engine.dispatch();
     }
 }
@@ -359,7 +375,10 @@ impl Engine {
             let mut guard = self.pending.lock();
             let p = &mut *guard;
             p.tasks.retain(|t| !t.cancel.is_cancelled(), |t| dropped.push(t));
-            while p.started < limits::COMPUTE_STARTED_MAX {
+            while p.started < limits::COMPUTE_STARTED_MAX && !p.tasks.is_empty() {
+                // A started command holds its whole bound of the budget: while the budget
+                // is full, commands wait here.
+                let Some(memory) = self.memory.reserve(self.cfg.memory_per_command.0) else { break };
                 let per = &p.per_ctrl;
                 let Some((key, t)) = p.tasks.pop_if(|k| per.get(&k).copied().unwrap_or(0) < limits::COMPUTE_STARTED_PER_CONTROLLER_MAX)
                 else {
@@ -367,21 +386,21 @@ impl Engine {
                 };
                 p.started += 1;
                 *p.per_ctrl.entry(key).or_default() += 1;
-                start.push((key, t));
+                start.push((key, t, memory));
             }
             self.stats.queued.store(p.tasks.len() as u64, Relaxed);
         }
         for t in dropped {
             finish(t, Err(ComputeError::Cancelled.into()));
         }
-        for (key, t) in start {
+        for (key, t, memory) in start {
             // The task goes to the thread only once it exists: if it cannot be made, the
             // command still completes, with an error.
             let (tx, rx) = crossbeam_channel::bounded::<Task>(1);
             let engine = self.clone();
             let spawned = std::thread::Builder::new().name("nearstore-compute".into()).spawn(move || {
                 if let Ok(t) = rx.recv() {
-                    engine.run_task(key, t);
+                    engine.run_task(key, t, memory);
                 }
             });
             match spawned {
@@ -397,7 +416,7 @@ impl Engine {
     }
 
     /// Runs a started command on its own thread, in turns, then starts the next.
-    fn run_task(self: &Arc<Self>, key: usize, task: Task) {
+    fn run_task(self: &Arc<Self>, key: usize, task: Task, memory: Reservation) {
         self.stats.running.fetch_add(1, Relaxed);
         let turn = Arc::new(self.cpu.turn(key));
         let cancel = task.cancel.clone();
@@ -416,6 +435,7 @@ impl Engine {
             self.stats.errors.fetch_add(1, Relaxed);
         }
         finish(task, result);
+        drop(memory);
         self.stopped(key);
         self.dispatch();
     }

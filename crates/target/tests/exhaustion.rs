@@ -362,3 +362,87 @@ fn compute_is_shared_fairly_and_stops_with_its_connection() {
         }
     });
 }
+
+/// The memory budget holds in total: held results across controllers and started compute
+/// commands (each reserving its whole bound) stay under `limits.memory`; past it results
+/// are refused with RESULTS_FULL and commands wait in the queue. Before, each controller
+/// could hold 128 results (here 4 x 128 x 60 KiB) and every command ran at once.
+#[test]
+fn the_memory_budget_holds_across_controllers_and_commands() {
+    use nearstore_compute::by_name;
+    use nearstore_wire::compute::{opcode as cop, status as cs, Descriptor, Extent, Object};
+    let budget: u64 = 12 << 20;
+    let t = isolated(&format!("[limits]\nmemory = {budget}\n[compute]\nthreads = 2\nmemory_per_command = \"4MiB\"\ntimeout_secs = 600"));
+    let memory = t.target.memory.clone();
+    let stats = t.target.offload.stats.clone();
+    let t = &t;
+    let exec = || *Sqe::new(cop::EXEC, 0).set_nsid(1);
+    client_rt().block_on(async move {
+        // Results of about 60 KiB: 10,000 offsets of "a" in 20 KiB of "a".
+        let c = Controller::connect(t.opts(HOST_B)).await.unwrap();
+        let mut q = c.io_queue(1).await.unwrap();
+        q.write(1, 0, &[b'a'; 20480], 512, false).await.unwrap();
+        let big = Descriptor {
+            op: by_name("search").unwrap().id,
+            args: br#"{"pattern":"a","max_offsets":10000}"#.to_vec(),
+            inputs: vec![Object { len: 20480, extents: vec![Extent::data(0, 20480)] }],
+            outputs: vec![],
+        }
+        .encode();
+        let mut held_bytes = 0u64;
+        let mut per_ctrl = Vec::new();
+        let mut ctrls = Vec::new();
+        for _ in 0..4 {
+            let c = Controller::connect(t.opts(HOST_A)).await.unwrap();
+            let mut q = c.io_queue(1).await.unwrap();
+            let mut n = 0;
+            loop {
+                let qp = q.queue();
+                let cid = qp.submit(exec(), Data::Out(&big), 0).unwrap();
+                let cqe = qp.wait(cid, |_, _, _| {}).await.unwrap();
+                if cqe.status == cs::RESULTS_FULL {
+                    break;
+                }
+                assert!(cqe.status.is_success(), "{}", cqe.status);
+                held_bytes += cqe.dw1 as u64;
+                n += 1;
+                assert!(n <= limits::RESULTS_HELD_MAX);
+            }
+            per_ctrl.push(n);
+            ctrls.push((c, q));
+        }
+        eprintln!("results held per controller {per_ctrl:?}: {held_bytes} bytes; budget peak {}", memory.peak());
+        assert!(held_bytes <= budget, "results held: {held_bytes} bytes over the budget");
+        assert!(per_ctrl.iter().sum::<usize>() < 4 * limits::RESULTS_HELD_MAX, "the budget never refused a result");
+        assert!(memory.peak() <= budget);
+        // Fetching gives the memory back.
+        drop(ctrls);
+        wait_until("results freed", Duration::from_secs(5), || memory.used() == 0);
+        // 16 endless commands: only what the budget holds starts, the rest waits.
+        let endless = Descriptor {
+            op: by_name("crc32c").unwrap().id,
+            args: vec![],
+            inputs: vec![Object { len: 1 << 40, extents: vec![Extent::zeros(1 << 40)] }],
+            outputs: vec![],
+        }
+        .encode();
+        let a = Controller::connect(t.opts(HOST_A)).await.unwrap();
+        let mut aq = a.io_queue(1).await.unwrap();
+        for i in 0..16 {
+            aq.queue().submit(exec(), Data::Out(&endless), i).unwrap();
+        }
+        aq.queue().flush().await.unwrap();
+        // Those the budget cannot hold a result for are refused (RESULTS_FULL); of the
+        // rest, only as many start as the budget holds, the others wait.
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        let running = stats.running.load(Relaxed);
+        assert!(running >= 1, "no command started");
+        assert!(running * (4 << 20) <= budget, "{running} commands of 4 MiB started in a {budget}-byte budget");
+        assert!(memory.peak() <= budget);
+        // The commands of a closed connection give their memory back.
+        drop(aq);
+        wait_until("commands stopped", Duration::from_secs(5), || stats.running.load(Relaxed) + stats.queued.load(Relaxed) == 0);
+        wait_until("memory given back", Duration::from_secs(5), || memory.used() == 0);
+        let _ = &mut q;
+    });
+}

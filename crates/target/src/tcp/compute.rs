@@ -29,7 +29,7 @@ impl Core {
         let cid = sqe.cid();
         match sqe.opcode() {
             cop::EXEC => {
-                let Some(slot) = Slot::claim(ctrl) else {
+                let Some(slot) = Slot::claim(ctrl, &self.target.memory, self.target.offload.cfg.memory_per_command.0) else {
                     self.fail_io(ctrl, &sqe, cs::RESULTS_FULL);
                     return Ok(());
                 };
@@ -80,6 +80,9 @@ impl Core {
                 let r = ctrl.results.lock().fetch(sqe.cdw(10), sqe.cdw(11) as u64, len);
                 match r {
                     Ok((mut bytes, remaining)) => {
+                        if remaining == 0 {
+                            self.target.offload.kick();
+                        }
                         let valid = bytes.len() as u32;
                         bytes.resize(len, 0);
                         self.complete_with_data(cid, &bytes, &Reply { dw0: valid, dw1: remaining, ..Reply::default() });
@@ -89,6 +92,9 @@ impl Core {
             }
             cop::RELEASE => {
                 let released = ctrl.results.lock().release(sqe.cdw(10));
+                if released {
+                    self.target.offload.kick();
+                }
                 let status = if released { Status::SUCCESS } else { cs::HANDLE_INVALID };
                 if released {
                     self.complete(cid, status, 0, 0);
