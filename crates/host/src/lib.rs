@@ -401,7 +401,9 @@ impl Host {
 
     /// Runs an operation that writes an output file (copy, compress, sort, merge) over
     /// the inputs. `capacity`: the most bytes the output can take; the file is cut to
-    /// what the operation wrote.
+    /// what the operation wrote. The operation writes a new file beside the output, which
+    /// replaces the output only when the call succeeds: a failed call leaves no file it
+    /// made, and an output that was there before keeps its bytes.
     pub async fn transform(
         &mut self,
         op: &'static Operation,
@@ -413,6 +415,27 @@ impl Host {
     ) -> Result<Report, HostError> {
         op.check(args, inputs.len(), 1)?;
         refuse_overwriting_inputs(output, inputs)?;
+        let start = Instant::now();
+        let pending = PendingOutput::new(output)?;
+        let report = self.transform_into(op, args, inputs, &pending.path, capacity, mode).await?;
+        pending.commit()?;
+        Ok(Report {
+            files: report.files.into_iter().map(|f| FileResult { path: output.into(), ..f }).collect(),
+            elapsed_secs: start.elapsed().as_secs_f64(),
+            ..report
+        })
+    }
+
+    /// [`Host::transform`] into `output`, a file that is not yet in the output's place.
+    async fn transform_into(
+        &mut self,
+        op: &'static Operation,
+        args: &[u8],
+        inputs: &[PathBuf],
+        output: &Path,
+        capacity: u64,
+        mode: Mode,
+    ) -> Result<Report, HostError> {
         let start = Instant::now();
         let mapped = self.plan(inputs, if mode == Mode::Local { Mode::Local } else { Mode::Offload }).await?;
         let total: u64 = mapped.iter().map(size_of).sum();
@@ -702,6 +725,44 @@ fn transform_local(op: &Operation, args: &[u8], inputs: &[PathBuf], output: &Pat
     let r = op.execute(args, &mut ins, &mut [&mut sink], &Context::default())?.remove(0);
     sink.file.flush().map_err(|source| HostError::Io { path: output.into(), source })?;
     Ok(r)
+}
+
+/// A transform's output while the call runs: a new file in the output's directory (the
+/// same file system, so a target can write it and a rename puts it in place), removed
+/// when dropped unless [`PendingOutput::commit`] renamed it over the output. A symbolic
+/// link at the output's name is followed: the file it names is replaced.
+struct PendingOutput {
+    path: tempfile::TempPath,
+    output: PathBuf,
+}
+
+impl PendingOutput {
+    fn new(output: &Path) -> Result<PendingOutput, HostError> {
+        let ioe = |source| HostError::Io { path: output.into(), source };
+        let output = match std::fs::symlink_metadata(output) {
+            Ok(m) if m.file_type().is_symlink() => std::fs::canonicalize(output).map_err(ioe)?,
+            _ => output.to_path_buf(),
+        };
+        let dir = match output.parent() {
+            Some(d) if !d.as_os_str().is_empty() => d,
+            _ => Path::new("."),
+        };
+        let name = output.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+        // Mode 0666 less the umask, as a file the user created.
+        let file = tempfile::Builder::new()
+            .prefix(&format!(".{name}."))
+            .suffix(".part")
+            .permissions(std::os::unix::fs::PermissionsExt::from_mode(0o666))
+            .tempfile_in(dir)
+            .map_err(ioe)?;
+        Ok(PendingOutput { path: file.into_temp_path(), output })
+    }
+
+    /// Puts the written file in the output's place.
+    fn commit(self) -> Result<(), HostError> {
+        let output = self.output;
+        self.path.persist(&output).map_err(|e| HostError::Io { path: output, source: e.error })
+    }
 }
 
 /// Refuses an output that is one of the inputs (the same file by device and inode, under

@@ -351,3 +351,39 @@ async fn transforms_give_the_same_files_offloaded_and_local_over_every_shape() {
         }
     }
 }
+
+/// A failed transform leaves no output it created, offloaded and local: a sort the
+/// target refuses (a line over the 1 MiB bound) and a decompress of an input that is not
+/// zstd. An output that was there before the call keeps its bytes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_transform_leaves_no_output_and_keeps_an_existing_one() {
+    let fs = Fs::new(64);
+    let ep = start_target(&fs.image).await;
+    let mut devices = DeviceMap::default();
+    devices.add_file(&fs.image, ep).unwrap();
+    let mut host = Host::new(devices);
+    let m = &fs.mnt;
+    let mut long = vec![b'x'; 2 << 20];
+    long.push(b'\n');
+    std::fs::write(m.join("long-line"), &long).unwrap();
+    std::fs::write(m.join("not-zstd"), text(300_000, 5)).unwrap();
+    // (operation, input, capacity, what the error says)
+    let cases: &[(&str, &str, u64, &str)] = &[("sort", "long-line", 4 << 20, "more than 1048576"), ("decompress", "not-zstd", 8 << 20, "")];
+    for &(op, input, cap, says) in cases {
+        let op = by_name(op).unwrap();
+        let inputs = vec![m.join(input)];
+        for mode in [Mode::Offload, Mode::Local] {
+            let out = m.join(format!("{input}.{mode:?}.out"));
+            let e = host.transform(op, b"", &inputs, &out, cap, mode).await.expect_err("the call fails");
+            assert!(e.to_string().contains(says), "{} {mode:?}: {e}", op.name);
+            assert!(!out.exists(), "{} {mode:?}: a failed call left {}", op.name, out.display());
+            let existing = b"the user's file\n";
+            std::fs::write(&out, existing).unwrap();
+            host.transform(op, b"", &inputs, &out, cap, mode).await.expect_err("the call fails");
+            assert_eq!(std::fs::read(&out).unwrap(), existing, "{} {mode:?}: an existing output changed", op.name);
+            let dir: Vec<_> = std::fs::read_dir(m).unwrap().map(|e| e.unwrap().file_name()).collect();
+            assert!(dir.iter().all(|n| !n.to_string_lossy().starts_with('.')), "{} {mode:?}: left {dir:?}", op.name);
+            std::fs::remove_file(&out).unwrap();
+        }
+    }
+}
