@@ -11,7 +11,7 @@ use std::net::{SocketAddr, ToSocketAddrs};
 use std::path::PathBuf;
 
 use anyhow::{bail, Context, Result};
-use clap::{CommandFactory, Parser, Subcommand};
+use clap::{CommandFactory, FromArgMatches, Parser, Subcommand};
 use nearstore_target::config::{ByteSize, Config, NamespaceConfig};
 
 #[derive(Parser)]
@@ -334,13 +334,23 @@ fn init_logs(cmd: &Cmd) {
 }
 
 fn main() {
-    let cli = Cli::parse();
+    let matches = Cli::command().get_matches();
+    // A verb asked for JSON (-o json) says its error in JSON too, with the protocol's
+    // words, so that a script reads one format.
+    let json = matches.subcommand().and_then(|(_, m)| m.try_get_one::<Output>("output_format").ok().flatten()) == Some(&Output::Json);
+    let cli = Cli::from_arg_matches(&matches).unwrap_or_else(|e| e.exit());
     init_logs(&cli.cmd);
     let verbose = cli.verbose;
     if let Err(e) = run(cli) {
-        eprintln!("error: {}", message(&e));
-        if let Some(p) = e.chain().find_map(|c| c.downcast_ref::<Plain>()).filter(|_| verbose) {
-            eprintln!("  ({})", p.detail);
+        let detail = e.chain().find_map(|c| c.downcast_ref::<Plain>()).map(|p| p.detail.as_str());
+        if json {
+            // On stderr: stdout keeps at most the one document of results.
+            eprintln!("{}", serde_json::json!({ "error": message(&e), "status": detail }));
+        } else {
+            eprintln!("error: {}", message(&e));
+            if let Some(d) = detail.filter(|_| verbose) {
+                eprintln!("  ({d})");
+            }
         }
         std::process::exit(1);
     }

@@ -100,6 +100,12 @@ fn a_refused_connect_is_said_in_the_users_terms() {
     assert!(!err.contains("CONNECT_INVALID"), "the status is for -v: {err}");
     let (_, err) = fails(&["-v", "id-ctrl", "-a", &addr, "-n", "nqn.2026-11.io.nearstore:nope"]);
     assert!(err.contains("no such subsystem") && err.contains("CONNECT_INVALID_PARAMETERS"), "{err}");
+    // Asked for JSON, the error is JSON on stderr, the status in it; stdout stays empty.
+    let (out, err) = fails(&["list", "-o", "json", "-a", &addr, "-n", "nqn.2026-11.io.nearstore:nope"]);
+    let v: serde_json::Value = serde_json::from_str(err.trim()).unwrap_or_else(|e| panic!("not JSON ({e}): {err}"));
+    assert!(v["error"].as_str().is_some_and(|m| m.contains("no such subsystem")), "{v}");
+    assert!(v["status"].as_str().is_some_and(|s| s.contains("CONNECT_INVALID_PARAMETERS")), "{v}");
+    assert!(out.is_empty(), "{out}");
 
     // A host the subsystem does not list.
     let dir = tempfile::tempdir().unwrap();
