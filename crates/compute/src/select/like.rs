@@ -118,22 +118,28 @@ pub struct Like {
 
 /// The most bytes a pattern's compiled form holds, found without allocating: per
 /// segment, its characters and a mask of ceil(len / 64) words for `_` and for each
-/// distinct character (at most the 128 ASCII ones plus its other characters).
-pub fn table_bytes(pattern: &str) -> usize {
+/// distinct character (at most the 128 ASCII ones plus its other characters). An escaped
+/// `%` is a character of its segment, as [`Like::new`] reads it, not a break.
+pub fn table_bytes(pattern: &str, escape: Option<char>) -> usize {
     let mut total = 0usize;
     let (mut len, mut other) = (0usize, 0usize);
     let mut end = |len: usize, other: usize| {
         let distinct = len.min(128 + other);
         total = total.saturating_add((distinct + 1).saturating_mul(len.div_ceil(64).max(1) * 8 + 24) + len * 4 + 600);
     };
-    for c in pattern.chars() {
+    let mut it = pattern.chars();
+    while let Some(mut c) = it.next() {
         if c == '%' {
             end(len, other);
             (len, other) = (0, 0);
-        } else {
-            len += 1;
-            other += !c.is_ascii() as usize;
+            continue;
         }
+        if Some(c) == escape {
+            let Some(n) = it.next() else { break };
+            c = n;
+        }
+        len += 1;
+        other += !c.is_ascii() as usize;
     }
     end(len, other);
     total
@@ -157,7 +163,7 @@ impl Like {
     /// tables would pass `table_max` bytes (at most TABLE_BYTES_MAX), before they are
     /// made.
     pub fn new(pattern: &str, escape: Option<char>, case_insensitive: bool, table_max: usize) -> Result<Like, String> {
-        let bytes = table_bytes(pattern);
+        let bytes = table_bytes(pattern, escape);
         let table_max = table_max.min(TABLE_BYTES_MAX);
         if bytes > table_max {
             let head: String = pattern.chars().take(40).collect();
@@ -358,5 +364,22 @@ mod tests {
             .sum();
         assert!(held <= like.bytes(), "{held} > {}", like.bytes());
         assert!(Like::new(&p, None, false, like.bytes() - 1).is_err());
+        // Escaped `%`s join one long segment of distinct characters: counted as such, not
+        // as many short segments (a pattern from the data could otherwise take far more
+        // than it was charged).
+        let escaped: String = (0..20_000u32).filter_map(|i| char::from_u32(0x4e00 + i)).flat_map(|c| [c, '!', '%']).collect();
+        // One segment of 40,000 characters, 20,129 masks of 625 words: about 100 MB, where
+        // 20,000 short segments would be 14 MB.
+        assert!(table_bytes(&escaped, Some('!')) > 5 * table_bytes(&escaped, None));
+        assert!(table_bytes(&escaped, Some('!')) > 64 << 20);
+        assert!(Like::new(&escaped, Some('!'), false, TABLE_BYTES_MAX).unwrap_err().contains("bytes of tables"));
+        let small: String = escaped.chars().take(3 * 300).collect();
+        let like = Like::new(&small, Some('!'), false, TABLE_BYTES_MAX).unwrap();
+        let held: usize = like
+            .segments
+            .iter()
+            .map(|s| s.masks.iter().map(|m| m.len() * 8 + 24).sum::<usize>() + s.chars.len() * 4 + s.others.len() * 8)
+            .sum();
+        assert!(held <= like.bytes(), "{held} > {}", like.bytes());
     }
 }

@@ -933,7 +933,7 @@ impl Plan {
                             return Ok(Value::Null);
                         }
                         let p = p.text();
-                        w.make(like::table_bytes(&p), "a LIKE pattern's tables")?;
+                        w.make(like::table_bytes(&p, *escape), "a LIKE pattern's tables")?;
                         Like::new(&p, *escape, *ci, like::TABLE_BYTES_MAX)?.matches(&t, &mut w.meter).map_err(Fail::Stop)?
                     }
                 };
