@@ -419,7 +419,12 @@ fn set_features(ctrl: &Controller, sqe: &Sqe) -> Reply {
             } else {
                 st.features.temperature_under_k = v as u16;
             }
-            if !before && temperature_alarm(&st.features) && st.async_event_config & AEC_TEMPERATURE != 0 {
+            // Once while pending: a host toggling the threshold must not grow the queue.
+            if !before
+                && temperature_alarm(&st.features)
+                && st.async_event_config & AEC_TEMPERATURE != 0
+                && !st.pending_events.contains(&AEN_TEMPERATURE)
+            {
                 st.pending_events.push_back(AEN_TEMPERATURE);
                 drop(st);
                 ctrl.events.notify_one();

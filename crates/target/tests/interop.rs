@@ -418,6 +418,18 @@ async fn temperature_threshold_warns() {
     assert!(smart_warning(&run(&mut q, smart(), 512).await.1));
     assert!(run(&mut q, set_feature(feature::TEMPERATURE_THRESHOLD, 343), 0).await.0.status.is_success());
     assert!(!smart_warning(&run(&mut q, smart(), 512).await.1));
+    // A host toggling the threshold with no event request outstanding queues one event,
+    // not one per toggle: the first request gets it, a second waits.
+    for _ in 0..100 {
+        for t in [290, 343] {
+            assert!(run(&mut q, set_feature(feature::TEMPERATURE_THRESHOLD, t), 0).await.0.status.is_success());
+        }
+    }
+    let first = q.submit(Sqe::new(admin::ASYNC_EVENT_REQUEST, 0), Data::None, 0).unwrap();
+    let c = tokio::time::timeout(Duration::from_secs(5), q.wait(first, |_, _, _| {})).await.expect("an event").unwrap();
+    assert_eq!(c.dw0, 0x0002_0101);
+    let second = q.submit(Sqe::new(admin::ASYNC_EVENT_REQUEST, 0), Data::None, 0).unwrap();
+    assert!(tokio::time::timeout(Duration::from_millis(300), q.wait(second, |_, _, _| {})).await.is_err(), "a second event was queued");
 }
 
 /// CC.CSS = 110b ("all supported I/O command sets", CAP.CSS bit 6) enables the controller
