@@ -4,16 +4,14 @@
 //! The engine that runs an operation (the target's offload engine, the host's local
 //! path) builds one [`Context`] per command:
 //! - `memory_max`: the command's own bound, in bytes;
-//! - `budget`: optionally a [`Budget`] shared by many commands (a target-wide total):
-//!   every byte a command charges to its [`Account`] is charged to the budget too, and
-//!   given back when the account is dropped, so the sum over running commands stays
-//!   under the budget's limit;
+//!   (a target's total over commands is its engine's: the offload engine reserves each
+//!   started command's whole bound from the target's memory budget);
 //! - `stop`: cancellation and a deadline. Operations call [`Stop::check`] between chunks
 //!   and, through a [`Meter`], at least every [`STOP_CHECK_WORK`] units of work inside one
 //!   record, so a command stops within that much work of being cancelled.
 
 use std::fmt;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering::Relaxed};
+use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -26,7 +24,7 @@ use crate::ComputeError;
 pub const STOP_CHECK_WORK: u64 = 1 << 20;
 
 /// What an operation may use besides its inputs. Built per command by the engine that
-/// runs it; cheap to clone (the stop and the budget are shared).
+/// runs it; cheap to clone (the stop is shared).
 #[derive(Clone, Debug)]
 pub struct Context {
     /// Memory the operation may hold at once (a sort's records, a select's groups, rows
@@ -34,16 +32,13 @@ pub struct Context {
     /// [`Account`] before it is allocated. Chunks read from the inputs are counted by the
     /// engine, not here.
     pub memory_max: usize,
-    /// Memory shared with other commands: charged as well as `memory_max` (None: no
-    /// shared total).
-    pub budget: Option<Arc<Budget>>,
     /// Cancellation and deadline of the command.
     pub stop: Stop,
 }
 
 impl Default for Context {
     fn default() -> Self {
-        Context { memory_max: 256 << 20, budget: None, stop: Stop::default() }
+        Context { memory_max: 256 << 20, stop: Stop::default() }
     }
 }
 
@@ -149,84 +144,28 @@ impl Meter {
     }
 }
 
-/// Memory shared by many commands (the target's compute memory): every command's
-/// [`Account`] charges it too. Thread-safe.
-#[derive(Debug)]
-pub struct Budget {
-    limit: usize,
-    used: AtomicUsize,
-    /// The most ever used at once.
-    peak: AtomicUsize,
-}
-
-impl Budget {
-    pub fn new(limit: usize) -> Budget {
-        Budget { limit, used: AtomicUsize::new(0), peak: AtomicUsize::new(0) }
-    }
-    pub fn limit(&self) -> usize {
-        self.limit
-    }
-    /// Bytes charged now by all accounts.
-    pub fn used(&self) -> usize {
-        self.used.load(Relaxed)
-    }
-    /// The most charged at once since the budget was made.
-    pub fn peak(&self) -> usize {
-        self.peak.load(Relaxed)
-    }
-
-    fn try_charge(&self, bytes: usize) -> bool {
-        let mut cur = self.used.load(Relaxed);
-        loop {
-            let Some(next) = cur.checked_add(bytes).filter(|n| *n <= self.limit) else { return false };
-            match self.used.compare_exchange_weak(cur, next, Relaxed, Relaxed) {
-                Ok(_) => {
-                    self.peak.fetch_max(next, Relaxed);
-                    return true;
-                }
-                Err(now) => cur = now,
-            }
-        }
-    }
-
-    fn release(&self, bytes: usize) {
-        self.used.fetch_sub(bytes, Relaxed);
-    }
-}
-
-/// The memory one command holds, charged before it is allocated: against the command's
-/// bound and the shared budget, if any. Dropping the account gives its bytes back to the
-/// budget.
+/// The memory one command holds, charged before it is allocated, against the command's
+/// bound.
 #[derive(Debug)]
 pub struct Account {
     op: &'static str,
     limit: usize,
     used: usize,
-    budget: Option<Arc<Budget>>,
 }
 
 impl Account {
     pub fn new(op: &'static str, ctx: &Context) -> Account {
-        Account { op, limit: ctx.memory_max, used: 0, budget: ctx.budget.clone() }
+        Account { op, limit: ctx.memory_max, used: 0 }
     }
 
     /// Charges `bytes` before they are allocated; refused with [`ComputeError::Memory`]
-    /// naming `what` (called only on refusal) when the command's bound or the shared
-    /// budget would be exceeded. Nothing is charged on refusal.
+    /// naming `what` (called only on refusal) when the command's bound would be exceeded.
+    /// Nothing is charged on refusal.
     pub fn charge(&mut self, bytes: usize, what: impl FnOnce() -> String) -> Result<(), ComputeError> {
         let next = self.used.checked_add(bytes).filter(|n| *n <= self.limit);
         let Some(next) = next else {
             return Err(ComputeError::Memory { op: self.op, limit: self.limit, what: what() });
         };
-        if let Some(b) = &self.budget {
-            if !b.try_charge(bytes) {
-                return Err(ComputeError::Memory {
-                    op: self.op,
-                    limit: self.limit,
-                    what: format!("{}; the memory shared by all commands ({} bytes) is in use", what(), b.limit()),
-                });
-            }
-        }
         self.used = next;
         Ok(())
     }
@@ -235,9 +174,6 @@ impl Account {
     pub fn release(&mut self, bytes: usize) {
         let bytes = bytes.min(self.used);
         self.used -= bytes;
-        if let Some(b) = &self.budget {
-            b.release(bytes);
-        }
     }
 
     /// Bytes charged now.
@@ -251,36 +187,22 @@ impl Account {
     }
 }
 
-impl Drop for Account {
-    fn drop(&mut self) {
-        if let Some(b) = &self.budget {
-            b.release(self.used);
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
 
     #[test]
-    fn accounts_refuse_before_the_bound_and_share_the_budget() {
-        let budget = Arc::new(Budget::new(1000));
-        let ctx = Context { memory_max: 600, budget: Some(budget.clone()), stop: Stop::default() };
-        let (mut a, mut b) = (Account::new("t", &ctx), Account::new("t", &ctx));
+    fn accounts_refuse_before_the_bound() {
+        let ctx = Context { memory_max: 600, stop: Stop::default() };
+        let mut a = Account::new("t", &ctx);
         a.charge(600, || "a".into()).unwrap();
         let e = a.charge(1, || "one more byte".into()).unwrap_err();
         assert_eq!(e, ComputeError::Memory { op: "t", limit: 600, what: "one more byte".into() });
-        // b's own bound has room, the shared budget has only 400.
-        let e = b.charge(500, || "b's rows".into()).unwrap_err().to_string();
-        assert!(e.contains("b's rows") && e.contains("shared by all commands (1000 bytes)"), "{e}");
-        assert_eq!((a.used(), b.used(), budget.used()), (600, 0, 600));
+        assert_eq!(a.used(), 600);
         a.release(100);
-        b.charge(500, || "b".into()).unwrap();
-        assert_eq!(budget.used(), 1000);
-        drop(a);
-        drop(b);
-        assert_eq!((budget.used(), budget.peak()), (0, 1000));
+        a.charge(100, || "b".into()).unwrap();
+        a.release(usize::MAX);
+        assert_eq!(a.used(), 0);
         assert!(Account::new("t", &ctx).charge(usize::MAX, || "all".into()).is_err());
     }
 

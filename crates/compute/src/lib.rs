@@ -21,7 +21,7 @@ pub mod wc;
 
 use serde::{Deserialize, Serialize};
 
-pub use context::{Account, Budget, Context, Meter, Stop, STOP_CHECK_WORK};
+pub use context::{Account, Context, Meter, Stop, STOP_CHECK_WORK};
 
 /// A streaming operation over one input object.
 pub trait Kernel: Send {

@@ -493,7 +493,7 @@ fn run(
         None => Box::new(move || token.is_cancelled()),
     };
     let halt = Stop::new(Some(Duration::from_secs(cfg.timeout_secs)), Some(probe));
-    let ctx = Context { memory_max: (cfg.memory_per_command.0 - buffer_bytes(desc, cfg)) as usize, budget: None, stop: halt };
+    let ctx = Context { memory_max: (cfg.memory_per_command.0 - buffer_bytes(desc, cfg)) as usize, stop: halt };
     let limits = Limits { deadline, timeout_secs: cfg.timeout_secs, cancel, turn: turn.map(|t| &**t) };
     // A peer's failure: the status the command fails with, whatever the operation makes
     // of the read error.
