@@ -350,6 +350,11 @@ mod tests {
         assert!(meter.steps() <= crate::STOP_CHECK_WORK + 64, "{} steps", meter.steps());
     }
 
+    /// What a compiled pattern's tables take.
+    fn held(like: &Like) -> usize {
+        like.segments.iter().map(|s| s.masks.iter().map(|m| m.len() * 8 + 24).sum::<usize>() + s.chars.len() * 4 + s.others.len() * 8).sum()
+    }
+
     #[test]
     fn tables_are_bounded() {
         let huge: String = (0..200_000u32).filter_map(|i| char::from_u32(0x4e00 + i % 20_000)).collect();
@@ -357,12 +362,7 @@ mod tests {
         // What a pattern says it holds covers what its tables take.
         let p = "%ab_é%".repeat(300) + &"x_".repeat(500);
         let like = Like::new(&p, None, false, TABLE_BYTES_MAX).unwrap();
-        let held: usize = like
-            .segments
-            .iter()
-            .map(|s| s.masks.iter().map(|m| m.len() * 8 + 24).sum::<usize>() + s.chars.len() * 4 + s.others.len() * 8)
-            .sum();
-        assert!(held <= like.bytes(), "{held} > {}", like.bytes());
+        assert!(held(&like) <= like.bytes(), "{} > {}", held(&like), like.bytes());
         assert!(Like::new(&p, None, false, like.bytes() - 1).is_err());
         // Escaped `%`s join one long segment of distinct characters: counted as such, not
         // as many short segments (a pattern from the data could otherwise take far more
@@ -375,11 +375,6 @@ mod tests {
         assert!(Like::new(&escaped, Some('!'), false, TABLE_BYTES_MAX).unwrap_err().contains("bytes of tables"));
         let small: String = escaped.chars().take(3 * 300).collect();
         let like = Like::new(&small, Some('!'), false, TABLE_BYTES_MAX).unwrap();
-        let held: usize = like
-            .segments
-            .iter()
-            .map(|s| s.masks.iter().map(|m| m.len() * 8 + 24).sum::<usize>() + s.chars.len() * 4 + s.others.len() * 8)
-            .sum();
-        assert!(held <= like.bytes(), "{held} > {}", like.bytes());
+        assert!(held(&like) <= like.bytes(), "{} > {}", held(&like), like.bytes());
     }
 }
