@@ -7,7 +7,7 @@
 //! locks or running commands behind. Needs root, loop devices and mkfs.ext4.
 
 mod common;
-#[path = "../../target/tests/common/proxy.rs"]
+#[path = "../../nvmf-target/tests/common/proxy.rs"]
 mod proxy;
 
 use std::net::SocketAddr;
