@@ -100,9 +100,10 @@ pub struct LimitsConfig {
     pub controllers_per_host: usize,
     /// Milliseconds a connection may take from accept to a successful Connect.
     pub connect_timeout_ms: u64,
-    /// Memory hosts can make the target hold in total: held compute results and started
-    /// compute commands (their whole `compute.memory_per_command`). Default: half the
-    /// machine's physical memory.
+    /// Memory hosts can make the target hold in total: connection buffers (each queue's
+    /// worst case, [`limits::connection_memory_max`], from its Connect to its close), held
+    /// compute results and started compute commands (their whole
+    /// `compute.memory_per_command`). Default: half the machine's physical memory.
     pub memory: Option<ByteSize>,
 }
 
@@ -275,9 +276,12 @@ impl Config {
         self.compute.validate().map_err(|(f, m)| invalid(f, m))?;
         self.limits.validate()?;
         if let Some(m) = self.limits.memory {
-            let need = self.compute.memory_per_command.0 + limits::RESULT_BYTES_MAX as u64;
+            let need = limits::memory_budget_min(self.compute.memory_per_command.0);
             if m.0 < need {
-                return Err(invalid("limits.memory", format!("must hold one compute command and its result ({need} bytes)")));
+                return Err(invalid(
+                    "limits.memory",
+                    format!("must hold one compute command, its result and one controller's two largest queues ({need} bytes)"),
+                ));
             }
         }
         let mut tags = Vec::new();
@@ -424,6 +428,8 @@ mod tests {
             ("[[listener]]", "[limits]\nconnect_timeout_ms = 5\n[[listener]]", "limits.connect_timeout_ms"),
             ("[[listener]]", "[limits]\nsockets = 5\n[[listener]]", "unknown field `sockets`"),
             ("[[listener]]", "[limits]\nmemory = \"64MiB\"\n[[listener]]", "limits.memory"),
+            // A command and its result fit, but not a controller's queues besides.
+            ("[[listener]]", "[limits]\nmemory = \"300MiB\"\n[[listener]]", "limits.memory"),
             (
                 "address = \"127.0.0.1:4420\"",
                 "address = \"127.0.0.1:4420\"\n[[listener]]\naddress = \"127.0.0.1:4420\"",

@@ -11,6 +11,7 @@ use tracing::{debug, info, warn};
 use crate::admin::DataLen;
 use crate::limits;
 use crate::log_limit::peer_warn;
+use crate::memory::Reservation;
 use crate::reply::Reply;
 use crate::subsystem::{Controller, ControllersFull};
 use crate::Target;
@@ -24,6 +25,9 @@ pub struct Connected {
     /// The Connect response's DW1: [`connect::ACTING_FOR_CONFIRMED`] when the connection
     /// acts for a host (its access was checked), else 0.
     pub dw1: u32,
+    /// The connection's worst-case buffer memory, reserved from the target's budget for as
+    /// long as the connection lives.
+    pub memory: Reservation,
 }
 
 /// Byte offsets the Connect Invalid Parameters response points at.
@@ -87,6 +91,7 @@ pub fn connect(target: &Target, sqe: &Sqe, data: &[u8], discovery_port: bool, pe
         return Err(Reply::status(Status::CONNECT_INVALID_HOST.dnr()));
     }
     let dw1 = if d.acting_for.is_some() { connect::ACTING_FOR_CONFIRMED } else { 0 };
+    let memory = reserve_buffers(target, sqsize, peer)?;
     if qid == 0 {
         if d.cntlid != 0xffff {
             return Err(invalid_param(true, IPO_CNTLID));
@@ -104,7 +109,7 @@ pub fn connect(target: &Target, sqe: &Sqe, data: &[u8], discovery_port: bool, pe
         };
         ctrl.touch();
         info!(peer, subnqn = %sub.nqn, hostnqn = %d.hostnqn, acting_for = ?d.acting_for, cntlid = ctrl.cntlid, kato_ms = kato, "controller created");
-        return Ok(Connected { ctrl, qid, sqsize, sqflow_disabled, dw1 });
+        return Ok(Connected { ctrl, qid, sqsize, sqflow_disabled, dw1, memory });
     }
     if sub.discovery {
         return Err(invalid_param(false, IPO_QID));
@@ -135,7 +140,30 @@ pub fn connect(target: &Target, sqe: &Sqe, data: &[u8], discovery_port: bool, pe
     }
     drop(st);
     ctrl.touch();
-    Ok(Connected { ctrl, qid, sqsize, sqflow_disabled, dw1 })
+    Ok(Connected { ctrl, qid, sqsize, sqflow_disabled, dw1, memory })
+}
+
+/// Reserves the most buffer memory a queue of `sqsize` (0's based) entries can hold
+/// ([`limits::connection_memory_max`]) from the target's budget, leaving room for one
+/// compute command and its result so that connections alone never starve compute. A
+/// full budget is Connect Controller Busy without DNR: the host may retry once others
+/// have gone (NVMe over Fabrics: the controller is busy), as it does when a subsystem has
+/// no controller left.
+fn reserve_buffers(target: &Target, sqsize: u16, peer: &str) -> Result<Reservation, Reply> {
+    let bytes = limits::connection_memory_max(sqsize as usize + 1) as u64;
+    let keep = target.offload.cfg.memory_per_command.0 + limits::RESULT_BYTES_MAX as u64;
+    target.memory.reserve_leaving(bytes, keep).ok_or_else(|| {
+        target.stats.connects_refused_memory.fetch_add(1, Relaxed);
+        peer_warn!(
+            target.log_limit,
+            peer,
+            "connect: the memory budget cannot hold this queue's buffers (limits.memory)",
+            bytes,
+            reserved = target.memory.used(),
+            budget = target.memory.limit()
+        );
+        Reply::status(Status::CONNECT_CONTROLLER_BUSY)
+    })
 }
 
 /// The data of a fabrics command (see [`DataLen`]): Connect's 1024 bytes, none for the others.

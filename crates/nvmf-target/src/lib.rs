@@ -90,7 +90,8 @@ pub struct Target {
     pub nofile: u64,
     /// Rate-limits the warnings remote peers cause.
     pub log_limit: log_limit::LogLimiter,
-    /// The memory budget (`limits.memory`): held results and started compute commands.
+    /// The memory budget (`limits.memory`): connection buffers, held results and started
+    /// compute commands.
     pub memory: Arc<memory::Memory>,
 }
 

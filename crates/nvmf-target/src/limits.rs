@@ -120,6 +120,14 @@ pub fn connection_memory_max(sqsize: usize) -> usize {
     RX_BUFFER_BYTES + (sqsize + 2) * TRANSFER_BYTES_MAX + 4 * tx + RING_BYTES
 }
 
+/// The smallest memory budget (`limits.memory`) a target accepts, for commands of
+/// `memory_per_command` bytes: connections leave one compute command and its result
+/// free (crate::fabrics), and besides those the budget must hold one controller, an
+/// admin and an I/O queue of the largest size, or no host could use the target.
+pub fn memory_budget_min(memory_per_command: u64) -> u64 {
+    memory_per_command + RESULT_BYTES_MAX as u64 + 2 * connection_memory_max(QUEUE_DEPTH_MAX as usize) as u64
+}
+
 /// io_uring completions taken per look at the ring while the send buffer has room.
 pub const REAP_BATCH: usize = 8;
 

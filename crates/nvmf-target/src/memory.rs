@@ -1,7 +1,9 @@
 //! The target's memory budget (`limits.memory`): what hosts can make it hold in total.
-//! Held compute results and started compute commands reserve from it; a reservation is
-//! given back when dropped. When it is full, results are refused (RESULTS_FULL) and
-//! commands wait in the engine's queue (docs/operations.md, "Limits").
+//! Connections (their worst-case buffers, from Connect to close), held compute results
+//! and started compute commands reserve from it; a reservation is given back when
+//! dropped. When it is full, Connects are refused (Connect Controller Busy), results are
+//! refused (RESULTS_FULL) and commands wait in the engine's queue (docs/operations.md,
+//! "Limits").
 
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::Arc;

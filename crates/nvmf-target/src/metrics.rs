@@ -62,6 +62,8 @@ pub struct TargetStats {
     pub connect_timeouts: AtomicU64,
     /// Connects refused because the host held limits.controllers_per_host controllers.
     pub controllers_refused: AtomicU64,
+    /// Connects refused because the memory budget could not hold the queue's buffers.
+    pub connects_refused_memory: AtomicU64,
 }
 
 /// Writes a metric family's `# HELP` and `# TYPE` lines.
@@ -73,7 +75,7 @@ fn family(o: &mut String, name: &str, kind: &str, help: &str) {
 pub fn render(t: &Target) -> String {
     let mut o = String::new();
     let s = &t.stats;
-    let target: [(&str, &str, &str, i64); 15] = [
+    let target: [(&str, &str, &str, i64); 16] = [
         ("nearstore_connections", "gauge", "NVMe/TCP connections open now (one per queue).", s.connections.load(Relaxed)),
         ("nearstore_connections_total", "counter", "NVMe/TCP connections accepted.", s.connections_total.load(Relaxed) as i64),
         (
@@ -119,6 +121,12 @@ pub fn render(t: &Target) -> String {
             "Connects refused because the host held its limit of controllers (limits.controllers_per_host).",
             s.controllers_refused.load(Relaxed) as i64,
         ),
+        (
+            "nearstore_connects_refused_memory_total",
+            "counter",
+            "Connects refused because the memory budget (limits.memory) could not hold the queue's buffers.",
+            s.connects_refused_memory.load(Relaxed) as i64,
+        ),
         ("nearstore_connections_max", "gauge", "The most connections the target accepts at once.", t.admission.cap() as i64),
         (
             "nearstore_descriptor_limit",
@@ -130,7 +138,7 @@ pub fn render(t: &Target) -> String {
         (
             "nearstore_memory_reserved_bytes",
             "gauge",
-            "Bytes of the budget reserved now (held results, started compute commands).",
+            "Bytes of the budget reserved now (connection buffers, held results, started compute commands).",
             t.memory.used() as i64,
         ),
         ("nearstore_memory_reserved_bytes_max", "gauge", "The most bytes of the budget reserved at once.", t.memory.peak() as i64),

@@ -31,6 +31,7 @@ use crate::io_cmd::{self, IoKind, IoPlan};
 use crate::io_pool::{self, Done, Job, Op};
 use crate::limits;
 use crate::log_limit::peer_warn;
+use crate::memory::Reservation;
 use crate::reply::Reply;
 use crate::subsystem::{Controller, Namespace};
 use crate::uring::{self, Ring, Sub};
@@ -183,6 +184,9 @@ struct Queue {
     qid: u16,
     sqsize: u16,
     sqflow_disabled: bool,
+    /// This connection's share of the memory budget (limits::connection_memory_max for
+    /// its queue size), given back when the connection ends and the queue is dropped.
+    _memory: Reservation,
 }
 
 /// A write waiting for its data in H2CData PDUs after an R2T.
@@ -825,7 +829,8 @@ impl Core {
                         spawn_keep_alive_watchdog(self.target.clone(), c.ctrl.clone());
                     }
                     self.sqhd = 1 % (c.sqsize + 1);
-                    self.queue = Some(Queue { ctrl: c.ctrl, qid: c.qid, sqsize: c.sqsize, sqflow_disabled: c.sqflow_disabled });
+                    self.queue =
+                        Some(Queue { ctrl: c.ctrl, qid: c.qid, sqsize: c.sqsize, sqflow_disabled: c.sqflow_disabled, _memory: c.memory });
                     r
                 }
                 Err(r) => r,

@@ -366,12 +366,16 @@ fn compute_is_shared_fairly_and_stops_with_its_connection() {
 /// The memory budget holds in total: held results across controllers and started compute
 /// commands (each reserving its whole bound) stay under `limits.memory`; past it results
 /// are refused with RESULTS_FULL and commands wait in the queue. Before, each controller
-/// could hold 128 results (here 4 x 128 x 60 KiB) and every command ran at once.
+/// could hold 128 results (here 4 x 128 x 60 KiB) and every command ran at once. The
+/// budget is 12 MiB for the work besides what five controllers' connections reserve (an
+/// admin and an I/O queue each), and five are connected whenever work is measured.
 #[test]
 fn the_memory_budget_holds_across_controllers_and_commands() {
     use nearstore_compute::by_name;
     use nearstore_wire::compute::{opcode as cop, status as cs, Descriptor, Extent, Object};
-    let budget: u64 = 12 << 20;
+    let (admin_q, io_q) = (limits::connection_memory_max(32) as u64, limits::connection_memory_max(128) as u64);
+    let work: u64 = 12 << 20;
+    let budget = work + 5 * (admin_q + io_q);
     let t = isolated(&format!("[limits]\nmemory = {budget}\n[compute]\nthreads = 2\nmemory_per_command = \"4MiB\"\ntimeout_secs = 600"));
     let memory = t.target.memory.clone();
     let stats = t.target.offload.stats.clone();
@@ -391,10 +395,14 @@ fn the_memory_budget_holds_across_controllers_and_commands() {
         .encode();
         let mut held_bytes = 0u64;
         let mut per_ctrl = Vec::new();
+        // All connected before any result is held, so that each connection finds room.
         let mut ctrls = Vec::new();
         for _ in 0..4 {
             let c = Controller::connect(t.opts(HOST_A)).await.unwrap();
-            let mut q = c.io_queue(1).await.unwrap();
+            let q = c.io_queue(1).await.unwrap();
+            ctrls.push((c, q));
+        }
+        for (_, q) in &mut ctrls {
             let mut n = 0;
             loop {
                 let qp = q.queue();
@@ -409,15 +417,21 @@ fn the_memory_budget_holds_across_controllers_and_commands() {
                 assert!(n <= limits::RESULTS_HELD_MAX);
             }
             per_ctrl.push(n);
-            ctrls.push((c, q));
         }
         eprintln!("results held per controller {per_ctrl:?}: {held_bytes} bytes; budget peak {}", memory.peak());
-        assert!(held_bytes <= budget, "results held: {held_bytes} bytes over the budget");
+        assert!(held_bytes <= work, "results held: {held_bytes} bytes over the budget");
         assert!(per_ctrl.iter().sum::<usize>() < 4 * limits::RESULTS_HELD_MAX, "the budget never refused a result");
         assert!(memory.peak() <= budget);
-        // Fetching gives the memory back.
+        // Closing the controllers gives their results and connections back.
         drop(ctrls);
-        wait_until("results freed", Duration::from_secs(5), || memory.used() == 0);
+        wait_until("results freed", Duration::from_secs(5), || memory.used() == admin_q + io_q);
+        // Three idle controllers take the closed ones' place in the budget.
+        let mut idle = Vec::new();
+        for _ in 0..3 {
+            let c = Controller::connect(t.opts(HOST_B)).await.unwrap();
+            let q = c.io_queue(1).await.unwrap();
+            idle.push((c, q));
+        }
         // 16 endless commands: only what the budget holds starts, the rest waits.
         let endless = Descriptor {
             op: by_name("crc32c").unwrap().id,
@@ -437,12 +451,94 @@ fn the_memory_budget_holds_across_controllers_and_commands() {
         tokio::time::sleep(Duration::from_millis(500)).await;
         let running = stats.running.load(Relaxed);
         assert!(running >= 1, "no command started");
-        assert!(running * (4 << 20) <= budget, "{running} commands of 4 MiB started in a {budget}-byte budget");
+        assert!(running * (4 << 20) <= work, "{running} commands of 4 MiB started in a {work}-byte budget for work");
         assert!(memory.peak() <= budget);
         // The commands of a closed connection give their memory back.
         drop(aq);
         wait_until("commands stopped", Duration::from_secs(5), || stats.running.load(Relaxed) + stats.queued.load(Relaxed) == 0);
-        wait_until("memory given back", Duration::from_secs(5), || memory.used() == 0);
+        wait_until("memory given back", Duration::from_secs(5), || memory.used() == 5 * admin_q + 4 * io_q);
         let _ = &mut q;
+    });
+}
+
+/// Connection buffers are charged to the memory budget: each queue reserves its worst case
+/// (limits::connection_memory_max for its size) at Connect and gives it back when it
+/// closes. Hosts that stop reading while big reads are outstanding hold no more than was
+/// reserved; once the budget is full, the next Connect (an I/O queue, or a new controller's
+/// admin queue) gets Connect Controller Busy, while one compute command and its result
+/// still fit. Before, 40 slow readers held 1.4 GiB with no total.
+#[test]
+fn connection_buffers_are_charged_to_the_memory_budget() {
+    use nearstore_compute::by_name;
+    use nearstore_initiator::Error;
+    use nearstore_wire::compute::{Descriptor, Extent, Object};
+    use nearstore_wire::Status;
+    let command = 4u64 << 20;
+    let admin = limits::connection_memory_max(32) as u64;
+    let io = limits::connection_memory_max(128) as u64;
+    let slow: u16 = 3;
+    // One compute command and its result stay free; besides, the admin queue, the slow
+    // readers, one working queue, and half a queue more, so that the next one cannot fit.
+    let budget = command + limits::RESULT_BYTES_MAX as u64 + admin + (slow as u64 + 1) * io + io / 2;
+    assert!(admin > io / 2, "a new admin queue must not fit in the slack either");
+    let t = isolated(&format!("[limits]\nmemory = {budget}\n[compute]\nthreads = 2\nmemory_per_command = {command}"));
+    let memory = t.target.memory.clone();
+    let stats = &t.target.stats;
+    let t = &t;
+    assert_eq!(memory.used(), 0);
+    client_rt().block_on(async move {
+        let c = Controller::connect(t.opts(HOST_A)).await.unwrap();
+        assert_eq!(memory.used(), admin);
+        let mut readers = Vec::new();
+        for qid in 1..=slow {
+            let mut q = c.io_queue(qid).await.unwrap();
+            // 15 MiB of reads, more than the socket buffers hold; none of it is read.
+            for i in 0..120u64 {
+                q.queue().submit(Sqe::rw(io::READ, 1, i * 256, 256, false), Data::In(128 * 1024), i).unwrap();
+            }
+            q.queue().flush().await.unwrap();
+            readers.push(q);
+        }
+        let mut worker = c.io_queue(slow + 1).await.unwrap();
+        let reserved = admin + (slow as u64 + 1) * io;
+        assert_eq!(memory.used(), reserved);
+        // The slow readers' send buffers fill up to their back-pressure bound, within what
+        // was reserved for them.
+        wait_until("send buffers filled", Duration::from_secs(5), || {
+            stats.buffer_bytes.load(Relaxed) as u64 >= slow as u64 * limits::TX_PENDING_BYTES_MAX as u64
+        });
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let held = stats.buffer_bytes.load(Relaxed) as u64;
+        eprintln!("{slow} slow readers: buffers {held} bytes, reserved {reserved} of a {budget}-byte budget");
+        assert!(held <= reserved, "connections hold {held} bytes, more than the {reserved} reserved");
+        // Full: one more I/O queue, or another controller, is refused as busy.
+        for (what, refused) in
+            [("an I/O queue", c.io_queue(slow + 2).await.err()), ("a controller", Controller::connect(t.opts(HOST_B)).await.err())]
+        {
+            match refused {
+                Some(Error::Status { status, .. }) => assert_eq!(status, Status::CONNECT_CONTROLLER_BUSY, "{what}"),
+                other => panic!("{what}: expected Connect Controller Busy, got {other:?}"),
+            }
+        }
+        assert_eq!(stats.connects_refused_memory.load(Relaxed), 2);
+        assert_eq!(memory.used(), reserved, "a refused Connect left memory reserved");
+        // A compute command still runs in what connections leave free.
+        worker.write(1, 0, &[7u8; 4096], 512, false).await.unwrap();
+        let d = Descriptor {
+            op: by_name("crc32c").unwrap().id,
+            args: vec![],
+            inputs: vec![Object { len: 4096, extents: vec![Extent::data(0, 4096)] }],
+            outputs: vec![],
+        }
+        .encode();
+        worker.compute(1, &d, Duration::from_secs(10)).await.unwrap();
+        drop(readers);
+        drop(worker);
+        c.shutdown().await.unwrap();
+        wait_until("connections closed", Duration::from_secs(5), || stats.connections.load(Relaxed) == 0);
+        wait_until("budget given back", Duration::from_secs(5), || memory.used() == 0);
+        assert_eq!(stats.buffer_bytes.load(Relaxed), 0);
+        // And the budget admits a host again.
+        Controller::connect(t.opts(HOST_B)).await.unwrap().shutdown().await.unwrap();
     });
 }
