@@ -576,9 +576,11 @@ impl Core {
         self.queue.as_ref().is_some_and(|q| q.sqflow_disabled)
     }
 
-    /// Sends data then the completion (or only the data, with the SUCCESS flag).
+    /// Sends data then the completion (or only the data, with the SUCCESS flag, which
+    /// stands for a completion whose dw0 and dw1 are zero: a reply carrying values, such
+    /// as a FETCH's counts, always gets its CapsuleResp).
     fn complete_with_data(&mut self, cid: u16, data: &[u8], r: &Reply) {
-        let success = r.status.is_success() && self.success_flag();
+        let success = r.status.is_success() && r.dw0 == 0 && r.dw1 == 0 && self.success_flag();
         if !data.is_empty() && r.status.is_success() {
             let start = self.begin_c2h(cid, data.len(), success);
             self.tx.buf.extend_from_slice(data);

@@ -338,6 +338,13 @@ fn exec_sqe(nsid: u32) -> Sqe {
 /// A target with small compute limits: results expire after 1 s, commands time out after
 /// 1 s, 8 MiB per command.
 async fn start_small() -> (Arc<Target>, Controller) {
+    let (target, addr) = start_small_at().await;
+    let c = Controller::connect(nearstore_initiator::ConnectOptions::new(addr, common::NQN)).await.unwrap();
+    (target, c)
+}
+
+/// [`start_small`] without a controller: the target and its address.
+async fn start_small_at() -> (Arc<Target>, std::net::SocketAddr) {
     common::init_logs();
     let cfg = Config::from_toml(&format!(
         r#"
@@ -360,8 +367,7 @@ async fn start_small() -> (Arc<Target>, Controller) {
     .unwrap();
     let target = Target::from_config(&cfg).unwrap();
     let addr = target.listen("127.0.0.1:0".parse().unwrap(), false).await.unwrap();
-    let c = Controller::connect(nearstore_initiator::ConnectOptions::new(addr, common::NQN)).await.unwrap();
-    (target, c)
+    (target, addr)
 }
 
 #[tokio::test]
@@ -408,6 +414,32 @@ async fn results_are_held_within_limits_and_expire() {
     assert_eq!(submit(&mut q, f, Data::In(512)).await.status, cs::HANDLE_INVALID);
     for _ in 0..100 {
         assert!(submit(&mut q, exec_sqe(1), Data::Out(&d)).await.status.is_success());
+    }
+}
+
+/// A FETCH's completion carries counts (valid bytes, bytes remaining): a C2HData with the
+/// SUCCESS flag, allowed when the host disabled SQ flow control, stands for a completion
+/// whose dw0 and dw1 are zero, so such a reply must still come with its CapsuleResp.
+#[tokio::test]
+async fn fetch_counts_survive_sq_flow_control_disabled() {
+    let (_t, addr) = start_small_at().await;
+    for disable_sqflow in [false, true] {
+        let mut o = nearstore_initiator::ConnectOptions::new(addr, common::NQN);
+        o.disable_sqflow = disable_sqflow;
+        let c = Controller::connect(o).await.unwrap();
+        let mut q = c.io_queue(1).await.unwrap();
+        let d = crc_of(Object { len: 512, extents: vec![Extent::data(0, 512)] }).encode();
+        let cqe = submit(&mut q, exec_sqe(1), Data::Out(&d)).await;
+        assert!(cqe.status.is_success(), "{}", cqe.status);
+        let (handle, len) = (cqe.dw0, cqe.dw1);
+        assert!(len > 4, "a crc result has more than 4 bytes");
+        let mut f = Sqe::new(cop::FETCH, 0);
+        f.set_cdw(10, handle);
+        let part = submit(&mut q, f, Data::In(4)).await;
+        assert!(part.status.is_success(), "{}", part.status);
+        assert_eq!((part.dw0, part.dw1), (4, len - 4), "sqflow disabled: {disable_sqflow}");
+        let all = q.fetch(handle, len).await.unwrap();
+        assert_eq!(all.len(), len as usize, "sqflow disabled: {disable_sqflow}");
     }
 }
 
