@@ -8,5 +8,5 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 . scripts/as-root.sh
 . scripts/prereqs.sh
-cargo build --release --locked -p nearstore
-exec ./target/release/nearstore demo "$@"
+cargo build --release --locked -p nearstore-lab
+exec ./target/release/nearstore-lab demo "$@"

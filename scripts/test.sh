@@ -9,7 +9,7 @@ cd "$(dirname "$0")/.."
 . scripts/as-root.sh
 . scripts/prereqs.sh
 export PROPTEST_CASES=${PROPTEST_CASES:-20000}
-cargo build --release --locked -p nearstore -p nearstore-powercut
+cargo build --release --locked -p nearstore -p nearstore-lab -p nearstore-powercut
 cargo test --workspace --locked 2>&1 | tee /tmp/nearstore-cargo-test.log
 bash tests/kernel/run.sh target/release/nearstore
 bash tests/kernel/powercut.sh --cuts 20

@@ -7,7 +7,7 @@
 # Afterwards, passed or failed, it stops what the README left running (processes whose
 # working directory is in its TMPDIR, by PID), unmounts and detaches the loop devices under
 # it, takes down a testbed the README brought up, and removes it.
-# Usage: tests/readme/run.sh [README.md]   (needs a release build: cargo build --release)
+# Usage: tests/readme/run.sh [README.md]   (needs a release build of nearstore and nearstore-lab: cargo build --release)
 set -euo pipefail
 
 root=$(cd "$(dirname "$0")/../.." && pwd)
@@ -35,7 +35,7 @@ cleanup() {
     sleep 0.5
     findmnt -rn -o TARGET | grep "^$work/" | sort -r | while read -r m; do umount -l "$m" || true; done
     losetup -n -l -O NAME,BACK-FILE | awk -v w="$work/" 'index($2, w) == 1 { print $1 }' | while read -r d; do losetup -d "$d" || true; done
-    if [ -e "$testbed_state" ]; then "$root/target/release/nearstore" testbed down || true; fi
+    if [ -e "$testbed_state" ]; then "$root/target/release/nearstore-lab" testbed down || true; fi
     rm -rf "$work"
 }
 trap cleanup EXIT

@@ -1,10 +1,7 @@
 //! The `nearstore` command: one binary, subcommands modelled on nvme-cli and spdk_nvme_perf.
 
 mod compute;
-mod demo;
 mod perf;
-mod sortexp;
-mod testbed;
 mod tools;
 
 use std::net::{SocketAddr, ToSocketAddrs};
@@ -15,7 +12,7 @@ use clap::{CommandFactory, FromArgMatches, Parser, Subcommand};
 use nearstore_target::config::{ByteSize, Config, NamespaceConfig};
 
 #[derive(Parser)]
-#[command(name = "nearstore", version, about = "NVMe/TCP computational storage: target, initiator tools, benchmarks")]
+#[command(name = "nearstore", version, about = "NVMe/TCP computational storage: target, initiator tools, compute verbs, perf")]
 struct Cli {
     /// Errors with the protocol's words too (NVMe status, the field it names).
     #[arg(short = 'v', long, global = true)]
@@ -273,20 +270,10 @@ enum Cmd {
     Sort(compute::SortArgs),
     /// Merge sorted files (lines, or fixed-size records by a key) on the target, into one.
     Merge(compute::SortArgs),
-    /// Write records in the sort benchmark's format (100 bytes, 10-byte keys), as gensort.
-    Gensort(compute::GensortArgs),
-    /// Check that records are sorted and report their checksum, as valsort.
-    Valsort(compute::ValsortArgs),
     /// Copy a file on the target, without its bytes crossing the network.
     Copy(compute::CopyArgs),
     /// Measure IOPS, bandwidth and latency against a target.
     Perf(perf::PerfArgs),
-    /// The main job: a target on a file, writes and reads back through our initiator, a short perf.
-    Demo(demo::DemoArgs),
-    /// Client and target hosts in network namespaces with shaped links; benchmarks and
-    /// experiments on them (docs/experiments.md).
-    #[command(subcommand)]
-    Testbed(testbed::TestbedCmd),
     /// Print a shell's completions for nearstore on stdout (docs/operations.md says where they go).
     Completions {
         /// The shell.
@@ -294,7 +281,7 @@ enum Cmd {
         shell: clap_complete::Shell,
     },
     /// Write man pages, generated from this help: nearstore.1 and one per verb
-    /// (nearstore-checksum.1, nearstore-testbed-up.1, ...).
+    /// (nearstore-checksum.1, nearstore-perf.1, ...).
     Man {
         /// The directory to write them in (made if missing), e.g. /usr/local/share/man/man1.
         dir: PathBuf,
@@ -468,11 +455,7 @@ fn run(cli: Cli) -> Result<()> {
         Cmd::Sort(a) => compute::sort("sort", a),
         Cmd::Merge(a) => compute::sort("merge", a),
         Cmd::Copy(a) => compute::copy(a),
-        Cmd::Gensort(a) => compute::gensort(a),
-        Cmd::Valsort(a) => compute::valsort(a),
         Cmd::Perf(a) => perf::run(a),
-        Cmd::Demo(a) => demo::run(a),
-        Cmd::Testbed(c) => testbed::run(c),
         Cmd::Completions { shell } => {
             clap_complete::generate(shell, &mut Cli::command(), "nearstore", &mut std::io::stdout());
             Ok(())
@@ -512,8 +495,8 @@ mod tests {
         let mut missing = Vec::new();
         walk(&cmd, "nearstore", &mut missing);
         assert!(missing.is_empty(), "arguments without a description:\n{}", missing.join("\n"));
-        // The walk reaches the nested verbs and their arguments.
-        let up = cmd.find_subcommand("testbed").and_then(|t| t.find_subcommand("up")).expect("testbed up");
-        assert!(up.get_arguments().any(|a| a.get_id() == "image_size"));
+        // The walk reaches the verbs' flattened arguments (the target's address on perf).
+        let perf = cmd.find_subcommand("perf").expect("perf");
+        assert!(perf.get_arguments().any(|a| a.get_id() == "traddr"));
     }
 }

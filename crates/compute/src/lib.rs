@@ -16,7 +16,6 @@ pub mod digest;
 pub mod search;
 pub mod select;
 pub mod sort;
-pub mod sortbench;
 pub mod wc;
 
 use serde::{Deserialize, Serialize};

@@ -17,7 +17,6 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use common::Fs;
-use nearstore_compute::sortbench;
 use nearstore_host::device::{DeviceMap, Endpoint};
 use nearstore_host::dsort::{sort_across, SortAcross, SortOutput, Transfer};
 use nearstore_host::orchestrator::{self, Action, Locks, Options, Range, Step};
@@ -85,9 +84,15 @@ fn write(path: &Path, data: &[u8]) -> PathBuf {
     path.to_path_buf()
 }
 
-/// Records of the sort benchmark, `n` from number `start`.
+/// Records in the sort benchmark's shape (100 bytes, a 10-byte key), `n` from number
+/// `start`: keys scattered by a multiplicative hash of the number, the number after them.
 fn records(n: u64, start: u64) -> Vec<u8> {
-    (start..start + n).flat_map(|i| sortbench::record(5, i)).collect()
+    (start..start + n)
+        .flat_map(|i| {
+            let key = i.wrapping_mul(0x9e37_79b9_7f4a_7c15).to_be_bytes();
+            [&key[..], &[0x00, 0x11], format!("{i:090}").as_bytes()].concat()
+        })
+        .collect()
 }
 
 /// The inputs of a data set on the three devices (two files on the first), and their

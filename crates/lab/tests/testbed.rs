@@ -6,7 +6,7 @@
 use std::path::Path;
 mod common;
 
-use common::{nearstore, ok};
+use common::{lab, nearstore, ok, product};
 use std::process::Command;
 
 fn prerequisites() {
@@ -17,7 +17,7 @@ fn prerequisites() {
     }
     assert!(
         !Path::new("/run/nearstore-testbed.json").exists(),
-        "a testbed is already up on this machine (/run/nearstore-testbed.json): take it down first (nearstore testbed down)"
+        "a testbed is already up on this machine (/run/nearstore-testbed.json): take it down first (nearstore-lab testbed down)"
     );
 }
 
@@ -35,13 +35,16 @@ fn namespaces() -> Vec<String> {
 struct Down;
 impl Drop for Down {
     fn drop(&mut self) {
-        let _ = nearstore(&["testbed", "down"]);
+        let _ = lab(&["testbed", "down"]);
     }
 }
 
 #[test]
 fn testbed_up_bench_down_and_a_failed_up_cleans_up() {
     prerequisites();
+    // The testbed's targets are the product's binary.
+    let product = product();
+    let nearstore_bin = product.to_str().unwrap();
     let dir = tempfile::tempdir().unwrap();
     let tb = dir.path().join("tb");
     let tbs = tb.to_str().unwrap();
@@ -51,16 +54,21 @@ fn testbed_up_bench_down_and_a_failed_up_cleans_up() {
     let pids: Vec<u64> = state["targets"].as_array().unwrap().iter().map(|t| t["pid"].as_u64().unwrap()).collect();
     let loops: Vec<String> = state["targets"].as_array().unwrap().iter().map(|t| t["loop_dev"].as_str().unwrap().to_string()).collect();
     assert_eq!(namespaces().len(), 4, "switch, client, two targets");
+    // Each target host runs the product's binary, the one beside nearstore-lab.
+    for pid in &pids {
+        let exe = std::fs::read_link(format!("/proc/{pid}/exe")).unwrap();
+        assert_eq!(exe, product.canonicalize().unwrap(), "target {pid}");
+    }
     let status = ok(&["testbed", "status"]);
     assert_eq!(status.matches("(running)").count(), 2, "{status}");
     // Every link is shaped from the start, the targets' too (target to target traffic).
     for h in ["client", "t1", "t2"] {
-        let o = nearstore(&["testbed", "exec", h, "--", "tc", "qdisc", "show", "dev", "eth0"]);
+        let o = lab(&["testbed", "exec", h, "--", "tc", "qdisc", "show", "dev", "eth0"]);
         let q = String::from_utf8_lossy(&o.stdout);
         assert!(q.contains("tbf") && q.contains("100Mbit"), "{h}: {q}");
     }
     // A second testbed is refused while this one is up.
-    let o = nearstore(&["testbed", "up", "--targets", "1", "--dir", tbs]);
+    let o = lab(&["testbed", "up", "--targets", "1", "--dir", tbs]);
     assert!(!o.status.success() && String::from_utf8_lossy(&o.stderr).contains("a testbed is already up"));
 
     let run =
@@ -92,7 +100,7 @@ fn testbed_up_bench_down_and_a_failed_up_cleans_up() {
     ok(&["gensort", "--records", "20000", "--start", "30000", &format!("{}/part1", mnts[1])]);
     // The inputs together are not in order (valsort says so and fails), but their checksum
     // is what the sorted output must have.
-    let want = String::from_utf8(nearstore(&["valsort", &format!("{}/part0", mnts[0]), &format!("{}/part1", mnts[1])]).stdout).unwrap();
+    let want = String::from_utf8(lab(&["valsort", &format!("{}/part0", mnts[0]), &format!("{}/part1", mnts[1])]).stdout).unwrap();
     let want_sum = want.lines().find(|l| l.contains("checksum")).unwrap_or_else(|| panic!("{want}")).to_string();
     for transfer in ["d2d", "host"] {
         let out = format!("{}/sorted", mnts[1]);
@@ -101,7 +109,7 @@ fn testbed_up_bench_down_and_a_failed_up_cleans_up() {
             "exec",
             "client",
             "--",
-            env!("CARGO_BIN_EXE_nearstore"),
+            nearstore_bin,
             "sort",
             "--across",
             "--map",
@@ -129,14 +137,14 @@ fn testbed_up_bench_down_and_a_failed_up_cleans_up() {
     assert!(String::from_utf8_lossy(&o.stderr).contains("only sort runs across targets"), "{}", String::from_utf8_lossy(&o.stderr));
 
     // Commands on a host; a host that does not exist.
-    let o = nearstore(&["testbed", "exec", "t2", "--", "ip", "-br", "addr", "show", "eth0"]);
+    let o = lab(&["testbed", "exec", "t2", "--", "ip", "-br", "addr", "show", "eth0"]);
     assert!(o.status.success() && String::from_utf8_lossy(&o.stdout).contains("10.77.0.12"));
-    let o = nearstore(&["testbed", "exec", "t9", "--", "true"]);
+    let o = lab(&["testbed", "exec", "t9", "--", "true"]);
     assert!(String::from_utf8_lossy(&o.stderr).contains("no host \"t9\""));
-    let o = nearstore(&["testbed", "shape", "--rate", "fast"]);
+    let o = lab(&["testbed", "shape", "--rate", "fast"]);
     assert!(String::from_utf8_lossy(&o.stderr).contains("--rate fast"));
     // A delay needs netem: applied where the kernel has it, refused by name where not.
-    let o = nearstore(&["testbed", "shape", "--rate", "100mbit", "--delay", "1ms"]);
+    let o = lab(&["testbed", "shape", "--rate", "100mbit", "--delay", "1ms"]);
     let err = String::from_utf8_lossy(&o.stderr);
     assert!(o.status.success() || err.contains("needs the netem qdisc, which this kernel lacks"), "{err}");
     ok(&["testbed", "shape", "--rate", "100mbit", "--delay", "0ms"]);
@@ -158,7 +166,7 @@ fn testbed_up_bench_down_and_a_failed_up_cleans_up() {
     std::fs::create_dir(&tb).unwrap();
     std::fs::write(tb.join("t1.mnt"), b"in the way").unwrap();
     std::fs::write(tb.join("mine"), b"a user's file").unwrap();
-    let o = nearstore(&["testbed", "up", "--targets", "1", "--files", "1", "--file-size", "4096", "--dir", tbs]);
+    let o = lab(&["testbed", "up", "--targets", "1", "--files", "1", "--file-size", "4096", "--dir", tbs]);
     let err = String::from_utf8_lossy(&o.stderr);
     assert!(!o.status.success() && err.contains("taking down what was made"), "{err}");
     assert!(namespaces().is_empty(), "namespaces left after a failed up: {:?}", namespaces());

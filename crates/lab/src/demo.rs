@@ -1,4 +1,4 @@
-//! `nearstore demo`: the main job. A real ext4 file system on a loop device, whose image a
+//! `nearstore-lab demo`: the main job, shown. A real ext4 file system on a loop device, whose image a
 //! target exports over NVMe/TCP; a sample data set (logs and CSV) written through the file
 //! system; then checksums, grep, wc and SQL queries run offloaded (the target computes, a few bytes
 //! cross the network), pulled (the blocks cross the network, the host computes) and

@@ -8,7 +8,7 @@
 //! layout as gensort's binary records; the keys come from our own generator (SplitMix64
 //! seeded by `seed`), so the files are not byte-identical to gensort's.
 
-use crate::ComputeError;
+use anyhow::{bail, Result};
 
 pub const RECORD: usize = 100;
 pub const KEY: usize = 10;
@@ -100,12 +100,9 @@ impl Validator {
         self.s.records += 1;
     }
 
-    pub fn finish(mut self) -> Result<Summary, ComputeError> {
+    pub fn finish(mut self) -> Result<Summary> {
         if !self.partial.is_empty() {
-            return Err(ComputeError::Data {
-                op: "valsort",
-                message: format!("the input ends with {} bytes, less than a {RECORD}-byte record", self.partial.len()),
-            });
+            bail!("valsort: the input ends with {} bytes, less than a {RECORD}-byte record", self.partial.len());
         }
         self.s.checksum = format!("{:032x}", self.sum);
         Ok(self.s)

@@ -1,4 +1,4 @@
-//! `nearstore testbed`: one client host and N target hosts on this machine, each its own
+//! `nearstore-lab testbed`: one client host and N target hosts on this machine, each its own
 //! Linux network namespace, linked through a bridge in a switch namespace by veth pairs
 //! whose both ends are shaped with `tc` (tbf for the rate, netem for a delay). Each
 //! target host has its own image file holding ext4 on a loop device, filled with data and
@@ -179,7 +179,7 @@ impl State {
         std::fs::write(STATE, serde_json::to_vec_pretty(self)?).with_context(|| format!("writing {STATE}"))
     }
     pub fn load() -> Result<State> {
-        let b = std::fs::read(STATE).with_context(|| format!("no testbed is up ({STATE} is missing): nearstore testbed up"))?;
+        let b = std::fs::read(STATE).with_context(|| format!("no testbed is up ({STATE} is missing): nearstore-lab testbed up"))?;
         serde_json::from_slice(&b).context(STATE)
     }
 }
@@ -323,12 +323,14 @@ fn wait_listening(addr: SocketAddr, pid: u32) -> Result<()> {
 }
 
 pub fn up(a: &UpArgs) -> Result<State> {
+    // Before anything is made: the binary every target host runs.
+    let exe = crate::product_binary()?;
     if unsafe { libc::geteuid() } != 0 {
         bail!("the testbed makes network namespaces, loop devices and mounts: run it as root");
     }
     let left = netns_list();
     if Path::new(STATE).exists() || !left.is_empty() {
-        bail!("a testbed is already up ({STATE}, namespaces {left:?}): run `nearstore testbed down` first");
+        bail!("a testbed is already up ({STATE}, namespaces {left:?}): run `nearstore-lab testbed down` first");
     }
     if a.shape.rate != "none" {
         rate_bits(&a.shape.rate)?;
@@ -336,7 +338,7 @@ pub fn up(a: &UpArgs) -> Result<State> {
     delay_us(&a.shape.delay)?;
     let mut st = State { dir: a.dir.clone(), files: a.files, file_size: a.file_size, ..State::default() };
     st.save()?;
-    match build(a, &mut st) {
+    match build(a, &mut st, &exe) {
         Ok(()) => Ok(st),
         Err(e) => {
             eprintln!("testbed up failed: {e:#}; taking down what was made");
@@ -348,7 +350,7 @@ pub fn up(a: &UpArgs) -> Result<State> {
     }
 }
 
-fn build(a: &UpArgs, st: &mut State) -> Result<()> {
+fn build(a: &UpArgs, st: &mut State, exe: &Path) -> Result<()> {
     std::fs::create_dir_all(&a.dir).with_context(|| a.dir.display().to_string())?;
     let add_ns = |st: &mut State, ns: &str| -> Result<()> {
         sh("ip", &["netns", "add", ns])?;
@@ -369,7 +371,6 @@ fn build(a: &UpArgs, st: &mut State) -> Result<()> {
         sh("ip", &["-n", &ns, "link", "set", "eth0", "up"])?;
         sh("ip", &["-n", SWITCH, "link", "set", &peer, "master", "br0", "up"])?;
     }
-    let exe = std::env::current_exe()?;
     let addr_of = |i: usize| -> SocketAddr { SocketAddr::from(([10, 77, 0, 10 + i as u8], 4420)) };
     let nqn_of = |name: &str| format!("nqn.2026-11.io.nearstore:testbed-{name}");
     // Each target's NQN to its peers; every target trusts the others to read it for a host.
@@ -439,7 +440,7 @@ fn build(a: &UpArgs, st: &mut State) -> Result<()> {
         let log = std::fs::File::create(a.dir.join(format!("{name}.log")))?;
         let child = Command::new("ip")
             .args(["netns", "exec", &ns])
-            .arg(&exe)
+            .arg(exe)
             .args(["target", "--config"])
             .arg(&config)
             .stdin(Stdio::null())

@@ -12,8 +12,8 @@ use std::io::{BufWriter, Write};
 use std::path::PathBuf;
 use std::sync::Arc;
 
+use crate::sortbench::{self, Validator};
 use anyhow::{bail, Context, Result};
-use nearstore_compute::sortbench::{self, Validator};
 use nearstore_host::dsort::{sort_across, Phases, SortAcross, SortOutput, Transfer};
 use nearstore_host::orchestrator::{Locks, Options};
 use serde::{Deserialize, Serialize};
@@ -170,7 +170,7 @@ fn run_grid(
                         // valsort over the outputs the sort reports, in order: in order, every
                         // record there once.
                         let paths: Vec<PathBuf> = r.outputs.iter().map(|o| o.path.clone()).collect();
-                        let got = crate::compute::validate_records(&paths)?;
+                        let got = crate::records::validate_records(&paths)?;
                         if got.first_unordered.is_some() || got.records != want.records || got.checksum != want.checksum {
                             bail!("{k} targets, {size} bytes, {transfer:?}: the output is not the sorted input: {got:?} against {want:?}");
                         }
