@@ -5,7 +5,9 @@ use std::net::SocketAddr;
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
 
-use nearstore_wire::identify::{self, cntrltype, oncs, rescap, IdentifyController, IdentifyNamespace, IndependentNamespace, IDENTIFY_LEN};
+use nearstore_wire::identify::{
+    self, cntrltype, ctratt, oncs, rescap, IdentifyController, IdentifyNamespace, IndependentNamespace, IDENTIFY_LEN,
+};
 use nearstore_wire::log::{self, get_log, Smart};
 use nearstore_wire::opcode::{admin, cns, csi, feature, lid};
 use nearstore_wire::{Sqe, Status};
@@ -95,6 +97,7 @@ pub fn identify_controller(ctrl: &Controller) -> IdentifyController {
         cntlid: ctrl.cntlid,
         ver: nearstore_wire::fabrics::VERSION_1_3,
         oaes: if disc { 0 } else { 1 << 8 },
+        ctratt: if disc { 0 } else { ctratt::HOST_ID_128 | ctratt::RHII },
         cntrltype: if disc { cntrltype::DISCOVERY } else { cntrltype::IO },
         oacs: 0,
         acl: 3,

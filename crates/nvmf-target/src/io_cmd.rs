@@ -129,12 +129,16 @@ pub fn is_reservation(opcode: u8) -> bool {
     matches!(opcode, io::RESERVATION_REGISTER | io::RESERVATION_REPORT | io::RESERVATION_ACQUIRE | io::RESERVATION_RELEASE)
 }
 
-/// Validates a reservation command before its data moves: the namespace, and a transfer of
+/// Validates a reservation command of `host` before its data moves: a Host Identifier
+/// (CTRATT.RHII: reservations need a non-zero one), the namespace, and a transfer of
 /// exactly what the command defines (Report: NUMD, at most one transfer; 128-bit Host
 /// Identifiers need the extended data structure).
-pub fn check_reservation(sub: &Subsystem, sqe: &Sqe) -> Result<Arc<Namespace>, Status> {
+pub fn check_reservation(sub: &Subsystem, host: &HostId, sqe: &Sqe) -> Result<Arc<Namespace>, Status> {
     if sqe.fuse() != 0 {
         return Err(Status::INVALID_FIELD.dnr());
+    }
+    if *host == [0; 16] {
+        return Err(Status::HOST_ID_NOT_INITIALIZED.dnr());
     }
     let ns = namespace(sub, sqe)?;
     let want = match sqe.opcode() {
@@ -161,7 +165,7 @@ pub fn check_reservation(sub: &Subsystem, sqe: &Sqe) -> Result<Arc<Namespace>, S
 /// causes. Returns the reply and, when the state persists, the snapshot to write before
 /// the command completes.
 pub fn reservation(ctrl: &Controller, sqe: &Sqe, data: &[u8]) -> Result<(Reply, Option<Persist>), Status> {
-    let ns = check_reservation(&ctrl.subsys, sqe)?;
+    let ns = check_reservation(&ctrl.subsys, &ctrl.hostid, sqe)?;
     let c = Cdw10::decode(sqe.cdw(10));
     let host = &ctrl.hostid;
     let r = &ns.reservations;

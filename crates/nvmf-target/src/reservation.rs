@@ -148,10 +148,6 @@ impl Reservations {
         registrants_max: usize,
     ) -> Result<Effects, Status> {
         let (action, iekey, crkey, nrkey) = (cmd.action, cmd.iekey, keys.current, keys.other);
-        // A host that has not set its Host Identifier cannot register.
-        if *host == [0; 16] {
-            return Err(Status::COMMAND_SEQUENCE_ERROR.dnr());
-        }
         let ptpl = match cmd.cptpl {
             cptpl::NO_CHANGE => self.ptpl,
             cptpl::CLEAR => false,
@@ -443,7 +439,6 @@ mod tests {
 
     #[test]
     fn register_cases() {
-        let z = [0u8; 16];
         // (before: registered key of A, action, iekey, cptpl, crkey, nrkey, expected status, key after)
         let table: &[RegisterCase] = &[
             (None, rrega::REGISTER, false, 0, 0, KA, Status::SUCCESS, Some(KA)),
@@ -475,7 +470,6 @@ mod tests {
             assert_eq!(s.generation, if want.is_success() { gen + 1 } else { gen }, "case {i}: generation");
         }
         let mut s = Reservations::default();
-        assert_eq!(status(reg(&mut s, &z, rrega::REGISTER, false, 0, (0, KA), false)), Status::COMMAND_SEQUENCE_ERROR.dnr());
         // CPTPL: set, then cleared, where the namespace can persist.
         reg(&mut s, &A, rrega::REGISTER, false, cptpl::SET, (0, KA), true).unwrap();
         assert!(s.ptpl);

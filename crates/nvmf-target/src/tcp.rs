@@ -713,7 +713,7 @@ impl Core {
         }
         if let Some(q) = self.queue.as_ref().filter(|q| q.qid > 0 && !compute::is_compute(sqe.opcode())) {
             let checked = if io_cmd::is_reservation(sqe.opcode()) {
-                io_cmd::check_reservation(&q.ctrl.subsys, &sqe).map(drop)
+                io_cmd::check_reservation(&q.ctrl.subsys, &q.ctrl.hostid, &sqe).map(drop)
             } else {
                 io_cmd::plan(&q.ctrl.subsys, &q.ctrl.hostid, &sqe, true).map(drop)
             };

@@ -8,7 +8,7 @@ mod common;
 use nearstore_initiator::{Controller, Data, Error, IoQueue};
 use nearstore_target::config::Config;
 use nearstore_target::Target;
-use nearstore_wire::identify::{oncs, rescap};
+use nearstore_wire::identify::{ctratt, oncs, rescap};
 use nearstore_wire::opcode::{admin, feature, io, lid};
 use nearstore_wire::resv::{self, cptpl, notice, racqa, rrega, rrela, Cdw10, Keys, NoticeLog, Rtype};
 use nearstore_wire::{Sqe, Status};
@@ -224,12 +224,27 @@ async fn controllers_of_one_host_share_its_registration() {
     assert_eq!(a2.notice(false).await.kind, notice::REGISTRATION_PREEMPTED);
 }
 
+/// NVMe Base 2.2, "Reservations": a controller that needs a non-zero Host Identifier for
+/// reservations says so (CTRATT.RHII) and aborts every reservation command of a host whose
+/// Host Identifier is zero with Host Identifier Not Initialized; that host's other
+/// commands are checked against reservations like any unregistered host's. Before, Register
+/// answered Command Sequence Error and Report and Acquire went through.
 #[tokio::test]
-async fn a_host_without_a_host_identifier_cannot_register() {
+async fn a_host_without_a_host_identifier_cannot_use_reservations() {
     let env = common::start().await;
     let mut z = host_at(env.addr, 0xe, [0; 16]).await;
-    assert_eq!(z.register(rrega::REGISTER, 0, KA).await, Status::COMMAND_SEQUENCE_ERROR);
-    assert_eq!(z.q.resv_report(NS).await.unwrap().regctl, 0);
+    assert_ne!(z.c.id.ctratt & ctratt::RHII, 0);
+    let not_init = Status::HOST_ID_NOT_INITIALIZED;
+    assert_eq!(z.register(rrega::REGISTER, 0, KA).await, not_init);
+    assert_eq!(z.acquire(racqa::ACQUIRE, Rtype::WriteExclusive, KA, 0).await, not_init);
+    assert_eq!(z.release(rrela::RELEASE, 1, KA).await, not_init);
+    assert_eq!(status(z.q.resv_report(NS).await), not_init);
+    // A reservation of another host applies to it as to any host that is not registered.
+    let mut a = host(&env, 0xa).await;
+    assert_eq!(a.register(rrega::REGISTER, 0, KA).await, Status::SUCCESS);
+    assert_eq!(a.acquire(racqa::ACQUIRE, Rtype::WriteExclusive, KA, 0).await, Status::SUCCESS);
+    assert_eq!((z.read().await, z.write().await), (Status::SUCCESS, CONFLICT));
+    assert_eq!(a.q.resv_report(NS).await.unwrap().regctl, 1);
 }
 
 /// A command on the host's queue with these fields and data; its status.

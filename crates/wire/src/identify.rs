@@ -20,6 +20,15 @@ pub mod oncs {
     pub const RESERVATIONS: u16 = 1 << 5;
 }
 
+/// Controller Attributes bits (CTRATT, Identify Controller bytes 99:96).
+pub mod ctratt {
+    /// 128-bit Host Identifiers (the only kind NVMe over Fabrics has).
+    pub const HOST_ID_128: u32 = 1 << 0;
+    /// Reservations and Host Identifier Interaction: reservations need a non-zero Host
+    /// Identifier; a host with Host Identifier 0 gets Host Identifier Not Initialized.
+    pub const RHII: u32 = 1 << 18;
+}
+
 /// Reservation Capabilities of a namespace (RESCAP, Identify Namespace byte 31).
 pub mod rescap {
     /// Persist Through Power Loss is supported.
@@ -48,6 +57,8 @@ pub struct IdentifyController {
     pub ver: u32,
     /// Optional asynchronous events supported (bit 8: namespace attribute notices).
     pub oaes: u32,
+    /// Controller attributes ([`ctratt`]).
+    pub ctratt: u32,
     pub cntrltype: u8,
     pub oacs: u16,
     /// Abort command limit, 0's based.
@@ -95,6 +106,7 @@ impl IdentifyController {
         put_u16(&mut b, 78, self.cntlid);
         put_u32(&mut b, 80, self.ver);
         put_u32(&mut b, 92, self.oaes);
+        put_u32(&mut b, 96, self.ctratt);
         b[111] = self.cntrltype;
         put_u16(&mut b, 256, self.oacs);
         b[258] = self.acl;
@@ -142,6 +154,7 @@ impl IdentifyController {
             cntlid: u16_at(b, 78),
             ver: u32_at(b, 80),
             oaes: u32_at(b, 92),
+            ctratt: u32_at(b, 96),
             cntrltype: b[111],
             oacs: u16_at(b, 256),
             acl: b[258],
@@ -343,6 +356,7 @@ mod tests {
             subnqn: "nqn.x".into(),
             maxcmd: 128,
             nn: 4,
+            ctratt: ctratt::HOST_ID_128 | ctratt::RHII,
             ..Default::default()
         };
         let d = IdentifyController::decode(&c.encode()).unwrap();

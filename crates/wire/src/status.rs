@@ -48,6 +48,8 @@ statuses! {
     KEEP_ALIVE_INVALID = (0, 0x1a);
     /// A data digest error: the host may retry (NVMe/TCP "Data Digest Error").
     TRANSIENT_TRANSPORT_ERROR = (0, 0x22);
+    /// A reservation command from a host whose Host Identifier is zero (CTRATT.RHII set).
+    HOST_ID_NOT_INITIALIZED = (0, 0x27);
     LBA_OUT_OF_RANGE = (0, 0x80);
     CAPACITY_EXCEEDED = (0, 0x81);
     NAMESPACE_NOT_READY = (0, 0x82);
