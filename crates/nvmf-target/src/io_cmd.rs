@@ -6,14 +6,14 @@ use std::sync::Arc;
 
 use nearstore_transport::AlignedBuf;
 use nearstore_wire::opcode::io;
-use nearstore_wire::resv::{Cdw10, Keys, KEYS_LEN, RELEASE_DATA_LEN, REPORT_EDS};
+use nearstore_wire::resv::{racqa, Cdw10, Keys, KEYS_LEN, RELEASE_DATA_LEN, REPORT_EDS};
 use nearstore_wire::{Sqe, Status};
 
 use crate::io_pool::Op;
 use crate::limits;
 use crate::reply::Reply;
 use crate::reservation::{Access, HostId};
-use crate::subsystem::{Controller, Namespace, Snapshot, Subsystem};
+use crate::subsystem::{AbortWait, Controller, Namespace, Snapshot, Subsystem};
 
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 pub enum IoKind {
@@ -22,6 +22,9 @@ pub enum IoKind {
     Other,
     /// A compute command (runs on the offload engine).
     Compute,
+    /// A reservation command (or Set Features 83h) writing its state file or waiting for
+    /// the commands its Preempt and Abort aborts.
+    Reservation,
 }
 
 /// A validated I/O command.
@@ -122,8 +125,13 @@ pub fn dsm_ranges(ns: &Namespace, sqe: &Sqe, data: &[u8], out: &mut AlignedBuf) 
     Ok(())
 }
 
-/// A namespace's reservation state to write before a command completes.
-pub type Persist = (Arc<Namespace>, Snapshot);
+/// What a reservation command waits for before it completes: its namespace's state
+/// file written, and the commands its Preempt and Abort aborts completed.
+pub struct Later {
+    pub ns: Arc<Namespace>,
+    pub snapshot: Option<Snapshot>,
+    pub abort: Option<AbortWait>,
+}
 
 pub fn is_reservation(opcode: u8) -> bool {
     matches!(opcode, io::RESERVATION_REGISTER | io::RESERVATION_REPORT | io::RESERVATION_ACQUIRE | io::RESERVATION_RELEASE)
@@ -162,9 +170,9 @@ pub fn check_reservation(sub: &Subsystem, host: &HostId, sqe: &Sqe) -> Result<Ar
 }
 
 /// Runs a reservation command of `ctrl` with its host data, delivering the notices it
-/// causes. Returns the reply and, when the state persists, the snapshot to write before
-/// the command completes.
-pub fn reservation(ctrl: &Controller, sqe: &Sqe, data: &[u8]) -> Result<(Reply, Option<Persist>), Status> {
+/// causes and, for Preempt and Abort, asking the preempted hosts' queues to abort their
+/// commands on the namespace. Returns the reply and what to wait for before completing.
+pub fn reservation(ctrl: &Controller, sqe: &Sqe, data: &[u8]) -> Result<(Reply, Option<Later>), Status> {
     let ns = check_reservation(&ctrl.subsys, &ctrl.hostid, sqe)?;
     let c = Cdw10::decode(sqe.cdw(10));
     let host = &ctrl.hostid;
@@ -186,8 +194,11 @@ pub fn reservation(ctrl: &Controller, sqe: &Sqe, data: &[u8]) -> Result<(Reply, 
             r.update(|s| s.release(host, c, k.current))?
         }
     };
-    for n in fx.notices {
+    for n in &fx.notices {
         ctrl.subsys.reservation_notice(&n.host, n.kind, ns.nsid);
     }
-    Ok((Reply::ok(), snap.map(|s| (ns.clone(), s))))
+    let abort = (sqe.opcode() == io::RESERVATION_ACQUIRE && c.action == racqa::PREEMPT_AND_ABORT && !fx.preempted.is_empty())
+        .then(|| ctrl.subsys.abort_commands(&fx.preempted, ns.nsid));
+    let later = (snap.is_some() || abort.is_some()).then(|| Later { ns: ns.clone(), snapshot: snap, abort });
+    Ok((Reply::ok(), later))
 }

@@ -47,7 +47,8 @@ pub struct Job {
 }
 
 /// A finished job: a pool I/O with its buffer back, a compute command from the offload
-/// engine, or a reservation state written. All come back to the connection on one channel.
+/// engine, or a reservation command ready; or a Preempt and Abort's request. All come to
+/// the connection on one channel.
 pub enum Done {
     Io {
         token: u32,
@@ -58,10 +59,17 @@ pub enum Done {
         token: u32,
         computed: Box<crate::offload::Computed>,
     },
-    /// A reservation state file written (or not) for the command `token`.
+    /// A reservation command ready to complete (its state file written, or not; the
+    /// commands its Preempt and Abort waited for completed) for the command `token`.
     Persisted {
         token: u32,
         result: io::Result<()>,
+    },
+    /// Another host's Preempt and Abort: abort this connection's commands on `nsid`,
+    /// holding `guard` with each until it completes.
+    Abort {
+        nsid: u32,
+        guard: crate::subsystem::AbortGuard,
     },
 }
 

@@ -258,6 +258,27 @@ impl Results {
     }
 }
 
+/// A compute command's side of a Preempt and Abort: the cancellation that stops it and
+/// the waits it holds until its task has ended (the task, queued or running, owns this
+/// as long as the connection does).
+pub struct TaskAbort {
+    pub cancel: CancellationToken,
+    held: parking_lot::Mutex<Vec<crate::subsystem::AbortGuard>>,
+}
+
+impl TaskAbort {
+    /// For a command of the connection whose token is `connection`.
+    pub fn new(connection: &CancellationToken) -> Arc<TaskAbort> {
+        Arc::new(TaskAbort { cancel: connection.child_token(), held: parking_lot::Mutex::new(Vec::new()) })
+    }
+
+    /// Stops the command; `guard` is held until the task is dropped.
+    pub fn abort(&self, guard: crate::subsystem::AbortGuard) {
+        self.held.lock().push(guard);
+        self.cancel.cancel();
+    }
+}
+
 /// A validated compute command, ready to run.
 pub struct Task {
     pub ns: Arc<Namespace>,
@@ -266,8 +287,11 @@ pub struct Task {
     pub token: u32,
     pub slot: Slot,
     pub reply: UnboundedSender<Done>,
-    /// The connection's: fires when it closes or its controller goes away.
+    /// Fires when its connection closes, its controller goes away, or a Preempt and Abort
+    /// aborts it (`abort`'s token, a child of the connection's).
     pub cancel: CancellationToken,
+    /// Shared with the connection's record of the command.
+    pub abort: Arc<TaskAbort>,
     /// The host the command runs for (`Controller::requester`): peers are read for it.
     pub host: String,
 }

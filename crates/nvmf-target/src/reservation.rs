@@ -47,10 +47,14 @@ pub struct Reservations {
     pub ptpl: bool,
 }
 
-/// What a command changed: notices to deliver, and whether the state is new (to persist).
+/// What a command changed: notices to deliver, the hosts a preempt unregistered, and
+/// whether the state is new (to persist).
 #[derive(Debug, Default, PartialEq, Eq)]
 pub struct Effects {
     pub notices: Vec<Notice>,
+    /// Hosts other than the issuer whose registration a Preempt (or Preempt and Abort)
+    /// removed: with Preempt and Abort, their commands on the namespace are aborted.
+    pub preempted: Vec<HostId>,
     pub changed: bool,
 }
 
@@ -119,6 +123,7 @@ impl Reservations {
         for h in removed {
             if h != *issuer {
                 fx.notices.push(Notice { host: h, kind: notice::REGISTRATION_PREEMPTED });
+                fx.preempted.push(h);
             }
             if self.holder == Some(h) {
                 self.rtype = None;
@@ -195,8 +200,9 @@ impl Reservations {
         Ok(fx)
     }
 
-    /// Reservation Acquire: acquire, preempt, preempt and abort (commands of the preempted
-    /// hosts already started complete; later ones are checked against the new state).
+    /// Reservation Acquire: acquire, preempt, preempt and abort. The state changes the same
+    /// for both preempts; aborting the preempted hosts' commands (`Effects::preempted`) is
+    /// the caller's.
     pub fn acquire(&mut self, host: &HostId, cmd: Cdw10, keys: Keys) -> Result<Effects, Status> {
         let (action, crkey, prkey) = (cmd.action, keys.current, keys.other);
         let Some(new) = Rtype::from_u8(cmd.rtype).filter(|_| !cmd.iekey && action <= racqa::PREEMPT_AND_ABORT) else {
@@ -221,6 +227,7 @@ impl Reservations {
                 if prkey == 0 {
                     let others = self.others(host, notice::REGISTRATION_PREEMPTED);
                     self.registrants.retain(|r| r.host == *host);
+                    fx.preempted = others.iter().map(|n| n.host).collect();
                     fx.notices = others;
                     self.set_reservation(host, new);
                 } else {
@@ -549,6 +556,7 @@ mod tests {
         let fx = acq(&mut s, &B, racqa::PREEMPT, ExclusiveAccess as u8, false, (KB, KA)).unwrap();
         assert_eq!(s.generation, gen + 1);
         assert_eq!(s.key_of(&A), None);
+        assert_eq!(fx.preempted, vec![A]);
         // A learns its registration went; C that the Write Exclusive reservation is gone.
         assert_eq!(
             fx.notices,
@@ -556,16 +564,26 @@ mod tests {
         );
         // All Registrants, PRKEY 0: every other registrant goes, B holds the new type.
         let mut s = held(WriteExclusiveAllRegistrants);
-        let fx = acq(&mut s, &B, racqa::PREEMPT, WriteExclusive as u8, false, (KB, 0)).unwrap();
+        let fx = acq(&mut s, &B, racqa::PREEMPT_AND_ABORT, WriteExclusive as u8, false, (KB, 0)).unwrap();
         assert_eq!((s.rtype, s.holder, s.registrants.len()), (Some(WriteExclusive), Some(B), 1));
+        assert_eq!(fx.preempted, vec![A, C]);
         assert_eq!(
             fx.notices.iter().map(|n| (n.host, n.kind)).collect::<Vec<_>>(),
             vec![(A, notice::REGISTRATION_PREEMPTED), (C, notice::REGISTRATION_PREEMPTED)]
         );
         // All Registrants, a key: only that registrant goes; the reservation stays.
         let mut s = held(ExclusiveAccessAllRegistrants);
-        acq(&mut s, &B, racqa::PREEMPT, WriteExclusive as u8, false, (KB, KC)).unwrap();
-        assert_eq!((s.rtype, s.key_of(&C)), (Some(ExclusiveAccessAllRegistrants), None));
+        let fx = acq(&mut s, &B, racqa::PREEMPT, WriteExclusive as u8, false, (KB, KC)).unwrap();
+        assert_eq!((s.rtype, s.key_of(&C), fx.preempted), (Some(ExclusiveAccessAllRegistrants), None, vec![C]));
+        // The issuer is never among the preempted: not when it preempts itself to change
+        // the type, nor when it unregisters itself by its own key.
+        let mut s = held(WriteExclusive);
+        let fx = acq(&mut s, &A, racqa::PREEMPT_AND_ABORT, ExclusiveAccess as u8, false, (KA, KA)).unwrap();
+        assert_eq!((s.rtype, fx.preempted), (Some(ExclusiveAccess), vec![]));
+        let mut s = held(WriteExclusiveAllRegistrants);
+        reg(&mut s, &C, rrega::REPLACE, false, 0, (KC, KB), false).unwrap();
+        let fx = acq(&mut s, &B, racqa::PREEMPT_AND_ABORT, WriteExclusive as u8, false, (KB, KB)).unwrap();
+        assert_eq!((s.key_of(&B), s.key_of(&C), fx.preempted), (None, None, vec![C]));
         // No reservation: preempt only unregisters.
         let mut s = held(WriteExclusive);
         rel(&mut s, &A, rrela::RELEASE, WriteExclusive as u8, false, KA).unwrap();

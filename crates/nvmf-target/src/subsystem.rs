@@ -11,10 +11,12 @@ use nearstore_wire::log::ErrorEntry;
 use nearstore_wire::resv::{NoticeLog, ReservationStatus, AEN_RESERVATION_LOG};
 use nearstore_wire::Status;
 use parking_lot::{Mutex, RwLock};
+use tokio::sync::mpsc::UnboundedSender;
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
 use crate::backend::Backend;
+use crate::io_pool::Done;
 use crate::limits;
 use crate::metrics::NsStats;
 use crate::reservation::{Access, Effects, HostId, Reservations};
@@ -268,6 +270,20 @@ impl Subsystem {
         self.controllers.lock().len()
     }
 
+    /// Preempt and Abort: asks every queue of every controller of `hosts` to abort its
+    /// commands on `nsid`. The wait returned ends once each of those commands has
+    /// completed (tcp.rs, `Core::abort_commands`).
+    pub fn abort_commands(&self, hosts: &[HostId], nsid: u32) -> AbortWait {
+        let (guard, wait) = tokio::sync::mpsc::channel(1);
+        for c in self.controllers.lock().values().filter(|c| hosts.contains(&c.hostid)) {
+            for (_, q) in c.queues.lock().iter() {
+                // A queue whose connection has gone has nothing left to abort.
+                let _ = q.send(Done::Abort { nsid, guard: guard.clone() });
+            }
+        }
+        AbortWait(wait)
+    }
+
     /// Delivers a reservation notice to every controller of `host`.
     pub fn reservation_notice(&self, host: &HostId, kind: u8, nsid: u32) {
         for c in self.controllers.lock().values().filter(|c| c.hostid == *host) {
@@ -280,6 +296,20 @@ impl Subsystem {
         if let Some(c) = self.controllers.lock().remove(&cntlid) {
             c.cancel.cancel();
         }
+    }
+}
+
+/// Held by a command that a Preempt and Abort waits for; dropped when the command has
+/// completed (or its connection has gone).
+pub type AbortGuard = tokio::sync::mpsc::Sender<()>;
+
+/// A Preempt and Abort waiting for the commands it aborts (see [`Subsystem::abort_commands`]).
+pub struct AbortWait(tokio::sync::mpsc::Receiver<()>);
+
+impl AbortWait {
+    /// Returns once every guard is dropped (nothing is ever sent on the channel).
+    pub async fn done(mut self) {
+        while self.0.recv().await.is_some() {}
     }
 }
 
@@ -338,6 +368,9 @@ pub struct Controller {
     pub events: Notify,
     /// Compute results and messages held for FETCH.
     pub results: Mutex<crate::offload::Results>,
+    /// The connections of its queues, by QID: another host's Preempt and Abort reaches
+    /// their commands through them.
+    queues: Mutex<Vec<(u16, UnboundedSender<Done>)>>,
 }
 
 /// AEN: Notice, Namespace Attribute Changed, log page 04h (NVMe Base, "Asynchronous Event Information").
@@ -376,7 +409,17 @@ impl Controller {
             cancel: CancellationToken::new(),
             events: Notify::new(),
             results: Mutex::new(Default::default()),
+            queues: Mutex::new(Vec::new()),
         }
+    }
+
+    /// A queue connected: `done` is its connection's channel.
+    pub fn attach_queue(&self, qid: u16, done: UnboundedSender<Done>) {
+        self.queues.lock().push((qid, done));
+    }
+
+    pub fn detach_queue(&self, qid: u16) {
+        self.queues.lock().retain(|(q, _)| *q != qid);
     }
 
     /// The host whose access this controller has: the one it acts for, or its own.

@@ -32,8 +32,9 @@ use crate::io_pool::{self, Done, Job, Op};
 use crate::limits;
 use crate::log_limit::peer_warn;
 use crate::memory::Reservation;
+use crate::offload::TaskAbort;
 use crate::reply::Reply;
-use crate::subsystem::{Controller, Namespace};
+use crate::subsystem::{AbortGuard, Controller, Namespace};
 use crate::uring::{self, Ring, Sub};
 use crate::{Port, Target};
 
@@ -195,6 +196,9 @@ struct H2C {
     buf: AlignedBuf,
     received: usize,
     start: Instant,
+    /// Aborted by another host's Preempt and Abort: its data is taken, then it completes
+    /// with Command Aborted due to Preempt and Abort without running.
+    aborted: bool,
 }
 
 /// A command running on the io_uring or the I/O pool.
@@ -208,6 +212,16 @@ struct Inflight {
     /// On the ring: the operation, its buffer (owned here until the completion is reaped)
     /// and the bytes done so far (a short read or write is resubmitted for the rest).
     ring: Option<RingIo>,
+    /// Other hosts' Preempt and Abort waiting for this command (dropped with it).
+    held: Vec<AbortGuard>,
+    /// A compute command's task, which a Preempt and Abort stops.
+    task: Option<Arc<TaskAbort>>,
+}
+
+impl Inflight {
+    fn new(cid: u16, ns: Arc<Namespace>, kind: IoKind, len: usize, lba: u64, start: Instant) -> Inflight {
+        Inflight { cid, ns, kind, len, lba, start, ring: None, held: Vec::new(), task: None }
+    }
 }
 
 struct RingIo {
@@ -728,7 +742,7 @@ impl Core {
         }
         let mut buf = self.take_buf();
         buf.set_len(len);
-        let ttag = self.r2t.insert(H2C { sqe, buf, received: 0, start });
+        let ttag = self.r2t.insert(H2C { sqe, buf, received: 0, start, aborted: false });
         let hd = self.hd();
         pdu::put_r2t(&mut self.tx.buf, &DataHdr { cccid: cid, ttag: ttag as u16, offset: 0, len: len as u32 }, hd);
         Ok(())
@@ -765,6 +779,13 @@ impl Core {
         }
         if last {
             let x = self.r2t.remove(h.ttag as usize).expect("present");
+            if x.aborted {
+                self.put_buf(x.buf);
+                if let Some(ctrl) = self.queue.as_ref().map(|q| q.ctrl.clone()) {
+                    self.fail_io(&ctrl, &x.sqe, Status::ABORTED_PREEMPT);
+                }
+                return Ok(());
+            }
             return self.execute_buffered(x.sqe, x.buf, x.start);
         }
         Ok(())
@@ -808,7 +829,7 @@ impl Core {
                 let data = std::mem::take(&mut r.data);
                 self.complete_with_data(cid, &data, &r);
             }
-            admin::Outcome::Persist(ns, snapshot) => self.persist(cid, ns, snapshot, start)?,
+            admin::Outcome::Persist(ns, snapshot) => self.later(cid, io_cmd::Later { ns, snapshot: Some(snapshot), abort: None }, start)?,
             admin::Outcome::ParkAer => {
                 if self.aers.len() >= limits::AER_MAX {
                     self.complete(cid, Status::ASYNC_EVENT_LIMIT_EXCEEDED.dnr(), 0, 0);
@@ -831,6 +852,7 @@ impl Core {
                         spawn_keep_alive_watchdog(self.target.clone(), c.ctrl.clone());
                     }
                     self.sqhd = 1 % (c.sqsize + 1);
+                    c.ctrl.attach_queue(c.qid, self.done_tx.clone());
                     self.queue =
                         Some(Queue { ctrl: c.ctrl, qid: c.qid, sqsize: c.sqsize, sqflow_disabled: c.sqflow_disabled, _memory: c.memory });
                     r
@@ -937,11 +959,11 @@ impl Core {
         let on_ring = matches!(op, Op::Read { .. } | Op::Write { .. } | Op::Flush);
         if let (true, Some(fd), true) = (on_ring, ns.backend.raw_fd(), self.ring_ready()) {
             let ring = Some(RingIo { op, fd, buf, done: 0 });
-            let token = self.inflight.insert(Inflight { cid, ns, kind, len, lba, start, ring });
+            let token = self.inflight.insert(Inflight { ring, ..Inflight::new(cid, ns, kind, len, lba, start) });
             self.push_ring(token);
             return Ok(());
         }
-        let token = self.inflight.insert(Inflight { cid, ns: ns.clone(), kind, len, lba, start, ring: None }) as u32;
+        let token = self.inflight.insert(Inflight::new(cid, ns.clone(), kind, len, lba, start)) as u32;
         self.target.pool.submit(Job { backend: ns.backend.clone(), op, buf, token, reply: self.done_tx.clone() });
         Ok(())
     }
@@ -1128,7 +1150,7 @@ impl Core {
                 ns.stats.writes.fetch_add(1, Relaxed);
                 ns.stats.written_bytes.fetch_add(len as u64, Relaxed);
             }
-            IoKind::Other | IoKind::Compute => {
+            IoKind::Other | IoKind::Compute | IoKind::Reservation => {
                 ns.stats.other.fetch_add(1, Relaxed);
             }
         }
@@ -1156,6 +1178,7 @@ impl Core {
             Done::Io { token, result, buf } => (token, result, buf),
             Done::Computed { token, computed } => return self.on_computed(token, *computed),
             Done::Persisted { token, result } => return self.on_persisted(token, result),
+            Done::Abort { nsid, guard } => return self.abort_commands(nsid, guard),
         };
         let Some(x) = self.inflight.remove(token as usize) else {
             return;
@@ -1177,6 +1200,33 @@ impl Core {
         self.put_buf(buf);
     }
 
+    /// Another host's Preempt and Abort unregistered this controller's host on `nsid`
+    /// (docs/protocol.md, "Preempt and Abort"). Every command of this queue on `nsid`
+    /// being processed is requested to abort: compute commands stop at their next check,
+    /// writes waiting for their data will not run; the rest (I/O on the backend, short)
+    /// completes as it is. Each holds `guard` until it completes, so the Reservation
+    /// Acquire completes after them. Reservation commands are neither aborted nor waited
+    /// for (two Preempt and Abort commands could wait for each other).
+    fn abort_commands(&mut self, nsid: u32, guard: AbortGuard) {
+        let mut stopped = false;
+        for x in self.inflight.slots.iter_mut().flatten().filter(|x| x.ns.nsid == nsid && x.kind != IoKind::Reservation) {
+            if let Some(t) = &x.task {
+                t.abort(guard.clone());
+                stopped = true;
+            }
+            x.held.push(guard.clone());
+        }
+        if self.queue.as_ref().is_some_and(|q| q.qid > 0) {
+            for w in self.r2t.slots.iter_mut().flatten().filter(|w| w.sqe.nsid() == nsid && !io_cmd::is_reservation(w.sqe.opcode())) {
+                w.aborted = true;
+            }
+        }
+        if stopped {
+            // Queued ones leave the engine's queue now.
+            self.target.offload.kick();
+        }
+    }
+
     /// Completes outstanding AERs while events are pending.
     fn deliver_events(&mut self) {
         if self.aers.is_empty() {
@@ -1194,6 +1244,7 @@ impl Core {
     /// queue removes the controller and so closes its I/O queues.
     fn detach(&mut self) {
         let Some(q) = self.queue.take() else { return };
+        q.ctrl.detach_queue(q.qid);
         if q.qid == 0 {
             info!(peer = %self.peer, cntlid = q.ctrl.cntlid, subnqn = %q.ctrl.subsys.nqn, "controller removed");
             q.ctrl.subsys.remove_controller(q.ctrl.cntlid);

@@ -8,6 +8,10 @@ mod common;
 use nearstore_initiator::{Controller, Data, Error, IoQueue};
 use nearstore_target::config::Config;
 use nearstore_target::Target;
+use std::sync::atomic::Ordering::Relaxed;
+use std::time::{Duration, Instant};
+
+use nearstore_wire::compute::{opcode as cop, Descriptor, Extent, Object};
 use nearstore_wire::identify::{ctratt, oncs, rescap};
 use nearstore_wire::opcode::{admin, feature, io, lid};
 use nearstore_wire::resv::{self, cptpl, notice, racqa, rrega, rrela, Cdw10, Keys, NoticeLog, Rtype};
@@ -43,7 +47,7 @@ async fn host(env: &common::Env, n: u8) -> Host {
 fn status<T>(r: Result<T, Error>) -> Status {
     match r {
         Ok(_) => Status::SUCCESS,
-        Err(Error::Status { status, .. }) => Status { dnr: false, ..status },
+        Err(Error::Status { status, .. } | Error::Compute { status, .. }) => Status { dnr: false, ..status },
         Err(e) => panic!("not a status: {e}"),
     }
 }
@@ -245,6 +249,93 @@ async fn a_host_without_a_host_identifier_cannot_use_reservations() {
     assert_eq!(a.acquire(racqa::ACQUIRE, Rtype::WriteExclusive, KA, 0).await, Status::SUCCESS);
     assert_eq!((z.read().await, z.write().await), (Status::SUCCESS, CONFLICT));
     assert_eq!(a.q.resv_report(NS).await.unwrap().regctl, 1);
+}
+
+/// An endless compute command on the namespace: it reads a block of it, then a terabyte
+/// of zeros.
+fn endless_checksum() -> Vec<u8> {
+    Descriptor {
+        op: nearstore_compute::by_name("crc32c").unwrap().id,
+        args: vec![],
+        inputs: vec![Object { len: 4096 + (1 << 40), extents: vec![Extent::data(0, 4096), Extent::zeros(1 << 40)] }],
+        outputs: vec![],
+    }
+    .encode()
+}
+
+async fn wait_for(what: &str, cond: impl Fn() -> bool) {
+    let until = Instant::now() + Duration::from_secs(10);
+    while !cond() {
+        assert!(Instant::now() < until, "{what}: not within 10 s");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+/// Preempt and Abort (NVMe Base 2.2, "Preempting a Reservation or Registration"): the
+/// preempted host's commands on the namespace are requested to abort and the Reservation
+/// Acquire completes only after they have completed. B, a registrant of A's Exclusive
+/// Access - Registrants Only reservation, has an endless compute command running and a
+/// 128 KiB write waiting for its data (after R2T). A preempts B's registration: when the
+/// Acquire completes, B's compute command has stopped (Command Aborted due to
+/// Preempt and Abort, with a message under its handle), B's write ends with the same
+/// status once its data came, without reaching the namespace, and B reads and writes
+/// nothing more. A plain Preempt leaves what B started running (as the specification
+/// allows); before, Preempt and Abort did exactly that too.
+#[tokio::test]
+async fn preempt_and_abort_stops_what_the_preempted_host_started() {
+    for action in [racqa::PREEMPT, racqa::PREEMPT_AND_ABORT] {
+        let env = common::start().await;
+        let stats = env.target.offload.stats.clone();
+        let (mut a, mut b) = (host(&env, 0xa).await, host(&env, 0xb).await);
+        assert_eq!(a.register(rrega::REGISTER, 0, KA).await, Status::SUCCESS);
+        assert_eq!(b.register(rrega::REGISTER, 0, KB).await, Status::SUCCESS);
+        assert_eq!(a.acquire(racqa::ACQUIRE, Rtype::ExclusiveAccessRegistrantsOnly, KA, 0).await, Status::SUCCESS);
+        let before = [5u8; 128 << 10];
+        assert_eq!(status(a.q.write(NS, 100, &before, 4096, false).await), Status::SUCCESS);
+
+        let desc = endless_checksum();
+        let qp = b.q.queue();
+        let mut s = Sqe::new(cop::EXEC, 0);
+        s.set_nsid(NS);
+        let exec = qp.submit(s, Data::Out(&desc), 0).unwrap();
+        // Not polled: the initiator sends the data only when it reads the R2T.
+        let late = [9u8; 128 << 10];
+        let write = qp.submit(Sqe::rw(io::WRITE, NS, 100, 32, false), Data::Out(&late), 1).unwrap();
+        qp.flush().await.unwrap();
+        wait_for("B's compute command running", || stats.running.load(Relaxed) == 1).await;
+
+        assert_eq!(a.acquire(action, Rtype::ExclusiveAccessRegistrantsOnly, KA, KB).await, Status::SUCCESS);
+        if action == racqa::PREEMPT {
+            // The preempted host's command goes on; closing its queue stops it.
+            tokio::time::sleep(Duration::from_millis(200)).await;
+            assert_eq!(stats.running.load(Relaxed), 1, "a plain Preempt aborts nothing");
+            drop(b);
+            wait_for("B's command stopped with its connection", || stats.running.load(Relaxed) == 0).await;
+            continue;
+        }
+        assert_eq!(stats.running.load(Relaxed), 0, "the Acquire completed while B's command still ran");
+        // Waiting for the compute command also sends the write's data and may take the
+        // write's completion on the way.
+        let mut written = None;
+        let cqe = b.q.queue().wait(exec, |tag, c, _| written = (tag == 1).then_some(c.status)).await.unwrap();
+        assert_eq!(Status { dnr: false, ..cqe.status }, Status::ABORTED_PREEMPT);
+        let written = match written {
+            Some(s) => s,
+            None => b.q.queue().wait(write, |_, _, _| {}).await.unwrap().status,
+        };
+        assert_eq!(Status { dnr: false, ..written }, Status::ABORTED_PREEMPT);
+        let message = String::from_utf8(b.q.fetch(cqe.dw0, cqe.dw1).await.unwrap()).unwrap();
+        assert!(message.contains("Preempt and Abort") && message.contains(&format!("namespace {NS}")), "{message}");
+        let got = a.q.read(NS, 100, 32, 4096).await.unwrap();
+        assert!(got == before, "B's aborted write reached the namespace");
+        // B is fenced: no longer a registrant, it may neither read nor write.
+        assert_eq!((b.read().await, b.write().await), (CONFLICT, CONFLICT));
+        assert_eq!(status(b.q.compute(NS, &desc, Duration::from_secs(10)).await), CONFLICT);
+        assert_eq!(b.event().await, resv::AEN_RESERVATION_LOG);
+        assert_eq!(b.notice(false).await.kind, notice::REGISTRATION_PREEMPTED);
+        // A reads and writes, and its own commands were never touched.
+        assert_eq!((a.read().await, a.write().await), (Status::SUCCESS, Status::SUCCESS));
+    }
 }
 
 /// A command on the host's queue with these fields and data; its status.

@@ -46,6 +46,8 @@ statuses! {
     HOST_ID_INCONSISTENT = (0, 0x18);
     KEEP_ALIVE_EXPIRED = (0, 0x19);
     KEEP_ALIVE_INVALID = (0, 0x1a);
+    /// A Reservation Acquire with Preempt and Abort (RACQA 010b) of another host aborted it.
+    ABORTED_PREEMPT = (0, 0x1b);
     /// A data digest error: the host may retry (NVMe/TCP "Data Digest Error").
     TRANSIENT_TRANSPORT_ERROR = (0, 0x22);
     /// A reservation command from a host whose Host Identifier is zero (CTRATT.RHII set).

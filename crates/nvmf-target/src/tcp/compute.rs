@@ -13,7 +13,7 @@ use tracing::warn;
 use super::{fatal, ConnError, Core, Inflight};
 use crate::io_cmd::IoKind;
 use crate::limits;
-use crate::offload::{self, Computed, Failure, Slot, Task};
+use crate::offload::{self, Computed, Failure, Slot, Task, TaskAbort};
 use crate::reply::Reply;
 use crate::reservation::Access;
 use crate::subsystem::Controller;
@@ -57,8 +57,10 @@ impl Core {
                 if self.r2t.live + self.inflight.live >= self.outstanding_limit() {
                     return Err(fatal(fes::PDU_SEQUENCE_ERROR, 0, "more commands outstanding than the queue size"));
                 }
-                let token =
-                    self.inflight.insert(Inflight { cid, ns: ns.clone(), kind: IoKind::Compute, len: 0, lba: 0, start, ring: None });
+                let abort = TaskAbort::new(&self.cancel);
+                let token = self
+                    .inflight
+                    .insert(Inflight { task: Some(abort.clone()), ..Inflight::new(cid, ns.clone(), IoKind::Compute, 0, 0, start) });
                 let task = Task {
                     ns,
                     op,
@@ -66,7 +68,8 @@ impl Core {
                     token: token as u32,
                     slot,
                     reply: self.done_tx.clone(),
-                    cancel: self.cancel.clone(),
+                    cancel: abort.cancel.clone(),
+                    abort,
                     host: ctrl.requester().to_string(),
                 };
                 self.target.offload.submit(task);
@@ -136,6 +139,16 @@ impl Core {
             }
             Err(f) => {
                 x.ns.stats.errors.fetch_add(1, Relaxed);
+                // Stopped by another host's Preempt and Abort (a failure of its own, or a
+                // closing connection, keeps its status).
+                let f = if !x.held.is_empty() && f.status == Status::ABORT_REQUESTED && !self.cancel.is_cancelled() {
+                    Failure::new(
+                        Status::ABORTED_PREEMPT,
+                        format!("aborted: another host preempted this host's registration on namespace {} (Preempt and Abort)", x.ns.nsid),
+                    )
+                } else {
+                    f
+                };
                 self.fail_compute(&ctrl, x.cid, x.ns.nsid, c.slot, f);
             }
         }

@@ -1,6 +1,6 @@
-//! The reservation commands on an I/O queue, and the state files they (and Set Features
-//! Reservation Persistence) write before completing: on a blocking thread, never on the
-//! network thread.
+//! The reservation commands on an I/O queue, and what they (and Set Features Reservation
+//! Persistence) wait for before completing: the state file written, on a blocking thread,
+//! never on the network thread; and the commands a Preempt and Abort aborts.
 
 use std::io;
 use std::sync::Arc;
@@ -12,9 +12,9 @@ use nearstore_wire::{Sqe, Status};
 use tracing::warn;
 
 use super::{fatal, ConnError, Core, Inflight};
-use crate::io_cmd::{self, IoKind};
+use crate::io_cmd::{self, IoKind, Later};
 use crate::io_pool::Done;
-use crate::subsystem::{Controller, Namespace, Snapshot};
+use crate::subsystem::Controller;
 
 impl Core {
     pub(super) fn execute_reservation(&mut self, ctrl: &Arc<Controller>, sqe: &Sqe, data: &[u8], start: Instant) -> Result<(), ConnError> {
@@ -24,22 +24,31 @@ impl Core {
                 let d = std::mem::take(&mut r.data);
                 self.complete_with_data(sqe.cid(), &d, &r);
             }
-            Ok((_, Some((ns, snapshot)))) => self.persist(sqe.cid(), ns, snapshot, start)?,
+            Ok((_, Some(later))) => self.later(sqe.cid(), later, start)?,
         }
         Ok(())
     }
 
-    /// Writes a namespace's reservation state file; the command `cid` completes once it is
-    /// written ([`Core::on_persisted`]).
-    pub(super) fn persist(&mut self, cid: u16, ns: Arc<Namespace>, snapshot: Snapshot, start: Instant) -> Result<(), ConnError> {
+    /// Completes the command `cid` once its namespace's reservation state file is written
+    /// and the commands its Preempt and Abort aborts have completed ([`Core::on_persisted`]).
+    pub(super) fn later(&mut self, cid: u16, later: Later, start: Instant) -> Result<(), ConnError> {
         if self.r2t.live + self.inflight.live >= self.outstanding_limit() {
             return Err(fatal(fes::PDU_SEQUENCE_ERROR, 0, "more commands outstanding than the queue size"));
         }
-        let token = self.inflight.insert(Inflight { cid, ns: ns.clone(), kind: IoKind::Other, len: 0, lba: 0, start, ring: None }) as u32;
+        let Later { ns, snapshot, abort } = later;
+        let token = self.inflight.insert(Inflight::new(cid, ns.clone(), IoKind::Reservation, 0, 0, start)) as u32;
         let reply = self.done_tx.clone();
-        tokio::task::spawn_blocking(move || {
-            let result = ns.reservations.persist(snapshot);
-            // The connection may be gone; the state is written all the same.
+        tokio::spawn(async move {
+            let result = match snapshot {
+                // The connection may be gone; the state is written all the same.
+                Some(s) => {
+                    tokio::task::spawn_blocking(move || ns.reservations.persist(s)).await.unwrap_or_else(|e| Err(io::Error::other(e)))
+                }
+                None => Ok(()),
+            };
+            if let Some(w) = abort {
+                w.done().await;
+            }
             let _ = reply.send(Done::Persisted { token, result });
         });
         Ok(())
