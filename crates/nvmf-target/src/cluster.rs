@@ -48,6 +48,7 @@ use serde::Deserialize;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 use crate::config::ByteSize;
+use crate::limits;
 
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields, default)]
@@ -67,9 +68,9 @@ impl Default for ClusterConfig {
     fn default() -> Self {
         ClusterConfig {
             host_nqn: None,
-            connections_per_peer: 4,
-            read_ahead_bytes: ByteSize(4 << 20),
-            timeout_secs: 30,
+            connections_per_peer: limits::PEER_CONNECTIONS_DEFAULT,
+            read_ahead_bytes: ByteSize(limits::PEER_READ_AHEAD_BYTES_DEFAULT),
+            timeout_secs: limits::PEER_TIMEOUT_SECS_DEFAULT,
             peer: Vec::new(),
             trusted_members: Vec::new(),
         }
@@ -107,15 +108,16 @@ impl ClusterConfig {
                 return e(format!("trusted_members[{i}]"), m);
             }
         }
-        if self.connections_per_peer == 0 || self.connections_per_peer > 64 {
-            return e("connections_per_peer".into(), "must be between 1 and 64".into());
+        if self.connections_per_peer == 0 || self.connections_per_peer > limits::PEER_CONNECTIONS_MAX {
+            return e("connections_per_peer".into(), format!("must be between 1 and {}", limits::PEER_CONNECTIONS_MAX));
         }
         let r = self.read_ahead_bytes.0;
-        if !(128 << 10..=64 << 20).contains(&r) {
-            return e("read_ahead_bytes".into(), format!("{r} bytes: must be between 128 KiB and 64 MiB"));
+        let (min, max) = (limits::PEER_READ_AHEAD_BYTES_MIN, limits::PEER_READ_AHEAD_BYTES_MAX);
+        if !(min..=max).contains(&r) {
+            return e("read_ahead_bytes".into(), format!("{r} bytes: must be between {} KiB and {} MiB", min >> 10, max >> 20));
         }
-        if self.timeout_secs == 0 || self.timeout_secs > 3600 {
-            return e("timeout_secs".into(), "must be between 1 and 3600".into());
+        if self.timeout_secs == 0 || self.timeout_secs > limits::PEER_TIMEOUT_SECS_MAX {
+            return e("timeout_secs".into(), format!("must be between 1 and {}", limits::PEER_TIMEOUT_SECS_MAX));
         }
         let mut seen: Vec<u16> = own.to_vec();
         for (i, p) in self.peer.iter().enumerate() {

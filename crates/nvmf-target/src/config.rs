@@ -132,8 +132,11 @@ impl LimitsConfig {
         if self.controllers_per_host == 0 || self.controllers_per_host > limits::CONTROLLERS_PER_SUBSYSTEM_MAX {
             return Err(invalid("limits.controllers_per_host", format!("must be between 1 and {}", limits::CONTROLLERS_PER_SUBSYSTEM_MAX)));
         }
-        if !(100..=600_000).contains(&self.connect_timeout_ms) {
-            return Err(invalid("limits.connect_timeout_ms", "must be between 100 and 600000"));
+        if !(limits::CONNECT_TIMEOUT_MS_MIN..=limits::CONNECT_TIMEOUT_MS_MAX).contains(&self.connect_timeout_ms) {
+            return Err(invalid(
+                "limits.connect_timeout_ms",
+                format!("must be between {} and {}", limits::CONNECT_TIMEOUT_MS_MIN, limits::CONNECT_TIMEOUT_MS_MAX),
+            ));
         }
         Ok(())
     }
@@ -270,8 +273,8 @@ impl Config {
         if self.busy_poll_us > limits::BUSY_POLL_US_MAX {
             return Err(invalid("busy_poll_us", format!("must be at most {}", limits::BUSY_POLL_US_MAX)));
         }
-        if self.io_threads == 0 || self.io_threads > 256 {
-            return Err(invalid("io_threads", "must be between 1 and 256"));
+        if self.io_threads == 0 || self.io_threads > limits::IO_THREADS_MAX {
+            return Err(invalid("io_threads", format!("must be between 1 and {}", limits::IO_THREADS_MAX)));
         }
         self.compute.validate().map_err(|(f, m)| invalid(f, m))?;
         self.limits.validate()?;
@@ -441,6 +444,63 @@ mod tests {
             let e = Config::from_toml(&text).expect_err(to).to_string();
             assert!(e.contains(want), "config with {to:?}: error {e:?} should contain {want:?}");
         }
+    }
+
+    /// Every configurable range is its named limits: each bound accepted, one past it
+    /// refused naming the field. Each line: the settings (a section header included), and
+    /// None or the field the error names.
+    #[test]
+    fn ranges_are_their_limits() {
+        use limits::*;
+        let cases: Vec<(String, Option<&str>)> = vec![
+            (format!("io_threads = {IO_THREADS_MAX}"), None),
+            (format!("io_threads = {}", IO_THREADS_MAX + 1), Some("io_threads")),
+            ("io_threads = 0".into(), Some("io_threads")),
+            (format!("busy_poll_us = {BUSY_POLL_US_MAX}"), None),
+            (format!("busy_poll_us = {}", BUSY_POLL_US_MAX + 1), Some("busy_poll_us")),
+            (format!("[limits]\nconnect_timeout_ms = {CONNECT_TIMEOUT_MS_MIN}"), None),
+            (format!("[limits]\nconnect_timeout_ms = {}", CONNECT_TIMEOUT_MS_MIN - 1), Some("limits.connect_timeout_ms")),
+            (format!("[limits]\nconnect_timeout_ms = {CONNECT_TIMEOUT_MS_MAX}"), None),
+            (format!("[limits]\nconnect_timeout_ms = {}", CONNECT_TIMEOUT_MS_MAX + 1), Some("limits.connect_timeout_ms")),
+            (format!("[limits]\ncontrollers_per_host = {CONTROLLERS_PER_SUBSYSTEM_MAX}"), None),
+            (format!("[limits]\ncontrollers_per_host = {}", CONTROLLERS_PER_SUBSYSTEM_MAX + 1), Some("limits.controllers_per_host")),
+            (format!("[compute]\nthreads = {COMPUTE_THREADS_MAX}"), None),
+            (format!("[compute]\nthreads = {}", COMPUTE_THREADS_MAX + 1), Some("compute.threads")),
+            ("[compute]\nthreads = 0".into(), Some("compute.threads")),
+            (format!("[compute]\nchunk = {COMPUTE_CHUNK_ALIGN_BYTES}"), None),
+            (format!("[compute]\nchunk = {}", COMPUTE_CHUNK_ALIGN_BYTES + 1), Some("compute.chunk")),
+            (format!("[compute]\nchunk = {COMPUTE_CHUNK_BYTES_MAX}\nreadahead = 0"), None),
+            (format!("[compute]\nchunk = {}", COMPUTE_CHUNK_BYTES_MAX + COMPUTE_CHUNK_ALIGN_BYTES), Some("compute.chunk")),
+            (format!("[compute]\nreadahead = {COMPUTE_READAHEAD_CHUNKS_MAX}"), None),
+            (format!("[compute]\nreadahead = {}", COMPUTE_READAHEAD_CHUNKS_MAX + 1), Some("compute.readahead")),
+            (format!("[compute]\ntimeout_secs = {COMPUTE_TIMEOUT_SECS_MAX}"), None),
+            (format!("[compute]\ntimeout_secs = {}", COMPUTE_TIMEOUT_SECS_MAX + 1), Some("compute.timeout_secs")),
+            (format!("[compute]\nresult_ttl_secs = {RESULT_TTL_SECS_MAX}"), None),
+            (format!("[compute]\nresult_ttl_secs = {}", RESULT_TTL_SECS_MAX + 1), Some("compute.result_ttl_secs")),
+            (format!("[cluster]\nconnections_per_peer = {PEER_CONNECTIONS_MAX}"), None),
+            (format!("[cluster]\nconnections_per_peer = {}", PEER_CONNECTIONS_MAX + 1), Some("cluster.connections_per_peer")),
+            (format!("[cluster]\nread_ahead_bytes = {PEER_READ_AHEAD_BYTES_MIN}"), None),
+            (format!("[cluster]\nread_ahead_bytes = {}", PEER_READ_AHEAD_BYTES_MIN - 1), Some("cluster.read_ahead_bytes")),
+            (format!("[cluster]\nread_ahead_bytes = {PEER_READ_AHEAD_BYTES_MAX}"), None),
+            (format!("[cluster]\nread_ahead_bytes = {}", PEER_READ_AHEAD_BYTES_MAX + 1), Some("cluster.read_ahead_bytes")),
+            (format!("[cluster]\ntimeout_secs = {PEER_TIMEOUT_SECS_MAX}"), None),
+            (format!("[cluster]\ntimeout_secs = {}", PEER_TIMEOUT_SECS_MAX + 1), Some("cluster.timeout_secs")),
+        ];
+        for (settings, refused) in &cases {
+            // Top-level keys go before the first table; a section after the subsystem.
+            let text = if settings.starts_with('[') { format!("{GOOD}\n{settings}\n") } else { format!("{settings}\n{GOOD}") };
+            match (Config::from_toml(&text), refused) {
+                (Ok(_), None) => {}
+                (Err(e), Some(field)) => assert!(e.to_string().contains(field), "{settings:?}: {e} should name {field}"),
+                (r, _) => panic!("{settings:?}: {:?} where {refused:?} was expected", r.map(|_| "accepted")),
+            }
+        }
+        // The defaults are inside the ranges: the shortest configuration is valid.
+        let c = Config::from_toml(GOOD).unwrap();
+        assert_eq!(
+            (c.compute.chunk.0, c.compute.readahead, c.cluster.read_ahead_bytes.0, c.limits.connections_per_address),
+            (COMPUTE_CHUNK_BYTES_DEFAULT, COMPUTE_READAHEAD_CHUNKS_DEFAULT, PEER_READ_AHEAD_BYTES_DEFAULT, IO_QUEUES_MAX as usize + 1)
+        );
     }
 
     #[test]

@@ -1,4 +1,10 @@
-//! Every limit of the target, with its unit and why it has that value.
+//! Every limit of the target, with its unit and why it has that value. Where one limit
+//! bounds another, a `const` assertion below says so and the build fails when a change
+//! breaks it; what the host sees of them is tabled in docs/protocol.md ("Limits"), which a
+//! test keeps in agreement.
+
+use nearstore_transport::PAGE;
+use nearstore_wire::pdu::{CAPSULE_CMD_HLEN, DATA_HLEN, DIGEST_LEN, IC_LEN, TERM_DATA_MAX, TERM_HLEN};
 
 /// Largest submission queue a host may ask for (CAP.MQES + 1). 256 covers the Linux
 /// default of 128 and the QD 128 benchmarks with headroom; memory per connection grows
@@ -23,26 +29,51 @@ pub const LOG_INTERVAL_MS: u64 = 1000;
 /// beyond, hosts share one count per cause.
 pub const LOG_KEYS_MAX: usize = 4096;
 
-/// Largest transfer of one command: MDTS = 5, 2^5 4 KiB pages = 128 KiB, as SPDK's
-/// default max_io_size. The Linux host splits larger I/O.
+/// Largest transfer of one command, as MDTS (a power of two of CAP.MPSMIN's 4 KiB pages):
+/// 5, 2^5 4 KiB pages = 128 KiB, as SPDK's default max_io_size. The Linux host splits
+/// larger I/O. Every data buffer of a queue has this size.
 pub const MDTS: u8 = 5;
+/// MDTS in bytes.
 pub const TRANSFER_BYTES_MAX: usize = 4096 << MDTS;
 
 /// In-capsule data accepted on I/O queues (ICDSZ). 16 KiB, as the Linux target's default
 /// inline_data_size: writes up to 16 KiB travel with the command, with no R2T round trip.
 pub const IN_CAPSULE_BYTES_MAX: usize = 16384;
 
-/// In-capsule data accepted on the admin queue: the 1024-byte Connect data and more;
-/// 8 KiB is what the Linux host assumes (NVME_TCP_ADMIN_CCSZ).
-pub const ADMIN_IN_CAPSULE_BYTES_MAX: usize = 8192;
+/// In-capsule data a host may send on the admin queue, in bytes: the NVMe/TCP transport
+/// fixes it at 8 KiB (the Linux host's NVME_TCP_ADMIN_CCSZ); the Connect data takes 1024.
+/// One framing serves both queues, so IN_CAPSULE_BYTES_MAX must cover it.
+pub const ADMIN_IN_CAPSULE_BYTES: usize = 8192;
 
 /// Largest data in one H2CData PDU (MAXH2CDATA). Smaller than a transfer so that a large
 /// write arrives as several PDUs, which keeps the receive buffer small.
 pub const H2C_DATA_BYTES_MAX: u32 = 65536;
 
-/// Receive buffer per connection: one largest PDU (in-capsule or H2CData) plus headers,
-/// rounded to pages, doubled so that a batch of small commands rides along.
-pub const RX_BUFFER_BYTES: usize = 2 * 81920;
+/// The largest PDU a host may send, in bytes, headers and both digests included (CPDA is
+/// 0: no padding before the data): a command capsule with IN_CAPSULE_BYTES_MAX of data, an
+/// H2CData PDU of H2C_DATA_BYTES_MAX, an ICReq or an H2CTermReq. The framing refuses larger
+/// ones before they are read.
+pub const PDU_BYTES_MAX: usize = {
+    let capsule = CAPSULE_CMD_HLEN + DIGEST_LEN + IN_CAPSULE_BYTES_MAX + DIGEST_LEN;
+    let h2c = DATA_HLEN + DIGEST_LEN + H2C_DATA_BYTES_MAX as usize + DIGEST_LEN;
+    let term = TERM_HLEN + TERM_DATA_MAX;
+    let mut max = capsule;
+    if h2c > max {
+        max = h2c;
+    }
+    if term > max {
+        max = term;
+    }
+    if IC_LEN > max {
+        max = IC_LEN;
+    }
+    max
+};
+
+/// Receive buffer per connection, in bytes: a PDU is parsed whole from it, so it holds the
+/// largest one with room for a batch of small commands behind it: 160 KiB, at least two
+/// largest PDUs, in whole pages.
+pub const RX_BUFFER_BYTES: usize = 160 * 1024;
 
 /// Stop reading new commands while this much response data waits to be sent: bounds memory
 /// when a host sends reads faster than it receives their data. The socket's own send
@@ -56,7 +87,7 @@ pub const AER_MAX: usize = 4;
 /// Error log entries kept per controller (ELPE + 1).
 pub const ERROR_LOG_ENTRIES: usize = 16;
 
-/// I/O queues per controller.
+/// I/O queues per controller (Number of Queues, feature 07h): one per core of a large host.
 pub const IO_QUEUES_MAX: u16 = 64;
 
 /// Namespaces per subsystem (NN): NSIDs 1..=1024.
@@ -64,6 +95,10 @@ pub const NSID_MAX: u32 = 1024;
 
 /// Controllers per subsystem: CNTLIDs 1..=0xFFEF are valid; keep fewer to bound state.
 pub const CONTROLLERS_PER_SUBSYSTEM_MAX: usize = 1024;
+
+/// NSIDs the Changed Namespace List log page (04h) holds: its 4 KiB are 1024 NSIDs. More
+/// changes before the host reads it are not recorded one by one.
+pub const CHANGED_NS_LIST_MAX: usize = 1024;
 
 /// Registrants per namespace (each a Host Identifier and a key, 24 bytes). As many as the
 /// controllers a subsystem holds, so that every connected host can register; registrations
@@ -82,8 +117,11 @@ pub const KEEP_ALIVE_GRANULARITY_MS: u32 = 100;
 /// CAP.TO: how long a host waits for CSTS.RDY, in 500 ms units (7.5 s).
 pub const READY_TIMEOUT_500MS: u8 = 15;
 
-/// Default worker threads that run file and block backend I/O.
+/// Default worker threads that run file and block backend I/O (`io_threads`): the rarer
+/// operations and `--io-engine threads`; a few keep a disk's queue busy.
 pub const IO_THREADS_DEFAULT: usize = 4;
+/// The most `io_threads` accepts: far past what a disk's queue needs, before threads cost.
+pub const IO_THREADS_MAX: usize = 256;
 
 /// Busy-poll window after a connection's last activity, in microseconds. A round trip on
 /// loopback between two polling processes takes about 20 us here, and a sleeping process
@@ -91,15 +129,26 @@ pub const IO_THREADS_DEFAULT: usize = 4;
 /// a host's completion and its next command at low queue depth. An idle connection stops
 /// polling after this window, so an idle target uses no CPU.
 pub const BUSY_POLL_US_DEFAULT: u64 = 200;
+/// The most `busy_poll_us` accepts, in microseconds: 100 ms of spinning per activity is
+/// already a core per busy connection.
 pub const BUSY_POLL_US_MAX: u64 = 100_000;
+
+/// How long the metrics endpoint waits for a scraper's request, in milliseconds: one read
+/// takes a GET within a round trip; a slow or silent client is dropped after 5 s.
+pub const METRICS_REQUEST_TIMEOUT_MS: u64 = 5000;
+
+/// How long a fatal error's C2HTermReq may take to leave before the socket is closed
+/// anyway, in milliseconds: a host that does not read must not hold the connection.
+pub const TERM_FLUSH_TIMEOUT_MS: u64 = 1000;
 
 /// Reads of at least this many bytes from a memory backend go from the backend's memory
 /// to the socket with writev(2), skipping the copy into the send buffer. Below it, copying
 /// lets a batch of small reads leave in one syscall, which is cheaper.
 pub const WRITE_THROUGH_BYTES_MIN: usize = 32 * 1024;
 
-/// Memory of one connection's io_uring (256 submission entries of 64 bytes and their
-/// index array, 512 completion entries of 16 bytes), rounded up to pages.
+/// Memory of one connection's io_uring, in bytes: QUEUE_DEPTH_MAX submission entries of
+/// 64 bytes and their 4-byte index array, twice as many completion entries of 16 bytes
+/// (the kernel's default), rounded up to pages.
 pub const RING_BYTES: usize = 32 * 1024;
 
 /// The most buffer memory one connection holds, for a queue of `sqsize` entries (the
@@ -114,7 +163,7 @@ pub const RING_BYTES: usize = 32 * 1024;
 ///   buffer keeps sent bytes only while they are fewer than the pending ones (at most
 ///   twice the pending bytes), and a Vec grows by doubling: at most 4x in all;
 /// - the io_uring.
-pub fn connection_memory_max(sqsize: usize) -> usize {
+pub const fn connection_memory_max(sqsize: usize) -> usize {
     let response = TRANSFER_BYTES_MAX + 256;
     let tx = TX_PENDING_BYTES_MAX + (REAP_BATCH + 2) * response;
     RX_BUFFER_BYTES + (sqsize + 2) * TRANSFER_BYTES_MAX + 4 * tx + RING_BYTES
@@ -124,17 +173,47 @@ pub fn connection_memory_max(sqsize: usize) -> usize {
 /// `memory_per_command` bytes: connections leave one compute command and its result
 /// free (crate::fabrics), and besides those the budget must hold one controller, an
 /// admin and an I/O queue of the largest size, or no host could use the target.
-pub fn memory_budget_min(memory_per_command: u64) -> u64 {
+pub const fn memory_budget_min(memory_per_command: u64) -> u64 {
     memory_per_command + RESULT_BYTES_MAX as u64 + 2 * connection_memory_max(QUEUE_DEPTH_MAX as usize) as u64
 }
 
 /// io_uring completions taken per look at the ring while the send buffer has room.
 pub const REAP_BATCH: usize = 8;
 
-/// Bytes of input handed to a compute operation at a time (compute.chunk): large enough
+/// The memory budget (`limits.memory`) where the machine's memory cannot be read (the
+/// default is half of it), in bytes: 1 GiB holds the default compute command and a few
+/// queues.
+pub const MEMORY_BUDGET_FALLBACK_BYTES: u64 = 1 << 30;
+
+/// Bytes of input handed to a compute operation at a time (`compute.chunk`): large enough
 /// that per-chunk overheads (a channel hand-off, a read syscall) vanish next to the
 /// compute on it, small enough that read-ahead of several chunks per input stays cheap.
-pub const COMPUTE_CHUNK_DEFAULT: u64 = 1 << 20;
+pub const COMPUTE_CHUNK_BYTES_DEFAULT: u64 = 1 << 20;
+/// `compute.chunk` is a multiple of this, in bytes: chunk buffers are read with O_DIRECT
+/// from block devices, whose reads are aligned to 4 KiB.
+pub const COMPUTE_CHUNK_ALIGN_BYTES: u64 = 4096;
+/// The largest `compute.chunk`, in bytes: each input holds (readahead + 1) chunks, and 64
+/// MiB chunks already take 1 GiB for one command at the most read-ahead.
+pub const COMPUTE_CHUNK_BYTES_MAX: u64 = 64 << 20;
+/// Chunks read ahead of the operation per input (`compute.readahead`): two keep the disk
+/// busy while the operation computes on the third.
+pub const COMPUTE_READAHEAD_CHUNKS_DEFAULT: usize = 2;
+/// The most `compute.readahead` accepts: past 16, more reads in flight only hold memory.
+pub const COMPUTE_READAHEAD_CHUNKS_MAX: usize = 16;
+/// Memory one compute command may use (`compute.memory_per_command`), in bytes: its chunk
+/// buffers plus the operation's own (a sort's runs, a GROUP BY's groups).
+pub const COMPUTE_MEMORY_PER_COMMAND_BYTES_DEFAULT: u64 = 256 << 20;
+/// Commands computing at once at most (`compute.threads`, default the machine's cores).
+pub const COMPUTE_THREADS_MAX: usize = 256;
+/// Longest a compute command may run before it fails with TIMEOUT (`compute.timeout_secs`),
+/// in seconds: 10 minutes scan a large disk; at most a day.
+pub const COMPUTE_TIMEOUT_SECS_DEFAULT: u64 = 600;
+pub const COMPUTE_TIMEOUT_SECS_MAX: u64 = 86_400;
+/// How long an unfetched result is held (`compute.result_ttl_secs`), in seconds: a host
+/// fetches within a round trip of the completion; a minute covers a stalled one. At most a
+/// day.
+pub const RESULT_TTL_SECS_DEFAULT: u64 = 60;
+pub const RESULT_TTL_SECS_MAX: u64 = 86_400;
 
 /// Results and messages one controller holds for FETCH, running compute commands
 /// included (each has a slot reserved for its result). Past it, EXEC fails with
@@ -146,10 +225,10 @@ pub const RESULTS_HELD_MAX: usize = 128;
 pub const RESULT_BYTES_MAX: usize = 256 * 1024;
 
 /// Connections one source address may hold before they Connect (`limits.connections_per_address`).
-/// A host opens one connection per queue and Connects each within a round trip; 64 covers
-/// a host bringing up an admin queue and 63 I/O queues at once, while one address can no
-/// longer hold thousands of half-open connections.
-pub const CONNECTIONS_PER_ADDRESS_DEFAULT: usize = 64;
+/// A host opens one connection per queue and Connects each within a round trip; 65 covers
+/// a host bringing up an admin queue and all IO_QUEUES_MAX I/O queues at once, while one
+/// address can no longer hold thousands of half-open connections.
+pub const CONNECTIONS_PER_ADDRESS_DEFAULT: usize = IO_QUEUES_MAX as usize + 1;
 
 /// Controllers one host NQN may hold in one subsystem (`limits.controllers_per_host`). A
 /// host needs one per path (multipath: a few); 16 leaves room for reconnects whose old
@@ -161,6 +240,11 @@ pub const CONTROLLERS_PER_HOST_DEFAULT: usize = 16;
 /// (`limits.connect_timeout_ms`). A host sends both within a few round trips; 10 s
 /// tolerates a loaded host and a slow network while idle half-open connections go.
 pub const CONNECT_TIMEOUT_MS_DEFAULT: u64 = 10_000;
+/// The range `limits.connect_timeout_ms` accepts, in milliseconds: under 100 a loaded host
+/// on a slow link fails to Connect; past 10 minutes half-open connections are no longer
+/// bounded in time.
+pub const CONNECT_TIMEOUT_MS_MIN: u64 = 100;
+pub const CONNECT_TIMEOUT_MS_MAX: u64 = 600_000;
 
 /// Descriptors kept out of the connection cap: listeners, the metrics endpoint, backend
 /// files, peer connections, log files, stdio, and connections being evicted (each holds
@@ -171,7 +255,7 @@ pub const DESCRIPTORS_RESERVED: u64 = 256;
 pub const DESCRIPTORS_PER_CONNECTION: u64 = 2;
 
 /// The connection cap a descriptor limit allows.
-pub fn connections_max(nofile: u64) -> usize {
+pub const fn connections_max(nofile: u64) -> usize {
     (nofile.saturating_sub(DESCRIPTORS_RESERVED) / DESCRIPTORS_PER_CONNECTION) as usize
 }
 
@@ -190,3 +274,146 @@ pub const COMPUTE_STARTED_PER_CONTROLLER_MAX: usize = 8;
 /// milliseconds: a host's 4 KiB checksum waits for at most one slice per command ahead
 /// of it in the round robin, while switching every 10 ms costs nothing measurable.
 pub const COMPUTE_SLICE_MS: u64 = 10;
+
+/// Connections to one peer target for one host (`cluster.connections_per_peer`): four
+/// streams read a peer's extents in parallel; more than 64 only add sockets.
+pub const PEER_CONNECTIONS_DEFAULT: usize = 4;
+pub const PEER_CONNECTIONS_MAX: usize = 64;
+
+/// Reads in flight per stream from a peer (`cluster.read_ahead_bytes`), in bytes: 4 MiB
+/// fills a 10 Gbit/s link with a few milliseconds of round trip. At least one piece of the
+/// initiator's pipelined reads, at most 64 MiB per stream.
+pub const PEER_READ_AHEAD_BYTES_DEFAULT: u64 = 4 << 20;
+pub const PEER_READ_AHEAD_BYTES_MIN: u64 = 128 << 10;
+pub const PEER_READ_AHEAD_BYTES_MAX: u64 = 64 << 20;
+
+/// How long a peer may take to answer before the command fails with PEER_FAILED
+/// (`cluster.timeout_secs`), in seconds: 30 tolerates a loaded peer; at most an hour.
+pub const PEER_TIMEOUT_SECS_DEFAULT: u64 = 30;
+pub const PEER_TIMEOUT_SECS_MAX: u64 = 3600;
+
+// How the limits bound one another. Each line fails the build when a change breaks it.
+
+// Queues: CAP.MQES is QUEUE_DEPTH_MAX - 1 (0's based, at least 1); an admin queue must take
+// the 32 entries NVMe over Fabrics requires; the io_uring of a connection has one
+// submission entry per command and fits RING_BYTES.
+const _: () = assert!(QUEUE_DEPTH_MAX >= 2);
+const _: () = assert!(ADMIN_QUEUE_DEPTH_MAX >= 32);
+const _: () = assert!({
+    let sq = QUEUE_DEPTH_MAX.next_power_of_two() as usize;
+    sq * (64 + 4) + 2 * sq * 16 <= RING_BYTES && RING_BYTES.is_multiple_of(PAGE)
+});
+const _: () = assert!(REAP_BATCH <= QUEUE_DEPTH_MAX as usize);
+
+// Data: in-capsule data and H2CData PDUs are pieces of one transfer; IOCCSZ counts the
+// capsule in 16-byte units; one framing (IN_CAPSULE_BYTES_MAX) serves admin and I/O
+// queues, so it takes the admin queue's 8 KiB; the receive buffer holds two largest PDUs.
+const _: () = assert!(IN_CAPSULE_BYTES_MAX <= TRANSFER_BYTES_MAX && IN_CAPSULE_BYTES_MAX.is_multiple_of(16));
+const _: () = assert!(ADMIN_IN_CAPSULE_BYTES <= IN_CAPSULE_BYTES_MAX);
+const _: () = assert!(H2C_DATA_BYTES_MAX as usize <= TRANSFER_BYTES_MAX);
+const _: () = assert!(RX_BUFFER_BYTES >= 2 * PDU_BYTES_MAX && RX_BUFFER_BYTES.is_multiple_of(PAGE));
+// A threshold past the largest read would turn the path off unseen.
+const _: () = assert!(WRITE_THROUGH_BYTES_MIN <= TRANSFER_BYTES_MAX);
+
+// Identify and logs: AERL, ELPE and a reservation log's Number of Available Log Pages are
+// one byte; KAS counts 100 ms units in 16 bits; CNTLIDs above FFEFh are not controllers; a
+// full namespace's Reservation Report (extended data structure) is one transfer.
+const _: () = assert!(AER_MAX >= 1 && AER_MAX <= 256);
+const _: () = assert!(ERROR_LOG_ENTRIES >= 1 && ERROR_LOG_ENTRIES <= 256);
+const _: () = assert!(RESERVATION_NOTICES_MAX <= 255);
+const _: () = assert!(KEEP_ALIVE_GRANULARITY_MS.is_multiple_of(100) && KEEP_ALIVE_GRANULARITY_MS / 100 <= u16::MAX as u32);
+const _: () = assert!(CONTROLLERS_PER_SUBSYSTEM_MAX <= 0xffef);
+const _: () = assert!(CONTROLLERS_PER_HOST_DEFAULT <= CONTROLLERS_PER_SUBSYSTEM_MAX);
+const _: () = assert!(
+    nearstore_wire::resv::STATUS_EXT_HEADER_LEN + RESERVATION_REGISTRANTS_MAX * nearstore_wire::resv::REGISTRANT_EXT_LEN
+        <= TRANSFER_BYTES_MAX
+);
+const _: () = assert!(CHANGED_NS_LIST_MAX * 4 == 4096);
+
+// Compute: a descriptor arrives in one EXEC transfer; a select's inline rows must fit the
+// result they go back in; a controller's started commands each hold a result slot; the
+// defaults pass the configuration's own checks (a chunk and its read-ahead fit a command's
+// memory), and the fallback budget admits the default command and two full queues.
+const _: () = assert!(nearstore_wire::compute::limits::DESCRIPTOR_BYTES_MAX <= TRANSFER_BYTES_MAX);
+const _: () = assert!(nearstore_compute::select::INLINE_BYTES_MAX < RESULT_BYTES_MAX);
+const _: () = assert!(COMPUTE_STARTED_PER_CONTROLLER_MAX <= RESULTS_HELD_MAX);
+const _: () = assert!(COMPUTE_STARTED_PER_CONTROLLER_MAX <= COMPUTE_STARTED_MAX);
+const _: () = assert!(
+    COMPUTE_CHUNK_BYTES_DEFAULT >= COMPUTE_CHUNK_ALIGN_BYTES
+        && COMPUTE_CHUNK_BYTES_DEFAULT <= COMPUTE_CHUNK_BYTES_MAX
+        && COMPUTE_CHUNK_BYTES_DEFAULT.is_multiple_of(COMPUTE_CHUNK_ALIGN_BYTES)
+        && COMPUTE_CHUNK_BYTES_MAX.is_multiple_of(COMPUTE_CHUNK_ALIGN_BYTES)
+);
+const _: () = assert!(COMPUTE_READAHEAD_CHUNKS_DEFAULT <= COMPUTE_READAHEAD_CHUNKS_MAX);
+const _: () =
+    assert!(COMPUTE_MEMORY_PER_COMMAND_BYTES_DEFAULT >= COMPUTE_CHUNK_BYTES_DEFAULT * (COMPUTE_READAHEAD_CHUNKS_DEFAULT as u64 + 1));
+const _: () = assert!(COMPUTE_TIMEOUT_SECS_DEFAULT <= COMPUTE_TIMEOUT_SECS_MAX && RESULT_TTL_SECS_DEFAULT <= RESULT_TTL_SECS_MAX);
+const _: () = assert!(MEMORY_BUDGET_FALLBACK_BYTES >= memory_budget_min(COMPUTE_MEMORY_PER_COMMAND_BYTES_DEFAULT));
+
+// Configuration defaults inside their ranges; a peer stream reads at least one piece.
+const _: () = assert!(BUSY_POLL_US_DEFAULT <= BUSY_POLL_US_MAX);
+const _: () = assert!(IO_THREADS_DEFAULT >= 1 && IO_THREADS_DEFAULT <= IO_THREADS_MAX);
+const _: () = assert!(CONNECT_TIMEOUT_MS_MIN <= CONNECT_TIMEOUT_MS_DEFAULT && CONNECT_TIMEOUT_MS_DEFAULT <= CONNECT_TIMEOUT_MS_MAX);
+const _: () = assert!(PEER_CONNECTIONS_DEFAULT >= 1 && PEER_CONNECTIONS_DEFAULT <= PEER_CONNECTIONS_MAX);
+const _: () = assert!(PEER_READ_AHEAD_BYTES_MIN >= nearstore_initiator::stream::IO_BYTES);
+const _: () =
+    assert!(PEER_READ_AHEAD_BYTES_MIN <= PEER_READ_AHEAD_BYTES_DEFAULT && PEER_READ_AHEAD_BYTES_DEFAULT <= PEER_READ_AHEAD_BYTES_MAX);
+const _: () = assert!(PEER_TIMEOUT_SECS_DEFAULT >= 1 && PEER_TIMEOUT_SECS_DEFAULT <= PEER_TIMEOUT_SECS_MAX);
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The value cell of the row of `doc`'s table whose first cell is `limit`.
+    fn cell<'a>(doc: &'a str, limit: &str) -> &'a str {
+        let row = doc.lines().find(|l| l.starts_with(&format!("| {limit} |"))).unwrap_or_else(|| panic!("no row {limit:?}"));
+        row.split('|').nth(2).map_or("", str::trim)
+    }
+
+    /// docs/protocol.md's table of limits and docs/compute-protocol.md's say what the code
+    /// has. Each line: the document, the row, and the value the code gives it.
+    #[test]
+    fn the_documents_tables_are_the_code() {
+        let protocol = include_str!("../../../docs/protocol.md");
+        let compute = include_str!("../../../docs/compute-protocol.md");
+        let kib = |b: usize| format!("{} KiB", b >> 10);
+        let cases: Vec<(&str, &str, String)> = vec![
+            (protocol, "MDTS (largest transfer of one command)", format!("{MDTS} ({})", kib(TRANSFER_BYTES_MAX))),
+            (protocol, "in-capsule data, I/O queues (IOCCSZ)", kib(IN_CAPSULE_BYTES_MAX)),
+            (protocol, "in-capsule data, admin queue", kib(ADMIN_IN_CAPSULE_BYTES)),
+            (protocol, "data in one H2CData PDU (MAXH2CDATA)", kib(H2C_DATA_BYTES_MAX as usize)),
+            (protocol, "largest PDU from a host, headers and digests included", format!("{PDU_BYTES_MAX} bytes")),
+            (protocol, "receive buffer per connection", kib(RX_BUFFER_BYTES)),
+            (protocol, "response data waiting before commands stop being read", format!("{} MiB", TX_PENDING_BYTES_MAX >> 20)),
+            (protocol, "I/O queue entries (CAP.MQES + 1, MAXCMD)", QUEUE_DEPTH_MAX.to_string()),
+            (protocol, "admin queue entries (ASQSZ)", ADMIN_QUEUE_DEPTH_MAX.to_string()),
+            (protocol, "I/O queues per controller", IO_QUEUES_MAX.to_string()),
+            (protocol, "namespaces per subsystem (NN)", NSID_MAX.to_string()),
+            (protocol, "controllers per subsystem", CONTROLLERS_PER_SUBSYSTEM_MAX.to_string()),
+            (protocol, "Asynchronous Event Requests outstanding (AERL + 1)", AER_MAX.to_string()),
+            (protocol, "error log entries (ELPE + 1)", ERROR_LOG_ENTRIES.to_string()),
+            (protocol, "reservation registrants per namespace", RESERVATION_REGISTRANTS_MAX.to_string()),
+            (protocol, "Reservation Notification log pages kept per controller", RESERVATION_NOTICES_MAX.to_string()),
+            (protocol, "namespaces in the Changed Namespace List log", CHANGED_NS_LIST_MAX.to_string()),
+            (protocol, "keep-alive granularity (KAS)", format!("{KEEP_ALIVE_GRANULARITY_MS} ms")),
+            (protocol, "ready timeout (CAP.TO)", format!("{READY_TIMEOUT_500MS} ({} s)", READY_TIMEOUT_500MS as f64 / 2.0)),
+            (protocol, "a TermReq's time to leave before the socket closes", format!("{TERM_FLUSH_TIMEOUT_MS} ms")),
+            (compute, "descriptor size", format!("{} (one transfer, MDTS)", kib(nearstore_wire::compute::limits::DESCRIPTOR_BYTES_MAX))),
+            (compute, "arguments", kib(nearstore_wire::compute::limits::ARGS_BYTES_MAX)),
+            (compute, "objects (inputs + outputs)", nearstore_wire::compute::limits::OBJECTS_MAX.to_string()),
+            (compute, "extents per object", nearstore_wire::compute::limits::EXTENTS_PER_OBJECT_MAX.to_string()),
+            (compute, "result size", kib(RESULT_BYTES_MAX)),
+            (compute, "results held per controller (running commands included)", RESULTS_HELD_MAX.to_string()),
+            (compute, "how long a result is held", format!("{RESULT_TTL_SECS_DEFAULT} s")),
+            (
+                compute,
+                "memory per command (chunk buffers + the operation's own)",
+                format!("{} MiB", COMPUTE_MEMORY_PER_COMMAND_BYTES_DEFAULT >> 20),
+            ),
+            (compute, "run time per command", format!("{COMPUTE_TIMEOUT_SECS_DEFAULT} s")),
+        ];
+        for (doc, limit, value) in &cases {
+            assert_eq!(cell(doc, limit), value, "{limit}");
+        }
+    }
+}

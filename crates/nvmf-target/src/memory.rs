@@ -25,7 +25,7 @@ impl Memory {
         // SAFETY: sysconf only reads system configuration.
         let (pages, page) = unsafe { (libc::sysconf(libc::_SC_PHYS_PAGES), libc::sysconf(libc::_SC_PAGESIZE)) };
         if pages <= 0 || page <= 0 {
-            return 1 << 30;
+            return crate::limits::MEMORY_BUDGET_FALLBACK_BYTES;
         }
         pages as u64 * page as u64 / 2
     }

@@ -230,8 +230,8 @@ pub async fn serve(listener: TcpListener, target: Arc<Target>) {
         let target = target.clone();
         tokio::spawn(async move {
             let mut req = [0u8; 1024];
-            // One read is enough for a GET; a slow or silent client is dropped after 5 s.
-            let _ = tokio::time::timeout(Duration::from_secs(5), sock.read(&mut req)).await;
+            // One read is enough for a GET; a slow or silent client is dropped.
+            let _ = tokio::time::timeout(Duration::from_millis(crate::limits::METRICS_REQUEST_TIMEOUT_MS), sock.read(&mut req)).await;
             let body = render(&target);
             let head = format!("HTTP/1.0 200 OK\r\nContent-Type: text/plain; version=0.0.4\r\nContent-Length: {}\r\n\r\n", body.len());
             let _ = sock.write_all(head.as_bytes()).await;

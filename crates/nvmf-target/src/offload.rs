@@ -59,11 +59,11 @@ impl Default for ComputeConfig {
     fn default() -> Self {
         ComputeConfig {
             threads: std::thread::available_parallelism().map_or(2, |n| n.get()),
-            chunk: ByteSize(limits::COMPUTE_CHUNK_DEFAULT),
-            readahead: 2,
-            memory_per_command: ByteSize(256 << 20),
-            timeout_secs: 600,
-            result_ttl_secs: 60,
+            chunk: ByteSize(limits::COMPUTE_CHUNK_BYTES_DEFAULT),
+            readahead: limits::COMPUTE_READAHEAD_CHUNKS_DEFAULT,
+            memory_per_command: ByteSize(limits::COMPUTE_MEMORY_PER_COMMAND_BYTES_DEFAULT),
+            timeout_secs: limits::COMPUTE_TIMEOUT_SECS_DEFAULT,
+            result_ttl_secs: limits::RESULT_TTL_SECS_DEFAULT,
         }
     }
 }
@@ -72,25 +72,29 @@ impl ComputeConfig {
     /// Checks ranges; errors name the field as it is written in the TOML file.
     pub fn validate(&self) -> Result<(), (String, String)> {
         let e = |f: &str, m: String| Err((format!("compute.{f}"), m));
-        if self.threads == 0 || self.threads > 256 {
-            return e("threads", "must be between 1 and 256".into());
+        if self.threads == 0 || self.threads > limits::COMPUTE_THREADS_MAX {
+            return e("threads", format!("must be between 1 and {}", limits::COMPUTE_THREADS_MAX));
         }
         let c = self.chunk.0;
-        if !(4096..=64 << 20).contains(&c) || !c.is_multiple_of(4096) {
-            return e("chunk", format!("{c} bytes: must be a multiple of 4 KiB between 4 KiB and 64 MiB"));
+        let (align, max) = (limits::COMPUTE_CHUNK_ALIGN_BYTES, limits::COMPUTE_CHUNK_BYTES_MAX);
+        if !(align..=max).contains(&c) || !c.is_multiple_of(align) {
+            return e(
+                "chunk",
+                format!("{c} bytes: must be a multiple of {} KiB between {} KiB and {} MiB", align >> 10, align >> 10, max >> 20),
+            );
         }
-        if self.readahead > 16 {
-            return e("readahead", "must be at most 16 chunks".into());
+        if self.readahead > limits::COMPUTE_READAHEAD_CHUNKS_MAX {
+            return e("readahead", format!("must be at most {} chunks", limits::COMPUTE_READAHEAD_CHUNKS_MAX));
         }
         let need = c * (self.readahead as u64 + 1);
         if self.memory_per_command.0 < need {
             return e("memory_per_command", format!("must hold at least one input's chunks ({need} bytes)"));
         }
-        if self.timeout_secs == 0 || self.timeout_secs > 86400 {
-            return e("timeout_secs", "must be between 1 and 86400".into());
+        if self.timeout_secs == 0 || self.timeout_secs > limits::COMPUTE_TIMEOUT_SECS_MAX {
+            return e("timeout_secs", format!("must be between 1 and {}", limits::COMPUTE_TIMEOUT_SECS_MAX));
         }
-        if self.result_ttl_secs == 0 || self.result_ttl_secs > 86400 {
-            return e("result_ttl_secs", "must be between 1 and 86400".into());
+        if self.result_ttl_secs == 0 || self.result_ttl_secs > limits::RESULT_TTL_SECS_MAX {
+            return e("result_ttl_secs", format!("must be between 1 and {}", limits::RESULT_TTL_SECS_MAX));
         }
         Ok(())
     }

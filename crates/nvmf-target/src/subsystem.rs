@@ -452,7 +452,7 @@ impl Controller {
 
     fn ns_changed(&self, nsid: u32) {
         let mut s = self.state.lock();
-        if s.changed_ns.len() < 1024 {
+        if s.changed_ns.len() < limits::CHANGED_NS_LIST_MAX {
             s.changed_ns.insert(nsid);
         }
         if s.async_event_config & AEC_NS_ATTR != 0 && !s.pending_events.contains(&AEN_NS_CHANGED) {

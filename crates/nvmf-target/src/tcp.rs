@@ -41,9 +41,6 @@ use crate::{Port, Target};
 mod compute;
 mod reservation;
 
-/// How long a TermReq may take to leave before the socket is closed anyway.
-const TERM_FLUSH_TIMEOUT: Duration = Duration::from_secs(1);
-
 #[derive(Debug, thiserror::Error)]
 pub enum ConnError {
     #[error("socket: {0}")]
@@ -506,7 +503,7 @@ impl<S: Stream> Conn<S> {
     }
 
     async fn flush_quickly(&mut self) -> io::Result<()> {
-        match tokio::time::timeout(TERM_FLUSH_TIMEOUT, self.core.tx.flush_all(&self.stream)).await {
+        match tokio::time::timeout(Duration::from_millis(limits::TERM_FLUSH_TIMEOUT_MS), self.core.tx.flush_all(&self.stream)).await {
             Ok(r) => r,
             Err(_) => Err(io::ErrorKind::TimedOut.into()),
         }
