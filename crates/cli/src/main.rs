@@ -2,6 +2,7 @@
 
 mod compute;
 mod perf;
+mod resv;
 mod tools;
 
 use std::net::{SocketAddr, ToSocketAddrs};
@@ -118,6 +119,9 @@ impl TargetArgs {
         let mut o = nearstore_initiator::ConnectOptions::new(address(&self.traddr, self.trsvcid, 4420)?, &self.nqn);
         if let Some(h) = &self.hostnqn {
             o.hostnqn = h.clone();
+            // The Host Identifier goes with the host NQN: two NQNs are two hosts (and two
+            // registrants of a reservation), as the initiator derives it.
+            o.hostid = *uuid::Uuid::new_v5(&uuid::Uuid::NAMESPACE_OID, h.as_bytes()).as_bytes();
         }
         o.hdgst = self.hdr_digest;
         o.ddgst = self.data_digest;
@@ -272,6 +276,16 @@ enum Cmd {
     Merge(compute::SortArgs),
     /// Copy a file on the target, without its bytes crossing the network.
     Copy(compute::CopyArgs),
+    /// Register, unregister or replace this host's reservation key on a namespace
+    /// (nvme resv-register).
+    ResvRegister(resv::RegisterArgs),
+    /// Acquire a reservation on a namespace, or preempt (and abort) another host's
+    /// (nvme resv-acquire).
+    ResvAcquire(resv::AcquireArgs),
+    /// Release this host's reservation, or clear every registration (nvme resv-release).
+    ResvRelease(resv::ReleaseArgs),
+    /// Show a namespace's reservation and registrants (nvme resv-report).
+    ResvReport(resv::ReportArgs),
     /// Measure IOPS, bandwidth and latency against a target.
     Perf(perf::PerfArgs),
     /// Print a shell's completions for nearstore on stdout (docs/operations.md says where they go).
@@ -455,6 +469,10 @@ fn run(cli: Cli) -> Result<()> {
         Cmd::Sort(a) => compute::sort("sort", a),
         Cmd::Merge(a) => compute::sort("merge", a),
         Cmd::Copy(a) => compute::copy(a),
+        Cmd::ResvRegister(a) => resv::register(a),
+        Cmd::ResvAcquire(a) => resv::acquire(a),
+        Cmd::ResvRelease(a) => resv::release(a),
+        Cmd::ResvReport(a) => resv::report(a),
         Cmd::Perf(a) => perf::run(a),
         Cmd::Completions { shell } => {
             clap_complete::generate(shell, &mut Cli::command(), "nearstore", &mut std::io::stdout());

@@ -36,7 +36,11 @@ pub async fn run_target(cfg: Config) -> Result<()> {
 }
 
 async fn connect(t: &TargetArgs) -> Result<Controller> {
-    let o = t.options()?;
+    connect_with(t.options()?).await
+}
+
+/// Connects with these options; a refused Connect said in the user's terms.
+pub async fn connect_with(o: ConnectOptions) -> Result<Controller> {
     let what = format!("connecting to {} at {}", o.subnqn, o.addr);
     let (subnqn, hostnqn, addr) = (o.subnqn.clone(), o.hostnqn.clone(), o.addr);
     Controller::connect(o).await.map_err(|e| match plain_connect_error(&e, &subnqn, &hostnqn, addr) {
@@ -154,6 +158,19 @@ pub async fn id_ns(t: &TargetArgs, nsid: u32, out: Output) -> Result<()> {
     print_kv(&v, out)
 }
 
+/// A command a reservation refused, said so (docs/reservations.md); other errors as they are.
+fn conflict(e: nearstore_initiator::Error, nsid: u32) -> anyhow::Error {
+    match &e {
+        nearstore_initiator::Error::Status { status, .. }
+            if (nearstore_wire::Status { dnr: false, ..*status }) == nearstore_wire::Status::RESERVATION_CONFLICT =>
+        {
+            let said = format!("reservation conflict: namespace {nsid} is reserved, and this host may not do that (`nearstore resv-report -n {nsid}` shows the reservation)");
+            anyhow::Error::new(Plain { said, detail: e.to_string() })
+        }
+        _ => e.into(),
+    }
+}
+
 fn print_kv(v: &serde_json::Value, out: Output) -> Result<()> {
     if out == Output::Json {
         println!("{}", serde_json::to_string_pretty(v)?);
@@ -189,7 +206,7 @@ pub async fn read(t: &TargetArgs, nsid: u32, slba: u64, bytes: u64, out: &Path) 
     let mut done = 0u64;
     while done < total_blocks {
         let n = (total_blocks - done).min(chunk_blocks);
-        let d = q.read(nsid, slba + done, n as u32, bs).await?;
+        let d = q.read(nsid, slba + done, n as u32, bs).await.map_err(|e| conflict(e, nsid))?;
         let keep = ((bytes - done * bs as u64).min(d.len() as u64)) as usize;
         w.write_all(&d[..keep])?;
         done += n;
@@ -213,9 +230,9 @@ pub async fn write(t: &TargetArgs, nsid: u32, slba: u64, input: &Path, fua: bool
     for (i, part) in data.chunks(chunk).enumerate() {
         let mut buf = part.to_vec();
         buf.resize(part.len().div_ceil(bs) * bs, 0);
-        q.write(nsid, slba + (i * chunk / bs) as u64, &buf, bs as u32, fua).await?;
+        q.write(nsid, slba + (i * chunk / bs) as u64, &buf, bs as u32, fua).await.map_err(|e| conflict(e, nsid))?;
     }
-    q.flush(nsid).await?;
+    q.flush(nsid).await.map_err(|e| conflict(e, nsid))?;
     eprintln!("wrote {} bytes at LBA {slba} of namespace {nsid}", data.len());
     Ok(())
 }

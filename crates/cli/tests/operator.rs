@@ -13,6 +13,7 @@ fn completions_for_each_shell_know_the_verbs_and_options() {
     for shell in ["bash", "zsh", "fish", "elvish", "powershell"] {
         let script = ok(&["completions", shell]);
         assert!(script.contains("checksum") && script.contains("offload-only") && script.contains("trsvcid"), "{shell}");
+        assert!(script.contains("resv-acquire") && script.contains("prkey") && script.contains("namespace-id"), "{shell}");
     }
     let dir = tempfile::tempdir().unwrap();
     let bash = dir.path().join("nearstore.bash");
@@ -36,6 +37,7 @@ fn man_pages_one_per_verb_from_the_help() {
         ("nearstore-target.1", "log\\-format"),
         ("nearstore-sort.1", "record\\-size"),
         ("nearstore-completions.1", "shell"),
+        ("nearstore-resv-acquire.1", "preempt\\-abort"),
     ];
     for (page, needle) in cases {
         let text = std::fs::read_to_string(man.join(page)).unwrap_or_else(|e| panic!("{page}: {e}"));
@@ -61,6 +63,10 @@ fn man_pages_one_per_verb_from_the_help() {
         "decompress",
         "sort",
         "merge",
+        "resv-register",
+        "resv-acquire",
+        "resv-release",
+        "resv-report",
         "completions",
         "man",
     ];
