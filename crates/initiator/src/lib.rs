@@ -10,7 +10,7 @@ pub mod limits;
 mod queue;
 pub mod stream;
 
-pub use controller::{default_hostnqn, ConnectOptions, Controller, IoQueue};
+pub use controller::{default_hostnqn, prop_get, prop_set, ConnectOptions, Controller, IoQueue};
 pub use queue::{Data, QueueOptions, QueuePair};
 pub use stream::{PieceReader, PieceWriter};
 

@@ -117,10 +117,20 @@ pub fn execute(backend: &dyn Backend, op: &Op, buf: &mut AlignedBuf) -> io::Resu
 
 #[derive(Clone)]
 pub struct IoPool {
-    tx: crossbeam_channel::Sender<Job>,
+    /// None: jobs run as tasks of the submitting runtime ([`IoPool::on_runtime`]).
+    tx: Option<crossbeam_channel::Sender<Job>>,
 }
 
 impl IoPool {
+    /// A pool with no threads: every job runs as a task of the runtime of the connection
+    /// that submits it, after that connection yields. Only for the deterministic
+    /// simulation (crates/sim): there every backend is in memory, one thread runs
+    /// everything, and an OS thread would make the order of completions depend on the
+    /// OS scheduler. Never for a product target: a long job would hold the network thread.
+    pub fn on_runtime() -> IoPool {
+        IoPool { tx: None }
+    }
+
     pub fn new(threads: usize) -> IoPool {
         let (tx, rx) = crossbeam_channel::unbounded::<Job>();
         for i in 0..threads.max(1) {
@@ -136,11 +146,19 @@ impl IoPool {
                 })
                 .expect("spawning an I/O worker");
         }
-        IoPool { tx }
+        IoPool { tx: Some(tx) }
     }
 
     pub fn submit(&self, job: Job) {
-        if let Err(e) = self.tx.send(job) {
+        let Some(tx) = &self.tx else {
+            tokio::spawn(async move {
+                let mut job = job;
+                let result = execute(&*job.backend, &job.op, &mut job.buf);
+                let _ = job.reply.send(Done::io(job.token, result, job.buf));
+            });
+            return;
+        };
+        if let Err(e) = tx.send(job) {
             let job = e.into_inner();
             let _ = job.reply.send(Done::io(job.token, Err(io::Error::other("I/O pool stopped")), job.buf));
         }

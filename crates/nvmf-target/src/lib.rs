@@ -99,6 +99,11 @@ impl Target {
     /// A target with no subsystems yet, as `cfg` describes it (its `[limits]` with
     /// `connections` resolved against the descriptor limit `nofile`).
     pub fn new(cfg: &Config, connections: usize, nofile: u64) -> Arc<Target> {
+        Target::with_io_pool(cfg, connections, nofile, IoPool::new(cfg.io_threads))
+    }
+
+    /// [`Target::new`] with the given I/O pool (the simulation's runs on its runtime).
+    pub fn with_io_pool(cfg: &Config, connections: usize, nofile: u64, pool: IoPool) -> Arc<Target> {
         let limits = cfg.limits.clone();
         let admission = Admission::new(connections, limits.connections_per_address);
         let memory = memory::Memory::new(limits.memory.map_or_else(memory::Memory::machine_default, |m| m.0));
@@ -107,7 +112,7 @@ impl Target {
             discovery: Arc::new(Subsystem::new(nearstore_wire::DISCOVERY_NQN, None, Some("nearstore discovery"), true, &[])),
             ports: RwLock::new(Vec::new()),
             genctr: AtomicU64::new(1),
-            pool: IoPool::new(cfg.io_threads),
+            pool,
             stats: TargetStats::default(),
             busy_poll: std::time::Duration::from_micros(cfg.busy_poll_us),
             io_engine: cfg.io_engine,

@@ -5,7 +5,6 @@ use std::io;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering, Ordering::Relaxed};
 use std::sync::Arc;
-use std::time::Instant;
 
 use nearstore_wire::log::ErrorEntry;
 use nearstore_wire::resv::{NoticeLog, ReservationStatus, AEN_RESERVATION_LOG};
@@ -360,7 +359,9 @@ pub struct Controller {
     pub state: Mutex<CtrlState>,
     /// Volatile write cache enabled (feature 06h); when off every write is FUA.
     pub write_cache: AtomicBool,
-    epoch: Instant,
+    /// The runtime's clock (the real one, except in the simulation, whose clock is
+    /// simulated: there keep-alive expiry follows simulated time).
+    epoch: tokio::time::Instant,
     last_activity_ms: AtomicU64,
     /// Fires when the controller goes away: every queue of it closes.
     pub cancel: CancellationToken,
@@ -404,7 +405,7 @@ impl Controller {
                 features: crate::admin::Features::new(kato_ms),
             }),
             write_cache: AtomicBool::new(true),
-            epoch: Instant::now(),
+            epoch: tokio::time::Instant::now(),
             last_activity_ms: AtomicU64::new(0),
             cancel: CancellationToken::new(),
             events: Notify::new(),

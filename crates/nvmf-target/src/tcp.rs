@@ -282,7 +282,11 @@ impl<S: Stream> Conn<S> {
     async fn run(&mut self) -> Result<(), ConnError> {
         let evicted = self.cancel.clone();
         let timeout = Duration::from_millis(self.core.target.limits.connect_timeout_ms);
+        // Biased here and below: the branches are polled in the order written, so that
+        // one seed replays one run in the simulation (crates/sim); tokio's random start
+        // cannot be seeded without --cfg tokio_unstable.
         let shook = tokio::select! {
+            biased;
             r = tokio::time::timeout_at(self.connect_by, self.handshake()) => r.map_err(|_| ConnError::ConnectTimeout(timeout))??,
             _ = evicted.cancelled() => return Err(ConnError::Evicted),
         };
@@ -337,6 +341,7 @@ impl<S: Stream> Conn<S> {
             };
             let unbound = !self.bound;
             tokio::select! {
+                biased;
                 _ = self.cancel.cancelled() => {
                     if unbound {
                         return Err(ConnError::Evicted);
@@ -1258,6 +1263,7 @@ fn spawn_keep_alive_watchdog(target: Arc<Target>, ctrl: Arc<Controller>) {
             let kato = ctrl.state.lock().kato_ms as u64;
             let tick = if kato == 0 { 1000 } else { (kato / 4).clamp(50, 1000) };
             tokio::select! {
+                biased;
                 _ = ctrl.cancel.cancelled() => return,
                 _ = tokio::time::sleep(Duration::from_millis(tick)) => {}
             }
