@@ -958,8 +958,12 @@ impl Core {
                 b
             }
         };
+        // The ring only for what it runs and for backends with a descriptor: a ring made
+        // for a memory namespace's write zeroes was memory held for nothing (the
+        // simulation, whose runtime has no I/O driver, found it).
         let on_ring = matches!(op, Op::Read { .. } | Op::Write { .. } | Op::Flush);
-        if let (true, Some(fd), true) = (on_ring, ns.backend.raw_fd(), self.ring_ready()) {
+        let fd = if on_ring { ns.backend.raw_fd() } else { None };
+        if let Some(fd) = fd.filter(|_| self.ring_ready()) {
             let ring = Some(RingIo { op, fd, buf, done: 0 });
             let token = self.inflight.insert(Inflight { ring, ..Inflight::new(cid, ns, kind, len, lba, start) });
             self.push_ring(token);
