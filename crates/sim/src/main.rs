@@ -1,0 +1,105 @@
+//! The long run of the simulation (docs/simulation.md): many seeds, or one replayed with
+//! its trace.
+
+use std::process::ExitCode;
+use std::time::Instant;
+
+use clap::{Parser, ValueEnum};
+use nearstore_sim::disk::DiskBug;
+use nearstore_sim::net::ReplyBug;
+use nearstore_sim::{run, Options};
+
+#[derive(Clone, Copy, Debug, ValueEnum)]
+enum Bug {
+    /// Flush and FUA make nothing durable.
+    FlushIgnored,
+    /// One completion in 50 is sent twice.
+    DuplicateCompletion,
+    /// One completion in 50 is never sent.
+    DropCompletion,
+}
+
+/// Runs the deterministic simulation of the target over many seeds.
+#[derive(Parser, Debug)]
+struct Args {
+    /// Seeds to run, from --from.
+    #[arg(long, default_value_t = 1000)]
+    seeds: u64,
+    /// The first seed.
+    #[arg(long, default_value_t = 0)]
+    from: u64,
+    /// Runs this one seed (overrides --seeds and --from).
+    #[arg(long)]
+    seed: Option<u64>,
+    /// Prints the whole event trace of each seed run.
+    #[arg(long)]
+    trace: bool,
+    /// Commands of each run's workload.
+    #[arg(long, default_value_t = Options::default().ops)]
+    ops: u32,
+    /// Breaks the target on purpose, to see the checker find it.
+    #[arg(long, value_enum)]
+    bug: Option<Bug>,
+    /// Goes on after a failing seed.
+    #[arg(long)]
+    keep_going: bool,
+}
+
+fn main() -> ExitCode {
+    let args = Args::parse();
+    let mut opts = Options { ops: args.ops, keep_trace: args.trace, ..Options::default() };
+    match args.bug {
+        Some(Bug::FlushIgnored) => opts.disk_bug = Some(DiskBug::FlushIgnored),
+        Some(Bug::DuplicateCompletion) => opts.reply_bug = Some(ReplyBug::DuplicateCompletion(50)),
+        Some(Bug::DropCompletion) => opts.reply_bug = Some(ReplyBug::DropCompletion(50)),
+        None => {}
+    }
+    let seeds = match args.seed {
+        Some(s) => s..s + 1,
+        None => args.from..args.from + args.seeds,
+    };
+    let started = Instant::now();
+    let (mut passed, mut failed) = (0u64, Vec::new());
+    let (mut completed, mut lost, mut faults, mut cuts, mut crashes) = (0, 0, 0, 0, 0);
+    let mut simulated = std::time::Duration::ZERO;
+    for seed in seeds {
+        match run(seed, &opts) {
+            Ok(o) => {
+                for l in &o.trace {
+                    println!("{l}");
+                }
+                passed += 1;
+                (completed, lost, faults) = (completed + o.completed, lost + o.lost, faults + o.faults);
+                (cuts, crashes) = (cuts + o.cuts, crashes + o.crashes);
+                simulated += o.simulated;
+                if args.seed.is_some() {
+                    println!("seed {seed}: passed, trace hash {:016x} over {} events", o.trace_hash, o.events);
+                }
+            }
+            Err(f) => {
+                for l in &f.trace {
+                    println!("{l}");
+                }
+                eprintln!("{f}");
+                failed.push(seed);
+                if !args.keep_going {
+                    break;
+                }
+            }
+        }
+        if (passed + failed.len() as u64).is_multiple_of(1000) {
+            eprintln!("{} seeds, {} failed, {:.0?}", passed + failed.len() as u64, failed.len(), started.elapsed());
+        }
+    }
+    println!(
+        "{passed} seeds passed, {} failed {failed:?}; {completed} commands completed, {lost} lost to faults, \
+         {faults} disk errors reported, {cuts} disconnects, {crashes} crashes; {simulated:.1?} simulated in {:.1?}",
+        failed.len(),
+        started.elapsed()
+    );
+    if failed.is_empty() {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    }
+}
