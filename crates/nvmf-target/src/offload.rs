@@ -183,10 +183,14 @@ impl Slot {
     }
 
     /// Stores `data` in the claimed slot, holding only its bytes of the budget: its handle.
-    pub fn fill(mut self, data: Vec<u8>, ttl: Duration) -> u32 {
+    /// What is charged is the allocation, trimmed to the bytes first: a serialised result's
+    /// Vec grew by doubling and held up to twice its length (found by the peak resident
+    /// memory test, crates/cli/tests/memory.rs).
+    pub fn fill(mut self, mut data: Vec<u8>, ttl: Duration) -> u32 {
+        data.shrink_to_fit();
         let mut memory = self.memory.take();
         if let Some(m) = &mut memory {
-            m.shrink_to(data.len() as u64);
+            m.shrink_to(data.capacity() as u64);
         }
         let handle = self.ctrl.results.lock().insert(data, Instant::now() + ttl, memory);
         // Gives the slot's place among the reserved ones back.
