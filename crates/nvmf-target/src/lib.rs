@@ -129,6 +129,7 @@ impl Target {
     /// opened by [`Target::listen_all`]).
     pub fn from_config(cfg: &Config) -> Result<Arc<Target>, TargetError> {
         cfg.validate()?;
+        limit_malloc_arenas();
         let nofile = raise_descriptor_limit();
         let max = limits::connections_max(nofile);
         let connections = match cfg.limits.connections {
@@ -323,6 +324,30 @@ pub fn raise_descriptor_limit() -> u64 {
         }
         r.rlim_cur
     })
+}
+
+/// Limits glibc's malloc to [`limits::MALLOC_ARENAS_PER_CORE`] arenas per core, once per
+/// process, unless the operator set MALLOC_ARENA_MAX. By default glibc makes up to 8 per
+/// core and keeps what a thread freed in its arena for that arena's later use: memory
+/// one compute thread freed (a result, a sort's rows) was not reused by the next command
+/// on another arena, and the process peaked 48 MiB over its memory budget
+/// (crates/cli/tests/memory.rs).
+fn limit_malloc_arenas() {
+    static DONE: std::sync::OnceLock<()> = std::sync::OnceLock::new();
+    DONE.get_or_init(|| {
+        if std::env::var_os("MALLOC_ARENA_MAX").is_some() {
+            return;
+        }
+        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+        let arenas = (cores * limits::MALLOC_ARENAS_PER_CORE).min(i32::MAX as usize) as i32;
+        #[cfg(all(target_os = "linux", target_env = "gnu"))]
+        // SAFETY: mallopt only changes a malloc parameter; any value is accepted or refused.
+        if unsafe { libc::mallopt(libc::M_ARENA_MAX, arenas) } == 0 {
+            warn!(arenas, "mallopt(M_ARENA_MAX) refused");
+        }
+        #[cfg(not(all(target_os = "linux", target_env = "gnu")))]
+        let _ = arenas;
+    });
 }
 
 /// Where a namespace on `path` keeps reservations that persist through power loss: in the
