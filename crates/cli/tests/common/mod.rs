@@ -77,6 +77,10 @@ impl Target {
         let addr = addrs.iter().copied().find(|a| Some(*a) != discovery).expect("an I/O listener");
         Target { child, _stdout: stdout, addr, discovery }
     }
+
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
 }
 
 impl Drop for Target {
