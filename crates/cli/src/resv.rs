@@ -294,19 +294,16 @@ pub fn release(a: ReleaseArgs) -> Result<()> {
         let (_c, mut q) = connect(&a.t).await?;
         let nsid = a.t.nsid;
         let cdw10 = Cdw10 { action: a.rrela, iekey: a.iekey, rtype: a.rtype, cptpl: 0 };
-        let r = q.resv_release(nsid, cdw10, a.crkey).await;
-        if let Err(Error::Status { status, .. }) = &r {
-            if (Status { dnr: false, ..*status }) == Status::INVALID_FIELD && a.rrela == rrela::RELEASE && !a.iekey {
-                let e = r.err().expect("an error");
+        q.resv_release(nsid, cdw10, a.crkey).await.map_err(|e| {
+            let wrong_type = matches!(&e, Error::Status { status, .. } if (Status { dnr: false, ..*status }) == Status::INVALID_FIELD);
+            if wrong_type && a.rrela == rrela::RELEASE && !a.iekey {
                 let said = format!(
                     "--rtype {} ({}) is not the type of the reservation on namespace {nsid} (resv-report shows it)",
                     a.rtype,
                     type_name(a.rtype)
                 );
-                return Err(anyhow::Error::new(Plain { said, detail: e.to_string() }));
+                return anyhow::Error::new(Plain { said, detail: e.to_string() });
             }
-        }
-        r.map_err(|e| {
             plain(e, "Reservation Release", nsid, || {
                 format!("this host is not registered on namespace {nsid} with key {:#x} (resv-report shows the keys)", a.crkey)
             })
