@@ -226,12 +226,17 @@ pub fn property_set(target: &Target, peer: &str, ctrl: &Controller, sqe: &Sqe) -
     }
     if cc::shn(new) != 0 && cc::shn(old) == 0 {
         drop(st);
+        let mut flushed = true;
         for ns in ctrl.subsys.namespaces() {
             if let Err(e) = ns.backend.flush() {
                 warn!(nsid = ns.nsid, "flush at shutdown failed: {e}");
+                flushed = false;
             }
         }
-        ctrl.state.lock().csts |= csts::SHST_COMPLETE;
+        // A shutdown that lost data is not complete: Controller Fatal Status, the error no
+        // completion queue can carry, instead (the simulation found writes lost after a
+        // shutdown reported complete).
+        ctrl.state.lock().csts |= if flushed { csts::SHST_COMPLETE } else { csts::CFS };
     }
     Reply::ok()
 }
