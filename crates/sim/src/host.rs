@@ -70,6 +70,8 @@ pub struct Worker {
     pub disk: Arc<SimDisk>,
     pub block_size: usize,
     pub cancel: CancellationToken,
+    /// Stop issuing, let what is outstanding complete (before a clean shutdown).
+    pub drain: CancellationToken,
     pub trace: Trace,
 }
 
@@ -94,7 +96,7 @@ impl Worker {
         };
         let mut next_lba = 0;
         loop {
-            while left > 0 && inflight.len() < self.depth {
+            while left > 0 && inflight.len() < self.depth && !self.drain.is_cancelled() {
                 left -= 1;
                 let (kind, slba, nlb) = match self.work {
                     Work::Workload { .. } => self.pick(),

@@ -299,16 +299,25 @@ impl Model {
                 self.settle(op.id, true, fua, now);
             }
             Kind::Deallocate(_) => self.settle(op.id, true, false, now),
-            Kind::Flush => {
-                for h in &mut self.blocks {
-                    for r in h.iter_mut().filter(|r| r.definite && r.completed < op.issued) {
-                        r.durable = true;
-                    }
-                }
-                self.prune();
-            }
+            Kind::Flush => self.durable_before(op.issued),
         }
         Ok(())
+    }
+
+    /// A point on the clock, for [`durable_before`](Self::durable_before).
+    pub fn now(&mut self) -> Clock {
+        self.tick()
+    }
+
+    /// Every write that succeeded before `at` is durable: a Flush issued at `at`, or a
+    /// shutdown the controller reported complete, has made it so.
+    pub fn durable_before(&mut self, at: Clock) {
+        for h in &mut self.blocks {
+            for r in h.iter_mut().filter(|r| r.definite && r.completed < at) {
+                r.durable = true;
+            }
+        }
+        self.prune();
     }
 
     /// The connection of these commands died: they may or may not have run.
