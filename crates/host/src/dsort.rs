@@ -29,7 +29,7 @@ use serde::Serialize;
 use crate::device::{DeviceMap, Endpoint};
 use crate::object::{self, FileObject, Mapped};
 use crate::orchestrator::{self, ranges_of, Action, Allocations, Locks, Options, Step, StepReport};
-use crate::HostError;
+use crate::{HostError, PendingOutput};
 
 /// How runs reach the merging device.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, serde::Deserialize)]
@@ -185,25 +185,30 @@ fn sorted_len(files: &[FileObject], lines: bool) -> Result<u64, HostError> {
     Ok(n)
 }
 
-/// Allocates `path` with `capacity` bytes on a target's namespace (on `want`, if given),
-/// and records it in `alloc` to be removed. Runs and copies are `scratch` (read by targets
-/// only, removed at the end); outputs are read through the file system afterwards and need
-/// written blocks.
+/// Allocates `path` with `capacity` bytes on a target's namespace (on `want`, if given).
+/// Runs and copies are scratch (read by targets only), recorded in `scratch` to be removed
+/// at the end; outputs (`scratch` None) are pending files that remove themselves, read
+/// through the file system afterwards, so they need written blocks.
 fn allocate(
     path: &Path,
     capacity: u64,
     devices: &DeviceMap,
     want: Option<&Endpoint>,
-    alloc: &mut Vec<PathBuf>,
-    scratch: bool,
+    scratch: Option<&mut Vec<PathBuf>>,
 ) -> Result<FileObject, HostError> {
-    // Ours to remove once prepared, or if we made it: a file that was there and could not
-    // be prepared is left alone.
-    let existed = path.exists();
-    let m = if scratch { crate::prepare_scratch(path, capacity, devices) } else { crate::prepare_output(path, capacity, devices) };
-    if m.is_ok() || !existed {
-        alloc.push(path.to_path_buf());
-    }
+    let m = match scratch {
+        Some(alloc) => {
+            // Ours to remove once prepared, or if we made it: a file that was there and
+            // could not be prepared is left alone.
+            let existed = path.exists();
+            let m = crate::prepare_scratch(path, capacity, devices);
+            if m.is_ok() || !existed {
+                alloc.push(path.to_path_buf());
+            }
+            m
+        }
+        None => crate::prepare_output(path, capacity, devices),
+    };
     match m? {
         Mapped::Offload(f) if want.is_none_or(|w| &f.location.endpoint == w) => Ok(f),
         Mapped::Offload(f) => {
@@ -230,7 +235,8 @@ fn merged(r: &StepReport) -> Result<(u64, u64), HostError> {
 }
 
 /// Runs a sort across devices. The runs and copies it allocates are removed when it
-/// ends; the outputs too when it fails.
+/// ends. The outputs are written as new files beside them, renamed over them only when
+/// every merge succeeded: a failed sort leaves the user's files as they were.
 pub async fn sort_across(
     devices_map: &DeviceMap,
     locks: Arc<Locks>,
@@ -240,7 +246,7 @@ pub async fn sort_across(
 ) -> Result<SortReport, HostError> {
     let mut alloc = Allocations::default();
     let r = plan_and_run(devices_map, locks, req, opts, progress, &mut alloc).await;
-    alloc.release(r.is_err());
+    alloc.release();
     r
 }
 
@@ -289,7 +295,7 @@ async fn plan_and_run(
     for (i, d) in devs.iter().enumerate() {
         let len = sorted_len(&d.inputs, lines)?;
         let path = d.dir.join(format!("{SCRATCH}{id}-run{i}"));
-        let f = allocate(&path, len, map, Some(&d.ep), &mut alloc.temporary, true)?;
+        let f = allocate(&path, len, map, Some(&d.ep), Some(&mut alloc.temporary))?;
         runs.push((f, len));
     }
     let total: u64 = runs.iter().map(|r| r.1).sum();
@@ -329,6 +335,9 @@ async fn plan_and_run(
         slices: Vec<(usize, u64, u64)>,
         key_min: Option<String>,
         key_max: Option<String>,
+        /// The output as the user named it, and the new file written in its place.
+        path: PathBuf,
+        pending: PendingOutput,
         output: FileObject,
     }
     let mut reports: Vec<StepReport> = Vec::new();
@@ -339,7 +348,8 @@ async fn plan_and_run(
         SortOutput::One(out) => {
             crate::refuse_overwriting_inputs(out, &req.inputs)?;
             steps = sort_steps(false);
-            let f = allocate(out, total, map, None, &mut alloc.outputs, false)?;
+            let pending = PendingOutput::new(out)?;
+            let f = allocate(&pending.path, total, map, None, None)?;
             let ep = f.location.endpoint.clone();
             let m = match devs.iter().position(|d| d.ep == ep) {
                 Some(m) => m,
@@ -351,7 +361,8 @@ async fn plan_and_run(
                     devs.len() - 1
                 }
             };
-            vec![MergeJob { dev: m, slices: (0..k).map(|i| (i, 0, runs[i].1)).collect(), key_min: None, key_max: None, output: f }]
+            let slices = (0..k).map(|i| (i, 0, runs[i].1)).collect();
+            vec![MergeJob { dev: m, slices, key_min: None, key_max: None, path: out.clone(), pending, output: f }]
         }
         SortOutput::Ranges(name) => {
             for d in &devs {
@@ -382,8 +393,9 @@ async fn plan_and_run(
                     .collect();
                 let cap: u64 = slices.iter().map(|s| s.2 - s.1).sum();
                 let path = dev.dir.join(name);
-                let f = allocate(&path, cap, map, Some(&dev.ep), &mut alloc.outputs, false)?;
-                jobs.push(MergeJob { dev: j, slices, key_min: lo, key_max: hi, output: f });
+                let pending = PendingOutput::new(&path)?;
+                let f = allocate(&pending.path, cap, map, Some(&dev.ep), None)?;
+                jobs.push(MergeJob { dev: j, slices, key_min: lo, key_max: hi, path, pending, output: f });
             }
             jobs
         }
@@ -408,7 +420,7 @@ async fn plan_and_run(
                 continue;
             }
             let path = here.dir.join(format!("{SCRATCH}{id}-copy{i}to{}-{jn}", job.dev));
-            let copy = allocate(&path, to - from, map, Some(&here.ep), &mut alloc.temporary, true)?;
+            let copy = allocate(&path, to - from, map, Some(&here.ep), Some(&mut alloc.temporary))?;
             let to_obj = Object { len: to - from, ..copy.object.clone() };
             steps.push(Step {
                 name: format!(
@@ -467,7 +479,7 @@ async fn plan_and_run(
     for f in devs.iter().flat_map(|d| &d.inputs) {
         f.verify()?;
     }
-    // The outputs, cut to what the merges wrote.
+    // The outputs, cut to what the merges wrote, then put in place.
     let mut outputs = Vec::new();
     let merges: Vec<&StepReport> = reports.iter().filter(|r| r.name.starts_with("merge")).collect();
     for (jn, job) in jobs.iter().enumerate() {
@@ -477,7 +489,10 @@ async fn plan_and_run(
             None => (0, 0),
         };
         crate::finish_output(&job.output.path, bytes)?;
-        outputs.push(SortedPart { path: job.output.path.clone(), device: devs[job.dev].tag, bytes, records });
+        outputs.push(SortedPart { path: job.path.clone(), device: devs[job.dev].tag, bytes, records });
+    }
+    for job in jobs {
+        job.pending.commit()?;
     }
     let secs = t0.elapsed().as_secs_f64();
     let span = |prefix: &str| -> f64 {

@@ -343,22 +343,17 @@ async fn execute(s: &Step, opts: &Options) -> Result<(Option<Outcome>, u64), Str
     }
 }
 
-/// The files a request allocated: temporaries, removed when it ends, and outputs, removed
-/// when it fails.
+/// The temporary files a request allocated, removed when it ends (its outputs are
+/// pending files of their own, put in place only on success).
 #[derive(Default)]
 pub struct Allocations {
     pub temporary: Vec<PathBuf>,
-    pub outputs: Vec<PathBuf>,
 }
 
 impl Allocations {
-    /// Removes the temporaries, and the outputs too when the request failed.
-    pub fn release(&mut self, failed: bool) {
-        let mut all = std::mem::take(&mut self.temporary);
-        if failed {
-            all.append(&mut self.outputs);
-        }
-        for p in all {
+    /// Removes the temporaries.
+    pub fn release(&mut self) {
+        for p in std::mem::take(&mut self.temporary) {
             let _ = std::fs::remove_file(&p);
         }
     }

@@ -203,12 +203,29 @@ async fn faults_fail_the_request_naming_step_and_device_and_leave_nothing_behind
         [records(100, 0), records(100, 100), records(20_000, 200), records(30_000, 20_200)],
         &serde_json::to_vec(&args).unwrap(),
     );
+    // The user's own files where the outputs go (one output, and ranges named part.out on
+    // every device): a failed sort leaves them byte for byte. Before, they were allocated
+    // in place (zero-filled) and removed on failure.
     let out = c.fs[0].mnt.join("sorted.out");
+    let mine: Vec<(PathBuf, Vec<u8>)> = [out.clone()]
+        .into_iter()
+        .chain(c.fs.iter().map(|fs| fs.mnt.join("part.out")))
+        .enumerate()
+        .map(|(i, p)| {
+            let data = format!("the user's file {i}\n").repeat(1000 + i).into_bytes();
+            std::fs::write(&p, &data).unwrap();
+            (p, data)
+        })
+        .collect();
     let req = SortAcross { inputs, args, output: SortOutput::One(out.clone()), transfer: Transfer::DeviceToDevice };
     let clean = |what: &str| {
         for fs in &c.fs {
-            let keep: &[&str] = &["a.in", "b.in", "c.in", "d.in"];
+            let keep: &[&str] = &["a.in", "b.in", "c.in", "d.in", "sorted.out", "part.out"];
             assert!(fs.leftovers(keep).is_empty(), "{what}: left {:?}", fs.leftovers(keep));
+        }
+        for (p, data) in &mine {
+            let now = std::fs::read(p).unwrap_or_else(|e| panic!("{what}: {} is gone: {e}", p.display()));
+            assert!(&now == data, "{what}: {} changed", p.display());
         }
         for t in &c.targets {
             assert_eq!(t.offload.stats.running.load(Ordering::Relaxed), 0, "{what}: a command still runs");
@@ -238,6 +255,20 @@ async fn faults_fail_the_request_naming_step_and_device_and_leave_nothing_behind
     assert_eq!(locks.held().len(), 1, "the plan's own locks are released, the stranger's stays");
     locks.unlock("a stuck request");
     clean("lock timeout");
+
+    // In ranges, the outputs are allocated after the sort phase: a stranger takes device 1
+    // as the merges are planned (the second plan), so a merge reading it gives up.
+    let plans = std::sync::atomic::AtomicUsize::new(0);
+    let stranger = |m: &str| {
+        if m.ends_with("steps planned") && plans.fetch_add(1, Ordering::Relaxed) == 1 {
+            locks.lock(&[Range { tag: 1, start: 0, end: u64::MAX }], "a stuck request");
+        }
+    };
+    let ranges = SortAcross { output: SortOutput::Ranges("part.out".into()), ..req.clone() };
+    let r = sort_across(&c.map, locks.clone(), &ranges, &opts(1), &stranger).await;
+    expect_step_error(r, "merge on device", "device", &["device 1 bytes", "stayed locked by 'a stuck request' for 1 s"]);
+    locks.unlock("a stuck request");
+    clean("lock timeout, ranges");
 
     // A peer dies mid-transfer: device 3's run, read by device 1's merge, is cut after
     // 1 MiB.
