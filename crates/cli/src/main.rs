@@ -420,6 +420,8 @@ fn run(cli: Cli) -> Result<()> {
                         size: parse("--size", &size)?,
                         block_size,
                         tag: None,
+                        delay_us: 0,
+                        inject: None,
                     };
                     if ns.path.is_none() && ns.memory.is_none() {
                         bail!("give --namespace PATH, --memory SIZE or --config FILE");

@@ -15,6 +15,11 @@ pub trait Backend: Send + Sync {
     fn describe(&self) -> String;
     /// Capacity in bytes.
     fn size(&self) -> u64;
+    /// The unit offsets and lengths must be multiples of, in bytes (a block device's
+    /// logical block; 1 for memory and regular files).
+    fn block_bytes(&self) -> u32 {
+        1
+    }
     fn read_at(&self, buf: &mut [u8], off: u64) -> io::Result<()>;
     fn write_at(&self, buf: &[u8], off: u64) -> io::Result<()>;
     /// Appends `len` bytes read at `off` to `out` (a send buffer); on error `out` is left
@@ -174,6 +179,8 @@ pub struct FileBackend {
     size: u64,
     block_device: bool,
     direct: bool,
+    /// Logical block size of a block device, 1 for a regular file.
+    block: u32,
 }
 
 impl FileBackend {
@@ -189,7 +196,8 @@ impl FileBackend {
                 Err(_) => (OpenOptions::new().read(true).write(true).open(path)?, false),
             };
             let size = block_device_size(&file)?;
-            return Ok(FileBackend { file, path: path.into(), size, block_device, direct });
+            let block = logical_block_size(&file)?;
+            return Ok(FileBackend { file, path: path.into(), size, block_device, direct, block });
         }
         let file = match (&meta, create_size) {
             (Err(e), Some(size)) if e.kind() == io::ErrorKind::NotFound => {
@@ -206,7 +214,7 @@ impl FileBackend {
                 size = want;
             }
         }
-        Ok(FileBackend { file, path: path.into(), size, block_device: false, direct: false })
+        Ok(FileBackend { file, path: path.into(), size, block_device: false, direct: false, block: 1 })
     }
 
     fn fallocate(&self, mode: libc::c_int, off: u64, len: u64) -> io::Result<()> {
@@ -246,6 +254,18 @@ fn block_device_size(f: &File) -> io::Result<u64> {
     }
 }
 
+fn logical_block_size(f: &File) -> io::Result<u32> {
+    const BLKSSZGET: libc::c_ulong = 0x1268;
+    let mut size: libc::c_int = 0;
+    // SAFETY: BLKSSZGET writes one int.
+    let r = unsafe { libc::ioctl(f.as_raw_fd(), BLKSSZGET, &mut size) };
+    if r == 0 {
+        Ok(size.max(1) as u32)
+    } else {
+        Err(io::Error::last_os_error())
+    }
+}
+
 impl Backend for FileBackend {
     fn describe(&self) -> String {
         let kind = if self.block_device { "block device" } else { "file" };
@@ -254,6 +274,9 @@ impl Backend for FileBackend {
     }
     fn size(&self) -> u64 {
         self.size
+    }
+    fn block_bytes(&self) -> u32 {
+        self.block
     }
     fn read_at(&self, buf: &mut [u8], off: u64) -> io::Result<()> {
         check_range(self.size, off, buf.len() as u64)?;

@@ -200,6 +200,44 @@ pub struct NamespaceConfig {
     pub block_size: u32,
     /// This namespace's tag in the cluster map: extents tagged with it are local.
     pub tag: Option<u16>,
+    /// For tests: hold every I/O operation back this many microseconds (a delay device
+    /// stacked on the storage). 0: none.
+    #[serde(default)]
+    pub delay_us: u64,
+    /// For tests: fail chosen I/O operations (an error-inject device stacked on the storage).
+    pub inject: Option<InjectConfig>,
+}
+
+/// `[subsystem.namespace.inject]`: which I/O operations of a namespace fail, and how.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct InjectConfig {
+    /// "read", "write" (writes and write zeroes), "flush" or "deallocate"; absent: any.
+    pub op: Option<crate::dev::inject::Kind>,
+    /// Only operations touching logical blocks in [first, end); absent: anywhere.
+    pub lbas: Option<[u64; 2]>,
+    /// Fail only the nth matching operation (from 1); absent: every matching one.
+    pub nth: Option<u64>,
+    /// The errno the operation fails with (default 5, EIO).
+    #[serde(default = "default_errno")]
+    pub errno: i32,
+}
+
+fn default_errno() -> i32 {
+    libc::EIO
+}
+
+impl InjectConfig {
+    /// The device rule, for a namespace of `block_size`-byte blocks.
+    pub fn rule(&self, block_size: u32) -> crate::dev::inject::Rule {
+        let shift = block_size.trailing_zeros();
+        crate::dev::inject::Rule {
+            kind: self.op,
+            range: self.lbas.map(|[a, b]| (a.saturating_mul(1 << shift), b.saturating_mul(1 << shift))),
+            nth: self.nth,
+            errno: self.errno,
+        }
+    }
 }
 
 fn default_block_size() -> u32 {
@@ -339,6 +377,17 @@ impl Config {
                     (None, Some(_)) if n.size.is_some() => return Err(invalid(format!("{nf}.size"), "only for a path")),
                     _ => {}
                 }
+                if let Some(i) = &n.inject {
+                    if i.errno <= 0 || i.errno >= 4096 {
+                        return Err(invalid(format!("{nf}.inject.errno"), "must be an errno between 1 and 4095"));
+                    }
+                    if i.nth == Some(0) {
+                        return Err(invalid(format!("{nf}.inject.nth"), "counts from 1"));
+                    }
+                    if i.lbas.is_some_and(|[a, b]| a >= b) {
+                        return Err(invalid(format!("{nf}.inject.lbas"), "must be [first, end) with first < end"));
+                    }
+                }
             }
         }
         Ok(())
@@ -411,6 +460,26 @@ mod tests {
         assert_eq!(c.io_engine, IoEngine::Uring);
     }
 
+    #[test]
+    fn inject_rule_counts_blocks_of_the_namespace() {
+        let text = GOOD.replacen(
+            "memory = \"1MiB\"",
+            "memory = \"1MiB\"\nblock_size = 4096\ndelay_us = 7\n[subsystem.namespace.inject]\nop = \"write\"\nlbas = [2, 3]\nnth = 4",
+            1,
+        );
+        let c = Config::from_toml(&text).unwrap();
+        let n = &c.subsystem[0].namespace[0];
+        assert_eq!(n.delay_us, 7);
+        let rule = n.inject.as_ref().unwrap().rule(n.block_size);
+        let want = crate::dev::inject::Rule {
+            kind: Some(crate::dev::inject::Kind::Write),
+            range: Some((8192, 12288)),
+            nth: Some(4),
+            errno: libc::EIO,
+        };
+        assert_eq!(rule, want);
+    }
+
     /// Each bad config names its field.
     #[test]
     fn bad_configs_name_the_field() {
@@ -433,6 +502,11 @@ mod tests {
             ("[[listener]]", "[limits]\nmemory = \"64MiB\"\n[[listener]]", "limits.memory"),
             // A command and its result fit, but not a controller's queues besides.
             ("[[listener]]", "[limits]\nmemory = \"300MiB\"\n[[listener]]", "limits.memory"),
+            ("memory = \"1MiB\"", "memory = \"1MiB\"\n[subsystem.namespace.inject]\nerrno = 0", "namespace[0].inject.errno"),
+            ("memory = \"1MiB\"", "memory = \"1MiB\"\n[subsystem.namespace.inject]\nnth = 0", "namespace[0].inject.nth"),
+            ("memory = \"1MiB\"", "memory = \"1MiB\"\n[subsystem.namespace.inject]\nlbas = [8, 8]", "namespace[0].inject.lbas"),
+            ("memory = \"1MiB\"", "memory = \"1MiB\"\n[subsystem.namespace.inject]\nop = \"trim\"", "unknown variant `trim`"),
+            ("memory = \"1MiB\"", "memory = \"1MiB\"\ndelay_us = -1", "delay_us"),
             (
                 "address = \"127.0.0.1:4420\"",
                 "address = \"127.0.0.1:4420\"\n[[listener]]\naddress = \"127.0.0.1:4420\"",

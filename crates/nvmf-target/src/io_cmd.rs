@@ -9,7 +9,7 @@ use nearstore_wire::opcode::io;
 use nearstore_wire::resv::{racqa, Cdw10, Keys, KEYS_LEN, RELEASE_DATA_LEN, REPORT_EDS};
 use nearstore_wire::{Sqe, Status};
 
-use crate::io_pool::Op;
+use crate::dev::Op;
 use crate::limits;
 use crate::reply::Reply;
 use crate::reservation::{Access, HostId};

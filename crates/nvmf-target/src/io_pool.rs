@@ -1,8 +1,8 @@
-//! Worker threads that run file and block backend I/O off the network tasks.
+//! Worker threads that run synchronous backend I/O off the network tasks.
 //!
-//! A connection hands a [`Job`] (backend, operation, buffer, reply channel) to the pool
-//! and goes on serving other commands; the worker sends the buffer back in a [`Done`].
-//! Buffers move, nothing is allocated per I/O.
+//! A device hands a [`Job`] (backend, operation, buffer, the channel's reply sender) to
+//! the pool and the queue goes on serving other commands; the worker sends the buffer back
+//! in a [`Completion`]. Buffers move, nothing is allocated per I/O.
 
 use std::io;
 use std::sync::Arc;
@@ -11,50 +11,19 @@ use nearstore_transport::AlignedBuf;
 use tokio::sync::mpsc::UnboundedSender;
 
 use crate::backend::Backend;
-
-pub enum Op {
-    Read {
-        off: u64,
-    },
-    Write {
-        off: u64,
-        fua: bool,
-    },
-    Flush,
-    WriteZeroes {
-        off: u64,
-        len: u64,
-        deallocate: bool,
-        fua: bool,
-    },
-    /// Deallocate every (offset, length) byte range packed in the buffer as u64 pairs.
-    Deallocate,
-}
-
-impl Op {
-    /// Work not bounded by the transfer size (MDTS): it never runs on a network thread.
-    pub fn unbounded(&self) -> bool {
-        matches!(self, Op::WriteZeroes { .. } | Op::Deallocate)
-    }
-}
+use crate::dev::{Completion, Op};
 
 pub struct Job {
     pub backend: Arc<dyn Backend>,
     pub op: Op,
     pub buf: AlignedBuf,
-    pub token: u32,
-    pub reply: UnboundedSender<Done>,
+    pub token: u64,
+    pub reply: UnboundedSender<Completion>,
 }
 
-/// A finished job: a pool I/O with its buffer back, a compute command from the offload
-/// engine, or a reservation command ready; or a Preempt and Abort's request. All come to
-/// the connection on one channel.
+/// Work a connection handed off that is not a device operation: a compute command from
+/// the offload engine, or a reservation command ready; or a Preempt and Abort's request.
 pub enum Done {
-    Io {
-        token: u32,
-        result: io::Result<()>,
-        buf: AlignedBuf,
-    },
     Computed {
         token: u32,
         computed: Box<crate::offload::Computed>,
@@ -74,10 +43,6 @@ pub enum Done {
 }
 
 impl Done {
-    pub fn io(token: u32, result: io::Result<()>, buf: AlignedBuf) -> Done {
-        Done::Io { token, result, buf }
-    }
-
     pub fn computed(token: u32, c: crate::offload::Computed) -> Done {
         Done::Computed { token, computed: Box::new(c) }
     }
@@ -141,7 +106,7 @@ impl IoPool {
                     for mut job in rx {
                         let result = execute(&*job.backend, &job.op, &mut job.buf);
                         // The connection may be gone; then the buffer is simply freed.
-                        let _ = job.reply.send(Done::io(job.token, result, job.buf));
+                        let _ = job.reply.send(Completion { tag: job.token, result, buf: job.buf });
                     }
                 })
                 .expect("spawning an I/O worker");
@@ -154,13 +119,13 @@ impl IoPool {
             tokio::spawn(async move {
                 let mut job = job;
                 let result = execute(&*job.backend, &job.op, &mut job.buf);
-                let _ = job.reply.send(Done::io(job.token, result, job.buf));
+                let _ = job.reply.send(Completion { tag: job.token, result, buf: job.buf });
             });
             return;
         };
         if let Err(e) = tx.send(job) {
             let job = e.into_inner();
-            let _ = job.reply.send(Done::io(job.token, Err(io::Error::other("I/O pool stopped")), job.buf));
+            let _ = job.reply.send(Completion { tag: job.token, result: Err(io::Error::other("I/O pool stopped")), buf: job.buf });
         }
     }
 }

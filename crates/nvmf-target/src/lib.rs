@@ -12,6 +12,7 @@ pub mod admission;
 pub mod backend;
 pub mod cluster;
 pub mod config;
+pub mod dev;
 pub mod discovery;
 pub mod fabrics;
 pub mod io_cmd;
@@ -163,7 +164,14 @@ impl Target {
                     return Err(TargetError::Namespace { field, message: format!("{} is smaller than one block", backend.describe()) });
                 }
                 info!(subnqn = %s.nqn, nsid = n.nsid, "namespace on {}", backend.describe());
-                let ns = Namespace::new(&s.nqn, n.nsid, backend, n.block_size);
+                let mut ns = Namespace::new(&s.nqn, n.nsid, backend, n.block_size);
+                ns.dev = dev::stack(ns.dev, n.inject.as_ref().map(|i| i.rule(n.block_size)), n.delay_us);
+                let device_block = ns.dev.geometry().block_size;
+                if n.block_size % device_block != 0 {
+                    let message =
+                        format!("block_size {} is not a multiple of the {device_block}-byte blocks of {}", n.block_size, ns.dev.describe());
+                    return Err(TargetError::Namespace { field, message });
+                }
                 let reservations = match n.path.as_deref().and_then(|p| reservation_file(cfg.state_dir.as_deref(), p, &ns.nguid)) {
                     Some(f) => NsReservations::load(f).map_err(|message| TargetError::Namespace { field: field.clone(), message })?,
                     None => NsReservations::new(None),

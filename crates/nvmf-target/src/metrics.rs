@@ -249,7 +249,16 @@ mod tests {
     /// something and a `# TYPE`, as Prometheus' text format wants.
     #[test]
     fn every_metric_has_help_and_type() {
-        let ns = NamespaceConfig { nsid: 1, path: None, memory: Some(ByteSize(1 << 20)), size: None, block_size: 512, tag: None };
+        let ns = NamespaceConfig {
+            nsid: 1,
+            path: None,
+            memory: Some(ByteSize(1 << 20)),
+            size: None,
+            block_size: 512,
+            tag: None,
+            delay_us: 0,
+            inject: None,
+        };
         let cfg = Config::single("127.0.0.1:0".parse().unwrap(), None, "nqn.2026-11.io.nearstore:metrics", ns);
         let text = render(&Target::from_config(&cfg).unwrap());
         let (mut helped, mut typed) = (Vec::new(), Vec::new());

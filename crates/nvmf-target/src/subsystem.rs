@@ -15,6 +15,7 @@ use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
 use crate::backend::Backend;
+use crate::dev::{self, BlockDevice};
 use crate::io_pool::Done;
 use crate::limits;
 use crate::metrics::NsStats;
@@ -22,7 +23,11 @@ use crate::reservation::{Access, Effects, HostId, Reservations};
 
 pub struct Namespace {
     pub nsid: u32,
+    /// The synchronous storage, for the offload engine and shutdown flushes.
     pub backend: Arc<dyn Backend>,
+    /// The device stack every NVMe I/O command goes through: a [`dev::local::Local`] over
+    /// `backend`, under the devices the configuration stacks on it.
+    pub dev: Arc<dyn BlockDevice>,
     pub block_size: u32,
     pub lba_shift: u32,
     /// Capacity in logical blocks (NSZE).
@@ -43,6 +48,7 @@ impl Namespace {
         Namespace {
             nsid,
             blocks: backend.size() / block_size as u64,
+            dev: Arc::new(dev::local::Local::new(backend.clone())),
             backend,
             block_size,
             lba_shift: block_size.trailing_zeros(),

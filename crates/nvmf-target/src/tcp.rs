@@ -21,21 +21,20 @@ use nearstore_wire::sqe::sgl_id;
 use nearstore_wire::{Cqe, Sqe, Status};
 use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver, UnboundedSender};
 use tokio_util::sync::CancellationToken;
-use tracing::{debug, info, warn};
+use tracing::{debug, info};
 
 use crate::admin;
 use crate::admission::Ticket;
-use crate::config::IoEngine;
+use crate::dev::{Channel, Completion, Op};
 use crate::fabrics;
 use crate::io_cmd::{self, IoKind, IoPlan};
-use crate::io_pool::{self, Done, Job, Op};
+use crate::io_pool::Done;
 use crate::limits;
 use crate::log_limit::peer_warn;
 use crate::memory::Reservation;
 use crate::offload::TaskAbort;
 use crate::reply::Reply;
 use crate::subsystem::{AbortGuard, Controller, Namespace};
-use crate::uring::{self, Ring, Sub};
 use crate::{Port, Target};
 
 mod compute;
@@ -86,8 +85,8 @@ pub async fn serve<S: Stream>(stream: S, target: Arc<Target>, port: Arc<Port>, l
             queue: None,
             sqhd: 0,
             r2t: Slab::default(),
-            ring: RingState::NotYet,
-            reaped: Vec::new(),
+            chan: Channel::new(target.io_engine, target.pool.clone()),
+            completed: Vec::new(),
             inflight: Slab::default(),
             bufs: Vec::new(),
             data_bufs: 0,
@@ -198,7 +197,8 @@ struct H2C {
     aborted: bool,
 }
 
-/// A command running on the io_uring or the I/O pool.
+/// A command running on its namespace's device (the tag of its operation is its index),
+/// the offload engine, or a blocking thread.
 struct Inflight {
     cid: u16,
     ns: Arc<Namespace>,
@@ -206,9 +206,6 @@ struct Inflight {
     len: usize,
     lba: u64,
     start: Instant,
-    /// On the ring: the operation, its buffer (owned here until the completion is reaped)
-    /// and the bytes done so far (a short read or write is resubmitted for the rest).
-    ring: Option<RingIo>,
     /// Other hosts' Preempt and Abort waiting for this command (dropped with it).
     held: Vec<AbortGuard>,
     /// A compute command's task, which a Preempt and Abort stops.
@@ -217,15 +214,8 @@ struct Inflight {
 
 impl Inflight {
     fn new(cid: u16, ns: Arc<Namespace>, kind: IoKind, len: usize, lba: u64, start: Instant) -> Inflight {
-        Inflight { cid, ns, kind, len, lba, start, ring: None, held: Vec::new(), task: None }
+        Inflight { cid, ns, kind, len, lba, start, held: Vec::new(), task: None }
     }
-}
-
-struct RingIo {
-    op: Op,
-    fd: std::os::fd::RawFd,
-    buf: AlignedBuf,
-    done: usize,
 }
 
 struct Core {
@@ -241,11 +231,10 @@ struct Core {
     queue: Option<Queue>,
     sqhd: u16,
     r2t: Slab<H2C>,
-    /// Declared before `inflight`: dropping the ring waits for its entries, which point
-    /// into buffers that `inflight` owns.
-    ring: RingState,
-    /// Completions reaped from the ring, reused between batches.
-    reaped: Vec<(u64, i32)>,
+    /// This queue's I/O context: its devices' operations run and complete there.
+    chan: Channel,
+    /// Completions taken from `chan`, reused between polls.
+    completed: Vec<Completion>,
     inflight: Slab<Inflight>,
     bufs: Vec<AlignedBuf>,
     /// Data buffers allocated and alive: pooled in `bufs` or lent to a command.
@@ -263,13 +252,6 @@ struct Core {
 enum Flow {
     Continue,
     Close,
-}
-
-enum RingState {
-    NotYet,
-    Ready(Box<Ring>),
-    /// io_uring is unavailable here (kernel.io_uring_disabled, seccomp): use the pool.
-    Unavailable,
 }
 
 enum Polled {
@@ -297,7 +279,7 @@ impl<S: Stream> Conn<S> {
             if let Flow::Close = self.process_rx()? {
                 return Ok(());
             }
-            self.core.reap_ring();
+            self.core.poll_io();
             if self.core.queue.as_ref().is_some_and(|q| q.qid == 0) {
                 // Busy-polling may skip the select below, where events are otherwise noticed.
                 self.core.deliver_events();
@@ -316,7 +298,7 @@ impl<S: Stream> Conn<S> {
             // signal that announced them was consumed then and will not come again, so
             // waiting on it would hang the queue (seen with busy-polling off: a host
             // waiting for 8 reads whose completions sat in the ring). Take them now.
-            if self.core.tx.pending() <= limits::TX_PENDING_BYTES_MAX && self.core.ring_has_completions() {
+            if self.core.tx.pending() <= limits::TX_PENDING_BYTES_MAX && self.core.chan.has_completions() {
                 continue;
             }
             let mut interest = Interest::READABLE;
@@ -335,10 +317,7 @@ impl<S: Stream> Conn<S> {
             let events = self.core.queue.as_ref().filter(|q| q.qid == 0 && !self.core.aers.is_empty()).map(|q| q.ctrl.clone());
             // Completions are taken only while the send buffer has room for their responses.
             let room = self.core.tx.pending() <= limits::TX_PENDING_BYTES_MAX;
-            let ring = match &self.core.ring {
-                RingState::Ready(r) if r.in_flight() > 0 => Some(r.waker()),
-                _ => None,
-            };
+            let io_busy = self.core.chan.busy();
             let unbound = !self.bound;
             tokio::select! {
                 biased;
@@ -355,14 +334,14 @@ impl<S: Stream> Conn<S> {
                     if let Some(d) = d {
                         self.core.on_done(d);
                     }
-                    self.take_pool_completions();
+                    self.take_done();
                 }
                 _ = async { events.as_ref().expect("guarded").events.notified().await }, if events.is_some() => {
                     self.core.deliver_events();
                 }
-                r = async { uring::wait(ring.as_ref().expect("guarded")).await }, if ring.is_some() && room => {
+                r = self.core.chan.wait(), if io_busy && room => {
                     r?;
-                    self.core.reap_ring();
+                    self.core.poll_io();
                 }
                 r = self.stream.ready(interest) => {
                     let r = r?;
@@ -379,9 +358,9 @@ impl<S: Stream> Conn<S> {
         }
     }
 
-    /// Takes pool completions while the send buffer has room for their responses (the
-    /// ring's wait in the ring likewise). Returns how many.
-    fn take_pool_completions(&mut self) -> usize {
+    /// Takes finished compute commands and state writes while the send buffer has room for
+    /// their responses (device completions wait in the channel likewise). Returns how many.
+    fn take_done(&mut self) -> usize {
         let mut n = 0;
         while self.core.tx.pending() <= limits::TX_PENDING_BYTES_MAX {
             let Ok(d) = self.done_rx.try_recv() else { break };
@@ -418,7 +397,7 @@ impl<S: Stream> Conn<S> {
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
                 Err(e) => return Err(e.into()),
             }
-            if self.core.reap_ring() + self.take_pool_completions() > 0 {
+            if self.core.poll_io() + self.take_done() > 0 {
                 return Ok(Polled::Activity);
             }
             if self.cancel.is_cancelled() || Instant::now() >= until {
@@ -624,8 +603,7 @@ impl Core {
 
     /// Bytes of buffers this connection holds (see limits::connection_memory_max).
     fn buffer_bytes(&self, rx: &RxBuf) -> usize {
-        let ring = if let RingState::Ready(_) = self.ring { limits::RING_BYTES } else { 0 };
-        rx.capacity() + self.tx.buf.capacity() + self.data_bufs * limits::TRANSFER_BYTES_MAX + ring
+        rx.capacity() + self.tx.buf.capacity() + self.data_bufs * limits::TRANSFER_BYTES_MAX + self.chan.memory_bytes()
     }
 
     fn outstanding_limit(&self) -> usize {
@@ -934,12 +912,32 @@ impl Core {
         } else {
             (op, buf)
         };
-        // Reads and writes of a memory backend are bounded by MDTS and run here; write
-        // zeroes (up to 65536 blocks) and deallocate (256 ranges, each up to the whole
-        // namespace) are not: inline they held this network thread, and every connection
-        // on it, for seconds. They go to the pool.
-        if ns.backend.inline() && !op.unbounded() {
-            return self.execute_inline(&ctrl, &sqe, &ns, kind, op, data, buf, len, start);
+        // Reads and writes of a device that completes them at once (memory) run here:
+        // MDTS bounds them. Everything else, write zeroes and deallocate included (not
+        // bounded by MDTS), starts on the device and completes through the channel.
+        match op {
+            Op::Read { off } => {
+                if let Some(r) = self.read_now(&ns, off, len, cid) {
+                    match r {
+                        Ok(success) => self.finish_io(&ns, kind, len, start, cid, success),
+                        Err(e) => self.io_error(&ctrl, &ns, kind, lba, cid, e),
+                    }
+                    return Ok(());
+                }
+            }
+            Op::Write { off, fua } => {
+                if let Some(r) = ns.dev.write_now(buf.as_deref().unwrap_or(data), off, fua) {
+                    if let Some(b) = buf {
+                        self.put_buf(b);
+                    }
+                    match r {
+                        Ok(()) => self.finish_io(&ns, kind, len, start, cid, false),
+                        Err(e) => self.io_error(&ctrl, &ns, kind, lba, cid, e),
+                    }
+                    return Ok(());
+                }
+            }
+            _ => {}
         }
         if self.r2t.live + self.inflight.live >= self.outstanding_limit() {
             return Err(fatal(fes::PDU_SEQUENCE_ERROR, 0, "more commands outstanding than the queue size"));
@@ -958,192 +956,68 @@ impl Core {
                 b
             }
         };
-        // The ring only for what it runs and for backends with a descriptor: a ring made
-        // for a memory namespace's write zeroes was memory held for nothing (the
-        // simulation, whose runtime has no I/O driver, found it).
-        let on_ring = matches!(op, Op::Read { .. } | Op::Write { .. } | Op::Flush);
-        let fd = if on_ring { ns.backend.raw_fd() } else { None };
-        if let Some(fd) = fd.filter(|_| self.ring_ready()) {
-            let ring = Some(RingIo { op, fd, buf, done: 0 });
-            let token = self.inflight.insert(Inflight { ring, ..Inflight::new(cid, ns, kind, len, lba, start) });
-            self.push_ring(token);
-            return Ok(());
-        }
-        let token = self.inflight.insert(Inflight::new(cid, ns.clone(), kind, len, lba, start)) as u32;
-        self.target.pool.submit(Job { backend: ns.backend.clone(), op, buf, token, reply: self.done_tx.clone() });
+        let token = self.inflight.insert(Inflight::new(cid, ns.clone(), kind, len, lba, start));
+        ns.dev.submit(&mut self.chan, op, buf, token as u64);
         Ok(())
     }
 
-    /// True when completions wait in this connection's io_uring.
-    fn ring_has_completions(&mut self) -> bool {
-        match &mut self.ring {
-            RingState::Ready(r) => r.has_completions(),
-            _ => false,
-        }
-    }
-
-    /// True once this connection has an io_uring; makes one the first time.
-    fn ring_ready(&mut self) -> bool {
-        if let RingState::NotYet = self.ring {
-            if self.target.io_engine == IoEngine::Threads {
-                self.ring = RingState::Unavailable;
-                return false;
-            }
-            self.ring = match Ring::new(limits::QUEUE_DEPTH_MAX as u32) {
-                Ok(r) => RingState::Ready(Box::new(r)),
-                Err(e) => {
-                    // Once per connection: a host reconnecting in a loop would repeat it.
-                    peer_warn!(self.target.log_limit, self.peer.as_str(), "io_uring unavailable, file I/O goes to the worker pool", error = %e);
-                    RingState::Unavailable
-                }
-            };
-        }
-        matches!(self.ring, RingState::Ready(_))
-    }
-
-    /// Queues (the rest of) the in-flight command `token` on the ring.
-    fn push_ring(&mut self, token: usize) {
-        let (RingState::Ready(ring), Some(x)) = (&mut self.ring, self.inflight.get_mut(token)) else {
-            return;
-        };
-        let r = x.ring.as_mut().expect("a ring command");
-        let (fd, done) = (r.fd, r.done);
-        let rest = (r.buf.len() - done) as u32;
-        let sub = match r.op {
-            Op::Read { off } => Sub::Read { fd, buf: r.buf[done..].as_mut_ptr(), len: rest, off: off + done as u64 },
-            Op::Write { off, fua } => Sub::Write { fd, buf: r.buf[done..].as_ptr(), len: rest, off: off + done as u64, dsync: fua },
-            _ => Sub::Fdatasync { fd },
-        };
-        // SAFETY: the buffer is owned by the in-flight slot, which is removed only after
-        // this entry's completion is reaped (reap_ring), or after the ring has drained
-        // (the ring field is dropped before the slots).
-        if let Err(e) = unsafe { ring.push(sub, token as u64) } {
-            self.reaped.push((token as u64, -e.raw_os_error().unwrap_or(libc::EIO)));
-        }
-    }
-
-    /// Submits what the batch queued on the ring and handles every completion that has
-    /// arrived. Returns how many completed.
-    fn reap_ring(&mut self) -> usize {
-        let RingState::Ready(ring) = &mut self.ring else {
-            return 0;
-        };
-        if let Err(e) = ring.submit() {
-            warn!(peer = %self.peer, "io_uring submit: {e}");
-        }
+    /// Takes device completions while the send buffer has room for their responses (they
+    /// wait in the channel otherwise: this bounds the send buffer,
+    /// limits::connection_memory_max). Returns how many.
+    fn poll_io(&mut self) -> usize {
+        self.chan.submit();
         let mut n = 0;
-        // Completions wait in the ring while the host is slow to take responses: this
-        // bounds the send buffer (limits::connection_memory_max).
         while self.tx.pending() <= limits::TX_PENDING_BYTES_MAX {
-            let RingState::Ready(ring) = &mut self.ring else { break };
-            let reaped = &mut self.reaped;
-            if ring.reap(limits::REAP_BATCH, |token, res| reaped.push((token, res))) == 0 && self.reaped.is_empty() {
+            let mut done = std::mem::take(&mut self.completed);
+            let k = self.chan.poll(limits::REAP_BATCH, &mut done);
+            for c in done.drain(..) {
+                self.on_completion(c);
+            }
+            self.completed = done;
+            if k == 0 {
                 break;
             }
-            n += self.handle_reaped();
+            n += k;
         }
         n
     }
 
-    fn handle_reaped(&mut self) -> usize {
-        let mut n = 0;
-        while let Some((token, res)) = self.reaped.pop() {
-            let token = token as usize;
-            let Some(x) = self.inflight.get_mut(token) else { continue };
-            let r = x.ring.as_mut().expect("a ring command");
-            let result = match res {
-                e if e < 0 => Err(io::Error::from_raw_os_error(-e)),
-                0 if !matches!(r.op, Op::Flush) => Err(io::Error::new(io::ErrorKind::UnexpectedEof, "zero-length transfer")),
-                k => {
-                    r.done += k as usize;
-                    if r.done < r.buf.len() && !matches!(r.op, Op::Flush) {
-                        self.push_ring(token);
-                        continue;
-                    }
-                    Ok(())
-                }
-            };
-            let buf = x.ring.take().expect("a ring command").buf;
-            self.on_done(Done::io(token as u32, result, buf));
-            n += 1;
-        }
-        n
-    }
-
-    #[allow(clippy::too_many_arguments)]
-    fn execute_inline(
-        &mut self,
-        ctrl: &Controller,
-        sqe: &Sqe,
-        ns: &Arc<Namespace>,
-        kind: IoKind,
-        op: Op,
-        data: &[u8],
-        buf: Option<AlignedBuf>,
-        len: usize,
-        start: Instant,
-    ) -> Result<(), ConnError> {
-        let cid = sqe.cid();
-        let result = match (&op, &buf) {
-            (Op::Read { off }, _) => {
-                let success = self.success_flag();
-                let mark = self.tx.buf.len();
-                let dstart = self.begin_c2h(cid, len, success);
-                let direct = if len >= limits::WRITE_THROUGH_BYTES_MIN { self.send_direct(ns, *off, len) } else { None };
-                let r = direct.unwrap_or_else(|| {
-                    let r = ns.backend.read_append(&mut self.tx.buf, *off, len);
-                    if r.is_ok() {
-                        pdu::put_data_digest(&mut self.tx.buf, dstart, self.framing.ddgst);
-                    }
-                    r
-                });
-                match r {
-                    Ok(()) => {
-                        self.finish_io(ns, kind, len, start, cid, success);
-                        return Ok(());
-                    }
-                    Err(e) => {
-                        self.tx.buf.truncate(mark);
-                        Err(e)
-                    }
-                }
-            }
-            (Op::Write { off, fua }, None) => {
-                ns.backend.write_at(data, *off).and_then(|_| if *fua { ns.backend.flush_range(*off, data.len() as u64) } else { Ok(()) })
-            }
-            (_, Some(_)) | (_, None) => {
-                let mut b = buf.unwrap_or_else(|| {
-                    let mut b = self.take_buf();
-                    b.set_len(0);
-                    b
-                });
-                let r = io_pool::execute(&*ns.backend, &op, &mut b);
-                self.put_buf(b);
-                r
-            }
-        };
-        match result {
-            Ok(()) => self.finish_io(ns, kind, len, start, cid, false),
-            Err(e) => self.io_error(ctrl, ns, kind, sqe.slba(), cid, e),
-        }
-        Ok(())
-    }
-
-    /// Sends a read's data straight from a memory backend to the socket, after the
-    /// C2HData header already in the send buffer. None: the backend cannot lend its bytes.
-    fn send_direct(&mut self, ns: &Namespace, off: u64, len: usize) -> Option<io::Result<()>> {
+    /// A read from a device that completes at once: a C2HData header, then the data lent by
+    /// the device, copied into the send buffer or, from WRITE_THROUGH_BYTES_MIN on, sent
+    /// from the device's memory with one writev (no copy). None: the device cannot, and the
+    /// send buffer is as it was. Ok(true): the data carried the SUCCESS flag.
+    fn read_now(&mut self, ns: &Namespace, off: u64, len: usize, cid: u16) -> Option<io::Result<bool>> {
+        let success = self.success_flag();
+        let mark = self.tx.buf.len();
+        let dstart = self.begin_c2h(cid, len, success);
         let (tx, fd, ddgst) = (&mut self.tx, self.fd, self.framing.ddgst);
-        ns.backend.with_slices(off, len, &mut |slices| {
-            let mut parts: [&[u8]; 3] = [&[]; 3];
-            parts[..slices.len()].copy_from_slice(slices);
-            let crc = if ddgst { slices.iter().fold(0, |c, s| crc32c::crc32c_append(c, s)) } else { 0 }.to_le_bytes();
-            let mut n = slices.len();
-            if ddgst {
-                parts[n] = &crc;
-                n += 1;
+        let direct = len >= limits::WRITE_THROUGH_BYTES_MIN;
+        let r = ns.dev.read_now(off, len, &mut |slices| {
+            if !direct || slices.len() > 2 {
+                for s in slices {
+                    tx.buf.extend_from_slice(s);
+                }
+                pdu::put_data_digest(&mut tx.buf, dstart, ddgst);
+                return;
             }
-            tx.write_through(fd, &parts[..n]);
-        })
+            let mut parts: [&[u8]; 3] = [&[]; 3];
+            let n = slices.len();
+            parts[..n].copy_from_slice(slices);
+            let crc = if ddgst { slices.iter().fold(0, |c, s| crc32c::crc32c_append(c, s)) } else { 0 }.to_le_bytes();
+            let mut k = n;
+            if ddgst {
+                parts[k] = &crc;
+                k += 1;
+            }
+            tx.write_through(fd, &parts[..k]);
+        });
+        match r {
+            Some(Ok(())) => Some(Ok(success)),
+            other => {
+                self.tx.buf.truncate(mark);
+                other.map(|r| r.map(|()| success))
+            }
+        }
     }
 
     fn finish_io(&mut self, ns: &Namespace, kind: IoKind, len: usize, start: Instant, cid: u16, data_sent_with_success: bool) {
@@ -1178,18 +1052,24 @@ impl Core {
         self.complete(cid, status, 0, 0);
     }
 
-    /// A pool job finished.
+    /// A compute command or a state write finished.
     fn on_done(&mut self, d: Done) {
-        let (token, result, buf) = match d {
-            Done::Io { token, result, buf } => (token, result, buf),
-            Done::Computed { token, computed } => return self.on_computed(token, *computed),
-            Done::Persisted { token, result } => return self.on_persisted(token, result),
-            Done::Abort { nsid, guard } => return self.abort_commands(nsid, guard),
-        };
-        let Some(x) = self.inflight.remove(token as usize) else {
+        match d {
+            Done::Computed { token, computed } => self.on_computed(token, *computed),
+            Done::Persisted { token, result } => self.on_persisted(token, result),
+            Done::Abort { nsid, guard } => self.abort_commands(nsid, guard),
+        }
+    }
+
+    /// A device operation finished.
+    fn on_completion(&mut self, c: Completion) {
+        let Completion { tag, result, buf } = c;
+        let Some(x) = self.inflight.remove(tag as usize) else {
+            self.put_buf(buf);
             return;
         };
         let Some(ctrl) = self.queue.as_ref().map(|q| q.ctrl.clone()) else {
+            self.put_buf(buf);
             return;
         };
         match result {

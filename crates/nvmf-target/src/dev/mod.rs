@@ -1,0 +1,422 @@
+//! The block-device layer: what a namespace's I/O goes through.
+//!
+//! A [`BlockDevice`] declares its [`Geometry`] and starts operations on a [`Channel`], the
+//! I/O context of one queue (one connection task, as an SPDK io_channel belongs to one
+//! thread). An operation carries a caller-provided pooled [`AlignedBuf`] and a tag; its
+//! [`Completion`] brings both back. The connection loop submits a batch, then polls the
+//! channel without a syscall ([`Channel::poll`]) and parks on [`Channel::wait`] when
+//! nothing is ready; sequential users (one request at a time) await [`Channel::run`],
+//! built on the same two calls.
+//!
+//! Where an operation runs is the device's choice: [`local::Local`] completes memory reads
+//! and writes inline (and lends memory to the caller for the zero-copy send,
+//! [`BlockDevice::read_now`]), puts file and block-device I/O on the channel's io_uring,
+//! and hands what is not bounded by MDTS (write zeroes, deallocate) and everything under
+//! `io_engine = "threads"` to the worker pool. Devices stack: [`delay::Delay`] and
+//! [`inject::Inject`] claim the device below them and pass operations on.
+
+use std::collections::VecDeque;
+use std::io;
+use std::sync::Arc;
+use std::time::Instant;
+
+use nearstore_transport::AlignedBuf;
+use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver, UnboundedSender};
+use tracing::warn;
+
+use crate::backend::Backend;
+use crate::config::IoEngine;
+use crate::io_pool::{IoPool, Job};
+use crate::limits;
+use crate::uring::{self, Ring, Sub};
+
+pub mod delay;
+pub mod inject;
+pub mod local;
+
+/// What a device is, for the namespace above it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Geometry {
+    /// Capacity in bytes.
+    pub size: u64,
+    /// The smallest unit offsets and lengths must be multiples of, in bytes.
+    pub block_size: u32,
+    /// Alignment data buffers need, in bytes (pooled `AlignedBuf`s are page-aligned).
+    pub align: u32,
+    /// Operations the device takes at once on one channel before they queue.
+    pub queue_depth: u32,
+}
+
+/// One operation. The data of a write (and the packed ranges of a deallocate) is the
+/// buffer that goes with it; a read fills the buffer's `len()` bytes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Op {
+    Read {
+        off: u64,
+    },
+    Write {
+        off: u64,
+        fua: bool,
+    },
+    Flush,
+    WriteZeroes {
+        off: u64,
+        len: u64,
+        deallocate: bool,
+        fua: bool,
+    },
+    /// Deallocate every (offset, length) byte range packed in the buffer as u64 pairs.
+    Deallocate,
+}
+
+impl Op {
+    /// Work not bounded by the transfer size (MDTS): it never runs on a network thread.
+    pub fn unbounded(&self) -> bool {
+        matches!(self, Op::WriteZeroes { .. } | Op::Deallocate)
+    }
+}
+
+/// A finished operation: its tag, its result and its buffer back.
+pub struct Completion {
+    pub tag: u64,
+    pub result: io::Result<()>,
+    pub buf: AlignedBuf,
+}
+
+/// A block device: storage, or a device stacked on the ones it claims.
+pub trait BlockDevice: Send + Sync {
+    fn describe(&self) -> String;
+    fn geometry(&self) -> Geometry;
+    /// Starts `op` on `ch`; its completion comes back from [`Channel::poll`] with `tag` and
+    /// `buf`, exactly once, also when it fails.
+    fn submit(&self, ch: &mut Channel, op: Op, buf: AlignedBuf, tag: u64);
+    /// True when [`read_now`](Self::read_now) and [`write_now`](Self::write_now) answer for
+    /// every transfer up to MDTS (memory): reads and writes cost about a memcpy and
+    /// complete on the caller's task.
+    fn completes_now(&self) -> bool {
+        false
+    }
+    /// Reads `len` bytes at `off` at once, lending them to `f` as at most two slices (no
+    /// copy), when that costs about a memcpy. None: use [`submit`](Self::submit).
+    fn read_now(&self, off: u64, len: usize, f: &mut dyn FnMut(&[&[u8]])) -> Option<io::Result<()>> {
+        let _ = (off, len, f);
+        None
+    }
+    /// Writes `data` at `off` at once (durably with `fua`), when that costs about a memcpy.
+    /// None: use [`submit`](Self::submit).
+    fn write_now(&self, data: &[u8], off: u64, fua: bool) -> Option<io::Result<()>> {
+        let _ = (data, off, fua);
+        None
+    }
+}
+
+/// The device stack of a namespace from its configuration: the storage, then the
+/// error-injecting device, then the delaying one, each claiming the one below.
+pub fn stack(base: Arc<dyn BlockDevice>, inject: Option<inject::Rule>, delay_us: u64) -> Arc<dyn BlockDevice> {
+    let mut dev = base;
+    if let Some(rule) = inject {
+        dev = Arc::new(inject::Inject::new(dev, rule));
+    }
+    if delay_us > 0 {
+        dev = Arc::new(delay::Delay::new(dev, std::time::Duration::from_micros(delay_us)));
+    }
+    dev
+}
+
+enum RingState {
+    NotYet,
+    Ready(Box<Ring>),
+    /// io_uring is off (`io_engine = "threads"`) or unavailable here (kernel.io_uring_disabled,
+    /// seccomp): devices use the pool.
+    Unavailable,
+}
+
+/// An operation on the ring: its buffer is owned here until its completion is reaped, and
+/// a short transfer is resubmitted for the rest.
+struct RingOp {
+    op: Op,
+    fd: std::os::fd::RawFd,
+    buf: AlignedBuf,
+    done: usize,
+    tag: u64,
+}
+
+/// An operation a stacked device holds back until `at`, then starts on `dev`.
+struct Deferred {
+    at: Instant,
+    dev: Arc<dyn BlockDevice>,
+    op: Op,
+    buf: AlignedBuf,
+    tag: u64,
+}
+
+/// The I/O context of one queue: its io_uring (made at the first file operation), the
+/// completions of operations that finished at once, the reply channel of the worker pool
+/// and of any other completer, and the operations stacked devices hold back.
+pub struct Channel {
+    /// Declared before `ring_ops`: dropping the ring waits for its entries, which point
+    /// into buffers that `ring_ops` owns.
+    ring: RingState,
+    ring_ops: slab::Slab<RingOp>,
+    /// Ring completions reaped, reused between polls.
+    reaped: Vec<(u64, i32)>,
+    ready: VecDeque<Completion>,
+    tx: UnboundedSender<Completion>,
+    rx: UnboundedReceiver<Completion>,
+    /// Sorted by `at`.
+    deferred: VecDeque<Deferred>,
+    engine: IoEngine,
+    pool: IoPool,
+    /// Submitted and not yet returned by `poll`.
+    outstanding: usize,
+}
+
+impl Channel {
+    pub fn new(engine: IoEngine, pool: IoPool) -> Channel {
+        let (tx, rx) = unbounded_channel();
+        Channel {
+            ring: RingState::NotYet,
+            ring_ops: slab::Slab::new(),
+            reaped: Vec::new(),
+            ready: VecDeque::new(),
+            tx,
+            rx,
+            deferred: VecDeque::new(),
+            engine,
+            pool,
+            outstanding: 0,
+        }
+    }
+
+    /// True while operations are started or held back whose completions `poll` has not
+    /// returned yet: then [`wait`](Self::wait) has something to wait for.
+    pub fn busy(&self) -> bool {
+        self.outstanding > 0 || !self.deferred.is_empty()
+    }
+
+    /// Bytes this channel holds besides the operations' buffers: its io_uring.
+    pub fn memory_bytes(&self) -> usize {
+        if let RingState::Ready(_) = self.ring {
+            limits::RING_BYTES
+        } else {
+            0
+        }
+    }
+
+    // For devices.
+
+    /// Completes an operation that finished (or failed) at once.
+    pub fn complete(&mut self, tag: u64, result: io::Result<()>, buf: AlignedBuf) {
+        self.outstanding += 1;
+        self.ready.push_back(Completion { tag, result, buf });
+    }
+
+    /// A sender for completers off this task (worker threads, other tasks): each
+    /// operation started through it must send exactly one completion, and is counted
+    /// as started by [`started_elsewhere`](Self::started_elsewhere).
+    pub fn sender(&self) -> UnboundedSender<Completion> {
+        self.tx.clone()
+    }
+
+    /// Counts an operation whose completion will come through [`sender`](Self::sender).
+    pub fn started_elsewhere(&mut self) {
+        self.outstanding += 1;
+    }
+
+    /// Runs `op` on the worker pool, synchronously on `backend`.
+    pub fn pool(&mut self, backend: Arc<dyn Backend>, op: Op, buf: AlignedBuf, tag: u64) {
+        self.outstanding += 1;
+        self.pool.submit(Job { backend, op, buf, token: tag, reply: self.tx.clone() });
+    }
+
+    /// Queues a read, write or flush of `fd` on this queue's io_uring. Gives the operation
+    /// back when there is no ring (`io_engine = "threads"`, or io_uring unavailable).
+    pub fn ring(&mut self, fd: std::os::fd::RawFd, op: Op, buf: AlignedBuf, tag: u64) -> Result<(), (Op, AlignedBuf)> {
+        if !matches!(op, Op::Read { .. } | Op::Write { .. } | Op::Flush) || !self.ring_ready() {
+            return Err((op, buf));
+        }
+        self.outstanding += 1;
+        let slot = self.ring_ops.insert(RingOp { op, fd, buf, done: 0, tag });
+        self.push_ring(slot);
+        Ok(())
+    }
+
+    /// Starts `op` on `dev` once `at` has passed.
+    pub fn defer(&mut self, at: Instant, dev: Arc<dyn BlockDevice>, op: Op, buf: AlignedBuf, tag: u64) {
+        let i = self.deferred.partition_point(|d| d.at <= at);
+        self.deferred.insert(i, Deferred { at, dev, op, buf, tag });
+    }
+
+    // For the queue.
+
+    /// Starts the held-back operations that are due and hands the ring's queued entries
+    /// to the kernel (one syscall for a batch; none when nothing is queued).
+    pub fn submit(&mut self) {
+        self.start_due();
+        if let RingState::Ready(ring) = &mut self.ring {
+            if let Err(e) = ring.submit() {
+                warn!("io_uring submit: {e}");
+            }
+        }
+    }
+
+    /// Submits ([`submit`](Self::submit)) and moves up to `max` completions into `out`;
+    /// no syscall besides the ring's submit. Returns how many.
+    pub fn poll(&mut self, max: usize, out: &mut Vec<Completion>) -> usize {
+        self.submit();
+        let mut n = 0;
+        while n < max {
+            let Some(c) = self.ready.pop_front() else { break };
+            out.push(c);
+            n += 1;
+        }
+        n += self.reap_ring(max - n, out);
+        while n < max {
+            let Ok(c) = self.rx.try_recv() else { break };
+            out.push(c);
+            n += 1;
+        }
+        self.outstanding -= n;
+        n
+    }
+
+    /// True when `poll` would return a completion now: the ring's wake-up may already
+    /// have been consumed by a wait while the caller could not take them.
+    pub fn has_completions(&mut self) -> bool {
+        let ring = match &mut self.ring {
+            RingState::Ready(r) => r.has_completions(),
+            _ => false,
+        };
+        ring || !self.ready.is_empty() || !self.rx.is_empty() || self.deferred.front().is_some_and(|d| d.at <= Instant::now())
+    }
+
+    /// Resolves when a completion may be ready (the ring's eventfd, a completion sent
+    /// from elsewhere, a deferred operation due). Cancel-safe.
+    pub async fn wait(&mut self) -> io::Result<()> {
+        if !self.ready.is_empty() {
+            return Ok(());
+        }
+        let ring = match &self.ring {
+            RingState::Ready(r) if r.in_flight() > 0 => Some(r.waker()),
+            _ => None,
+        };
+        let due = self.deferred.front().map(|d| tokio::time::Instant::from_std(d.at));
+        tokio::select! {
+            r = async { uring::wait(ring.as_ref().expect("guarded")).await }, if ring.is_some() => r,
+            c = self.rx.recv() => {
+                // The channel holds its own sender, so recv never ends.
+                if let Some(c) = c {
+                    self.ready.push_back(c);
+                }
+                Ok(())
+            }
+            _ = tokio::time::sleep_until(due.unwrap_or_else(tokio::time::Instant::now)), if due.is_some() => Ok(()),
+        }
+    }
+
+    /// Runs one operation and waits for it: the completion by future, for users with one
+    /// operation at a time on this channel (an operation already outstanding fails it).
+    pub async fn run(&mut self, dev: &dyn BlockDevice, op: Op, buf: AlignedBuf) -> Completion {
+        const TAG: u64 = u64::MAX;
+        if self.busy() {
+            return Completion { tag: TAG, result: Err(io::Error::other("channel busy: run takes one operation at a time")), buf };
+        }
+        dev.submit(self, op, buf, TAG);
+        let mut out = Vec::with_capacity(1);
+        loop {
+            if self.poll(1, &mut out) > 0 {
+                if let Some(c) = out.pop() {
+                    return c;
+                }
+            }
+            if let Err(e) = self.wait().await {
+                warn!("waiting for a device completion: {e}");
+            }
+        }
+    }
+
+    fn start_due(&mut self) {
+        while self.deferred.front().is_some_and(|d| d.at <= Instant::now()) {
+            let d = self.deferred.pop_front().expect("checked");
+            d.dev.submit(self, d.op, d.buf, d.tag);
+        }
+    }
+
+    /// True once this channel has an io_uring; makes one the first time.
+    fn ring_ready(&mut self) -> bool {
+        if let RingState::NotYet = self.ring {
+            if self.engine == IoEngine::Threads {
+                self.ring = RingState::Unavailable;
+                return false;
+            }
+            self.ring = match Ring::new(limits::QUEUE_DEPTH_MAX as u32) {
+                Ok(r) => RingState::Ready(Box::new(r)),
+                Err(e) => {
+                    // Once per process: it is the machine's setting, and a host reconnecting
+                    // in a loop would repeat it.
+                    static WARNED: std::sync::Once = std::sync::Once::new();
+                    WARNED.call_once(|| warn!("io_uring unavailable, file I/O goes to the worker pool: {e}"));
+                    RingState::Unavailable
+                }
+            };
+        }
+        matches!(self.ring, RingState::Ready(_))
+    }
+
+    /// Queues (the rest of) the ring operation in `slot`.
+    fn push_ring(&mut self, slot: usize) {
+        let (RingState::Ready(ring), Some(r)) = (&mut self.ring, self.ring_ops.get_mut(slot)) else {
+            return;
+        };
+        let (fd, done) = (r.fd, r.done);
+        let rest = (r.buf.len() - done) as u32;
+        let sub = match r.op {
+            Op::Read { off } => Sub::Read { fd, buf: r.buf[done..].as_mut_ptr(), len: rest, off: off + done as u64 },
+            Op::Write { off, fua } => Sub::Write { fd, buf: r.buf[done..].as_ptr(), len: rest, off: off + done as u64, dsync: fua },
+            _ => Sub::Fdatasync { fd },
+        };
+        // SAFETY: the buffer is owned by the slot, which is removed only after this entry's
+        // completion is reaped (reap_ring), or after the ring has drained (the ring field is
+        // dropped before the slots).
+        if let Err(e) = unsafe { ring.push(sub, slot as u64) } {
+            self.reaped.push((slot as u64, -e.raw_os_error().unwrap_or(libc::EIO)));
+        }
+    }
+
+    /// Moves up to `max` finished ring operations into `out`.
+    fn reap_ring(&mut self, max: usize, out: &mut Vec<Completion>) -> usize {
+        let mut n = 0;
+        while n < max {
+            if self.reaped.is_empty() {
+                let RingState::Ready(ring) = &mut self.ring else { break };
+                let reaped = &mut self.reaped;
+                if ring.reap(max - n, |slot, res| reaped.push((slot, res))) == 0 {
+                    break;
+                }
+            }
+            while let Some((slot, res)) = self.reaped.pop() {
+                let slot = slot as usize;
+                let Some(r) = self.ring_ops.get_mut(slot) else { continue };
+                let result = match res {
+                    e if e < 0 => Err(io::Error::from_raw_os_error(-e)),
+                    0 if !matches!(r.op, Op::Flush) => Err(io::Error::new(io::ErrorKind::UnexpectedEof, "zero-length transfer")),
+                    k => {
+                        r.done += k as usize;
+                        if r.done < r.buf.len() && !matches!(r.op, Op::Flush) {
+                            self.push_ring(slot);
+                            continue;
+                        }
+                        Ok(())
+                    }
+                };
+                let r = self.ring_ops.remove(slot);
+                out.push(Completion { tag: r.tag, result, buf: r.buf });
+                n += 1;
+            }
+        }
+        n
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,101 @@
+//! Device stacks under namespaces, seen from a host: a failing device gives the NVMe status
+//! and the error log entry the specification defines, on both I/O engines.
+
+mod common;
+
+use nearstore_initiator::{ConnectOptions, Controller, Data};
+use nearstore_target::config::Config;
+use nearstore_target::Target;
+use nearstore_wire::log::ErrorEntry;
+use nearstore_wire::opcode::{io, lid};
+use nearstore_wire::{Sqe, Status};
+
+const NQN: &str = "nqn.2026-11.io.nearstore:devices";
+const BLOCK: u64 = 4096;
+
+/// A target whose namespaces fail every operation touching LBAs [16, 32): memory (1), a
+/// file (2), and a file under a delay (3).
+async fn start(engine: &str, dir: &tempfile::TempDir) -> (std::sync::Arc<Target>, Controller) {
+    common::init_logs();
+    let inject = "[subsystem.namespace.inject]\nlbas = [16, 32]";
+    let cfg = format!(
+        r#"
+        io_engine = "{engine}"
+        [[listener]]
+        address = "127.0.0.1:0"
+        [[subsystem]]
+        nqn = "{NQN}"
+        allow_any_host = true
+        [[subsystem.namespace]]
+        nsid = 1
+        memory = "4MiB"
+        block_size = {BLOCK}
+        {inject}
+        [[subsystem.namespace]]
+        nsid = 2
+        path = "{d}/a.img"
+        size = "4MiB"
+        block_size = {BLOCK}
+        {inject}
+        [[subsystem.namespace]]
+        nsid = 3
+        path = "{d}/b.img"
+        size = "4MiB"
+        block_size = {BLOCK}
+        delay_us = 500
+        {inject}
+        "#,
+        d = dir.path().display()
+    );
+    let target = Target::from_config(&Config::from_toml(&cfg).unwrap()).unwrap();
+    let addr = target.listen("127.0.0.1:0".parse().unwrap(), false).await.unwrap();
+    let c = Controller::connect(ConnectOptions::new(addr, NQN)).await.unwrap();
+    (target, c)
+}
+
+#[tokio::test]
+async fn a_failed_read_or_write_reaches_the_host_and_the_error_log() {
+    // (what, opcode, slba, blocks, status)
+    let cases: &[(&str, u8, u64, u32, Status)] = &[
+        ("read inside", io::READ, 16, 1, Status::UNRECOVERED_READ_ERROR),
+        ("read across the start", io::READ, 12, 8, Status::UNRECOVERED_READ_ERROR),
+        ("large read across the end", io::READ, 31, 32, Status::UNRECOVERED_READ_ERROR),
+        ("read before", io::READ, 0, 16, Status::SUCCESS),
+        ("read after", io::READ, 32, 32, Status::SUCCESS),
+        ("in-capsule write inside", io::WRITE, 20, 1, Status::WRITE_FAULT),
+        ("large write (R2T) across the start", io::WRITE, 0, 17, Status::WRITE_FAULT),
+        ("write after", io::WRITE, 32, 2, Status::SUCCESS),
+    ];
+    for engine in ["uring", "threads"] {
+        let dir = tempfile::tempdir().unwrap();
+        let (_target, c) = start(engine, &dir).await;
+        let mut ioq = c.io_queue(1).await.unwrap();
+        let mut errors = 0;
+        for nsid in 1..=3u32 {
+            for &(what, opcode, slba, blocks, want) in cases {
+                let what = format!("{engine}, nsid {nsid}, {what}");
+                let len = blocks as usize * BLOCK as usize;
+                let data = vec![0x5a; len];
+                let sqe = Sqe::rw(opcode, nsid, slba, blocks, false);
+                let d = if opcode == io::READ { Data::In(len) } else { Data::Out(&data) };
+                let q = ioq.queue();
+                let cid = q.submit(sqe, d, 0).unwrap_or_else(|e| panic!("{what}: {e}"));
+                let cqe = q.wait(cid, |_, _, _| {}).await.unwrap();
+                assert_eq!((cqe.status.sct, cqe.status.sc), (want.sct, want.sc), "{what}: got {}", cqe.status);
+                if want.is_success() {
+                    continue;
+                }
+                assert!(!cqe.status.dnr, "{what}: a media error may succeed when retried");
+                errors += 1;
+                let log = c.get_log(lid::ERROR_INFORMATION, 0, 64, 0).await.unwrap();
+                let e = ErrorEntry::decode(&log);
+                assert_eq!(Status::from_field(e.status), want, "{what}: error log status");
+                assert_eq!((e.sqid, e.cid, e.nsid, e.lba), (1, cid, nsid, slba), "{what}: error log entry names the command");
+                assert!(e.error_count >= errors, "{what}: error count {} after {errors} failures", e.error_count);
+            }
+        }
+        // The queue still serves outside the failing range.
+        let back = ioq.read(1, 40, 1, BLOCK as u32).await.unwrap();
+        assert_eq!(back.len(), BLOCK as usize);
+    }
+}
