@@ -17,15 +17,23 @@ use tokio_util::sync::CancellationToken;
 
 use crate::disk::SimDisk;
 use crate::model::{block_bytes, Kind, Model};
-use crate::net::SimStream;
+use crate::net::{Link, SimStream};
 use crate::trace::Trace;
 
-/// How long a command may take before its completion counts as lost: far above the
-/// longest stall the network simulates.
+/// How long a queue may wait for a completion while its connection moves no byte before
+/// the completion counts as lost: far above the longest stall the network simulates. (A
+/// slow connection may take longer than this for a command, moving bytes all along.)
 pub const COMMAND_TIMEOUT: Duration = Duration::from_secs(30);
 
-/// Blocks one command moves at most.
-const COMMAND_BLOCKS_MAX: u64 = 8;
+/// Bytes one command moves at most: 4 KiB of 512-byte blocks, and with 4 KiB blocks
+/// 128 KiB, so that a write's data takes two H2CData PDUs (MAXH2CDATA is 64 KiB).
+pub fn command_blocks_max(block_size: usize) -> u64 {
+    if block_size >= 4096 {
+        32
+    } else {
+        8
+    }
+}
 
 /// The namespace the simulation drives.
 pub const NSID: u32 = 1;
@@ -60,6 +68,7 @@ pub enum Work {
 pub struct Worker {
     pub queue: u32,
     pub q: Queue,
+    pub link: Arc<Link>,
     pub depth: usize,
     pub work: Work,
     pub rng: XorShiftRng,
@@ -92,9 +101,10 @@ impl Worker {
         let mut inflight = BTreeSet::new();
         let mut left = match self.work {
             Work::Workload { ops } => ops as u64,
-            Work::ReadAll { .. } => self.model.lock().blocks().div_ceil(COMMAND_BLOCKS_MAX),
+            Work::ReadAll { .. } => self.model.lock().blocks().div_ceil(command_blocks_max(self.block_size)),
         };
         let mut next_lba = 0;
+        let mut moved = self.link.moved();
         loop {
             while left > 0 && inflight.len() < self.depth && !self.drain.is_cancelled() {
                 left -= 1;
@@ -103,7 +113,7 @@ impl Worker {
                     Work::ReadAll { after_crash } => {
                         let blocks = self.model.lock().blocks();
                         let slba = next_lba;
-                        let nlb = COMMAND_BLOCKS_MAX.min(blocks - slba) as u32;
+                        let nlb = command_blocks_max(self.block_size).min(blocks - slba) as u32;
                         next_lba += nlb as u64;
                         (if after_crash { Kind::Verify } else { Kind::Read }, slba, nlb)
                     }
@@ -131,12 +141,14 @@ impl Worker {
             }
             let end = match polled {
                 None => Ended::Stopped,
-                Some(Err(_)) => {
-                    return Ended::Failed(format!(
-                        "lost completion: queue {} has ops {inflight:?} outstanding and no completion for {COMMAND_TIMEOUT:?}",
-                        self.queue
-                    ))
+                Some(Err(_)) if self.link.moved() != moved => {
+                    moved = self.link.moved();
+                    continue;
                 }
+                Some(Err(_)) => return Ended::Failed(format!(
+                    "lost completion: queue {} has ops {inflight:?} outstanding, no completion and no byte moved for {COMMAND_TIMEOUT:?}",
+                    self.queue
+                )),
                 Some(Ok(Ok(_))) => continue,
                 Some(Ok(Err(e @ (Error::Protocol(_) | Error::Terminated { .. })))) => {
                     return Ended::Failed(format!("queue {}: the target broke the protocol: {e}", self.queue))
@@ -154,8 +166,9 @@ impl Worker {
     /// A seeded command: its kind and block range.
     fn pick(&mut self) -> (Kind, u64, u32) {
         let blocks = self.model.lock().blocks();
+        let most = command_blocks_max(self.block_size);
         let slba = self.rng.random_range(0..blocks);
-        let nlb = self.rng.random_range(1..=COMMAND_BLOCKS_MAX.min(blocks - slba)) as u32;
+        let nlb = self.rng.random_range(1..=most.min(blocks - slba)) as u32;
         let kind = match self.rng.random_range(0..100) {
             0..40 => Kind::Read,
             40..72 => Kind::Write { fua: self.rng.random_bool(0.25) },
@@ -165,7 +178,7 @@ impl Worker {
                 let mut ranges = vec![(slba, nlb)];
                 if self.rng.random_bool(0.5) {
                     let s = self.rng.random_range(0..blocks);
-                    ranges.push((s, self.rng.random_range(1..=COMMAND_BLOCKS_MAX.min(blocks - s)) as u32));
+                    ranges.push((s, self.rng.random_range(1..=most.min(blocks - s)) as u32));
                 }
                 Kind::Deallocate(ranges)
             }

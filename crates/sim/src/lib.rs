@@ -44,7 +44,6 @@ pub use crate::host::COMMAND_TIMEOUT;
 
 const NQN: &str = "nqn.2026-11.io.nearstore:sim";
 const HOSTNQN: &str = "nqn.2014-08.org.nvmexpress:uuid:5e5e5e5e-0000-4000-8000-000000000001";
-const BLOCK_SIZE: usize = 512;
 /// How long the target may take to close a connection the host closed or that was reset.
 const CLOSE_TIMEOUT: Duration = Duration::from_secs(60);
 /// Sessions at most per run: each ends in a fault or with its share of the workload done.
@@ -55,7 +54,8 @@ const SESSIONS_MAX: u32 = 64;
 pub struct Options {
     /// Commands of the workload, over all sessions.
     pub ops: u32,
-    /// Blocks of the namespace (512 bytes each): few, so that commands overlap.
+    /// Blocks of the namespace: few, so that commands overlap. The seed chooses their size:
+    /// 512 bytes, or 4 KiB in a quarter of the runs.
     pub blocks: u64,
     /// Keep every trace line (for a replay), not only the last ones.
     pub keep_trace: bool,
@@ -173,6 +173,7 @@ struct Sim {
     trace: Trace,
     model: Arc<Mutex<Model>>,
     cfg: Config,
+    block_size: usize,
     net: NetProfile,
     disk_profile: DiskProfile,
     disk: Arc<SimDisk>,
@@ -191,10 +192,10 @@ struct Sim {
     start: tokio::time::Instant,
 }
 
-fn start_target(cfg: &Config, disk: Arc<SimDisk>) -> Arc<Target> {
+fn start_target(cfg: &Config, disk: Arc<SimDisk>, block_size: usize) -> Arc<Target> {
     let target = Target::with_io_pool(cfg, 64, 1024, IoPool::on_runtime());
     let sub = Subsystem::new(NQN, None, None, true, &[]);
-    sub.add_namespace(Namespace::new(NQN, NSID, disk, BLOCK_SIZE as u32)).expect("a namespace in an empty subsystem");
+    sub.add_namespace(Namespace::new(NQN, NSID, disk, block_size as u32)).expect("a namespace in an empty subsystem");
     target.add_subsystem(sub);
     target
 }
@@ -204,12 +205,15 @@ impl Sim {
         let mut rng = XorShiftRng::seed_from_u64(seed);
         let trace = Trace::new(opts.keep_trace);
         // Quiet runs and rough ones: most seeds have some faults, a few none.
+        let block_size = if rng.random_range(0..4) == 0 { 4096 } else { 512 };
         let net = NetProfile {
             delay_us_max: [0, 50, 1000, 20_000][rng.random_range(0..4)],
             stall_per_mille: [0, 0, 5, 50][rng.random_range(0..4)],
             stall_ms_max: rng.random_range(1..=2000),
             short_io: rng.random_bool(0.5),
-            window_bytes: [300, 4096, 65536, 1 << 20][rng.random_range(0..4)],
+            // A window far below a command's data only makes a run long: not below 300
+            // bytes with 4 KiB of data per command, nor 4 KiB with 128 KiB.
+            window_bytes: [300, 4096, 65536, 1 << 20][rng.random_range(usize::from(block_size == 4096)..4)],
         };
         let disk_profile = DiskProfile { error_per_mille: [0, 0, 5, 30][rng.random_range(0..4)] };
         let cut_percent = [0, 20, 50][rng.random_range(0..3)];
@@ -219,11 +223,13 @@ impl Sim {
         // depend on the machine.
         let toml = "busy_poll_us = 0\n[limits]\nmemory = \"1GiB\"\n[[listener]]\naddress = \"127.0.0.1:4420\"\n";
         let cfg = Config::from_toml(toml).expect("a valid configuration");
-        let model = Model::new(opts.blocks, BLOCK_SIZE);
-        let medium = vec![vec![0u8; BLOCK_SIZE]; opts.blocks as usize];
-        let disk = SimDisk::new(medium, BLOCK_SIZE as u64, rng.random(), disk_profile.clone(), opts.disk_bug, trace.clone());
-        let target = start_target(&cfg, disk.clone());
-        trace.event(format_args!("seed {seed}: {net:?}, {disk_profile:?}, cuts {cut_percent}%, crashes {crash_percent}%"));
+        let model = Model::new(opts.blocks, block_size);
+        let medium = vec![vec![0u8; block_size]; opts.blocks as usize];
+        let disk = SimDisk::new(medium, block_size as u64, rng.random(), disk_profile.clone(), opts.disk_bug, trace.clone());
+        let target = start_target(&cfg, disk.clone(), block_size);
+        trace.event(format_args!(
+            "seed {seed}: {block_size}-byte blocks, {net:?}, {disk_profile:?}, cuts {cut_percent}%, crashes {crash_percent}%"
+        ));
         Sim {
             seed,
             opts,
@@ -231,6 +237,7 @@ impl Sim {
             trace,
             model: Arc::new(Mutex::new(model)),
             cfg,
+            block_size,
             net,
             disk_profile,
             disk,
@@ -288,24 +295,30 @@ impl Sim {
     /// The target restarts on what its disk kept.
     fn restart(&mut self) {
         let medium = self.medium.take().expect("restarted after a crash");
-        self.disk =
-            SimDisk::new(medium, BLOCK_SIZE as u64, self.rng.random(), self.disk_profile.clone(), self.opts.disk_bug, self.trace.clone());
-        self.target = start_target(&self.cfg, self.disk.clone());
+        self.disk = SimDisk::new(
+            medium,
+            self.block_size as u64,
+            self.rng.random(),
+            self.disk_profile.clone(),
+            self.opts.disk_bug,
+            self.trace.clone(),
+        );
+        self.target = start_target(&self.cfg, self.disk.clone(), self.block_size);
         self.trace.event(format_args!("target restarted"));
     }
 
     /// Opens a queue: a new link, the target serving its end, ICReq and Connect.
-    async fn open(&mut self, qid: u16, cntlid: u16, shape: &Shape) -> Result<(Queue, u16), String> {
+    async fn open(&mut self, qid: u16, cntlid: u16, shape: &Shape) -> Result<(Queue, u16, Arc<Link>), String> {
         let id = self.next_link;
         self.next_link += 1;
         let (link, host, tgt) = Link::pair(id, self.rng.random(), self.net.clone(), self.opts.reply_bug, self.trace.clone());
-        self.links.push(link);
+        self.links.push(link.clone());
         self.serving.push(self.target.serve_stream(tgt, false));
         let qo = QueueOptions {
             hdgst: shape.hdgst,
             ddgst: shape.ddgst,
             depth: shape.depth,
-            max_transfer: 64 * 1024,
+            max_transfer: 128 * 1024,
             in_capsule_max: shape.in_capsule_max,
             busy_poll: Duration::ZERO,
         };
@@ -320,7 +333,7 @@ impl Sim {
         let cattr = if shape.sqflow_disabled { connect::CATTR_DISABLE_SQFLOW as u32 } else { 0 };
         s.set_cdw(11, (shape.depth as u32 - 1) | (cattr << 16));
         let cqe = command(&mut q, s, Data::Out(&data), &format!("Connect queue {qid}")).await?;
-        Ok((q, cqe.dw0 as u16))
+        Ok((q, cqe.dw0 as u16, link))
     }
 
     /// Connects a controller, runs `work` on its I/O queues with this session's faults,
@@ -351,7 +364,7 @@ impl Sim {
         let drain = CancellationToken::new();
         let mut workers = JoinSet::new();
         for n in 1..=shape.queues {
-            let (q, _) = self.open(n as u16, cntlid, &shape).await?;
+            let (q, _, link) = self.open(n as u16, cntlid, &shape).await?;
             let w = match work {
                 Work::Workload { ops } => Work::Workload { ops: ops / shape.queues + u32::from(n <= ops % shape.queues) },
                 w => w,
@@ -359,13 +372,14 @@ impl Sim {
             let worker = Worker {
                 queue: n,
                 q,
+                link,
                 depth: shape.depth as usize,
                 work: w,
                 rng: XorShiftRng::seed_from_u64(self.rng.random()),
                 write_through,
                 model: self.model.clone(),
                 disk: self.disk.clone(),
-                block_size: BLOCK_SIZE,
+                block_size: self.block_size,
                 cancel: cancel.clone(),
                 drain: drain.clone(),
                 trace: self.trace.clone(),
@@ -489,7 +503,7 @@ impl Sim {
 
     /// A controller enabled over a new admin queue.
     async fn enabled_admin(&mut self, shape: &Shape) -> Result<(Queue, u16), String> {
-        let (mut admin, cntlid) = self.open(0, 0xffff, shape).await?;
+        let (mut admin, cntlid, _) = self.open(0, 0xffff, shape).await?;
         command(&mut admin, prop_set(prop::CC, cc::LINUX_ENABLE), Data::None, "Property Set CC.EN").await?;
         loop {
             let c = command(&mut admin, prop_get(prop::CSTS, false), Data::None, "Property Get CSTS").await?;
@@ -549,9 +563,9 @@ mod tests {
             let got = rt.block_on(async {
                 let mut sim = Sim::new(0, Options::default());
                 sim.net = NetProfile { delay_us_max: 0, stall_per_mille: 0, stall_ms_max: 1, short_io: false, window_bytes: 1 << 20 };
-                let medium = vec![vec![0u8; BLOCK_SIZE]; 8];
-                sim.disk = SimDisk::new(medium, BLOCK_SIZE as u64, 1, DiskProfile { error_per_mille }, None, sim.trace.clone());
-                sim.target = start_target(&sim.cfg, sim.disk.clone());
+                let medium = vec![vec![0u8; 512]; 8];
+                sim.disk = SimDisk::new(medium, 512, 1, DiskProfile { error_per_mille }, None, sim.trace.clone());
+                sim.target = start_target(&sim.cfg, sim.disk.clone(), 512);
                 let shape = Shape { queues: 0, depth: 4, hdgst: false, ddgst: false, in_capsule_max: 0, sqflow_disabled: false };
                 let (mut admin, _) = sim.enabled_admin(&shape).await.expect("an enabled controller");
                 shutdown_status(&mut admin).await.expect("CSTS")

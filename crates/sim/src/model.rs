@@ -100,6 +100,11 @@ pub struct Model {
     alarm_at: Option<Clock>,
 }
 
+/// The 8-byte word `i` of the pattern after a block's header.
+fn pattern(value: Value, lba: u64, i: usize) -> u64 {
+    (value ^ lba.rotate_left(32)).wrapping_mul(0x9e37_79b9_7f4a_7c15).wrapping_add(i as u64)
+}
+
 /// The bytes a write puts in a block: its number, the LBA, then a pattern of both.
 pub fn block_bytes(value: Value, lba: u64, block_size: usize) -> Vec<u8> {
     let mut b = vec![0u8; block_size];
@@ -108,23 +113,26 @@ pub fn block_bytes(value: Value, lba: u64, block_size: usize) -> Vec<u8> {
     }
     b[..8].copy_from_slice(&value.to_le_bytes());
     b[8..16].copy_from_slice(&lba.to_le_bytes());
-    for (i, x) in b[16..].iter_mut().enumerate() {
-        *x = (value as usize).wrapping_mul(31).wrapping_add(lba as usize * 7).wrapping_add(i) as u8;
+    for (i, w) in b[16..].chunks_exact_mut(8).enumerate() {
+        w.copy_from_slice(&pattern(value, lba, i).to_le_bytes());
     }
     b
 }
 
 /// The write a block's bytes name, or what is wrong with them.
 fn decode(block: &[u8], lba: u64) -> Result<Value, String> {
-    if block.iter().all(|&x| x == 0) {
-        return Ok(0);
+    let word = |i: usize| u64::from_le_bytes(block[i * 8..i * 8 + 8].try_into().expect("8 bytes"));
+    let (value, at) = (word(0), word(1));
+    if value == 0 && at == 0 {
+        return match block.iter().all(|&x| x == 0) {
+            true => Ok(0),
+            false => Err("is zeros with garbage".into()),
+        };
     }
-    let value = u64::from_le_bytes(block[..8].try_into().expect("8 bytes"));
-    let at = u64::from_le_bytes(block[8..16].try_into().expect("8 bytes"));
     if at != lba {
         return Err(format!("holds write {value}'s block for LBA {at}"));
     }
-    if block != block_bytes(value, lba, block.len()) {
+    if (2..block.len() / 8).any(|i| word(i) != pattern(value, lba, i - 2)) {
         return Err(format!("is torn or corrupt (starts like write {value})"));
     }
     Ok(value)

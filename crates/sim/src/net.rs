@@ -67,6 +67,8 @@ struct LinkState {
     rng: XorShiftRng,
     profile: NetProfile,
     bug: Option<ReplyBug>,
+    /// Bytes read at either end so far.
+    moved: u64,
 }
 
 /// A connection between the simulated host and the target.
@@ -81,7 +83,7 @@ pub struct Link {
 impl Link {
     /// A new link; returns it with its host end and its target end.
     pub fn pair(id: u32, seed: u64, profile: NetProfile, bug: Option<ReplyBug>, trace: Trace) -> (Arc<Link>, SimStream, SimStream) {
-        let state = LinkState { pipes: Default::default(), reset: false, rng: XorShiftRng::seed_from_u64(seed), profile, bug };
+        let state = LinkState { pipes: Default::default(), reset: false, rng: XorShiftRng::seed_from_u64(seed), profile, bug, moved: 0 };
         let link = Arc::new(Link { id, state: Mutex::new(state), wake: [Notify::new(), Notify::new()], trace });
         (link.clone(), SimStream { link: link.clone(), side: 0 }, SimStream { link, side: 1 })
     }
@@ -102,6 +104,11 @@ impl Link {
 
     pub fn is_cut(&self) -> bool {
         self.state.lock().reset
+    }
+
+    /// Bytes read at either end so far: whether the connection makes progress.
+    pub fn moved(&self) -> u64 {
+        self.state.lock().moved
     }
 
     fn wake_all(&self) {
@@ -202,6 +209,7 @@ impl Stream for SimStream {
         }
         pipe.queued -= n;
         let eof = n == 0 && pipe.closed && pipe.segments.is_empty();
+        s.moved += n as u64;
         drop(s);
         if n > 0 {
             // Room in the window: the writer may go on.
