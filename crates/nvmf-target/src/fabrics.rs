@@ -3,12 +3,16 @@
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
 
+use nearstore_transport::AlignedBuf;
 use nearstore_wire::fabrics::{cap, cc, connect, csts, prop, ConnectData, CONNECT_DATA_LEN, VERSION_1_3};
 use nearstore_wire::opcode::fctype;
 use nearstore_wire::{Sqe, Status};
+use tokio::sync::mpsc::unbounded_channel;
 use tracing::{debug, info, warn};
 
 use crate::admin::DataLen;
+use crate::dev::Op;
+use crate::io_pool::Job;
 use crate::limits;
 use crate::log_limit::peer_warn;
 use crate::memory::Reservation;
@@ -194,8 +198,10 @@ pub fn property_get(ctrl: &Controller, sqe: &Sqe) -> Reply {
 }
 
 /// Property Set of CC: enable, disable (reset) and shutdown. Shutdown flushes every
-/// namespace before reporting complete, so a host that shuts down cleanly loses nothing.
-pub fn property_set(target: &Target, peer: &str, ctrl: &Controller, sqe: &Sqe) -> Reply {
+/// namespace before reporting complete, so a host that shuts down cleanly loses nothing:
+/// CSTS.SHST says "occurring" (01b) until the flushes, on the I/O pool, are done, then
+/// "complete" (10b), as the host polls it (NVMe base specification, "Shutdown").
+pub fn property_set(target: &Target, peer: &str, ctrl: &Arc<Controller>, sqe: &Sqe) -> Reply {
     if sqe.cdw(10) & 0x7 != 0 || sqe.cdw(11) != prop::CC {
         return Reply::status(Status::INVALID_FIELD.dnr());
     }
@@ -225,20 +231,45 @@ pub fn property_set(target: &Target, peer: &str, ctrl: &Controller, sqe: &Sqe) -
         st.csts = 0;
     }
     if cc::shn(new) != 0 && cc::shn(old) == 0 {
+        st.csts = (st.csts & !SHST) | csts::SHST_OCCURRING;
         drop(st);
+        flush_for_shutdown(target, ctrl.clone());
+    }
+    Reply::ok()
+}
+
+/// CSTS.SHST, both bits.
+const SHST: u32 = csts::SHST_OCCURRING | csts::SHST_COMPLETE;
+
+/// Flushes every namespace of a controller being shut down, one I/O pool job each, then
+/// reports the shutdown in CSTS. Not on the network thread: a flush can take seconds (a
+/// large dirty page cache, a slow disk), and every connection on the thread waited for
+/// it. A shutdown that lost data is not complete: a failed flush sets Controller Fatal
+/// Status, the error no completion queue can carry, instead (the simulation found writes
+/// lost after a shutdown reported complete). A reset (CC.EN cleared) meanwhile ends the
+/// shutdown: then nothing is reported.
+fn flush_for_shutdown(target: &Target, ctrl: Arc<Controller>) {
+    let namespaces = ctrl.subsys.namespaces();
+    let (tx, mut rx) = unbounded_channel();
+    for (i, ns) in namespaces.iter().enumerate() {
+        let job = Job { backend: ns.backend.clone(), op: Op::Flush, buf: AlignedBuf::new(0), token: i as u64, reply: tx.clone() };
+        target.pool.submit(job);
+    }
+    drop(tx);
+    tokio::spawn(async move {
         let mut flushed = true;
-        for ns in ctrl.subsys.namespaces() {
-            if let Err(e) = ns.backend.flush() {
-                warn!(nsid = ns.nsid, "flush at shutdown failed: {e}");
+        while let Some(done) = rx.recv().await {
+            if let Err(e) = done.result {
+                let nsid = namespaces.get(done.tag as usize).map_or(0, |ns| ns.nsid);
+                warn!(nsid, cntlid = ctrl.cntlid, "flush at shutdown failed: {e}");
                 flushed = false;
             }
         }
-        // A shutdown that lost data is not complete: Controller Fatal Status, the error no
-        // completion queue can carry, instead (the simulation found writes lost after a
-        // shutdown reported complete).
-        ctrl.state.lock().csts |= if flushed { csts::SHST_COMPLETE } else { csts::CFS };
-    }
-    Reply::ok()
+        let mut st = ctrl.state.lock();
+        if st.csts & SHST == csts::SHST_OCCURRING {
+            st.csts = (st.csts & !SHST) | if flushed { csts::SHST_COMPLETE } else { csts::CFS };
+        }
+    });
 }
 
 /// Whether a fabrics command type may run before the queue is connected.

@@ -542,3 +542,92 @@ fn connection_buffers_are_charged_to_the_memory_budget() {
         Controller::connect(t.opts(HOST_B)).await.unwrap().shutdown().await.unwrap();
     });
 }
+
+/// A file namespace whose flush takes `flush` longer: a disk with a large dirty cache.
+struct SlowFlush {
+    inner: nearstore_target::backend::FileBackend,
+    flush: Duration,
+}
+
+impl nearstore_target::backend::Backend for SlowFlush {
+    fn describe(&self) -> String {
+        format!("{} with a slow flush", self.inner.describe())
+    }
+    fn size(&self) -> u64 {
+        self.inner.size()
+    }
+    fn read_at(&self, buf: &mut [u8], off: u64) -> std::io::Result<()> {
+        self.inner.read_at(buf, off)
+    }
+    fn write_at(&self, buf: &[u8], off: u64) -> std::io::Result<()> {
+        self.inner.write_at(buf, off)
+    }
+    fn flush(&self) -> std::io::Result<()> {
+        std::thread::sleep(self.flush);
+        self.inner.flush()
+    }
+    fn write_zeroes(&self, off: u64, len: u64, deallocate: bool) -> std::io::Result<()> {
+        self.inner.write_zeroes(off, len, deallocate)
+    }
+    fn raw_fd(&self) -> Option<std::os::fd::RawFd> {
+        self.inner.raw_fd()
+    }
+}
+
+/// A shutdown (CC.SHN) flushes every namespace off the network thread: another host's
+/// 4 KiB reads of the same namespace keep completing while a 2 s flush runs, the Property
+/// Set completes at once, and CSTS.SHST goes from 01b (occurring) to 10b (complete) when
+/// the flush is done. Before, the flush ran inside the Property Set on the network thread,
+/// and every host on it waited for the whole flush.
+#[test]
+fn a_slow_shutdown_flush_does_not_stall_other_hosts() {
+    use nearstore_initiator::{prop_get, prop_set};
+    use nearstore_target::backend::FileBackend;
+    use nearstore_target::subsystem::Namespace;
+    use nearstore_wire::fabrics::{cc, csts, prop};
+    let flush = Duration::from_secs(2);
+    let t = isolated("");
+    let dir = tempfile::tempdir().unwrap();
+    let inner = FileBackend::open(&dir.path().join("slow.img"), Some(64 << 20)).unwrap();
+    let ns = Namespace::new(NQN, 2, Arc::new(SlowFlush { inner, flush }), 512);
+    t.target.subsystem(NQN).unwrap().add_namespace(ns).unwrap();
+    let t = &t;
+    client_rt().block_on(async move {
+        let victim = Controller::connect(t.opts(HOST_B)).await.unwrap();
+        let mut vq = victim.io_queue(1).await.unwrap();
+        vq.write(2, 0, &[9u8; 4096], 512, true).await.unwrap();
+        let attacker = Controller::connect(t.opts(HOST_A)).await.unwrap();
+        let start = Instant::now();
+        attacker.admin(prop_set(prop::CC, cc::LINUX_ENABLE | cc::SHN_NORMAL), Data::None, "Property Set CC.SHN").await.unwrap();
+        let set = start.elapsed();
+        // The host polls CSTS as the specification says, while the victim reads.
+        let poll = tokio::spawn(async move {
+            let mut seen = Vec::new();
+            loop {
+                let (c, _) = attacker.admin(prop_get(prop::CSTS, false), Data::None, "Property Get CSTS").await.unwrap();
+                let shst = c.dw0 & (csts::SHST_OCCURRING | csts::SHST_COMPLETE);
+                if seen.last() != Some(&shst) {
+                    seen.push(shst);
+                }
+                if shst == csts::SHST_COMPLETE || c.dw0 & csts::CFS != 0 {
+                    return (start.elapsed(), seen, c.dw0);
+                }
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+        });
+        let (mut worst, mut reads) = (Duration::ZERO, 0u64);
+        while !poll.is_finished() {
+            let t0 = Instant::now();
+            assert_eq!(vq.read(2, 0, 8, 512).await.unwrap(), [9u8; 4096]);
+            worst = worst.max(t0.elapsed());
+            reads += 1;
+        }
+        let (took, seen, status) = poll.await.unwrap();
+        eprintln!("shutdown: Property Set {set:?}, complete after {took:?}; {reads} reads meanwhile, the slowest {worst:?}");
+        assert_eq!(seen, [csts::SHST_OCCURRING, csts::SHST_COMPLETE], "CSTS.SHST went {seen:?} (CSTS {status:#x})");
+        assert!(took >= flush, "shutdown complete after {took:?}, before the {flush:?} flush ended");
+        assert!(set < Duration::from_millis(500), "the Property Set took {set:?}");
+        assert!(worst < Duration::from_millis(500), "a 4 KiB read waited {worst:?} behind the flush");
+        assert!(reads > 10, "only {reads} reads in {took:?}");
+    });
+}
