@@ -2,9 +2,10 @@
 //! device it claims: slow disks and long networks in tests, and the first stacked device.
 
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use nearstore_transport::AlignedBuf;
+use tokio::time::Instant;
 
 use super::{BlockDevice, Channel, Geometry, Op};
 

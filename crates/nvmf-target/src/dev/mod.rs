@@ -18,10 +18,12 @@
 use std::collections::VecDeque;
 use std::io;
 use std::sync::Arc;
-use std::time::Instant;
 
 use nearstore_transport::AlignedBuf;
 use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver, UnboundedSender};
+// The runtime's clock: the real one, except under the simulation's paused runtime, where a
+// held-back operation is due in simulated time (crates/sim).
+use tokio::time::Instant;
 use tracing::warn;
 
 use crate::backend::Backend;
@@ -300,8 +302,10 @@ impl Channel {
             RingState::Ready(r) if r.in_flight() > 0 => Some(r.waker()),
             _ => None,
         };
-        let due = self.deferred.front().map(|d| tokio::time::Instant::from_std(d.at));
+        let due = self.deferred.front().map(|d| d.at);
+        // Biased, as the connection loop: a seed replays a simulated run (crates/sim).
         tokio::select! {
+            biased;
             r = async { uring::wait(ring.as_ref().expect("guarded")).await }, if ring.is_some() => r,
             c = self.rx.recv() => {
                 // The channel holds its own sender, so recv never ends.
@@ -310,7 +314,7 @@ impl Channel {
                 }
                 Ok(())
             }
-            _ = tokio::time::sleep_until(due.unwrap_or_else(tokio::time::Instant::now)), if due.is_some() => Ok(()),
+            _ = tokio::time::sleep_until(due.unwrap_or_else(Instant::now)), if due.is_some() => Ok(()),
         }
     }
 
