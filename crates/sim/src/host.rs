@@ -145,10 +145,12 @@ impl Worker {
                     moved = self.link.moved();
                     continue;
                 }
-                Some(Err(_)) => return Ended::Failed(format!(
+                Some(Err(_)) => {
+                    return Ended::Failed(format!(
                     "lost completion: queue {} has ops {inflight:?} outstanding, no completion and no byte moved for {COMMAND_TIMEOUT:?}",
                     self.queue
-                )),
+                ))
+                }
                 Some(Ok(Ok(_))) => continue,
                 Some(Ok(Err(e @ (Error::Protocol(_) | Error::Terminated { .. })))) => {
                     return Ended::Failed(format!("queue {}: the target broke the protocol: {e}", self.queue))

@@ -12,6 +12,7 @@
 
 pub mod disk;
 mod host;
+pub mod latency;
 pub mod model;
 pub mod net;
 pub mod trace;
@@ -36,6 +37,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::disk::{DiskBug, DiskProfile, Fault, SimDisk};
 use crate::host::{command, Ended, Queue, Work, Worker, NSID};
+use crate::latency::Latency;
 use crate::model::Model;
 use crate::net::{Link, NetProfile, ReplyBug};
 use crate::trace::Trace;
@@ -174,6 +176,7 @@ struct Sim {
     model: Arc<Mutex<Model>>,
     cfg: Config,
     block_size: usize,
+    latency_us_max: u64,
     net: NetProfile,
     disk_profile: DiskProfile,
     disk: Arc<SimDisk>,
@@ -192,10 +195,16 @@ struct Sim {
     start: tokio::time::Instant,
 }
 
-fn start_target(cfg: &Config, disk: Arc<SimDisk>, block_size: usize) -> Arc<Target> {
+/// A target with one namespace on `disk`; with `latency` (seed, longest hold in
+/// microseconds) its device stack holds operations back.
+fn start_target(cfg: &Config, disk: Arc<SimDisk>, block_size: usize, latency: Option<(u64, u64)>) -> Arc<Target> {
     let target = Target::with_io_pool(cfg, 64, 1024, IoPool::on_runtime());
     let sub = Subsystem::new(NQN, None, None, true, &[]);
-    sub.add_namespace(Namespace::new(NQN, NSID, disk, block_size as u32)).expect("a namespace in an empty subsystem");
+    let mut ns = Namespace::new(NQN, NSID, disk, block_size as u32);
+    if let Some((seed, us_max)) = latency {
+        ns = Namespace { dev: Arc::new(Latency::new(ns.dev.clone(), seed, us_max)), ..ns };
+    }
+    sub.add_namespace(ns).expect("a namespace in an empty subsystem");
     target.add_subsystem(sub);
     target
 }
@@ -226,9 +235,11 @@ impl Sim {
         let model = Model::new(opts.blocks, block_size);
         let medium = vec![vec![0u8; block_size]; opts.blocks as usize];
         let disk = SimDisk::new(medium, block_size as u64, rng.random(), disk_profile.clone(), opts.disk_bug, trace.clone());
-        let target = start_target(&cfg, disk.clone(), block_size);
+        let latency_us_max = [0, 0, 200, 5000][rng.random_range(0..4)];
+        let latency = (latency_us_max > 0).then(|| (rng.random(), latency_us_max));
+        let target = start_target(&cfg, disk.clone(), block_size, latency);
         trace.event(format_args!(
-            "seed {seed}: {block_size}-byte blocks, {net:?}, {disk_profile:?}, cuts {cut_percent}%, crashes {crash_percent}%"
+            "seed {seed}: {block_size}-byte blocks, disk latency up to {latency_us_max} us, {net:?}, {disk_profile:?}, cuts {cut_percent}%, crashes {crash_percent}%"
         ));
         Sim {
             seed,
@@ -238,6 +249,7 @@ impl Sim {
             model: Arc::new(Mutex::new(model)),
             cfg,
             block_size,
+            latency_us_max,
             net,
             disk_profile,
             disk,
@@ -303,7 +315,8 @@ impl Sim {
             self.opts.disk_bug,
             self.trace.clone(),
         );
-        self.target = start_target(&self.cfg, self.disk.clone(), self.block_size);
+        let latency = (self.latency_us_max > 0).then(|| (self.rng.random(), self.latency_us_max));
+        self.target = start_target(&self.cfg, self.disk.clone(), self.block_size, latency);
         self.trace.event(format_args!("target restarted"));
     }
 
@@ -565,7 +578,7 @@ mod tests {
                 sim.net = NetProfile { delay_us_max: 0, stall_per_mille: 0, stall_ms_max: 1, short_io: false, window_bytes: 1 << 20 };
                 let medium = vec![vec![0u8; 512]; 8];
                 sim.disk = SimDisk::new(medium, 512, 1, DiskProfile { error_per_mille }, None, sim.trace.clone());
-                sim.target = start_target(&sim.cfg, sim.disk.clone(), 512);
+                sim.target = start_target(&sim.cfg, sim.disk.clone(), 512, None);
                 let shape = Shape { queues: 0, depth: 4, hdgst: false, ddgst: false, in_capsule_max: 0, sqflow_disabled: false };
                 let (mut admin, _) = sim.enabled_admin(&shape).await.expect("an enabled controller");
                 shutdown_status(&mut admin).await.expect("CSTS")
