@@ -23,6 +23,7 @@ pub mod memory;
 pub mod metrics;
 pub mod offload;
 pub mod reply;
+pub mod request;
 pub mod reservation;
 pub mod sched;
 pub mod subsystem;

@@ -64,6 +64,10 @@ pub struct TargetStats {
     pub controllers_refused: AtomicU64,
     /// Connects refused because the memory budget could not hold the queue's buffers.
     pub connects_refused_memory: AtomicU64,
+    /// Commands dropped without a completion (a bug: always 0; crate::request).
+    pub requests_lost: AtomicU64,
+    /// Commands outstanding when their queue closed.
+    pub requests_unfinished: AtomicU64,
 }
 
 /// Writes a metric family's `# HELP` and `# TYPE` lines.
@@ -75,7 +79,7 @@ fn family(o: &mut String, name: &str, kind: &str, help: &str) {
 pub fn render(t: &Target) -> String {
     let mut o = String::new();
     let s = &t.stats;
-    let target: [(&str, &str, &str, i64); 16] = [
+    let target: [(&str, &str, &str, i64); 18] = [
         ("nearstore_connections", "gauge", "NVMe/TCP connections open now (one per queue).", s.connections.load(Relaxed)),
         ("nearstore_connections_total", "counter", "NVMe/TCP connections accepted.", s.connections_total.load(Relaxed) as i64),
         (
@@ -126,6 +130,18 @@ pub fn render(t: &Target) -> String {
             "counter",
             "Connects refused because the memory budget (limits.memory) could not hold the queue's buffers.",
             s.connects_refused_memory.load(Relaxed) as i64,
+        ),
+        (
+            "nearstore_requests_lost_total",
+            "counter",
+            "Commands dropped without a completion: a bug, always 0 (each is logged).",
+            s.requests_lost.load(Relaxed) as i64,
+        ),
+        (
+            "nearstore_requests_unfinished_total",
+            "counter",
+            "Commands outstanding when their connection closed (they complete nowhere).",
+            s.requests_unfinished.load(Relaxed) as i64,
         ),
         ("nearstore_connections_max", "gauge", "The most connections the target accepts at once.", t.admission.cap() as i64),
         (

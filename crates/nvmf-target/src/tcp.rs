@@ -34,6 +34,7 @@ use crate::log_limit::peer_warn;
 use crate::memory::Reservation;
 use crate::offload::TaskAbort;
 use crate::reply::Reply;
+use crate::request::{QueueRequests, Request};
 use crate::subsystem::{AbortGuard, Controller, Namespace};
 use crate::{Port, Target};
 
@@ -95,6 +96,7 @@ pub async fn serve<S: Stream>(stream: S, target: Arc<Target>, port: Arc<Port>, l
             aers: Vec::new(),
             close_after_flush: false,
             cancel: CancellationToken::new(),
+            requests: QueueRequests::new(target.clone()),
         },
     };
     let result = conn.run().await;
@@ -116,6 +118,7 @@ pub async fn serve<S: Stream>(stream: S, target: Arc<Target>, port: Arc<Port>, l
         Err(e @ ConnError::Evicted) => debug!(peer, "closing connection: {e}"),
         Err(e) => info!(peer, "closing connection: {e}"),
     }
+    conn.core.abandon_outstanding();
     conn.core.detach();
     target.stats.buffer_bytes.fetch_sub(conn.core.reported_bytes as i64, Relaxed);
     target.stats.connections.fetch_sub(1, Relaxed);
@@ -191,7 +194,7 @@ struct H2C {
     sqe: Sqe,
     buf: AlignedBuf,
     received: usize,
-    start: Instant,
+    req: Request,
     /// Aborted by another host's Preempt and Abort: its data is taken, then it completes
     /// with Command Aborted due to Preempt and Abort without running.
     aborted: bool,
@@ -200,12 +203,11 @@ struct H2C {
 /// A command running on its namespace's device (the tag of its operation is its index),
 /// the offload engine, or a blocking thread.
 struct Inflight {
-    cid: u16,
+    req: Request,
     ns: Arc<Namespace>,
     kind: IoKind,
     len: usize,
     lba: u64,
-    start: Instant,
     /// Other hosts' Preempt and Abort waiting for this command (dropped with it).
     held: Vec<AbortGuard>,
     /// A compute command's task, which a Preempt and Abort stops.
@@ -213,8 +215,8 @@ struct Inflight {
 }
 
 impl Inflight {
-    fn new(cid: u16, ns: Arc<Namespace>, kind: IoKind, len: usize, lba: u64, start: Instant) -> Inflight {
-        Inflight { cid, ns, kind, len, lba, start, held: Vec::new(), task: None }
+    fn new(req: Request, ns: Arc<Namespace>, kind: IoKind, len: usize, lba: u64) -> Inflight {
+        Inflight { req, ns, kind, len, lba, held: Vec::new(), task: None }
     }
 }
 
@@ -242,11 +244,13 @@ struct Core {
     /// Buffer bytes last added to the target's gauge.
     reported_bytes: usize,
     done_tx: UnboundedSender<Done>,
-    /// CIDs of outstanding Asynchronous Event Requests.
-    aers: Vec<u16>,
+    /// Outstanding Asynchronous Event Requests.
+    aers: Vec<Request>,
     close_after_flush: bool,
     /// Fires when this connection ends or its controller goes: stops its compute commands.
     cancel: CancellationToken,
+    /// What became of this queue's requests (crate::request).
+    requests: Arc<QueueRequests>,
 }
 
 enum Flow {
@@ -541,7 +545,11 @@ impl Core {
         self.framing.hdgst
     }
 
-    fn complete(&mut self, cid: u16, status: Status, dw0: u32, dw1: u32) {
+    /// Completes a command: its CapsuleResp. Every completion of every command (admin,
+    /// fabrics, I/O, compute) ends here or in a C2HData with the SUCCESS flag
+    /// ([`finish_data`](Self::finish_data)), consuming its request.
+    fn complete(&mut self, req: Request, status: Status, dw0: u32, dw1: u32) {
+        let cid = req.finish();
         let (sqid, sqhd) = match &self.queue {
             Some(q) if q.sqflow_disabled => (q.qid, 0xffff),
             Some(q) => (q.qid, self.sqhd),
@@ -574,16 +582,52 @@ impl Core {
     /// Sends data then the completion (or only the data, with the SUCCESS flag, which
     /// stands for a completion whose dw0 and dw1 are zero: a reply carrying values, such
     /// as a FETCH's counts, always gets its CapsuleResp).
-    fn complete_with_data(&mut self, cid: u16, data: &[u8], r: &Reply) {
+    fn complete_with_data(&mut self, req: Request, data: &[u8], r: &Reply) {
         let success = r.status.is_success() && r.dw0 == 0 && r.dw1 == 0 && self.success_flag();
         if !data.is_empty() && r.status.is_success() {
-            let start = self.begin_c2h(cid, data.len(), success);
+            let start = self.begin_c2h(req.cid(), data.len(), success);
             self.tx.buf.extend_from_slice(data);
             pdu::put_data_digest(&mut self.tx.buf, start, self.framing.ddgst);
         }
         if !success || data.is_empty() {
-            self.complete(cid, r.status, r.dw0, r.dw1);
+            self.complete(req, r.status, r.dw0, r.dw1);
+        } else {
+            self.finish_data(req);
         }
+    }
+
+    /// Completes a command whose C2HData carried the SUCCESS flag: no CapsuleResp.
+    fn finish_data(&mut self, req: Request) {
+        let _ = req.finish();
+    }
+
+    /// A queue closing: its outstanding commands complete nowhere; counted and logged.
+    fn abandon_outstanding(&mut self) {
+        let mut n = 0;
+        for x in self.r2t.slots.iter_mut().filter_map(Option::take) {
+            x.req.abandon();
+            n += 1;
+        }
+        for x in self.inflight.slots.iter_mut().filter_map(Option::take) {
+            x.req.abandon();
+            n += 1;
+        }
+        for r in self.aers.drain(..) {
+            r.abandon();
+            n += 1;
+        }
+        self.r2t = Slab::default();
+        self.inflight = Slab::default();
+        if n > 0 {
+            debug!(peer = %self.peer, qid = self.queue.as_ref().map_or(0, |q| q.qid), commands = n, "queue closed with commands outstanding");
+        }
+    }
+
+    /// The fatal error of a host with more commands outstanding than its queue holds; the
+    /// command that overflowed it ends with the queue.
+    fn overflow(&self, req: Request) -> ConnError {
+        req.abandon();
+        fatal(fes::PDU_SEQUENCE_ERROR, 0, "more commands outstanding than the queue size")
     }
 
     fn take_buf(&mut self) -> AlignedBuf {
@@ -611,19 +655,19 @@ impl Core {
     }
 
     fn on_capsule(&mut self, sqe: Sqe, data: &[u8], digest_ok: bool) -> Result<(), ConnError> {
-        let start = Instant::now();
         let cid = sqe.cid();
+        let req = Request::new(&self.requests, cid, Instant::now());
         if let Some(q) = &self.queue {
             self.sqhd = (self.sqhd + 1) % (q.sqsize + 1);
             q.ctrl.touch();
         }
         if !digest_ok {
             peer_warn!(self.target.log_limit, self.peer.as_str(), "data digest error on a command capsule", cid);
-            self.complete(cid, Status::TRANSIENT_TRANSPORT_ERROR, 0, 0);
+            self.complete(req, Status::TRANSIENT_TRANSPORT_ERROR, 0, 0);
             return Ok(());
         }
         if sqe.psdt() != 1 {
-            self.complete(cid, Status::INVALID_FIELD.dnr(), 0, 0);
+            self.complete(req, Status::INVALID_FIELD.dnr(), 0, 0);
             return Ok(());
         }
         let sgl = sqe.sgl();
@@ -634,22 +678,22 @@ impl Core {
         match sgl.id {
             sgl_id::IN_CAPSULE => {
                 if sgl.addr != 0 {
-                    self.complete(cid, Status::SGL_OFFSET_INVALID.dnr(), 0, 0);
+                    self.complete(req, Status::SGL_OFFSET_INVALID.dnr(), 0, 0);
                     return Ok(());
                 }
                 if !to_controller || sgl.len as usize != data.len() {
-                    self.complete(cid, Status::DATA_SGL_LENGTH_INVALID.dnr(), 0, 0);
+                    self.complete(req, Status::DATA_SGL_LENGTH_INVALID.dnr(), 0, 0);
                     return Ok(());
                 }
             }
             sgl_id::TRANSPORT if data.is_empty() => {}
             _ if sgl.len == 0 && data.is_empty() => {}
             sgl_id::TRANSPORT => {
-                self.complete(cid, Status::DATA_SGL_LENGTH_INVALID.dnr(), 0, 0);
+                self.complete(req, Status::DATA_SGL_LENGTH_INVALID.dnr(), 0, 0);
                 return Ok(());
             }
             _ => {
-                self.complete(cid, Status::SGL_DESCRIPTOR_TYPE_INVALID.dnr(), 0, 0);
+                self.complete(req, Status::SGL_DESCRIPTOR_TYPE_INVALID.dnr(), 0, 0);
                 return Ok(());
             }
         }
@@ -659,14 +703,14 @@ impl Core {
             Ok(Some(n)) => n as usize,
             Ok(None) => sgl.len as usize,
             Err(s) => {
-                self.fail_admin(&sqe, s);
+                self.fail_admin(&sqe, req, s);
                 return Ok(());
             }
         };
         if to_controller && sgl.id == sgl_id::TRANSPORT && want > 0 {
-            return self.request_data(sqe, want, start);
+            return self.request_data(sqe, want, req);
         }
-        self.execute(sqe, data, start)
+        self.execute(sqe, data, req)
     }
 
     /// For fabrics and admin commands: the bytes that move, from the data the command
@@ -687,7 +731,7 @@ impl Core {
     }
 
     /// Completes a fabrics or admin command refused before it ran, in the error log too.
-    fn fail_admin(&mut self, sqe: &Sqe, status: Status) {
+    fn fail_admin(&mut self, sqe: &Sqe, req: Request, status: Status) {
         if let Some(q) = &self.queue {
             // The SGL is the data pointer, at byte 24 of the command.
             let param_loc = if status == Status::DATA_SGL_LENGTH_INVALID.dnr() { 24 } else { 0 };
@@ -695,14 +739,14 @@ impl Core {
                 ErrorEntry { sqid: q.qid, cid: sqe.cid(), status: status.to_field(), param_loc, nsid: sqe.nsid(), ..Default::default() };
             q.ctrl.record_error(e);
         }
-        self.complete(sqe.cid(), status, 0, 0);
+        self.complete(req, status, 0, 0);
     }
 
     /// Sends an R2T for `len` bytes, a command's whole data, after checking the command is valid.
-    fn request_data(&mut self, sqe: Sqe, len: usize, start: Instant) -> Result<(), ConnError> {
+    fn request_data(&mut self, sqe: Sqe, len: usize, req: Request) -> Result<(), ConnError> {
         let cid = sqe.cid();
         if len > limits::TRANSFER_BYTES_MAX {
-            self.complete(cid, Status::INVALID_FIELD.dnr(), 0, 0);
+            self.complete(req, Status::INVALID_FIELD.dnr(), 0, 0);
             return Ok(());
         }
         if let Some(q) = self.queue.as_ref().filter(|q| q.qid > 0 && !compute::is_compute(sqe.opcode())) {
@@ -713,16 +757,16 @@ impl Core {
             };
             if let Err(s) = checked {
                 let ctrl = q.ctrl.clone();
-                self.fail_io(&ctrl, &sqe, s);
+                self.fail_io(&ctrl, &sqe, req, s);
                 return Ok(());
             }
         }
         if self.r2t.live + self.inflight.live >= self.outstanding_limit() {
-            return Err(fatal(fes::PDU_SEQUENCE_ERROR, 0, "more commands outstanding than the queue size"));
+            return Err(self.overflow(req));
         }
         let mut buf = self.take_buf();
         buf.set_len(len);
-        let ttag = self.r2t.insert(H2C { sqe, buf, received: 0, start, aborted: false });
+        let ttag = self.r2t.insert(H2C { sqe, buf, received: 0, req, aborted: false });
         let hd = self.hd();
         pdu::put_r2t(&mut self.tx.buf, &DataHdr { cccid: cid, ttag: ttag as u16, offset: 0, len: len as u32 }, hd);
         Ok(())
@@ -754,48 +798,49 @@ impl Core {
             let x = self.r2t.remove(h.ttag as usize).expect("present");
             peer_warn!(self.target.log_limit, self.peer.as_str(), "data digest error on H2CData", cid = h.cccid);
             self.put_buf(x.buf);
-            self.complete(h.cccid, Status::TRANSIENT_TRANSPORT_ERROR, 0, 0);
+            self.complete(x.req, Status::TRANSIENT_TRANSPORT_ERROR, 0, 0);
             return Ok(());
         }
         if last {
             let x = self.r2t.remove(h.ttag as usize).expect("present");
             if x.aborted {
                 self.put_buf(x.buf);
-                if let Some(ctrl) = self.queue.as_ref().map(|q| q.ctrl.clone()) {
-                    self.fail_io(&ctrl, &x.sqe, Status::ABORTED_PREEMPT);
+                match self.queue.as_ref().map(|q| q.ctrl.clone()) {
+                    Some(ctrl) => self.fail_io(&ctrl, &x.sqe, x.req, Status::ABORTED_PREEMPT),
+                    None => self.complete(x.req, Status::ABORTED_PREEMPT, 0, 0),
                 }
                 return Ok(());
             }
-            return self.execute_buffered(x.sqe, x.buf, x.start);
+            return self.execute_buffered(x.sqe, x.buf, x.req);
         }
         Ok(())
     }
 
     /// Runs a command whose host data sits in a pool buffer.
-    fn execute_buffered(&mut self, sqe: Sqe, buf: AlignedBuf, start: Instant) -> Result<(), ConnError> {
+    fn execute_buffered(&mut self, sqe: Sqe, buf: AlignedBuf, req: Request) -> Result<(), ConnError> {
         if self.queue.as_ref().is_some_and(|q| q.qid > 0) {
-            return self.execute_io(sqe, &[], Some(buf), start);
+            return self.execute_io(sqe, &[], Some(buf), req);
         }
-        let r = self.execute(sqe, &buf, start);
+        let r = self.execute(sqe, &buf, req);
         self.put_buf(buf);
         r
     }
 
-    fn execute(&mut self, sqe: Sqe, data: &[u8], start: Instant) -> Result<(), ConnError> {
+    fn execute(&mut self, sqe: Sqe, data: &[u8], req: Request) -> Result<(), ConnError> {
         let cid = sqe.cid();
         if sqe.opcode() == FABRICS {
-            return self.fabrics(sqe, data);
+            return self.fabrics(sqe, data, req);
         }
         let Some(q) = &self.queue else {
-            self.complete(cid, Status::COMMAND_SEQUENCE_ERROR.dnr(), 0, 0);
+            self.complete(req, Status::COMMAND_SEQUENCE_ERROR.dnr(), 0, 0);
             return Ok(());
         };
         if !q.ctrl.ready() {
-            self.complete(cid, Status::COMMAND_SEQUENCE_ERROR.dnr(), 0, 0);
+            self.complete(req, Status::COMMAND_SEQUENCE_ERROR.dnr(), 0, 0);
             return Ok(());
         }
         if q.qid > 0 {
-            return self.execute_io(sqe, data, None, start);
+            return self.execute_io(sqe, data, None, req);
         }
         let ctrl = q.ctrl.clone();
         match admin::handle(&self.target, &ctrl, &sqe, self.local) {
@@ -807,14 +852,14 @@ impl Core {
                     ctrl.record_error(ErrorEntry { sqid: 0, cid, status: r.status.to_field(), nsid: sqe.nsid(), ..Default::default() });
                 }
                 let data = std::mem::take(&mut r.data);
-                self.complete_with_data(cid, &data, &r);
+                self.complete_with_data(req, &data, &r);
             }
-            admin::Outcome::Persist(ns, snapshot) => self.later(cid, io_cmd::Later { ns, snapshot: Some(snapshot), abort: None }, start)?,
+            admin::Outcome::Persist(ns, snapshot) => self.later(req, io_cmd::Later { ns, snapshot: Some(snapshot), abort: None })?,
             admin::Outcome::ParkAer => {
                 if self.aers.len() >= limits::AER_MAX {
-                    self.complete(cid, Status::ASYNC_EVENT_LIMIT_EXCEEDED.dnr(), 0, 0);
+                    self.complete(req, Status::ASYNC_EVENT_LIMIT_EXCEEDED.dnr(), 0, 0);
                 } else {
-                    self.aers.push(cid);
+                    self.aers.push(req);
                     self.deliver_events();
                 }
             }
@@ -822,8 +867,7 @@ impl Core {
         Ok(())
     }
 
-    fn fabrics(&mut self, sqe: Sqe, data: &[u8]) -> Result<(), ConnError> {
-        let cid = sqe.cid();
+    fn fabrics(&mut self, sqe: Sqe, data: &[u8], req: Request) -> Result<(), ConnError> {
         let r = match (sqe.fctype(), &self.queue) {
             (fctype::CONNECT, None) => match fabrics::connect(&self.target, &sqe, data, self.port.discovery, &self.peer) {
                 Ok(c) => {
@@ -849,11 +893,11 @@ impl Core {
             }
             _ => Reply::status(Status::INVALID_FIELD.dnr()),
         };
-        self.complete(cid, r.status, r.dw0, r.dw1);
+        self.complete(req, r.status, r.dw0, r.dw1);
         Ok(())
     }
 
-    fn fail_io(&mut self, ctrl: &Controller, sqe: &Sqe, status: Status) {
+    fn fail_io(&mut self, ctrl: &Controller, sqe: &Sqe, req: Request, status: Status) {
         let qid = self.queue.as_ref().map_or(0, |q| q.qid);
         ctrl.record_error(ErrorEntry {
             sqid: qid,
@@ -866,22 +910,22 @@ impl Core {
         if let Some(ns) = ctrl.subsys.namespace(sqe.nsid()) {
             ns.stats.errors.fetch_add(1, Relaxed);
         }
-        self.complete(sqe.cid(), status, 0, 0);
+        self.complete(req, status, 0, 0);
     }
 
     /// Runs an I/O command. Host data is either `data` (in-capsule, still in the receive
     /// buffer) or `buf` (gathered from H2CData).
-    fn execute_io(&mut self, sqe: Sqe, data: &[u8], buf: Option<AlignedBuf>, start: Instant) -> Result<(), ConnError> {
+    fn execute_io(&mut self, sqe: Sqe, data: &[u8], buf: Option<AlignedBuf>, req: Request) -> Result<(), ConnError> {
         let ctrl = self.queue.as_ref().expect("I/O queue").ctrl.clone();
         if compute::is_compute(sqe.opcode()) {
-            let r = self.execute_compute(&ctrl, sqe, buf.as_deref().unwrap_or(data), start);
+            let r = self.execute_compute(&ctrl, sqe, buf.as_deref().unwrap_or(data), req);
             if let Some(b) = buf {
                 self.put_buf(b);
             }
             return r;
         }
         if io_cmd::is_reservation(sqe.opcode()) {
-            let r = self.execute_reservation(&ctrl, &sqe, buf.as_deref().unwrap_or(data), start);
+            let r = self.execute_reservation(&ctrl, &sqe, buf.as_deref().unwrap_or(data), req);
             if let Some(b) = buf {
                 self.put_buf(b);
             }
@@ -893,11 +937,10 @@ impl Core {
                 if let Some(b) = buf {
                     self.put_buf(b);
                 }
-                self.fail_io(&ctrl, &sqe, s);
+                self.fail_io(&ctrl, &sqe, req, s);
                 return Ok(());
             }
         };
-        let cid = sqe.cid();
         let IoPlan { ns, kind, op, len, lba } = plan;
         // Deallocate: turn the host's ranges into byte ranges before anything runs.
         let (op, buf) = if let Op::Deallocate = op {
@@ -905,7 +948,7 @@ impl Core {
             let mut b = buf.unwrap_or_else(|| self.take_buf());
             if let Err(s) = io_cmd::dsm_ranges(&ns, &sqe, &src, &mut b) {
                 self.put_buf(b);
-                self.fail_io(&ctrl, &sqe, s);
+                self.fail_io(&ctrl, &sqe, req, s);
                 return Ok(());
             }
             (op, Some(b))
@@ -917,10 +960,10 @@ impl Core {
         // bounded by MDTS), starts on the device and completes through the channel.
         match op {
             Op::Read { off } => {
-                if let Some(r) = self.read_now(&ns, off, len, cid) {
+                if let Some(r) = self.read_now(&ns, off, len, req.cid()) {
                     match r {
-                        Ok(success) => self.finish_io(&ns, kind, len, start, cid, success),
-                        Err(e) => self.io_error(&ctrl, &ns, kind, lba, cid, e),
+                        Ok(success) => self.finish_io(&ns, kind, len, req, success),
+                        Err(e) => self.io_error(&ctrl, &ns, kind, lba, req, e),
                     }
                     return Ok(());
                 }
@@ -931,8 +974,8 @@ impl Core {
                         self.put_buf(b);
                     }
                     match r {
-                        Ok(()) => self.finish_io(&ns, kind, len, start, cid, false),
-                        Err(e) => self.io_error(&ctrl, &ns, kind, lba, cid, e),
+                        Ok(()) => self.finish_io(&ns, kind, len, req, false),
+                        Err(e) => self.io_error(&ctrl, &ns, kind, lba, req, e),
                     }
                     return Ok(());
                 }
@@ -940,7 +983,7 @@ impl Core {
             _ => {}
         }
         if self.r2t.live + self.inflight.live >= self.outstanding_limit() {
-            return Err(fatal(fes::PDU_SEQUENCE_ERROR, 0, "more commands outstanding than the queue size"));
+            return Err(self.overflow(req));
         }
         let buf = match buf {
             Some(b) => b,
@@ -956,7 +999,7 @@ impl Core {
                 b
             }
         };
-        let token = self.inflight.insert(Inflight::new(cid, ns.clone(), kind, len, lba, start));
+        let token = self.inflight.insert(Inflight::new(req, ns.clone(), kind, len, lba));
         ns.dev.submit(&mut self.chan, op, buf, token as u64);
         Ok(())
     }
@@ -1020,7 +1063,7 @@ impl Core {
         }
     }
 
-    fn finish_io(&mut self, ns: &Namespace, kind: IoKind, len: usize, start: Instant, cid: u16, data_sent_with_success: bool) {
+    fn finish_io(&mut self, ns: &Namespace, kind: IoKind, len: usize, req: Request, data_sent_with_success: bool) {
         match kind {
             IoKind::Read => {
                 ns.stats.reads.fetch_add(1, Relaxed);
@@ -1034,13 +1077,15 @@ impl Core {
                 ns.stats.other.fetch_add(1, Relaxed);
             }
         }
-        ns.stats.latency.record(start.elapsed());
-        if !data_sent_with_success {
-            self.complete(cid, Status::SUCCESS, 0, 0);
+        ns.stats.latency.record(req.start().elapsed());
+        if data_sent_with_success {
+            self.finish_data(req);
+        } else {
+            self.complete(req, Status::SUCCESS, 0, 0);
         }
     }
 
-    fn io_error(&mut self, ctrl: &Controller, ns: &Namespace, kind: IoKind, lba: u64, cid: u16, e: io::Error) {
+    fn io_error(&mut self, ctrl: &Controller, ns: &Namespace, kind: IoKind, lba: u64, req: Request, e: io::Error) {
         let status = match kind {
             IoKind::Read => Status::UNRECOVERED_READ_ERROR,
             _ => Status::WRITE_FAULT,
@@ -1048,8 +1093,8 @@ impl Core {
         peer_warn!(self.target.log_limit, self.peer.as_str(), "backend I/O failed", nsid = ns.nsid, lba, error = %e);
         ns.stats.errors.fetch_add(1, Relaxed);
         let qid = self.queue.as_ref().map_or(0, |q| q.qid);
-        ctrl.record_error(ErrorEntry { sqid: qid, cid, status: status.to_field(), lba, nsid: ns.nsid, ..Default::default() });
-        self.complete(cid, status, 0, 0);
+        ctrl.record_error(ErrorEntry { sqid: qid, cid: req.cid(), status: status.to_field(), lba, nsid: ns.nsid, ..Default::default() });
+        self.complete(req, status, 0, 0);
     }
 
     /// A compute command or a state write finished.
@@ -1069,19 +1114,20 @@ impl Core {
             return;
         };
         let Some(ctrl) = self.queue.as_ref().map(|q| q.ctrl.clone()) else {
+            x.req.abandon();
             self.put_buf(buf);
             return;
         };
         match result {
             Ok(()) if x.kind == IoKind::Read => {
                 let success = self.success_flag();
-                let dstart = self.begin_c2h(x.cid, x.len, success);
+                let dstart = self.begin_c2h(x.req.cid(), x.len, success);
                 self.tx.buf.extend_from_slice(&buf[..x.len]);
                 pdu::put_data_digest(&mut self.tx.buf, dstart, self.framing.ddgst);
-                self.finish_io(&x.ns, x.kind, x.len, x.start, x.cid, success);
+                self.finish_io(&x.ns, x.kind, x.len, x.req, success);
             }
-            Ok(()) => self.finish_io(&x.ns, x.kind, x.len, x.start, x.cid, false),
-            Err(e) => self.io_error(&ctrl, &x.ns, x.kind, x.lba, x.cid, e),
+            Ok(()) => self.finish_io(&x.ns, x.kind, x.len, x.req, false),
+            Err(e) => self.io_error(&ctrl, &x.ns, x.kind, x.lba, x.req, e),
         }
         self.put_buf(buf);
     }
@@ -1121,8 +1167,8 @@ impl Core {
         let Some(ctrl) = self.queue.as_ref().map(|q| q.ctrl.clone()) else { return };
         while !self.aers.is_empty() {
             let Some(ev) = ctrl.state.lock().pending_events.pop_front() else { return };
-            let cid = self.aers.remove(0);
-            self.complete(cid, Status::SUCCESS, ev, 0);
+            let req = self.aers.remove(0);
+            self.complete(req, Status::SUCCESS, ev, 0);
         }
     }
 

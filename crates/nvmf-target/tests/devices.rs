@@ -3,6 +3,9 @@
 
 mod common;
 
+use std::sync::atomic::Ordering::Relaxed;
+use std::time::{Duration, Instant};
+
 use nearstore_initiator::{ConnectOptions, Controller, Data};
 use nearstore_target::config::Config;
 use nearstore_target::Target;
@@ -16,6 +19,11 @@ const BLOCK: u64 = 4096;
 /// A target whose namespaces fail every operation touching LBAs [16, 32): memory (1), a
 /// file (2), and a file under a delay (3).
 async fn start(engine: &str, dir: &tempfile::TempDir) -> (std::sync::Arc<Target>, Controller) {
+    start_with(engine, dir, 500).await
+}
+
+/// As [`start`], namespace 3 delayed by `delay_us`.
+async fn start_with(engine: &str, dir: &tempfile::TempDir, delay_us: u64) -> (std::sync::Arc<Target>, Controller) {
     common::init_logs();
     let inject = "[subsystem.namespace.inject]\nlbas = [16, 32]";
     let cfg = format!(
@@ -42,7 +50,7 @@ async fn start(engine: &str, dir: &tempfile::TempDir) -> (std::sync::Arc<Target>
         path = "{d}/b.img"
         size = "4MiB"
         block_size = {BLOCK}
-        delay_us = 500
+        delay_us = {delay_us}
         {inject}
         "#,
         d = dir.path().display()
@@ -68,7 +76,7 @@ async fn a_failed_read_or_write_reaches_the_host_and_the_error_log() {
     ];
     for engine in ["uring", "threads"] {
         let dir = tempfile::tempdir().unwrap();
-        let (_target, c) = start(engine, &dir).await;
+        let (target, c) = start(engine, &dir).await;
         let mut ioq = c.io_queue(1).await.unwrap();
         let mut errors = 0;
         for nsid in 1..=3u32 {
@@ -97,5 +105,33 @@ async fn a_failed_read_or_write_reaches_the_host_and_the_error_log() {
         // The queue still serves outside the failing range.
         let back = ioq.read(1, 40, 1, BLOCK as u32).await.unwrap();
         assert_eq!(back.len(), BLOCK as usize);
+        assert_eq!(target.stats.requests_lost.load(Relaxed), 0, "{engine}: every command completed");
+    }
+}
+
+/// A queue that closes while its commands are on a device counts them as unfinished, and
+/// loses none (nothing dropped without completion).
+#[tokio::test]
+async fn a_queue_closed_with_commands_outstanding_counts_them() {
+    for engine in ["uring", "threads"] {
+        let dir = tempfile::tempdir().unwrap();
+        let (target, c) = start_with(engine, &dir, 2_000_000).await;
+        let mut ioq = c.io_queue(1).await.unwrap();
+        let q = ioq.queue();
+        for i in 0..4 {
+            q.submit(Sqe::rw(io::READ, 3, 64 + i, 1, false), Data::In(BLOCK as usize), 0).unwrap();
+        }
+        q.flush().await.unwrap();
+        // Let the reads reach the device, then close both queues.
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        drop(ioq);
+        drop(c);
+        let s = &target.stats;
+        let t = Instant::now();
+        while s.requests_unfinished.load(Relaxed) < 4 && t.elapsed() < Duration::from_secs(10) {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        assert_eq!(s.requests_unfinished.load(Relaxed), 4, "{engine}: the four reads were outstanding at close");
+        assert_eq!(s.requests_lost.load(Relaxed), 0, "{engine}: none lost");
     }
 }

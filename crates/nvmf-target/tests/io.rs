@@ -103,6 +103,7 @@ async fn pipelined_queue_depth_128() {
             .unwrap();
         }
     }
+    assert_eq!(env.target.stats.requests_lost.load(std::sync::atomic::Ordering::Relaxed), 0, "every command completed");
 }
 
 #[tokio::test]
@@ -149,6 +150,7 @@ async fn io_errors_have_the_spec_status() {
     assert_eq!(Status::from_field(e.status), Status::LBA_OUT_OF_RANGE.dnr());
     assert!(e.error_count >= cases_len());
     assert!(c.get_feature(feature::NUMBER_OF_QUEUES).await.is_ok());
+    assert_eq!(env.target.stats.requests_lost.load(std::sync::atomic::Ordering::Relaxed), 0, "every command completed");
 }
 
 fn cases_len() -> u64 {

@@ -3,21 +3,21 @@
 
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use nearstore_wire::compute::{opcode as cop, status as cs};
 use nearstore_wire::log::ErrorEntry;
 use nearstore_wire::{Sqe, Status};
 use tracing::warn;
 
-use super::{fatal, ConnError, Core, Inflight};
+use super::{ConnError, Core, Inflight};
 use crate::io_cmd::IoKind;
 use crate::limits;
 use crate::offload::{self, Computed, Failure, Slot, Task, TaskAbort};
 use crate::reply::Reply;
+use crate::request::Request;
 use crate::reservation::Access;
 use crate::subsystem::Controller;
-use nearstore_wire::pdu::fes;
 
 /// True for the vendor-specific opcodes the compute commands use.
 pub fn is_compute(opcode: u8) -> bool {
@@ -25,25 +25,24 @@ pub fn is_compute(opcode: u8) -> bool {
 }
 
 impl Core {
-    pub(super) fn execute_compute(&mut self, ctrl: &Arc<Controller>, sqe: Sqe, data: &[u8], start: Instant) -> Result<(), ConnError> {
-        let cid = sqe.cid();
+    pub(super) fn execute_compute(&mut self, ctrl: &Arc<Controller>, sqe: Sqe, data: &[u8], req: Request) -> Result<(), ConnError> {
         match sqe.opcode() {
             cop::EXEC => {
                 let Some(slot) = Slot::claim(ctrl, &self.target.memory, self.target.offload.cfg.memory_per_command.0) else {
-                    self.fail_io(ctrl, &sqe, cs::RESULTS_FULL);
+                    self.fail_io(ctrl, &sqe, req, cs::RESULTS_FULL);
                     return Ok(());
                 };
                 let Some(ns) = ctrl.subsys.namespace(sqe.nsid()) else {
                     let f =
                         Failure::new(Status::INVALID_NAMESPACE.dnr(), format!("namespace {} is not in {}", sqe.nsid(), ctrl.subsys.nqn));
-                    self.fail_compute(ctrl, cid, sqe.nsid(), slot, f);
+                    self.fail_compute(ctrl, req, sqe.nsid(), slot, f);
                     return Ok(());
                 };
                 let (desc, op) = match offload::validate(&ns, data, &self.target.offload.cfg, &self.target.offload.peers) {
                     Ok(v) => v,
                     Err(f) => {
                         ns.stats.errors.fetch_add(1, Relaxed);
-                        self.fail_compute(ctrl, cid, sqe.nsid(), slot, f);
+                        self.fail_compute(ctrl, req, sqe.nsid(), slot, f);
                         return Ok(());
                     }
                 };
@@ -51,16 +50,15 @@ impl Core {
                 let access = if desc.outputs.is_empty() { Access::Read } else { Access::Write };
                 if !ns.reservations.allows(&ctrl.hostid, access) {
                     let f = Failure::new(Status::RESERVATION_CONFLICT.dnr(), format!("namespace {} is reserved by another host", ns.nsid));
-                    self.fail_compute(ctrl, cid, sqe.nsid(), slot, f);
+                    self.fail_compute(ctrl, req, sqe.nsid(), slot, f);
                     return Ok(());
                 }
                 if self.r2t.live + self.inflight.live >= self.outstanding_limit() {
-                    return Err(fatal(fes::PDU_SEQUENCE_ERROR, 0, "more commands outstanding than the queue size"));
+                    return Err(self.overflow(req));
                 }
                 let abort = TaskAbort::new(&self.cancel);
-                let token = self
-                    .inflight
-                    .insert(Inflight { task: Some(abort.clone()), ..Inflight::new(cid, ns.clone(), IoKind::Compute, 0, 0, start) });
+                let token =
+                    self.inflight.insert(Inflight { task: Some(abort.clone()), ..Inflight::new(req, ns.clone(), IoKind::Compute, 0, 0) });
                 let task = Task {
                     ns,
                     op,
@@ -77,7 +75,7 @@ impl Core {
             cop::FETCH => {
                 let len = sqe.sgl().len as usize;
                 if len > limits::TRANSFER_BYTES_MAX {
-                    self.fail_io(ctrl, &sqe, Status::INVALID_FIELD.dnr());
+                    self.fail_io(ctrl, &sqe, req, Status::INVALID_FIELD.dnr());
                     return Ok(());
                 }
                 let r = ctrl.results.lock().fetch(sqe.cdw(10), sqe.cdw(11) as u64, len);
@@ -88,9 +86,9 @@ impl Core {
                         }
                         let valid = bytes.len() as u32;
                         bytes.resize(len, 0);
-                        self.complete_with_data(cid, &bytes, &Reply { dw0: valid, dw1: remaining, ..Reply::default() });
+                        self.complete_with_data(req, &bytes, &Reply { dw0: valid, dw1: remaining, ..Reply::default() });
                     }
-                    Err(f) => self.fail_io(ctrl, &sqe, f.status),
+                    Err(f) => self.fail_io(ctrl, &sqe, req, f.status),
                 }
             }
             cop::RELEASE => {
@@ -100,25 +98,25 @@ impl Core {
                 }
                 let status = if released { Status::SUCCESS } else { cs::HANDLE_INVALID };
                 if released {
-                    self.complete(cid, status, 0, 0);
+                    self.complete(req, status, 0, 0);
                 } else {
-                    self.fail_io(ctrl, &sqe, status);
+                    self.fail_io(ctrl, &sqe, req, status);
                 }
             }
-            _ => self.fail_io(ctrl, &sqe, Status::INVALID_OPCODE.dnr()),
+            _ => self.fail_io(ctrl, &sqe, req, Status::INVALID_OPCODE.dnr()),
         }
         Ok(())
     }
 
     /// Fails an EXEC, refused at once or failed on the engine: recorded in the error log,
     /// the message held under the handle the completion carries.
-    fn fail_compute(&mut self, ctrl: &Controller, cid: u16, nsid: u32, slot: Slot, f: Failure) {
+    fn fail_compute(&mut self, ctrl: &Controller, req: Request, nsid: u32, slot: Slot, f: Failure) {
         warn!(peer = %self.peer, nsid, status = %f.status, "compute command failed: {}", f.message);
         let sqid = self.queue.as_ref().map_or(0, |q| q.qid);
-        ctrl.record_error(ErrorEntry { sqid, cid, status: f.status.to_field(), nsid, ..Default::default() });
+        ctrl.record_error(ErrorEntry { sqid, cid: req.cid(), status: f.status.to_field(), nsid, ..Default::default() });
         let len = f.message.len() as u32;
         let handle = slot.fill(f.message.into_bytes(), self.result_ttl());
-        self.complete(cid, f.status, handle, len);
+        self.complete(req, f.status, handle, len);
     }
 
     fn result_ttl(&self) -> Duration {
@@ -128,14 +126,17 @@ impl Core {
     /// A compute command finished on the offload engine.
     pub(super) fn on_computed(&mut self, token: u32, c: Computed) {
         let Some(x) = self.inflight.remove(token as usize) else { return };
-        let Some(ctrl) = self.queue.as_ref().map(|q| q.ctrl.clone()) else { return };
-        x.ns.stats.latency.record(x.start.elapsed());
+        let Some(ctrl) = self.queue.as_ref().map(|q| q.ctrl.clone()) else {
+            x.req.abandon();
+            return;
+        };
+        x.ns.stats.latency.record(x.req.start().elapsed());
         match c.result {
             Ok(json) => {
                 x.ns.stats.other.fetch_add(1, Relaxed);
                 let len = json.len() as u32;
                 let handle = c.slot.fill(json, self.result_ttl());
-                self.complete(x.cid, Status::SUCCESS, handle, len);
+                self.complete(x.req, Status::SUCCESS, handle, len);
             }
             Err(f) => {
                 x.ns.stats.errors.fetch_add(1, Relaxed);
@@ -149,7 +150,7 @@ impl Core {
                 } else {
                     f
                 };
-                self.fail_compute(&ctrl, x.cid, x.ns.nsid, c.slot, f);
+                self.fail_compute(&ctrl, x.req, x.ns.nsid, c.slot, f);
             }
         }
     }

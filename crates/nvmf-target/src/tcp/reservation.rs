@@ -4,39 +4,38 @@
 
 use std::io;
 use std::sync::Arc;
-use std::time::Instant;
 
 use nearstore_wire::log::ErrorEntry;
-use nearstore_wire::pdu::fes;
 use nearstore_wire::{Sqe, Status};
 use tracing::warn;
 
-use super::{fatal, ConnError, Core, Inflight};
+use super::{ConnError, Core, Inflight};
 use crate::io_cmd::{self, IoKind, Later};
 use crate::io_pool::Done;
+use crate::request::Request;
 use crate::subsystem::Controller;
 
 impl Core {
-    pub(super) fn execute_reservation(&mut self, ctrl: &Arc<Controller>, sqe: &Sqe, data: &[u8], start: Instant) -> Result<(), ConnError> {
+    pub(super) fn execute_reservation(&mut self, ctrl: &Arc<Controller>, sqe: &Sqe, data: &[u8], req: Request) -> Result<(), ConnError> {
         match io_cmd::reservation(ctrl, sqe, data) {
-            Err(s) => self.fail_io(ctrl, sqe, s),
+            Err(s) => self.fail_io(ctrl, sqe, req, s),
             Ok((mut r, None)) => {
                 let d = std::mem::take(&mut r.data);
-                self.complete_with_data(sqe.cid(), &d, &r);
+                self.complete_with_data(req, &d, &r);
             }
-            Ok((_, Some(later))) => self.later(sqe.cid(), later, start)?,
+            Ok((_, Some(later))) => self.later(req, later)?,
         }
         Ok(())
     }
 
-    /// Completes the command `cid` once its namespace's reservation state file is written
+    /// Completes the command `req` once its namespace's reservation state file is written
     /// and the commands its Preempt and Abort aborts have completed ([`Core::on_persisted`]).
-    pub(super) fn later(&mut self, cid: u16, later: Later, start: Instant) -> Result<(), ConnError> {
+    pub(super) fn later(&mut self, req: Request, later: Later) -> Result<(), ConnError> {
         if self.r2t.live + self.inflight.live >= self.outstanding_limit() {
-            return Err(fatal(fes::PDU_SEQUENCE_ERROR, 0, "more commands outstanding than the queue size"));
+            return Err(self.overflow(req));
         }
         let Later { ns, snapshot, abort } = later;
-        let token = self.inflight.insert(Inflight::new(cid, ns.clone(), IoKind::Reservation, 0, 0, start)) as u32;
+        let token = self.inflight.insert(Inflight::new(req, ns.clone(), IoKind::Reservation, 0, 0)) as u32;
         let reply = self.done_tx.clone();
         tokio::spawn(async move {
             let result = match snapshot {
@@ -57,15 +56,15 @@ impl Core {
     pub(super) fn on_persisted(&mut self, token: u32, result: io::Result<()>) {
         let Some(x) = self.inflight.remove(token as usize) else { return };
         match result {
-            Ok(()) => self.complete(x.cid, Status::SUCCESS, 0, 0),
+            Ok(()) => self.complete(x.req, Status::SUCCESS, 0, 0),
             Err(e) => {
                 warn!(peer = %self.peer, nsid = x.ns.nsid, "writing the reservation state file failed: {e}");
                 let status = Status::INTERNAL_ERROR.dnr();
                 if let Some(q) = &self.queue {
-                    let e = ErrorEntry { sqid: q.qid, cid: x.cid, status: status.to_field(), nsid: x.ns.nsid, ..Default::default() };
+                    let e = ErrorEntry { sqid: q.qid, cid: x.req.cid(), status: status.to_field(), nsid: x.ns.nsid, ..Default::default() };
                     q.ctrl.record_error(e);
                 }
-                self.complete(x.cid, status, 0, 0);
+                self.complete(x.req, status, 0, 0);
             }
         }
     }
