@@ -412,13 +412,14 @@ impl Sim {
                 biased;
                 w = workers.join_next() => w,
                 _ = alarm.notified(), if next.is_some() => {
-                    faulted = true;
                     match chaos.remove(0) {
                         Chaos::Cut { queue, .. } => {
+                            faulted = true;
                             self.cuts += 1;
                             self.links[queue as usize % self.links.len()].cut();
                         }
                         Chaos::Crash { .. } => {
+                            faulted = true;
                             crashed = true;
                             self.crash();
                             cancel.cancel();
@@ -454,6 +455,11 @@ impl Sim {
         if let Some(f) = failure {
             return Err(f);
         }
+        // With no fault every command completed: each error the disk injected must have
+        // come back as a status.
+        if !faulted && self.disk.faults_left() > 0 {
+            return Err(format!("the disk failed {} operations that no command reported", self.disk.faults_left()));
+        }
         if shutdown {
             self.shut_down(&mut admin).await?;
             crashed = true;
@@ -468,16 +474,10 @@ impl Sim {
         self.links.clear();
         // Work the dead connections handed to the I/O pool runs on: let it finish.
         tokio::time::sleep(Duration::from_millis(1)).await;
-        let mut m = self.model.lock();
-        let lost = m.lost_total;
-        m.settle_lost();
-        drop(m);
+        self.model.lock().settle_lost();
         let fatal = self.target.stats.fatal_errors.load(std::sync::atomic::Ordering::Relaxed);
         if fatal > 0 {
             return Err(format!("the target saw {fatal} fatal transport errors from a host that sends only valid PDUs"));
-        }
-        if !faulted && !crashed && self.disk.faults_left() > 0 {
-            return Err(format!("the disk failed {} operations that no command reported (lost total {lost})", self.disk.faults_left()));
         }
         self.disk.forget_faults();
         Ok(crashed)
