@@ -475,9 +475,15 @@ impl Sim {
         // Work the dead connections handed to the I/O pool runs on: let it finish.
         tokio::time::sleep(Duration::from_millis(1)).await;
         self.model.lock().settle_lost();
-        let fatal = self.target.stats.fatal_errors.load(std::sync::atomic::Ordering::Relaxed);
+        let stats = &self.target.stats;
+        let fatal = stats.fatal_errors.load(std::sync::atomic::Ordering::Relaxed);
         if fatal > 0 {
             return Err(format!("the target saw {fatal} fatal transport errors from a host that sends only valid PDUs"));
+        }
+        // The target's own count of requests dropped without a completion on a live queue.
+        let dropped = stats.requests_lost.load(std::sync::atomic::Ordering::Relaxed);
+        if dropped > 0 {
+            return Err(format!("the target dropped {dropped} requests without completing them (nearstore_requests_lost_total)"));
         }
         self.disk.forget_faults();
         Ok(crashed)
