@@ -144,11 +144,11 @@ impl ClusterConfig {
 
 /// An open stream to a peer's namespace: its controller, one I/O queue, and the
 /// namespace's geometry.
-struct Conn {
+pub(crate) struct Conn {
     _ctrl: Controller,
-    q: IoQueue,
-    block: u64,
-    size: u64,
+    pub(crate) q: IoQueue,
+    pub(crate) block: u64,
+    pub(crate) size: u64,
 }
 
 struct Peer {
@@ -167,7 +167,7 @@ pub struct PeerError {
     pub message: String,
 }
 
-fn failed(message: String) -> PeerError {
+pub(crate) fn failed(message: String) -> PeerError {
     PeerError { status: cs::PEER_FAILED, message }
 }
 
@@ -383,12 +383,35 @@ impl Peers {
     }
 
     async fn connect(&self, p: &PeerConfig, host: &str) -> Result<Conn, PeerError> {
-        let mut opts = ConnectOptions::new(p.address, &p.nqn);
-        opts.hostnqn = self.host_nqn.clone();
-        opts.hostid = *uuid::Uuid::new_v5(&uuid::Uuid::NAMESPACE_OID, self.host_nqn.as_bytes()).as_bytes();
-        opts.timeout = self.timeout;
-        opts.acting_for = Some(host.to_string());
-        let ctrl = Controller::connect(opts).await.map_err(|e| {
+        connect(p, &self.host_nqn, host, self.timeout).await
+    }
+
+    /// The peer with `tag` as a device acting for `host`, its connections counted with
+    /// every other stream to that peer (`connections_per_peer`).
+    pub async fn remote(&self, tag: u16, host: &str) -> Result<crate::dev::remote::Remote, PeerError> {
+        let peer = self.peers.get(&tag).ok_or_else(|| failed(format!("device tag {tag} is not in the cluster map")))?;
+        let cfg = crate::dev::remote::RemoteConfig {
+            peer: peer.cfg.clone(),
+            member: self.host_nqn.clone(),
+            host: host.to_string(),
+            timeout: self.timeout,
+        };
+        crate::dev::remote::Remote::open(cfg, peer.permits.clone()).await.map_err(|e| {
+            peer.stats.failures.fetch_add(1, Relaxed);
+            PeerError { status: e.status, message: format!("{}: {}", self.name(tag, peer), e.message) }
+        })
+    }
+}
+
+/// Opens a connection to `p` as cluster member `member` acting for `host`, with one I/O
+/// queue, and identifies the namespace. The peer decides: a refusal is PEER_DENIED.
+pub(crate) async fn connect(p: &PeerConfig, member: &str, host: &str, timeout: Duration) -> Result<Conn, PeerError> {
+    let mut opts = ConnectOptions::new(p.address, &p.nqn);
+    opts.hostnqn = member.to_string();
+    opts.hostid = *uuid::Uuid::new_v5(&uuid::Uuid::NAMESPACE_OID, member.as_bytes()).as_bytes();
+    opts.timeout = timeout;
+    opts.acting_for = Some(host.to_string());
+    let ctrl = Controller::connect(opts).await.map_err(|e| {
             let denied = matches!(&e, InitiatorError::ActingForUnconfirmed { .. })
                 || matches!(&e, InitiatorError::Status { status, .. } if status.sct == Status::CONNECT_INVALID_HOST.sct && status.sc == Status::CONNECT_INVALID_HOST.sc);
             if denied {
@@ -396,20 +419,19 @@ impl Peers {
                     status: cs::PEER_DENIED,
                     message: format!(
                         "does not let {} read it for host {host}: {e} (the peer's subsystem must allow {host} and its cluster.trusted_members must list {})",
-                        self.host_nqn, self.host_nqn
+                        member, member
                     ),
                 }
             } else {
-                failed(format!("connecting as {} for host {host}: {e}", self.host_nqn))
+                failed(format!("connecting as {} for host {host}: {e}", member))
             }
         })?;
-        let id = ctrl.identify_namespace(p.nsid).await.map_err(|e| failed(format!("identifying namespace {}: {e}", p.nsid)))?;
-        let block = id.block_size() as u64;
-        let size = id.nsze.checked_mul(block).unwrap_or(0);
-        if size == 0 {
-            return Err(failed(format!("namespace {} is not there (or reports no size or block size)", p.nsid)));
-        }
-        let q = ctrl.io_queue(1).await.map_err(|e| failed(format!("opening an I/O queue: {e}")))?;
-        Ok(Conn { _ctrl: ctrl, q, block, size })
+    let id = ctrl.identify_namespace(p.nsid).await.map_err(|e| failed(format!("identifying namespace {}: {e}", p.nsid)))?;
+    let block = id.block_size() as u64;
+    let size = id.nsze.checked_mul(block).unwrap_or(0);
+    if size == 0 {
+        return Err(failed(format!("namespace {} is not there (or reports no size or block size)", p.nsid)));
     }
+    let q = ctrl.io_queue(1).await.map_err(|e| failed(format!("opening an I/O queue: {e}")))?;
+    Ok(Conn { _ctrl: ctrl, q, block, size })
 }

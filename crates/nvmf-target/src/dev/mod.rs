@@ -35,6 +35,7 @@ use crate::uring::{self, Ring, Sub};
 pub mod delay;
 pub mod inject;
 pub mod local;
+pub mod remote;
 
 /// What a device is, for the namespace above it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -1,0 +1,309 @@
+//! A namespace of another target as a device: read and written over NVMe/TCP with our
+//! initiator, on the runtime of the task that submits (no thread, no second runtime).
+//!
+//! The device acts for one host ([`crate::cluster`], "acting for"): every connection it
+//! opens names that host in its Connect, and the peer decides whether to admit it
+//! (refused: [`cs::PEER_DENIED`](nearstore_wire::compute::status::PEER_DENIED) from
+//! [`Remote::open`]). Its connections are pooled for that (peer, host) pair only, and
+//! count against the peer's `connections_per_peer` together with every other stream to
+//! it. Each operation is a task that takes a connection (waiting at most `timeout_secs`
+//! for one), runs the operation as commands of at most the peer's transfer size, and
+//! sends the completion to the channel; a connection that failed, timed out or still has
+//! commands in flight is closed, not pooled.
+//!
+//! A failure is an [`io::Error`] whose inner error is a [`PeerIoError`]: the peer's NVMe
+//! status when it answered with one ([`peer_status`]), and a message naming the peer.
+
+use std::io;
+use std::sync::Arc;
+use std::time::Duration;
+
+use nearstore_initiator::{Data, Error as InitiatorError, QueuePair};
+use nearstore_transport::AlignedBuf;
+use nearstore_wire::opcode::io as opc;
+use nearstore_wire::{Sqe, Status};
+use parking_lot::Mutex;
+use tokio::net::TcpStream;
+use tokio::sync::Semaphore;
+
+use super::{BlockDevice, Channel, Completion, Geometry, Op};
+use crate::cluster::{self, Conn, PeerConfig, PeerError};
+
+/// Ranges of one Dataset Management command (NVMe Base 2.0, "Dataset Management":
+/// NR is 0's based in 8 bits).
+const DSM_RANGES_MAX: usize = 256;
+/// Blocks of one Write Zeroes command (NLB is 0's based in 16 bits).
+const WRITE_ZEROES_BLOCKS_MAX: u64 = 1 << 16;
+
+/// Why a remote operation failed.
+#[derive(Debug, thiserror::Error)]
+#[error("{message}")]
+pub struct PeerIoError {
+    /// The status the peer completed the command with; None when it did not answer
+    /// (connection lost, timed out) or the operation was refused before it was sent.
+    pub status: Option<Status>,
+    pub message: String,
+}
+
+/// The peer's NVMe status inside an error of a remote operation.
+pub fn peer_status(e: &io::Error) -> Option<Status> {
+    e.get_ref().and_then(|i| i.downcast_ref::<PeerIoError>()).and_then(|p| p.status)
+}
+
+fn error(kind: io::ErrorKind, status: Option<Status>, message: String) -> io::Error {
+    io::Error::new(kind, PeerIoError { status, message })
+}
+
+/// The io::ErrorKind of a status the peer answered with.
+fn kind_of(s: Status) -> io::ErrorKind {
+    if s.sct == Status::LBA_OUT_OF_RANGE.sct && s.sc == Status::LBA_OUT_OF_RANGE.sc {
+        io::ErrorKind::InvalidInput
+    } else if s.sct == Status::RESERVATION_CONFLICT.sct && s.sc == Status::RESERVATION_CONFLICT.sc {
+        io::ErrorKind::PermissionDenied
+    } else {
+        io::ErrorKind::Other
+    }
+}
+
+/// Where the device reads and for whom.
+#[derive(Clone, Debug)]
+pub struct RemoteConfig {
+    pub peer: PeerConfig,
+    /// This target's cluster NQN (`cluster.host_nqn`): the peer must trust it.
+    pub member: String,
+    /// The host this device acts for.
+    pub host: String,
+    /// Connecting, waiting for a free connection, and each operation.
+    pub timeout: Duration,
+}
+
+struct Inner {
+    cfg: RemoteConfig,
+    /// Connections of this (peer, host), idle.
+    idle: Mutex<Vec<Conn>>,
+    /// The peer's connections, busy ones, for every host together.
+    permits: Arc<Semaphore>,
+    block: u64,
+    size: u64,
+}
+
+pub struct Remote {
+    inner: Arc<Inner>,
+    queue_depth: u32,
+}
+
+impl Remote {
+    /// Connects to the peer acting for `cfg.host` and identifies the namespace; `permits`
+    /// are the peer's connections (`connections_per_peer`), shared by every user of it.
+    pub async fn open(cfg: RemoteConfig, permits: Arc<Semaphore>) -> Result<Remote, PeerError> {
+        let conn = tokio::time::timeout(cfg.timeout, cluster::connect(&cfg.peer, &cfg.member, &cfg.host, cfg.timeout))
+            .await
+            .map_err(|_| cluster::failed(format!("connecting took more than {} s", cfg.timeout.as_secs())))??;
+        let queue_depth = permits.available_permits().max(1) as u32;
+        let (block, size) = (conn.block, conn.size);
+        let inner = Inner { cfg, idle: Mutex::new(vec![conn]), permits, block, size };
+        Ok(Remote { inner: Arc::new(inner), queue_depth })
+    }
+}
+
+impl BlockDevice for Remote {
+    fn describe(&self) -> String {
+        let p = &self.inner.cfg.peer;
+        format!("{} {} nsid {} for {}", p.address, p.nqn, p.nsid, self.inner.cfg.host)
+    }
+
+    fn geometry(&self) -> Geometry {
+        Geometry {
+            size: self.inner.size,
+            block_size: self.inner.block as u32,
+            align: nearstore_transport::PAGE as u32,
+            queue_depth: self.queue_depth,
+        }
+    }
+
+    fn submit(&self, ch: &mut Channel, op: Op, mut buf: AlignedBuf, tag: u64) {
+        let Ok(rt) = tokio::runtime::Handle::try_current() else {
+            let e = error(io::ErrorKind::Other, None, format!("{}: not submitted on a runtime", self.describe()));
+            return ch.complete(tag, Err(e), buf);
+        };
+        ch.started_elsewhere();
+        let tx = ch.sender();
+        let inner = self.inner.clone();
+        rt.spawn(async move {
+            let result = inner.run(op, &mut buf).await;
+            // The channel holds its own receiver; a channel dropped meanwhile needs nothing.
+            let _ = tx.send(Completion { tag, result, buf });
+        });
+    }
+}
+
+impl Inner {
+    fn name(&self) -> String {
+        let p = &self.cfg.peer;
+        format!("peer {} ({} nsid {}) for {}", p.address, p.nqn, p.nsid, self.cfg.host)
+    }
+
+    async fn run(&self, op: Op, buf: &mut AlignedBuf) -> io::Result<()> {
+        let t = self.cfg.timeout;
+        let permit = tokio::time::timeout(t, self.permits.clone().acquire_owned())
+            .await
+            .map_err(|_| error(io::ErrorKind::TimedOut, None, format!("{}: no free connection for {} s", self.name(), t.as_secs())))?
+            .map_err(|_| error(io::ErrorKind::Other, None, format!("{}: closed", self.name())))?;
+        let pooled = self.idle.lock().pop();
+        let mut conn = match pooled {
+            Some(c) => c,
+            None => tokio::time::timeout(t, cluster::connect(&self.cfg.peer, &self.cfg.member, &self.cfg.host, t))
+                .await
+                .map_err(|_| error(io::ErrorKind::TimedOut, None, format!("{}: connecting took more than {} s", self.name(), t.as_secs())))?
+                .map_err(|e| {
+                    let kind = if e.status == nearstore_wire::compute::status::PEER_DENIED {
+                        io::ErrorKind::PermissionDenied
+                    } else {
+                        io::ErrorKind::ConnectionRefused
+                    };
+                    error(kind, None, format!("{}: {}", self.name(), e.message))
+                })?,
+        };
+        let r = match tokio::time::timeout(t, self.exec(&mut conn, op, buf)).await {
+            Ok(r) => r,
+            Err(_) => Err(error(io::ErrorKind::TimedOut, None, format!("no answer for {} s", t.as_secs()))),
+        };
+        // A connection is kept only when nothing is in flight on it: late completions
+        // would reach the next operation. A status from the peer leaves it usable.
+        let usable = r.as_ref().err().is_none_or(|e| peer_status(e).is_some());
+        if usable && conn.q.queue().in_flight() == 0 {
+            self.idle.lock().push(conn);
+        }
+        drop(permit);
+        r.map_err(|e| {
+            let kind = e.kind();
+            let status = peer_status(&e);
+            error(kind, status, format!("{}: {e}", self.name()))
+        })
+    }
+
+    async fn exec(&self, conn: &mut Conn, op: Op, buf: &mut AlignedBuf) -> io::Result<()> {
+        let (nsid, block) = (self.cfg.peer.nsid, self.block);
+        let q = conn.q.queue();
+        let max = q.options().max_transfer as u64 / block * block;
+        let aligned = |off: u64, len: u64| {
+            if off.is_multiple_of(block) && len.is_multiple_of(block) {
+                Ok(())
+            } else {
+                Err(error(io::ErrorKind::InvalidInput, None, format!("bytes {off}+{len} are not whole {block}-byte blocks")))
+            }
+        };
+        match op {
+            Op::Read { off } | Op::Write { off, .. } => {
+                let len = buf.len() as u64;
+                aligned(off, len)?;
+                if max == 0 {
+                    return Err(error(io::ErrorKind::Other, None, format!("the peer's transfer size is below its {block}-byte block")));
+                }
+                let mut at = 0u64;
+                while at < len {
+                    let n = max.min(len - at);
+                    let (slba, nlb) = ((off + at) / block, (n / block) as u32);
+                    let range = at as usize..(at + n) as usize;
+                    match op {
+                        Op::Write { fua, .. } => {
+                            command(q, Sqe::rw(opc::WRITE, nsid, slba, nlb, fua), Data::Out(&buf[range]), None).await?
+                        }
+                        _ => command(q, Sqe::rw(opc::READ, nsid, slba, nlb, false), Data::In(n as usize), Some(&mut buf[range])).await?,
+                    }
+                    at += n;
+                }
+                Ok(())
+            }
+            Op::Flush => {
+                let mut s = Sqe::new(opc::FLUSH, 0);
+                s.set_nsid(nsid);
+                command(q, s, Data::None, None).await
+            }
+            Op::WriteZeroes { off, len, deallocate, fua } => {
+                aligned(off, len)?;
+                let (mut slba, end) = (off / block, (off + len) / block);
+                while slba < end {
+                    let nlb = WRITE_ZEROES_BLOCKS_MAX.min(end - slba);
+                    let mut s = Sqe::rw(opc::WRITE_ZEROES, nsid, slba, nlb as u32, fua);
+                    if deallocate {
+                        s.set_cdw(12, s.cdw(12) | (1 << 25));
+                    }
+                    command(q, s, Data::None, None).await?;
+                    slba += nlb;
+                }
+                Ok(())
+            }
+            Op::Deallocate => {
+                let mut ranges = Vec::with_capacity(DSM_RANGES_MAX * 16);
+                for pair in buf.chunks_exact(16) {
+                    let off = u64::from_le_bytes(pair[..8].try_into().expect("8 bytes"));
+                    let len = u64::from_le_bytes(pair[8..].try_into().expect("8 bytes"));
+                    aligned(off, len)?;
+                    let (mut slba, end) = (off / block, off.saturating_add(len) / block);
+                    while slba < end {
+                        let nlb = (u32::MAX as u64).min(end - slba);
+                        ranges.extend_from_slice(&[0u8; 4]);
+                        ranges.extend_from_slice(&(nlb as u32).to_le_bytes());
+                        ranges.extend_from_slice(&slba.to_le_bytes());
+                        slba += nlb;
+                        if ranges.len() == DSM_RANGES_MAX * 16 {
+                            dsm(q, nsid, &ranges).await?;
+                            ranges.clear();
+                        }
+                    }
+                }
+                if !ranges.is_empty() {
+                    dsm(q, nsid, &ranges).await?;
+                }
+                Ok(())
+            }
+        }
+    }
+}
+
+/// Dataset Management with the Deallocate attribute for the packed ranges.
+async fn dsm(q: &mut QueuePair<TcpStream>, nsid: u32, ranges: &[u8]) -> io::Result<()> {
+    let mut s = Sqe::new(opc::DATASET_MANAGEMENT, 0);
+    s.set_nsid(nsid).set_cdw(10, (ranges.len() / 16) as u32 - 1).set_cdw(11, 1 << 2);
+    command(q, s, Data::Out(ranges), None).await
+}
+
+/// Runs one command on `q`, the data it returns copied into `sink`.
+async fn command(q: &mut QueuePair<TcpStream>, sqe: Sqe, data: Data<'_>, mut sink: Option<&mut [u8]>) -> io::Result<()> {
+    let want = sink.as_ref().map_or(0, |s| s.len());
+    let cid = q.submit(sqe, data, 0).map_err(lost)?;
+    let mut got = 0;
+    let cqe = q
+        .wait(cid, |_, c, d| {
+            if let Some(s) = sink.as_deref_mut().filter(|_| c.cid == cid) {
+                let k = d.len().min(s.len() - got);
+                s[got..got + k].copy_from_slice(&d[..k]);
+                got += k;
+            }
+        })
+        .await
+        .map_err(lost)?;
+    if !cqe.status.is_success() {
+        return Err(error(
+            kind_of(cqe.status),
+            Some(cqe.status),
+            format!("the peer completed opcode {:#04x} with {}", sqe.opcode(), cqe.status),
+        ));
+    }
+    if got < want {
+        return Err(error(io::ErrorKind::UnexpectedEof, None, format!("the peer returned {got} of {want} bytes")));
+    }
+    Ok(())
+}
+
+/// An initiator error on the connection: it is lost.
+fn lost(e: InitiatorError) -> io::Error {
+    let kind = match &e {
+        InitiatorError::Closed | InitiatorError::Terminated { .. } => io::ErrorKind::ConnectionAborted,
+        InitiatorError::Timeout(_) => io::ErrorKind::TimedOut,
+        InitiatorError::Io { source, .. } => source.kind(),
+        _ => io::ErrorKind::Other,
+    };
+    error(kind, None, e.to_string())
+}

@@ -1,0 +1,274 @@
+//! The remote device: a namespace of another target read and written through the
+//! initiator on the caller's runtime, acting for one host. The peer decides admission;
+//! its statuses, its disconnects and its stalls fail the operation they hit and nothing
+//! else; a slow peer holds back no other connection on the runtime.
+
+mod common;
+
+use std::io;
+use std::net::SocketAddr;
+use std::sync::atomic::Ordering::Relaxed;
+use std::sync::Arc;
+use std::time::Duration;
+
+use common::proxy::{proxy, Faults};
+use nearstore_target::cluster::{ClusterConfig, PeerConfig, Peers};
+use nearstore_target::config::{Config, IoEngine};
+use nearstore_target::dev::remote::{peer_status, Remote, RemoteConfig};
+use nearstore_target::dev::{BlockDevice, Channel, Completion, Op};
+use nearstore_target::io_pool::IoPool;
+use nearstore_target::Target;
+use nearstore_transport::AlignedBuf;
+use nearstore_wire::compute::status as cs;
+use nearstore_wire::Status;
+use tokio::sync::Semaphore;
+
+const PEER_NQN: &str = "nqn.2026-11.io.nearstore:remote-peer";
+/// This target's cluster NQN: the peer trusts it.
+const MEMBER: &str = "nqn.2026-11.io.nearstore:member-a";
+/// The host the device acts for: the peer's subsystem allows it.
+const HOST: &str = "nqn.2026-11.io.nearstore:host";
+const STRANGER: &str = "nqn.2026-11.io.nearstore:stranger";
+const SIZE: u64 = 8 << 20;
+const DELAY: Duration = Duration::from_secs(2);
+const T: Duration = Duration::from_secs(5);
+
+struct Peer {
+    _b: Arc<Target>,
+    addr: SocketAddr,
+    faults: Arc<Faults>,
+    proxied: SocketAddr,
+}
+
+/// The peer: namespace 1 (memory, 512-byte blocks), 2 (behind a delay of DELAY), 3
+/// (failing every operation on LBAs 16..32), and a proxy in front of it.
+async fn peer() -> Peer {
+    common::init_logs();
+    let cfg = Config::from_toml(&format!(
+        r#"
+        [[listener]]
+        address = "127.0.0.1:0"
+        [cluster]
+        trusted_members = ["{MEMBER}"]
+        [[subsystem]]
+        nqn = "{PEER_NQN}"
+        hosts = ["{HOST}", "{MEMBER}"]
+        [[subsystem.namespace]]
+        nsid = 1
+        memory = "8MiB"
+        [[subsystem.namespace]]
+        nsid = 2
+        memory = "1MiB"
+        delay_us = {}
+        [[subsystem.namespace]]
+        nsid = 3
+        memory = "1MiB"
+        block_size = 4096
+        [subsystem.namespace.inject]
+        lbas = [16, 32]
+        "#,
+        DELAY.as_micros()
+    ))
+    .unwrap();
+    let b = Target::from_config(&cfg).unwrap();
+    let addr = b.listen("127.0.0.1:0".parse().unwrap(), false).await.unwrap();
+    let faults = Arc::new(Faults::default());
+    let proxied = proxy(addr, faults.clone(), 64 << 10).await;
+    Peer { _b: b, addr, faults, proxied }
+}
+
+fn config(addr: SocketAddr, nsid: u32, member: &str, host: &str, timeout: Duration) -> RemoteConfig {
+    RemoteConfig {
+        peer: PeerConfig { tag: 2, address: addr, nqn: PEER_NQN.into(), nsid },
+        member: member.into(),
+        host: host.into(),
+        timeout,
+    }
+}
+
+async fn open(addr: SocketAddr, nsid: u32) -> Remote {
+    Remote::open(config(addr, nsid, MEMBER, HOST, T), Arc::new(Semaphore::new(4))).await.unwrap()
+}
+
+fn channel() -> Channel {
+    Channel::new(IoEngine::Uring, IoPool::new(1))
+}
+
+fn buf(len: usize) -> AlignedBuf {
+    let mut b = AlignedBuf::new(len);
+    b.set_len(len);
+    b
+}
+
+fn filled(len: usize, seed: u8) -> AlignedBuf {
+    let mut b = buf(len);
+    b.iter_mut().enumerate().for_each(|(i, x)| *x = (i as u8).wrapping_mul(31).wrapping_add(seed));
+    b
+}
+
+async fn run(dev: &Remote, op: Op, b: AlignedBuf) -> Completion {
+    channel().run(dev, op, b).await
+}
+
+#[tokio::test]
+async fn reads_and_writes_go_to_the_peer() {
+    let p = peer().await;
+    let dev = open(p.addr, 1).await;
+    let g = dev.geometry();
+    assert_eq!((g.size, g.block_size), (SIZE, 512));
+    // (what, offset, length): in the capsule, through R2T, split over the peer's transfer
+    // size, the last block.
+    let cases: &[(&str, u64, usize)] = &[
+        ("one block", 0, 512),
+        ("in-capsule", 4096, 8192),
+        ("over the transfer size", (1 << 20) - 4096, 300 << 10),
+        ("the last block", SIZE - 512, 512),
+    ];
+    for (i, &(what, off, len)) in cases.iter().enumerate() {
+        let c = run(&dev, Op::Write { off, fua: i % 2 == 0 }, filled(len, i as u8)).await;
+        assert!(c.result.is_ok(), "{what}: write: {:?}", c.result);
+        let c = run(&dev, Op::Read { off }, buf(len)).await;
+        assert!(c.result.is_ok(), "{what}: read: {:?}", c.result);
+        assert!(c.buf[..] == filled(len, i as u8)[..], "{what}: read back what was written");
+    }
+    // A second device for the same host sees the same bytes through its own connections.
+    let other = open(p.addr, 1).await;
+    assert!(run(&other, Op::Read { off: 4096 }, buf(8192)).await.buf[..] == filled(8192, 1)[..], "another device reads it");
+    assert!(run(&dev, Op::Flush, buf(0)).await.result.is_ok(), "flush");
+    let off = (1 << 20) - 4096;
+    let zeroes = Op::WriteZeroes { off, len: 4096, deallocate: false, fua: true };
+    assert!(run(&dev, zeroes, buf(0)).await.result.is_ok(), "write zeroes");
+    let mut ranges = buf(32);
+    ranges[..8].copy_from_slice(&(off + 4096).to_le_bytes());
+    ranges[8..16].copy_from_slice(&4096u64.to_le_bytes());
+    assert!(run(&dev, Op::Deallocate, ranges).await.result.is_ok(), "deallocate (with an empty range)");
+    let c = run(&dev, Op::Read { off }, buf(12288)).await;
+    assert!(c.buf[..8192].iter().all(|&b| b == 0), "zeroed and deallocated blocks read as zeros");
+    assert!(c.buf[8192..] == filled(300 << 10, 2)[8192..12288], "the block after them is kept");
+}
+
+#[tokio::test]
+async fn the_peer_decides_whom_the_device_acts_for() {
+    let p = peer().await;
+    // (what, member, host)
+    let cases: &[(&str, &str, &str)] = &[
+        ("a host the peer does not allow", MEMBER, STRANGER),
+        ("a member the peer does not trust", "nqn.2026-11.io.nearstore:untrusted", HOST),
+    ];
+    for &(what, member, host) in cases {
+        let r = Remote::open(config(p.addr, 1, member, host, T), Arc::new(Semaphore::new(1))).await;
+        let e = r.err().unwrap_or_else(|| panic!("{what}: admitted"));
+        assert_eq!(e.status, cs::PEER_DENIED, "{what}: {}", e.message);
+        assert!(e.message.contains(host), "{what}: the message names the host: {}", e.message);
+    }
+    // Through the cluster map: the error names the peer's tag, and counts a failure.
+    let cluster = ClusterConfig {
+        host_nqn: Some(MEMBER.into()),
+        peer: vec![PeerConfig { tag: 2, address: p.addr, nqn: PEER_NQN.into(), nsid: 1 }],
+        ..Default::default()
+    };
+    let peers = Peers::new(&cluster);
+    let e = peers.remote(2, STRANGER).await.err().expect("a stranger is refused");
+    assert_eq!(e.status, cs::PEER_DENIED);
+    assert!(e.message.contains("peer tag 2"), "{}", e.message);
+    assert_eq!(peers.stats()[0].2.failures.load(Relaxed), 1);
+    assert_eq!(peers.remote(3, HOST).await.err().expect("no tag 3").status, cs::PEER_FAILED);
+    assert_eq!(peers.remote(2, HOST).await.unwrap().geometry().size, SIZE, "the allowed host is admitted");
+}
+
+/// What, device, op, buffer length, error kind, the peer's status.
+type Case<'a> = (&'a str, &'a Remote, Op, usize, io::ErrorKind, Option<Status>);
+
+#[tokio::test]
+async fn errors_from_the_peer_reach_the_completion() {
+    let p = peer().await;
+    let (one, three) = (open(p.addr, 1).await, open(p.addr, 3).await);
+    let cases: Vec<Case> = vec![
+        ("read past the end", &one, Op::Read { off: SIZE - 512 }, 1024, io::ErrorKind::InvalidInput, Some(Status::LBA_OUT_OF_RANGE)),
+        ("write past the end", &one, Op::Write { off: SIZE, fua: false }, 512, io::ErrorKind::InvalidInput, Some(Status::LBA_OUT_OF_RANGE)),
+        (
+            "write zeroes past the end",
+            &one,
+            Op::WriteZeroes { off: SIZE - 512, len: 1024, deallocate: false, fua: false },
+            0,
+            io::ErrorKind::InvalidInput,
+            Some(Status::LBA_OUT_OF_RANGE),
+        ),
+        ("a read not on a block", &one, Op::Read { off: 100 }, 512, io::ErrorKind::InvalidInput, None),
+        ("a read of part of a block", &three, Op::Read { off: 0 }, 512, io::ErrorKind::InvalidInput, None),
+        (
+            "a failing read on the peer",
+            &three,
+            Op::Read { off: 16 * 4096 },
+            4096,
+            io::ErrorKind::Other,
+            Some(Status::UNRECOVERED_READ_ERROR),
+        ),
+        (
+            "a failing write on the peer",
+            &three,
+            Op::Write { off: 20 * 4096, fua: false },
+            8192,
+            io::ErrorKind::Other,
+            Some(Status::WRITE_FAULT),
+        ),
+    ];
+    for (what, dev, op, len, kind, status) in cases {
+        let c = run(dev, op, buf(len)).await;
+        let e = c.result.expect_err(what);
+        assert_eq!(e.kind(), kind, "{what}: {e}");
+        assert_eq!(peer_status(&e).map(|s| (s.sct, s.sc)), status.map(|s| (s.sct, s.sc)), "{what}: {e}");
+        assert!(e.to_string().contains(PEER_NQN), "{what}: the message names the peer: {e}");
+        assert_eq!(c.buf.len(), len, "{what}: the buffer comes back");
+        // The connection the error came on still serves.
+        assert!(run(dev, Op::Read { off: 0 }, buf(4096)).await.result.is_ok(), "{what}: the next read");
+    }
+}
+
+#[tokio::test]
+async fn a_peer_that_dies_or_stalls_fails_the_operation_only() {
+    let p = peer().await;
+    let timeout = Duration::from_secs(1);
+    let dev = Remote::open(config(p.proxied, 1, MEMBER, HOST, timeout), Arc::new(Semaphore::new(2))).await.unwrap();
+    let direct = open(p.addr, 1).await;
+    // (what, the fault, error kind)
+    let cases: &[(&str, &std::sync::atomic::AtomicBool, io::ErrorKind)] = &[
+        ("the peer disconnects mid-read", &p.faults.cut, io::ErrorKind::ConnectionAborted),
+        ("the peer stalls mid-read", &p.faults.stall, io::ErrorKind::TimedOut),
+    ];
+    for &(what, fault, kind) in cases {
+        fault.store(true, Relaxed);
+        let c = run(&dev, Op::Read { off: 0 }, buf(1 << 20)).await;
+        fault.store(false, Relaxed);
+        let e = c.result.expect_err(what);
+        assert_eq!(e.kind(), kind, "{what}: {e}");
+        assert_eq!(peer_status(&e), None, "{what}");
+        assert!(run(&direct, Op::Read { off: 0 }, buf(1 << 20)).await.result.is_ok(), "{what}: the peer still serves");
+        assert!(run(&dev, Op::Read { off: 0 }, buf(1 << 20)).await.result.is_ok(), "{what}: the device reconnects");
+    }
+}
+
+/// Everything on one thread: while an operation waits for a slow peer, others on the
+/// same runtime (other devices' connections, the peer's own) go on.
+#[tokio::test(flavor = "current_thread")]
+async fn a_slow_peer_does_not_stall_other_connections() {
+    let p = peer().await;
+    let (slow, fast) = (open(p.addr, 2).await, open(p.addr, 1).await);
+    let mut slow_ch = channel();
+    slow.submit(&mut slow_ch, Op::Read { off: 0 }, buf(4096), 7);
+    let started = tokio::time::Instant::now();
+    let mut fast_ch = channel();
+    for i in 0..20 {
+        let c = fast_ch.run(&fast, Op::Read { off: i * 4096 }, buf(4096)).await;
+        assert!(c.result.is_ok(), "fast read {i}: {:?}", c.result);
+    }
+    assert!(started.elapsed() < DELAY, "the fast reads finished within the slow one's delay");
+    assert!(!slow_ch.has_completions(), "the slow read is still waiting");
+    let mut out = Vec::new();
+    while slow_ch.poll(1, &mut out) == 0 {
+        slow_ch.wait().await.unwrap();
+    }
+    assert_eq!(out[0].tag, 7);
+    assert!(out[0].result.is_ok(), "the slow read completes: {:?}", out[0].result);
+    assert!(started.elapsed() >= DELAY - Duration::from_millis(50));
+}
