@@ -103,7 +103,9 @@ pub struct LimitsConfig {
     /// Memory hosts can make the target hold in total: connection buffers (each queue's
     /// worst case, [`limits::connection_memory_max`], from its Connect to its close), held
     /// compute results and started compute commands (their whole
-    /// `compute.memory_per_command`). Default: half the machine's physical memory.
+    /// `compute.memory_per_command`). Default: half the machine's physical memory, or what
+    /// one command and one controller need on a machine too small for that
+    /// ([`crate::memory::Plan`]); a configured budget smaller than that is refused.
     pub memory: Option<ByteSize>,
 }
 
@@ -297,6 +299,18 @@ impl Config {
         Ok(c)
     }
 
+    /// The memory budget and the compute command size this configuration gives on a
+    /// machine of `physical` bytes of memory (None: unknown), each as configured or derived
+    /// ([`crate::memory::Plan`]).
+    pub fn memory_plan(&self, physical: Option<u64>) -> crate::memory::Plan {
+        crate::memory::Plan::new(
+            self.limits.memory.map(|m| m.0),
+            self.compute.memory_per_command.map(|m| m.0),
+            self.compute.chunk_bytes(),
+            physical,
+        )
+    }
+
     /// Checks what TOML types cannot: names, ranges, uniqueness.
     pub fn validate(&self) -> Result<(), ConfigError> {
         if self.listener.is_empty() {
@@ -317,11 +331,19 @@ impl Config {
         self.compute.validate().map_err(|(f, m)| invalid(f, m))?;
         self.limits.validate()?;
         if let Some(m) = self.limits.memory {
-            let need = limits::memory_budget_min(self.compute.memory_per_command.0);
-            if m.0 < need {
+            let plan = self.memory_plan(None);
+            if m.0 < plan.budget_min() {
                 return Err(invalid(
                     "limits.memory",
-                    format!("must hold one compute command, its result and one controller's two largest queues ({need} bytes)"),
+                    format!(
+                        "{} bytes cannot hold one compute command ({} bytes, compute.memory_per_command), its result ({} bytes) \
+                         and one controller's two largest queues ({} bytes): at least {} bytes",
+                        m.0,
+                        plan.command,
+                        limits::RESULT_BYTES_MAX,
+                        2 * limits::connection_memory_max(limits::QUEUE_DEPTH_MAX as usize),
+                        plan.budget_min()
+                    ),
                 ));
             }
         }
@@ -480,6 +502,59 @@ mod tests {
         assert_eq!(rule, want);
     }
 
+    /// The memory budget and compute command size a configuration comes to on a machine,
+    /// and that with them a Linux host's first controller connects (an admin queue of 32
+    /// entries, an I/O queue of 128), as Connect reserves its queues. Each line: the
+    /// machine's memory, `limits.memory` and `compute.memory_per_command` as configured,
+    /// then the budget and command size expected. The default budget once took no account
+    /// of the command size: a 512 MiB machine refused every Connect.
+    #[test]
+    fn memory_defaults_follow_the_machine() {
+        const MIB: u64 = 1 << 20;
+        let min = limits::memory_budget_min;
+        let chunks = limits::COMPUTE_CHUNK_BYTES_DEFAULT * (limits::COMPUTE_READAHEAD_CHUNKS_DEFAULT as u64 + 1);
+        #[rustfmt::skip]
+        let cases: &[(Option<u64>, Option<u64>, Option<u64>, u64, u64)] = &[
+            // Defaults: half the memory, a quarter of that per command, at most 256 MiB.
+            (Some(64 << 30), None, None, 32 << 30, 256 * MIB),
+            (Some(2 << 30), None, None, 1 << 30, 256 * MIB),
+            (Some(1 << 30), None, None, 512 * MIB, 128 * MIB),
+            // The qemu guest of tests/kernel/powercut.sh: 512 MiB, of which its kernel reports this.
+            (Some(512 * MIB), None, None, 256 * MIB, 64 * MIB),
+            (Some(479_645_696), None, None, 239_822_848, 57 * MIB),
+            // Too small for half: raised to what one command and one controller need.
+            (Some(128 * MIB), None, None, min(16 * MIB), 16 * MIB),
+            (Some(8 * MIB), None, None, min(chunks), chunks),
+            // Memory unknown: the fallback budget.
+            (None, None, None, limits::MEMORY_BUDGET_FALLBACK_BYTES, 256 * MIB),
+            // Configured: the machine does not matter; a derived command follows the budget.
+            (Some(512 * MIB), Some(200 * MIB), None, 200 * MIB, 50 * MIB),
+            (Some(64 << 30), Some(200 * MIB), None, 200 * MIB, 50 * MIB),
+            (Some(512 * MIB), None, Some(32 * MIB), 256 * MIB, 32 * MIB),
+            (Some(512 * MIB), None, Some(256 * MIB), min(256 * MIB), 256 * MIB),
+            (Some(512 * MIB), Some(1 << 30), Some(100 * MIB), 1 << 30, 100 * MIB),
+        ];
+        for &(physical, budget, command, want_budget, want_command) in cases {
+            let mut text = GOOD.to_string();
+            if let Some(b) = budget {
+                text = format!("[limits]\nmemory = {b}\n{text}");
+            }
+            if let Some(c) = command {
+                text = format!("[compute]\nmemory_per_command = {c}\n{text}");
+            }
+            let cfg = Config::from_toml(&text).unwrap_or_else(|e| panic!("{physical:?} {budget:?} {command:?}: {e}"));
+            let plan = cfg.memory_plan(physical);
+            let case = format!("machine {physical:?}, limits.memory {budget:?}, memory_per_command {command:?}: {plan:?}");
+            assert_eq!((plan.budget, plan.command), (want_budget, want_command), "{case}");
+            assert!(plan.budget >= plan.budget_min(), "{case}");
+            let memory = crate::memory::Memory::new(plan.budget);
+            let admin = memory.reserve_queue(32, plan.command);
+            let io = memory.reserve_queue(128, plan.command);
+            assert!(admin.is_some() && io.is_some(), "{case}: a controller's queues do not fit");
+            assert!(memory.reserve(plan.command).is_some(), "{case}: no compute command fits beside them");
+        }
+    }
+
     /// Each bad config names its field.
     #[test]
     fn bad_configs_name_the_field() {
@@ -499,9 +574,15 @@ mod tests {
             ("[[listener]]", "[limits]\ncontrollers_per_host = 2000\n[[listener]]", "limits.controllers_per_host"),
             ("[[listener]]", "[limits]\nconnect_timeout_ms = 5\n[[listener]]", "limits.connect_timeout_ms"),
             ("[[listener]]", "[limits]\nsockets = 5\n[[listener]]", "unknown field `sockets`"),
-            ("[[listener]]", "[limits]\nmemory = \"64MiB\"\n[[listener]]", "limits.memory"),
+            // With the command size derived (a quarter): 16 MiB + 256 KiB + 83 MiB.
+            ("[[listener]]", "[limits]\nmemory = \"64MiB\"\n[[listener]]", "limits.memory: 67108864 bytes cannot hold"),
+            ("[[listener]]", "[limits]\nmemory = \"100MiB\"\n[[listener]]", "at least 113397760 bytes"),
             // A command and its result fit, but not a controller's queues besides.
-            ("[[listener]]", "[limits]\nmemory = \"300MiB\"\n[[listener]]", "limits.memory"),
+            (
+                "[[listener]]",
+                "[limits]\nmemory = \"300MiB\"\n[compute]\nmemory_per_command = \"256MiB\"\n[[listener]]",
+                "one compute command (268435456 bytes, compute.memory_per_command)",
+            ),
             ("memory = \"1MiB\"", "memory = \"1MiB\"\n[subsystem.namespace.inject]\nerrno = 0", "namespace[0].inject.errno"),
             ("memory = \"1MiB\"", "memory = \"1MiB\"\n[subsystem.namespace.inject]\nnth = 0", "namespace[0].inject.nth"),
             ("memory = \"1MiB\"", "memory = \"1MiB\"\n[subsystem.namespace.inject]\nlbas = [8, 8]", "namespace[0].inject.lbas"),

@@ -149,20 +149,18 @@ pub fn connect(target: &Target, sqe: &Sqe, data: &[u8], discovery_port: bool, pe
 
 /// Reserves the most buffer memory a queue of `sqsize` (0's based) entries can hold
 /// ([`limits::connection_memory_max`]) from the target's budget, leaving room for one
-/// compute command and its result so that connections alone never starve compute. A
-/// full budget is Connect Controller Busy without DNR: the host may retry once others
+/// compute command and its result ([`crate::memory::Memory::reserve_queue`]). A full budget is Connect Controller Busy without DNR: the host may retry once others
 /// have gone (NVMe over Fabrics: the controller is busy), as it does when a subsystem has
 /// no controller left.
 fn reserve_buffers(target: &Target, sqsize: u16, peer: &str) -> Result<Reservation, Reply> {
-    let bytes = limits::connection_memory_max(sqsize as usize + 1) as u64;
-    let keep = target.offload.cfg.memory_per_command.0 + limits::RESULT_BYTES_MAX as u64;
-    target.memory.reserve_leaving(bytes, keep).ok_or_else(|| {
+    let entries = sqsize as usize + 1;
+    target.memory.reserve_queue(entries, target.offload.cfg.command_bytes()).ok_or_else(|| {
         target.stats.connects_refused_memory.fetch_add(1, Relaxed);
         peer_warn!(
             target.log_limit,
             peer,
             "connect: the memory budget cannot hold this queue's buffers (limits.memory)",
-            bytes,
+            bytes = limits::connection_memory_max(entries),
             reserved = target.memory.used(),
             budget = target.memory.limit()
         );

@@ -108,7 +108,9 @@ impl Target {
     pub fn with_io_pool(cfg: &Config, connections: usize, nofile: u64, pool: IoPool) -> Arc<Target> {
         let limits = cfg.limits.clone();
         let admission = Admission::new(connections, limits.connections_per_address);
-        let memory = memory::Memory::new(limits.memory.map_or_else(memory::Memory::machine_default, |m| m.0));
+        let plan = cfg.memory_plan(memory::physical());
+        let memory = memory::Memory::new(plan.budget);
+        let compute = offload::ComputeConfig { memory_per_command: Some(config::ByteSize(plan.command)), ..cfg.compute.clone() };
         Arc::new(Target {
             subsystems: RwLock::new(BTreeMap::new()),
             discovery: Arc::new(Subsystem::new(nearstore_wire::DISCOVERY_NQN, None, Some("nearstore discovery"), true, &[])),
@@ -118,7 +120,7 @@ impl Target {
             stats: TargetStats::default(),
             busy_poll: std::time::Duration::from_micros(cfg.busy_poll_us),
             io_engine: cfg.io_engine,
-            offload: offload::Offload::new(cfg.compute.clone(), &cfg.cluster, memory.clone()),
+            offload: offload::Offload::new(compute, &cfg.cluster, memory.clone()),
             limits,
             admission,
             nofile,
@@ -140,6 +142,16 @@ impl Target {
             None => max,
         };
         info!(nofile, connections, "descriptor limit and connection cap");
+        let physical = memory::physical();
+        let plan = cfg.memory_plan(physical);
+        info!(budget = plan.budget, memory_per_command = plan.command, "memory budget (limits.memory) and compute command size");
+        if let (None, Some(p)) = (cfg.limits.memory, physical.filter(|p| plan.budget > p / 2)) {
+            warn!(
+                budget = plan.budget,
+                physical = p,
+                "the machine has too little memory for the default budget (half of it): raised to what one compute command and one controller need"
+            );
+        }
         let t = Target::new(cfg, connections, nofile);
         if let Some(d) = &cfg.state_dir {
             std::fs::create_dir_all(d).map_err(|source| TargetError::Backend {

@@ -177,6 +177,22 @@ pub const fn memory_budget_min(memory_per_command: u64) -> u64 {
     memory_per_command + RESULT_BYTES_MAX as u64 + 2 * connection_memory_max(QUEUE_DEPTH_MAX as usize) as u64
 }
 
+/// The default `compute.memory_per_command` for a memory budget of `budget` bytes: a
+/// quarter of it in whole MiB, at most COMPUTE_MEMORY_PER_COMMAND_BYTES_DEFAULT (reached
+/// from a 1 GiB budget, a 2 GiB machine). Connections leave one command free, so the
+/// other three quarters are for queues and results: the 512 MiB qemu guest's default budget
+/// of 229 MiB gives 57 MiB commands and room for a controller with six I/O queues of 128
+/// entries, where 256 MiB commands left room for none. The least budget such a command needs
+/// (memory_budget_min) is then about 111 MiB.
+pub const fn compute_memory_per_command_default(budget: u64) -> u64 {
+    let quarter = budget / 4 / (1 << 20) * (1 << 20);
+    if quarter < COMPUTE_MEMORY_PER_COMMAND_BYTES_DEFAULT {
+        quarter
+    } else {
+        COMPUTE_MEMORY_PER_COMMAND_BYTES_DEFAULT
+    }
+}
+
 /// glibc malloc arenas per core (M_ARENA_MAX, set at start-up unless MALLOC_ARENA_MAX is
 /// in the environment). glibc's default of 8 per core let memory freed on one arena sit
 /// unused while another grew: the peak resident memory test's process peaked 48 MiB over
@@ -210,7 +226,9 @@ pub const COMPUTE_READAHEAD_CHUNKS_DEFAULT: usize = 2;
 /// The most `compute.readahead` accepts: past 16, more reads in flight only hold memory.
 pub const COMPUTE_READAHEAD_CHUNKS_MAX: usize = 16;
 /// Memory one compute command may use (`compute.memory_per_command`), in bytes: its chunk
-/// buffers plus the operation's own (a sort's runs, a GROUP BY's groups).
+/// buffers plus the operation's own (a sort's runs, a GROUP BY's groups). The default with
+/// a memory budget of 1 GiB or more (compute_memory_per_command_default), and where no
+/// budget applies (`offload::execute_here`).
 pub const COMPUTE_MEMORY_PER_COMMAND_BYTES_DEFAULT: u64 = 256 << 20;
 /// Commands computing at once at most (`compute.threads`, default the machine's cores).
 pub const COMPUTE_THREADS_MAX: usize = 256;

@@ -8,6 +8,45 @@
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::Arc;
 
+use crate::limits;
+
+/// The machine's physical memory in bytes, or None where it cannot be read.
+pub fn physical() -> Option<u64> {
+    // SAFETY: sysconf only reads system configuration.
+    let (pages, page) = unsafe { (libc::sysconf(libc::_SC_PHYS_PAGES), libc::sysconf(libc::_SC_PAGESIZE)) };
+    (pages > 0 && page > 0).then(|| pages as u64 * page as u64)
+}
+
+/// The memory budget and what one started compute command reserves from it, as configured
+/// or derived (docs/operations.md, "Limits"): the default budget is half the machine's
+/// memory, raised to [`limits::memory_budget_min`] of the command size on a machine too
+/// small for it (the target must start with its defaults); the default command size is
+/// [`limits::compute_memory_per_command_default`] of that budget.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Plan {
+    /// `limits.memory`, in bytes.
+    pub budget: u64,
+    /// `compute.memory_per_command`, in bytes.
+    pub command: u64,
+}
+
+impl Plan {
+    /// `budget` and `command` as configured (None: derived); `chunks`: the least one command
+    /// needs, its chunk buffers for one input; `physical`: the machine's memory (None:
+    /// unknown, then the budget defaults to [`limits::MEMORY_BUDGET_FALLBACK_BYTES`]).
+    pub fn new(budget: Option<u64>, command: Option<u64>, chunks: u64, physical: Option<u64>) -> Plan {
+        let base = budget.unwrap_or_else(|| physical.map_or(limits::MEMORY_BUDGET_FALLBACK_BYTES, |p| p / 2));
+        let command = command.unwrap_or_else(|| limits::compute_memory_per_command_default(base).max(chunks));
+        let budget = budget.unwrap_or_else(|| base.max(limits::memory_budget_min(command)));
+        Plan { budget, command }
+    }
+
+    /// The least budget that holds this command size.
+    pub fn budget_min(&self) -> u64 {
+        limits::memory_budget_min(self.command)
+    }
+}
+
 pub struct Memory {
     limit: u64,
     used: AtomicU64,
@@ -18,16 +57,6 @@ pub struct Memory {
 impl Memory {
     pub fn new(limit: u64) -> Arc<Memory> {
         Arc::new(Memory { limit, used: AtomicU64::new(0), peak: AtomicU64::new(0) })
-    }
-
-    /// Half the machine's physical memory: the default budget.
-    pub fn machine_default() -> u64 {
-        // SAFETY: sysconf only reads system configuration.
-        let (pages, page) = unsafe { (libc::sysconf(libc::_SC_PHYS_PAGES), libc::sysconf(libc::_SC_PAGESIZE)) };
-        if pages <= 0 || page <= 0 {
-            return crate::limits::MEMORY_BUDGET_FALLBACK_BYTES;
-        }
-        pages as u64 * page as u64 / 2
     }
 
     pub fn limit(&self) -> u64 {
@@ -45,6 +74,13 @@ impl Memory {
     /// Reserves `bytes`, or None when the budget cannot hold them.
     pub fn reserve(self: &Arc<Self>, bytes: u64) -> Option<Reservation> {
         self.reserve_leaving(bytes, 0)
+    }
+
+    /// Reserves the most buffer memory a connection with a queue of `entries` can hold
+    /// ([`limits::connection_memory_max`]), leaving one compute command of `command` bytes
+    /// and its result free, so that connections alone never starve compute.
+    pub fn reserve_queue(self: &Arc<Self>, entries: usize, command: u64) -> Option<Reservation> {
+        self.reserve_leaving(limits::connection_memory_max(entries) as u64, command + limits::RESULT_BYTES_MAX as u64)
     }
 
     /// Reserves `bytes` only if `keep` bytes stay free after them: held results leave room

@@ -47,8 +47,10 @@ pub struct ComputeConfig {
     pub chunk: ByteSize,
     /// Chunks read ahead of the operation, per input.
     pub readahead: usize,
-    /// Memory one command may use: its chunk buffers plus the operation's own.
-    pub memory_per_command: ByteSize,
+    /// Memory one command may use: its chunk buffers plus the operation's own. Default: a
+    /// quarter of the memory budget, at most 256 MiB (`memory::Plan`); a target resolves it
+    /// when it starts.
+    pub memory_per_command: Option<ByteSize>,
     /// Longest a command may run before it fails with TIMEOUT.
     pub timeout_secs: u64,
     /// How long an unfetched result or message is held.
@@ -61,7 +63,7 @@ impl Default for ComputeConfig {
             threads: std::thread::available_parallelism().map_or(2, |n| n.get()),
             chunk: ByteSize(limits::COMPUTE_CHUNK_BYTES_DEFAULT),
             readahead: limits::COMPUTE_READAHEAD_CHUNKS_DEFAULT,
-            memory_per_command: ByteSize(limits::COMPUTE_MEMORY_PER_COMMAND_BYTES_DEFAULT),
+            memory_per_command: None,
             timeout_secs: limits::COMPUTE_TIMEOUT_SECS_DEFAULT,
             result_ttl_secs: limits::RESULT_TTL_SECS_DEFAULT,
         }
@@ -86,8 +88,8 @@ impl ComputeConfig {
         if self.readahead > limits::COMPUTE_READAHEAD_CHUNKS_MAX {
             return e("readahead", format!("must be at most {} chunks", limits::COMPUTE_READAHEAD_CHUNKS_MAX));
         }
-        let need = c * (self.readahead as u64 + 1);
-        if self.memory_per_command.0 < need {
+        let need = self.chunk_bytes();
+        if self.memory_per_command.is_some_and(|m| m.0 < need) {
             return e("memory_per_command", format!("must hold at least one input's chunks ({need} bytes)"));
         }
         if self.timeout_secs == 0 || self.timeout_secs > limits::COMPUTE_TIMEOUT_SECS_MAX {
@@ -97,6 +99,17 @@ impl ComputeConfig {
             return e("result_ttl_secs", format!("must be between 1 and {}", limits::RESULT_TTL_SECS_MAX));
         }
         Ok(())
+    }
+
+    /// The chunk buffers of one input: the least memory a command needs.
+    pub fn chunk_bytes(&self) -> u64 {
+        self.chunk.0 * (self.readahead as u64 + 1)
+    }
+
+    /// `memory_per_command` in bytes: as configured or as the target resolved it, else
+    /// (no budget applies: `execute_here`) [`limits::COMPUTE_MEMORY_PER_COMMAND_BYTES_DEFAULT`].
+    pub fn command_bytes(&self) -> u64 {
+        self.memory_per_command.map_or(limits::COMPUTE_MEMORY_PER_COMMAND_BYTES_DEFAULT, |m| m.0)
     }
 }
 
@@ -321,14 +334,14 @@ pub fn validate(ns: &Namespace, data: &[u8], cfg: &ComputeConfig, peers: &Peers)
         ));
     }
     let buffers = buffer_bytes(&desc, cfg);
-    if buffers > cfg.memory_per_command.0 {
+    if buffers > cfg.command_bytes() {
         return Err(Failure::new(
             cs::LIMIT_EXCEEDED,
             format!(
                 "{} inputs and {} outputs need {buffers} bytes of chunk buffers, more than compute.memory_per_command ({} bytes)",
                 desc.inputs.len(),
                 desc.outputs.len(),
-                cfg.memory_per_command.0
+                cfg.command_bytes()
             ),
         ));
     }
@@ -410,7 +423,7 @@ impl Engine {
             while p.started < limits::COMPUTE_STARTED_MAX && !p.tasks.is_empty() {
                 // A started command holds its whole bound of the budget: while the budget
                 // is full, commands wait here.
-                let Some(memory) = self.memory.reserve(self.cfg.memory_per_command.0) else { break };
+                let Some(memory) = self.memory.reserve(self.cfg.command_bytes()) else { break };
                 let per = &p.per_ctrl;
                 let Some((key, t)) = p.tasks.pop_if(|k| per.get(&k).copied().unwrap_or(0) < limits::COMPUTE_STARTED_PER_CONTROLLER_MAX)
                 else {
@@ -525,7 +538,7 @@ fn run(
         None => Box::new(move || token.is_cancelled()),
     };
     let halt = Stop::new(Some(Duration::from_secs(cfg.timeout_secs)), Some(probe));
-    let ctx = Context { memory_max: (cfg.memory_per_command.0 - buffer_bytes(desc, cfg)) as usize, stop: halt };
+    let ctx = Context { memory_max: (cfg.command_bytes() - buffer_bytes(desc, cfg)) as usize, stop: halt };
     let limits = Limits { deadline, timeout_secs: cfg.timeout_secs, cancel, turn: turn.map(|t| &**t) };
     // A peer's failure: the status the command fails with, whatever the operation makes
     // of the read error.

@@ -28,7 +28,7 @@ impl Core {
     pub(super) fn execute_compute(&mut self, ctrl: &Arc<Controller>, sqe: Sqe, data: &[u8], req: Request) -> Result<(), ConnError> {
         match sqe.opcode() {
             cop::EXEC => {
-                let Some(slot) = Slot::claim(ctrl, &self.target.memory, self.target.offload.cfg.memory_per_command.0) else {
+                let Some(slot) = Slot::claim(ctrl, &self.target.memory, self.target.offload.cfg.command_bytes()) else {
                     self.fail_io(ctrl, &sqe, req, cs::RESULTS_FULL);
                     return Ok(());
                 };
