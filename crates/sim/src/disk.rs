@@ -105,10 +105,11 @@ impl SimDisk {
         blocks.into_iter().map(|b| b.durable).collect()
     }
 
-    /// Removes a noted fault equal to one of `candidates`; false when there is none.
+    /// Removes a noted fault equal to one of `candidates`, trying them in order; false when
+    /// there is none.
     pub fn take_fault(&self, candidates: &[Fault]) -> bool {
         let mut s = self.state.lock();
-        match s.faults.iter().position(|f| candidates.contains(f)) {
+        match candidates.iter().find_map(|c| s.faults.iter().position(|f| f == c)) {
             Some(i) => {
                 s.faults.remove(i);
                 true
@@ -350,6 +351,14 @@ mod tests {
             landed += d.state.lock().blocks.iter().filter(|b| b.current()[0] == 1).count();
         }
         assert!(landed > 0 && landed < 200, "failed writes landed on {landed} of 200 blocks");
+        // Candidates are tried in order: a deallocate of (2, 6) then (26, 8) that failed on
+        // the second range takes that fault, not another command's over (2, 6).
+        let d = disk(40, 0, 1000, None);
+        let (a, b) = (Fault::Zeroes { off: 2 * BS as u64, len: 6 * BS as u64 }, Fault::Zeroes { off: 26 * BS as u64, len: 8 * BS as u64 });
+        assert!(d.write_zeroes(2 * BS as u64, 6 * BS as u64, true).is_err());
+        assert!(d.write_zeroes(26 * BS as u64, 8 * BS as u64, true).is_err());
+        assert!(d.take_fault(&[b, a]));
+        assert!(d.take_fault(&[a]), "the other command's fault is still there");
         // Not the target's to see as a fault: misaligned or beyond the end.
         let d = disk(1, 0, 0, None);
         assert_eq!(d.read_at(&mut [0; 100], 0).unwrap_err().kind(), io::ErrorKind::InvalidInput);

@@ -264,8 +264,12 @@ impl Model {
                 Kind::Read | Kind::Verify => (Status::UNRECOVERED_READ_ERROR, vec![Fault::Read { off, len }]),
                 Kind::Write { .. } => (Status::WRITE_FAULT, vec![Fault::Write { off, len }, Fault::FlushRange { off, len }]),
                 Kind::Zeroes { .. } => (Status::WRITE_FAULT, vec![Fault::Zeroes { off, len }, Fault::FlushRange { off, len }]),
+                // The target deallocates the ranges in order and stops at the first that
+                // fails: the last range that ran failed. Trying the ranges last first keeps
+                // this command from taking a fault of another one over a range both have
+                // (seed 281479: two deallocates of blocks 2+6, on two queues).
                 Kind::Deallocate(r) => {
-                    (Status::WRITE_FAULT, r.iter().map(|(s, n)| Fault::Zeroes { off: s * bs, len: *n as u64 * bs }).collect())
+                    (Status::WRITE_FAULT, r.iter().rev().map(|(s, n)| Fault::Zeroes { off: s * bs, len: *n as u64 * bs }).collect())
                 }
                 Kind::Flush => (Status::WRITE_FAULT, vec![Fault::Flush]),
             };
