@@ -70,6 +70,11 @@ pub struct TargetArgs {
     /// Host NQN (default: /etc/nvme/hostnqn or one derived from the machine id).
     #[arg(long)]
     pub hostnqn: Option<String>,
+    /// Host Identifier, a UUID: what the target keys reservations by (default: /etc/nvme/hostid
+    /// with this machine's host NQN, as nvme-cli's connections; else the UUID the host NQN
+    /// ends with, or one derived from it; docs/reservations.md).
+    #[arg(long, value_parser = host_id)]
+    pub hostid: Option<uuid::Uuid>,
     /// Header digest.
     #[arg(long)]
     pub hdr_digest: bool,
@@ -95,6 +100,11 @@ pub fn size(s: &str) -> Result<u64, String> {
     s.parse::<ByteSize>().map(|b| b.0).map_err(|e| e.to_string())
 }
 
+/// A Host Identifier: a UUID (clap's value parser).
+pub fn host_id(s: &str) -> Result<uuid::Uuid, String> {
+    s.trim().parse::<uuid::Uuid>().map_err(|_| format!("'{s}' is not a UUID"))
+}
+
 /// [`size`] as a usize.
 pub fn size_usize(s: &str) -> Result<usize, String> {
     usize::try_from(size(s)?).map_err(|_| format!("{s} is too large for this machine"))
@@ -117,12 +127,11 @@ pub fn resolve(addr: &str, default_port: u16) -> Result<SocketAddr> {
 impl TargetArgs {
     pub fn options(&self) -> Result<nearstore_initiator::ConnectOptions> {
         let mut o = nearstore_initiator::ConnectOptions::new(address(&self.traddr, self.trsvcid, 4420)?, &self.nqn);
-        if let Some(h) = &self.hostnqn {
-            o.hostnqn = h.clone();
-            // The Host Identifier goes with the host NQN: two NQNs are two hosts (and two
-            // registrants of a reservation), as the initiator derives it.
-            o.hostid = *uuid::Uuid::new_v5(&uuid::Uuid::NAMESPACE_OID, h.as_bytes()).as_bytes();
-        }
+        // One resolution for every verb (nearstore_initiator::host), so that a host's reads,
+        // writes and reservation commands are one registrant, as its kernel connection is.
+        let ids = nearstore_initiator::host::resolve(self.hostnqn.as_deref(), self.hostid.map(|u| *u.as_bytes()))?;
+        o.hostnqn = ids.hostnqn;
+        o.hostid = ids.hostid;
         o.hdgst = self.hdr_digest;
         o.ddgst = self.data_digest;
         Ok(o)

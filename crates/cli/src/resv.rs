@@ -31,11 +31,11 @@ pub struct ResvTarget {
     /// Host NQN (default: /etc/nvme/hostnqn or one derived from the machine id).
     #[arg(long)]
     hostnqn: Option<String>,
-    /// Host Identifier, a UUID: what the target keys registrations by (default:
-    /// /etc/nvme/hostid, as the kernel's connection uses, unless --hostnqn is given; else
-    /// one derived from the host NQN).
-    #[arg(long)]
-    hostid: Option<String>,
+    /// Host Identifier, a UUID: what the target keys registrations by (default: /etc/nvme/hostid
+    /// with this machine's host NQN, as nvme-cli's connections; else the UUID the host NQN
+    /// ends with, or one derived from it; docs/reservations.md).
+    #[arg(long, value_parser = crate::host_id)]
+    hostid: Option<uuid::Uuid>,
     /// Namespace ID.
     #[arg(short = 'n', long = "namespace-id", default_value_t = 1)]
     nsid: u32,
@@ -181,26 +181,6 @@ fn type_name(t: u8) -> &'static str {
     RTYPES.iter().find(|(n, _)| *n == t).map_or("none", |(_, names)| names[0])
 }
 
-/// The Host Identifier to connect with: --hostid, else /etc/nvme/hostid when the host NQN
-/// is this machine's (the kernel's connection uses it, so both are one registrant), else
-/// one derived from the host NQN.
-fn hostid(t: &ResvTarget) -> Result<Option<[u8; 16]>> {
-    let parse = |s: &str, from: &str| -> Result<[u8; 16]> {
-        let u = s.trim().parse::<uuid::Uuid>().with_context(|| format!("{from}: '{}' is not a UUID", s.trim()))?;
-        Ok(*u.as_bytes())
-    };
-    if let Some(s) = &t.hostid {
-        return parse(s, "--hostid").map(Some);
-    }
-    if t.hostnqn.is_some() {
-        return Ok(None);
-    }
-    match std::fs::read_to_string("/etc/nvme/hostid") {
-        Ok(s) => parse(&s, "/etc/nvme/hostid").map(Some),
-        Err(_) => Ok(None),
-    }
-}
-
 async fn connect(t: &ResvTarget) -> Result<(Controller, IoQueue)> {
     let args = TargetArgs {
         transport: t.transport.clone(),
@@ -208,13 +188,11 @@ async fn connect(t: &ResvTarget) -> Result<(Controller, IoQueue)> {
         trsvcid: t.trsvcid,
         nqn: t.nqn.clone(),
         hostnqn: t.hostnqn.clone(),
+        hostid: t.hostid,
         hdr_digest: false,
         data_digest: false,
     };
-    let mut o = args.options()?;
-    if let Some(id) = hostid(t)? {
-        o.hostid = id;
-    }
+    let o = args.options()?;
     let c = crate::tools::connect_with(o).await?;
     let q = c.io_queue(1).await.context("creating an I/O queue")?;
     Ok((c, q))

@@ -134,3 +134,52 @@ fn bad_values_are_usage_errors() {
         assert!(err.contains(said), "{args:?}: {err}");
     }
 }
+
+/// A host that gives no --hostnqn or --hostid is one host to the target in every verb: on a
+/// machine with nvme-cli's files (a Host ID that is not the host NQN's UUID, as `nvme
+/// gen-hostnqn` and `uuidgen` make them) the reservation verbs and the reads and writes all
+/// send the file's Host ID, so the holder of a reservation writes through it. The verbs
+/// once took /etc/nvme/hostid for the reservation and a Host ID derived from the NQN for
+/// the write, which then conflicted with the host's own reservation.
+#[test]
+fn one_host_by_default_in_every_verb() {
+    let t = Target::start(&["--memory", "64MiB"]);
+    let dir = tempfile::tempdir().unwrap();
+    let etc = dir.path().join("nvme");
+    std::fs::create_dir(&etc).unwrap();
+    std::fs::write(etc.join("hostnqn"), "nqn.2014-08.org.nvmexpress:uuid:0062216e-1d66-4bce-afda-9311e3a3169c\n").unwrap();
+    std::fs::write(etc.join("hostid"), "e4b3c653-9a5e-47f7-9553-c7fa133c904f\n").unwrap();
+    let data = dir.path().join("block");
+    std::fs::write(&data, [7u8; 512]).unwrap();
+    let port = t.addr.port().to_string();
+    let target = ["--traddr", "127.0.0.1", "-s", &port];
+    let run = |verb: &str, args: &[&str]| {
+        let o = std::process::Command::new(env!("CARGO_BIN_EXE_nearstore"))
+            .env(nearstore_initiator::host::NVME_DIR_ENV, &etc)
+            .arg(verb)
+            .args(target)
+            .args(args)
+            .output()
+            .unwrap();
+        (o.status.code(), String::from_utf8_lossy(&o.stdout).into_owned() + &String::from_utf8_lossy(&o.stderr))
+    };
+    let (data, null) = (data.to_str().unwrap(), "/dev/null");
+
+    for (verb, args) in [("resv-register", &["-n", "1", "-k", "0xa1"][..]), ("resv-acquire", &["-n", "1", "-c", "0xa1", "-t", "ea"])] {
+        let (code, out) = run(verb, args);
+        assert_eq!(code, Some(0), "{verb}: {out}");
+    }
+    let (_, report) = run("resv-report", &["-n", "1", "-o", "json"]);
+    let r: serde_json::Value = serde_json::from_str(&report).unwrap();
+    assert_eq!(r["regctlext"][0]["hostid"], "e4b3c6539a5e47f79553c7fa133c904f", "{r}");
+
+    // Exclusive Access: the holder writes and reads; another host does neither.
+    for (verb, args) in [("write", &["-d", data][..]), ("read", &["-z", "512", "-d", null])] {
+        let (code, out) = run(verb, args);
+        assert_eq!(code, Some(0), "{verb} by the holder: {out}");
+        let mut other = vec!["--hostnqn", HOST_B];
+        other.extend(args);
+        let (code, out) = run(verb, &other);
+        assert!(code == Some(1) && out.contains("reservation conflict"), "{verb} by another host: {out}");
+    }
+}

@@ -16,6 +16,7 @@ use tokio::sync::Mutex;
 use tokio::task::JoinHandle;
 use tracing::warn;
 
+use crate::host::HostIds;
 use crate::limits::{DISCOVERY_RECORDS_MAX, FETCH_BYTES_MAX, IN_CAPSULE_BYTES_MAX, TRANSFER_BYTES_MAX};
 use crate::queue::{Data, QueueOptions, QueuePair};
 use crate::{io_err, Error, Result};
@@ -49,8 +50,13 @@ pub struct ConnectOptions {
 
 impl ConnectOptions {
     pub fn new(addr: SocketAddr, subnqn: &str) -> ConnectOptions {
-        let hostnqn = default_hostnqn();
-        let hostid = *uuid::Uuid::new_v5(&uuid::Uuid::NAMESPACE_OID, hostnqn.as_bytes()).as_bytes();
+        // This machine's identity, as nvme-cli's connections have it (crate::host); with a
+        // malformed hostid file, the NQN's own (the CLI refuses the file instead).
+        let HostIds { hostnqn, hostid } = crate::host::resolve(None, None).unwrap_or_else(|e| {
+            tracing::warn!("{e}");
+            let hostnqn = crate::host::default_hostnqn();
+            HostIds { hostid: crate::host::hostid_of(&hostnqn), hostnqn }
+        });
         ConnectOptions {
             addr,
             subnqn: subnqn.into(),
@@ -67,20 +73,6 @@ impl ConnectOptions {
             acting_for: None,
         }
     }
-}
-
-/// The host NQN of this machine: /etc/nvme/hostnqn if present, else one derived from the
-/// machine id, in the form nvme-cli uses.
-pub fn default_hostnqn() -> String {
-    if let Ok(s) = std::fs::read_to_string("/etc/nvme/hostnqn") {
-        let s = s.trim();
-        if s.starts_with("nqn.") {
-            return s.to_string();
-        }
-    }
-    let seed = std::fs::read_to_string("/etc/machine-id").unwrap_or_else(|_| "nearstore".into());
-    let id = uuid::Uuid::new_v5(&uuid::Uuid::NAMESPACE_OID, seed.trim().as_bytes());
-    format!("nqn.2014-08.org.nvmexpress:uuid:{id}")
 }
 
 async fn tcp(addr: SocketAddr) -> Result<TcpStream> {

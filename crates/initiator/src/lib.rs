@@ -6,11 +6,13 @@
 //! identifies it, keeps it alive, and opens I/O queues.
 
 mod controller;
+pub mod host;
 pub mod limits;
 mod queue;
 pub mod stream;
 
-pub use controller::{default_hostnqn, prop_get, prop_set, ConnectOptions, Controller, IoQueue};
+pub use controller::{prop_get, prop_set, ConnectOptions, Controller, IoQueue};
+pub use host::default_hostnqn;
 pub use queue::{Data, QueueOptions, QueuePair};
 pub use stream::{PieceReader, PieceWriter};
 
