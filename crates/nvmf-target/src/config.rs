@@ -502,6 +502,10 @@ mod tests {
         assert_eq!(rule, want);
     }
 
+    /// The machine's memory, limits.memory, compute.memory_per_command; the budget and command
+    /// size expected.
+    type MemoryCase = (Option<u64>, Option<u64>, Option<u64>, u64, u64);
+
     /// The memory budget and compute command size a configuration comes to on a machine,
     /// and that with them a Linux host's first controller connects (an admin queue of 32
     /// entries, an I/O queue of 128), as Connect reserves its queues. Each line: the
@@ -514,7 +518,7 @@ mod tests {
         let min = limits::memory_budget_min;
         let chunks = limits::COMPUTE_CHUNK_BYTES_DEFAULT * (limits::COMPUTE_READAHEAD_CHUNKS_DEFAULT as u64 + 1);
         #[rustfmt::skip]
-        let cases: &[(Option<u64>, Option<u64>, Option<u64>, u64, u64)] = &[
+        let cases: &[MemoryCase] = &[
             // Defaults: half the memory, a quarter of that per command, at most 256 MiB.
             (Some(64 << 30), None, None, 32 << 30, 256 * MIB),
             (Some(2 << 30), None, None, 1 << 30, 256 * MIB),
