@@ -56,7 +56,9 @@ pub fn data_len(ctrl: &Controller, sqe: &Sqe) -> Result<DataLen, Status> {
         admin::IDENTIFY => DataLen::Exactly(IDENTIFY_LEN as u64),
         // (NUMD + 1) dwords, up to 16 GiB: compared as 64 bits, never wrapped.
         admin::GET_LOG_PAGE => DataLen::Exactly(get_log::len(sqe)),
-        // None of the features implemented here has a data structure.
+        // Only the Host Identifier has a data structure: 16 bytes read with EXHID, as
+        // nvmet_feat_data_len; without EXHID, and Set over fabrics, it fails with no data.
+        admin::GET_FEATURES if host_identifier_read(ctrl, sqe) => DataLen::AtLeast(HOST_ID_LEN),
         admin::GET_FEATURES | admin::SET_FEATURES => DataLen::AtLeast(0),
         admin::KEEP_ALIVE | admin::ASYNC_EVENT_REQUEST => DataLen::Exactly(0),
         admin::ABORT if !ctrl.subsys.discovery => DataLen::Exactly(0),
@@ -376,15 +378,47 @@ fn feature_value(ctrl: &Controller, sqe: &Sqe, current: bool) -> Option<u32> {
     })
 }
 
+/// The bytes of the Host Identifier feature's data (EXHID: 128 bits).
+const HOST_ID_LEN: u64 = 16;
+
+fn get_sel(sqe: &Sqe) -> u32 {
+    (sqe.cdw(10) >> 8) & 0x7
+}
+
+/// A Get Features of the Host Identifier that returns it: EXHID set, a value (not the
+/// capabilities) asked for, on an I/O controller.
+fn host_identifier_read(ctrl: &Controller, sqe: &Sqe) -> bool {
+    sqe.cdw(10) as u8 == feature::HOST_IDENTIFIER
+        && !ctrl.subsys.discovery
+        && sqe.cdw(11) & feature::EXHID != 0
+        && matches!(get_sel(sqe), feature::sel::CURRENT | feature::sel::DEFAULT | feature::sel::SAVED)
+}
+
+/// Get Features 81h: the Host ID this controller's host gave in its Connect (CTRATT bit 0:
+/// only the 128-bit form, so EXHID clear is Invalid Field, as nvmet answers). Over fabrics
+/// it cannot be changed (capabilities 0).
+fn get_host_identifier(ctrl: &Controller, sqe: &Sqe) -> Reply {
+    if get_sel(sqe) == feature::sel::SUPPORTED_CAPABILITIES {
+        return Reply::dw0(0);
+    }
+    if !host_identifier_read(ctrl, sqe) {
+        return Reply::status(Status::INVALID_FIELD.dnr());
+    }
+    Reply::data(ctrl.hostid.to_vec())
+}
+
 fn get_features(ctrl: &Controller, sqe: &Sqe) -> Reply {
     let fid = sqe.cdw(10) as u8;
     if is_reservation_feature(sqe) && !ctrl.subsys.discovery {
         return get_reservation_feature(ctrl, sqe);
     }
+    if fid == feature::HOST_IDENTIFIER && !ctrl.subsys.discovery {
+        return get_host_identifier(ctrl, sqe);
+    }
     if !feature_known(ctrl, fid) {
         return Reply::status(Status::INVALID_FIELD.dnr());
     }
-    let value = match (sqe.cdw(10) >> 8) & 0x7 {
+    let value = match get_sel(sqe) {
         feature::sel::CURRENT => feature_value(ctrl, sqe, true),
         // Nothing is saveable: the saved value is the default (NVMe Base, Get Features SEL).
         feature::sel::DEFAULT | feature::sel::SAVED => feature_value(ctrl, sqe, false),
@@ -403,6 +437,10 @@ fn set_features(ctrl: &Controller, sqe: &Sqe) -> Reply {
         return Reply::status(Status::FEATURE_NOT_SAVEABLE.dnr());
     }
     let fid = sqe.cdw(10) as u8;
+    // Over fabrics the Host ID is the Connect's (NVMe Base, Host Identifier; nvmet the same).
+    if fid == feature::HOST_IDENTIFIER && !ctrl.subsys.discovery {
+        return Reply::status(Status::COMMAND_SEQUENCE_ERROR.dnr());
+    }
     if !feature_known(ctrl, fid) {
         return Reply::status(Status::INVALID_FIELD.dnr());
     }

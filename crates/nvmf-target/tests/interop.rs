@@ -383,6 +383,73 @@ async fn mandatory_features_get_and_set() {
     assert!(run(&mut d, get_feature(feature::KEEP_ALIVE_TIMER, 0, 0), 0).await.0.status.is_success());
 }
 
+/// Get Features Host Identifier returns the Connect's 128-bit Host ID with EXHID and is
+/// Invalid Field without it (CTRATT bit 0: only 128-bit IDs); Set is a Command Sequence Error
+/// over fabrics; a discovery controller has no such feature.
+#[tokio::test]
+async fn host_identifier_feature() {
+    let env = common::start().await;
+    let (mut q, _) = admin_queue(env.addr, common::NQN, false, HOSTID).await;
+    let (mut d, _) = admin_queue(env.disc, DISCOVERY_NQN, false, HOSTID).await;
+    let fid = feature::HOST_IDENTIFIER;
+    let invalid = Status::INVALID_FIELD.dnr();
+    let with_data = |sqe: Sqe, len: u32| {
+        let mut sqe = sqe;
+        transport(&mut sqe, len)
+    };
+    // (what, on discovery, command, bytes asked for, status, DW0, data)
+    type Case = (&'static str, bool, Sqe, usize, Status, u32, Vec<u8>);
+    let cases: Vec<Case> = vec![
+        ("EXHID, current", false, get_feature(fid, feature::sel::CURRENT, feature::EXHID), 16, Status::SUCCESS, 0, HOSTID.to_vec()),
+        ("EXHID, default", false, get_feature(fid, feature::sel::DEFAULT, feature::EXHID), 16, Status::SUCCESS, 0, HOSTID.to_vec()),
+        ("EXHID, saved", false, get_feature(fid, feature::sel::SAVED, feature::EXHID), 16, Status::SUCCESS, 0, HOSTID.to_vec()),
+        ("EXHID, SGL of 4 KiB: 16 bytes move", false, with_data(get_feature(fid, 0, feature::EXHID), 4096), 0, Status::SUCCESS, 0, vec![]),
+        (
+            "EXHID, SGL of 8 bytes",
+            false,
+            with_data(get_feature(fid, 0, feature::EXHID), 8),
+            0,
+            Status::DATA_SGL_LENGTH_INVALID.dnr(),
+            0,
+            vec![],
+        ),
+        ("EXHID clear: 64-bit IDs are not supported", false, get_feature(fid, 0, 0), 8, invalid, 0, vec![]),
+        (
+            "capabilities: not changeable",
+            false,
+            get_feature(fid, feature::sel::SUPPORTED_CAPABILITIES, feature::EXHID),
+            0,
+            Status::SUCCESS,
+            0,
+            vec![],
+        ),
+        ("Set over fabrics", false, set_feature(fid, feature::EXHID), 0, Status::COMMAND_SEQUENCE_ERROR.dnr(), 0, vec![]),
+        (
+            "Set with 16 bytes of data",
+            false,
+            with_data(set_feature(fid, feature::EXHID), 16),
+            0,
+            Status::COMMAND_SEQUENCE_ERROR.dnr(),
+            0,
+            vec![],
+        ),
+        ("discovery: no such feature", true, get_feature(fid, 0, feature::EXHID), 16, invalid, 0, vec![]),
+    ];
+    for (what, disc, sqe, len, status, dw0, data) in cases {
+        let qp = if disc { &mut d } else { &mut q };
+        // A case with its own SGL is sent as given: what moves is counted, not collected.
+        let (c, got) = if len == 0 && sqe.sgl().len > 0 {
+            let (c2h, r2t, c) = exchange(qp, &sqe, false).await;
+            assert_eq!(r2t, 0, "{what}: no data requested");
+            assert_eq!(c2h, if status.is_success() { 16 } else { 0 }, "{what}: the Host ID only");
+            (c, vec![])
+        } else {
+            run(qp, sqe, len).await
+        };
+        assert_eq!((c.status, c.dw0, got), (status, dw0, data), "{what}");
+    }
+}
+
 /// An over-temperature threshold below the composite temperature (300 K) raises the
 /// temperature critical warning in SMART/health and, when enabled, an asynchronous event;
 /// moving it back clears the warning.

@@ -70,6 +70,11 @@ pub mod feature {
     pub const ASYNC_EVENT_CONFIG: u8 = 0x0b;
     pub const KEEP_ALIVE_TIMER: u8 = 0x0f;
     pub const IO_COMMAND_SET_PROFILE: u8 = 0x19;
+    /// The host's Host Identifier (data: 16 bytes with EXHID, CDW11 bit 0). Over fabrics the
+    /// Connect sets it; Set Features is a Command Sequence Error.
+    pub const HOST_IDENTIFIER: u8 = 0x81;
+    /// Get Features Host Identifier CDW11 bit 0: the extended (128-bit) Host Identifier.
+    pub const EXHID: u32 = 1 << 0;
     /// Namespace specific: which reservation notices are masked.
     pub const RESERVATION_NOTIFICATION_MASK: u8 = 0x82;
     /// Namespace specific: Persist Through Power Loss.
