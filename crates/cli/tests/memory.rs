@@ -72,9 +72,9 @@ async fn slow_readers(c: &Controller) -> (Vec<IoQueue>, bool) {
 
 /// Held results: controllers (with I/O queues of two entries, the cheapest to connect)
 /// each run searches until the target answers RESULTS_FULL before a controller's own
-/// limit, the budget being full. A search of four inputs of 10,000 matches each has a
-/// result of about 200 KiB. Returns the controllers and queues (kept open) and the results
-/// held.
+/// limit, or refuses the next controller or queue (Controller Busy), the budget being
+/// full. A search of four inputs of 10,000 matches each has a result of about 200 KiB.
+/// Returns the controllers and queues (kept open) and the results held.
 async fn held_results(addr: std::net::SocketAddr) -> (Vec<(Controller, IoQueue)>, usize) {
     let input = Object { len: 65536, extents: vec![Extent::data(0, 65536)] };
     let search = Descriptor {
@@ -89,8 +89,16 @@ async fn held_results(addr: std::net::SocketAddr) -> (Vec<(Controller, IoQueue)>
     let mut ctrls = Vec::new();
     let mut held = 0;
     loop {
-        let c = Controller::connect(o.clone()).await.unwrap_or_else(|e| panic!("controller {}: {e}", ctrls.len()));
-        let mut q = c.io_queue(1).await.unwrap_or_else(|e| panic!("I/O queue of controller {}: {e}", ctrls.len()));
+        let c = match Controller::connect(o.clone()).await {
+            Ok(c) => c,
+            Err(e) if is_busy(&e) && held > 0 => return (ctrls, held),
+            Err(e) => panic!("controller {}: {e}", ctrls.len()),
+        };
+        let mut q = match c.io_queue(1).await {
+            Ok(q) => q,
+            Err(e) if is_busy(&e) && held > 0 => return (ctrls, held),
+            Err(e) => panic!("I/O queue of controller {}: {e}", ctrls.len()),
+        };
         if ctrls.is_empty() {
             q.write(1, 0, &[b'a'; 65536], BLOCK as u32, false).await.unwrap();
         }
