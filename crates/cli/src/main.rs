@@ -344,6 +344,9 @@ fn init_logs(cmd: &Cmd) {
 }
 
 fn main() {
+    // Before any thread exists: glibc fixes its arena limit once more than 8 arenas exist
+    // (a refusal is logged when the target starts).
+    nearstore_target::limit_malloc_arenas();
     let matches = Cli::command().get_matches();
     // A verb asked for JSON (-o json) says its error in JSON too, with the protocol's
     // words, so that a script reads one format.

@@ -133,7 +133,9 @@ impl Target {
     /// opened by [`Target::listen_all`]).
     pub fn from_config(cfg: &Config) -> Result<Arc<Target>, TargetError> {
         cfg.validate()?;
-        limit_malloc_arenas();
+        if let Some(arenas) = limit_malloc_arenas() {
+            warn!(arenas, "mallopt(M_ARENA_MAX) refused");
+        }
         let nofile = raise_descriptor_limit();
         let max = limits::connections_max(nofile);
         let connections = match cfg.limits.connections {
@@ -352,23 +354,27 @@ pub fn raise_descriptor_limit() -> u64 {
 /// core and keeps what a thread freed in its arena for that arena's later use: memory
 /// one compute thread freed (a result, a sort's rows) was not reused by the next command
 /// on another arena, and the process peaked 48 MiB over its memory budget
-/// (crates/cli/tests/memory.rs).
-fn limit_malloc_arenas() {
-    static DONE: std::sync::OnceLock<()> = std::sync::OnceLock::new();
-    DONE.get_or_init(|| {
+/// (crates/cli/tests/memory.rs). glibc fixes its arena limit for good once a thread needs
+/// a new arena while more than 8 exist, so a binary calls this first, before it starts a
+/// thread (the `nearstore` CLI does); [`Target::from_config`] calls it too, which then
+/// changes nothing, and logs a refusal. Returns the arenas mallopt refused, if it did.
+pub fn limit_malloc_arenas() -> Option<i32> {
+    static REFUSED: std::sync::OnceLock<Option<i32>> = std::sync::OnceLock::new();
+    *REFUSED.get_or_init(|| {
         if std::env::var_os("MALLOC_ARENA_MAX").is_some() {
-            return;
+            return None;
         }
         let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
         let arenas = (cores * limits::MALLOC_ARENAS_PER_CORE).min(i32::MAX as usize) as i32;
         #[cfg(all(target_os = "linux", target_env = "gnu"))]
         // SAFETY: mallopt only changes a malloc parameter; any value is accepted or refused.
         if unsafe { libc::mallopt(libc::M_ARENA_MAX, arenas) } == 0 {
-            warn!(arenas, "mallopt(M_ARENA_MAX) refused");
+            return Some(arenas);
         }
         #[cfg(not(all(target_os = "linux", target_env = "gnu")))]
         let _ = arenas;
-    });
+        None
+    })
 }
 
 /// Where a namespace on `path` keeps reservations that persist through power loss: in the
