@@ -49,13 +49,14 @@ pub const ADMIN_IN_CAPSULE_BYTES: usize = 8192;
 /// write arrives as several PDUs, which keeps the receive buffer small.
 pub const H2C_DATA_BYTES_MAX: u32 = 65536;
 
-/// The largest PDU a host may send, in bytes, headers and both digests included (CPDA is
-/// 0: no padding before the data): a command capsule with IN_CAPSULE_BYTES_MAX of data, an
-/// H2CData PDU of H2C_DATA_BYTES_MAX, an ICReq or an H2CTermReq. The framing refuses larger
-/// ones before they are read.
+/// The largest PDU a host may send, in bytes, padding and data digest included: a command
+/// capsule with IN_CAPSULE_BYTES_MAX of data, an H2CData PDU of H2C_DATA_BYTES_MAX, an ICReq
+/// or an H2CTermReq. CPDA is 0, yet a host may still place its data anywhere PDO (one byte)
+/// reaches past the header and its digest, and the framing accepts that padding; it refuses
+/// larger PDUs before they are read.
 pub const PDU_BYTES_MAX: usize = {
-    let capsule = CAPSULE_CMD_HLEN + DIGEST_LEN + IN_CAPSULE_BYTES_MAX + DIGEST_LEN;
-    let h2c = DATA_HLEN + DIGEST_LEN + H2C_DATA_BYTES_MAX as usize + DIGEST_LEN;
+    let capsule = PDO_MAX + IN_CAPSULE_BYTES_MAX + DIGEST_LEN;
+    let h2c = PDO_MAX + H2C_DATA_BYTES_MAX as usize + DIGEST_LEN;
     let term = TERM_HLEN + TERM_DATA_MAX;
     let mut max = capsule;
     if h2c > max {
@@ -69,6 +70,9 @@ pub const PDU_BYTES_MAX: usize = {
     }
     max
 };
+
+/// The farthest a PDU's data may start (PDO, one byte), in bytes from the PDU's start.
+const PDO_MAX: usize = u8::MAX as usize;
 
 /// Receive buffer per connection, in bytes: a PDU is parsed whole from it, so it holds the
 /// largest one with room for a batch of small commands behind it: 160 KiB, at least two
@@ -339,6 +343,8 @@ const _: () = assert!(IN_CAPSULE_BYTES_MAX <= TRANSFER_BYTES_MAX && IN_CAPSULE_B
 const _: () = assert!(ADMIN_IN_CAPSULE_BYTES <= IN_CAPSULE_BYTES_MAX);
 const _: () = assert!(H2C_DATA_BYTES_MAX as usize <= TRANSFER_BYTES_MAX);
 const _: () = assert!(RX_BUFFER_BYTES >= 2 * PDU_BYTES_MAX && RX_BUFFER_BYTES.is_multiple_of(PAGE));
+// The data of a capsule or H2CData PDU can start right after its header and digest.
+const _: () = assert!(CAPSULE_CMD_HLEN + DIGEST_LEN <= PDO_MAX && DATA_HLEN + DIGEST_LEN <= PDO_MAX);
 // A threshold past the largest read would turn the path off unseen.
 const _: () = assert!(WRITE_THROUGH_BYTES_MIN <= TRANSFER_BYTES_MAX);
 
@@ -397,6 +403,56 @@ mod tests {
         row.split('|').nth(2).map_or("", str::trim)
     }
 
+    /// The largest PDUs the target's framing (as ICResp sets it) accepts from a host are
+    /// PDU_BYTES_MAX long: a capsule and an H2CData PDU with their most data at PDO 255 and
+    /// a data digest; one byte more of data is refused.
+    #[test]
+    fn the_largest_pdu_a_host_may_send_is_pdu_bytes_max() {
+        use nearstore_wire::pdu::{fes, flags, parse_frame, DataHdr, Framing, PduType};
+        let f = Framing {
+            hdgst: true,
+            ddgst: true,
+            from_host: true,
+            capsule_data_max: IN_CAPSULE_BYTES_MAX as u32,
+            data_pdu_max: H2C_DATA_BYTES_MAX,
+        };
+        // A PDU of type `t` with `psh`, its data of `len` bytes at PDO 255, both digests.
+        let pdu = |t: PduType, psh: &[u8], len: usize| {
+            let hlen = 8 + psh.len();
+            let plen = PDO_MAX + len + DIGEST_LEN;
+            let mut b = vec![t as u8, flags::HDGSTF | flags::DDGSTF, hlen as u8, PDO_MAX as u8];
+            b.extend_from_slice(&(plen as u32).to_le_bytes());
+            b.extend_from_slice(psh);
+            b.extend_from_slice(&crc32c::crc32c(&b).to_le_bytes());
+            b.resize(PDO_MAX, 0);
+            b.extend(std::iter::repeat_n(0x5a, len));
+            b.extend_from_slice(&crc32c::crc32c(&b[PDO_MAX..]).to_le_bytes());
+            b
+        };
+        let h2c = |len: usize| DataHdr { cccid: 1, ttag: 0, offset: 0, len: len as u32 }.psh().to_vec();
+        let sqe = [0u8; 64];
+        let (c, d) = (IN_CAPSULE_BYTES_MAX, H2C_DATA_BYTES_MAX as usize);
+        // (what, PDU, accepted)
+        let cases = [
+            ("capsule, most in-capsule data", pdu(PduType::CapsuleCmd, &sqe, c), true),
+            ("capsule, one byte more", pdu(PduType::CapsuleCmd, &sqe, c + 1), false),
+            ("H2CData, MAXH2CDATA", pdu(PduType::H2CData, &h2c(d), d), true),
+            ("H2CData, one byte more", pdu(PduType::H2CData, &h2c(d + 1), d + 1), false),
+        ];
+        let mut longest = 0;
+        for (what, b, accepted) in cases {
+            match parse_frame(&b, &f) {
+                Ok(Some(frame)) if accepted => {
+                    assert_eq!(frame.len, b.len(), "{what}");
+                    longest = longest.max(frame.len);
+                }
+                Err(e) if !accepted => assert_eq!(e.fes, fes::DATA_LIMIT_EXCEEDED, "{what}: {e}"),
+                r => panic!("{what}: {:?}", r.map(|f| f.map(|f| f.len))),
+            }
+        }
+        assert_eq!(longest, PDU_BYTES_MAX);
+    }
+
     /// docs/protocol.md's table of limits and docs/compute-protocol.md's say what the code
     /// has. Each line: the document, the row, and the value the code gives it.
     #[test]
@@ -409,7 +465,7 @@ mod tests {
             (protocol, "in-capsule data, I/O queues (IOCCSZ)", kib(IN_CAPSULE_BYTES_MAX)),
             (protocol, "in-capsule data, admin queue", kib(ADMIN_IN_CAPSULE_BYTES)),
             (protocol, "data in one H2CData PDU (MAXH2CDATA)", kib(H2C_DATA_BYTES_MAX as usize)),
-            (protocol, "largest PDU from a host, headers and digests included", format!("{PDU_BYTES_MAX} bytes")),
+            (protocol, "largest PDU from a host, headers, padding (PDO up to 255) and digests included", format!("{PDU_BYTES_MAX} bytes")),
             (protocol, "receive buffer per connection", kib(RX_BUFFER_BYTES)),
             (protocol, "response data waiting before commands stop being read", format!("{} MiB", TX_PENDING_BYTES_MAX >> 20)),
             (protocol, "I/O queue entries (CAP.MQES + 1, MAXCMD)", QUEUE_DEPTH_MAX.to_string()),
