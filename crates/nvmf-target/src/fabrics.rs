@@ -250,7 +250,8 @@ fn flush_for_shutdown(target: &Target, ctrl: Arc<Controller>) {
     let namespaces = ctrl.subsys.namespaces();
     let (tx, mut rx) = unbounded_channel();
     for (i, ns) in namespaces.iter().enumerate() {
-        let job = Job { backend: ns.backend.clone(), op: Op::Flush, buf: AlignedBuf::new(0), token: i as u64, reply: tx.clone() };
+        let job =
+            Job { backend: ns.backend.clone(), op: Op::Flush, buf: AlignedBuf::new(0), token: i as u64, reply: tx.clone(), holds: None };
         target.pool.submit(job);
     }
     drop(tx);

@@ -3,6 +3,10 @@
 //! A device hands a [`Job`] (backend, operation, buffer, the channel's reply sender) to
 //! the pool and the queue goes on serving other commands; the worker sends the buffer back
 //! in a [`Completion`]. Buffers move, nothing is allocated per I/O.
+//!
+//! A job of a queue's channel also carries the channel's [`PoolHolds`]: the guards of other
+//! hosts' Preempt and Abort commands waiting for it, released when the backend has finished
+//! it, whether or not its connection is still there to take the completion.
 
 use std::io;
 use std::sync::Arc;
@@ -12,6 +16,7 @@ use tokio::sync::mpsc::UnboundedSender;
 
 use crate::backend::Backend;
 use crate::dev::{Completion, Op};
+use crate::subsystem::AbortGuard;
 
 pub struct Job {
     pub backend: Arc<dyn Backend>,
@@ -19,6 +24,71 @@ pub struct Job {
     pub buf: AlignedBuf,
     pub token: u64,
     pub reply: UnboundedSender<Completion>,
+    /// The holds of the channel that started it (None: no Preempt and Abort waits for it,
+    /// as for the flushes of a shutdown).
+    pub holds: Option<Arc<PoolHolds>>,
+}
+
+impl Job {
+    /// Runs the job on its backend, releases what waited for that, then sends its completion.
+    fn run(mut self) {
+        let result = execute(&*self.backend, &self.op, &mut self.buf);
+        if let Some(h) = &self.holds {
+            h.finished(self.token);
+        }
+        // The connection may be gone; then the buffer is simply freed.
+        let _ = self.reply.send(Completion { tag: self.token, result, buf: self.buf });
+    }
+}
+
+/// The operations of one channel running on the pool (by tag) and the Preempt and Abort
+/// guards each holds (docs/protocol.md, "Preempt and Abort"): a guard is dropped when the
+/// backend has finished the operation, not when its connection takes the completion.
+#[derive(Default)]
+pub struct PoolHolds(parking_lot::Mutex<Holds>);
+
+#[derive(Default)]
+struct Holds {
+    /// Tags of the jobs submitted and not yet finished by the backend.
+    running: Vec<u64>,
+    held: Vec<(u64, AbortGuard)>,
+}
+
+impl PoolHolds {
+    pub(crate) fn started(&self, tag: u64) {
+        self.0.lock().running.push(tag);
+    }
+
+    /// Holds `guard` until the job `tag` has finished on the backend. Gives it back when
+    /// that job is not running there (finished already, or never submitted to the pool).
+    pub(crate) fn hold(&self, tag: u64, guard: AbortGuard) -> Option<AbortGuard> {
+        let mut h = self.0.lock();
+        if !h.running.contains(&tag) {
+            return Some(guard);
+        }
+        h.held.push((tag, guard));
+        None
+    }
+
+    fn finished(&self, tag: u64) {
+        let mut released = Vec::new();
+        {
+            let mut h = self.0.lock();
+            if let Some(i) = h.running.iter().position(|t| *t == tag) {
+                h.running.swap_remove(i);
+            }
+            let mut i = 0;
+            while i < h.held.len() {
+                if h.held[i].0 == tag {
+                    released.push(h.held.swap_remove(i).1);
+                } else {
+                    i += 1;
+                }
+            }
+        }
+        // Dropped outside the lock: the waiting Acquire may run at once.
+        drop(released);
+    }
 }
 
 /// Work a connection handed off that is not a device operation: a compute command from
@@ -38,7 +108,7 @@ pub enum Done {
     /// holding `guard` with each until it completes.
     Abort {
         nsid: u32,
-        guard: crate::subsystem::AbortGuard,
+        guard: AbortGuard,
     },
 }
 
@@ -103,10 +173,8 @@ impl IoPool {
             std::thread::Builder::new()
                 .name(format!("nearstore-io-{i}"))
                 .spawn(move || {
-                    for mut job in rx {
-                        let result = execute(&*job.backend, &job.op, &mut job.buf);
-                        // The connection may be gone; then the buffer is simply freed.
-                        let _ = job.reply.send(Completion { tag: job.token, result, buf: job.buf });
+                    for job in rx {
+                        job.run();
                     }
                 })
                 .expect("spawning an I/O worker");
@@ -116,15 +184,14 @@ impl IoPool {
 
     pub fn submit(&self, job: Job) {
         let Some(tx) = &self.tx else {
-            tokio::spawn(async move {
-                let mut job = job;
-                let result = execute(&*job.backend, &job.op, &mut job.buf);
-                let _ = job.reply.send(Completion { tag: job.token, result, buf: job.buf });
-            });
+            tokio::spawn(async move { job.run() });
             return;
         };
         if let Err(e) = tx.send(job) {
             let job = e.into_inner();
+            if let Some(h) = &job.holds {
+                h.finished(job.token);
+            }
             let _ = job.reply.send(Completion { tag: job.token, result: Err(io::Error::other("I/O pool stopped")), buf: job.buf });
         }
     }

@@ -208,7 +208,8 @@ struct Inflight {
     kind: IoKind,
     len: usize,
     lba: u64,
-    /// Other hosts' Preempt and Abort waiting for this command (dropped with it).
+    /// Other hosts' Preempt and Abort waiting for this command (dropped with it); those of
+    /// a device operation go with the operation instead ([`Channel::hold`]).
     held: Vec<AbortGuard>,
     /// A compute command's task, which a Preempt and Abort stops.
     task: Option<Arc<TaskAbort>>,
@@ -1136,17 +1137,25 @@ impl Core {
     /// (docs/protocol.md, "Preempt and Abort"). Every command of this queue on `nsid`
     /// being processed is requested to abort: compute commands stop at their next check,
     /// writes waiting for their data will not run; the rest (I/O on the backend, short)
-    /// completes as it is. Each holds `guard` until it completes, so the Reservation
-    /// Acquire completes after them. Reservation commands are neither aborted nor waited
+    /// completes as it is. Each holds `guard` until it completes (a device operation: until
+    /// the storage has finished it, [`Channel::hold`]), so the Reservation Acquire
+    /// completes after them. Reservation commands are neither aborted nor waited
     /// for (two Preempt and Abort commands could wait for each other).
     fn abort_commands(&mut self, nsid: u32, guard: AbortGuard) {
         let mut stopped = false;
-        for x in self.inflight.slots.iter_mut().flatten().filter(|x| x.ns.nsid == nsid && x.kind != IoKind::Reservation) {
+        for (token, slot) in self.inflight.slots.iter_mut().enumerate() {
+            let Some(x) = slot.as_mut().filter(|x| x.ns.nsid == nsid && x.kind != IoKind::Reservation) else { continue };
             if let Some(t) = &x.task {
                 t.abort(guard.clone());
                 stopped = true;
+                x.held.push(guard.clone());
+                continue;
             }
-            x.held.push(guard.clone());
+            // A device operation: the guard goes with it to whoever runs it, and is
+            // dropped when the storage has finished it, even if this connection is gone.
+            if let Some(g) = self.chan.hold(token as u64, guard.clone()) {
+                x.held.push(g);
+            }
         }
         if self.queue.as_ref().is_some_and(|q| q.qid > 0) {
             for w in self.r2t.slots.iter_mut().flatten().filter(|w| w.sqe.nsid() == nsid && !io_cmd::is_reservation(w.sqe.opcode())) {

@@ -6,9 +6,12 @@
 mod common;
 
 use nearstore_initiator::{Controller, Data, Error, IoQueue};
+use nearstore_target::backend::{Backend, FileBackend};
 use nearstore_target::config::Config;
+use nearstore_target::subsystem::Namespace;
 use nearstore_target::Target;
-use std::sync::atomic::Ordering::Relaxed;
+use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use nearstore_wire::compute::{opcode as cop, Descriptor, Extent, Object};
@@ -491,4 +494,115 @@ async fn a_state_file_that_cannot_be_written_fails_the_command() {
     let cdw10 = Cdw10 { action: rrega::REGISTER, cptpl: cptpl::SET, ..Default::default() };
     let r = a.q.resv_register(NS, cdw10, Keys { current: 0, other: KA }).await;
     assert_eq!(status(r), Status::INTERNAL_ERROR);
+}
+
+/// A file namespace whose writes and write zeroes wait at a gate the test opens, and
+/// say when they started and finished on the storage. Without an io_uring descriptor
+/// every operation runs on the I/O pool, as with `io_engine = "threads"`.
+struct Gated {
+    file: FileBackend,
+    open: AtomicBool,
+    started: AtomicBool,
+    finished: AtomicBool,
+}
+
+impl Gated {
+    fn pass(&self) {
+        self.started.store(true, Relaxed);
+        while !self.open.load(Relaxed) {
+            std::thread::sleep(Duration::from_millis(2));
+        }
+    }
+}
+
+impl Backend for Gated {
+    fn describe(&self) -> String {
+        "gated file".into()
+    }
+    fn size(&self) -> u64 {
+        self.file.size()
+    }
+    fn read_at(&self, buf: &mut [u8], off: u64) -> std::io::Result<()> {
+        self.file.read_at(buf, off)
+    }
+    fn write_at(&self, buf: &[u8], off: u64) -> std::io::Result<()> {
+        self.pass();
+        let r = self.file.write_at(buf, off);
+        self.finished.store(true, Relaxed);
+        r
+    }
+    fn flush(&self) -> std::io::Result<()> {
+        self.file.flush()
+    }
+    fn write_zeroes(&self, off: u64, len: u64, deallocate: bool) -> std::io::Result<()> {
+        self.pass();
+        let r = self.file.write_zeroes(off, len, deallocate);
+        self.finished.store(true, Relaxed);
+        r
+    }
+}
+
+/// Preempt and Abort when the preempted host's connection closes while its command still
+/// runs on the storage (the usual fencing case: the host was reset or its keep-alive
+/// expired). B's Write Zeroes (always on the I/O pool) or plain write (on the pool, as
+/// with `io_engine = "threads"`) is held at the storage; A preempts and aborts B, then
+/// B's connection closes. The Acquire completes only once the storage has finished B's
+/// operation: before, the wait was dropped with the closed connection's record of the
+/// command and the Acquire completed while B's operation still wrote the namespace.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn preempt_and_abort_waits_for_the_storage_after_the_preempted_host_closes() {
+    const GATED: u32 = 3;
+    // (what B starts, how)
+    type Start = fn(IoQueue) -> tokio::task::JoinHandle<()>;
+    let cases: [(&str, Start); 2] = [
+        ("write zeroes", |mut q| {
+            tokio::spawn(async move {
+                let _ = q.write_zeroes(GATED, 0, 2048, false).await;
+            })
+        }),
+        ("write", |mut q| {
+            tokio::spawn(async move {
+                let _ = q.write(GATED, 0, &[3u8; 128 << 10], 4096, false).await;
+            })
+        }),
+    ];
+    for (what, start) in cases {
+        let env = common::start().await;
+        let file = FileBackend::open(&env.dir.path().join("gated.img"), Some(16 << 20)).unwrap();
+        let gated =
+            Arc::new(Gated { file, open: AtomicBool::new(false), started: AtomicBool::new(false), finished: AtomicBool::new(false) });
+        let ns = Namespace::new(common::NQN, GATED, gated.clone(), 4096);
+        env.target.subsystem(common::NQN).unwrap().add_namespace(ns).unwrap();
+        let (mut a, b) = (host(&env, 0xa).await, host(&env, 0xb).await);
+        let Host { c: bc, q: mut bq, .. } = b;
+        let reg = |k| (Cdw10 { action: rrega::REGISTER, ..Default::default() }, Keys { current: 0, other: k });
+        let (c, k) = reg(KA);
+        a.q.resv_register(GATED, c, k).await.unwrap();
+        let (c, k) = reg(KB);
+        bq.resv_register(GATED, c, k).await.unwrap();
+        let rtype = Rtype::ExclusiveAccessRegistrantsOnly as u8;
+        a.q.resv_acquire(GATED, Cdw10 { action: racqa::ACQUIRE, rtype, ..Default::default() }, Keys { current: KA, other: 0 })
+            .await
+            .unwrap();
+
+        let running = start(bq);
+        wait_for(&format!("{what}: B's operation at the storage"), || gated.started.load(Relaxed)).await;
+        let cdw10 = Cdw10 { action: racqa::PREEMPT_AND_ABORT, rtype, ..Default::default() };
+        let acquire = tokio::spawn(async move {
+            let r = a.q.resv_acquire(GATED, cdw10, Keys { current: KA, other: KB }).await;
+            (r, a)
+        });
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        assert!(!acquire.is_finished(), "{what}: the Acquire completed while B's operation ran");
+        // B's connections close (a reset, a keep-alive expiry) with its operation running.
+        running.abort();
+        drop(bc);
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        assert!(!acquire.is_finished(), "{what}: the Acquire completed after B's connection closed, while its operation ran");
+        assert!(!gated.finished.load(Relaxed), "{what}: the gate is still shut");
+        gated.open.store(true, Relaxed);
+        let (r, _a) = tokio::time::timeout(Duration::from_secs(10), acquire).await.expect("the Acquire completes").unwrap();
+        assert!(gated.finished.load(Relaxed), "{what}: the Acquire completed before B's operation finished");
+        assert_eq!(status(r), Status::SUCCESS, "{what}");
+    }
 }

@@ -28,8 +28,9 @@ use tracing::warn;
 
 use crate::backend::Backend;
 use crate::config::IoEngine;
-use crate::io_pool::{IoPool, Job};
+use crate::io_pool::{IoPool, Job, PoolHolds};
 use crate::limits;
+use crate::subsystem::AbortGuard;
 use crate::uring::{self, Ring, Sub};
 
 pub mod delay;
@@ -142,6 +143,9 @@ struct RingOp {
     buf: AlignedBuf,
     done: usize,
     tag: u64,
+    /// Preempt and Abort guards waiting for it ([`Channel::hold`]): dropped once the
+    /// kernel has finished it (reaped, or the ring drained when the channel goes).
+    held: Vec<AbortGuard>,
 }
 
 /// An operation a stacked device holds back until `at`, then starts on `dev`.
@@ -151,6 +155,8 @@ struct Deferred {
     op: Op,
     buf: AlignedBuf,
     tag: u64,
+    /// Preempt and Abort guards, handed on to the operation when it starts.
+    held: Vec<AbortGuard>,
 }
 
 /// The I/O context of one queue: its io_uring (made at the first file operation), the
@@ -172,6 +178,8 @@ pub struct Channel {
     pool: IoPool,
     /// Submitted and not yet returned by `poll`.
     outstanding: usize,
+    /// Its operations on the worker pool and the guards they hold.
+    holds: Arc<PoolHolds>,
 }
 
 impl Channel {
@@ -188,6 +196,7 @@ impl Channel {
             engine,
             pool,
             outstanding: 0,
+            holds: Arc::default(),
         }
     }
 
@@ -229,7 +238,8 @@ impl Channel {
     /// Runs `op` on the worker pool, synchronously on `backend`.
     pub fn pool(&mut self, backend: Arc<dyn Backend>, op: Op, buf: AlignedBuf, tag: u64) {
         self.outstanding += 1;
-        self.pool.submit(Job { backend, op, buf, token: tag, reply: self.tx.clone() });
+        self.holds.started(tag);
+        self.pool.submit(Job { backend, op, buf, token: tag, reply: self.tx.clone(), holds: Some(self.holds.clone()) });
     }
 
     /// Queues a read, write or flush of `fd` on this queue's io_uring. Gives the operation
@@ -239,7 +249,7 @@ impl Channel {
             return Err((op, buf));
         }
         self.outstanding += 1;
-        let slot = self.ring_ops.insert(RingOp { op, fd, buf, done: 0, tag });
+        let slot = self.ring_ops.insert(RingOp { op, fd, buf, done: 0, tag, held: Vec::new() });
         self.push_ring(slot);
         Ok(())
     }
@@ -247,10 +257,30 @@ impl Channel {
     /// Starts `op` on `dev` once `at` has passed.
     pub fn defer(&mut self, at: Instant, dev: Arc<dyn BlockDevice>, op: Op, buf: AlignedBuf, tag: u64) {
         let i = self.deferred.partition_point(|d| d.at <= at);
-        self.deferred.insert(i, Deferred { at, dev, op, buf, tag });
+        self.deferred.insert(i, Deferred { at, dev, op, buf, tag, held: Vec::new() });
     }
 
     // For the queue.
+
+    /// Holds another host's Preempt and Abort `guard` with the operation `tag` until the
+    /// storage has finished it: on the ring until reaped (or drained when the channel goes),
+    /// on the worker pool until the worker has run it, held back by a stacked device until
+    /// it has started and then finished. The guard outlives the connection, so a command
+    /// whose connection closed still holds the Acquire while the storage runs it
+    /// (docs/protocol.md, "Preempt and Abort"). Gives the guard back when the operation is
+    /// not running (finished, its completion not yet taken) or runs elsewhere (a remote
+    /// device's task): the caller then holds it until it takes the completion.
+    pub fn hold(&mut self, tag: u64, guard: AbortGuard) -> Option<AbortGuard> {
+        if let Some((_, r)) = self.ring_ops.iter_mut().find(|(_, r)| r.tag == tag) {
+            r.held.push(guard);
+            return None;
+        }
+        if let Some(d) = self.deferred.iter_mut().find(|d| d.tag == tag) {
+            d.held.push(guard);
+            return None;
+        }
+        self.holds.hold(tag, guard)
+    }
 
     /// Starts the held-back operations that are due and hands the ring's queued entries
     /// to the kernel (one syscall for a batch; none when nothing is queued).
@@ -344,6 +374,11 @@ impl Channel {
         while self.deferred.front().is_some_and(|d| d.at <= Instant::now()) {
             let d = self.deferred.pop_front().expect("checked");
             d.dev.submit(self, d.op, d.buf, d.tag);
+            for g in d.held {
+                // Given back: it completed at once (or runs on a remote device's task,
+                // which nothing stacks a delay on); nothing is left to wait for.
+                drop(self.hold(d.tag, g));
+            }
         }
     }
 

@@ -312,3 +312,52 @@ async fn run_refuses_a_busy_channel() {
     assert_eq!(ch.poll(usize::MAX, &mut out), 1);
     assert_eq!(out[0].tag, 1);
 }
+
+/// A Preempt and Abort guard held with an operation ([`Channel::hold`]) is released only
+/// once the storage has finished it: on every device, it is still held right after the
+/// operation started (unless given back because the operation had already finished) and
+/// released by the time its completion comes back; an operation still on the ring when
+/// its channel goes releases it once the ring has drained.
+#[tokio::test]
+async fn a_held_guard_goes_with_its_operation() {
+    use tokio::sync::mpsc::error::TryRecvError;
+    let dir = tempfile::tempdir().unwrap();
+    let pool = IoPool::new(2);
+    for (name, dev, engine) in devices(&dir) {
+        // (then: poll the completion, or drop the channel)
+        for poll in [true, false] {
+            let mut ch = Channel::new(engine, pool.clone());
+            let (guard, mut wait) = tokio::sync::mpsc::channel::<()>(1);
+            dev.submit(&mut ch, Op::Read { off: 4096 }, buf(64 << 10), 1);
+            let given_back = ch.hold(1, guard);
+            let at_once = matches!(name, "memory" | "inject (nothing matches) over memory");
+            // A worker may have run the read already: then the guard comes back too.
+            let worker = name == "file on the pool";
+            if !worker {
+                assert_eq!(given_back.is_some(), at_once, "{name}: a guard is given back only for an operation finished at once");
+            }
+            if given_back.is_none() && !worker {
+                assert_eq!(wait.try_recv(), Err(TryRecvError::Empty), "{name}: released before the operation finished");
+            }
+            drop(given_back);
+            if poll {
+                let mut out = Vec::new();
+                while ch.poll(1, &mut out) == 0 {
+                    ch.wait().await.unwrap();
+                }
+                assert!(out[0].result.is_ok(), "{name}");
+            } else {
+                // Dropped at once: a held-back operation never reaches the storage.
+                drop(ch);
+                if worker {
+                    // The worker still owns the job's hold: it releases it when it has run.
+                    let until = Instant::now() + Duration::from_secs(10);
+                    while wait.try_recv() != Err(TryRecvError::Disconnected) && Instant::now() < until {
+                        tokio::time::sleep(Duration::from_millis(1)).await;
+                    }
+                }
+            }
+            assert_eq!(wait.try_recv(), Err(TryRecvError::Disconnected), "{name} (poll {poll}): still held after the operation finished");
+        }
+    }
+}
