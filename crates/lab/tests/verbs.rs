@@ -86,3 +86,32 @@ fn testbed_up_without_the_product_binary_is_refused_first() {
     assert!(err.contains("runs the `nearstore` binary, which is neither beside") && err.contains("cargo build -p nearstore"), "{err}");
     assert!(!dir.path().join("tb").exists(), "nothing is made");
 }
+
+/// A product binary older than one of its sources is found stale (so `product()` refuses
+/// to run it); one built after all of them is not. The product's sources are found.
+#[test]
+fn a_stale_product_binary_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let at = |name: &str, secs: u64| {
+        let p = dir.path().join(name);
+        let f = std::fs::File::create(&p).unwrap();
+        f.set_modified(std::time::UNIX_EPOCH + std::time::Duration::from_secs(secs)).unwrap();
+        p
+    };
+    let bin = at("nearstore", 2000);
+    // (what, sources' modification times, stale)
+    let cases: &[(&str, &[u64], bool)] =
+        &[("built after its sources", &[1000, 1999], false), ("a source changed since", &[1000, 2001], true), ("no sources", &[], false)];
+    for (i, (what, times, stale)) in cases.iter().enumerate() {
+        let sources: Vec<_> = times.iter().enumerate().map(|(j, &t)| at(&format!("src{i}-{j}.rs"), t)).collect();
+        assert_eq!(common::newer_source(&bin, &sources).is_some(), *stale, "{what}");
+    }
+    let sources = common::product_sources();
+    for crate_dir in ["cli", "nvmf-target", "wire", "compute", "initiator"] {
+        assert!(
+            sources.iter().any(|s| s.to_string_lossy().contains(&format!("crates/{crate_dir}/src/"))),
+            "no source of crates/{crate_dir}"
+        );
+    }
+    assert!(!sources.iter().any(|s| s.to_string_lossy().contains("crates/lab/")), "the lab is not the product");
+}
