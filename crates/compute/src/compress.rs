@@ -203,7 +203,7 @@ mod tests {
             }
         }
         // Data that compresses, and data that does not (blocks stored raw).
-        let text: Vec<u8> = (0..(4 << 20) + 1).map(|i: usize| b"abcdefgh"[i % 8 ^ (i >> 14) % 3]).collect();
+        let text: Vec<u8> = (0..(4 << 20) + 1).map(|i: usize| b"abcdefgh"[(i % 8) ^ ((i >> 14) % 3)]).collect();
         let noise: Vec<u8> = (0..(4 << 20) + 1)
             .scan(7u64, |s, _| {
                 *s ^= *s << 13;

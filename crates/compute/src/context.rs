@@ -221,7 +221,7 @@ mod tests {
             }
         };
         assert_eq!(e, ComputeError::Cancelled);
-        assert!(n >= STOP_CHECK_WORK && n <= STOP_CHECK_WORK + 1000, "{n}");
+        assert!((STOP_CHECK_WORK..=STOP_CHECK_WORK + 1000).contains(&n), "{n}");
         let flag = Arc::new(AtomicBool::new(false));
         let f = flag.clone();
         let s = Stop::new(None, Some(Box::new(move || f.load(Relaxed))));

@@ -111,10 +111,11 @@ fn every_growing_allocation_is_refused_before_the_bound() {
     let short = csv(20_000, |i| format!("{i:040},x"));
     let tree = concat_tree(10);
     // (what, query, data, memory bound, into an output object, what the refusal names)
-    let cases: &[(&str, String, &[u8], usize, bool, &str)] = &[
+    type Case<'a> = (&'a str, String, &'a [u8], usize, bool, &'a str);
+    let cases: &[Case] = &[
         ("strings of one record", format!("SELECT LENGTH({tree}) FROM t"), &big_record, 64 * MB, false, "||"),
         ("strings in WHERE", format!("SELECT b FROM t WHERE LENGTH({tree}) > 0"), &big_record, 32 * MB, false, "||"),
-        ("case mappings", format!("SELECT {} FROM t", vec!["LENGTH(UPPER(a))"; 12].join(" + ")), &big_record, 32 * MB, false, "UPPER"),
+        ("case mappings", format!("SELECT {} FROM t", ["LENGTH(UPPER(a))"; 12].join(" + ")), &big_record, 32 * MB, false, "UPPER"),
         ("groups", "SELECT a, COUNT(*) FROM t GROUP BY a".into(), &many_keys, 16 * MB, false, "groups"),
         ("group keys of strings", format!("SELECT COUNT(*) FROM t GROUP BY {}", concat_tree(3)), &many_keys, 16 * MB, false, "groups"),
         ("rows to ORDER BY", "SELECT a, b FROM t ORDER BY a DESC".into(), &many_keys, 16 * MB, true, "rows to ORDER BY"),

@@ -106,7 +106,8 @@ mod tests {
         let t = target();
         let q = QueueRequests::new(t.clone());
         // (what, end of the request, lost, unfinished)
-        let cases: [(&str, fn(Request), u64, u64); 3] =
+        type Case = (&'static str, fn(Request), u64, u64);
+        let cases: [Case; 3] =
             [("finished", |r| assert_eq!(r.finish(), 7), 0, 0), ("abandoned at close", |r| r.abandon(), 0, 1), ("dropped", drop, 1, 1)];
         for (what, end, lost, unfinished) in cases {
             end(Request::new(&q, 7, Instant::now()));

@@ -219,7 +219,7 @@ async fn inject_fails_the_chosen_operations() {
     let rule = |kind, range, nth| Rule { kind, range, nth, errno: libc::ENOSPC };
     let r = |off| Op::Read { off };
     let w = |off| Op::Write { off, fua: false };
-    let cases = vec![
+    let cases = [
         InjectCase { what: "every op", rule: rule(None, None, None), ops: vec![r(0), w(0), Op::Flush], fail: vec![true, true, true] },
         InjectCase {
             what: "only reads",
