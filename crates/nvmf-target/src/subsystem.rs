@@ -420,7 +420,8 @@ impl Controller {
         }
     }
 
-    /// A queue connected: `done` is its connection's channel.
+    /// A queue connected: `done` is where its connection takes other hosts' Preempt and
+    /// Abort requests (also while its send buffer is full).
     pub fn attach_queue(&self, qid: u16, done: UnboundedSender<Done>) {
         self.queues.lock().push((qid, done));
     }

@@ -65,10 +65,12 @@ pub async fn serve<S: Stream>(stream: S, target: Arc<Target>, port: Arc<Port>, l
     let peer = stream.peer();
     let fd = stream.as_raw_fd();
     let (done_tx, done_rx) = unbounded_channel();
+    let (abort_tx, abort_rx) = unbounded_channel();
     let mut conn = Conn {
         stream,
         rx: RxBuf::new(limits::RX_BUFFER_BYTES),
         done_rx,
+        abort_rx,
         cancel: ticket.as_ref().map_or_else(CancellationToken::new, |t| t.evicted().clone()),
         connect_by: tokio::time::Instant::now() + Duration::from_millis(target.limits.connect_timeout_ms),
         ticket,
@@ -93,6 +95,7 @@ pub async fn serve<S: Stream>(stream: S, target: Arc<Target>, port: Arc<Port>, l
             data_bufs: 0,
             reported_bytes: 0,
             done_tx,
+            abort_tx,
             aers: Vec::new(),
             close_after_flush: false,
             cancel: CancellationToken::new(),
@@ -128,6 +131,9 @@ struct Conn<S> {
     stream: S,
     rx: RxBuf,
     done_rx: UnboundedReceiver<Done>,
+    /// Other hosts' Preempt and Abort requests ([`Done::Abort`]), taken whether or not the
+    /// send buffer has room: handling one sends nothing.
+    abort_rx: UnboundedReceiver<Done>,
     /// Before Connect: fires when the connection is evicted; after: the connection's own
     /// token, which fires when its controller goes.
     cancel: CancellationToken,
@@ -245,6 +251,8 @@ struct Core {
     /// Buffer bytes last added to the target's gauge.
     reported_bytes: usize,
     done_tx: UnboundedSender<Done>,
+    /// Given to the controller for other hosts' Preempt and Abort ([`Conn::abort_rx`]).
+    abort_tx: UnboundedSender<Done>,
     /// Outstanding Asynchronous Event Requests.
     aers: Vec<Request>,
     close_after_flush: bool,
@@ -323,6 +331,9 @@ impl<S: Stream> Conn<S> {
             // Completions are taken only while the send buffer has room for their responses.
             let room = self.core.tx.pending() <= limits::TX_PENDING_BYTES_MAX;
             let io_busy = self.core.chan.busy();
+            // Without room, ring operations holding a Preempt and Abort still release it
+            // when the storage has finished them (their completions wait).
+            let holding = !room && self.core.chan.holding();
             let unbound = !self.bound;
             tokio::select! {
                 biased;
@@ -335,6 +346,11 @@ impl<S: Stream> Conn<S> {
                 _ = tokio::time::sleep_until(self.connect_by), if unbound => {
                     return Err(ConnError::ConnectTimeout(Duration::from_millis(self.core.target.limits.connect_timeout_ms)));
                 }
+                d = self.abort_rx.recv() => {
+                    if let Some(d) = d {
+                        self.core.on_done(d);
+                    }
+                }
                 d = self.done_rx.recv(), if room => {
                     if let Some(d) = d {
                         self.core.on_done(d);
@@ -344,9 +360,15 @@ impl<S: Stream> Conn<S> {
                 _ = async { events.as_ref().expect("guarded").events.notified().await }, if events.is_some() => {
                     self.core.deliver_events();
                 }
-                r = self.core.chan.wait(), if io_busy && room => {
+                r = async {
+                    if room { self.core.chan.wait().await } else { self.core.chan.wait_holding().await }
+                }, if (io_busy && room) || holding => {
                     r?;
-                    self.core.poll_io();
+                    if room {
+                        self.core.poll_io();
+                    } else {
+                        self.core.chan.settle();
+                    }
                 }
                 r = self.stream.ready(interest) => {
                     let r = r?;
@@ -877,7 +899,7 @@ impl Core {
                         spawn_keep_alive_watchdog(self.target.clone(), c.ctrl.clone());
                     }
                     self.sqhd = 1 % (c.sqsize + 1);
-                    c.ctrl.attach_queue(c.qid, self.done_tx.clone());
+                    c.ctrl.attach_queue(c.qid, self.abort_tx.clone());
                     self.queue =
                         Some(Queue { ctrl: c.ctrl, qid: c.qid, sqsize: c.sqsize, sqflow_disabled: c.sqflow_disabled, _memory: c.memory });
                     r
@@ -1153,9 +1175,10 @@ impl Core {
             }
             // A device operation: the guard goes with it to whoever runs it, and is
             // dropped when the storage has finished it, even if this connection is gone.
-            if let Some(g) = self.chan.hold(token as u64, guard.clone()) {
-                x.held.push(g);
-            }
+            // Given back, the operation has finished (its completion waits for room in the
+            // send buffer): nothing to wait for, as Linux's nvmet, which lets go at
+            // nvmet_req_complete, not when the response leaves.
+            drop(self.chan.hold(token as u64, guard.clone()));
         }
         if self.queue.as_ref().is_some_and(|q| q.qid > 0) {
             for w in self.r2t.slots.iter_mut().flatten().filter(|w| w.sqe.nsid() == nsid && !io_cmd::is_reservation(w.sqe.opcode())) {

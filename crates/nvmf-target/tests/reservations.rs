@@ -606,3 +606,32 @@ async fn preempt_and_abort_waits_for_the_storage_after_the_preempted_host_closes
         assert_eq!(status(r), Status::SUCCESS, "{what}");
     }
 }
+
+/// Preempt and Abort against a host that stops reading its socket: B has many 128 KiB
+/// reads outstanding on the namespace and reads nothing, so the target's send buffer to it
+/// stays full. A's Preempt and Abort completes all the same, within a bounded time: the
+/// abort request is taken without room in the send buffer, and B's reads let go of the
+/// Acquire when the storage has finished them, not when their data has left. Before, the
+/// Acquire waited for B's keep-alive to expire (forever with KATO 0).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn preempt_and_abort_does_not_wait_for_a_host_that_stopped_reading() {
+    let env = common::start().await;
+    let (mut a, mut b) = (host(&env, 0xa).await, host(&env, 0xb).await);
+    assert_eq!(a.register(rrega::REGISTER, 0, KA).await, Status::SUCCESS);
+    assert_eq!(b.register(rrega::REGISTER, 0, KB).await, Status::SUCCESS);
+    assert_eq!(a.acquire(racqa::ACQUIRE, Rtype::ExclusiveAccessRegistrantsOnly, KA, 0).await, Status::SUCCESS);
+    // 128 reads of 128 KiB (16 MiB): more than the socket buffers and the target's send
+    // buffer hold; B never reads a byte of them.
+    let qp = b.q.queue();
+    for tag in 0..128u64 {
+        qp.submit(Sqe::rw(io::READ, NS, tag * 32, 32, false), Data::In(128 << 10), tag).unwrap();
+    }
+    qp.flush().await.unwrap();
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let r =
+        tokio::time::timeout(Duration::from_secs(5), a.acquire(racqa::PREEMPT_AND_ABORT, Rtype::ExclusiveAccessRegistrantsOnly, KA, KB))
+            .await
+            .expect("the Acquire waited for a host that stopped reading");
+    assert_eq!(r, Status::SUCCESS);
+    drop(b);
+}

@@ -169,6 +169,8 @@ pub struct Channel {
     ring_ops: slab::Slab<RingOp>,
     /// Ring completions reaped, reused between polls.
     reaped: Vec<(u64, i32)>,
+    /// Ring operations finished while the queue took no completions ([`Channel::settle`]).
+    reaped_out: Vec<Completion>,
     ready: VecDeque<Completion>,
     tx: UnboundedSender<Completion>,
     rx: UnboundedReceiver<Completion>,
@@ -189,6 +191,7 @@ impl Channel {
             ring: RingState::NotYet,
             ring_ops: slab::Slab::new(),
             reaped: Vec::new(),
+            reaped_out: Vec::new(),
             ready: VecDeque::new(),
             tx,
             rx,
@@ -280,6 +283,42 @@ impl Channel {
             return None;
         }
         self.holds.hold(tag, guard)
+    }
+
+    /// True while an operation on the ring or held back holds a Preempt and Abort guard:
+    /// then [`wait_holding`](Self::wait_holding) and [`settle`](Self::settle) release it
+    /// when the storage has finished, even while the queue takes no completions.
+    pub fn holding(&self) -> bool {
+        self.ring_ops.iter().any(|(_, r)| !r.held.is_empty()) || self.deferred.iter().any(|d| !d.held.is_empty())
+    }
+
+    /// Resolves when a ring operation may have finished or a held-back one is due,
+    /// ignoring completions already taken from the ring (which [`wait`](Self::wait) returns
+    /// at once for). Cancel-safe.
+    pub async fn wait_holding(&mut self) -> io::Result<()> {
+        let ring = match &self.ring {
+            RingState::Ready(r) if r.in_flight() > 0 => Some(r.waker()),
+            _ => None,
+        };
+        let due = self.deferred.front().map(|d| d.at);
+        tokio::select! {
+            biased;
+            r = async { uring::wait(ring.as_ref().expect("guarded")).await }, if ring.is_some() => r,
+            _ = tokio::time::sleep_until(due.unwrap_or_else(Instant::now)), if due.is_some() => Ok(()),
+            _ = std::future::pending::<()>(), if ring.is_none() && due.is_none() => Ok(()),
+        }
+    }
+
+    /// Starts the held-back operations that are due and moves the ring's finished
+    /// operations to the completions [`poll`](Self::poll) returns, releasing the guards
+    /// they held: for a queue whose send buffer is full (a host that stopped reading),
+    /// whose completions wait, while the storage is done with them.
+    pub fn settle(&mut self) {
+        self.submit();
+        let mut out = std::mem::take(&mut self.reaped_out);
+        while self.reap_ring(limits::REAP_BATCH, &mut out) > 0 {}
+        self.ready.extend(out.drain(..));
+        self.reaped_out = out;
     }
 
     /// Starts the held-back operations that are due and hands the ring's queued entries

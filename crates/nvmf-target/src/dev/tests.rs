@@ -361,3 +361,40 @@ async fn a_held_guard_goes_with_its_operation() {
         }
     }
 }
+
+/// A queue that takes no completions (its send buffer full) still lets go of the guards
+/// its operations hold once the storage has finished them ([`Channel::settle`]), and the
+/// completions are then returned by `poll`, each once.
+#[tokio::test]
+async fn settle_releases_guards_and_keeps_completions() {
+    use tokio::sync::mpsc::error::TryRecvError;
+    let dir = tempfile::tempdir().unwrap();
+    let pool = IoPool::new(2);
+    for (name, dev, engine) in devices(&dir).into_iter().filter(|(n, ..)| matches!(*n, "file on io_uring" | "delay over file")) {
+        let mut ch = Channel::new(engine, pool.clone());
+        let (guard, mut wait) = tokio::sync::mpsc::channel::<()>(1);
+        for tag in 0..4 {
+            dev.submit(&mut ch, Op::Read { off: tag * 4096 }, buf(4096), tag);
+            assert!(ch.hold(tag, guard.clone()).is_none(), "{name}: on the ring or held back");
+        }
+        drop(guard);
+        assert!(ch.holding(), "{name}");
+        let until = Instant::now() + Duration::from_secs(10);
+        while ch.holding() {
+            assert!(Instant::now() < until, "{name}: guards not released within 10 s");
+            tokio::time::timeout(Duration::from_millis(50), ch.wait_holding()).await.ok();
+            ch.settle();
+        }
+        assert_eq!(wait.try_recv(), Err(TryRecvError::Disconnected), "{name}: released once the storage finished");
+        let mut out = Vec::new();
+        while out.len() < 4 {
+            assert!(Instant::now() < until, "{name}: completions lost");
+            if ch.poll(8, &mut out) == 0 {
+                ch.wait().await.unwrap();
+            }
+        }
+        let tags: HashSet<u64> = out.iter().map(|c| c.tag).collect();
+        assert_eq!((out.len(), tags.len()), (4, 4), "{name}: each completion once");
+        assert!(!ch.busy(), "{name}");
+    }
+}
