@@ -15,7 +15,8 @@ work=$(mktemp -d)
 pid=
 trap '[ -n "$pid" ] && kill $pid 2>/dev/null; wait 2>/dev/null; rm -rf "$work"' EXIT
 port=44201
-workloads=("randread 4KiB 1" "randread 4KiB 32" "randread 4KiB 128" "read 128KiB 32" "randwrite 4KiB 32")
+# WORKLOADS="randread 4KiB 128;read 128KiB 32" runs only those (pattern, size, queue depth).
+IFS=';' read -ra workloads <<< "${WORKLOADS:-randread 4KiB 1;randread 4KiB 32;randread 4KiB 128;read 128KiB 32;randwrite 4KiB 32}"
 
 run() { # bin workload size qd -> "iops mb_per_s"
     local bin=$1 w=$2 z=$3 q=$4
