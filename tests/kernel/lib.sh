@@ -87,3 +87,26 @@ initramfs_pack() {
 free_port() {
     python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'
 }
+
+# boot_guest KERNEL INITRD WORK TIMEOUT_S MEMORY_MIB MARKER: boots the guest (TCG, or KVM
+# with NEARSTORE_QEMU_KVM=1) on user networking, its console in WORK/guest.log, prints its
+# STEP lines, and fails (with the console's and WORK/target.log's tails) unless the guest
+# printed MARKER and no step failed. Needs the caller's fail().
+boot_guest() {
+    local kernel=$1 initrd=$2 work=$3 limit=$4 mem=$5 marker=$6 accel=tcg start
+    if [ -w /dev/kvm ] && [ "${NEARSTORE_QEMU_KVM:-0}" = 1 ]; then accel=kvm; fi
+    echo "booting $kernel ($accel) against the target on the host (guest sees 10.0.2.2)"
+    start=$(date +%s)
+    timeout "$limit" qemu-system-x86_64 -accel $accel -m "$mem" -smp 1 -nographic -no-reboot \
+        -kernel "$kernel" -initrd "$initrd" -append "console=ttyS0 loglevel=5 panic=-1" \
+        -netdev user,id=n0 -device e1000,netdev=n0 > "$work/guest.log" 2>&1 || true
+    echo "guest ran $(( $(date +%s) - start )) s"
+    cp "$work/guest.log" "${NEARSTORE_KERNEL_LOG:-/dev/null}" || true
+    grep -E "^STEP|^  \|" "$work/guest.log" || true
+    if ! grep -q "$marker" "$work/guest.log"; then
+        echo "--- guest console (tail) ---"; tail -40 "$work/guest.log"
+        echo "--- target log (tail) ---"; tail -20 "$work/target.log"
+        fail "the guest did not finish every step"
+    fi
+    if grep -q "STEP .*: FAIL" "$work/guest.log"; then fail "a guest step failed"; fi
+}

@@ -114,20 +114,5 @@ target_pid=$!
 for _ in $(seq 1 50); do grep -q "listening on 127.0.0.1:$io_port" "$work/target.out" 2>/dev/null && break; sleep 0.1; done
 grep -q "listening on" "$work/target.out" || { cat "$work/target.log"; fail "target did not start"; }
 
-accel=tcg
-if [ -w /dev/kvm ] && [ "${NEARSTORE_QEMU_KVM:-0}" = 1 ]; then accel=kvm; fi
-echo "booting $kernel ($accel) against the target on 127.0.0.1:$io_port (guest sees 10.0.2.2)"
-start=$(date +%s)
-timeout 300 qemu-system-x86_64 -accel $accel -m 512 -smp 1 -nographic -no-reboot \
-    -kernel "$kernel" -initrd "$work/initrd.gz" -append "console=ttyS0 loglevel=5 panic=-1" \
-    -netdev user,id=n0 -device e1000,netdev=n0 > "$work/guest.log" 2>&1 || true
-echo "guest ran $(( $(date +%s) - start )) s"
-cp "$work/guest.log" "${NEARSTORE_KERNEL_LOG:-/dev/null}" || true
-grep -E "^STEP|^  \|" "$work/guest.log" || true
-if ! grep -q RESV-TEST-COMPLETE "$work/guest.log"; then
-    echo "--- guest console (tail) ---"; tail -40 "$work/guest.log"
-    echo "--- target log (tail) ---"; tail -20 "$work/target.log"
-    fail "the guest did not finish every step"
-fi
-grep -q "STEP .*: FAIL" "$work/guest.log" && fail "a guest step failed"
+boot_guest "$kernel" "$work/initrd.gz" "$work" 300 512 RESV-TEST-COMPLETE
 echo "kernel reservations: 1 passed, 0 failed"
