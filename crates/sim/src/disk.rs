@@ -65,7 +65,10 @@ struct State {
     bug: Option<DiskBug>,
     /// Crashed: this instance is gone, every operation fails and changes nothing.
     dead: bool,
+    /// Every fault injected since the last [`SimDisk::forget_faults`].
     faults: Vec<Fault>,
+    /// What each command that reported a fault could have met (its candidates).
+    claims: Vec<Vec<Fault>>,
 }
 
 pub struct SimDisk {
@@ -78,11 +81,33 @@ fn eio() -> io::Error {
     io::Error::from_raw_os_error(libc::EIO)
 }
 
+/// The size of a maximum matching of claims to faults, each claim to a fault equal to
+/// one of its candidates, each fault to one claim (Kuhn's augmenting paths: a session
+/// has tens of faults at most).
+fn matching(claims: &[Vec<Fault>], faults: &[Fault]) -> usize {
+    fn augment(c: usize, claims: &[Vec<Fault>], faults: &[Fault], owner: &mut [Option<usize>], seen: &mut [bool]) -> bool {
+        for (f, fault) in faults.iter().enumerate() {
+            if seen[f] || !claims[c].contains(fault) {
+                continue;
+            }
+            seen[f] = true;
+            if owner[f].is_none_or(|o| augment(o, claims, faults, owner, seen)) {
+                owner[f] = Some(c);
+                return true;
+            }
+        }
+        false
+    }
+    let mut owner = vec![None; faults.len()];
+    (0..claims.len()).filter(|&c| augment(c, claims, faults, &mut owner, &mut vec![false; faults.len()])).count()
+}
+
 impl SimDisk {
     /// A disk whose medium holds `medium` (one buffer per block, all of `block_size`).
     pub fn new(medium: Vec<Vec<u8>>, block_size: u64, seed: u64, profile: DiskProfile, bug: Option<DiskBug>, trace: Trace) -> Arc<SimDisk> {
         let blocks = medium.into_iter().map(|durable| Block { durable, cached: Vec::new() }).collect();
-        let state = State { blocks, rng: XorShiftRng::seed_from_u64(seed), profile, bug, dead: false, faults: Vec::new() };
+        let state =
+            State { blocks, rng: XorShiftRng::seed_from_u64(seed), profile, bug, dead: false, faults: Vec::new(), claims: Vec::new() };
         Arc::new(SimDisk { block_size, state: Mutex::new(state), trace })
     }
 
@@ -105,28 +130,34 @@ impl SimDisk {
         blocks.into_iter().map(|b| b.durable).collect()
     }
 
-    /// Removes a noted fault equal to one of `candidates`, trying them in order; false when
-    /// there is none.
+    /// Notes that a command reported a fault it could have met in any of `candidates`;
+    /// false when the faults injected cannot account for it together with every command
+    /// that reported one before. The faults are matched to the commands as a whole (a
+    /// bipartite matching), never greedily: a deallocate of (57, 6) then (37, 5) that
+    /// failed on its first range must not take the fault of another command's (37, 5)
+    /// that failed after it (seed 469091).
     pub fn take_fault(&self, candidates: &[Fault]) -> bool {
         let mut s = self.state.lock();
-        match candidates.iter().find_map(|c| s.faults.iter().position(|f| f == c)) {
-            Some(i) => {
-                s.faults.remove(i);
-                true
-            }
-            None => false,
+        s.claims.push(candidates.to_vec());
+        if matching(&s.claims, &s.faults) == s.claims.len() {
+            return true;
         }
+        s.claims.pop();
+        false
     }
 
     /// Forgets the faults not matched: at the end of a session whose lost commands may
     /// have been the ones that met them.
     pub fn forget_faults(&self) {
-        self.state.lock().faults.clear();
+        let mut s = self.state.lock();
+        s.faults.clear();
+        s.claims.clear();
     }
 
-    /// Faults injected and not yet matched to a completion.
+    /// Faults injected and not matched to a completion.
     pub fn faults_left(&self) -> usize {
-        self.state.lock().faults.len()
+        let s = self.state.lock();
+        s.faults.len() - s.claims.len()
     }
 
     /// The blocks of a byte range, or an error the target would report as an I/O error.
@@ -351,14 +382,19 @@ mod tests {
             landed += d.state.lock().blocks.iter().filter(|b| b.current()[0] == 1).count();
         }
         assert!(landed > 0 && landed < 200, "failed writes landed on {landed} of 200 blocks");
-        // Candidates are tried in order: a deallocate of (2, 6) then (26, 8) that failed on
-        // the second range takes that fault, not another command's over (2, 6).
-        let d = disk(40, 0, 1000, None);
+        // Faults go to the commands as a whole, whatever order they complete in: a
+        // deallocate of (2, 6) then (26, 8) that failed on either range, and another
+        // command's (2, 6) (seed 281479, and 469091 the other way round).
         let (a, b) = (Fault::Zeroes { off: 2 * BS as u64, len: 6 * BS as u64 }, Fault::Zeroes { off: 26 * BS as u64, len: 8 * BS as u64 });
-        assert!(d.write_zeroes(2 * BS as u64, 6 * BS as u64, true).is_err());
-        assert!(d.write_zeroes(26 * BS as u64, 8 * BS as u64, true).is_err());
-        assert!(d.take_fault(&[b, a]));
-        assert!(d.take_fault(&[a]), "the other command's fault is still there");
+        for (first, second) in [(vec![b, a], vec![a]), (vec![a], vec![b, a]), (vec![a, b], vec![a])] {
+            let d = disk(40, 0, 1000, None);
+            assert!(d.write_zeroes(2 * BS as u64, 6 * BS as u64, true).is_err());
+            assert!(d.write_zeroes(26 * BS as u64, 8 * BS as u64, true).is_err());
+            assert!(d.take_fault(&first), "{first:?}");
+            assert!(d.take_fault(&second), "the other command's fault is still there: {first:?} then {second:?}");
+            assert_eq!(d.faults_left(), 0);
+            assert!(!d.take_fault(&[a, b]), "no third fault to match");
+        }
         // Not the target's to see as a fault: misaligned or beyond the end.
         let d = disk(1, 0, 0, None);
         assert_eq!(d.read_at(&mut [0; 100], 0).unwrap_err().kind(), io::ErrorKind::InvalidInput);

@@ -265,11 +265,11 @@ impl Model {
                 Kind::Write { .. } => (Status::WRITE_FAULT, vec![Fault::Write { off, len }, Fault::FlushRange { off, len }]),
                 Kind::Zeroes { .. } => (Status::WRITE_FAULT, vec![Fault::Zeroes { off, len }, Fault::FlushRange { off, len }]),
                 // The target deallocates the ranges in order and stops at the first that
-                // fails: the last range that ran failed. Trying the ranges last first keeps
-                // this command from taking a fault of another one over a range both have
-                // (seed 281479: two deallocates of blocks 2+6, on two queues).
+                // fails: any range may be the one. Which command met which fault is
+                // settled over all of them (`SimDisk::take_fault`): two commands may share
+                // a range (seeds 281479, 469091).
                 Kind::Deallocate(r) => {
-                    (Status::WRITE_FAULT, r.iter().rev().map(|(s, n)| Fault::Zeroes { off: s * bs, len: *n as u64 * bs }).collect())
+                    (Status::WRITE_FAULT, r.iter().map(|(s, n)| Fault::Zeroes { off: s * bs, len: *n as u64 * bs }).collect())
                 }
                 Kind::Flush => (Status::WRITE_FAULT, vec![Fault::Flush]),
             };
