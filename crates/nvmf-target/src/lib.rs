@@ -1,6 +1,7 @@
 //! The nearstore NVMe/TCP target.
 //!
-//! Codemap: [`tcp`] moves PDUs and completes commands; [`fabrics`], [`admin`], [`io_cmd`]
+//! Codemap: [`exec`] executes a queue's commands and completes each once, apart from any
+//! transport; [`tcp`] is the NVMe/TCP transport (moves PDUs and data); [`fabrics`], [`admin`], [`io_cmd`]
 //! and [`discovery`] parse and execute commands, named after the parts of the
 //! specification; [`subsystem`] holds subsystems, namespaces and controllers;
 //! [`backend`] is the storage under a namespace, [`io_pool`] runs file and block I/O off
@@ -14,6 +15,7 @@ pub mod cluster;
 pub mod config;
 pub mod dev;
 pub mod discovery;
+pub mod exec;
 pub mod fabrics;
 pub mod io_cmd;
 pub mod io_pool;

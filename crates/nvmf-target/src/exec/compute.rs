@@ -10,7 +10,7 @@ use nearstore_wire::log::ErrorEntry;
 use nearstore_wire::{Sqe, Status};
 use tracing::warn;
 
-use super::{ConnError, Core, Inflight};
+use super::{Core, Inflight, Overflow, Transport};
 use crate::io_cmd::IoKind;
 use crate::limits;
 use crate::offload::{self, Computed, Failure, Slot, Task, TaskAbort};
@@ -24,8 +24,8 @@ pub fn is_compute(opcode: u8) -> bool {
     opcode >= 0x80
 }
 
-impl Core {
-    pub(super) fn execute_compute(&mut self, ctrl: &Arc<Controller>, sqe: Sqe, data: &[u8], req: Request) -> Result<(), ConnError> {
+impl<T: Transport> Core<T> {
+    pub(super) fn execute_compute(&mut self, ctrl: &Arc<Controller>, sqe: Sqe, data: &[u8], req: Request) -> Result<(), Overflow> {
         match sqe.opcode() {
             cop::EXEC => {
                 let Some(slot) = Slot::claim(ctrl, &self.target.memory, self.target.offload.cfg.command_bytes()) else {
@@ -53,7 +53,7 @@ impl Core {
                     self.fail_compute(ctrl, req, sqe.nsid(), slot, f);
                     return Ok(());
                 }
-                if self.r2t.live + self.inflight.live >= self.outstanding_limit() {
+                if self.waiting.live + self.inflight.live >= self.outstanding_limit() {
                     return Err(self.overflow(req));
                 }
                 let abort = TaskAbort::new(&self.cancel);

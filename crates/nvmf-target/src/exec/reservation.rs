@@ -9,14 +9,14 @@ use nearstore_wire::log::ErrorEntry;
 use nearstore_wire::{Sqe, Status};
 use tracing::warn;
 
-use super::{ConnError, Core, Inflight};
+use super::{Core, Inflight, Overflow, Transport};
 use crate::io_cmd::{self, IoKind, Later};
 use crate::io_pool::Done;
 use crate::request::Request;
 use crate::subsystem::Controller;
 
-impl Core {
-    pub(super) fn execute_reservation(&mut self, ctrl: &Arc<Controller>, sqe: &Sqe, data: &[u8], req: Request) -> Result<(), ConnError> {
+impl<T: Transport> Core<T> {
+    pub(super) fn execute_reservation(&mut self, ctrl: &Arc<Controller>, sqe: &Sqe, data: &[u8], req: Request) -> Result<(), Overflow> {
         match io_cmd::reservation(ctrl, sqe, data) {
             Err(s) => self.fail_io(ctrl, sqe, req, s),
             Ok((mut r, None)) => {
@@ -30,8 +30,8 @@ impl Core {
 
     /// Completes the command `req` once its namespace's reservation state file is written
     /// and the commands its Preempt and Abort aborts have completed ([`Core::on_persisted`]).
-    pub(super) fn later(&mut self, req: Request, later: Later) -> Result<(), ConnError> {
-        if self.r2t.live + self.inflight.live >= self.outstanding_limit() {
+    pub(super) fn later(&mut self, req: Request, later: Later) -> Result<(), Overflow> {
+        if self.waiting.live + self.inflight.live >= self.outstanding_limit() {
             return Err(self.overflow(req));
         }
         let Later { ns, snapshot, abort } = later;
