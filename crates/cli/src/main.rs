@@ -508,26 +508,11 @@ mod tests {
     /// depth, has a description.
     #[test]
     fn every_verb_and_argument_has_help() {
-        fn walk(cmd: &clap::Command, path: &str, missing: &mut Vec<String>) {
-            let said = |s: Option<&clap::builder::StyledStr>| s.is_some_and(|h| !h.to_string().trim().is_empty());
-            if !said(cmd.get_about()) {
-                missing.push(format!("{path}: the verb"));
-            }
-            for a in cmd.get_arguments() {
-                if !said(a.get_help()) && !said(a.get_long_help()) {
-                    missing.push(format!("{path}: {}", a.get_id()));
-                }
-            }
-            for sub in cmd.get_subcommands() {
-                walk(sub, &format!("{path} {}", sub.get_name()), missing);
-            }
-        }
-        let mut cmd = Cli::command();
-        cmd.build();
-        let mut missing = Vec::new();
-        walk(&cmd, "nearstore", &mut missing);
+        let missing = nearstore_testkit::without_help(Cli::command(), "nearstore");
         assert!(missing.is_empty(), "arguments without a description:\n{}", missing.join("\n"));
         // The walk reaches the verbs' flattened arguments (the target's address on perf).
+        let mut cmd = Cli::command();
+        cmd.build();
         let perf = cmd.find_subcommand("perf").expect("perf");
         assert!(perf.get_arguments().any(|a| a.get_id() == "traddr"));
     }

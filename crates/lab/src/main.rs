@@ -122,26 +122,11 @@ mod tests {
     /// any depth, has a description.
     #[test]
     fn every_verb_and_argument_has_help() {
-        fn walk(cmd: &clap::Command, path: &str, missing: &mut Vec<String>) {
-            let said = |s: Option<&clap::builder::StyledStr>| s.is_some_and(|h| !h.to_string().trim().is_empty());
-            if !said(cmd.get_about()) {
-                missing.push(format!("{path}: the verb"));
-            }
-            for a in cmd.get_arguments() {
-                if !said(a.get_help()) && !said(a.get_long_help()) {
-                    missing.push(format!("{path}: {}", a.get_id()));
-                }
-            }
-            for sub in cmd.get_subcommands() {
-                walk(sub, &format!("{path} {}", sub.get_name()), missing);
-            }
-        }
-        let mut cmd = Cli::command();
-        cmd.build();
-        let mut missing = Vec::new();
-        walk(&cmd, "nearstore-lab", &mut missing);
+        let missing = nearstore_testkit::without_help(Cli::command(), "nearstore-lab");
         assert!(missing.is_empty(), "arguments without a description:\n{}", missing.join("\n"));
         // The walk reaches the nested verbs and their arguments.
+        let mut cmd = Cli::command();
+        cmd.build();
         let up = cmd.find_subcommand("testbed").and_then(|t| t.find_subcommand("up")).expect("testbed up");
         assert!(up.get_arguments().any(|a| a.get_id() == "image_size"));
     }
