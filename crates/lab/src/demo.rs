@@ -46,6 +46,9 @@ fn engine_time(
     use nearstore_host::object::{map_file, Mapped};
     let ns = target.subsystem(NQN).and_then(|s| s.namespace(1)).context("the demo namespace")?;
     let cfg = target.offload.cfg.clone();
+    // The engine's reads run as tasks on this (multi-threaded) runtime, as on a target's.
+    let io =
+        nearstore_target::offload::IoContext { rt: tokio::runtime::Handle::current(), engine: target.io_engine, pool: target.pool.clone() };
     let mut objects = Vec::new();
     for f in files {
         match map_file(f, devices)? {
@@ -66,7 +69,7 @@ fn engine_time(
             .map(|_| {
                 s.spawn(|| -> Result<()> {
                     while let Some(d) = descs.get(next.fetch_add(1, std::sync::atomic::Ordering::Relaxed)) {
-                        nearstore_target::offload::execute_here(&ns, d, &cfg).map_err(|f| anyhow::anyhow!("{}", f.message))?;
+                        nearstore_target::offload::execute_here(&ns, d, &cfg, &io).map_err(|f| anyhow::anyhow!("{}", f.message))?;
                     }
                     Ok(())
                 })

@@ -14,6 +14,10 @@
 //! Connections are pooled per (peer, host), so one host's connection never serves
 //! another. Every peer a command names is admitted before a byte of the command is read.
 //!
+//! The offload engine reads a peer through [`Peers::remote`], the peer's namespace as a
+//! block device acting for the command's host ([`crate::dev::remote`]): its operations
+//! are tasks on the target's network runtime, with connections from the peer's pool.
+//!
 //! ```toml
 //! [cluster]
 //! host_nqn = "nqn.2026-11.io.nearstore:t1"   # the peers must trust this member
@@ -31,8 +35,8 @@
 //!
 //! Bounds: at most `connections_per_peer` connections to one peer, busy or idle, for
 //! all hosts together (a command waits for a free one; an idle connection of another
-//! host is closed to make room); each keeps at most `read_ahead_bytes` of reads in
-//! flight, besides the command's own chunk buffers.
+//! host is closed to make room); an operation on one keeps at most `read_ahead_bytes` of
+//! Reads in flight, into the command's own chunk buffer.
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -40,14 +44,13 @@ use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::Arc;
 use std::time::Duration;
 
-use nearstore_initiator::{ConnectOptions, Controller, Error as InitiatorError, IoQueue, PieceReader};
-use nearstore_wire::compute::{global, status as cs, Extent};
+use nearstore_initiator::{ConnectOptions, Controller, Error as InitiatorError, IoQueue};
+use nearstore_wire::compute::{global, status as cs};
 use nearstore_wire::Status;
-use parking_lot::Mutex;
 use serde::Deserialize;
-use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 use crate::config::ByteSize;
+use crate::dev::remote::{Pool, Remote, RemoteConfig};
 use crate::limits;
 
 #[derive(Debug, Clone, Deserialize)]
@@ -153,10 +156,8 @@ pub(crate) struct Conn {
 
 struct Peer {
     cfg: PeerConfig,
-    /// Idle connections with the host each acts for, least recently used first.
-    idle: Mutex<Vec<(String, Conn)>>,
-    permits: Arc<Semaphore>,
-    stats: PeerStats,
+    /// Its connections, for every host.
+    pool: Arc<Pool>,
 }
 
 /// Why reading a peer failed: the status the command fails with (PEER_DENIED, or
@@ -182,49 +183,25 @@ pub struct PeerStats {
     pub connections: AtomicU64,
 }
 
-/// The peers of this target, their idle connections, and the runtime that drives them.
+/// The peers of this target and their connections.
 pub struct Peers {
     peers: HashMap<u16, Peer>,
     host_nqn: String,
     /// Members that may connect to this target acting for a host.
     trusted: std::collections::HashSet<String>,
-    /// `connections_per_peer`: connections to one peer, busy and idle together.
-    per_peer: usize,
-    depth: usize,
+    read_ahead_bytes: u64,
     timeout: Duration,
-    /// Made on first use: a target without peers runs no thread for them.
-    rt: std::sync::OnceLock<tokio::runtime::Runtime>,
 }
 
 impl Peers {
     pub fn new(cfg: &ClusterConfig) -> Peers {
         Peers {
-            peers: cfg
-                .peer
-                .iter()
-                .map(|p| {
-                    let permits = Arc::new(Semaphore::new(cfg.connections_per_peer));
-                    (p.tag, Peer { cfg: p.clone(), idle: Mutex::new(Vec::new()), permits, stats: PeerStats::default() })
-                })
-                .collect(),
+            peers: cfg.peer.iter().map(|p| (p.tag, Peer { cfg: p.clone(), pool: Arc::new(Pool::new(cfg.connections_per_peer)) })).collect(),
             host_nqn: cfg.host_nqn.clone().unwrap_or_else(nearstore_initiator::default_hostnqn),
             trusted: cfg.trusted_members.iter().cloned().collect(),
-            per_peer: cfg.connections_per_peer,
-            depth: (cfg.read_ahead_bytes.0 / nearstore_initiator::stream::IO_BYTES).max(1) as usize,
+            read_ahead_bytes: cfg.read_ahead_bytes.0,
             timeout: Duration::from_secs(cfg.timeout_secs),
-            rt: std::sync::OnceLock::new(),
         }
-    }
-
-    fn rt(&self) -> &tokio::runtime::Runtime {
-        self.rt.get_or_init(|| {
-            tokio::runtime::Builder::new_multi_thread()
-                .worker_threads(1)
-                .thread_name("nearstore-peers")
-                .enable_all()
-                .build()
-                .expect("building the peer runtime")
-        })
     }
 
     pub fn knows(&self, tag: u16) -> bool {
@@ -236,169 +213,51 @@ impl Peers {
         self.trusted.contains(hostnqn)
     }
 
-    /// Checks that every peer in `tags` lets this target read it for `host`, before a
-    /// command reads anything: a pooled connection for that host is proof, else one is
-    /// opened (and kept for the command's streams).
-    pub fn admit(&self, tags: &[u16], host: &str) -> Result<(), PeerError> {
-        for &tag in tags {
-            let peer = self.peers.get(&tag).ok_or_else(|| failed(format!("device tag {tag} is not in the cluster map")))?;
-            match self.checkout(peer, host) {
-                Ok((conn, _, permit)) => self.checkin(peer, host, conn, permit),
-                Err(e) => {
-                    peer.stats.failures.fetch_add(1, Relaxed);
-                    return Err(PeerError { status: e.status, message: format!("{}: {}", self.name(tag, peer), e.message) });
-                }
-            }
+    /// How errors name the peer with `tag`.
+    pub fn name(&self, tag: u16) -> String {
+        match self.peers.get(&tag) {
+            Some(p) => format!("peer tag {tag} ({} {} nsid {})", p.cfg.address, p.cfg.nqn, p.cfg.nsid),
+            None => format!("device tag {tag}"),
         }
-        Ok(())
-    }
-
-    fn name(&self, tag: u16, peer: &Peer) -> String {
-        format!("peer tag {tag} ({} {} nsid {})", peer.cfg.address, peer.cfg.nqn, peer.cfg.nsid)
     }
 
     /// Every peer's tag, address and counters, by tag.
     pub fn stats(&self) -> Vec<(u16, SocketAddr, &PeerStats)> {
-        let mut v: Vec<_> = self.peers.iter().map(|(t, p)| (*t, p.cfg.address, &p.stats)).collect();
+        let mut v: Vec<_> = self.peers.iter().map(|(t, p)| (*t, p.cfg.address, p.pool.stats())).collect();
         v.sort_by_key(|x| x.0);
         v
     }
 
-    /// Streams a piece of a peer (a tagged extent) to `f` in order, a few hundred KiB at
-    /// a time, read for `host`. `f` returns false to stop early. Errors name the peer.
-    pub fn stream(&self, piece: Extent, host: &str, f: &mut dyn FnMut(&[u8]) -> bool) -> Result<(), PeerError> {
-        let tag = piece.tag();
+    /// Counts `n` bytes read from the peer with `tag` and handed to an operation.
+    pub fn count_read(&self, tag: u16, n: u64) {
+        if let Some(p) = self.peers.get(&tag) {
+            p.pool.stats().read_bytes.fetch_add(n, Relaxed);
+        }
+    }
+
+    /// Counts a command failed by the peer with `tag`.
+    pub fn count_failure(&self, tag: u16) {
+        if let Some(p) = self.peers.get(&tag) {
+            p.pool.stats().failures.fetch_add(1, Relaxed);
+        }
+    }
+
+    /// The peer with `tag` as a device acting for `host`, once the peer has admitted this
+    /// target for that host (a pooled connection of that host, or a new one): the check a
+    /// command passes before a byte is read. Its connections are the peer's pool, within
+    /// `connections_per_peer` for every host together.
+    pub async fn remote(&self, tag: u16, host: &str) -> Result<Remote, PeerError> {
         let peer = self.peers.get(&tag).ok_or_else(|| failed(format!("device tag {tag} is not in the cluster map")))?;
-        let mut counted = |b: &[u8]| {
-            peer.stats.read_bytes.fetch_add(b.len() as u64, Relaxed);
-            f(b)
-        };
-        let r = self.stream_from(peer, piece, host, &mut counted);
-        if r.is_err() {
-            peer.stats.failures.fetch_add(1, Relaxed);
-        }
-        r
-    }
-
-    fn stream_from(&self, peer: &Peer, piece: Extent, host: &str, f: &mut dyn FnMut(&[u8]) -> bool) -> Result<(), PeerError> {
-        let name = self.name(piece.tag(), peer);
-        let local = Extent::data(global::offset(piece.offset), piece.len);
-        let mut delivered = 0u64;
-        // A pooled connection may have died since it was last used (the peer restarted):
-        // such a failure before the first byte is retried once on a fresh connection.
-        for attempt in 0..2 {
-            let (mut conn, reused, permit) =
-                self.checkout(peer, host).map_err(|e| PeerError { status: e.status, message: format!("{name}: {}", e.message) })?;
-            let end = local.offset + local.len.div_ceil(conn.block) * conn.block;
-            let bad = if !local.offset.is_multiple_of(conn.block) {
-                Some(format!("offset {} is not a multiple of its {}-byte block", local.offset, conn.block))
-            } else if end > conn.size {
-                Some(format!("bytes {}..{end} lie outside its namespace of {} bytes", local.offset, conn.size))
-            } else {
-                None
-            };
-            if let Some(m) = bad {
-                self.checkin(peer, host, conn, permit);
-                return Err(failed(format!("{name}: {m}")));
-            }
-            let r = self.read(&mut conn, peer.cfg.nsid, local, delivered, f);
-            match r {
-                Ok(true) => {
-                    self.checkin(peer, host, conn, permit);
-                    return Ok(());
-                }
-                // Stopped early: reads are still in flight on the connection, so it is not
-                // reused (their completions would reach the next stream).
-                Ok(false) => return Ok(()),
-                Err((e, n)) => {
-                    delivered = n;
-                    if !(reused && attempt == 0 && delivered == 0) {
-                        return Err(failed(format!("{name}: {e}")));
-                    }
-                }
-            }
-        }
-        unreachable!("the second attempt returns")
-    }
-
-    /// Reads `local` from the peer, skipping the first `skip` bytes (already delivered):
-    /// true when it read it all, false when `f` stopped it. On failure, the error and the
-    /// bytes delivered so far.
-    fn read(&self, conn: &mut Conn, nsid: u32, local: Extent, skip: u64, f: &mut dyn FnMut(&[u8]) -> bool) -> Result<bool, (String, u64)> {
-        let (block, timeout, depth) = (conn.block, self.timeout, self.depth);
-        self.rt().block_on(async {
-            let mut r = PieceReader::new(conn.q.queue(), nsid, block, [local]).depth(depth);
-            let mut at = 0u64;
-            loop {
-                let c = match tokio::time::timeout(timeout, r.next()).await {
-                    Ok(Ok(Some(c))) => c,
-                    Ok(Ok(None)) => return Ok(true),
-                    Ok(Err(e)) => return Err((e.to_string(), at.max(skip))),
-                    Err(_) => return Err((format!("no data for {} s", timeout.as_secs()), at.max(skip))),
-                };
-                let n = c.len() as u64;
-                let from = skip.saturating_sub(at).min(n) as usize;
-                at += n;
-                if from < c.len() && !f(&c[from..]) {
-                    return Ok(false);
-                }
-            }
-        })
-    }
-
-    /// A connection to `peer` acting for `host`: an idle one of that host, else a new one
-    /// (closing the least recently used idle connection of another host when the peer's
-    /// connections are all open).
-    fn checkout(&self, peer: &Peer, host: &str) -> Result<(Conn, bool, OwnedSemaphorePermit), PeerError> {
-        self.rt().block_on(async {
-            let permit = tokio::time::timeout(self.timeout, peer.permits.clone().acquire_owned())
-                .await
-                .map_err(|_| failed(format!("no free connection for {} s", self.timeout.as_secs())))?
-                .expect("the semaphore is never closed");
-            {
-                let mut idle = peer.idle.lock();
-                if let Some(i) = idle.iter().rposition(|(h, _)| h == host) {
-                    return Ok((idle.remove(i).1, true, permit));
-                }
-                let busy = self.per_peer - peer.permits.available_permits();
-                while !idle.is_empty() && idle.len() + busy > self.per_peer {
-                    idle.remove(0);
-                }
-            }
-            peer.stats.connections.fetch_add(1, Relaxed);
-            let conn = tokio::time::timeout(self.timeout, self.connect(&peer.cfg, host))
-                .await
-                .map_err(|_| failed(format!("connecting took more than {} s", self.timeout.as_secs())))??;
-            Ok((conn, false, permit))
-        })
-    }
-
-    /// Returns a connection to the pool of its host, if nothing is in flight on it (else
-    /// its late completions would reach the next stream: it is closed instead).
-    fn checkin(&self, peer: &Peer, host: &str, mut conn: Conn, permit: OwnedSemaphorePermit) {
-        if conn.q.queue().in_flight() == 0 {
-            peer.idle.lock().push((host.to_string(), conn));
-        }
-        drop(permit);
-    }
-
-    async fn connect(&self, p: &PeerConfig, host: &str) -> Result<Conn, PeerError> {
-        connect(p, &self.host_nqn, host, self.timeout).await
-    }
-
-    /// The peer with `tag` as a device acting for `host`, its connections counted with
-    /// every other stream to that peer (`connections_per_peer`).
-    pub async fn remote(&self, tag: u16, host: &str) -> Result<crate::dev::remote::Remote, PeerError> {
-        let peer = self.peers.get(&tag).ok_or_else(|| failed(format!("device tag {tag} is not in the cluster map")))?;
-        let cfg = crate::dev::remote::RemoteConfig {
+        let cfg = RemoteConfig {
             peer: peer.cfg.clone(),
             member: self.host_nqn.clone(),
             host: host.to_string(),
             timeout: self.timeout,
+            read_ahead_bytes: self.read_ahead_bytes,
         };
-        crate::dev::remote::Remote::open(cfg, peer.permits.clone()).await.map_err(|e| {
-            peer.stats.failures.fetch_add(1, Relaxed);
-            PeerError { status: e.status, message: format!("{}: {}", self.name(tag, peer), e.message) }
+        Remote::open(cfg, peer.pool.clone()).await.map_err(|e| {
+            self.count_failure(tag);
+            PeerError { status: e.status, message: format!("{}: {}", self.name(tag), e.message) }
         })
     }
 }

@@ -222,10 +222,15 @@ pub const COMPUTE_CHUNK_BYTES_DEFAULT: u64 = 1 << 20;
 /// from block devices, whose reads are aligned to 4 KiB.
 pub const COMPUTE_CHUNK_ALIGN_BYTES: u64 = 4096;
 /// The largest `compute.chunk`, in bytes: each input holds (readahead + 1) chunks, and 64
-/// MiB chunks already take 1 GiB for one command at the most read-ahead.
+/// MiB chunks already take 1 GiB for one command at the most read-ahead. One device read of
+/// the offload engine fills one chunk, so this also bounds what one read costs the network
+/// thread that starts it (a file's page-cache hit is copied inside io_uring's submit).
 pub const COMPUTE_CHUNK_BYTES_MAX: u64 = 64 << 20;
-/// Chunks read ahead of the operation per input (`compute.readahead`): two keep the disk
-/// busy while the operation computes on the third.
+/// Device reads in flight per input ahead of the operation (`compute.readahead`), each of
+/// one chunk: two keep the disk busy while the operation computes on the third. An input
+/// holds at most readahead + 1 chunk buffers, charged with the outputs' to the command's
+/// `compute.memory_per_command` before it starts (`offload::validate`); a peer's extents
+/// are read one read per input at a time, pipelined on its connection (`read_ahead_bytes`).
 pub const COMPUTE_READAHEAD_CHUNKS_DEFAULT: usize = 2;
 /// The most `compute.readahead` accepts: past 16, more reads in flight only hold memory.
 pub const COMPUTE_READAHEAD_CHUNKS_MAX: usize = 16;
@@ -306,14 +311,15 @@ pub const COMPUTE_STARTED_PER_CONTROLLER_MAX: usize = 8;
 /// of it in the round robin, while switching every 10 ms costs nothing measurable.
 pub const COMPUTE_SLICE_MS: u64 = 10;
 
-/// Connections to one peer target for one host (`cluster.connections_per_peer`): four
-/// streams read a peer's extents in parallel; more than 64 only add sockets.
+/// Connections to one peer target, busy and idle, for all hosts (`cluster.connections_per_peer`):
+/// four reads of a peer's extents run in parallel; more than 64 only add sockets.
 pub const PEER_CONNECTIONS_DEFAULT: usize = 4;
 pub const PEER_CONNECTIONS_MAX: usize = 64;
 
-/// Reads in flight per stream from a peer (`cluster.read_ahead_bytes`), in bytes: 4 MiB
-/// fills a 10 Gbit/s link with a few milliseconds of round trip. At least one piece of the
-/// initiator's pipelined reads, at most 64 MiB per stream.
+/// Reads in flight on one connection to a peer, for one read of a peer device
+/// (`cluster.read_ahead_bytes`), in bytes: 4 MiB fills a 10 Gbit/s link with a few
+/// milliseconds of round trip. At least one of the initiator's pipelined reads, at most 64
+/// MiB per connection.
 pub const PEER_READ_AHEAD_BYTES_DEFAULT: u64 = 4 << 20;
 pub const PEER_READ_AHEAD_BYTES_MIN: u64 = 128 << 10;
 pub const PEER_READ_AHEAD_BYTES_MAX: u64 = 64 << 20;

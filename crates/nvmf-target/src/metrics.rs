@@ -176,6 +176,12 @@ pub fn render(t: &Target) -> String {
         ),
         ("nearstore_compute_running", "gauge", "Compute commands running now.", c.running.load(Relaxed)),
         ("nearstore_compute_queued", "gauge", "Compute commands waiting to start.", c.queued.load(Relaxed)),
+        (
+            "nearstore_compute_reads_in_flight",
+            "gauge",
+            "Device reads of running compute commands not yet completed.",
+            c.reads_in_flight.load(Relaxed),
+        ),
     ] {
         family(&mut o, name, kind, help);
         let _ = writeln!(o, "{name} {v}");

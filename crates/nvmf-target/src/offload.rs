@@ -2,10 +2,11 @@
 //!
 //! A connection validates an EXEC (descriptor, operation, arguments, extents) and hands a
 //! [`Task`] to the engine's worker pool; the connection goes on serving other commands. A
-//! worker streams each input object from the namespace's backend in chunks
-//! (`compute.chunk`, 1 MiB by default) through the operation of the shared compute crate.
-//! A reader thread per input keeps `compute.readahead` chunks in flight, so reading and
-//! computing overlap. Outputs are written through the backend in chunks, padded to whole
+//! worker streams each input object in chunks (`compute.chunk`, 1 MiB by default) through
+//! the operation of the shared compute crate, read through the namespace's device stack or
+//! a peer's device ([`read`]): `compute.readahead` chunks per input in flight while the
+//! operation computes, started on the network runtime, with no thread per input. Outputs
+//! are written through the backend in chunks, padded to whole
 //! blocks, and made durable before the command completes. The result (JSON outcomes) or
 //! the error message goes back to the connection, which holds it in the controller's
 //! [`Results`] under a handle for the host to FETCH.
@@ -15,11 +16,10 @@
 //! when its controller goes away.
 
 use std::collections::{HashMap, VecDeque};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use crossbeam_channel::{Receiver, RecvTimeoutError, Sender};
 use nearstore_compute::{ComputeError, Context, Operation, Outcome, Sink, Source, Stop};
 use nearstore_transport::AlignedBuf;
 use nearstore_wire::compute::{status as cs, Descriptor, Extent, Object};
@@ -30,12 +30,17 @@ use tokio_util::sync::CancellationToken;
 
 use crate::backend::Backend;
 use crate::cluster::{ClusterConfig, Peers};
-use crate::config::ByteSize;
-use crate::io_pool::Done;
+use crate::config::{ByteSize, IoEngine};
+use crate::io_pool::{Done, IoPool};
 use crate::limits;
 use crate::memory::{Memory, Reservation};
 use crate::sched::{Cpu, FairQueue, Turn};
 use crate::subsystem::{Controller, Namespace};
+
+mod read;
+
+pub use read::IoContext;
+use read::{Io, NsSource, Shared};
 
 /// The `[compute]` section of the configuration.
 #[derive(Debug, Clone, Deserialize)]
@@ -124,6 +129,8 @@ pub struct ComputeStats {
     pub running: AtomicU64,
     /// Commands waiting to start.
     pub queued: AtomicU64,
+    /// Device reads of the commands started and not yet completed.
+    pub reads_in_flight: AtomicU64,
 }
 
 /// Why a command failed: the NVMe status and the message the host can fetch.
@@ -372,6 +379,11 @@ struct Engine {
     cfg: ComputeConfig,
     stats: Arc<ComputeStats>,
     peers: Arc<Peers>,
+    /// The devices' settings, and the network runtime, known from the first command
+    /// (submitted by a connection task on it).
+    engine: IoEngine,
+    pool: IoPool,
+    rt: std::sync::OnceLock<tokio::runtime::Handle>,
 }
 
 #[derive(Default)]
@@ -383,7 +395,8 @@ struct Pending {
 }
 
 impl Offload {
-    pub fn new(cfg: ComputeConfig, cluster: &ClusterConfig, memory: Arc<Memory>) -> Offload {
+    /// `engine` and `pool` are the target's, for the devices the commands read.
+    pub fn new(cfg: ComputeConfig, cluster: &ClusterConfig, memory: Arc<Memory>, (engine, pool): (IoEngine, IoPool)) -> Offload {
         let stats = Arc::new(ComputeStats::default());
         let peers = Arc::new(Peers::new(cluster));
         let engine = Arc::new(Engine {
@@ -393,11 +406,18 @@ impl Offload {
             cfg: cfg.clone(),
             stats: stats.clone(),
             peers: peers.clone(),
+            engine,
+            pool,
+            rt: std::sync::OnceLock::new(),
         });
         Offload { engine, cfg, stats, peers }
     }
 
+    /// Queues a command; called on the network runtime, whose tasks run its I/O.
     pub fn submit(&self, task: Task) {
+        if let Ok(rt) = tokio::runtime::Handle::try_current() {
+            let _ = self.engine.rt.get_or_init(|| rt);
+        }
         let key = task.slot.owner();
         self.engine.pending.lock().tasks.push(key, task);
         self.engine.dispatch();
@@ -467,7 +487,11 @@ impl Engine {
         let cancel = task.cancel.clone();
         let result = if turn.take(&|| cancel.is_cancelled()) {
             std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                run(&task.ns, task.op, &task.desc, &task.cancel, Some(&turn), &self.cfg, &self.stats, (&self.peers, &task.host))
+                let Some(rt) = self.rt.get() else {
+                    return Err(Failure::new(Status::INTERNAL_ERROR, "the offload engine has no network runtime for its I/O"));
+                };
+                let io = IoContext { rt: rt.clone(), engine: self.engine, pool: self.pool.clone() };
+                run(&task.ns, task.op, &task.desc, &task.cancel, Some(&turn), &self.cfg, &self.stats, (&self.peers, &task.host, &io))
             }))
             .unwrap_or_else(|_| Err(Failure::new(Status::INTERNAL_ERROR, "the operation panicked: a bug, please report it")))
         } else {
@@ -504,12 +528,12 @@ fn finish(task: Task, result: Result<Vec<u8>, Failure>) {
 }
 
 /// Runs a descriptor on this thread, as a worker does, without a controller: the
-/// engine alone, reading the namespace's backend and computing (benchmarks measure
-/// the offloaded path against it). Returns the JSON outcomes.
-pub fn execute_here(ns: &Namespace, data: &[u8], cfg: &ComputeConfig) -> Result<Vec<u8>, Failure> {
-    let peers = Peers::new(&ClusterConfig::default());
+/// engine alone, reading the namespace's devices and computing (benchmarks measure
+/// the offloaded path against it), its I/O on `io`. Returns the JSON outcomes.
+pub fn execute_here(ns: &Namespace, data: &[u8], cfg: &ComputeConfig, io: &IoContext) -> Result<Vec<u8>, Failure> {
+    let peers = Arc::new(Peers::new(&ClusterConfig::default()));
     let (desc, op) = validate(ns, data, cfg, &peers)?;
-    run(ns, op, &desc, &CancellationToken::new(), None, cfg, &ComputeStats::default(), (&peers, ""))
+    run(ns, op, &desc, &CancellationToken::new(), None, cfg, &ComputeStats::default(), (&peers, "", io))
 }
 
 /// Runs one command on the calling thread; `peers` are read for `host`, each admitted
@@ -523,11 +547,9 @@ fn run(
     turn: Option<&Arc<Turn>>,
     cfg: &ComputeConfig,
     stats: &ComputeStats,
-    (peers, host): (&Peers, &str),
+    (peers, host, io): (&Arc<Peers>, &str, &IoContext),
 ) -> Result<Vec<u8>, Failure> {
-    peers.admit(&desc.remote_tags(), host).map_err(|e| Failure::new(e.status, e.message))?;
     let deadline = Instant::now() + Duration::from_secs(cfg.timeout_secs);
-    let stop = AtomicBool::new(false);
     let block = ns.block_size as u64;
     let chunk = cfg.chunk.0 as usize;
     // The operation looks at its stop inside long work on one record, too: the
@@ -540,33 +562,24 @@ fn run(
     let halt = Stop::new(Some(Duration::from_secs(cfg.timeout_secs)), Some(probe));
     let ctx = Context { memory_max: (cfg.command_bytes() - buffer_bytes(desc, cfg)) as usize, stop: halt };
     let limits = Limits { deadline, timeout_secs: cfg.timeout_secs, cancel, turn: turn.map(|t| &**t) };
-    // A peer's failure: the status the command fails with, whatever the operation makes
-    // of the read error.
-    let peer_failure: parking_lot::Mutex<Option<Failure>> = parking_lot::Mutex::new(None);
-    let outcome: Result<Vec<Outcome>, ComputeError> = std::thread::scope(|scope| {
-        let mut sources: Vec<NsSource> = Vec::with_capacity(desc.inputs.len());
-        for o in &desc.inputs {
-            let (data_tx, data_rx) = crossbeam_channel::bounded(cfg.readahead.max(1));
-            let (free_tx, free_rx) = crossbeam_channel::unbounded();
-            let backend = ns.backend.clone();
-            let pieces: VecDeque<Extent> = o.pieces().collect();
-            let (stop, depth) = (&stop, cfg.readahead + 1);
-            let filler = Filler { chunk, depth, allocated: 0, data: data_tx, free: free_rx, stop, buf: None, n: 0 };
-            std::thread::Builder::new()
-                .name("nearstore-readahead".into())
-                .spawn_scoped(scope, move || read_ahead(&*backend, (peers, host), block, pieces, filler))
-                .expect("spawning a read-ahead thread");
-            let peer_failure = &peer_failure;
-            sources.push(NsSource { len: o.len, data_rx, free_tx, current: None, limits: &limits, read: 0, peer_failure });
-        }
+    // Every peer admits the host before a byte is read.
+    let (reads, remotes) = Io::start(io, peers, desc.remote_tags(), host, stats, &limits)?;
+    let shared = Shared {
+        io: std::cell::RefCell::new(reads),
+        local: ns.dev.clone(),
+        block,
+        remotes,
+        peers,
+        peer_failure: std::cell::RefCell::new(None),
+    };
+    let outcome: Result<Vec<Outcome>, ComputeError> = {
+        let mut sources: Vec<NsSource> = desc.inputs.iter().map(|o| NsSource::new(o, chunk, cfg.readahead, &shared, &limits)).collect();
         let mut sinks: Vec<NsSink> = desc.outputs.iter().map(|o| NsSink::new(ns.backend.clone(), o, block, chunk, &limits)).collect();
         let r = {
             let mut ins: Vec<&mut dyn Source> = sources.iter_mut().map(|s| s as &mut dyn Source).collect();
             let mut outs: Vec<&mut dyn Sink> = sinks.iter_mut().map(|s| s as &mut dyn Sink).collect();
             op.execute(&desc.args, &mut ins, &mut outs, &ctx)
         };
-        // Readers stop at their next chunk, or now if they wait for a free buffer.
-        stop.store(true, Relaxed);
         let read: u64 = sources.iter().map(|s| s.read).sum();
         drop(sources);
         stats.bytes_read.fetch_add(read, Relaxed);
@@ -577,8 +590,11 @@ fn run(
             }
             Ok(o)
         })
-    });
-    let outcome = outcome.map_err(|e| peer_failure.lock().take().unwrap_or_else(|| e.into()))?;
+    };
+    let Shared { io: reads, peer_failure, .. } = shared;
+    // Waits for the reads still running (the operation stopped early, or failed).
+    drop(reads);
+    let outcome = outcome.map_err(|e| peer_failure.into_inner().unwrap_or_else(|| e.into()))?;
     let json = serde_json::to_vec(&outcome).expect("outcomes serialise");
     if json.len() > limits::RESULT_BYTES_MAX {
         return Err(Failure::new(
@@ -607,177 +623,6 @@ impl Limits<'_> {
             return Err(ComputeError::Timeout(self.timeout_secs));
         }
         Ok(())
-    }
-}
-
-/// Why reading an input failed.
-enum ReadError {
-    /// This namespace's backend.
-    Local(String),
-    /// A peer (the message names it).
-    Peer(crate::cluster::PeerError),
-}
-
-/// Chunk buffers being filled and handed to the operation: at most `depth` exist,
-/// recycled through `free`.
-struct Filler<'a> {
-    chunk: usize,
-    depth: usize,
-    allocated: usize,
-    data: Sender<Result<AlignedBuf, ReadError>>,
-    free: Receiver<AlignedBuf>,
-    stop: &'a AtomicBool,
-    buf: Option<AlignedBuf>,
-    /// Bytes filled in `buf`.
-    n: usize,
-}
-
-impl Filler<'_> {
-    /// The unfilled part of the current buffer (a new one if none): None when the command
-    /// stops.
-    fn space(&mut self) -> Option<&mut [u8]> {
-        if self.buf.is_none() {
-            let mut b = match self.free.try_recv() {
-                Ok(b) => b,
-                Err(_) if self.allocated < self.depth => {
-                    self.allocated += 1;
-                    AlignedBuf::new(self.chunk)
-                }
-                Err(_) => loop {
-                    match self.free.recv_timeout(Duration::from_millis(50)) {
-                        Ok(b) => break b,
-                        Err(RecvTimeoutError::Timeout) if !self.stop.load(Relaxed) => continue,
-                        Err(_) => return None,
-                    }
-                },
-            };
-            b.set_len(self.chunk);
-            self.buf = Some(b);
-            self.n = 0;
-        }
-        let n = self.n;
-        self.buf.as_mut().map(|b| &mut b[n..])
-    }
-
-    /// `k` more bytes are filled; a full buffer goes to the operation. False when the
-    /// operation is gone or the command stops.
-    fn filled(&mut self, k: usize) -> bool {
-        self.n += k;
-        if self.n == self.chunk {
-            return self.send();
-        }
-        !self.stop.load(Relaxed)
-    }
-
-    fn send(&mut self) -> bool {
-        let Some(mut b) = self.buf.take() else { return true };
-        b.set_len(self.n);
-        self.data.send(Ok(b)).is_ok() && !self.stop.load(Relaxed)
-    }
-
-    fn fail(&self, e: ReadError) {
-        let _ = self.data.send(Err(e));
-    }
-}
-
-/// Reads an object's pieces into chunk buffers ahead of the operation: local pieces from
-/// the backend, tagged pieces streamed from their peer. Stops at the end, on an error
-/// (sent on), when the consumer is gone, or when `stop` is set.
-fn read_ahead(backend: &dyn Backend, (peers, host): (&Peers, &str), block: u64, pieces: VecDeque<Extent>, mut f: Filler) {
-    for mut p in pieces {
-        if f.stop.load(Relaxed) {
-            return;
-        }
-        if p.is_remote() {
-            let mut go = true;
-            let r = peers.stream(p, host, &mut |mut bytes: &[u8]| {
-                while !bytes.is_empty() {
-                    let Some(space) = f.space() else {
-                        go = false;
-                        return false;
-                    };
-                    let k = space.len().min(bytes.len());
-                    space[..k].copy_from_slice(&bytes[..k]);
-                    bytes = &bytes[k..];
-                    if !f.filled(k) {
-                        go = false;
-                        return false;
-                    }
-                }
-                true
-            });
-            if let Err(e) = r {
-                f.fail(ReadError::Peer(e));
-                return;
-            }
-            if !go {
-                return;
-            }
-            continue;
-        }
-        while p.len > 0 {
-            let Some(space) = f.space() else { return };
-            let take = p.len.min(space.len() as u64) as usize;
-            if p.is_zeros() {
-                space[..take].fill(0);
-            } else {
-                // Whole blocks (O_DIRECT block devices need them): the extent holds them,
-                // only the object's last piece is cut short of its block.
-                let whole = (take as u64).div_ceil(block) * block;
-                if let Err(e) = backend.read_at(&mut space[..whole as usize], p.offset) {
-                    f.fail(ReadError::Local(format!("reading {whole} bytes at namespace byte {}: {e}", p.offset)));
-                    return;
-                }
-                p.offset += take as u64;
-            }
-            p.len -= take as u64;
-            if !f.filled(take) {
-                return;
-            }
-        }
-    }
-    if f.n > 0 {
-        f.send();
-    }
-}
-
-/// An input object, read ahead from the namespace.
-struct NsSource<'a> {
-    len: u64,
-    data_rx: Receiver<Result<AlignedBuf, ReadError>>,
-    free_tx: Sender<AlignedBuf>,
-    current: Option<AlignedBuf>,
-    limits: &'a Limits<'a>,
-    read: u64,
-    peer_failure: &'a parking_lot::Mutex<Option<Failure>>,
-}
-
-impl Source for NsSource<'_> {
-    fn next_chunk(&mut self) -> Result<Option<&[u8]>, ComputeError> {
-        if let Some(b) = self.current.take() {
-            let _ = self.free_tx.send(b);
-        }
-        loop {
-            self.limits.check()?;
-            match self.data_rx.recv_timeout(Duration::from_millis(100)) {
-                Ok(Ok(b)) => {
-                    self.read += b.len() as u64;
-                    let b = self.current.insert(b);
-                    return Ok(Some(&b[..]));
-                }
-                Ok(Err(ReadError::Local(e))) => return Err(ComputeError::Io(e)),
-                Ok(Err(ReadError::Peer(e))) => {
-                    *self.peer_failure.lock() = Some(Failure::new(e.status, e.message.clone()));
-                    return Err(ComputeError::Io(e.message));
-                }
-                Err(RecvTimeoutError::Timeout) => continue,
-                Err(RecvTimeoutError::Disconnected) => return Ok(None),
-            }
-        }
-    }
-
-    fn len(&self) -> u64 {
-        self.len
     }
 }
 

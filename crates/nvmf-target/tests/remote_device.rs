@@ -14,14 +14,13 @@ use std::time::Duration;
 use common::proxy::{proxy, Faults};
 use nearstore_target::cluster::{ClusterConfig, PeerConfig, Peers};
 use nearstore_target::config::{Config, IoEngine};
-use nearstore_target::dev::remote::{peer_status, Remote, RemoteConfig};
+use nearstore_target::dev::remote::{peer_status, Pool, Remote, RemoteConfig};
 use nearstore_target::dev::{BlockDevice, Channel, Completion, Op};
 use nearstore_target::io_pool::IoPool;
 use nearstore_target::Target;
 use nearstore_transport::AlignedBuf;
 use nearstore_wire::compute::status as cs;
 use nearstore_wire::Status;
-use tokio::sync::Semaphore;
 
 const PEER_NQN: &str = "nqn.2026-11.io.nearstore:remote-peer";
 /// This target's cluster NQN: the peer trusts it.
@@ -83,11 +82,12 @@ fn config(addr: SocketAddr, nsid: u32, member: &str, host: &str, timeout: Durati
         member: member.into(),
         host: host.into(),
         timeout,
+        read_ahead_bytes: 1 << 20,
     }
 }
 
 async fn open(addr: SocketAddr, nsid: u32) -> Remote {
-    Remote::open(config(addr, nsid, MEMBER, HOST, T), Arc::new(Semaphore::new(4))).await.unwrap()
+    Remote::open(config(addr, nsid, MEMBER, HOST, T), Arc::new(Pool::new(4))).await.unwrap()
 }
 
 fn channel() -> Channel {
@@ -156,7 +156,7 @@ async fn the_peer_decides_whom_the_device_acts_for() {
         ("a member the peer does not trust", "nqn.2026-11.io.nearstore:untrusted", HOST),
     ];
     for &(what, member, host) in cases {
-        let r = Remote::open(config(p.addr, 1, member, host, T), Arc::new(Semaphore::new(1))).await;
+        let r = Remote::open(config(p.addr, 1, member, host, T), Arc::new(Pool::new(1))).await;
         let e = r.err().unwrap_or_else(|| panic!("{what}: admitted"));
         assert_eq!(e.status, cs::PEER_DENIED, "{what}: {}", e.message);
         assert!(e.message.contains(host), "{what}: the message names the host: {}", e.message);
@@ -229,7 +229,7 @@ async fn errors_from_the_peer_reach_the_completion() {
 async fn a_peer_that_dies_or_stalls_fails_the_operation_only() {
     let p = peer().await;
     let timeout = Duration::from_secs(1);
-    let dev = Remote::open(config(p.proxied, 1, MEMBER, HOST, timeout), Arc::new(Semaphore::new(2))).await.unwrap();
+    let dev = Remote::open(config(p.proxied, 1, MEMBER, HOST, timeout), Arc::new(Pool::new(2))).await.unwrap();
     let direct = open(p.addr, 1).await;
     // (what, the fault, error kind)
     let cases: &[(&str, &std::sync::atomic::AtomicBool, io::ErrorKind)] = &[

@@ -4,12 +4,15 @@
 //! The device acts for one host ([`crate::cluster`], "acting for"): every connection it
 //! opens names that host in its Connect, and the peer decides whether to admit it
 //! (refused: [`cs::PEER_DENIED`](nearstore_wire::compute::status::PEER_DENIED) from
-//! [`Remote::open`]). Its connections are pooled for that (peer, host) pair only, and
-//! count against the peer's `connections_per_peer` together with every other stream to
-//! it. Each operation is a task that takes a connection (waiting at most `timeout_secs`
-//! for one), runs the operation as commands of at most the peer's transfer size, and
-//! sends the completion to the channel; a connection that failed, timed out or still has
-//! commands in flight is closed, not pooled.
+//! [`Remote::open`]). Connections live in the peer's [`Pool`], each kept for the host it
+//! was opened for: busy and idle together at most `connections_per_peer` for every host
+//! (opening one for a host closes the least recently used idle one of another host when
+//! the peer's connections are all open). Each operation is a task that takes a connection
+//! of its host (waiting at most `timeout_secs` for one), runs the operation as commands of
+//! at most the peer's transfer size, `read_ahead_bytes` of them in flight, and sends the
+//! completion to the channel; a connection that failed, timed out or still has commands
+//! in flight is closed, not pooled. A pooled connection that is found dead (the peer
+//! restarted) is replaced once, on a fresh connection.
 //!
 //! A failure is an [`io::Error`] whose inner error is a [`PeerIoError`]: the peer's NVMe
 //! status when it answered with one ([`peer_status`]), and a message naming the peer.
@@ -24,10 +27,10 @@ use nearstore_wire::opcode::io as opc;
 use nearstore_wire::{Sqe, Status};
 use parking_lot::Mutex;
 use tokio::net::TcpStream;
-use tokio::sync::Semaphore;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 use super::{BlockDevice, Channel, Completion, Geometry, Op};
-use crate::cluster::{self, Conn, PeerConfig, PeerError};
+use crate::cluster::{self, Conn, PeerConfig, PeerError, PeerStats};
 
 /// Ranges of one Dataset Management command (NVMe Base 2.0, "Dataset Management":
 /// NR is 0's based in 8 bits).
@@ -75,14 +78,70 @@ pub struct RemoteConfig {
     pub host: String,
     /// Connecting, waiting for a free connection, and each operation.
     pub timeout: Duration,
+    /// Bytes of one operation's commands in flight on its connection
+    /// (`cluster.read_ahead_bytes`; at least one command).
+    pub read_ahead_bytes: u64,
+}
+
+/// The connections to one peer, for every host: idle ones by the host each acts for
+/// (least recently used first), and a permit per busy one.
+pub struct Pool {
+    idle: Mutex<Vec<(String, Conn)>>,
+    /// `connections_per_peer`: a permit per busy connection; idle ones are closed to make
+    /// room, so busy and idle together stay within it.
+    permits: Arc<Semaphore>,
+    per_peer: usize,
+    stats: PeerStats,
+}
+
+impl Pool {
+    pub fn new(per_peer: usize) -> Pool {
+        Pool { idle: Mutex::new(Vec::new()), permits: Arc::new(Semaphore::new(per_peer)), per_peer, stats: PeerStats::default() }
+    }
+
+    /// The peer's counters (connections opened, bytes read, failures).
+    pub fn stats(&self) -> &PeerStats {
+        &self.stats
+    }
+
+    /// A connection for `cfg.host`: an idle one of that host (true: reused), else a new
+    /// one. `fresh` skips the idle ones.
+    async fn checkout(&self, cfg: &RemoteConfig, fresh: bool) -> Result<(Conn, bool, OwnedSemaphorePermit), PeerError> {
+        let t = cfg.timeout;
+        let permit = tokio::time::timeout(t, self.permits.clone().acquire_owned())
+            .await
+            .map_err(|_| cluster::failed(format!("no free connection for {} s", t.as_secs())))?
+            .map_err(|_| cluster::failed("the connection pool is closed".into()))?;
+        {
+            let mut idle = self.idle.lock();
+            if let Some(i) = idle.iter().rposition(|(h, _)| *h == cfg.host).filter(|_| !fresh) {
+                return Ok((idle.remove(i).1, true, permit));
+            }
+            let busy = self.per_peer - self.permits.available_permits();
+            while !idle.is_empty() && idle.len() + busy > self.per_peer {
+                idle.remove(0);
+            }
+        }
+        self.stats.connections.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let conn = tokio::time::timeout(t, cluster::connect(&cfg.peer, &cfg.member, &cfg.host, t))
+            .await
+            .map_err(|_| cluster::failed(format!("connecting took more than {} s", t.as_secs())))??;
+        Ok((conn, false, permit))
+    }
+
+    /// Keeps a connection for `host` if nothing is in flight on it (late completions
+    /// would reach the next operation), else closes it.
+    fn checkin(&self, host: &str, mut conn: Conn, permit: OwnedSemaphorePermit) {
+        if conn.q.queue().in_flight() == 0 {
+            self.idle.lock().push((host.to_string(), conn));
+        }
+        drop(permit);
+    }
 }
 
 struct Inner {
     cfg: RemoteConfig,
-    /// Connections of this (peer, host), idle.
-    idle: Mutex<Vec<Conn>>,
-    /// The peer's connections, busy ones, for every host together.
-    permits: Arc<Semaphore>,
+    pool: Arc<Pool>,
     block: u64,
     size: u64,
 }
@@ -93,16 +152,15 @@ pub struct Remote {
 }
 
 impl Remote {
-    /// Connects to the peer acting for `cfg.host` and identifies the namespace; `permits`
-    /// are the peer's connections (`connections_per_peer`), shared by every user of it.
-    pub async fn open(cfg: RemoteConfig, permits: Arc<Semaphore>) -> Result<Remote, PeerError> {
-        let conn = tokio::time::timeout(cfg.timeout, cluster::connect(&cfg.peer, &cfg.member, &cfg.host, cfg.timeout))
-            .await
-            .map_err(|_| cluster::failed(format!("connecting took more than {} s", cfg.timeout.as_secs())))??;
-        let queue_depth = permits.available_permits().max(1) as u32;
+    /// The peer's namespace acting for `cfg.host`, with connections from `pool` (the
+    /// peer's, shared by every user of it): takes a connection of that host (the peer
+    /// admitted it, or admits a new one now) and identifies the namespace.
+    pub async fn open(cfg: RemoteConfig, pool: Arc<Pool>) -> Result<Remote, PeerError> {
+        let (conn, _, permit) = pool.checkout(&cfg, false).await?;
         let (block, size) = (conn.block, conn.size);
-        let inner = Inner { cfg, idle: Mutex::new(vec![conn]), permits, block, size };
-        Ok(Remote { inner: Arc::new(inner), queue_depth })
+        pool.checkin(&cfg.host, conn, permit);
+        let queue_depth = pool.per_peer as u32;
+        Ok(Remote { inner: Arc::new(Inner { cfg, pool, block, size }), queue_depth })
     }
 }
 
@@ -145,41 +203,39 @@ impl Inner {
 
     async fn run(&self, op: Op, buf: &mut AlignedBuf) -> io::Result<()> {
         let t = self.cfg.timeout;
-        let permit = tokio::time::timeout(t, self.permits.clone().acquire_owned())
-            .await
-            .map_err(|_| error(io::ErrorKind::TimedOut, None, format!("{}: no free connection for {} s", self.name(), t.as_secs())))?
-            .map_err(|_| error(io::ErrorKind::Other, None, format!("{}: closed", self.name())))?;
-        let pooled = self.idle.lock().pop();
-        let mut conn = match pooled {
-            Some(c) => c,
-            None => tokio::time::timeout(t, cluster::connect(&self.cfg.peer, &self.cfg.member, &self.cfg.host, t))
-                .await
-                .map_err(|_| error(io::ErrorKind::TimedOut, None, format!("{}: connecting took more than {} s", self.name(), t.as_secs())))?
-                .map_err(|e| {
-                    let kind = if e.status == nearstore_wire::compute::status::PEER_DENIED {
-                        io::ErrorKind::PermissionDenied
-                    } else {
-                        io::ErrorKind::ConnectionRefused
-                    };
-                    error(kind, None, format!("{}: {}", self.name(), e.message))
-                })?,
-        };
-        let r = match tokio::time::timeout(t, self.exec(&mut conn, op, buf)).await {
-            Ok(r) => r,
-            Err(_) => Err(error(io::ErrorKind::TimedOut, None, format!("no answer for {} s", t.as_secs()))),
-        };
-        // A connection is kept only when nothing is in flight on it: late completions
-        // would reach the next operation. A status from the peer leaves it usable.
-        let usable = r.as_ref().err().is_none_or(|e| peer_status(e).is_some());
-        if usable && conn.q.queue().in_flight() == 0 {
-            self.idle.lock().push(conn);
+        let mut fresh = false;
+        loop {
+            let (mut conn, reused, permit) = self.pool.checkout(&self.cfg, fresh).await.map_err(|e| {
+                let kind = if e.status == nearstore_wire::compute::status::PEER_DENIED {
+                    io::ErrorKind::PermissionDenied
+                } else {
+                    io::ErrorKind::ConnectionRefused
+                };
+                error(kind, None, format!("{}: {}", self.name(), e.message))
+            })?;
+            let r = match tokio::time::timeout(t, self.exec(&mut conn, op, buf)).await {
+                Ok(r) => r,
+                Err(_) => Err(error(io::ErrorKind::TimedOut, None, format!("no data for {} s", t.as_secs()))),
+            };
+            // A connection is kept only when nothing is in flight on it; a status from the
+            // peer leaves it usable.
+            let usable = r.as_ref().err().is_none_or(|e| peer_status(e).is_some());
+            if usable {
+                self.pool.checkin(&self.cfg.host, conn, permit);
+            }
+            match r {
+                // A pooled connection the peer closed meanwhile (it restarted): once more on
+                // a new one.
+                Err(e) if reused && !fresh && lost_connection(&e) => fresh = true,
+                r => {
+                    return r.map_err(|e| {
+                        let kind = e.kind();
+                        let status = peer_status(&e);
+                        error(kind, status, format!("{}: {e}", self.name()))
+                    })
+                }
+            }
         }
-        drop(permit);
-        r.map_err(|e| {
-            let kind = e.kind();
-            let status = peer_status(&e);
-            error(kind, status, format!("{}: {e}", self.name()))
-        })
     }
 
     async fn exec(&self, conn: &mut Conn, op: Op, buf: &mut AlignedBuf) -> io::Result<()> {
@@ -200,20 +256,8 @@ impl Inner {
                 if max == 0 {
                     return Err(error(io::ErrorKind::Other, None, format!("the peer's transfer size is below its {block}-byte block")));
                 }
-                let mut at = 0u64;
-                while at < len {
-                    let n = max.min(len - at);
-                    let (slba, nlb) = ((off + at) / block, (n / block) as u32);
-                    let range = at as usize..(at + n) as usize;
-                    match op {
-                        Op::Write { fua, .. } => {
-                            command(q, Sqe::rw(opc::WRITE, nsid, slba, nlb, fua), Data::Out(&buf[range]), None).await?
-                        }
-                        _ => command(q, Sqe::rw(opc::READ, nsid, slba, nlb, false), Data::In(n as usize), Some(&mut buf[range])).await?,
-                    }
-                    at += n;
-                }
-                Ok(())
+                let window = (self.cfg.read_ahead_bytes / max).clamp(1, q.options().depth.max(1) as u64) as usize;
+                pipeline(q, nsid, block, max, window, op, off, buf).await
             }
             Op::Flush => {
                 let mut s = Sqe::new(opc::FLUSH, 0);
@@ -262,6 +306,77 @@ impl Inner {
     }
 }
 
+/// Reads or writes `buf` at byte `off` as commands of at most `max` bytes, `window` of
+/// them in flight: the peer's bandwidth, not its round trip, bounds the operation.
+#[allow(clippy::too_many_arguments)]
+async fn pipeline(
+    q: &mut QueuePair<TcpStream>,
+    nsid: u32,
+    block: u64,
+    max: u64,
+    window: usize,
+    op: Op,
+    off: u64,
+    buf: &mut AlignedBuf,
+) -> io::Result<()> {
+    let len = buf.len() as u64;
+    let write = matches!(op, Op::Write { .. });
+    let fua = matches!(op, Op::Write { fua: true, .. });
+    // Commands in flight: (command id, byte offset in `buf` it reads or writes).
+    let mut flight: std::collections::VecDeque<(u16, u64)> = std::collections::VecDeque::with_capacity(window);
+    let mut failed: Option<io::Error> = None;
+    let mut at = 0u64;
+    while (at < len || !flight.is_empty()) && failed.is_none() {
+        while at < len && flight.len() < window {
+            let n = max.min(len - at);
+            let (slba, nlb) = ((off + at) / block, (n / block) as u32);
+            let range = at as usize..(at + n) as usize;
+            let cid = if write {
+                q.submit(Sqe::rw(opc::WRITE, nsid, slba, nlb, fua), Data::Out(&buf[range]), at)
+            } else {
+                q.submit(Sqe::rw(opc::READ, nsid, slba, nlb, false), Data::In(n as usize), at)
+            }
+            .map_err(lost)?;
+            flight.push_back((cid, at));
+            at += n;
+        }
+        let Some(&(cid, _)) = flight.front() else { break };
+        // Completions of the others arrive meanwhile, too: each is taken as it comes.
+        let mut done: Vec<(u64, Status, usize)> = Vec::new();
+        q.wait(cid, |tag, c, d| {
+            let from = tag as usize;
+            let mut got = 0;
+            if !write && c.status.is_success() {
+                let end = (from + max as usize).min(buf.len());
+                got = d.len().min(end - from);
+                buf[from..from + got].copy_from_slice(&d[..got]);
+            }
+            done.push((tag, c.status, got));
+        })
+        .await
+        .map_err(lost)?;
+        for (tag, status, got) in done {
+            flight.retain(|&(_, t)| t != tag);
+            let want = if write { 0 } else { max.min(len - tag) as usize };
+            if !status.is_success() {
+                let opcode = if write { opc::WRITE } else { opc::READ };
+                failed.get_or_insert(error(
+                    kind_of(status),
+                    Some(status),
+                    format!("the peer completed opcode {opcode:#04x} with {status}"),
+                ));
+            } else if got < want {
+                failed.get_or_insert(error(io::ErrorKind::UnexpectedEof, None, format!("the peer returned {got} of {want} bytes")));
+            }
+        }
+    }
+    match failed {
+        // Commands still in flight: the connection is closed by the caller (in_flight > 0).
+        Some(e) => Err(e),
+        None => Ok(()),
+    }
+}
+
 /// Dataset Management with the Deallocate attribute for the packed ranges.
 async fn dsm(q: &mut QueuePair<TcpStream>, nsid: u32, ranges: &[u8]) -> io::Result<()> {
     let mut s = Sqe::new(opc::DATASET_MANAGEMENT, 0);
@@ -295,6 +410,15 @@ async fn command(q: &mut QueuePair<TcpStream>, sqe: Sqe, data: Data<'_>, mut sin
         return Err(error(io::ErrorKind::UnexpectedEof, None, format!("the peer returned {got} of {want} bytes")));
     }
     Ok(())
+}
+
+/// True when `e` says the connection is gone (no status from the peer).
+fn lost_connection(e: &io::Error) -> bool {
+    peer_status(e).is_none()
+        && matches!(
+            e.kind(),
+            io::ErrorKind::ConnectionAborted | io::ErrorKind::ConnectionReset | io::ErrorKind::BrokenPipe | io::ErrorKind::UnexpectedEof
+        )
 }
 
 /// An initiator error on the connection: it is lost.

@@ -1,0 +1,424 @@
+//! How a compute command reads its inputs: through the block-device layer, with bounded
+//! read-ahead and no thread per input.
+//!
+//! The command's thread (the kernels are CPU work and stay off the network threads)
+//! starts one I/O task on the network runtime ([`Io::start`]); the task owns a device
+//! [`Channel`], first opens the command's peers as [`Remote`](crate::dev::remote::Remote)
+//! devices acting for its host (each admits the host before a byte is read), then starts
+//! the reads the thread sends it on the namespace's device stack or a peer's device and
+//! sends their completions back. Each input keeps up to `compute.readahead + 1` chunk
+//! buffers (the one the operation holds among them), so up to `readahead` reads in flight
+//! while the operation computes, and at most one read of a peer in flight (its commands
+//! pipelined on one connection, `cluster.read_ahead_bytes` of them). A device that
+//! completes at once (memory) is read on the command's thread itself: a read costs a
+//! memcpy, and the network thread stays free.
+//!
+//! Every read is waited for before the command ends, whatever stops it (its end, an error,
+//! cancellation, the deadline): a device operation completes exactly once with its
+//! buffer back, and none is left running when the host sees the completion.
+
+use std::cell::RefCell;
+use std::collections::{HashMap, VecDeque};
+use std::sync::atomic::Ordering::Relaxed;
+use std::sync::Arc;
+use std::time::Duration;
+
+use crossbeam_channel::{Receiver, RecvTimeoutError, Sender};
+use nearstore_compute::{ComputeError, Source};
+use nearstore_transport::AlignedBuf;
+use nearstore_wire::compute::{global, status as cs, Extent, Object};
+use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver, UnboundedSender};
+use tracing::warn;
+
+use super::{ComputeStats, Failure, Limits};
+use crate::cluster::{PeerError, Peers};
+use crate::config::IoEngine;
+use crate::dev::{BlockDevice, Channel, Completion, Op};
+use crate::io_pool::IoPool;
+use crate::limits;
+
+/// Where the engine's I/O runs: the target's network runtime and its device settings.
+#[derive(Clone)]
+pub struct IoContext {
+    pub rt: tokio::runtime::Handle,
+    pub engine: IoEngine,
+    pub pool: IoPool,
+}
+
+/// What the command's thread asks its I/O task to start.
+struct Start {
+    dev: Arc<dyn BlockDevice>,
+    op: Op,
+    buf: AlignedBuf,
+    tag: u64,
+}
+
+/// The devices of a command's peers, by tag.
+pub(super) type Remotes = HashMap<u16, Arc<dyn BlockDevice>>;
+
+/// What the I/O task sends back.
+enum Event {
+    /// The peers, opened for the command's host; or the first that refused.
+    Opened(Result<Remotes, PeerError>),
+    Done(Completion),
+}
+
+/// The I/O task of one command: opens `tags` of `peers` for `host`, then starts what comes
+/// on `rx` until the command closes it and every operation has completed.
+async fn serve(mut rx: UnboundedReceiver<Start>, tx: Sender<Event>, mut ch: Channel, peers: Arc<Peers>, tags: Vec<u16>, host: String) {
+    let mut opened = Remotes::with_capacity(tags.len());
+    let mut refused = None;
+    for tag in tags {
+        match peers.remote(tag, &host).await {
+            Ok(d) => {
+                opened.insert(tag, Arc::new(d) as Arc<dyn BlockDevice>);
+            }
+            Err(e) => {
+                refused = Some(e);
+                break;
+            }
+        }
+    }
+    let _ = tx.send(Event::Opened(refused.map_or(Ok(opened), Err)));
+    let mut open = true;
+    let mut out = Vec::with_capacity(limits::REAP_BATCH);
+    loop {
+        while ch.poll(limits::REAP_BATCH, &mut out) > 0 {
+            for c in out.drain(..) {
+                // The command's thread waits for each one; gone, it needs nothing.
+                let _ = tx.send(Event::Done(c));
+            }
+        }
+        if !open && !ch.busy() {
+            return;
+        }
+        tokio::select! {
+            biased;
+            s = rx.recv(), if open => match s {
+                Some(s) => s.dev.submit(&mut ch, s.op, s.buf, s.tag),
+                None => open = false,
+            },
+            r = ch.wait(), if ch.busy() => {
+                if let Err(e) = r {
+                    warn!("offload engine: waiting for a device completion: {e}");
+                }
+            }
+        }
+    }
+}
+
+/// The command's side of its I/O: reads started and not yet completed, completions that
+/// arrived for another input than the one waiting.
+pub(super) struct Io<'a> {
+    tx: Option<UnboundedSender<Start>>,
+    rx: Receiver<Event>,
+    outstanding: usize,
+    arrived: HashMap<u64, Completion>,
+    next_tag: u64,
+    stats: &'a ComputeStats,
+}
+
+impl<'a> Io<'a> {
+    /// Starts the command's I/O task and opens its peers (`tags`) for `host`, waiting at
+    /// most as the command's limits allow: the devices by tag, or why not.
+    pub(super) fn start(
+        ctx: &IoContext,
+        peers: &Arc<Peers>,
+        tags: Vec<u16>,
+        host: &str,
+        stats: &'a ComputeStats,
+        limits: &Limits,
+    ) -> Result<(Io<'a>, Remotes), Failure> {
+        let (tx, rx_start) = unbounded_channel();
+        let (tx_event, rx) = crossbeam_channel::unbounded();
+        let ch = Channel::new(ctx.engine, ctx.pool.clone());
+        ctx.rt.spawn(serve(rx_start, tx_event, ch, peers.clone(), tags, host.to_string()));
+        let io = Io { tx: Some(tx), rx, outstanding: 0, arrived: HashMap::new(), next_tag: 0, stats };
+        loop {
+            limits.check()?;
+            match io.rx.recv_timeout(Duration::from_millis(100)) {
+                Ok(Event::Opened(Ok(devs))) => return Ok((io, devs)),
+                Ok(Event::Opened(Err(e))) => return Err(Failure::new(e.status, e.message)),
+                Ok(Event::Done(_)) => unreachable!("no operation is started before the peers are open"),
+                Err(RecvTimeoutError::Timeout) => continue,
+                Err(RecvTimeoutError::Disconnected) => {
+                    return Err(Failure::new(
+                        nearstore_wire::Status::INTERNAL_ERROR,
+                        "the offload engine's I/O task ended (the target stops)",
+                    ))
+                }
+            }
+        }
+    }
+
+    /// Starts `op` on `dev`: its tag.
+    fn submit(&mut self, dev: &Arc<dyn BlockDevice>, op: Op, buf: AlignedBuf) -> Result<u64, ComputeError> {
+        let tag = self.next_tag;
+        self.next_tag += 1;
+        let tx = self.tx.as_ref().ok_or(ComputeError::Cancelled)?;
+        tx.send(Start { dev: dev.clone(), op, buf, tag })
+            .map_err(|_| ComputeError::Io("the offload engine's I/O task ended (the target stops)".into()))?;
+        self.outstanding += 1;
+        self.stats.reads_in_flight.fetch_add(1, Relaxed);
+        Ok(tag)
+    }
+
+    /// The completion of `tag` if it arrives within `wait`.
+    fn take(&mut self, tag: u64, wait: Duration) -> Result<Option<Completion>, ComputeError> {
+        if let Some(c) = self.arrived.remove(&tag) {
+            return Ok(Some(c));
+        }
+        loop {
+            match self.rx.recv_timeout(wait) {
+                Ok(Event::Done(c)) => {
+                    self.completed();
+                    if c.tag == tag {
+                        return Ok(Some(c));
+                    }
+                    self.arrived.insert(c.tag, c);
+                }
+                Ok(Event::Opened(_)) => continue,
+                Err(RecvTimeoutError::Timeout) => return Ok(None),
+                Err(RecvTimeoutError::Disconnected) => {
+                    return Err(ComputeError::Io("the offload engine's I/O task ended (the target stops)".into()))
+                }
+            }
+        }
+    }
+
+    fn completed(&mut self) {
+        self.outstanding -= 1;
+        self.stats.reads_in_flight.fetch_sub(1, Relaxed);
+    }
+}
+
+impl Drop for Io<'_> {
+    /// Waits for every operation still running (their buffers come back and are dropped),
+    /// then lets the I/O task end.
+    fn drop(&mut self) {
+        self.tx = None;
+        while self.outstanding > 0 {
+            match self.rx.recv() {
+                Ok(Event::Done(_)) => self.completed(),
+                Ok(Event::Opened(_)) => continue,
+                Err(_) => {
+                    // The runtime is gone (the target stops): nothing will complete.
+                    self.stats.reads_in_flight.fetch_sub(self.outstanding as u64, Relaxed);
+                    self.outstanding = 0;
+                }
+            }
+        }
+    }
+}
+
+/// A chunk on its way to the operation.
+enum Pending {
+    Ready(AlignedBuf),
+    /// A device read: its tag, the bytes of it that belong to the object (the last piece
+    /// is cut short of its block), the peer's tag for a peer.
+    Reading {
+        tag: u64,
+        take: usize,
+        peer: Option<u16>,
+        off: u64,
+    },
+}
+
+/// What the inputs of one command share: its I/O, its devices, and the first peer failure
+/// (the status the command fails with, whatever the operation makes of the read error).
+pub(super) struct Shared<'a> {
+    pub io: RefCell<Io<'a>>,
+    pub local: Arc<dyn BlockDevice>,
+    pub block: u64,
+    pub remotes: Remotes,
+    pub peers: &'a Peers,
+    pub peer_failure: RefCell<Option<Failure>>,
+}
+
+impl Shared<'_> {
+    fn peer_failed(&self, tag: u16, message: String) -> ComputeError {
+        let mut f = self.peer_failure.borrow_mut();
+        if f.is_none() {
+            self.peers.count_failure(tag);
+            *f = Some(Failure::new(cs::PEER_FAILED, message.clone()));
+        }
+        ComputeError::Io(message)
+    }
+}
+
+/// An input object, read ahead through the devices.
+pub(super) struct NsSource<'s, 'a> {
+    len: u64,
+    pieces: VecDeque<Extent>,
+    queue: VecDeque<Pending>,
+    /// Buffers not in use. With those queued and the current one, at most `depth`.
+    free: Vec<AlignedBuf>,
+    depth: usize,
+    chunk: usize,
+    current: Option<AlignedBuf>,
+    /// A read of a peer is in flight (one at a time per input).
+    peer_reading: bool,
+    shared: &'s Shared<'a>,
+    limits: &'s Limits<'s>,
+    pub read: u64,
+}
+
+impl<'s, 'a> NsSource<'s, 'a> {
+    pub(super) fn new(o: &Object, chunk: usize, readahead: usize, shared: &'s Shared<'a>, limits: &'s Limits<'s>) -> NsSource<'s, 'a> {
+        NsSource {
+            len: o.len,
+            pieces: o.pieces().collect(),
+            queue: VecDeque::new(),
+            free: Vec::new(),
+            depth: readahead + 1,
+            chunk,
+            current: None,
+            peer_reading: false,
+            shared,
+            limits,
+            read: 0,
+        }
+    }
+
+    fn buffer(&mut self) -> AlignedBuf {
+        self.free.pop().unwrap_or_else(|| AlignedBuf::new(self.chunk))
+    }
+
+    /// Starts reads (or reads at once) until `depth` buffers are in use or the pieces end.
+    fn fill(&mut self) -> Result<(), ComputeError> {
+        while self.queue.len() + usize::from(self.current.is_some()) < self.depth {
+            let Some(p) = self.pieces.front().copied() else { break };
+            if p.is_remote() && self.peer_reading {
+                break;
+            }
+            let mut buf = self.buffer();
+            let cap = buf.capacity() as u64;
+            let taken = if p.is_zeros() {
+                let take = p.len.min(cap);
+                buf.set_len(take as usize);
+                buf.fill(0);
+                self.queue.push_back(Pending::Ready(buf));
+                take
+            } else if p.is_remote() {
+                self.read_peer(p, buf)?
+            } else {
+                self.read_local(p, buf)?
+            };
+            let front = self.pieces.front_mut().expect("checked");
+            front.len -= taken;
+            if !p.is_zeros() {
+                front.offset += taken;
+            }
+            if front.len == 0 {
+                self.pieces.pop_front();
+            }
+        }
+        Ok(())
+    }
+
+    /// Reads the start of local piece `p` into `buf`: bytes taken from the piece.
+    fn read_local(&mut self, p: Extent, mut buf: AlignedBuf) -> Result<u64, ComputeError> {
+        let block = self.shared.block;
+        let cap = buf.capacity() as u64;
+        let take = p.len.min(cap - cap % block);
+        // Whole blocks: the extent holds them, only the object's last piece is cut short
+        // of its block.
+        let whole = take.div_ceil(block) * block;
+        buf.set_len(whole as usize);
+        let place = || format!("reading {whole} bytes at namespace byte {}", p.offset);
+        let dev = &self.shared.local;
+        if dev.completes_now() {
+            let mut at = 0;
+            let r = dev.read_now(p.offset, whole as usize, &mut |slices| {
+                for s in slices {
+                    buf[at..at + s.len()].copy_from_slice(s);
+                    at += s.len();
+                }
+            });
+            match r {
+                Some(Ok(())) => {
+                    buf.set_len(take as usize);
+                    self.queue.push_back(Pending::Ready(buf));
+                    return Ok(take);
+                }
+                Some(Err(e)) => return Err(ComputeError::Io(format!("{}: {e}", place()))),
+                None => {}
+            }
+        }
+        let tag = self.shared.io.borrow_mut().submit(dev, Op::Read { off: p.offset }, buf)?;
+        self.queue.push_back(Pending::Reading { tag, take: take as usize, peer: None, off: p.offset });
+        Ok(take)
+    }
+
+    /// Starts reading the start of peer piece `p` into `buf`: bytes taken from the piece.
+    fn read_peer(&mut self, p: Extent, mut buf: AlignedBuf) -> Result<u64, ComputeError> {
+        let (tag, off) = (p.tag(), global::offset(p.offset));
+        let name = self.shared.peers.name(tag);
+        let dev = self.shared.remotes.get(&tag).cloned().ok_or_else(|| self.shared.peer_failed(tag, format!("{name}: not opened")))?;
+        let g = dev.geometry();
+        let block = g.block_size as u64;
+        let end = off + p.len.div_ceil(block) * block;
+        let cap = buf.capacity() as u64;
+        let take = p.len.min(cap - cap % block);
+        let bad = if !off.is_multiple_of(block) {
+            Some(format!("offset {off} is not a multiple of its {block}-byte block"))
+        } else if end > g.size {
+            Some(format!("bytes {off}..{end} lie outside its namespace of {} bytes", g.size))
+        } else if take == 0 {
+            Some(format!("its {block}-byte block is larger than compute.chunk"))
+        } else {
+            None
+        };
+        if let Some(m) = bad {
+            return Err(self.shared.peer_failed(tag, format!("{name}: {m}")));
+        }
+        buf.set_len((take.div_ceil(block) * block) as usize);
+        let t = self.shared.io.borrow_mut().submit(&dev, Op::Read { off }, buf)?;
+        self.queue.push_back(Pending::Reading { tag: t, take: take as usize, peer: Some(tag), off });
+        self.peer_reading = true;
+        Ok(take)
+    }
+}
+
+impl Source for NsSource<'_, '_> {
+    fn next_chunk(&mut self) -> Result<Option<&[u8]>, ComputeError> {
+        if let Some(b) = self.current.take() {
+            self.free.push(b);
+        }
+        loop {
+            self.limits.check()?;
+            self.fill()?;
+            let (tag, take, peer, off) = match self.queue.front() {
+                None => return Ok(None),
+                Some(Pending::Ready(_)) => {
+                    let Some(Pending::Ready(b)) = self.queue.pop_front() else { unreachable!("matched") };
+                    self.read += b.len() as u64;
+                    return Ok(Some(&self.current.insert(b)[..]));
+                }
+                Some(&Pending::Reading { tag, take, peer, off }) => (tag, take, peer, off),
+            };
+            let Some(c) = self.shared.io.borrow_mut().take(tag, Duration::from_millis(100))? else { continue };
+            self.queue.pop_front();
+            let Completion { result, mut buf, .. } = c;
+            if let Some(t) = peer {
+                self.peer_reading = false;
+                if let Err(e) = result {
+                    self.free.push(buf);
+                    return Err(self.shared.peer_failed(t, format!("peer tag {t}: {e}")));
+                }
+                self.shared.peers.count_read(t, take as u64);
+            } else if let Err(e) = result {
+                let whole = buf.len();
+                self.free.push(buf);
+                return Err(ComputeError::Io(format!("reading {whole} bytes at namespace byte {off}: {e}")));
+            }
+            buf.set_len(take);
+            self.read += take as u64;
+            return Ok(Some(&self.current.insert(buf)[..]));
+        }
+    }
+
+    fn len(&self) -> u64 {
+        self.len
+    }
+}
