@@ -1,7 +1,8 @@
 //! The nearstore NVMe/TCP target.
 //!
 //! Codemap: [`exec`] executes a queue's commands and completes each once, apart from any
-//! transport; [`tcp`] is the NVMe/TCP transport (moves PDUs and data); [`fabrics`], [`admin`], [`io_cmd`]
+//! transport; [`tcp`] is the NVMe/TCP transport (moves PDUs and data), [`loopback`] an
+//! in-process one for tests (commands and data as values); [`fabrics`], [`admin`], [`io_cmd`]
 //! and [`discovery`] parse and execute commands, named after the parts of the
 //! specification; [`subsystem`] holds subsystems, namespaces and controllers;
 //! [`backend`] is the storage under a namespace, [`io_pool`] runs file and block I/O off
@@ -21,6 +22,7 @@ pub mod io_cmd;
 pub mod io_pool;
 pub mod limits;
 pub mod log_limit;
+pub mod loopback;
 pub mod memory;
 pub mod metrics;
 pub mod offload;

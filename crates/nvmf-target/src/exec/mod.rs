@@ -4,7 +4,8 @@
 //! runs it (fabrics, admin, I/O, compute, reservations) and completes it exactly once. It
 //! knows nothing of PDUs: whatever crosses the wire goes through the [`Transport`] the
 //! core is generic over (nvmet's `nvmet_fabrics_ops`): fetching a write's data, sending
-//! read data, sending a completion. The NVMe/TCP transport is [`crate::tcp`].
+//! read data, sending a completion. The NVMe/TCP transport is [`crate::tcp`]; the
+//! in-process one of tests is [`crate::loopback`].
 //!
 //! Memory-backend reads and writes run at once on the caller's task (MDTS bounds them);
 //! everything else goes to the namespace's device on the queue's [`Channel`], the offload

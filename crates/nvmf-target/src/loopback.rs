@@ -1,0 +1,180 @@
+//! An in-process transport (Linux nvmet's loop.c): commands and their data pass as values,
+//! with no socket and no PDU. It is the second implementation of [`Transport`], used by
+//! tests to run the target's command handling without the network; the execution core and
+//! the I/O code are the ones NVMe/TCP drives.
+//!
+//! One [`Loopback`] is one queue. [`Loopback::run`] hands a command to the core and drives
+//! it to its completion: the data the core fetches comes from the command's [`Data`], what
+//! the core sends is gathered into the [`Answer`], and work that completes elsewhere (the
+//! queue's device channel, the offload engine, state writes) is waited for as the NVMe/TCP
+//! connection task waits for it.
+
+use std::io;
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use nearstore_wire::sqe::{sgl_id, Sgl};
+use nearstore_wire::{Cqe, Sqe, Status};
+
+use crate::exec::{Core, Overflow, Replies, Transport};
+use crate::{Port, Target};
+
+/// A command's data, and where it travels.
+#[derive(Clone, Copy, Debug)]
+pub enum Data<'a> {
+    None,
+    /// Host to controller, in the command capsule (an in-capsule data block SGL).
+    Capsule(&'a [u8]),
+    /// Host to controller, fetched by the core ([`Transport::fetch_data`]; a transport data
+    /// block SGL, as NVMe/TCP's R2T).
+    Out(&'a [u8]),
+    /// Controller to host, this many bytes.
+    In(usize),
+}
+
+/// What the host sees of one command: its completion and the data sent before it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Answer {
+    /// The completion; a completion stood for by the data (the SUCCESS flag) is the one a
+    /// host makes of it: status success, dw0 and dw1 zero.
+    pub cqe: Cqe,
+    pub data: Vec<u8>,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// The host had more commands outstanding than the queue holds (a fatal transport error
+    /// on NVMe/TCP).
+    #[error("more commands outstanding than the queue size")]
+    Overflow,
+    #[error("waiting for the queue's device operations: {0}")]
+    Io(#[from] io::Error),
+}
+
+impl From<Overflow> for Error {
+    fn from(_: Overflow) -> Error {
+        Error::Overflow
+    }
+}
+
+/// The loopback's sending half: what the core sent for the command being run.
+#[derive(Default)]
+struct LoopTx {
+    data: Vec<u8>,
+    cqe: Option<Cqe>,
+    /// The core's request for the host's data: (tag, bytes).
+    fetch: Option<(u16, usize)>,
+}
+
+impl Transport for LoopTx {
+    fn complete(&mut self, cqe: &Cqe) {
+        self.cqe = Some(*cqe);
+    }
+
+    fn send_data(&mut self, cid: u16, data: &[u8], success: bool) {
+        self.data.extend_from_slice(data);
+        if success {
+            self.cqe = Some(Cqe { cid, status: Status::SUCCESS, ..Cqe::default() });
+        }
+    }
+
+    fn send_lent(&mut self, cid: u16, _len: usize, success: bool, parts: &[&[u8]]) {
+        for p in parts {
+            self.data.extend_from_slice(p);
+        }
+        if success {
+            self.cqe = Some(Cqe { cid, status: Status::SUCCESS, ..Cqe::default() });
+        }
+    }
+
+    fn fetch_data(&mut self, _cid: u16, tag: u16, len: usize) {
+        self.fetch = Some((tag, len));
+    }
+
+    /// A loopback holds what its one command sends.
+    fn has_room(&self) -> bool {
+        true
+    }
+}
+
+/// One in-process queue of a target, before its Connect (which is a command like the
+/// others, run with [`run`](Self::run)).
+pub struct Loopback {
+    core: Core<LoopTx>,
+    replies: Replies,
+    next_cid: u16,
+}
+
+impl Loopback {
+    /// A queue of `target`, on a port serving its subsystems (`discovery`: the discovery
+    /// subsystem only).
+    pub fn new(target: &Arc<Target>, discovery: bool) -> Loopback {
+        let port = Arc::new(Port { id: 0, addr: SocketAddr::from(([127, 0, 0, 1], 0)), discovery, advertise: None });
+        let (core, replies) = Core::new(target.clone(), port, None, "loopback".into(), LoopTx::default());
+        Loopback { core, replies, next_cid: 0 }
+    }
+
+    /// Runs one command to its completion. Its command identifier and data pointer (SGL)
+    /// are set here, from `data`.
+    pub async fn run(&mut self, mut sqe: Sqe, data: Data<'_>) -> Result<Answer, Error> {
+        let cid = self.next_cid;
+        self.next_cid = self.next_cid.wrapping_add(1);
+        sqe.set_cid(cid);
+        let (sgl, capsule, out): (Sgl, &[u8], &[u8]) = match data {
+            Data::None => (Sgl { addr: 0, len: 0, id: sgl_id::TRANSPORT }, &[], &[]),
+            Data::Capsule(d) => (Sgl { addr: 0, len: d.len() as u32, id: sgl_id::IN_CAPSULE }, d, &[]),
+            Data::Out(d) => (Sgl { addr: 0, len: d.len() as u32, id: sgl_id::TRANSPORT }, &[], d),
+            Data::In(n) => (Sgl { addr: 0, len: n as u32, id: sgl_id::TRANSPORT }, &[], &[]),
+        };
+        sqe.set_sgl(sgl);
+        self.core.xport = LoopTx::default();
+        self.core.on_capsule(sqe, capsule, true)?;
+        loop {
+            if let Some((tag, len)) = self.core.xport.fetch.take() {
+                // The core asks for what the command defines, never more than its SGL.
+                if let Some(w) = self.core.waiting(tag) {
+                    let n = len.min(out.len()).min(w.buf.len());
+                    w.buf[..n].copy_from_slice(&out[..n]);
+                    w.received = n;
+                    if n == len {
+                        self.core.data_arrived(tag)?;
+                    } else {
+                        self.core.data_failed(tag);
+                    }
+                }
+                continue;
+            }
+            if let Some(cqe) = self.core.xport.cqe.take() {
+                return Ok(Answer { cqe, data: std::mem::take(&mut self.core.xport.data) });
+            }
+            if self.core.poll_io() > 0 {
+                continue;
+            }
+            let io_busy = self.core.chan.busy();
+            tokio::select! {
+                biased;
+                d = self.replies.abort.recv() => {
+                    if let Some(d) = d {
+                        self.core.on_done(d);
+                    }
+                }
+                d = self.replies.done.recv() => {
+                    if let Some(d) = d {
+                        self.core.on_done(d);
+                    }
+                }
+                r = self.core.chan.wait(), if io_busy => r?,
+            }
+        }
+    }
+}
+
+impl Drop for Loopback {
+    /// Closes the queue as a closing connection does: its compute commands stop, what is
+    /// outstanding ends unfinished, and the queue leaves its controller.
+    fn drop(&mut self) {
+        self.core.cancel.cancel();
+        self.core.abandon_outstanding();
+        self.core.detach();
+    }
+}

@@ -1,0 +1,352 @@
+//! The execution core does not depend on its transport: the same commands through NVMe/TCP
+//! (our initiator over a socket) and through the in-process loopback transport
+//! (`nearstore_target::loopback`, no socket, no PDU) give the same completions and the same
+//! data, on a memory namespace (reads lent by the device) and a file namespace (reads and
+//! writes on the queue's io_uring), for admin, I/O and compute commands, good and refused.
+
+mod common;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use nearstore_compute::by_name;
+use nearstore_initiator::{prop_get, prop_set, ConnectOptions, Controller, Data, Error};
+use nearstore_target::config::Config;
+use nearstore_target::loopback::{self, Answer, Loopback};
+use nearstore_target::Target;
+use nearstore_wire::compute::{opcode as cop, status as cs, Descriptor, Extent, Object};
+use nearstore_wire::fabrics::{cc, connect, csts, prop, ConnectData};
+use nearstore_wire::opcode::{admin, cns, fctype, feature, io, FABRICS};
+use nearstore_wire::{Cqe, Sqe, Status};
+
+const T: Duration = Duration::from_secs(30);
+/// Blocks of the memory namespace (512-byte blocks) and of the file namespace (4 KiB).
+const MEM_BLOCKS: u64 = 2048;
+const FILE_BLOCKS: u64 = 1024;
+/// The largest transfer (MDTS).
+const MDTS_BYTES: usize = 128 * 1024;
+/// In-capsule data the initiator sends on the admin queue; I/O queues use the target's.
+const ADMIN_IN_CAPSULE: usize = 8192;
+
+/// A target with a memory namespace (1) and a file namespace (2).
+async fn target(dir: &std::path::Path) -> (Arc<Target>, std::net::SocketAddr) {
+    common::init_logs();
+    let cfg = format!(
+        r#"
+        [[listener]]
+        address = "127.0.0.1:0"
+        [[subsystem]]
+        nqn = "{nqn}"
+        allow_any_host = true
+        [[subsystem.namespace]]
+        nsid = 1
+        memory = "{mem}"
+        [[subsystem.namespace]]
+        nsid = 2
+        path = "{dir}/disk.img"
+        size = "{file}"
+        block_size = 4096
+        "#,
+        nqn = common::NQN,
+        mem = MEM_BLOCKS * 512,
+        file = FILE_BLOCKS * 4096,
+        dir = dir.display()
+    );
+    let target = Target::from_config(&Config::from_toml(&cfg).unwrap()).unwrap();
+    let addr = target.listen("127.0.0.1:0".parse().unwrap(), false).await.unwrap();
+    (target, addr)
+}
+
+#[derive(Clone, Copy, PartialEq, Debug)]
+enum Q {
+    Admin,
+    Io,
+}
+
+/// One command of the table: `(what, queue, command, host data, expected status (SCT, SC))`.
+/// `In(n)`: n bytes to the host; `Out`: bytes from the host.
+#[derive(Clone)]
+enum Host {
+    None,
+    Out(Vec<u8>),
+    In(usize),
+}
+
+struct Step {
+    what: String,
+    q: Q,
+    sqe: Sqe,
+    data: Host,
+    expect: (u8, u8),
+    /// The command takes the handle the previous command's completion returned (dw0) in
+    /// CDW10 (a compute FETCH after its EXEC).
+    handle: bool,
+}
+
+fn step(what: impl Into<String>, q: Q, sqe: Sqe, data: Host, expect: Status) -> Step {
+    Step { what: what.into(), q, sqe, data, expect: (expect.sct, expect.sc), handle: false }
+}
+
+/// A pattern that differs per block and per write.
+fn pattern(len: usize, seed: u8) -> Vec<u8> {
+    (0..len).map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed) ^ (i >> 9) as u8).collect()
+}
+
+fn identify(cns: u8, nsid: u32) -> Sqe {
+    let mut s = Sqe::new(admin::IDENTIFY, 0);
+    s.set_nsid(nsid).set_cdw(10, cns as u32);
+    s
+}
+
+fn flush(nsid: u32) -> Sqe {
+    let mut s = Sqe::new(io::FLUSH, 0);
+    s.set_nsid(nsid);
+    s
+}
+
+/// The table: admin commands, then for each namespace reads and writes of edge sizes
+/// (the transfer 0, 1, block-1, block, block+1 bytes and more for a one-block command;
+/// whole blocks up to MDTS and past it, data in the capsule and fetched), flushes, an LBA
+/// range past the end, a missing namespace, and a compute command and its result.
+fn table() -> Vec<Step> {
+    let ok = Status::SUCCESS;
+    let sgl_len = Status::DATA_SGL_LENGTH_INVALID;
+    let mut t = vec![
+        step("identify controller", Q::Admin, identify(cns::CONTROLLER, 0), Host::In(4096), ok),
+        step("identify namespace 1", Q::Admin, identify(cns::NAMESPACE, 1), Host::In(4096), ok),
+        step("identify namespace 2", Q::Admin, identify(cns::NAMESPACE, 2), Host::In(4096), ok),
+        step("identify active namespaces", Q::Admin, identify(cns::ACTIVE_NS_LIST, 0), Host::In(4096), ok),
+        step("identify with a short SGL", Q::Admin, identify(cns::CONTROLLER, 0), Host::In(100), sgl_len),
+        step("identify of an inactive namespace", Q::Admin, identify(cns::NAMESPACE, 9), Host::In(4096), ok),
+        step("admin opcode unknown", Q::Admin, Sqe::new(0x7e, 0), Host::None, Status::INVALID_OPCODE),
+    ];
+    for (nsid, bs, blocks) in [(1u32, 512usize, MEM_BLOCKS), (2, 4096, FILE_BLOCKS)] {
+        let n = |what: &str| format!("ns {nsid}: {what}");
+        // One-block commands whose transfer is 0, 1, block-1, block, block+1 bytes.
+        for (len, expect) in [(0, sgl_len), (1, sgl_len), (bs - 1, sgl_len), (bs, ok), (bs + 1, sgl_len)] {
+            let w = Sqe::rw(io::WRITE, nsid, 3, 1, false);
+            t.push(step(n(&format!("write of one block carrying {len} bytes")), Q::Io, w, Host::Out(pattern(len, len as u8)), expect));
+            let r = Sqe::rw(io::READ, nsid, 3, 1, false);
+            t.push(step(n(&format!("read of one block into {len} bytes")), Q::Io, r, Host::In(len), expect));
+        }
+        // Whole blocks: in the capsule (up to 16 KiB), fetched, up to MDTS (128 KiB), and
+        // past it (refused before any data moves, whatever the SGL says).
+        for kib in [1usize, 4, 16, 20, 64, 128, 132] {
+            let len = (kib * 1024).max(bs);
+            let nlb = (len / bs) as u32;
+            let (sent, expect) = if len > MDTS_BYTES { (MDTS_BYTES, Status::INVALID_FIELD) } else { (len, ok) };
+            let w = Sqe::rw(io::WRITE, nsid, 16, nlb, kib == 64);
+            t.push(step(n(&format!("write of {len} bytes")), Q::Io, w, Host::Out(pattern(sent, kib as u8)), expect));
+            t.push(step(n(&format!("read of {len} bytes")), Q::Io, Sqe::rw(io::READ, nsid, 16, nlb, false), Host::In(sent), expect));
+        }
+        let mut dsm = Sqe::new(io::DATASET_MANAGEMENT, 0);
+        dsm.set_nsid(nsid).set_cdw(10, 0).set_cdw(11, 1 << 2);
+        let mut range = vec![0u8; 16];
+        range[4..8].copy_from_slice(&1u32.to_le_bytes());
+        range[8..16].copy_from_slice(&17u64.to_le_bytes());
+        t.push(step(n("deallocate one block"), Q::Io, dsm, Host::Out(range), ok));
+        t.push(step(n("flush"), Q::Io, flush(nsid), Host::None, ok));
+        t.push(step(n("read of the last block"), Q::Io, Sqe::rw(io::READ, nsid, blocks - 1, 1, false), Host::In(bs), ok));
+        let past = Sqe::rw(io::READ, nsid, blocks - 1, 2, false);
+        t.push(step(n("read past the end"), Q::Io, past, Host::In(2 * bs), Status::LBA_OUT_OF_RANGE));
+        let past = Sqe::rw(io::WRITE, nsid, blocks, 1, false);
+        t.push(step(n("write past the end"), Q::Io, past, Host::Out(pattern(bs, 1)), Status::LBA_OUT_OF_RANGE));
+        let zeroes = Sqe::rw(io::WRITE_ZEROES, nsid, 16, 2, false);
+        t.push(step(n("write zeroes"), Q::Io, zeroes, Host::None, ok));
+        t.push(step(n("read after write zeroes"), Q::Io, Sqe::rw(io::READ, nsid, 15, 4, false), Host::In(4 * bs), ok));
+    }
+    t.push(step("read of a missing namespace", Q::Io, Sqe::rw(io::READ, 9, 0, 1, false), Host::In(512), Status::INVALID_NAMESPACE));
+    t.push(step("I/O opcode unknown", Q::Io, Sqe::rw(0x7c, 1, 0, 1, false), Host::None, Status::INVALID_OPCODE));
+    // Identify Controller's VWC bits 2:1 are 10b: a broadcast Flush is not supported.
+    t.push(step("flush of NSID FFFFFFFFh", Q::Io, flush(0xffff_ffff), Host::None, Status::INVALID_NAMESPACE));
+    // A compute command over the blocks written above, then its result.
+    let crc = Descriptor {
+        op: by_name("crc32c").unwrap().id,
+        args: vec![],
+        inputs: vec![Object { len: 20 * 1024, extents: vec![Extent::data(16 * 512, 20 * 1024)] }],
+        outputs: vec![],
+    };
+    let mut exec = Sqe::new(cop::EXEC, 0);
+    exec.set_nsid(1);
+    t.push(step("compute EXEC crc32c", Q::Io, exec, Host::Out(crc.encode()), ok));
+    let mut fetch = Sqe::new(cop::FETCH, 0);
+    fetch.set_cdw(11, 0);
+    t.push(Step { handle: true, ..step("compute FETCH of its result", Q::Io, fetch, Host::In(4096), ok) });
+    let mut bad = Sqe::new(cop::FETCH, 0);
+    bad.set_cdw(10, 0xdead);
+    t.push(step("compute FETCH of an unknown handle", Q::Io, bad, Host::In(4096), cs::HANDLE_INVALID));
+    let mut exec = Sqe::new(cop::EXEC, 0);
+    exec.set_nsid(2);
+    let bad = Descriptor { op: 0x7777, ..crc.clone() };
+    t.push(step("compute EXEC of an unknown operation", Q::Io, exec, Host::Out(bad.encode()), cs::UNKNOWN_OPERATION));
+    t
+}
+
+/// What may differ between the two runs: the command identifier and SQHD (each host's
+/// own), and the controller's ID in Identify Controller (each target numbers its own).
+fn normal(what: &str, a: Answer) -> Answer {
+    let mut data = a.data;
+    if what == "identify controller" && data.len() >= 80 {
+        data[78..80].fill(0);
+    }
+    Answer { cqe: Cqe { cid: 0, sqhd: 0, ..a.cqe }, data }
+}
+
+async fn over_tcp(opts: ConnectOptions, steps: &[Step]) -> Vec<Answer> {
+    let ctrl = Controller::connect(opts).await.unwrap();
+    let mut ioq = ctrl.io_queue(1).await.unwrap();
+    let mut out: Vec<Answer> = Vec::new();
+    for s in steps {
+        let mut sqe = s.sqe;
+        if s.handle {
+            sqe.set_cdw(10, out.last().expect("a command before").cqe.dw0);
+        }
+        let data = match &s.data {
+            Host::None => Data::None,
+            Host::Out(d) => Data::Out(d),
+            Host::In(n) => Data::In(*n),
+        };
+        let a = match s.q {
+            Q::Admin => match ctrl.admin(sqe, data, &s.what).await {
+                Ok((cqe, data)) => Answer { cqe, data },
+                Err(Error::Status { cqe, .. }) => Answer { cqe, data: Vec::new() },
+                Err(e) => panic!("{}: {e}", s.what),
+            },
+            Q::Io => {
+                let q = ioq.queue();
+                let cid = q.submit(sqe, data, 0).unwrap();
+                let mut got = Vec::new();
+                let wait = q.wait(cid, |_, c, d| {
+                    if c.cid == cid {
+                        got.extend_from_slice(d);
+                    }
+                });
+                let cqe = tokio::time::timeout(T, wait).await.expect(&s.what).unwrap();
+                Answer { cqe, data: got }
+            }
+        };
+        out.push(a);
+    }
+    out
+}
+
+/// Runs `sqe` on a loopback queue with its data placed as our initiator places it: in
+/// the capsule up to `in_capsule` bytes, else fetched.
+async fn run(q: &mut Loopback, sqe: Sqe, data: &Host, in_capsule: usize) -> Answer {
+    let d = match data {
+        Host::None => loopback::Data::None,
+        Host::Out(d) if !d.is_empty() && d.len() <= in_capsule => loopback::Data::Capsule(d),
+        Host::Out(d) => loopback::Data::Out(d),
+        Host::In(n) => loopback::Data::In(*n),
+    };
+    tokio::time::timeout(T, q.run(sqe, d)).await.expect("the loopback command completes").unwrap()
+}
+
+fn connect_sqe(qid: u16, sqsize: u16, opts: &ConnectOptions) -> Sqe {
+    let cattr = if opts.disable_sqflow { connect::CATTR_DISABLE_SQFLOW as u32 } else { 0 };
+    let kato = if qid == 0 { opts.kato_ms } else { 0 };
+    let mut s = Sqe::new(FABRICS, 0);
+    s.set_nsid(fctype::CONNECT as u32).set_cdw(10, (qid as u32) << 16).set_cdw(11, (sqsize as u32 - 1) | (cattr << 16)).set_cdw(12, kato);
+    s
+}
+
+/// Connects an admin and an I/O loopback queue as our initiator's Controller::connect
+/// and io_queue do over TCP.
+async fn connect_loopback(target: &Arc<Target>, opts: &ConnectOptions) -> (Loopback, Loopback) {
+    let cd = |cntlid| {
+        ConnectData { hostid: opts.hostid, cntlid, subnqn: opts.subnqn.clone(), hostnqn: opts.hostnqn.clone(), acting_for: None }.encode()
+    };
+    let mut adm = Loopback::new(target, false);
+    let c = run(&mut adm, connect_sqe(0, 32, opts), &Host::Out(cd(0xffff)), ADMIN_IN_CAPSULE).await;
+    assert!(c.cqe.status.is_success(), "admin Connect: {:?}", c.cqe);
+    let cntlid = c.cqe.dw0 as u16;
+    let s = run(&mut adm, prop_set(prop::CC, cc::LINUX_ENABLE), &Host::None, ADMIN_IN_CAPSULE).await;
+    assert!(s.cqe.status.is_success(), "CC.EN: {:?}", s.cqe);
+    let deadline = tokio::time::Instant::now() + T;
+    while run(&mut adm, prop_get(prop::CSTS, false), &Host::None, ADMIN_IN_CAPSULE).await.cqe.dw0 & csts::RDY == 0 {
+        assert!(tokio::time::Instant::now() < deadline, "CSTS.RDY");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let mut nq = Sqe::new(admin::SET_FEATURES, 0);
+    nq.set_cdw(10, feature::NUMBER_OF_QUEUES as u32).set_cdw(11, 63 | (63 << 16));
+    assert!(run(&mut adm, nq, &Host::None, ADMIN_IN_CAPSULE).await.cqe.status.is_success());
+    let mut ioq = Loopback::new(target, false);
+    let c = run(&mut ioq, connect_sqe(1, opts.queue_depth, opts), &Host::Out(cd(cntlid)), ADMIN_IN_CAPSULE).await;
+    assert!(c.cqe.status.is_success(), "I/O queue Connect: {:?}", c.cqe);
+    (adm, ioq)
+}
+
+async fn over_loopback(target: &Arc<Target>, opts: &ConnectOptions, steps: &[Step]) -> Vec<Answer> {
+    let (mut adm, mut ioq) = connect_loopback(target, opts).await;
+    let in_capsule = nearstore_target::limits::IN_CAPSULE_BYTES_MAX;
+    let mut out: Vec<Answer> = Vec::new();
+    for s in steps {
+        let mut sqe = s.sqe;
+        if s.handle {
+            sqe.set_cdw(10, out.last().expect("a command before").cqe.dw0);
+        }
+        let a = match s.q {
+            Q::Admin => run(&mut adm, sqe, &s.data, ADMIN_IN_CAPSULE).await,
+            Q::Io => run(&mut ioq, sqe, &s.data, in_capsule).await,
+        };
+        out.push(a);
+    }
+    out
+}
+
+/// With SQ flow control disabled, read data stands for its completion (NVMe/TCP's
+/// C2HData SUCCESS flag; the loopback's answer without a completion of its own).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tcp_and_loopback_give_the_same_results() {
+    for disable_sqflow in [false, true] {
+        same_results(disable_sqflow).await;
+    }
+}
+
+async fn same_results(disable_sqflow: bool) {
+    let steps = table();
+    let (dir_a, dir_b) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let (ta, addr) = target(dir_a.path()).await;
+    let (tb, _) = target(dir_b.path()).await;
+    let mut opts = ConnectOptions::new(addr, common::NQN);
+    opts.hostnqn = common::GOOD_HOST.into();
+    opts.timeout = T;
+    opts.disable_sqflow = disable_sqflow;
+    let tcp = over_tcp(opts.clone(), &steps).await;
+    let lo = over_loopback(&tb, &opts, &steps).await;
+    let mut wrong = Vec::new();
+    for ((s, a), b) in steps.iter().zip(tcp).zip(lo) {
+        let st = a.cqe.status;
+        if (st.sct, st.sc) != s.expect {
+            wrong.push(format!("{}: {st} over TCP, expected {:?}", s.what, s.expect));
+        }
+        if let Host::In(n) = s.data {
+            let want = if st.is_success() { n } else { 0 };
+            if a.data.len() != want {
+                wrong.push(format!("{}: {} bytes over TCP, expected {want}", s.what, a.data.len()));
+            }
+        }
+        let (a, b) = (normal(&s.what, a), normal(&s.what, b));
+        if a != b {
+            let at = a.data.iter().zip(&b.data).position(|(x, y)| x != y);
+            wrong.push(format!(
+                "{}: TCP {:?} ({} bytes) and loopback {:?} ({} bytes) differ, first at byte {at:?}",
+                s.what,
+                a.cqe,
+                a.data.len(),
+                b.cqe,
+                b.data.len()
+            ));
+        }
+    }
+    assert!(
+        wrong.is_empty(),
+        "SQ flow control disabled: {disable_sqflow}; {} of {} commands:\n{}",
+        wrong.len(),
+        steps.len(),
+        wrong.join("\n")
+    );
+    for t in [&ta, &tb] {
+        assert_eq!(t.stats.requests_lost.load(std::sync::atomic::Ordering::Relaxed), 0, "commands lost");
+    }
+}
