@@ -1,0 +1,15 @@
+//! nearstore's control plane (docs/control-plane.md): targets register their pools, view
+//! agents push live figures of them, volumes are extent tables whose extents are placed
+//! lazily by a weighted score over those views. `model` is the data, `state` its rules (pure:
+//! every change a planned batch of writes), `placement` the score, `store` where records live
+//! (redb; etcd next), `server` the HTTP API, `client` its client, `agent` a target's view
+//! agent.
+
+pub mod agent;
+pub mod client;
+pub mod limits;
+pub mod model;
+pub mod placement;
+pub mod server;
+pub mod state;
+pub mod store;

@@ -1,0 +1,77 @@
+//! Every limit of the control plane, with its unit and why it has that value. Requests are
+//! sized by these, never by a length a peer sends.
+
+/// Largest request body the API reads, in bytes: a target's registration is the largest
+/// request (POOLS_PER_TARGET_MAX pools, each with a path and a name); anything larger is
+/// refused with 413 before it is parsed.
+pub const BODY_BYTES_MAX: usize = 512 * 1024;
+
+/// Largest response body the client reads, in bytes: `volume info` lists only allocated
+/// extents (about 200 bytes each in JSON), so 64 MiB holds more than 300,000 of them; a
+/// reply beyond it fails the call instead of growing the client's memory.
+pub const RESPONSE_BYTES_MAX: usize = 64 << 20;
+
+/// Longest volume, pool or target name, in bytes (a file name's limit on Linux).
+pub const NAME_BYTES_MAX: usize = 255;
+
+/// Longest pool path, in bytes (PATH_MAX on Linux).
+pub const PATH_BYTES_MAX: usize = 4096;
+
+/// Longest NQN, in bytes (NVMe Base Specification, "NVMe Qualified Names").
+pub const NQN_BYTES_MAX: usize = 223;
+
+/// Pools one target may register: a target serves a handful of drives or files; 64 bounds
+/// the registration body and the placement's scan.
+pub const POOLS_PER_TARGET_MAX: usize = 64;
+
+/// Targets the control plane keeps: a rack of storage servers several times over; bounds
+/// the view's size and a placement's scan (TARGETS_MAX * POOLS_PER_TARGET_MAX pools).
+pub const TARGETS_MAX: usize = 1024;
+
+/// Volumes the control plane keeps: bounds `volume list` and the store's volume table.
+pub const VOLUMES_MAX: usize = 65536;
+
+/// Smallest extent, in bytes: below 1 MiB the extent table of a large volume grows past
+/// what a translation cache can hold, and a placement per MiB is too many.
+pub const EXTENT_BYTES_MIN: u64 = 1 << 20;
+/// Largest extent, in bytes: 1 GiB still spreads a 64 GiB volume over 64 pools.
+pub const EXTENT_BYTES_MAX: u64 = 1 << 30;
+/// Extent size when a volume does not name one, in bytes (Flint's evaluation used extents of
+/// tens of MiB; 64 MiB spreads a 64 GiB volume over 1024 extents).
+pub const EXTENT_BYTES_DEFAULT: u64 = 64 << 20;
+/// Extents are placed at multiples of their size in a pool and read in blocks: every extent
+/// size is a multiple of this, the largest NVMe logical block size nearstore serves.
+pub const EXTENT_ALIGN_BYTES: u64 = 4096;
+
+/// Extents in one volume: the extent table of one volume (and the data path's cache of it,
+/// next) stays indexable by u32 and a full table fits in memory (about 100 bytes each, 100 MiB
+/// at most); 2^20 extents of 64 MiB are 64 TiB.
+pub const EXTENTS_PER_VOLUME_MAX: u64 = 1 << 20;
+
+/// Largest volume, in bytes: EXTENTS_PER_VOLUME_MAX extents of the largest size (1 PiB).
+pub const VOLUME_BYTES_MAX: u64 = EXTENTS_PER_VOLUME_MAX * EXTENT_BYTES_MAX;
+
+/// Milliseconds a client waits for one API call (connect, request, reply): a call does at
+/// most one store commit (an fsync), well under a second on any disk.
+pub const REQUEST_TIMEOUT_MS: u64 = 10_000;
+
+/// Milliseconds between two samples of a view agent: the EWMAs' time step.
+pub const VIEW_SAMPLE_MS: u64 = 1000;
+/// Milliseconds after which an agent pushes its view even if no figure crossed its threshold:
+/// the control plane's proof that the pool is alive.
+pub const VIEW_PUSH_INTERVAL_MS: u64 = 10_000;
+/// A view older than this many milliseconds is shown as stale: three missed pushes.
+pub const VIEW_STALE_MS: u64 = 3 * VIEW_PUSH_INTERVAL_MS;
+/// Weight of the newest sample in the agent's EWMAs, in percent: 30% follows a change within
+/// about three samples and smooths single-sample spikes.
+pub const VIEW_EWMA_PERCENT: u64 = 30;
+/// Relative change of a figure, in percent, that makes an agent push before the interval.
+pub const VIEW_CHANGE_PERCENT: u64 = 10;
+/// Milliseconds between an agent's attempts to reach an unreachable control plane, at most.
+pub const AGENT_RETRY_MS_MAX: u64 = 5000;
+
+const _: () = assert!(BODY_BYTES_MAX >= POOLS_PER_TARGET_MAX * (PATH_BYTES_MAX + NAME_BYTES_MAX + 256) + NQN_BYTES_MAX + 1024);
+const _: () = assert!(EXTENT_BYTES_MIN.is_multiple_of(EXTENT_ALIGN_BYTES) && EXTENT_BYTES_MAX.is_multiple_of(EXTENT_ALIGN_BYTES));
+const _: () = assert!(EXTENT_BYTES_MIN <= EXTENT_BYTES_DEFAULT && EXTENT_BYTES_DEFAULT <= EXTENT_BYTES_MAX);
+const _: () = assert!(EXTENTS_PER_VOLUME_MAX <= u32::MAX as u64);
+const _: () = assert!(VIEW_SAMPLE_MS < VIEW_PUSH_INTERVAL_MS && VIEW_PUSH_INTERVAL_MS < VIEW_STALE_MS);

@@ -1,0 +1,354 @@
+//! The control plane's data model: what the store keeps (records) and what the API says
+//! (requests, replies, errors). docs/control-plane.md describes every field.
+
+use serde::{Deserialize, Serialize};
+
+/// A pool is named by its target (the target's NVMe/TCP address) and its name there.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+pub struct PoolId {
+    pub target: String,
+    pub name: String,
+}
+
+impl std::fmt::Display for PoolId {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}@{}", self.name, self.target)
+    }
+}
+
+/// A registered target: where hosts and peers reach it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Target {
+    /// Its NVMe/TCP listen address (HOST:PORT): the target's identity.
+    pub addr: String,
+    /// The NQN of its (first) subsystem.
+    pub nqn: String,
+    /// Milliseconds since the Unix epoch of its last registration.
+    pub registered_ms: u64,
+}
+
+/// A pool: a file (or, later, a block device) a target sets aside for extents.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Pool {
+    pub id: PoolId,
+    /// Its path on the target.
+    pub path: String,
+    /// Bytes the pool holds.
+    pub size: u64,
+}
+
+/// A volume: a logical block space cut into extents of one size.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Volume {
+    pub name: String,
+    /// Bytes, a multiple of `extent_size`.
+    pub size: u64,
+    pub extent_size: u64,
+    /// Milliseconds since the Unix epoch.
+    pub created_ms: u64,
+}
+
+impl Volume {
+    pub fn extents(&self) -> u64 {
+        self.size / self.extent_size
+    }
+}
+
+/// One allocated extent: where extent `index` of `volume` lies. An unallocated extent has no
+/// record and reads as zeros.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Extent {
+    pub volume: String,
+    pub index: u64,
+    pub pool: PoolId,
+    /// Byte offset in the pool, a multiple of the volume's extent size.
+    pub offset: u64,
+    /// Bumped each time the extent moves (from 1): the data path's caches refuse I/O
+    /// carrying an older one.
+    pub epoch: u64,
+}
+
+/// What a view agent measures of one pool (docs/control-plane.md, "Views").
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct Figures {
+    /// Free bytes of the file system (or device) under the pool.
+    pub fs_free_bytes: u64,
+    /// Bytes per second, EWMA.
+    pub read_bps: f64,
+    pub write_bps: f64,
+    /// Operations per second, EWMA.
+    pub read_iops: f64,
+    pub write_iops: f64,
+    /// Mean latency of the interval's operations, microseconds, EWMA.
+    pub read_latency_us: f64,
+    pub write_latency_us: f64,
+    /// Operations in flight, EWMA.
+    pub queue_depth: f64,
+    /// Microseconds per written MiB, EWMA: what a write costs this pool (0 when nothing
+    /// was written yet).
+    pub write_cost_us_per_mib: f64,
+}
+
+/// A view as an agent pushes it: `seq` increases with each push of one pool.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ViewPush {
+    pub seq: u64,
+    pub figures: Figures,
+}
+
+/// A view as the control plane keeps it: `version` is the control plane's, one counter over
+/// all views, so `GET /v1/view?since=V` returns what changed after V.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct View {
+    pub pool: PoolId,
+    pub seq: u64,
+    pub version: u64,
+    /// Milliseconds since the Unix epoch when the control plane took it.
+    pub received_ms: u64,
+    pub figures: Figures,
+}
+
+/// Everything the store keeps, one record a key.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum Record {
+    Target(Target),
+    Pool(Pool),
+    Volume(Volume),
+    Extent(Extent),
+    View(View),
+}
+
+/// The store's tables: one a record kind.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Table {
+    Targets,
+    Pools,
+    Volumes,
+    Extents,
+    Views,
+}
+
+impl Table {
+    pub const ALL: [Table; 5] = [Table::Targets, Table::Pools, Table::Volumes, Table::Extents, Table::Views];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Table::Targets => "targets",
+            Table::Pools => "pools",
+            Table::Volumes => "volumes",
+            Table::Extents => "extents",
+            Table::Views => "views",
+        }
+    }
+}
+
+/// The key of a pool: "TARGET/NAME" (a name holds no '/').
+pub fn pool_key(id: &PoolId) -> String {
+    format!("{}/{}", id.target, id.name)
+}
+
+/// The key of an extent: "VOLUME/INDEX" with the index zero-padded, so that a volume's
+/// extents are one key range in index order.
+pub fn extent_key(volume: &str, index: u64) -> String {
+    format!("{volume}/{index:010}")
+}
+
+impl Record {
+    pub fn table(&self) -> Table {
+        match self {
+            Record::Target(_) => Table::Targets,
+            Record::Pool(_) => Table::Pools,
+            Record::Volume(_) => Table::Volumes,
+            Record::Extent(_) => Table::Extents,
+            Record::View(_) => Table::Views,
+        }
+    }
+
+    pub fn key(&self) -> String {
+        match self {
+            Record::Target(t) => t.addr.clone(),
+            Record::Pool(p) => pool_key(&p.id),
+            Record::Volume(v) => v.name.clone(),
+            Record::Extent(e) => extent_key(&e.volume, e.index),
+            Record::View(v) => pool_key(&v.pool),
+        }
+    }
+}
+
+/// One change of a batch the store commits atomically.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Write {
+    Put(Record),
+    Delete(Table, String),
+}
+
+// ---- API requests and replies ----
+
+/// `POST /v1/targets`: a target says who it is and which pools it has.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RegisterTarget {
+    pub addr: String,
+    pub nqn: String,
+    pub pools: Vec<PoolSpec>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PoolSpec {
+    pub name: String,
+    pub path: String,
+    pub size: u64,
+}
+
+/// The reply to a registration: the last view `seq` the control plane holds of each pool, so
+/// that a restarted agent goes on above it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Registered {
+    pub target: Target,
+    pub pools: Vec<RegisteredPool>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct RegisteredPool {
+    pub name: String,
+    pub seq: u64,
+}
+
+/// `POST /v1/volumes`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CreateVolume {
+    pub name: String,
+    pub size: u64,
+    #[serde(default)]
+    pub extent_size: Option<u64>,
+}
+
+/// `POST /v1/volumes/{name}/grow`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct GrowVolume {
+    pub size: u64,
+}
+
+/// Where an allocated extent lies, as `volume info` and the allocation call say it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ExtentInfo {
+    pub index: u64,
+    pub pool: String,
+    pub target: String,
+    pub path: String,
+    pub offset: u64,
+    pub epoch: u64,
+}
+
+/// `GET /v1/volumes/{name}`: the volume and its allocated extents in index order; the
+/// others are unallocated (read as zeros).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct VolumeInfo {
+    #[serde(flatten)]
+    pub volume: Volume,
+    pub extents_total: u64,
+    pub extents_allocated: u64,
+    pub extents: Vec<ExtentInfo>,
+}
+
+/// One pool in `GET /v1/view`: the control plane's books and the agent's last view.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct PoolView {
+    pub pool: String,
+    pub target: String,
+    pub path: String,
+    pub size: u64,
+    /// Bytes of extents placed in it.
+    pub allocated: u64,
+    pub extents: u64,
+    pub view: Option<View>,
+    /// No view, or none for VIEW_STALE_MS.
+    pub stale: bool,
+}
+
+/// `GET /v1/view[?since=V]`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ClusterView {
+    /// The newest view's version (0: none yet).
+    pub version: u64,
+    pub targets: Vec<Target>,
+    pub pools: Vec<PoolView>,
+}
+
+/// An API error: a stable code a program matches on, and a message for people.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, thiserror::Error)]
+#[error("{message} ({code})")]
+pub struct ApiError {
+    pub code: ErrorCode,
+    pub message: String,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ErrorCode {
+    /// The body is not JSON of the request's shape.
+    MalformedRequest,
+    /// The body is larger than limits::BODY_BYTES_MAX.
+    BodyTooLarge,
+    /// No such path, or no such method on it.
+    NoSuchEndpoint,
+    /// A field's value is not allowed (a name's characters, a size of 0 or not a multiple).
+    InvalidArgument,
+    /// A value or a count is over a named limit (crate::limits).
+    LimitExceeded,
+    VolumeNotFound,
+    VolumeExists,
+    TargetNotFound,
+    PoolNotFound,
+    /// A pool registered again with another path, or smaller than its extents need.
+    PoolConflict,
+    /// An extent index at or beyond the volume's size.
+    ExtentOutOfRange,
+    /// A volume grown to a size not larger than it is.
+    ShrinkRefused,
+    /// No pool has room for one more extent.
+    NoSpace,
+    /// A view push whose seq is not above the last one taken.
+    StaleView,
+    /// The store failed to commit; nothing changed.
+    StoreFailed,
+}
+
+impl ErrorCode {
+    /// The HTTP status the API answers with.
+    pub fn http_status(self) -> u16 {
+        match self {
+            ErrorCode::MalformedRequest | ErrorCode::InvalidArgument | ErrorCode::LimitExceeded | ErrorCode::ExtentOutOfRange => 400,
+            ErrorCode::ShrinkRefused => 400,
+            ErrorCode::BodyTooLarge => 413,
+            ErrorCode::NoSuchEndpoint | ErrorCode::VolumeNotFound | ErrorCode::TargetNotFound | ErrorCode::PoolNotFound => 404,
+            ErrorCode::VolumeExists | ErrorCode::PoolConflict | ErrorCode::StaleView => 409,
+            ErrorCode::NoSpace => 507,
+            ErrorCode::StoreFailed => 500,
+        }
+    }
+}
+
+/// The code as the API spells it (snake_case).
+impl std::fmt::Display for ErrorCode {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let s = serde_json::to_value(self).ok().and_then(|v| v.as_str().map(str::to_owned)).unwrap_or_default();
+        f.write_str(&s)
+    }
+}
+
+impl ApiError {
+    pub fn new(code: ErrorCode, message: impl Into<String>) -> ApiError {
+        ApiError { code, message: message.into() }
+    }
+}
+
+/// The body of every error reply: `{"error": {"code": ..., "message": ...}}`.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct ErrorBody {
+    pub error: ApiError,
+}

@@ -1,0 +1,198 @@
+//! The daemon: the HTTP/1.1 + JSON API (docs/control-plane.md lists every endpoint) over the
+//! state and its store. Requests that change state run on tokio's blocking pool: they take
+//! the state's lock and commit to the store (an fsync) before replying.
+
+use std::sync::Arc;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use axum::extract::{DefaultBodyLimit, FromRequest, Path, Query, Request, State};
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post, put};
+use axum::{Json, Router};
+use bytes::Bytes;
+use parking_lot::Mutex;
+use serde::de::DeserializeOwned;
+use serde::{Deserialize, Serialize};
+use tracing::{error, info};
+
+use crate::limits::BODY_BYTES_MAX;
+use crate::model::*;
+use crate::state::Cluster;
+use crate::store::{Store, StoreError};
+
+/// The state and where it is kept.
+pub struct Service {
+    cluster: Mutex<Cluster>,
+    store: Box<dyn Store>,
+}
+
+pub fn now_ms() -> u64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
+}
+
+type Planned<T> = Result<(Vec<Write>, T), ApiError>;
+
+impl Service {
+    /// The state the store holds.
+    pub fn open(store: Box<dyn Store>) -> Result<Service, StoreError> {
+        let cluster = Cluster::from_records(store.load()?);
+        Ok(Service { cluster: Mutex::new(cluster), store })
+    }
+
+    /// Plans a change on the state, commits it, then applies it: a failed commit leaves the
+    /// state as it was.
+    pub fn change<T>(&self, plan: impl FnOnce(&Cluster) -> Planned<T>) -> Result<T, ApiError> {
+        let mut c = self.cluster.lock();
+        let (writes, out) = plan(&c)?;
+        if let Err(e) = self.store.commit(&writes) {
+            error!(error = %e, "commit failed");
+            return Err(ApiError::new(ErrorCode::StoreFailed, e.to_string()));
+        }
+        for w in &writes {
+            c.apply(w);
+        }
+        Ok(out)
+    }
+
+    pub fn read<T>(&self, f: impl FnOnce(&Cluster) -> T) -> T {
+        f(&self.cluster.lock())
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let status = StatusCode::from_u16(self.code.http_status()).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+        (status, Json(ErrorBody { error: self })).into_response()
+    }
+}
+
+/// A JSON request body, read up to BODY_BYTES_MAX; every refusal is an [`ApiError`].
+pub struct Body<T>(pub T);
+
+impl<S: Send + Sync, T: DeserializeOwned> FromRequest<S> for Body<T> {
+    type Rejection = ApiError;
+
+    async fn from_request(req: Request, state: &S) -> Result<Self, ApiError> {
+        let bytes = Bytes::from_request(req, state).await.map_err(|e| {
+            if e.status() == StatusCode::PAYLOAD_TOO_LARGE {
+                ApiError::new(ErrorCode::BodyTooLarge, format!("request body over {BODY_BYTES_MAX} bytes"))
+            } else {
+                ApiError::new(ErrorCode::MalformedRequest, e.body_text())
+            }
+        })?;
+        serde_json::from_slice(&bytes).map(Body).map_err(|e| ApiError::new(ErrorCode::MalformedRequest, format!("request body: {e}")))
+    }
+}
+
+type Svc = State<Arc<Service>>;
+
+/// Runs a change on the blocking pool: the store's commit waits for the disk.
+async fn change<T: Send + 'static>(svc: Arc<Service>, plan: impl FnOnce(&Cluster) -> Planned<T> + Send + 'static) -> Result<T, ApiError> {
+    tokio::task::spawn_blocking(move || svc.change(plan))
+        .await
+        .map_err(|e| ApiError::new(ErrorCode::StoreFailed, format!("commit task: {e}")))?
+}
+
+#[derive(Serialize)]
+struct Health {
+    status: &'static str,
+    version: &'static str,
+}
+
+async fn health() -> Json<Health> {
+    Json(Health { status: "ok", version: env!("CARGO_PKG_VERSION") })
+}
+
+async fn register(State(s): Svc, Body(req): Body<RegisterTarget>) -> Result<Json<Registered>, ApiError> {
+    let now = now_ms();
+    let r = change(s, move |c| c.register(&req, now)).await?;
+    info!(target_addr = %r.target.addr, pools = r.pools.len(), "target registered");
+    Ok(Json(r))
+}
+
+async fn targets(State(s): Svc) -> Json<Vec<Target>> {
+    Json(s.read(|c| c.targets.values().cloned().collect()))
+}
+
+async fn push_view(
+    State(s): Svc,
+    Path((target, pool)): Path<(String, String)>,
+    Body(push): Body<ViewPush>,
+) -> Result<Json<View>, ApiError> {
+    let now = now_ms();
+    let id = PoolId { target, name: pool };
+    Ok(Json(change(s, move |c| c.push_view(&id, &push, now)).await?))
+}
+
+#[derive(Deserialize)]
+struct Since {
+    #[serde(default)]
+    since: u64,
+}
+
+async fn view(State(s): Svc, q: Result<Query<Since>, axum::extract::rejection::QueryRejection>) -> Result<Json<ClusterView>, ApiError> {
+    let Query(q) = q.map_err(|e| ApiError::new(ErrorCode::InvalidArgument, e.body_text()))?;
+    let now = now_ms();
+    Ok(Json(s.read(|c| c.view(q.since, now))))
+}
+
+async fn create_volume(State(s): Svc, Body(req): Body<CreateVolume>) -> Result<(StatusCode, Json<Volume>), ApiError> {
+    let now = now_ms();
+    let v = change(s, move |c| c.create_volume(&req, now)).await?;
+    info!(volume = %v.name, size = v.size, extent_size = v.extent_size, "volume created");
+    Ok((StatusCode::CREATED, Json(v)))
+}
+
+async fn list_volumes(State(s): Svc) -> Json<Vec<Volume>> {
+    Json(s.read(|c| c.volumes.values().cloned().collect()))
+}
+
+async fn volume_info(State(s): Svc, Path(name): Path<String>) -> Result<Json<VolumeInfo>, ApiError> {
+    s.read(|c| c.volume_info(&name)).map(Json)
+}
+
+async fn grow_volume(State(s): Svc, Path(name): Path<String>, Body(req): Body<GrowVolume>) -> Result<Json<Volume>, ApiError> {
+    let v = change(s, move |c| c.grow_volume(&name, &req)).await?;
+    info!(volume = %v.name, size = v.size, "volume grown");
+    Ok(Json(v))
+}
+
+async fn delete_volume(State(s): Svc, Path(name): Path<String>) -> Result<StatusCode, ApiError> {
+    let n = name.clone();
+    change(s, move |c| c.delete_volume(&n)).await?;
+    info!(volume = %name, "volume deleted");
+    Ok(StatusCode::NO_CONTENT)
+}
+
+async fn allocate(State(s): Svc, Path((name, index)): Path<(String, String)>) -> Result<Json<ExtentInfo>, ApiError> {
+    let index: u64 =
+        index.parse().map_err(|_| ApiError::new(ErrorCode::InvalidArgument, format!("extent index '{index}' is not a number")))?;
+    Ok(Json(change(s, move |c| c.allocate(&name, index)).await?))
+}
+
+async fn no_such_endpoint(req: Request) -> ApiError {
+    ApiError::new(ErrorCode::NoSuchEndpoint, format!("no endpoint {} {}", req.method(), req.uri().path()))
+}
+
+/// The API's routes.
+pub fn router(svc: Arc<Service>) -> Router {
+    Router::new()
+        .route("/v1/health", get(health))
+        .route("/v1/targets", post(register).get(targets))
+        .route("/v1/pools/{target}/{pool}/view", put(push_view))
+        .route("/v1/view", get(view))
+        .route("/v1/volumes", post(create_volume).get(list_volumes))
+        .route("/v1/volumes/{name}", get(volume_info).delete(delete_volume))
+        .route("/v1/volumes/{name}/grow", post(grow_volume))
+        .route("/v1/volumes/{name}/extents/{index}/allocate", post(allocate))
+        .fallback(no_such_endpoint)
+        .method_not_allowed_fallback(no_such_endpoint)
+        .layer(DefaultBodyLimit::max(BODY_BYTES_MAX))
+        .with_state(svc)
+}
+
+/// Serves the API on `listener` until the future is dropped.
+pub async fn serve(listener: tokio::net::TcpListener, svc: Arc<Service>) -> std::io::Result<()> {
+    axum::serve(listener, router(svc)).await
+}

@@ -1,0 +1,519 @@
+//! The control plane's state and its rules. Every change is planned first, as a batch of
+//! record writes, without touching the state; the service commits the batch to the store and
+//! only then applies it ([`Cluster::apply`]), the same way loading the store at start-up
+//! does. So the state in memory is always what the store holds, and a failed commit changes
+//! nothing.
+
+use std::collections::{BTreeMap, HashMap};
+
+use crate::limits::*;
+use crate::model::*;
+use crate::placement::{self, Candidate};
+
+/// Everything the control plane knows, indexed for its rules.
+#[derive(Debug, Default, Clone, PartialEq)]
+pub struct Cluster {
+    pub targets: BTreeMap<String, Target>,
+    pub pools: BTreeMap<PoolId, Pool>,
+    pub volumes: BTreeMap<String, Volume>,
+    /// Allocated extents by (volume, index).
+    pub extents: BTreeMap<(String, u64), Extent>,
+    pub views: BTreeMap<PoolId, View>,
+    /// What each pool holds: offset to (length, volume, index). Derived from `extents`.
+    pub placed: HashMap<PoolId, BTreeMap<u64, (u64, String, u64)>>,
+}
+
+type Planned<T> = Result<(Vec<Write>, T), ApiError>;
+
+fn err(code: ErrorCode, message: impl Into<String>) -> ApiError {
+    ApiError::new(code, message)
+}
+
+/// A name the API accepts for a volume or a pool: 1 to NAME_BYTES_MAX bytes of letters,
+/// digits, '.', '_' and '-', not starting with '.' (so that it is a path component and a URL
+/// segment as it is).
+pub fn check_name(what: &str, name: &str) -> Result<(), ApiError> {
+    if name.is_empty() || name.len() > NAME_BYTES_MAX {
+        return Err(err(ErrorCode::InvalidArgument, format!("{what} name must be 1 to {NAME_BYTES_MAX} bytes")));
+    }
+    if name.starts_with('.') || !name.bytes().all(|b| b.is_ascii_alphanumeric() || b"._-".contains(&b)) {
+        return Err(err(
+            ErrorCode::InvalidArgument,
+            format!("{what} name '{name}' may hold only letters, digits, '.', '_' and '-', and not start with '.'"),
+        ));
+    }
+    Ok(())
+}
+
+fn check_volume_size(size: u64, extent_size: u64) -> Result<(), ApiError> {
+    if size == 0 {
+        return Err(err(ErrorCode::InvalidArgument, "volume size must not be 0"));
+    }
+    if !size.is_multiple_of(extent_size) {
+        return Err(err(ErrorCode::InvalidArgument, format!("volume size {size} is not a multiple of the extent size {extent_size}")));
+    }
+    if size > VOLUME_BYTES_MAX || size / extent_size > EXTENTS_PER_VOLUME_MAX {
+        return Err(err(
+            ErrorCode::LimitExceeded,
+            format!("volume size {size} is over the limit: {EXTENTS_PER_VOLUME_MAX} extents, {VOLUME_BYTES_MAX} bytes"),
+        ));
+    }
+    Ok(())
+}
+
+impl Cluster {
+    /// The state a store's records make.
+    pub fn from_records(records: impl IntoIterator<Item = Record>) -> Cluster {
+        let mut c = Cluster::default();
+        for r in records {
+            c.apply(&Write::Put(r));
+        }
+        c
+    }
+
+    /// Applies one committed write.
+    pub fn apply(&mut self, w: &Write) {
+        match w {
+            Write::Put(Record::Target(t)) => {
+                self.targets.insert(t.addr.clone(), t.clone());
+            }
+            Write::Put(Record::Pool(p)) => {
+                self.pools.insert(p.id.clone(), p.clone());
+            }
+            Write::Put(Record::Volume(v)) => {
+                self.volumes.insert(v.name.clone(), v.clone());
+            }
+            Write::Put(Record::Extent(e)) => {
+                let len = self.volumes.get(&e.volume).map_or(0, |v| v.extent_size);
+                if let Some(old) = self.extents.insert((e.volume.clone(), e.index), e.clone()) {
+                    self.unplace(&old);
+                }
+                self.placed.entry(e.pool.clone()).or_default().insert(e.offset, (len, e.volume.clone(), e.index));
+            }
+            Write::Put(Record::View(v)) => {
+                self.views.insert(v.pool.clone(), v.clone());
+            }
+            Write::Delete(Table::Targets, k) => {
+                self.targets.remove(k);
+            }
+            Write::Delete(Table::Pools, k) => {
+                self.pools.retain(|id, _| pool_key(id) != *k);
+            }
+            Write::Delete(Table::Volumes, k) => {
+                self.volumes.remove(k);
+            }
+            Write::Delete(Table::Extents, k) => {
+                // "VOLUME/INDEX": a volume name holds no '/'.
+                let key = k.rsplit_once('/').and_then(|(v, i)| Some((v.to_string(), i.parse::<u64>().ok()?)));
+                if let Some(e) = key.and_then(|key| self.extents.remove(&key)) {
+                    self.unplace(&e);
+                }
+            }
+            Write::Delete(Table::Views, k) => {
+                self.views.retain(|id, _| pool_key(id) != *k);
+            }
+        }
+    }
+
+    fn unplace(&mut self, e: &Extent) {
+        if let Some(m) = self.placed.get_mut(&e.pool) {
+            m.remove(&e.offset);
+        }
+    }
+
+    /// The newest view version (0: none).
+    pub fn view_version(&self) -> u64 {
+        self.views.values().map(|v| v.version).max().unwrap_or(0)
+    }
+
+    /// Bytes of extents in a pool.
+    pub fn allocated(&self, pool: &PoolId) -> u64 {
+        self.placed.get(pool).map_or(0, |m| m.values().map(|(len, _, _)| len).sum())
+    }
+
+    /// The lowest offset, a multiple of `len`, where `len` bytes are free in the pool.
+    fn hole(&self, pool: &Pool, len: u64) -> Option<u64> {
+        let mut at = 0u64;
+        if let Some(m) = self.placed.get(&pool.id) {
+            for (&off, &(l, _, _)) in m {
+                if at.checked_add(len)? <= off {
+                    break;
+                }
+                at = at.max(off.checked_add(l)?.div_ceil(len).checked_mul(len)?);
+            }
+        }
+        (at.checked_add(len)? <= pool.size).then_some(at)
+    }
+
+    // ---- targets and pools ----
+
+    pub fn register(&self, req: &RegisterTarget, now_ms: u64) -> Planned<Registered> {
+        if req.addr.is_empty() || req.addr.len() > NAME_BYTES_MAX || req.addr.contains('/') {
+            return Err(err(ErrorCode::InvalidArgument, "target address must be HOST:PORT"));
+        }
+        if req.nqn.is_empty() || req.nqn.len() > NQN_BYTES_MAX {
+            return Err(err(ErrorCode::InvalidArgument, format!("target NQN must be 1 to {NQN_BYTES_MAX} bytes")));
+        }
+        if req.pools.len() > POOLS_PER_TARGET_MAX {
+            return Err(err(ErrorCode::LimitExceeded, format!("{} pools: a target may register {POOLS_PER_TARGET_MAX}", req.pools.len())));
+        }
+        if !self.targets.contains_key(&req.addr) && self.targets.len() >= TARGETS_MAX {
+            return Err(err(ErrorCode::LimitExceeded, format!("the control plane keeps {TARGETS_MAX} targets")));
+        }
+        let target = Target { addr: req.addr.clone(), nqn: req.nqn.clone(), registered_ms: now_ms };
+        let mut writes = vec![Write::Put(Record::Target(target.clone()))];
+        let mut pools = Vec::new();
+        for (i, p) in req.pools.iter().enumerate() {
+            check_name("pool", &p.name)?;
+            if req.pools[..i].iter().any(|q| q.name == p.name) {
+                return Err(err(ErrorCode::InvalidArgument, format!("pool '{}' is given twice", p.name)));
+            }
+            if p.path.is_empty() || p.path.len() > PATH_BYTES_MAX {
+                return Err(err(ErrorCode::InvalidArgument, format!("pool path must be 1 to {PATH_BYTES_MAX} bytes")));
+            }
+            if p.size < EXTENT_BYTES_MIN {
+                return Err(err(
+                    ErrorCode::InvalidArgument,
+                    format!("pool '{}' of {} bytes holds no extent ({EXTENT_BYTES_MIN} at least)", p.name, p.size),
+                ));
+            }
+            let id = PoolId { target: req.addr.clone(), name: p.name.clone() };
+            if let Some(old) = self.pools.get(&id) {
+                if old.path != p.path {
+                    return Err(err(ErrorCode::PoolConflict, format!("pool {id} is registered with path {}, not {}", old.path, p.path)));
+                }
+                // Extents lie anywhere below the old size: a pool only shrinks to the end of
+                // its last extent.
+                let end = self.placed.get(&id).and_then(|m| m.iter().next_back()).map_or(0, |(off, (len, _, _))| off + len);
+                if p.size < end {
+                    return Err(err(
+                        ErrorCode::PoolConflict,
+                        format!("pool {id} holds extents up to byte {end}: it cannot shrink to {}", p.size),
+                    ));
+                }
+            }
+            writes.push(Write::Put(Record::Pool(Pool { id: id.clone(), path: p.path.clone(), size: p.size })));
+            pools.push(RegisteredPool { name: p.name.clone(), seq: self.views.get(&id).map_or(0, |v| v.seq) });
+        }
+        Ok((writes, Registered { target, pools }))
+    }
+
+    pub fn push_view(&self, id: &PoolId, push: &ViewPush, now_ms: u64) -> Planned<View> {
+        if !self.pools.contains_key(id) {
+            return Err(err(ErrorCode::PoolNotFound, format!("no pool {id}: register its target first")));
+        }
+        if let Some(old) = self.views.get(id) {
+            if push.seq <= old.seq {
+                return Err(err(ErrorCode::StaleView, format!("view seq {} of {id} is not above {}", push.seq, old.seq)));
+            }
+        }
+        let view =
+            View { pool: id.clone(), seq: push.seq, version: self.view_version() + 1, received_ms: now_ms, figures: push.figures.clone() };
+        Ok((vec![Write::Put(Record::View(view.clone()))], view))
+    }
+
+    pub fn view(&self, since: u64, now_ms: u64) -> ClusterView {
+        let pools = self
+            .pools
+            .values()
+            .filter(|p| since == 0 || self.views.get(&p.id).is_some_and(|v| v.version > since))
+            .map(|p| {
+                let view = self.views.get(&p.id).cloned();
+                let stale = view.as_ref().is_none_or(|v| now_ms.saturating_sub(v.received_ms) > VIEW_STALE_MS);
+                PoolView {
+                    pool: p.id.name.clone(),
+                    target: p.id.target.clone(),
+                    path: p.path.clone(),
+                    size: p.size,
+                    allocated: self.allocated(&p.id),
+                    extents: self.placed.get(&p.id).map_or(0, |m| m.len() as u64),
+                    view,
+                    stale,
+                }
+            })
+            .collect();
+        ClusterView { version: self.view_version(), targets: self.targets.values().cloned().collect(), pools }
+    }
+
+    // ---- volumes ----
+
+    pub fn volume(&self, name: &str) -> Result<&Volume, ApiError> {
+        self.volumes.get(name).ok_or_else(|| err(ErrorCode::VolumeNotFound, format!("no volume '{name}'")))
+    }
+
+    pub fn create_volume(&self, req: &CreateVolume, now_ms: u64) -> Planned<Volume> {
+        check_name("volume", &req.name)?;
+        let extent_size = req.extent_size.unwrap_or(EXTENT_BYTES_DEFAULT);
+        if !(EXTENT_BYTES_MIN..=EXTENT_BYTES_MAX).contains(&extent_size) || !extent_size.is_multiple_of(EXTENT_ALIGN_BYTES) {
+            return Err(err(
+                ErrorCode::InvalidArgument,
+                format!(
+                    "extent size {extent_size} must be a multiple of {EXTENT_ALIGN_BYTES} from {EXTENT_BYTES_MIN} to {EXTENT_BYTES_MAX}"
+                ),
+            ));
+        }
+        check_volume_size(req.size, extent_size)?;
+        if self.volumes.contains_key(&req.name) {
+            return Err(err(ErrorCode::VolumeExists, format!("volume '{}' exists", req.name)));
+        }
+        if self.volumes.len() >= VOLUMES_MAX {
+            return Err(err(ErrorCode::LimitExceeded, format!("the control plane keeps {VOLUMES_MAX} volumes")));
+        }
+        let v = Volume { name: req.name.clone(), size: req.size, extent_size, created_ms: now_ms };
+        Ok((vec![Write::Put(Record::Volume(v.clone()))], v))
+    }
+
+    pub fn grow_volume(&self, name: &str, req: &GrowVolume) -> Planned<Volume> {
+        let v = self.volume(name)?;
+        check_volume_size(req.size, v.extent_size)?;
+        if req.size <= v.size {
+            return Err(err(
+                ErrorCode::ShrinkRefused,
+                format!("volume '{name}' has {} bytes: grow takes a larger size, not {}", v.size, req.size),
+            ));
+        }
+        let v = Volume { size: req.size, ..v.clone() };
+        Ok((vec![Write::Put(Record::Volume(v.clone()))], v))
+    }
+
+    /// Deleting a volume frees its extents. (Once volumes are exported, an exported one is
+    /// refused.)
+    pub fn delete_volume(&self, name: &str) -> Planned<()> {
+        self.volume(name)?;
+        let mut writes: Vec<Write> = self
+            .extents
+            .range((name.to_string(), 0)..=(name.to_string(), u64::MAX))
+            .map(|((v, i), _)| Write::Delete(Table::Extents, extent_key(v, *i)))
+            .collect();
+        writes.push(Write::Delete(Table::Volumes, name.to_string()));
+        Ok((writes, ()))
+    }
+
+    pub fn extent_info(&self, e: &Extent) -> ExtentInfo {
+        ExtentInfo {
+            index: e.index,
+            pool: e.pool.name.clone(),
+            target: e.pool.target.clone(),
+            path: self.pools.get(&e.pool).map(|p| p.path.clone()).unwrap_or_default(),
+            offset: e.offset,
+            epoch: e.epoch,
+        }
+    }
+
+    pub fn volume_info(&self, name: &str) -> Result<VolumeInfo, ApiError> {
+        let v = self.volume(name)?;
+        let extents: Vec<ExtentInfo> =
+            self.extents.range((name.to_string(), 0)..=(name.to_string(), u64::MAX)).map(|(_, e)| self.extent_info(e)).collect();
+        Ok(VolumeInfo { volume: v.clone(), extents_total: v.extents(), extents_allocated: extents.len() as u64, extents })
+    }
+
+    /// Allocates extent `index` of a volume, placed by [`placement::place`]; an extent
+    /// already allocated is returned as it is (the data path may ask twice).
+    pub fn allocate(&self, name: &str, index: u64) -> Planned<ExtentInfo> {
+        let v = self.volume(name)?;
+        if index >= v.extents() {
+            return Err(err(ErrorCode::ExtentOutOfRange, format!("volume '{name}' has {} extents: no extent {index}", v.extents())));
+        }
+        if let Some(e) = self.extents.get(&(name.to_string(), index)) {
+            return Ok((Vec::new(), self.extent_info(e)));
+        }
+        let candidates: Vec<Candidate> = self
+            .pools
+            .values()
+            .map(|p| Candidate {
+                pool: p.id.clone(),
+                size: p.size,
+                allocated: self.allocated(&p.id),
+                fits: self.hole(p, v.extent_size).is_some(),
+                figures: self.views.get(&p.id).map(|w| w.figures.clone()),
+            })
+            .collect();
+        let mut per_target: HashMap<&str, u64> = HashMap::new();
+        let mut total = 0;
+        for e in self.extents.range((name.to_string(), 0)..=(name.to_string(), u64::MAX)).map(|(_, e)| e) {
+            *per_target.entry(e.pool.target.as_str()).or_default() += 1;
+            total += 1;
+        }
+        let Some(chosen) = placement::place(&candidates, total, |t| per_target.get(t).copied().unwrap_or(0)) else {
+            return Err(err(ErrorCode::NoSpace, format!("no pool has {} free bytes for extent {index} of '{name}'", v.extent_size)));
+        };
+        let pool = &self.pools[&chosen.pool];
+        let offset = self.hole(pool, v.extent_size).ok_or_else(|| err(ErrorCode::NoSpace, "the chosen pool filled"))?;
+        let e = Extent { volume: name.to_string(), index, pool: pool.id.clone(), offset, epoch: 1 };
+        let info = self.extent_info(&e);
+        Ok((vec![Write::Put(Record::Extent(e))], info))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MIB: u64 = 1 << 20;
+
+    fn cluster(pools: &[(&str, &str, u64)]) -> Cluster {
+        let mut c = Cluster::default();
+        let mut by_target: BTreeMap<&str, Vec<PoolSpec>> = BTreeMap::new();
+        for &(t, n, size) in pools {
+            by_target.entry(t).or_default().push(PoolSpec { name: n.into(), path: format!("/p/{n}"), size });
+        }
+        for (t, pools) in by_target {
+            let (w, _) = c.register(&RegisterTarget { addr: t.into(), nqn: "nqn.x".into(), pools }, 0).expect("register");
+            w.iter().for_each(|w| c.apply(w));
+        }
+        c
+    }
+
+    fn commit<T>(c: &mut Cluster, plan: impl FnOnce(&Cluster) -> Planned<T>) -> Result<T, ErrorCode> {
+        let (w, t) = plan(c).map_err(|e| e.code)?;
+        w.iter().for_each(|w| c.apply(w));
+        Ok(t)
+    }
+
+    /// Each request against a cluster with one volume 'v' (4 extents of 1 MiB) and one pool of
+    /// 2 MiB: the error code expected, or none.
+    #[test]
+    fn volume_requests() {
+        enum Req {
+            Create(&'static str, u64, Option<u64>),
+            Grow(&'static str, u64),
+            Delete(&'static str),
+            Alloc(&'static str, u64),
+        }
+        use Req::*;
+        #[rustfmt::skip]
+        let cases: &[(Req, Option<ErrorCode>)] = &[
+            (Create("w", 4 * MIB, Some(MIB)), None),
+            (Create("v", 4 * MIB, Some(MIB)), Some(ErrorCode::VolumeExists)),
+            (Create("w", 0, Some(MIB)), Some(ErrorCode::InvalidArgument)),
+            (Create("w", 3 * MIB / 2, Some(MIB)), Some(ErrorCode::InvalidArgument)),
+            (Create("w", 64 * MIB, None), None),
+            (Create("w", 32 * MIB, None), Some(ErrorCode::InvalidArgument)),
+            (Create("w", 4 * MIB, Some(MIB / 2)), Some(ErrorCode::InvalidArgument)),
+            (Create("w", 4 * MIB, Some(2 * EXTENT_BYTES_MAX)), Some(ErrorCode::InvalidArgument)),
+            (Create("w", 4 * MIB, Some(MIB + 512)), Some(ErrorCode::InvalidArgument)),
+            (Create("w", (EXTENTS_PER_VOLUME_MAX + 1) * MIB, Some(MIB)), Some(ErrorCode::LimitExceeded)),
+            (Create("w", EXTENTS_PER_VOLUME_MAX * MIB, Some(MIB)), None),
+            (Create("", MIB, Some(MIB)), Some(ErrorCode::InvalidArgument)),
+            (Create("a/b", MIB, Some(MIB)), Some(ErrorCode::InvalidArgument)),
+            (Create(".hidden", MIB, Some(MIB)), Some(ErrorCode::InvalidArgument)),
+            (Grow("v", 8 * MIB), None),
+            (Grow("v", 4 * MIB), Some(ErrorCode::ShrinkRefused)),
+            (Grow("v", 2 * MIB), Some(ErrorCode::ShrinkRefused)),
+            (Grow("v", 9 * MIB / 2), Some(ErrorCode::InvalidArgument)),
+            (Grow("nope", 8 * MIB), Some(ErrorCode::VolumeNotFound)),
+            (Delete("v"), None),
+            (Delete("nope"), Some(ErrorCode::VolumeNotFound)),
+            (Alloc("v", 0), None),
+            (Alloc("v", 3), None),
+            (Alloc("v", 4), Some(ErrorCode::ExtentOutOfRange)),
+            (Alloc("nope", 0), Some(ErrorCode::VolumeNotFound)),
+        ];
+        for (req, expected) in cases {
+            let mut c = cluster(&[("t1", "p", 2 * MIB)]);
+            commit(&mut c, |c| c.create_volume(&CreateVolume { name: "v".into(), size: 4 * MIB, extent_size: Some(MIB) }, 0)).expect("v");
+            let got = match req {
+                Create(n, s, e) => {
+                    commit(&mut c, |c| c.create_volume(&CreateVolume { name: n.to_string(), size: *s, extent_size: *e }, 0)).map(drop)
+                }
+                Grow(n, s) => commit(&mut c, |c| c.grow_volume(n, &GrowVolume { size: *s })).map(drop),
+                Delete(n) => commit(&mut c, |c| c.delete_volume(n)),
+                Alloc(n, i) => commit(&mut c, |c| c.allocate(n, *i)).map(drop),
+            };
+            assert_eq!(got.err(), *expected);
+        }
+    }
+
+    #[test]
+    fn a_full_pool_says_no_space_and_delete_frees_it() {
+        let mut c = cluster(&[("t1", "p", 2 * MIB)]);
+        commit(&mut c, |c| c.create_volume(&CreateVolume { name: "v".into(), size: 4 * MIB, extent_size: Some(MIB) }, 0)).expect("v");
+        let a = commit(&mut c, |c| c.allocate("v", 2)).expect("2");
+        let b = commit(&mut c, |c| c.allocate("v", 0)).expect("0");
+        assert_eq!((a.offset, b.offset), (0, MIB));
+        // Asked again: the same place, nothing written.
+        let (w, again) = c.allocate("v", 2).expect("again");
+        assert!(w.is_empty());
+        assert_eq!(again, a);
+        assert_eq!(commit(&mut c, |c| c.allocate("v", 1)).err(), Some(ErrorCode::NoSpace));
+        commit(&mut c, |c| c.delete_volume("v")).expect("delete");
+        assert!(c.extents.is_empty());
+        assert_eq!(c.allocated(&PoolId { target: "t1".into(), name: "p".into() }), 0);
+    }
+
+    #[test]
+    fn registration_rules() {
+        let mut c = cluster(&[("t1", "p", 4 * MIB)]);
+        commit(&mut c, |c| c.create_volume(&CreateVolume { name: "v".into(), size: 4 * MIB, extent_size: Some(MIB) }, 0)).expect("v");
+        for i in 0..3 {
+            commit(&mut c, |c| c.allocate("v", i)).expect("alloc");
+        }
+        let reg = |path: &str, size: u64| RegisterTarget {
+            addr: "t1".into(),
+            nqn: "n".into(),
+            pools: vec![PoolSpec { name: "p".into(), path: path.into(), size }],
+        };
+        #[rustfmt::skip]
+        let cases: &[(RegisterTarget, Option<ErrorCode>)] = &[
+            (reg("/p/p", 8 * MIB), None),
+            (reg("/p/p", 3 * MIB), None),
+            (reg("/p/p", 2 * MIB), Some(ErrorCode::PoolConflict)),
+            (reg("/elsewhere", 4 * MIB), Some(ErrorCode::PoolConflict)),
+            (reg("/p/p", MIB - 1), Some(ErrorCode::InvalidArgument)),
+            (RegisterTarget { addr: "t1".into(), nqn: "n".into(), pools: vec![PoolSpec { name: "q".into(), path: "/a".into(), size: MIB }, PoolSpec { name: "q".into(), path: "/b".into(), size: MIB }] }, Some(ErrorCode::InvalidArgument)),
+            (RegisterTarget { addr: "t2".into(), nqn: "n".into(), pools: (0..=POOLS_PER_TARGET_MAX).map(|i| PoolSpec { name: format!("p{i}"), path: "/a".into(), size: MIB }).collect() }, Some(ErrorCode::LimitExceeded)),
+            (RegisterTarget { addr: "".into(), nqn: "n".into(), pools: vec![] }, Some(ErrorCode::InvalidArgument)),
+            (RegisterTarget { addr: "t2".into(), nqn: "".into(), pools: vec![] }, Some(ErrorCode::InvalidArgument)),
+        ];
+        for (req, expected) in cases {
+            assert_eq!(c.register(req, 1).err().map(|e| e.code), *expected, "{req:?}");
+        }
+    }
+
+    #[test]
+    fn views_take_only_newer_seqs_and_count_versions() {
+        let mut c = cluster(&[("t1", "a", 4 * MIB), ("t2", "b", 4 * MIB)]);
+        let a = PoolId { target: "t1".into(), name: "a".into() };
+        let b = PoolId { target: "t2".into(), name: "b".into() };
+        let push = |seq| ViewPush { seq, figures: Figures::default() };
+        assert_eq!(commit(&mut c, |c| c.push_view(&a, &push(1), 0)).map(|v| v.version), Ok(1));
+        assert_eq!(commit(&mut c, |c| c.push_view(&b, &push(7), 0)).map(|v| v.version), Ok(2));
+        assert_eq!(commit(&mut c, |c| c.push_view(&a, &push(1), 0)).err(), Some(ErrorCode::StaleView));
+        assert_eq!(commit(&mut c, |c| c.push_view(&a, &push(2), 0)).map(|v| v.version), Ok(3));
+        let nope = PoolId { target: "t3".into(), name: "a".into() };
+        assert_eq!(commit(&mut c, |c| c.push_view(&nope, &push(1), 0)).err(), Some(ErrorCode::PoolNotFound));
+        // Pulled by version: only what changed after 2.
+        let v = c.view(2, 0);
+        assert_eq!((v.version, v.pools.len(), v.pools[0].pool.as_str()), (3, 1, "a"));
+        // Stale after VIEW_STALE_MS.
+        assert!(!c.view(0, VIEW_STALE_MS).pools[0].stale);
+        assert!(c.view(0, VIEW_STALE_MS + 1).pools[0].stale);
+        // A re-registration hands back the last seq.
+        let (_, r) = c
+            .register(
+                &RegisterTarget {
+                    addr: "t1".into(),
+                    nqn: "n".into(),
+                    pools: vec![PoolSpec { name: "a".into(), path: "/p/a".into(), size: 4 * MIB }],
+                },
+                0,
+            )
+            .expect("again");
+        assert_eq!(r.pools[0].seq, 2);
+    }
+
+    #[test]
+    fn holes_are_found_between_extents_of_other_sizes() {
+        let mut c = cluster(&[("t1", "p", 8 * MIB)]);
+        commit(&mut c, |c| c.create_volume(&CreateVolume { name: "small".into(), size: 4 * MIB, extent_size: Some(MIB) }, 0))
+            .expect("small");
+        commit(&mut c, |c| c.create_volume(&CreateVolume { name: "big".into(), size: 4 * MIB, extent_size: Some(2 * MIB) }, 0))
+            .expect("big");
+        let offsets: Vec<u64> = [("small", 0), ("big", 0), ("small", 1), ("big", 1)]
+            .iter()
+            .map(|(v, i)| commit(&mut c, |c| c.allocate(v, *i)).expect("alloc").offset)
+            .collect();
+        // 1 MiB at 0, 2 MiB aligned at 2 MiB, 1 MiB in the hole at 1 MiB, 2 MiB at 4 MiB.
+        assert_eq!(offsets, vec![0, 2 * MIB, MIB, 4 * MIB]);
+    }
+}
