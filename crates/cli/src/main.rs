@@ -1,6 +1,7 @@
 //! The `nearstore` command: one binary, subcommands modelled on nvme-cli and spdk_nvme_perf.
 
 mod compute;
+mod control;
 mod perf;
 mod resv;
 mod tools;
@@ -198,6 +199,28 @@ enum Cmd {
         /// Log lines as text (colours only on a terminal) or as JSON objects, one a line.
         #[arg(long, value_enum, default_value = "text")]
         log_format: LogFormat,
+        /// The control plane to register with and push pool views to (HOST:PORT).
+        #[arg(long)]
+        control: Option<String>,
+        /// A pool for volumes' extents: a file, made or grown to SIZE (repeatable; needs --control).
+        #[arg(long, value_name = "PATH:SIZE", value_parser = control::pool_arg)]
+        pool: Vec<nearstore_target::config::PoolConfig>,
+    },
+    /// Run the control plane: pools, volumes, views, over an HTTP/JSON API (docs/control-plane.md).
+    Control {
+        /// Directory of its state (control.redb), made if missing.
+        #[arg(long)]
+        store: PathBuf,
+        /// Address of the API.
+        #[arg(long, default_value = "127.0.0.1:9470")]
+        listen: SocketAddr,
+    },
+    /// Show the control plane's live view of the pools (capacity, bandwidth, IOPS, latency).
+    View(control::ControlArgs),
+    /// Create, list, show, grow and delete volumes.
+    Volume {
+        #[command(subcommand)]
+        cmd: control::VolumeCmd,
     },
     /// Print a target's discovery log.
     Discover {
@@ -333,7 +356,7 @@ fn init_logs(cmd: &Cmd) {
         Cmd::Target { log_level, log_format, .. } => (log_level.map(|l| format!("{l:?}").to_lowercase()), *log_format),
         _ => (None, LogFormat::Text),
     };
-    let default = if matches!(cmd, Cmd::Target { .. }) { "info" } else { "warn" };
+    let default = if matches!(cmd, Cmd::Target { .. } | Cmd::Control { .. }) { "info" } else { "warn" };
     let filter = level.or_else(|| std::env::var("RUST_LOG").ok()).unwrap_or_else(|| default.into());
     let logs = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
     if format == LogFormat::Json {
@@ -350,7 +373,11 @@ fn main() {
     let matches = Cli::command().get_matches();
     // A verb asked for JSON (-o json) says its error in JSON too, with the protocol's
     // words, so that a script reads one format.
-    let json = matches.subcommand().and_then(|(_, m)| m.try_get_one::<Output>("output_format").ok().flatten()) == Some(&Output::Json);
+    let mut verb = matches.subcommand().map(|(_, m)| m);
+    while let Some((_, m)) = verb.and_then(|m| m.subcommand()) {
+        verb = Some(m);
+    }
+    let json = verb.and_then(|m| m.try_get_one::<Output>("output_format").ok().flatten()) == Some(&Output::Json);
     let cli = Cli::from_arg_matches(&matches).unwrap_or_else(|e| e.exit());
     init_logs(&cli.cmd);
     let verbose = cli.verbose;
@@ -413,6 +440,8 @@ fn run(cli: Cli) -> Result<()> {
             io_engine,
             log_level: _,
             log_format: _,
+            control,
+            pool,
         } => {
             let mut cfg = match config {
                 Some(p) => Config::from_file(&p)?,
@@ -460,12 +489,20 @@ fn run(cli: Cli) -> Result<()> {
             if let Some(e) = io_engine {
                 cfg.io_engine = e;
             }
+            if control.is_some() {
+                cfg.control = control;
+            }
+            cfg.pool.extend(pool);
+            cfg.validate().context("--pool")?;
             if let Some(us) = busy_poll_us {
                 cfg.busy_poll_us = us;
                 cfg.validate().context("--busy-poll-us")?;
             }
             runtime(cfg.net_threads)?.block_on(tools::run_target(cfg))
         }
+        Cmd::Control { store, listen } => runtime(None)?.block_on(control::daemon(store, listen)),
+        Cmd::View(c) => runtime(Some(1))?.block_on(control::view(c)),
+        Cmd::Volume { cmd } => runtime(Some(1))?.block_on(control::volume(cmd)),
         Cmd::Discover { transport: _, traddr, trsvcid, hostnqn, output_format } => {
             runtime(Some(1))?.block_on(tools::discover(address(&traddr, trsvcid, 8009)?, hostnqn, output_format))
         }

@@ -17,7 +17,15 @@ pub async fn run_target(cfg: Config) -> Result<()> {
     use tokio::signal::unix::{signal, SignalKind};
     let (mut term, mut int) = (signal(SignalKind::terminate())?, signal(SignalKind::interrupt())?);
     let target = Target::from_config(&cfg)?;
+    // Pools are made before the target listens: a bad one stops it at start.
+    let agent = cfg.control.as_deref().map(|c| crate::control::agent(&cfg, c)).transpose()?;
     let addrs = target.listen_all(&cfg).await?;
+    if let Some(mut agent) = agent {
+        // Registered by its first I/O listener, as hosts reach it (its advertised address).
+        let (i, l) = cfg.listener.iter().enumerate().find(|(_, l)| !l.discovery).context("the control plane needs an I/O listener")?;
+        agent.addr = std::net::SocketAddr::new(l.advertise.unwrap_or(addrs[i].ip()), addrs[i].port()).to_string();
+        tokio::spawn(agent.run());
+    }
     if let Some(m) = cfg.metrics {
         let l = tokio::net::TcpListener::bind(m).await.with_context(|| format!("metrics: cannot listen on {m}"))?;
         info!(addr = %m, "metrics at http://{m}/metrics");

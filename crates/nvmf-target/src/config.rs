@@ -84,6 +84,27 @@ pub struct Config {
     /// named by its NGUID. Without it, a namespace on a regular file keeps them beside the
     /// file (PATH.resv); one on a block device cannot persist them (docs/operations.md).
     pub state_dir: Option<PathBuf>,
+    /// The control plane this target registers with, HOST:PORT (docs/control-plane.md).
+    pub control: Option<String>,
+    /// Pools: files set aside for volumes' extents, registered with the control plane.
+    #[serde(default)]
+    pub pool: Vec<PoolConfig>,
+}
+
+/// A `[[pool]]`: a file the target makes (sparse) or extends to `size`, never shrinks.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PoolConfig {
+    /// Its name at the control plane (default: the file's name).
+    pub name: Option<String>,
+    pub path: PathBuf,
+    pub size: ByteSize,
+}
+
+impl PoolConfig {
+    pub fn name(&self) -> String {
+        self.name.clone().unwrap_or_else(|| self.path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default())
+    }
 }
 
 /// The `[limits]` section: what one host may hold, and the target in total
@@ -330,6 +351,15 @@ impl Config {
         }
         self.compute.validate().map_err(|(f, m)| invalid(f, m))?;
         self.limits.validate()?;
+        if !self.pool.is_empty() && self.control.is_none() {
+            return Err(invalid("pool", "pools are registered with a control plane: give control too"));
+        }
+        let mut names = HashSet::new();
+        for (i, p) in self.pool.iter().enumerate() {
+            if !names.insert(p.name()) {
+                return Err(invalid(format!("pool[{i}].name"), format!("pool '{}' is named twice", p.name())));
+            }
+        }
         if let Some(m) = self.limits.memory {
             let plan = self.memory_plan(None);
             if m.0 < plan.budget_min() {
@@ -440,6 +470,8 @@ impl Config {
             cluster: Default::default(),
             limits: Default::default(),
             state_dir: None,
+            control: None,
+            pool: Vec::new(),
         }
     }
 }
@@ -597,6 +629,13 @@ mod tests {
                 "address = \"127.0.0.1:4420\"\n[[listener]]\naddress = \"127.0.0.1:4420\"",
                 "listener[1].address",
             ),
+            ("[[listener]]", "[[pool]]\npath = \"/srv/p0\"\nsize = \"1GiB\"\n[[listener]]", "give control too"),
+            (
+                "[[listener]]",
+                "control = \"127.0.0.1:9470\"\n[[pool]]\npath = \"/a/p0\"\nsize = \"1GiB\"\n[[pool]]\npath = \"/b/p0\"\nsize = \"1GiB\"\n[[listener]]",
+                "pool[1].name: pool 'p0' is named twice",
+            ),
+            ("[[listener]]", "control = \"127.0.0.1:9470\"\n[[pool]]\npath = \"/a/p0\"\n[[listener]]", "missing field `size`"),
         ];
         for (from, to, want) in cases {
             let text = GOOD.replacen(from, to, 1);

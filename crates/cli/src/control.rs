@@ -1,0 +1,311 @@
+//! The control plane's verbs: `control` (the daemon), `view`, and `volume create|list|info|
+//! grow|delete`, all through the API's client (docs/control-plane.md).
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use anyhow::{Context, Result};
+use nearstore_control::agent::{Agent, AgentPool};
+use nearstore_control::client::{Client, ClientError};
+use nearstore_control::model::{ExtentInfo, VolumeInfo};
+use nearstore_control::server::{self, Service};
+use nearstore_control::store::RedbStore;
+
+use crate::{size, Output, Plain};
+
+/// The control plane's default port.
+pub const CONTROL_PORT: u16 = 9470;
+
+/// Where the control plane is: --control, else NEARSTORE_CONTROL, else 127.0.0.1:9470.
+#[derive(clap::Args, Clone)]
+pub struct ControlArgs {
+    /// The control plane: HOST or HOST:PORT (default: $NEARSTORE_CONTROL, else 127.0.0.1:9470).
+    #[arg(long)]
+    pub control: Option<String>,
+    /// Output format: normal (text) or json.
+    #[arg(short = 'o', long, value_enum, default_value = "normal")]
+    pub output_format: Output,
+}
+
+impl ControlArgs {
+    pub fn client(&self) -> Result<Client> {
+        let a = self
+            .control
+            .clone()
+            .or_else(|| std::env::var("NEARSTORE_CONTROL").ok().filter(|s| !s.is_empty()))
+            .unwrap_or_else(|| "127.0.0.1".into());
+        Ok(Client::new(crate::resolve(&a, CONTROL_PORT).context("--control")?))
+    }
+}
+
+#[derive(clap::Subcommand)]
+pub enum VolumeCmd {
+    /// Create a volume; its extents are allocated on first write.
+    Create {
+        /// The volume's name: letters, digits, '.', '_', '-'.
+        name: String,
+        /// Its size, a multiple of the extent size (64GiB).
+        #[arg(long, value_parser = size)]
+        size: u64,
+        /// Extent size, from 1MiB to 1GiB (default 64MiB).
+        #[arg(long, value_parser = size)]
+        extent_size: Option<u64>,
+        #[command(flatten)]
+        c: ControlArgs,
+    },
+    /// List the volumes.
+    List {
+        #[command(flatten)]
+        c: ControlArgs,
+    },
+    /// Show a volume and its extent table: where each extent lies, or that it is unallocated.
+    Info {
+        /// The volume's name.
+        name: String,
+        #[command(flatten)]
+        c: ControlArgs,
+    },
+    /// Grow a volume to a larger size.
+    Grow {
+        /// The volume's name.
+        name: String,
+        /// The new size, larger than the old and a multiple of the extent size.
+        #[arg(long, value_parser = size)]
+        size: u64,
+        #[command(flatten)]
+        c: ControlArgs,
+    },
+    /// Delete a volume and free its extents.
+    Delete {
+        /// The volume's name.
+        name: String,
+        #[command(flatten)]
+        c: ControlArgs,
+    },
+}
+
+/// An API error in the user's terms, its code in the detail (-v, and in JSON errors).
+fn plain(e: ClientError) -> anyhow::Error {
+    match e {
+        ClientError::Api(a) => anyhow::Error::new(Plain { said: a.message, detail: a.code.to_string() }),
+        e => anyhow::Error::new(e),
+    }
+}
+
+/// The view agent of a target started with a control plane: its pools made (or grown) now,
+/// its address filled in once it listens.
+pub fn agent(cfg: &nearstore_target::config::Config, control: &str) -> Result<Agent> {
+    let client = Client::new(crate::resolve(control, CONTROL_PORT).context("control")?);
+    let mut pools = Vec::new();
+    for p in &cfg.pool {
+        nearstore_control::agent::prepare_pool(&p.path, p.size.0)?;
+        let path = std::fs::canonicalize(&p.path).with_context(|| format!("pool {}", p.path.display()))?;
+        pools.push(AgentPool { name: p.name(), path, size: p.size.0, stats: Default::default() });
+    }
+    let nqn = cfg.subsystem.first().map(|s| s.nqn.clone()).unwrap_or_default();
+    Ok(Agent { client, addr: String::new(), nqn, pools })
+}
+
+/// A `--pool PATH:SIZE` (the last ':' splits, so a path may hold one).
+pub fn pool_arg(s: &str) -> Result<nearstore_target::config::PoolConfig, String> {
+    let (path, sz) = s.rsplit_once(':').ok_or_else(|| format!("'{s}' is not PATH:SIZE"))?;
+    if path.is_empty() {
+        return Err(format!("'{s}' names no file"));
+    }
+    Ok(nearstore_target::config::PoolConfig { name: None, path: path.into(), size: nearstore_target::config::ByteSize(size(sz)?) })
+}
+
+/// `nearstore control`: serves the API until SIGINT or SIGTERM.
+pub async fn daemon(store: PathBuf, listen: SocketAddr) -> Result<()> {
+    use tokio::signal::unix::{signal, SignalKind};
+    let (mut term, mut int) = (signal(SignalKind::terminate())?, signal(SignalKind::interrupt())?);
+    let st = tokio::task::spawn_blocking(move || RedbStore::open(&store).and_then(|s| Service::open(Box::new(s)))).await??;
+    let l = tokio::net::TcpListener::bind(listen).await.with_context(|| format!("control: cannot listen on {listen}"))?;
+    let addr = l.local_addr()?;
+    tracing::info!(%addr, "control plane serving");
+    println!("listening on {addr}");
+    tokio::select! {
+        r = server::serve(l, Arc::new(st)) => r.context("control plane server")?,
+        _ = int.recv() => {}
+        _ = term.recv() => {}
+    }
+    Ok(())
+}
+
+fn json(v: &impl serde::Serialize) -> Result<()> {
+    println!("{}", serde_json::to_string_pretty(v)?);
+    Ok(())
+}
+
+fn bytes(n: u64) -> String {
+    const UNITS: [(&str, u64); 4] = [("TiB", 1 << 40), ("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)];
+    for (u, b) in UNITS {
+        if n >= b && n.is_multiple_of(b) {
+            return format!("{}{u}", n / b);
+        }
+        if n >= b {
+            return format!("{:.1}{u}", n as f64 / b as f64);
+        }
+    }
+    format!("{n}B")
+}
+
+/// `nearstore view`.
+pub async fn view(c: ControlArgs) -> Result<()> {
+    let v = c.client()?.view(0).await.map_err(plain)?;
+    if c.output_format == Output::Json {
+        return json(&v);
+    }
+    println!("view version {}: {} targets, {} pools", v.version, v.targets.len(), v.pools.len());
+    println!(
+        "{:<12} {:<22} {:>9} {:>9} {:>9} {:>9} {:>9} {:>7} {:>7} {:>6} {:>7}  path",
+        "pool", "target", "size", "alloc", "fs free", "rd MB/s", "wr MB/s", "rd iops", "wr iops", "qd", "version"
+    );
+    for p in &v.pools {
+        let f = p.view.as_ref().map(|w| &w.figures);
+        let g = |x: Option<f64>, scale: f64| x.map_or("-".to_string(), |x| format!("{:.1}", x / scale));
+        println!(
+            "{:<12} {:<22} {:>9} {:>9} {:>9} {:>9} {:>9} {:>7} {:>7} {:>6} {:>7}  {}{}",
+            p.pool,
+            p.target,
+            bytes(p.size),
+            bytes(p.allocated),
+            f.map_or("-".into(), |f| bytes(f.fs_free_bytes)),
+            g(f.map(|f| f.read_bps), 1e6),
+            g(f.map(|f| f.write_bps), 1e6),
+            g(f.map(|f| f.read_iops), 1.0),
+            g(f.map(|f| f.write_iops), 1.0),
+            g(f.map(|f| f.queue_depth), 1.0),
+            p.view.as_ref().map_or("-".into(), |w| w.version.to_string()),
+            p.path,
+            if p.stale { " (stale)" } else { "" },
+        );
+    }
+    Ok(())
+}
+
+/// The extent table in lines: allocated extents one a line, runs of unallocated ones as one.
+fn extent_lines(info: &VolumeInfo) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut next = 0u64;
+    let gap = |from: u64, to: u64, out: &mut Vec<String>| match to - from {
+        0 => {}
+        1 => out.push(format!("{from:>8}  unallocated")),
+        _ => out.push(format!("{from:>8}  to {}  unallocated", to - 1)),
+    };
+    for e in &info.extents {
+        gap(next, e.index, &mut out);
+        let ExtentInfo { index, pool, target, path, offset, epoch } = e;
+        out.push(format!("{index:>8}  {pool}@{target}  {path} +{offset}  epoch {epoch}"));
+        next = index + 1;
+    }
+    gap(next, info.extents_total, &mut out);
+    out
+}
+
+pub async fn volume(cmd: VolumeCmd) -> Result<()> {
+    match cmd {
+        VolumeCmd::Create { name, size, extent_size, c } => {
+            let v = c.client()?.create_volume(&nearstore_control::model::CreateVolume { name, size, extent_size }).await.map_err(plain)?;
+            if c.output_format == Output::Json {
+                return json(&v);
+            }
+            println!("volume {}: {} in {} extents of {}", v.name, bytes(v.size), v.extents(), bytes(v.extent_size));
+        }
+        VolumeCmd::List { c } => {
+            let vs = c.client()?.volumes().await.map_err(plain)?;
+            if c.output_format == Output::Json {
+                return json(&vs);
+            }
+            println!("{:<24} {:>10} {:>10} {:>8}", "name", "size", "extent", "extents");
+            for v in vs {
+                println!("{:<24} {:>10} {:>10} {:>8}", v.name, bytes(v.size), bytes(v.extent_size), v.extents());
+            }
+        }
+        VolumeCmd::Info { name, c } => {
+            let info = c.client()?.volume(&name).await.map_err(plain)?;
+            if c.output_format == Output::Json {
+                return json(&info);
+            }
+            let v = &info.volume;
+            println!(
+                "volume {}: {}, extents of {}, {} of {} allocated",
+                v.name,
+                bytes(v.size),
+                bytes(v.extent_size),
+                info.extents_allocated,
+                info.extents_total
+            );
+            for l in extent_lines(&info) {
+                println!("{l}");
+            }
+        }
+        VolumeCmd::Grow { name, size, c } => {
+            let v = c.client()?.grow_volume(&name, size).await.map_err(plain)?;
+            if c.output_format == Output::Json {
+                return json(&v);
+            }
+            println!("volume {}: {} in {} extents", v.name, bytes(v.size), v.extents());
+        }
+        VolumeCmd::Delete { name, c } => {
+            c.client()?.delete_volume(&name).await.map_err(plain)?;
+            if c.output_format == Output::Json {
+                return json(&serde_json::json!({ "deleted": name }));
+            }
+            println!("volume {name} deleted");
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use nearstore_control::model::Volume;
+
+    #[test]
+    fn extent_tables_show_unallocated_runs() {
+        let e = |index| ExtentInfo { index, pool: "p".into(), target: "t:1".into(), path: "/x".into(), offset: index << 20, epoch: 1 };
+        let info = |total, extents: Vec<ExtentInfo>| VolumeInfo {
+            volume: Volume { name: "v".into(), size: total << 20, extent_size: 1 << 20, created_ms: 0 },
+            extents_total: total,
+            extents_allocated: extents.len() as u64,
+            extents,
+        };
+        #[rustfmt::skip]
+        let cases: Vec<(VolumeInfo, Vec<&str>)> = vec![
+            (info(1, vec![]), vec!["       0  unallocated"]),
+            (info(4, vec![]), vec!["       0  to 3  unallocated"]),
+            (info(4, vec![e(0), e(3)]), vec!["       0  p@t:1  /x +0  epoch 1", "       1  to 2  unallocated", "       3  p@t:1  /x +3145728  epoch 1"]),
+            (info(3, vec![e(1)]), vec!["       0  unallocated", "       1  p@t:1  /x +1048576  epoch 1", "       2  unallocated"]),
+        ];
+        for (i, expected) in cases {
+            assert_eq!(extent_lines(&i), expected);
+        }
+    }
+
+    #[test]
+    fn pool_arguments() {
+        for (arg, expected) in [
+            ("/srv/p0:1GiB", Ok(("/srv/p0", 1u64 << 30))),
+            ("/srv/a:b/p0:64MiB", Ok(("/srv/a:b/p0", 64 << 20))),
+            ("/srv/p0", Err("is not PATH:SIZE")),
+            (":1GiB", Err("names no file")),
+            ("/srv/p0:lots", Err("lots")),
+        ] {
+            match (pool_arg(arg), expected) {
+                (Ok(p), Ok((path, size))) => assert_eq!((p.path.to_str(), p.size.0, p.name()), (Some(path), size, "p0".into()), "{arg}"),
+                (Err(e), Err(want)) => assert!(e.contains(want), "{arg}: {e}"),
+                (got, want) => panic!("{arg}: {got:?} against {want:?}"),
+            }
+        }
+    }
+
+    #[test]
+    fn sizes_read_as_people_write_them() {
+        for (n, s) in [(0, "0B"), (512, "512B"), (1 << 20, "1MiB"), (64 << 30, "64GiB"), (3 << 19, "1.5MiB")] {
+            assert_eq!(bytes(n), s);
+        }
+    }
+}
