@@ -118,6 +118,9 @@ impl Cluster {
     fn unplace(&mut self, e: &Extent) {
         if let Some(m) = self.placed.get_mut(&e.pool) {
             m.remove(&e.offset);
+            if m.is_empty() {
+                self.placed.remove(&e.pool);
+            }
         }
     }
 
