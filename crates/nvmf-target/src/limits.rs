@@ -145,9 +145,10 @@ pub const METRICS_REQUEST_TIMEOUT_MS: u64 = 5000;
 /// anyway, in milliseconds: a host that does not read must not hold the connection.
 pub const TERM_FLUSH_TIMEOUT_MS: u64 = 1000;
 
-/// Reads of at least this many bytes from a memory backend go from the backend's memory
-/// to the socket with writev(2), skipping the copy into the send buffer. Below it, copying
-/// lets a batch of small reads leave in one syscall, which is cheaper.
+/// Reads of at least this many bytes from a memory backend, when last in their batch, go
+/// from the backend's memory to the socket with writev(2) together with the send buffer,
+/// skipping the copy into it. Below it, and for the batch's earlier reads, copying lets
+/// the batch leave in one syscall, which is cheaper (docs/spdk-128k-reads.md).
 pub const WRITE_THROUGH_BYTES_MIN: usize = 32 * 1024;
 
 /// Memory of one connection's io_uring, in bytes: QUEUE_DEPTH_MAX submission entries of

@@ -106,6 +106,45 @@ async fn pipelined_queue_depth_128() {
     assert_eq!(env.target.stats.requests_lost.load(std::sync::atomic::Ordering::Relaxed), 0, "every command completed");
 }
 
+/// Large reads arriving together (all submitted before a completion is taken, so they
+/// reach the target as one batch): all but the last are copied into the send buffer, and
+/// the last leaves with them in one writev from the namespace's memory (tcp.rs,
+/// `read_now`). Each read gets its own data, with and without digests and the SUCCESS flag.
+#[tokio::test]
+async fn a_batch_of_large_reads_gets_each_reads_data() {
+    let env = common::start().await;
+    for (hd, dd, nosq) in [(false, false, false), (true, true, false), (false, true, true)] {
+        let mut o = env.opts();
+        o.hdgst = hd;
+        o.ddgst = dd;
+        o.disable_sqflow = nosq;
+        o.queue_depth = 64;
+        let c = Controller::connect(o).await.unwrap();
+        let bs = c.identify_namespace(1).await.unwrap().block_size();
+        let mut ioq = c.io_queue(1).await.unwrap();
+        let (len, n) = (128 * 1024, 32u64);
+        let per = len as u32 / bs;
+        for i in 0..n {
+            ioq.write(1, i * per as u64, &pattern(len, i as u8), bs, false).await.unwrap();
+        }
+        let q = ioq.queue();
+        for i in 0..n {
+            q.submit(Sqe::rw(io::READ, 1, i * per as u64, per, false), Data::In(len), i).unwrap();
+        }
+        let mut done = 0;
+        while done < n {
+            q.poll(|tag, cqe, data| {
+                assert!(cqe.status.is_success(), "read {tag}: {}", cqe.status);
+                assert!(data == pattern(len, tag as u8), "read {tag} (hdgst {hd}, ddgst {dd}, sqflow off {nosq}): data differs");
+                done += 1;
+            })
+            .await
+            .unwrap();
+        }
+    }
+    assert_eq!(env.target.stats.requests_lost.load(std::sync::atomic::Ordering::Relaxed), 0, "every command completed");
+}
+
 #[tokio::test]
 async fn io_errors_have_the_spec_status() {
     let env = common::start().await;
