@@ -1,10 +1,14 @@
 //! Which connections the target lets in: a total cap derived from the descriptor limit, a
 //! per-address limit on connections that have not yet Connected, and the eviction of the
-//! oldest of those when the cap is reached (docs/operations.md, "Limits").
+//! oldest of those when the cap is reached; then a per-address limit on connected queues
+//! (docs/operations.md, "Limits").
 //!
 //! A connection holds a [`Ticket`] from accept to close. Until its Connect succeeds the
 //! ticket is *waiting*: it counts against its source address and may be evicted (its
 //! token fires) to make room for a newcomer. A host that has Connected is never evicted.
+//! A Connect takes a [`QueueSlot`] of its address first ([`Ticket::queue_slot`]), held as
+//! long as the queue, so that one address cannot hold the memory budget with idle queues
+//! whatever host NQNs it claims.
 
 use std::collections::{BTreeMap, HashMap};
 use std::net::IpAddr;
@@ -26,6 +30,7 @@ pub enum Refused {
 pub struct Admission {
     cap: usize,
     per_address: usize,
+    queues_per_address: usize,
     state: Mutex<State>,
 }
 
@@ -36,6 +41,8 @@ struct State {
     /// Connections that have not Connected, oldest first: their address and token.
     waiting: BTreeMap<u64, (IpAddr, CancellationToken)>,
     per_address: HashMap<IpAddr, usize>,
+    /// Connected queues per address.
+    queues: HashMap<IpAddr, usize>,
 }
 
 impl State {
@@ -59,8 +66,15 @@ pub struct Admitted {
 }
 
 impl Admission {
-    pub fn new(cap: usize, per_address: usize) -> Arc<Admission> {
-        Arc::new(Admission { cap, per_address, state: Mutex::new(State::default()) })
+    /// `cap` connections, `per_address` of one address before their Connect,
+    /// `queues_per_address` connected queues of one address.
+    pub fn new(cap: usize, per_address: usize, queues_per_address: usize) -> Arc<Admission> {
+        Arc::new(Admission { cap, per_address, queues_per_address, state: Mutex::new(State::default()) })
+    }
+
+    /// Connected queues of `ip` now.
+    pub fn queues(&self, ip: IpAddr) -> usize {
+        self.state.lock().queues.get(&ip).copied().unwrap_or(0)
     }
 
     /// The total connection cap.
@@ -103,7 +117,7 @@ impl Admission {
         let token = CancellationToken::new();
         s.waiting.insert(id, (ip, token.clone()));
         *s.per_address.entry(ip).or_default() += 1;
-        Ok(Admitted { ticket: Ticket { admission: self.clone(), id, token }, evicted })
+        Ok(Admitted { ticket: Ticket { admission: self.clone(), id, ip, token }, evicted })
     }
 }
 
@@ -111,6 +125,7 @@ impl Admission {
 pub struct Ticket {
     admission: Arc<Admission>,
     id: u64,
+    ip: IpAddr,
     token: CancellationToken,
 }
 
@@ -124,6 +139,36 @@ impl Ticket {
     /// never evicted.
     pub fn connected(&self) {
         self.admission.state.lock().unwait(self.id);
+    }
+
+    /// A place among its address's connected queues, for a Connect; None when the address
+    /// holds `limits.queues_per_address` of them.
+    pub fn queue_slot(&self) -> Option<QueueSlot> {
+        let mut s = self.admission.state.lock();
+        let n = s.queues.entry(self.ip).or_default();
+        if *n >= self.admission.queues_per_address {
+            return None;
+        }
+        *n += 1;
+        Some(QueueSlot { admission: self.admission.clone(), ip: self.ip })
+    }
+}
+
+/// A connected queue's place among its address's; given back when dropped.
+pub struct QueueSlot {
+    admission: Arc<Admission>,
+    ip: IpAddr,
+}
+
+impl Drop for QueueSlot {
+    fn drop(&mut self) {
+        let mut s = self.admission.state.lock();
+        if let Some(n) = s.queues.get_mut(&self.ip) {
+            *n -= 1;
+            if *n == 0 {
+                s.queues.remove(&self.ip);
+            }
+        }
     }
 }
 
@@ -158,7 +203,7 @@ mod tests {
             (8, 2, vec![(a(9), true), (a(9), false)], a(9), Ok(false), 2),
         ];
         for (i, (cap, per, before, ip, want, waiting)) in cases.into_iter().enumerate() {
-            let adm = Admission::new(cap, per);
+            let adm = Admission::new(cap, per, 8);
             let held: Vec<Ticket> = before
                 .iter()
                 .map(|&(ip, connects)| {
@@ -182,12 +227,33 @@ mod tests {
             }
         }
         // Tickets give their place back when dropped.
-        let adm = Admission::new(1, 1);
+        let adm = Admission::new(1, 1, 1);
         let t = adm.admit(a(1)).unwrap().ticket;
         t.connected();
         assert_eq!(adm.admit(a(2)).err(), Some(Refused::Full));
         drop(t);
         assert_eq!(adm.open(), 0);
         assert!(adm.admit(a(2)).is_ok());
+    }
+
+    /// Each case: the connected-queue limit and how many slots an address asks for; it
+    /// gets the limit, another address is not affected, and a slot given back is free again.
+    #[test]
+    fn queue_slots_per_address() {
+        let a = |n: u8| IpAddr::from([10, 0, 0, n]);
+        for (limit, asks) in [(1, 3), (3, 3), (3, 10)] {
+            let adm = Admission::new(16, 16, limit);
+            let t = adm.admit(a(1)).unwrap().ticket;
+            let mut held: Vec<QueueSlot> = (0..asks).filter_map(|_| t.queue_slot()).collect();
+            assert_eq!(held.len(), limit.min(asks), "limit {limit}, {asks} asked");
+            assert_eq!(adm.queues(a(1)), held.len());
+            let other = adm.admit(a(2)).unwrap().ticket;
+            assert!(other.queue_slot().is_some(), "limit {limit}: another address is refused");
+            if held.len() == limit {
+                assert!(t.queue_slot().is_none());
+                held.pop();
+                assert!(t.queue_slot().is_some(), "limit {limit}: a slot given back is not free");
+            }
+        }
     }
 }

@@ -117,12 +117,15 @@ pub struct LimitsConfig {
     pub connections: Option<usize>,
     /// Connections one source address may hold before they Connect.
     pub connections_per_address: usize,
+    /// Connected queues (admin and I/O, every controller) one source address may hold.
+    pub queues_per_address: usize,
     /// Controllers one host NQN may hold in one subsystem.
     pub controllers_per_host: usize,
     /// Milliseconds a connection may take from accept to a successful Connect.
     pub connect_timeout_ms: u64,
-    /// Memory hosts can make the target hold in total: connection buffers (each queue's
-    /// worst case, [`limits::connection_memory_max`], from its Connect to its close), held
+    /// Memory hosts can make the target hold in total: connection buffers (what each queue
+    /// always holds, [`limits::connection_memory_fixed`], from its Connect to its close,
+    /// and the buffers it grows while it needs them), held
     /// compute results and started compute commands (their whole
     /// `compute.memory_per_command`). Default: half the machine's physical memory, or what
     /// one command and one controller need on a machine too small for that
@@ -135,6 +138,7 @@ impl Default for LimitsConfig {
         LimitsConfig {
             connections: None,
             connections_per_address: limits::CONNECTIONS_PER_ADDRESS_DEFAULT,
+            queues_per_address: limits::QUEUES_PER_ADDRESS_DEFAULT,
             controllers_per_host: limits::CONTROLLERS_PER_HOST_DEFAULT,
             connect_timeout_ms: limits::CONNECT_TIMEOUT_MS_DEFAULT,
             memory: None,
@@ -151,6 +155,9 @@ impl LimitsConfig {
         }
         if self.connections_per_address == 0 {
             return Err(invalid("limits.connections_per_address", "must be at least 1"));
+        }
+        if self.queues_per_address == 0 || self.queues_per_address > limits::QUEUES_PER_ADDRESS_MAX {
+            return Err(invalid("limits.queues_per_address", format!("must be between 1 and {}", limits::QUEUES_PER_ADDRESS_MAX)));
         }
         if self.controllers_per_host == 0 || self.controllers_per_host > limits::CONTROLLERS_PER_SUBSYSTEM_MAX {
             return Err(invalid("limits.controllers_per_host", format!("must be between 1 and {}", limits::CONTROLLERS_PER_SUBSYSTEM_MAX)));
@@ -367,11 +374,11 @@ impl Config {
                     "limits.memory",
                     format!(
                         "{} bytes cannot hold one compute command ({} bytes, compute.memory_per_command), its result ({} bytes) \
-                         and one controller's two largest queues ({} bytes): at least {} bytes",
+                         and what one controller's two largest queues always hold ({} bytes): at least {} bytes",
                         m.0,
                         plan.command,
                         limits::RESULT_BYTES_MAX,
-                        2 * limits::connection_memory_max(limits::QUEUE_DEPTH_MAX as usize),
+                        2 * limits::connection_memory_fixed(limits::QUEUE_DEPTH_MAX as usize),
                         plan.budget_min()
                     ),
                 ));
@@ -558,8 +565,8 @@ mod tests {
             // The qemu guest of tests/kernel/powercut.sh: 512 MiB, of which its kernel reports this.
             (Some(512 * MIB), None, None, 256 * MIB, 64 * MIB),
             (Some(479_645_696), None, None, 239_822_848, 57 * MIB),
+            (Some(128 * MIB), None, None, 64 * MIB, 16 * MIB),
             // Too small for half: raised to what one command and one controller need.
-            (Some(128 * MIB), None, None, min(16 * MIB), 16 * MIB),
             (Some(8 * MIB), None, None, min(chunks), chunks),
             // Memory unknown: the fallback budget.
             (None, None, None, limits::MEMORY_BUDGET_FALLBACK_BYTES, 256 * MIB),
@@ -610,13 +617,13 @@ mod tests {
             ("[[listener]]", "[limits]\ncontrollers_per_host = 2000\n[[listener]]", "limits.controllers_per_host"),
             ("[[listener]]", "[limits]\nconnect_timeout_ms = 5\n[[listener]]", "limits.connect_timeout_ms"),
             ("[[listener]]", "[limits]\nsockets = 5\n[[listener]]", "unknown field `sockets`"),
-            // With the command size derived (a quarter): 16 MiB + 256 KiB + 83 MiB.
-            ("[[listener]]", "[limits]\nmemory = \"64MiB\"\n[[listener]]", "limits.memory: 67108864 bytes cannot hold"),
-            ("[[listener]]", "[limits]\nmemory = \"100MiB\"\n[[listener]]", "at least 113397760 bytes"),
+            // With the command size derived (a quarter, at least its chunks): 3 MiB + 256 KiB + 2 x 896 KiB.
+            ("[[listener]]", "[limits]\nmemory = \"4MiB\"\n[[listener]]", "limits.memory: 4194304 bytes cannot hold"),
+            ("[[listener]]", "[limits]\nmemory = \"4MiB\"\n[[listener]]", "at least 5242880 bytes"),
             // A command and its result fit, but not a controller's queues besides.
             (
                 "[[listener]]",
-                "[limits]\nmemory = \"300MiB\"\n[compute]\nmemory_per_command = \"256MiB\"\n[[listener]]",
+                "[limits]\nmemory = \"257MiB\"\n[compute]\nmemory_per_command = \"256MiB\"\n[[listener]]",
                 "one compute command (268435456 bytes, compute.memory_per_command)",
             ),
             ("memory = \"1MiB\"", "memory = \"1MiB\"\n[subsystem.namespace.inject]\nerrno = 0", "namespace[0].inject.errno"),
@@ -660,6 +667,10 @@ mod tests {
             (format!("[limits]\nconnect_timeout_ms = {}", CONNECT_TIMEOUT_MS_MIN - 1), Some("limits.connect_timeout_ms")),
             (format!("[limits]\nconnect_timeout_ms = {CONNECT_TIMEOUT_MS_MAX}"), None),
             (format!("[limits]\nconnect_timeout_ms = {}", CONNECT_TIMEOUT_MS_MAX + 1), Some("limits.connect_timeout_ms")),
+            ("[limits]\nqueues_per_address = 1".to_string(), None),
+            ("[limits]\nqueues_per_address = 0".to_string(), Some("limits.queues_per_address")),
+            (format!("[limits]\nqueues_per_address = {QUEUES_PER_ADDRESS_MAX}"), None),
+            (format!("[limits]\nqueues_per_address = {}", QUEUES_PER_ADDRESS_MAX + 1), Some("limits.queues_per_address")),
             (format!("[limits]\ncontrollers_per_host = {CONTROLLERS_PER_SUBSYSTEM_MAX}"), None),
             (format!("[limits]\ncontrollers_per_host = {}", CONTROLLERS_PER_SUBSYSTEM_MAX + 1), Some("limits.controllers_per_host")),
             (format!("[compute]\nthreads = {COMPUTE_THREADS_MAX}"), None),

@@ -32,7 +32,12 @@ pub fn log_page(target: &Target, hostnqn: &str, local: Option<SocketAddr>) -> Ve
             sectype: 0,
         };
         if port.discovery {
-            entries.push(DiscoveryEntry { subtype: disc::SUBTYPE_CURRENT_DISCOVERY, subnqn: nearstore_wire::DISCOVERY_NQN.into(), ..base });
+            entries.push(DiscoveryEntry {
+                subtype: disc::SUBTYPE_CURRENT_DISCOVERY,
+                subnqn: nearstore_wire::DISCOVERY_NQN.into(),
+                asqsz: limits::DISCOVERY_QUEUE_DEPTH_MAX,
+                ..base
+            });
             continue;
         }
         for sub in target.subsystems() {

@@ -11,6 +11,7 @@ use tokio::sync::mpsc::unbounded_channel;
 use tracing::{debug, info, warn};
 
 use crate::admin::DataLen;
+use crate::admission::{QueueSlot, Ticket};
 use crate::dev::Op;
 use crate::io_pool::Job;
 use crate::limits;
@@ -29,9 +30,11 @@ pub struct Connected {
     /// The Connect response's DW1: [`connect::ACTING_FOR_CONFIRMED`] when the connection
     /// acts for a host (its access was checked), else 0.
     pub dw1: u32,
-    /// The connection's worst-case buffer memory, reserved from the target's budget for as
-    /// long as the connection lives.
+    /// What the queue always holds ([`limits::connection_memory_fixed`]), reserved from the
+    /// target's budget for as long as the connection lives; the queue grows it.
     pub memory: Reservation,
+    /// Its place among its address's connected queues (None for in-process streams).
+    pub slot: Option<QueueSlot>,
 }
 
 /// Byte offsets the Connect Invalid Parameters response points at.
@@ -49,8 +52,16 @@ fn invalid_param(in_data: bool, offset: u16) -> Reply {
     Reply { dw0: connect::invalid_param(in_data, offset), ..Reply::status(Status::CONNECT_INVALID_PARAMETERS.dnr()) }
 }
 
-/// Handles Connect. `discovery_port`: the connection came in on a discovery-only listener.
-pub fn connect(target: &Target, sqe: &Sqe, data: &[u8], discovery_port: bool, peer: &str) -> Result<Connected, Reply> {
+/// Handles Connect. `discovery_port`: the connection came in on a discovery-only listener;
+/// `ticket`: the connection's place among the target's (None for in-process streams).
+pub fn connect(
+    target: &Target,
+    sqe: &Sqe,
+    data: &[u8],
+    discovery_port: bool,
+    peer: &str,
+    ticket: Option<&Ticket>,
+) -> Result<Connected, Reply> {
     if connect::recfmt(sqe.cdw(10)) != 0 {
         return Err(Reply::status(Status::CONNECT_INCOMPATIBLE_FORMAT.dnr()));
     }
@@ -60,9 +71,7 @@ pub fn connect(target: &Target, sqe: &Sqe, data: &[u8], discovery_port: bool, pe
     let qid = connect::qid(sqe.cdw(10));
     let sqsize = connect::sqsize(sqe.cdw(11));
     let sqflow_disabled = connect::cattr(sqe.cdw(11)) & connect::CATTR_DISABLE_SQFLOW != 0;
-    // SQSIZE is 0's based: at most ASQSZ (admin) or CAP.MQES + 1 (I/O) entries.
-    let entries_max = if qid == 0 { limits::ADMIN_QUEUE_DEPTH_MAX } else { limits::QUEUE_DEPTH_MAX };
-    if sqsize == 0 || sqsize >= entries_max {
+    if sqsize == 0 {
         peer_warn!(target.log_limit, peer, "connect: queue size out of range", sqsize);
         return Err(invalid_param(false, IPO_SQSIZE));
     }
@@ -70,6 +79,18 @@ pub fn connect(target: &Target, sqe: &Sqe, data: &[u8], discovery_port: bool, pe
         peer_warn!(target.log_limit, peer, "connect: no such subsystem", subnqn = %d.subnqn);
         return Err(invalid_param(true, IPO_SUBNQN));
     };
+    // SQSIZE is 0's based: at most ASQSZ (admin; the discovery controller's is smaller) or
+    // CAP.MQES + 1 (I/O) entries. More is Connect Invalid Parameters naming SQSIZE, as
+    // Linux's target answers an SQSIZE above MQES.
+    let entries_max = match (qid, sub.discovery) {
+        (0, true) => limits::DISCOVERY_QUEUE_DEPTH_MAX,
+        (0, false) => limits::ADMIN_QUEUE_DEPTH_MAX,
+        _ => limits::QUEUE_DEPTH_MAX,
+    };
+    if sqsize >= entries_max {
+        peer_warn!(target.log_limit, peer, "connect: queue size out of range", sqsize, entries_max);
+        return Err(invalid_param(false, IPO_SQSIZE));
+    }
     if discovery_port && !sub.discovery {
         peer_warn!(target.log_limit, peer, "connect: only the discovery subsystem is served on this port", subnqn = %d.subnqn);
         return Err(invalid_param(true, IPO_SUBNQN));
@@ -95,6 +116,20 @@ pub fn connect(target: &Target, sqe: &Sqe, data: &[u8], discovery_port: bool, pe
         return Err(Reply::status(Status::CONNECT_INVALID_HOST.dnr()));
     }
     let dw1 = if d.acting_for.is_some() { connect::ACTING_FOR_CONFIRMED } else { 0 };
+    let slot = match ticket.map(Ticket::queue_slot) {
+        None => None,
+        Some(Some(s)) => Some(s),
+        Some(None) => {
+            target.stats.connects_refused_address.fetch_add(1, Relaxed);
+            peer_warn!(
+                target.log_limit,
+                peer,
+                "connect: this address holds its limit of connected queues (limits.queues_per_address)",
+                limit = target.limits.queues_per_address
+            );
+            return Err(Reply::status(Status::CONNECT_CONTROLLER_BUSY));
+        }
+    };
     let memory = reserve_buffers(target, sqsize, peer)?;
     if qid == 0 {
         if d.cntlid != 0xffff {
@@ -113,7 +148,7 @@ pub fn connect(target: &Target, sqe: &Sqe, data: &[u8], discovery_port: bool, pe
         };
         ctrl.touch();
         info!(peer, subnqn = %sub.nqn, hostnqn = %d.hostnqn, acting_for = ?d.acting_for, cntlid = ctrl.cntlid, kato_ms = kato, "controller created");
-        return Ok(Connected { ctrl, qid, sqsize, sqflow_disabled, dw1, memory });
+        return Ok(Connected { ctrl, qid, sqsize, sqflow_disabled, dw1, memory, slot });
     }
     if sub.discovery {
         return Err(invalid_param(false, IPO_QID));
@@ -144,14 +179,15 @@ pub fn connect(target: &Target, sqe: &Sqe, data: &[u8], discovery_port: bool, pe
     }
     drop(st);
     ctrl.touch();
-    Ok(Connected { ctrl, qid, sqsize, sqflow_disabled, dw1, memory })
+    Ok(Connected { ctrl, qid, sqsize, sqflow_disabled, dw1, memory, slot })
 }
 
-/// Reserves the most buffer memory a queue of `sqsize` (0's based) entries can hold
-/// ([`limits::connection_memory_max`]) from the target's budget, leaving room for one
-/// compute command and its result ([`crate::memory::Memory::reserve_queue`]). A full budget is Connect Controller Busy without DNR: the host may retry once others
-/// have gone (NVMe over Fabrics: the controller is busy), as it does when a subsystem has
-/// no controller left.
+/// Reserves what a queue of `sqsize` (0's based) entries always holds
+/// ([`limits::connection_memory_fixed`]) from the target's budget, leaving room for one
+/// compute command and its result ([`crate::memory::Memory::reserve_queue`]). A full
+/// budget is Connect Controller Busy without DNR: the host may retry once others have gone
+/// (NVMe over Fabrics: the controller is busy), as it does when a subsystem has no
+/// controller left.
 fn reserve_buffers(target: &Target, sqsize: u16, peer: &str) -> Result<Reservation, Reply> {
     let entries = sqsize as usize + 1;
     target.memory.reserve_queue(entries, target.offload.cfg.command_bytes()).ok_or_else(|| {
@@ -160,7 +196,7 @@ fn reserve_buffers(target: &Target, sqsize: u16, peer: &str) -> Result<Reservati
             target.log_limit,
             peer,
             "connect: the memory budget cannot hold this queue's buffers (limits.memory)",
-            bytes = limits::connection_memory_max(entries),
+            bytes = limits::connection_memory_fixed(entries),
             reserved = target.memory.used(),
             budget = target.memory.limit()
         );

@@ -111,7 +111,7 @@ impl Target {
     /// [`Target::new`] with the given I/O pool (the simulation's runs on its runtime).
     pub fn with_io_pool(cfg: &Config, connections: usize, nofile: u64, pool: IoPool) -> Arc<Target> {
         let limits = cfg.limits.clone();
-        let admission = Admission::new(connections, limits.connections_per_address);
+        let admission = Admission::new(connections, limits.connections_per_address, limits.queues_per_address);
         let plan = cfg.memory_plan(memory::physical());
         let memory = memory::Memory::new(plan.budget);
         let compute = offload::ComputeConfig { memory_per_command: Some(config::ByteSize(plan.command)), ..cfg.compute.clone() };

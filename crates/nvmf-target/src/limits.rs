@@ -18,6 +18,13 @@ pub const QUEUE_DEPTH_MAX: u16 = 256;
 /// more than Linux's 32 keep working. It must stay at least 32 (NVMe over Fabrics, ASQSZ).
 pub const ADMIN_QUEUE_DEPTH_MAX: u16 = QUEUE_DEPTH_MAX;
 
+/// Largest admin submission queue of the discovery controller, in entries (ASQSZ of the
+/// current discovery subsystem's log entry): NVMe over Fabrics' least admin queue, and
+/// Linux's NVME_AQ_DEPTH for every admin queue. A discovery queue needs no depth (a host
+/// reads one log page), no allow-list admits it, and every entry costs a slot
+/// (QUEUE_SLOT_BYTES), so its Connect is refused above this.
+pub const DISCOVERY_QUEUE_DEPTH_MAX: u16 = 32;
+
 /// Log lines of one cause from one peer host logged per interval before the rest are only
 /// counted (crate::log_limit): enough to show what happens, few enough that a host looping
 /// on a refused Connect (thousands a second) cannot fill the disk or bury other lines.
@@ -156,39 +163,73 @@ pub const WRITE_THROUGH_BYTES_MIN: usize = 32 * 1024;
 /// (the kernel's default), rounded up to pages.
 pub const RING_BYTES: usize = 32 * 1024;
 
+/// The most one step of a connection appends to its send buffer, in bytes: one command's
+/// response (a C2HData header padded to HPDA, up to TRANSFER_BYTES_MAX of data, its
+/// digest, a CapsuleResp), the AER completions delivered after it, or a C2HTermReq. A
+/// connection takes a step (a command, a completion) only while its send buffer has this
+/// much room, so the buffer never grows by itself (crate::tcp, `tx_room`).
+pub const TX_STEP_BYTES: usize = TRANSFER_BYTES_MAX + 4096;
+
+/// The send buffer every queue holds from accept to close, in bytes: one step and room to
+/// spare, so that a queue always makes progress, one response at a time, whatever the
+/// memory budget. It grows past this, charged to the budget, while the host reads slower
+/// than responses come.
+pub const TX_BUFFER_BYTES: usize = 256 * 1024;
+
+/// The most a send buffer grows to, in bytes: steps are taken while at most
+/// TX_PENDING_BYTES_MAX bytes wait; sent bytes are kept only while they are fewer than the
+/// pending ones, so the buffer holds under twice that, plus one step.
+pub const TX_BUFFER_BYTES_MAX: usize = 2 * TX_PENDING_BYTES_MAX + TX_STEP_BYTES;
+
+/// Data buffers (of TRANSFER_BYTES_MAX) a connected queue always holds, charged at Connect:
+/// one a write waiting for its data (R2T) may take, and one left for a command that needs
+/// a buffer now (a file read, an in-capsule write), whose operation finishes without the
+/// host. An R2T never takes the last one, so the data of every R2T sent can always be
+/// read, and the queue can always run its commands one at a time whatever the budget.
+pub const QUEUE_BUFFERS_FIXED: usize = 2;
+
+/// Memory per queue entry, in bytes: the command slots a queue keeps (a write waiting for
+/// its data, a command in flight, their requests), rounded up; crate::tcp asserts its
+/// slots fit.
+pub const QUEUE_SLOT_BYTES: usize = 768;
+
+/// What a connected queue of `sqsize` entries always holds, in bytes, charged to the
+/// memory budget at Connect: the receive buffer, the send buffer's first TX_BUFFER_BYTES,
+/// QUEUE_BUFFERS_FIXED data buffers, the io_uring and one slot per entry (docs/protocol.md,
+/// "Memory per connection"). More data buffers and a larger send buffer are charged as
+/// they are needed, and the queue waits when the budget cannot give them.
+pub const fn connection_memory_fixed(sqsize: usize) -> usize {
+    RX_BUFFER_BYTES + TX_BUFFER_BYTES + QUEUE_BUFFERS_FIXED * TRANSFER_BYTES_MAX + RING_BYTES + sqsize * QUEUE_SLOT_BYTES
+}
+
 /// The most buffer memory one connection holds, for a queue of `sqsize` entries (the
 /// formula of docs/protocol.md, "Memory per connection"; a test drives a connection to
 /// its worst case and checks it):
 /// - the receive buffer;
-/// - one data buffer per command that can be outstanding, plus one for a command being
-///   executed inline;
-/// - the send buffer: reading commands and taking completions stop once
-///   TX_PENDING_BYTES_MAX bytes wait; past that point one command's response, one pool
-///   completion and one batch of REAP_BATCH ring completions may still be appended; the
-///   buffer keeps sent bytes only while they are fewer than the pending ones (at most
-///   twice the pending bytes), and a Vec grows by doubling: at most 4x in all;
-/// - the io_uring.
+/// - one data buffer per command that can be outstanding, plus one taken ahead for the
+///   next command (QUEUE_BUFFERS_FIXED at least);
+/// - the send buffer, TX_BUFFER_BYTES_MAX;
+/// - the io_uring and the slots.
 pub const fn connection_memory_max(sqsize: usize) -> usize {
-    let response = TRANSFER_BYTES_MAX + 256;
-    let tx = TX_PENDING_BYTES_MAX + (REAP_BATCH + 2) * response;
-    RX_BUFFER_BYTES + (sqsize + 2) * TRANSFER_BYTES_MAX + 4 * tx + RING_BYTES
+    let buffers = if sqsize + 1 > QUEUE_BUFFERS_FIXED { sqsize + 1 } else { QUEUE_BUFFERS_FIXED };
+    RX_BUFFER_BYTES + buffers * TRANSFER_BYTES_MAX + TX_BUFFER_BYTES_MAX + RING_BYTES + sqsize * QUEUE_SLOT_BYTES
 }
 
 /// The smallest memory budget (`limits.memory`) a target accepts, for commands of
 /// `memory_per_command` bytes: connections leave one compute command and its result
-/// free (crate::fabrics), and besides those the budget must hold one controller, an
-/// admin and an I/O queue of the largest size, or no host could use the target.
+/// free (crate::fabrics), and besides those the budget must hold what one controller's
+/// admin and I/O queue of the largest size always hold, or no host could use the target
+/// (with that, its queues run one command at a time; more buffers make them faster).
 pub const fn memory_budget_min(memory_per_command: u64) -> u64 {
-    memory_per_command + RESULT_BYTES_MAX as u64 + 2 * connection_memory_max(QUEUE_DEPTH_MAX as usize) as u64
+    memory_per_command + RESULT_BYTES_MAX as u64 + 2 * connection_memory_fixed(QUEUE_DEPTH_MAX as usize) as u64
 }
 
 /// The default `compute.memory_per_command` for a memory budget of `budget` bytes: a
 /// quarter of it in whole MiB, at most COMPUTE_MEMORY_PER_COMMAND_BYTES_DEFAULT (reached
 /// from a 1 GiB budget, a 2 GiB machine). Connections leave one command free, so the
 /// other three quarters are for queues and results: the 512 MiB qemu guest's default budget
-/// of 229 MiB gives 57 MiB commands and room for a controller with six I/O queues of 128
-/// entries, where 256 MiB commands left room for none. The least budget such a command needs
-/// (memory_budget_min) is then about 111 MiB.
+/// of 229 MiB gives 57 MiB commands, where 256 MiB commands left no room for a controller.
+/// The least budget such a command needs (memory_budget_min) is then about 59 MiB.
 pub const fn compute_memory_per_command_default(budget: u64) -> u64 {
     let quarter = budget / 4 / (1 << 20) * (1 << 20);
     if quarter < COMPUTE_MEMORY_PER_COMMAND_BYTES_DEFAULT {
@@ -267,6 +308,16 @@ pub const RESULT_BYTES_MAX: usize = 256 * 1024;
 /// address can no longer hold thousands of half-open connections.
 pub const CONNECTIONS_PER_ADDRESS_DEFAULT: usize = IO_QUEUES_MAX as usize + 1;
 
+/// Connected queues one source address may hold, all subsystems and controllers together
+/// (`limits.queues_per_address`). A host connects an admin queue and up to IO_QUEUES_MAX
+/// I/O queues per controller; 130 covers two such controllers (two subsystems, or two
+/// paths), while one address holds at most 130 queues' fixed memory (about 102 MiB at 128
+/// entries, connection_memory_fixed), not the whole budget, whatever host NQNs it claims.
+pub const QUEUES_PER_ADDRESS_DEFAULT: usize = 2 * (IO_QUEUES_MAX as usize + 1);
+/// The most `limits.queues_per_address` accepts: a controller per subsystem of a large
+/// host; past it one address holds as much as no limit would.
+pub const QUEUES_PER_ADDRESS_MAX: usize = 64 * (IO_QUEUES_MAX as usize + 1);
+
 /// Controllers one host NQN may hold in one subsystem (`limits.controllers_per_host`). A
 /// host needs one per path (multipath: a few); 16 leaves room for reconnects whose old
 /// controller has not yet expired, and with CONTROLLERS_PER_SUBSYSTEM_MAX it takes 64
@@ -342,6 +393,14 @@ const _: () = assert!({
     sq * (64 + 4) + 2 * sq * 16 <= RING_BYTES && RING_BYTES.is_multiple_of(PAGE)
 });
 const _: () = assert!(REAP_BATCH <= QUEUE_DEPTH_MAX as usize);
+const _: () = assert!(DISCOVERY_QUEUE_DEPTH_MAX >= 32 && DISCOVERY_QUEUE_DEPTH_MAX <= ADMIN_QUEUE_DEPTH_MAX);
+
+// Memory per queue: the send buffer a queue always holds takes one step, so a queue with
+// nothing pending can always take one; at least one data buffer is left after an R2T.
+const _: () = assert!(TX_BUFFER_BYTES >= TX_STEP_BYTES && TX_BUFFER_BYTES <= TX_BUFFER_BYTES_MAX);
+const _: () = assert!(TX_STEP_BYTES >= TRANSFER_BYTES_MAX + 256 + (AER_MAX + 1) * 32 + TERM_HLEN + TERM_DATA_MAX);
+const _: () = assert!(QUEUE_BUFFERS_FIXED >= 2);
+const _: () = assert!(QUEUES_PER_ADDRESS_DEFAULT >= 1 && QUEUES_PER_ADDRESS_DEFAULT <= QUEUES_PER_ADDRESS_MAX);
 
 // Data: in-capsule data and H2CData PDUs are pieces of one transfer; IOCCSZ counts the
 // capsule in 16-byte units; one framing (IN_CAPSULE_BYTES_MAX) serves admin and I/O
@@ -477,6 +536,7 @@ mod tests {
             (protocol, "response data waiting before commands stop being read", format!("{} MiB", TX_PENDING_BYTES_MAX >> 20)),
             (protocol, "I/O queue entries (CAP.MQES + 1, MAXCMD)", QUEUE_DEPTH_MAX.to_string()),
             (protocol, "admin queue entries (ASQSZ)", ADMIN_QUEUE_DEPTH_MAX.to_string()),
+            (protocol, "discovery admin queue entries (its ASQSZ)", DISCOVERY_QUEUE_DEPTH_MAX.to_string()),
             (protocol, "I/O queues per controller", IO_QUEUES_MAX.to_string()),
             (protocol, "namespaces per subsystem (NN)", NSID_MAX.to_string()),
             (protocol, "controllers per subsystem", CONTROLLERS_PER_SUBSYSTEM_MAX.to_string()),

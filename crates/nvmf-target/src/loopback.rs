@@ -128,6 +128,10 @@ impl Loopback {
         };
         sqe.set_sgl(sgl);
         self.core.xport = LoopTx::default();
+        // A command is taken with a data buffer in the queue's pool (exec/buffers.rs): one
+        // command at a time always finds one of the queue's own.
+        let ready = self.core.buf_ready();
+        debug_assert!(ready, "a loopback queue without a data buffer for its one command");
         self.core.on_capsule(sqe, capsule, true)?;
         loop {
             if let Some((tag, len)) = self.core.xport.fetch.take() {

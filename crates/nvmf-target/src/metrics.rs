@@ -64,6 +64,8 @@ pub struct TargetStats {
     pub controllers_refused: AtomicU64,
     /// Connects refused because the memory budget could not hold the queue's buffers.
     pub connects_refused_memory: AtomicU64,
+    /// Connects refused because their address held limits.queues_per_address queues.
+    pub connects_refused_address: AtomicU64,
     /// Commands dropped without a completion (a bug: always 0; crate::request).
     pub requests_lost: AtomicU64,
     /// Commands outstanding when their queue closed.
@@ -79,7 +81,7 @@ fn family(o: &mut String, name: &str, kind: &str, help: &str) {
 pub fn render(t: &Target) -> String {
     let mut o = String::new();
     let s = &t.stats;
-    let target: [(&str, &str, &str, i64); 18] = [
+    let target: [(&str, &str, &str, i64); 20] = [
         ("nearstore_connections", "gauge", "NVMe/TCP connections open now (one per queue).", s.connections.load(Relaxed)),
         ("nearstore_connections_total", "counter", "NVMe/TCP connections accepted.", s.connections_total.load(Relaxed) as i64),
         (
@@ -132,6 +134,12 @@ pub fn render(t: &Target) -> String {
             s.connects_refused_memory.load(Relaxed) as i64,
         ),
         (
+            "nearstore_connects_refused_address_total",
+            "counter",
+            "Connects refused because their source address held its limit of connected queues (limits.queues_per_address).",
+            s.connects_refused_address.load(Relaxed) as i64,
+        ),
+        (
             "nearstore_requests_lost_total",
             "counter",
             "Commands dropped without a completion: a bug, always 0 (each is logged).",
@@ -158,6 +166,12 @@ pub fn render(t: &Target) -> String {
             t.memory.used() as i64,
         ),
         ("nearstore_memory_reserved_bytes_max", "gauge", "The most bytes of the budget reserved at once.", t.memory.peak() as i64),
+        (
+            "nearstore_memory_waits_total",
+            "counter",
+            "Times a queue stopped reading commands until the budget could give it a buffer.",
+            t.memory.waits() as i64,
+        ),
     ];
     for (name, kind, help, v) in target {
         family(&mut o, name, kind, help);

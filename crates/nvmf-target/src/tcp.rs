@@ -20,6 +20,7 @@ use nearstore_transport::{Interest, RxBuf, Stream, TxBuf};
 use nearstore_wire::pdu::{self, fes, flags, DataHdr, Frame, Framing, IcReq, IcResp, PduError, PduType};
 use nearstore_wire::Cqe;
 use tokio::sync::mpsc::UnboundedReceiver;
+use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info};
 
@@ -59,23 +60,26 @@ pub async fn serve<S: Stream>(stream: S, target: Arc<Target>, port: Arc<Port>, l
     target.stats.connections_total.fetch_add(1, Relaxed);
     let peer = stream.peer();
     let xport = TcpTx {
-        tx: TxBuf::with_capacity(256 * 1024),
+        tx: TxBuf::with_capacity(limits::TX_BUFFER_BYTES),
         fd: stream.as_raw_fd(),
         framing: Framing::initial(true),
         hpda: 0,
         more_in_batch: false,
     };
-    let (core, Replies { done: done_rx, abort: abort_rx }) = Core::new(target.clone(), port, local, peer.clone(), xport);
+    let (mut core, Replies { done: done_rx, abort: abort_rx }) = Core::new(target.clone(), port, local, peer.clone(), xport);
+    let cancel = ticket.as_ref().map_or_else(CancellationToken::new, |t| t.evicted().clone());
+    core.ticket = ticket;
     let mut conn = Conn {
         stream,
         rx: RxBuf::new(limits::RX_BUFFER_BYTES),
         done_rx,
         abort_rx,
-        cancel: ticket.as_ref().map_or_else(CancellationToken::new, |t| t.evicted().clone()),
+        memory_rx: target.memory.subscribe(),
+        cancel,
         connect_by: tokio::time::Instant::now() + Duration::from_millis(target.limits.connect_timeout_ms),
-        ticket,
         bound: false,
         stalled: false,
+        buffer_stalled: false,
         reported_bytes: 0,
         core,
     };
@@ -111,15 +115,19 @@ struct Conn<S> {
     /// Other hosts' Preempt and Abort requests ([`Done::Abort`]), taken whether or not the
     /// send buffer has room: handling one sends nothing.
     abort_rx: UnboundedReceiver<Done>,
+    /// Changes of the memory budget that matter to a queue (crate::memory::Memory::subscribe).
+    memory_rx: watch::Receiver<u64>,
     /// Before Connect: fires when the connection is evicted; after: the connection's own
     /// token, which fires when its controller goes.
     cancel: CancellationToken,
     /// Connect must succeed by then (limits.connect_timeout_ms from accept).
     connect_by: tokio::time::Instant,
-    ticket: Option<Ticket>,
     bound: bool,
     /// process_rx stopped with bytes unread because the send buffer was full.
     stalled: bool,
+    /// process_rx stopped before a command because the budget could not give the queue a
+    /// data buffer ([`Core::buf_ready`]); the queue waits for one to come back.
+    buffer_stalled: bool,
     /// Buffer bytes last added to the target's gauge.
     reported_bytes: usize,
     core: Core<TcpTx>,
@@ -169,7 +177,8 @@ impl<S: Stream> Conn<S> {
                 return Ok(());
             }
             self.core.poll_io();
-            if self.core.is_admin() {
+            self.core.send_deferred();
+            if self.core.is_admin() && self.core.room() {
                 // Busy-polling may skip the select below, where events are otherwise noticed.
                 self.core.deliver_events();
             }
@@ -177,26 +186,43 @@ impl<S: Stream> Conn<S> {
             if self.core.close_after_flush && self.core.xport.tx.pending() == 0 {
                 return Ok(());
             }
+            self.core.trim();
             self.account_memory();
+            // Completions are taken, and commands read, only while the send buffer has room
+            // for their responses.
+            let room = self.core.room();
             // Commands left in the receive buffer while the send buffer was full: the
             // socket will not wake us for them, so go round again once there is room.
-            if self.stalled && self.core.xport.tx.pending() <= limits::TX_PENDING_BYTES_MAX {
+            if self.stalled && room {
                 continue;
+            }
+            // A command waits for a data buffer: go round again once there is one (ours
+            // came back, or the budget gives one); else this queue waits for the budget, and
+            // the others give back what they do not use.
+            if self.buffer_stalled {
+                if self.core.buf_ready() {
+                    continue;
+                }
+                self.core.wait_for_memory();
             }
             // Completions left in the ring while the send buffer was full: the eventfd
             // signal that announced them was consumed then and will not come again, so
             // waiting on it would hang the queue (seen with busy-polling off: a host
             // waiting for 8 reads whose completions sat in the ring). Take them now.
-            if self.core.xport.tx.pending() <= limits::TX_PENDING_BYTES_MAX && self.core.chan.has_completions() {
+            if room && self.core.chan.has_completions() {
                 continue;
             }
-            let mut interest = Interest::READABLE;
-            if self.core.xport.tx.pending() > limits::TX_PENDING_BYTES_MAX {
-                interest = Interest::WRITABLE;
-            } else if self.core.xport.tx.pending() > 0 {
-                interest |= Interest::WRITABLE;
-            }
-            if self.core.xport.tx.pending() == 0 {
+            // While a command waits in the receive buffer, nothing more is read (the socket
+            // is watched only to send).
+            let reading = !self.stalled && !self.buffer_stalled;
+            let pending = self.core.xport.tx.pending() > 0;
+            let interest = match (room && reading, pending) {
+                (true, false) => Interest::READABLE,
+                (true, true) => Interest::READABLE | Interest::WRITABLE,
+                (false, _) => Interest::WRITABLE,
+            };
+            let watch_socket = reading || pending;
+            if !pending && reading {
                 match self.busy_poll().await? {
                     Polled::Activity => continue,
                     Polled::Closed => return Ok(()),
@@ -204,8 +230,6 @@ impl<S: Stream> Conn<S> {
                 }
             }
             let events = self.core.controller().filter(|_| self.core.is_admin() && self.core.has_aers()).cloned();
-            // Completions are taken only while the send buffer has room for their responses.
-            let room = self.core.xport.tx.pending() <= limits::TX_PENDING_BYTES_MAX;
             let io_busy = self.core.chan.busy();
             // Without room, ring operations holding a Preempt and Abort still release it
             // when the storage has finished them (their completions wait).
@@ -233,7 +257,7 @@ impl<S: Stream> Conn<S> {
                     }
                     self.take_done();
                 }
-                _ = async { events.as_ref().expect("guarded").events.notified().await }, if events.is_some() => {
+                _ = async { events.as_ref().expect("guarded").events.notified().await }, if events.is_some() && room => {
                     self.core.deliver_events();
                 }
                 r = async {
@@ -246,9 +270,16 @@ impl<S: Stream> Conn<S> {
                         self.core.chan.settle();
                     }
                 }
-                r = self.stream.ready(interest) => {
+                // A queue waits for memory, or memory came back: go round (give back what
+                // is unused, or try again).
+                r = self.memory_rx.changed(), if self.bound => {
+                    if r.is_ok() {
+                        self.memory_rx.borrow_and_update();
+                    }
+                }
+                r = self.stream.ready(interest), if watch_socket => {
                     let r = r?;
-                    if r.is_readable() || r.is_read_closed() {
+                    if reading && (r.is_readable() || r.is_read_closed()) {
                         match self.rx.fill(&self.stream) {
                             Ok(0) => return Ok(()),
                             Ok(_) => {}
@@ -265,7 +296,7 @@ impl<S: Stream> Conn<S> {
     /// their responses (device completions wait in the channel likewise). Returns how many.
     fn take_done(&mut self) -> usize {
         let mut n = 0;
-        while self.core.xport.has_room() {
+        while self.core.room() {
             let Ok(d) = self.done_rx.try_recv() else { break };
             self.core.on_done(d);
             n += 1;
@@ -352,8 +383,9 @@ impl<S: Stream> Conn<S> {
     /// Handles every complete PDU in the receive buffer.
     fn process_rx(&mut self) -> Result<Flow, ConnError> {
         self.stalled = false;
+        self.buffer_stalled = false;
         loop {
-            if self.core.xport.tx.pending() > limits::TX_PENDING_BYTES_MAX {
+            if !self.core.room() {
                 self.stalled = !self.rx.data().is_empty();
                 break;
             }
@@ -366,6 +398,13 @@ impl<S: Stream> Conn<S> {
                     return Err(self.core.xport.fatal(e, &hdr));
                 }
             };
+            // Every command finds a data buffer in the queue's pool: it is read only then,
+            // and waits in the receive buffer meanwhile (H2CData PDUs need none: the
+            // command they are for holds one).
+            if frame.hdr.pdu_type == PduType::CapsuleCmd && !self.core.buf_ready() {
+                self.buffer_stalled = true;
+                break;
+            }
             let len = frame.len;
             self.core.xport.more_in_batch = self.rx.data().len() > len;
             match on_pdu(&mut self.core, &frame) {
@@ -381,13 +420,16 @@ impl<S: Stream> Conn<S> {
                     self.core.cancel = ctrl.cancel.child_token();
                     self.cancel = self.core.cancel.clone();
                     self.bound = true;
-                    if let Some(t) = &self.ticket {
+                    if let Some(t) = &self.core.ticket {
                         t.connected();
                     }
                 }
             }
         }
         self.core.xport.more_in_batch = false;
+        if !self.buffer_stalled {
+            self.core.memory_came();
+        }
         Ok(Flow::Continue)
     }
 
@@ -540,7 +582,39 @@ impl Transport for TcpTx {
         pdu::put_r2t(&mut self.tx.buf, &DataHdr { cccid: cid, ttag: tag, offset: 0, len: len as u32 }, self.framing.hdgst);
     }
 
+    /// At most TX_PENDING_BYTES_MAX waits to be sent, and one more response
+    /// (limits::TX_STEP_BYTES) fits the send buffer without it growing by itself.
     fn has_room(&self) -> bool {
-        self.tx.pending() <= limits::TX_PENDING_BYTES_MAX
+        self.tx.pending() <= limits::TX_PENDING_BYTES_MAX && self.room_for() > 0
+    }
+
+    fn room_for(&self) -> usize {
+        (self.tx.buf.capacity() - self.tx.buf.len()) / limits::TX_STEP_BYTES
+    }
+
+    /// Drops what was sent, then asks to double the buffer (up to TX_BUFFER_BYTES_MAX,
+    /// which holds a step whenever at most TX_PENDING_BYTES_MAX waits).
+    fn make_room(&mut self) -> Option<usize> {
+        if self.tx.pending() > limits::TX_PENDING_BYTES_MAX {
+            return None;
+        }
+        self.tx.compact();
+        let (len, cap) = (self.tx.buf.len(), self.tx.buf.capacity());
+        let need = len + limits::TX_STEP_BYTES;
+        Some((2 * cap).min(limits::TX_BUFFER_BYTES_MAX).max(need).saturating_sub(cap))
+    }
+
+    fn grow(&mut self, bytes: usize) {
+        let want = self.tx.buf.capacity() + bytes;
+        self.tx.buf.reserve_exact(want - self.tx.buf.len());
+    }
+
+    fn shrink(&mut self) -> usize {
+        let cap = self.tx.buf.capacity();
+        if !self.tx.buf.is_empty() || cap <= limits::TX_BUFFER_BYTES {
+            return 0;
+        }
+        self.tx.buf.shrink_to(limits::TX_BUFFER_BYTES);
+        cap - self.tx.buf.capacity()
     }
 }

@@ -3,6 +3,7 @@
 
 mod common;
 
+use std::net::SocketAddr;
 use std::time::Duration;
 
 use nearstore_initiator::{Data, Error, QueueOptions, QueuePair};
@@ -258,8 +259,11 @@ async fn io_queue_host_id() {
     }
 }
 
-/// The discovery log's ASQSZ is what Connect accepts for an admin queue, on the
-/// discovery and the I/O subsystems alike.
+/// The discovery log's ASQSZ is what Connect accepts for an admin queue: 256 entries on an
+/// I/O subsystem, 32 on the discovery subsystem (its queue is clamped: no allow-list
+/// admits it, and every entry costs memory). One entry more, SQSIZE 0 or the largest
+/// SQSIZE is Connect Invalid Parameters naming SQSIZE, as Linux's target answers an SQSIZE
+/// above MQES. Before, a discovery queue of 256 entries was accepted.
 #[tokio::test]
 async fn admin_queue_size_agrees_with_asqsz() {
     let env = common::start().await;
@@ -268,17 +272,24 @@ async fn admin_queue_size_agrees_with_asqsz() {
     o.subnqn = DISCOVERY_NQN.into();
     let c = nearstore_initiator::Controller::connect(o).await.unwrap();
     let (_, entries) = c.discovery_log().await.unwrap();
-    assert!(!entries.is_empty());
-    let asqsz = entries[0].asqsz;
-    assert!(entries.iter().all(|e| e.asqsz == asqsz), "{entries:?}");
-    assert_eq!(asqsz, limits::ADMIN_QUEUE_DEPTH_MAX);
-    assert!(asqsz >= 32, "ASQSZ is at least 32 entries");
+    let asqsz = |nqn: &str| {
+        let sizes: Vec<u16> = entries.iter().filter(|e| e.subnqn == nqn).map(|e| e.asqsz).collect();
+        assert!(!sizes.is_empty() && sizes.iter().all(|&s| s == sizes[0]), "{nqn}: {entries:?}");
+        sizes[0]
+    };
     let too_big = Err(44 << 16); // IATTR 0 (in the command), IPO 44: SQSIZE
-                                 // (SQSIZE, 0's based; accepted or the Connect Invalid Parameters DW0)
-    let cases: &[(u16, Result<(), u32>)] = &[(31, Ok(())), (asqsz - 1, Ok(())), (asqsz, too_big), (u16::MAX, too_big), (0, too_big)];
-    for (addr, nqn) in [(env.disc, DISCOVERY_NQN), (env.addr, common::NQN)] {
-        for (sqsize, want) in cases {
-            let mut q = raw(addr, false).await;
+                                 // (listener, subsystem, its ASQSZ as the log must say, then SQSIZE (0's based) and
+                                 // whether Connect accepts it or its Connect Invalid Parameters DW0)
+    type Case = (SocketAddr, &'static str, u16, Vec<(u16, Result<(), u32>)>);
+    let cases: &[Case] = &[
+        (env.disc, DISCOVERY_NQN, 32, vec![(0, too_big), (1, Ok(())), (31, Ok(())), (32, too_big), (255, too_big), (u16::MAX, too_big)]),
+        (env.addr, common::NQN, 256, vec![(0, too_big), (31, Ok(())), (255, Ok(())), (256, too_big), (u16::MAX, too_big)]),
+    ];
+    for (addr, nqn, want_asqsz, sizes) in cases {
+        assert_eq!(asqsz(nqn), *want_asqsz, "{nqn}");
+        assert!(*want_asqsz >= 32, "ASQSZ is at least 32 entries");
+        for (sqsize, want) in sizes.iter() {
+            let mut q = raw(*addr, false).await;
             let c = connect(&mut q, nqn, 0, *sqsize, 0xffff, HOSTID).await;
             match want {
                 Ok(()) => assert!(c.status.is_success(), "{nqn} SQSIZE {sqsize}: {}", c.status),

@@ -216,7 +216,7 @@ impl TxBuf {
     /// pending: each byte is moved at most once, and the buffer never holds more than
     /// twice what is pending (after a partial send the sent prefix would otherwise stay
     /// until the buffer drains completely, and the buffer grow without bound).
-    fn compact(&mut self) {
+    pub fn compact(&mut self) {
         if self.sent > 0 && self.sent >= self.pending() {
             self.buf.drain(..self.sent);
             self.sent = 0;

@@ -53,7 +53,7 @@ impl<T: Transport> Core<T> {
                     self.fail_compute(ctrl, req, sqe.nsid(), slot, f);
                     return Ok(());
                 }
-                if self.waiting.live + self.inflight.live >= self.outstanding_limit() {
+                if self.outstanding() >= self.outstanding_limit() {
                     return Err(self.overflow(req));
                 }
                 let abort = TaskAbort::new(&self.cancel);

@@ -14,6 +14,7 @@
 //! Buffers and command slots are reused; nothing is allocated per I/O on the read and
 //! write paths once the queue is warm.
 
+use std::collections::VecDeque;
 use std::io;
 use std::net::SocketAddr;
 use std::sync::atomic::Ordering::Relaxed;
@@ -30,19 +31,21 @@ use tokio_util::sync::CancellationToken;
 use tracing::{debug, info};
 
 use crate::admin;
+use crate::admission::{QueueSlot, Ticket};
 use crate::dev::{Channel, Completion, Op};
 use crate::fabrics;
 use crate::io_cmd::{self, IoKind, IoPlan};
 use crate::io_pool::Done;
 use crate::limits;
 use crate::log_limit::peer_warn;
-use crate::memory::Reservation;
+use crate::memory::{Reservation, Waiting as MemoryWait};
 use crate::offload::TaskAbort;
 use crate::reply::Reply;
 use crate::request::{QueueRequests, Request};
 use crate::subsystem::{AbortGuard, Controller, Namespace};
 use crate::{Port, Target};
 
+mod buffers;
 mod compute;
 mod reservation;
 
@@ -67,9 +70,28 @@ pub trait Transport {
     /// [`Core::data_failed`]).
     fn fetch_data(&mut self, cid: u16, tag: u16, len: usize);
     /// True while responses may be queued: completions of work that ran elsewhere (device,
-    /// offload engine, state writes) are taken only then, which bounds the transport's send
-    /// buffer (limits::connection_memory_max).
+    /// offload engine, state writes) are taken, and commands read, only then, which bounds
+    /// the transport's send buffer (limits::connection_memory_max): room for one more
+    /// response without the buffer growing by itself.
     fn has_room(&self) -> bool;
+    /// How many responses fit before the room is gone (at least one while
+    /// [`has_room`](Self::has_room)).
+    fn room_for(&self) -> usize {
+        usize::MAX
+    }
+    /// Without room: Some(bytes) the send buffer must grow by to have room (0: it has room
+    /// now, having dropped what it sent), or None when only the host reading helps. The core
+    /// charges them to the memory budget, then calls [`grow`](Self::grow).
+    fn make_room(&mut self) -> Option<usize> {
+        None
+    }
+    /// Grows the send buffer by `bytes`, charged to the budget by the core.
+    fn grow(&mut self, _bytes: usize) {}
+    /// Gives back what the send buffer grew while it is empty; returns the bytes, whose
+    /// charge the core gives back (another queue waits for the budget).
+    fn shrink(&mut self) -> usize {
+        0
+    }
 }
 
 /// The core could not take a command: the host has more outstanding than its queue holds.
@@ -121,9 +143,23 @@ struct Queue {
     qid: u16,
     sqsize: u16,
     sqflow_disabled: bool,
-    /// This connection's share of the memory budget (limits::connection_memory_max for
-    /// its queue size), given back when the connection ends and the queue is dropped.
-    _memory: Reservation,
+    /// This connection's share of the memory budget: what it always holds
+    /// (limits::connection_memory_fixed for its size, `fixed` bytes) and what it grew
+    /// (exec/buffers.rs); given back when the connection ends and the queue is dropped.
+    memory: Reservation,
+    fixed: u64,
+    /// Its place among its address's connected queues (limits.queues_per_address).
+    _slot: Option<QueueSlot>,
+}
+
+/// A write that waits for a data buffer before its data is fetched (a fetch never takes
+/// the queue's last buffer, limits::QUEUE_BUFFERS_FIXED).
+struct Deferred {
+    sqe: Sqe,
+    len: usize,
+    req: Request,
+    /// Aborted by another host's Preempt and Abort: completes without its data.
+    aborted: bool,
 }
 
 /// A command waiting for its data from the host ([`Transport::fetch_data`]); its tag is
@@ -176,6 +212,9 @@ pub struct Core<T> {
     pub(crate) peer: String,
     /// The transport's sending half.
     pub(crate) xport: T,
+    /// The connection's place among the target's (None for in-process transports): its
+    /// address's connected queues are counted from Connect.
+    pub(crate) ticket: Option<Ticket>,
     queue: Option<Queue>,
     sqhd: u16,
     /// Commands waiting for their data from the host ([`Transport::fetch_data`]).
@@ -188,6 +227,13 @@ pub struct Core<T> {
     bufs: Vec<AlignedBuf>,
     /// Data buffers allocated and alive: pooled in `bufs` or lent to a command.
     data_bufs: usize,
+    /// Writes waiting for a data buffer before their data is fetched, in arrival order.
+    deferred: VecDeque<Deferred>,
+    /// Bytes of the budget the transport's send buffer grew by ([`Transport::grow`]).
+    xport_grown: usize,
+    /// Set while this queue waits for the memory budget: others give back what they hold
+    /// unused.
+    memory_wait: Option<MemoryWait>,
     done_tx: UnboundedSender<Done>,
     /// Given to the controller for other hosts' Preempt and Abort ([`Replies::abort`]).
     abort_tx: UnboundedSender<Done>,
@@ -224,6 +270,7 @@ impl<T: Transport> Core<T> {
             local,
             peer,
             xport,
+            ticket: None,
             queue: None,
             sqhd: 0,
             waiting: Slab::default(),
@@ -231,6 +278,9 @@ impl<T: Transport> Core<T> {
             inflight: Slab::default(),
             bufs: Vec::new(),
             data_bufs: 0,
+            deferred: VecDeque::new(),
+            xport_grown: 0,
+            memory_wait: None,
             done_tx,
             abort_tx,
             aers: Vec::new(),
@@ -314,6 +364,10 @@ impl<T: Transport> Core<T> {
             r.abandon();
             n += 1;
         }
+        for d in self.deferred.drain(..) {
+            d.req.abandon();
+            n += 1;
+        }
         self.waiting = Slab::default();
         self.inflight = Slab::default();
         if n > 0 {
@@ -328,25 +382,16 @@ impl<T: Transport> Core<T> {
         Overflow
     }
 
-    fn take_buf(&mut self) -> AlignedBuf {
-        self.bufs.pop().unwrap_or_else(|| {
-            self.data_bufs += 1;
-            AlignedBuf::new(limits::TRANSFER_BYTES_MAX)
-        })
-    }
-
-    fn put_buf(&mut self, b: AlignedBuf) {
-        if self.bufs.len() < limits::QUEUE_DEPTH_MAX as usize {
-            self.bufs.push(b);
-        } else {
-            self.data_bufs -= 1;
-        }
-    }
-
     /// Bytes of buffers the core holds for this queue, its transport's apart (see
     /// limits::connection_memory_max).
     pub fn buffer_bytes(&self) -> usize {
         self.data_bufs * limits::TRANSFER_BYTES_MAX + self.chan.memory_bytes()
+    }
+
+    /// Commands of this queue not yet completed: waiting for their data or a buffer, or
+    /// running.
+    fn outstanding(&self) -> usize {
+        self.waiting.live + self.inflight.live + self.deferred.len()
     }
 
     fn outstanding_limit(&self) -> usize {
@@ -448,7 +493,6 @@ impl<T: Transport> Core<T> {
     /// Asks the host for `len` bytes, a command's whole data, after checking the command is
     /// valid.
     fn request_data(&mut self, sqe: Sqe, len: usize, req: Request) -> Result<(), Overflow> {
-        let cid = sqe.cid();
         if len > limits::TRANSFER_BYTES_MAX {
             self.complete(req, Status::INVALID_FIELD.dnr(), 0, 0);
             return Ok(());
@@ -465,14 +509,25 @@ impl<T: Transport> Core<T> {
                 return Ok(());
             }
         }
-        if self.waiting.live + self.inflight.live >= self.outstanding_limit() {
+        if self.outstanding() >= self.outstanding_limit() {
             return Err(self.overflow(req));
         }
+        // A fetch never takes the queue's last buffer (limits::QUEUE_BUFFERS_FIXED): without
+        // a second one the write waits, its command read, for one to come back.
+        if self.queue.is_some() && (!self.deferred.is_empty() || !self.pool_holds(2)) {
+            self.deferred.push_back(Deferred { sqe, len, req, aborted: false });
+            return Ok(());
+        }
+        self.fetch(sqe, len, req);
+        Ok(())
+    }
+
+    fn fetch(&mut self, sqe: Sqe, len: usize, req: Request) {
+        let cid = sqe.cid();
         let mut buf = self.take_buf();
         buf.set_len(len);
         let tag = self.waiting.insert(Waiting { sqe, buf, received: 0, req, aborted: false });
         self.xport.fetch_data(cid, tag as u16, len);
-        Ok(())
     }
 
     /// The command waiting for its data under `tag`, for the transport to fill.
@@ -556,20 +611,30 @@ impl<T: Transport> Core<T> {
 
     fn fabrics(&mut self, sqe: Sqe, data: &[u8], req: Request) -> Result<(), Overflow> {
         let r = match (sqe.fctype(), &self.queue) {
-            (fctype::CONNECT, None) => match fabrics::connect(&self.target, &sqe, data, self.port.discovery, &self.peer) {
-                Ok(c) => {
-                    let r = Reply { dw1: c.dw1, ..Reply::dw0(c.ctrl.cntlid as u32) };
-                    if c.qid == 0 {
-                        spawn_keep_alive_watchdog(self.target.clone(), c.ctrl.clone());
+            (fctype::CONNECT, None) => {
+                match fabrics::connect(&self.target, &sqe, data, self.port.discovery, &self.peer, self.ticket.as_ref()) {
+                    Ok(c) => {
+                        let r = Reply { dw1: c.dw1, ..Reply::dw0(c.ctrl.cntlid as u32) };
+                        if c.qid == 0 {
+                            spawn_keep_alive_watchdog(self.target.clone(), c.ctrl.clone());
+                        }
+                        self.sqhd = 1 % (c.sqsize + 1);
+                        c.ctrl.attach_queue(c.qid, self.abort_tx.clone());
+                        let fixed = c.memory.bytes();
+                        self.queue = Some(Queue {
+                            ctrl: c.ctrl,
+                            qid: c.qid,
+                            sqsize: c.sqsize,
+                            sqflow_disabled: c.sqflow_disabled,
+                            memory: c.memory,
+                            fixed,
+                            _slot: c.slot,
+                        });
+                        r
                     }
-                    self.sqhd = 1 % (c.sqsize + 1);
-                    c.ctrl.attach_queue(c.qid, self.abort_tx.clone());
-                    self.queue =
-                        Some(Queue { ctrl: c.ctrl, qid: c.qid, sqsize: c.sqsize, sqflow_disabled: c.sqflow_disabled, _memory: c.memory });
-                    r
+                    Err(r) => r,
                 }
-                Err(r) => r,
-            },
+            }
             (fctype::CONNECT, Some(_)) => Reply::status(Status::COMMAND_SEQUENCE_ERROR.dnr()),
             (_, None) => Reply::status(Status::COMMAND_SEQUENCE_ERROR.dnr()),
             (fctype::PROPERTY_GET, Some(q)) if q.qid == 0 => fabrics::property_get(&q.ctrl, &sqe),
@@ -669,7 +734,7 @@ impl<T: Transport> Core<T> {
             }
             _ => {}
         }
-        if self.waiting.live + self.inflight.live >= self.outstanding_limit() {
+        if self.outstanding() >= self.outstanding_limit() {
             return Err(self.overflow(req));
         }
         let buf = match buf {
@@ -697,9 +762,11 @@ impl<T: Transport> Core<T> {
     pub fn poll_io(&mut self) -> usize {
         self.chan.submit();
         let mut n = 0;
-        while self.xport.has_room() {
+        while self.room() {
+            // As many as the transport takes without its send buffer growing.
+            let fit = self.xport.room_for().clamp(1, limits::REAP_BATCH);
             let mut done = std::mem::take(&mut self.completed);
-            let k = self.chan.poll(limits::REAP_BATCH, &mut done);
+            let k = self.chan.poll(fit, &mut done);
             for c in done.drain(..) {
                 self.on_completion(c);
             }
@@ -817,6 +884,9 @@ impl<T: Transport> Core<T> {
         }
         if self.queue.as_ref().is_some_and(|q| q.qid > 0) {
             for w in self.waiting.slots.iter_mut().flatten().filter(|w| w.sqe.nsid() == nsid && !io_cmd::is_reservation(w.sqe.opcode())) {
+                w.aborted = true;
+            }
+            for w in self.deferred.iter_mut().filter(|w| w.sqe.nsid() == nsid && !io_cmd::is_reservation(w.sqe.opcode())) {
                 w.aborted = true;
             }
         }

@@ -31,7 +31,7 @@ impl<T: Transport> Core<T> {
     /// Completes the command `req` once its namespace's reservation state file is written
     /// and the commands its Preempt and Abort aborts have completed ([`Core::on_persisted`]).
     pub(super) fn later(&mut self, req: Request, later: Later) -> Result<(), Overflow> {
-        if self.waiting.live + self.inflight.live >= self.outstanding_limit() {
+        if self.outstanding() >= self.outstanding_limit() {
             return Err(self.overflow(req));
         }
         let Later { ns, snapshot, abort } = later;
