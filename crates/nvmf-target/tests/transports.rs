@@ -350,3 +350,42 @@ async fn same_results(disable_sqflow: bool) {
         assert_eq!(t.stats.requests_lost.load(std::sync::atomic::Ordering::Relaxed), 0, "commands lost");
     }
 }
+
+async fn go(q: &mut Loopback, sqe: Sqe, d: loopback::Data<'_>) -> Answer {
+    tokio::time::timeout(T, q.run(sqe, d)).await.expect("the loopback command completes").unwrap()
+}
+
+/// A transport that delivers less of a write's data than its SGL describes (a short
+/// delivery): the pooled buffer still holds the previous write's bytes, which the core must
+/// not write. The command fails with Transient Transport Error, the blocks keep what they
+/// held, and the queue goes on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_short_delivery_fails_the_write_not_the_blocks() {
+    let dir = tempfile::tempdir().unwrap();
+    let (target, addr) = target(dir.path()).await;
+    let mut opts = ConnectOptions::new(addr, common::NQN);
+    opts.hostnqn = common::GOOD_HOST.into();
+    let (_adm, mut ioq) = connect_loopback(&target, &opts).await;
+    let mut wrong = Vec::new();
+    // (namespace, block size, bytes delivered of two blocks)
+    for (nsid, bs, delivered) in [(1u32, 512usize, 0usize), (1, 512, 1), (1, 512, 1023), (2, 4096, 0), (2, 4096, 4096), (2, 4096, 8191)] {
+        let len = 2 * bs;
+        // A full write leaves its bytes in the buffer the next fetched write is given.
+        let full = pattern(len, 7);
+        let w = go(&mut ioq, Sqe::rw(io::WRITE, nsid, 10, 2, false), loopback::Data::Out(&full)).await;
+        assert!(w.cqe.status.is_success(), "ns {nsid}: the full write: {:?}", w.cqe);
+        let before = go(&mut ioq, Sqe::rw(io::READ, nsid, 20, 2, false), loopback::Data::In(len)).await;
+        let short = pattern(len, 99);
+        let d = loopback::Data::Short { len, data: &short[..delivered] };
+        let s = go(&mut ioq, Sqe::rw(io::WRITE, nsid, 20, 2, false), d).await;
+        if s.cqe.status != Status::TRANSIENT_TRANSPORT_ERROR {
+            wrong.push(format!("ns {nsid}, {delivered} of {len} bytes: {}", s.cqe.status));
+        }
+        let after = go(&mut ioq, Sqe::rw(io::READ, nsid, 20, 2, false), loopback::Data::In(len)).await;
+        if after.data != before.data {
+            wrong.push(format!("ns {nsid}, {delivered} of {len} bytes: the blocks changed"));
+        }
+    }
+    assert!(wrong.is_empty(), "{}", wrong.join("\n"));
+    assert_eq!(target.stats.requests_lost.load(std::sync::atomic::Ordering::Relaxed), 0, "commands lost");
+}

@@ -544,8 +544,15 @@ impl<T: Transport> Core<T> {
     }
 
     /// All the data under `tag` is in its buffer: the command runs (or, aborted by another
-    /// host's Preempt and Abort meanwhile, completes with that status).
+    /// host's Preempt and Abort meanwhile, completes with that status). A buffer the
+    /// transport did not fill (`received` short of the transfer) would hold a previous
+    /// command's bytes (buffers are pooled, not cleared): the command fails with Transient
+    /// Transport Error instead of running.
     pub fn data_arrived(&mut self, tag: u16) -> Result<(), Overflow> {
+        if self.waiting.get_mut(tag as usize).is_some_and(|x| x.received != x.buf.len()) {
+            self.data_failed(tag);
+            return Ok(());
+        }
         let Some(x) = self.waiting.remove(tag as usize) else { return Ok(()) };
         if x.aborted {
             self.put_buf(x.buf);
