@@ -274,6 +274,12 @@ pub const COMPUTE_CHUNK_BYTES_MAX: u64 = 64 << 20;
 /// `compute.memory_per_command` before it starts (`offload::validate`); a peer's extents
 /// are read one read per input at a time, pipelined on its connection (`read_ahead_bytes`).
 pub const COMPUTE_READAHEAD_CHUNKS_DEFAULT: usize = 2;
+/// Longest a compute command waits, as it ends, for its device reads still running
+/// (`offload::read`), in seconds. Cancelled, a peer's read completes at once; a local
+/// read of one chunk (64 MiB at most) takes well under a second on a working disk. A
+/// device that never completes then costs a log line, not the command's thread, compute
+/// slot and memory forever; the read's buffer stays with its I/O task until it completes.
+pub const COMPUTE_READ_DRAIN_SECS: u64 = 10;
 /// The most `compute.readahead` accepts: past 16, more reads in flight only hold memory.
 pub const COMPUTE_READAHEAD_CHUNKS_MAX: usize = 16;
 /// Memory one compute command may use (`compute.memory_per_command`), in bytes: its chunk

@@ -355,6 +355,45 @@ async fn a_command_that_stops_reading_early_leaves_the_peer_connection_clean() {
     }
 }
 
+/// A command whose host goes away while it waits on a stalled peer ends at once: its
+/// peer reads are cancelled, not waited for until `cluster.timeout_secs` (2 s) passes;
+/// the peer's connection is closed and the next command reads the peer again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_command_stopped_while_a_peer_stalls_ends_without_waiting_for_it() {
+    let p = start().await;
+    let (_cb, mut qb) = queue(p.b_addr, PEER_NQN, A_HOST).await;
+    write_all(&mut qb, 0, &content(8 << 20, 3)).await;
+    let crc =
+        desc("crc32c", b"", vec![Object { len: 8 << 20, extents: vec![Extent::data(global::address(6, 0), 8 << 20)] }], vec![]).encode();
+    let (_ca, mut qa) = queue(p.a_addr, common::NQN, HOST).await;
+    // A first command pools the connection through the proxy, which then stalls.
+    let good = qa.compute(1, &crc, T).await.unwrap();
+    p.stall.stall.store(true, Ordering::Relaxed);
+    let stats = &p.a.offload.stats;
+    let (c2, mut q2) = queue(p.a_addr, common::NQN, HOST).await;
+    let c = crc.clone();
+    let task = tokio::spawn(async move { q2.compute(1, &c, T).await });
+    let t0 = std::time::Instant::now();
+    while stats.reads_in_flight.load(Ordering::Relaxed) == 0 {
+        assert!(t0.elapsed() < T, "no read of the peer started");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    // Closing the host's connection cancels the command mid-read.
+    let closed = std::time::Instant::now();
+    task.abort();
+    drop(c2);
+    while stats.running.load(Ordering::Relaxed) > 0 {
+        assert!(closed.elapsed() < T, "still running");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let took = closed.elapsed();
+    assert!(took < Duration::from_secs(1), "the command waited {took:?} for its stalled peer after its host left");
+    assert_eq!(stats.reads_in_flight.load(Ordering::Relaxed), 0);
+    p.stall.stall.store(false, Ordering::Relaxed);
+    assert_eq!(qa.compute(1, &crc, T).await.unwrap(), good, "the peer is read again");
+}
+
 /// The confused deputy as it was reproduced: a host allowed only on A's open subsystem
 /// sends a copy whose input is a local extent then B's extent (B admits A's cluster NQN,
 /// not this host). It read B's data back; now the command is refused with PEER_DENIED

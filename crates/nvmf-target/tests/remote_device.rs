@@ -272,3 +272,50 @@ async fn a_slow_peer_does_not_stall_other_connections() {
     assert!(out[0].result.is_ok(), "the slow read completes: {:?}", out[0].result);
     assert!(started.elapsed() >= DELAY - Duration::from_millis(50));
 }
+
+/// An operation whose task ends without a result still completes, once, as cancelled and
+/// with its buffer: when the channel's user cancels it (the peer's answer is DELAY away),
+/// and when its runtime goes away mid-operation (it completed never before: the channel
+/// waited forever).
+#[test]
+fn an_operation_cancelled_or_dropped_with_its_runtime_completes_once_as_cancelled() {
+    let main = tokio::runtime::Runtime::new().unwrap();
+    let p = main.block_on(peer());
+    // (what, its runtime dropped rather than the operation cancelled)
+    for (what, drop_runtime) in [("cancelled by the channel's user", false), ("its runtime dropped", true)] {
+        let rt = tokio::runtime::Runtime::new().unwrap();
+        let dev = rt.block_on(open(p.addr, 2));
+        let mut ch = channel();
+        {
+            let _on = rt.enter();
+            dev.submit(&mut ch, Op::Read { off: 0 }, filled(4096, 1), 7);
+        }
+        // The read waits on the peer's delayed namespace.
+        std::thread::sleep(Duration::from_millis(200));
+        let t0 = std::time::Instant::now();
+        if drop_runtime {
+            rt.shutdown_background();
+        } else {
+            ch.cancel();
+        }
+        let c = main.block_on(async {
+            let mut out = Vec::new();
+            tokio::time::timeout(T, async {
+                while ch.poll(4, &mut out) == 0 {
+                    ch.wait().await.unwrap();
+                }
+            })
+            .await
+            .unwrap_or_else(|_| panic!("{what}: no completion within {T:?}"));
+            assert!(!ch.busy(), "{what}: the channel still waits");
+            out
+        });
+        assert!(t0.elapsed() < DELAY / 2, "{what}: completed after {:?}, as the peer answered", t0.elapsed());
+        assert_eq!(c.len(), 1, "{what}");
+        assert_eq!(c[0].tag, 7, "{what}");
+        assert_eq!(c[0].buf.len(), 4096, "{what}: the buffer comes back");
+        let e = c[0].result.as_ref().expect_err(what);
+        assert_eq!(e.kind(), io::ErrorKind::Interrupted, "{what}: {e}");
+        assert!(e.to_string().contains("the operation was cancelled"), "{what}: {e}");
+    }
+}

@@ -21,6 +21,7 @@ use std::sync::Arc;
 
 use nearstore_transport::AlignedBuf;
 use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver, UnboundedSender};
+use tokio_util::sync::CancellationToken;
 // The runtime's clock: the real one, except under the simulation's paused runtime, where a
 // held-back operation is due in simulated time (crates/sim).
 use tokio::time::Instant;
@@ -182,6 +183,9 @@ pub struct Channel {
     outstanding: usize,
     /// Its operations on the worker pool and the guards they hold.
     holds: Arc<PoolHolds>,
+    /// Cancelled when its user needs none of the operations still running
+    /// ([`cancel`](Self::cancel)).
+    cancel: CancellationToken,
 }
 
 impl Channel {
@@ -200,7 +204,20 @@ impl Channel {
             pool,
             outstanding: 0,
             holds: Arc::default(),
+            cancel: CancellationToken::new(),
         }
+    }
+
+    /// Says that no operation still running is needed: devices that can stop one early
+    /// (a peer's, whose task owns its buffer) complete it at once as cancelled. Each still
+    /// completes exactly once.
+    pub fn cancel(&self) {
+        self.cancel.cancel();
+    }
+
+    /// Cancelled by [`cancel`](Self::cancel): for devices that complete off this task.
+    pub fn cancellation(&self) -> CancellationToken {
+        self.cancel.clone()
     }
 
     /// True while operations are started or held back whose completions `poll` has not

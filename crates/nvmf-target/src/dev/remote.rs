@@ -179,19 +179,53 @@ impl BlockDevice for Remote {
         }
     }
 
-    fn submit(&self, ch: &mut Channel, op: Op, mut buf: AlignedBuf, tag: u64) {
+    fn submit(&self, ch: &mut Channel, op: Op, buf: AlignedBuf, tag: u64) {
         let Ok(rt) = tokio::runtime::Handle::try_current() else {
             let e = error(io::ErrorKind::Other, None, format!("{}: not submitted on a runtime", self.describe()));
             return ch.complete(tag, Err(e), buf);
         };
         ch.started_elsewhere();
-        let tx = ch.sender();
-        let inner = self.inner.clone();
+        let reply = Reply { tx: ch.sender(), tag, buf: Some(buf), name: self.inner.name() };
+        let (inner, stop) = (self.inner.clone(), ch.cancellation());
         rt.spawn(async move {
-            let result = inner.run(op, &mut buf).await;
-            // The channel holds its own receiver; a channel dropped meanwhile needs nothing.
-            let _ = tx.send(Completion { tag, result, buf });
+            let mut reply = reply;
+            let buf = reply.buf.as_mut().expect("held until sent");
+            // Cancelled, the operation is dropped where it waits: the task owns the buffer,
+            // and a connection left with commands in flight is closed, not pooled.
+            let result = tokio::select! {
+                r = inner.run(op, buf) => r,
+                _ = stop.cancelled() => return,
+            };
+            reply.send(result);
         });
+    }
+}
+
+/// The completion of one operation, sent exactly once: with its result, or as cancelled
+/// when its task ends without one (cancelled, panicked, or dropped with its runtime), so
+/// the channel never waits for an operation nobody runs.
+struct Reply {
+    tx: tokio::sync::mpsc::UnboundedSender<Completion>,
+    tag: u64,
+    buf: Option<AlignedBuf>,
+    name: String,
+}
+
+impl Reply {
+    fn send(mut self, result: io::Result<()>) {
+        if let Some(buf) = self.buf.take() {
+            // The channel holds its own receiver; a channel dropped meanwhile needs nothing.
+            let _ = self.tx.send(Completion { tag: self.tag, result, buf });
+        }
+    }
+}
+
+impl Drop for Reply {
+    fn drop(&mut self) {
+        if let Some(buf) = self.buf.take() {
+            let e = error(io::ErrorKind::Interrupted, None, format!("{}: the operation was cancelled", self.name));
+            let _ = self.tx.send(Completion { tag: self.tag, result: Err(e), buf });
+        }
     }
 }
 

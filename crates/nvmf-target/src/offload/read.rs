@@ -96,7 +96,11 @@ async fn serve(mut rx: UnboundedReceiver<Start>, tx: Sender<Event>, mut ch: Chan
             biased;
             s = rx.recv(), if open => match s {
                 Some(s) => s.dev.submit(&mut ch, s.op, s.buf, s.tag),
-                None => open = false,
+                None => {
+                    // The command ends: it needs none of the reads still running.
+                    open = false;
+                    ch.cancel();
+                }
             },
             r = ch.wait(), if ch.busy() => {
                 if let Err(e) = r {
@@ -193,16 +197,26 @@ impl<'a> Io<'a> {
 }
 
 impl Drop for Io<'_> {
-    /// Waits for every operation still running (their buffers come back and are dropped),
-    /// then lets the I/O task end.
+    /// Cancels every operation still running and waits for them (their buffers come back
+    /// and are dropped), at most [`limits::COMPUTE_READ_DRAIN_SECS`]; then lets the I/O
+    /// task end.
     fn drop(&mut self) {
         self.tx = None;
+        let until = std::time::Instant::now() + Duration::from_secs(limits::COMPUTE_READ_DRAIN_SECS);
         while self.outstanding > 0 {
-            match self.rx.recv() {
+            match self.rx.recv_deadline(until) {
                 Ok(Event::Done(_)) => self.completed(),
                 Ok(Event::Opened(_)) => continue,
-                Err(_) => {
-                    // The runtime is gone (the target stops): nothing will complete.
+                Err(e) => {
+                    if e == RecvTimeoutError::Timeout {
+                        // The I/O task keeps their buffers until they complete.
+                        warn!(
+                            "offload engine: {} device reads did not complete within {} s of the command's end; it ends without them",
+                            self.outstanding,
+                            limits::COMPUTE_READ_DRAIN_SECS
+                        );
+                    }
+                    // Else the runtime is gone (the target stops): nothing will complete.
                     self.stats.reads_in_flight.fetch_sub(self.outstanding as u64, Relaxed);
                     self.outstanding = 0;
                 }
