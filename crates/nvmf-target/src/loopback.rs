@@ -54,6 +54,10 @@ pub enum Error {
     /// on NVMe/TCP).
     #[error("more commands outstanding than the queue size")]
     Overflow,
+    /// The queue was disconnected (Disconnect) or its controller is gone (keep-alive
+    /// expiry, its admin queue closed): it takes no more commands.
+    #[error("the queue is closed")]
+    Closed,
     #[error("waiting for the queue's device operations: {0}")]
     Io(#[from] io::Error),
 }
@@ -124,6 +128,9 @@ impl Loopback {
     /// Runs one command to its completion. Its command identifier and data pointer (SGL)
     /// are set here, from `data`.
     pub async fn run(&mut self, mut sqe: Sqe, data: Data<'_>) -> Result<Answer, Error> {
+        if self.core.close_after_flush || self.core.cancel.is_cancelled() {
+            return Err(Error::Closed);
+        }
         let cid = self.next_cid;
         self.next_cid = self.next_cid.wrapping_add(1);
         sqe.set_cid(cid);
@@ -159,8 +166,14 @@ impl Loopback {
                 continue;
             }
             let io_busy = self.core.chan.busy();
+            let cancel = self.core.cancel.clone();
             tokio::select! {
                 biased;
+                _ = cancel.cancelled() => {
+                    // The controller went: the queue ends as a connection does.
+                    self.core.abandon_outstanding();
+                    return Err(Error::Closed);
+                }
                 d = self.replies.abort.recv() => {
                     if let Some(d) = d {
                         self.core.on_done(d);

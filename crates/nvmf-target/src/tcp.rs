@@ -416,8 +416,8 @@ impl<S: Stream> Conn<S> {
             self.rx.consume(len);
             if !self.bound {
                 if let Some(ctrl) = self.core.controller().cloned() {
-                    // From Connect on, the connection lives as long as its controller.
-                    self.core.cancel = ctrl.cancel.child_token();
+                    // From Connect on, the connection lives as long as its controller
+                    // (the core bound its token to the controller's).
                     self.cancel = self.core.cancel.clone();
                     self.bound = true;
                     if let Some(t) = &self.core.ticket {

@@ -389,3 +389,56 @@ async fn a_short_delivery_fails_the_write_not_the_blocks() {
     assert!(wrong.is_empty(), "{}", wrong.join("\n"));
     assert_eq!(target.stats.requests_lost.load(std::sync::atomic::Ordering::Relaxed), 0, "commands lost");
 }
+
+/// How an I/O loopback queue's controller goes away.
+#[derive(Clone, Copy, Debug)]
+enum Loss {
+    /// The host disconnects the I/O queue itself (Disconnect): the admin queue stays.
+    Disconnect,
+    /// The admin queue closes: the controller is removed.
+    AdminClosed,
+    /// The host sends nothing for longer than KATO: the controller is removed.
+    KeepAlive,
+}
+
+/// After Disconnect, or once its controller is gone, an I/O loopback queue takes no more
+/// commands (before the fix it went on executing them for a removed controller).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_closed_or_orphaned_loopback_queue_takes_no_commands() {
+    let dir = tempfile::tempdir().unwrap();
+    let (target, addr) = target(dir.path()).await;
+    for loss in [Loss::Disconnect, Loss::AdminClosed, Loss::KeepAlive] {
+        let mut opts = ConnectOptions::new(addr, common::NQN);
+        opts.hostnqn = common::GOOD_HOST.into();
+        opts.kato_ms = 200;
+        let (mut adm, mut ioq) = connect_loopback(&target, &opts).await;
+        let read = Sqe::rw(io::READ, 1, 0, 1, false);
+        assert!(go(&mut ioq, read, loopback::Data::In(512)).await.cqe.status.is_success(), "{loss:?}: a read before");
+        match loss {
+            Loss::Disconnect => {
+                let mut d = Sqe::new(FABRICS, 0);
+                d.set_nsid(fctype::DISCONNECT as u32);
+                let a = go(&mut ioq, d, loopback::Data::None).await;
+                assert!(a.cqe.status.is_success(), "Disconnect: {:?}", a.cqe);
+                let k = go(&mut adm, Sqe::new(admin::KEEP_ALIVE, 0), loopback::Data::None).await;
+                assert!(k.cqe.status.is_success(), "the admin queue stays: {:?}", k.cqe);
+            }
+            Loss::AdminClosed => drop(adm),
+            Loss::KeepAlive => {
+                tokio::time::sleep(Duration::from_millis(200 * 4)).await;
+                let r = tokio::time::timeout(T, adm.run(Sqe::new(admin::KEEP_ALIVE, 0), loopback::Data::None)).await.unwrap();
+                assert!(matches!(r, Err(loopback::Error::Closed)), "the admin queue after keep-alive expiry: {r:?}");
+            }
+        }
+        let w = pattern(512, 3);
+        for (what, sqe, d) in [
+            ("read", Sqe::rw(io::READ, 1, 0, 1, false), loopback::Data::In(512)),
+            ("write", Sqe::rw(io::WRITE, 1, 0, 1, false), loopback::Data::Out(&w)),
+            ("flush", flush(1), loopback::Data::None),
+        ] {
+            let r = tokio::time::timeout(T, ioq.run(sqe, d)).await.unwrap();
+            assert!(matches!(r, Err(loopback::Error::Closed)), "{loss:?}: a {what} after: {r:?}");
+        }
+    }
+    assert_eq!(target.stats.requests_lost.load(std::sync::atomic::Ordering::Relaxed), 0, "commands lost");
+}

@@ -241,7 +241,8 @@ pub struct Core<T> {
     aers: Vec<Request>,
     /// A Disconnect completed: the transport closes once its responses are sent.
     pub(crate) close_after_flush: bool,
-    /// Fires when this connection ends or its controller goes: stops its compute commands.
+    /// Fires when this connection ends or its controller goes (a child of the controller's
+    /// from Connect on): stops its compute commands; the transport ends the queue.
     pub(crate) cancel: CancellationToken,
     /// What became of this queue's requests (crate::request).
     requests: Arc<QueueRequests>,
@@ -627,6 +628,10 @@ impl<T: Transport> Core<T> {
                         }
                         self.sqhd = 1 % (c.sqsize + 1);
                         c.ctrl.attach_queue(c.qid, self.abort_tx.clone());
+                        // From Connect on, the queue lives as long as its controller, over
+                        // every transport: the controller going stops its compute commands
+                        // and its transport's task.
+                        self.cancel = c.ctrl.cancel.child_token();
                         let fixed = c.memory.bytes();
                         self.queue = Some(Queue {
                             ctrl: c.ctrl,
