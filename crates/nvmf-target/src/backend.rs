@@ -33,8 +33,8 @@ pub trait Backend: Send + Sync {
         }
         r
     }
-    /// Calls `f` with the bytes at `off..off + len` as at most two slices borrowed from the
-    /// backend (no copy), for backends that hold their data in memory; None otherwise.
+    /// Calls `f` once with the bytes at `off..off + len` as slices borrowed from the backend
+    /// (no copy), for backends that hold their data in memory; None otherwise.
     fn with_slices(&self, off: u64, len: usize, f: &mut dyn FnMut(&[&[u8]])) -> Option<io::Result<()>> {
         let _ = (off, len, f);
         None
@@ -147,7 +147,21 @@ impl Backend for MemoryBackend {
             let (a, b) = (self.stripes[s].read(), self.stripes[s + 1].read());
             f(&[&a[o..], &b[..len - first]]);
         } else {
-            return None;
+            // Longer than two stripes (an offload chunk of up to COMPUTE_CHUNK_BYTES_MAX):
+            // a slice per stripe, locked in ascending order.
+            let last = (off + len as u64 - 1) / STRIPE;
+            let guards: Vec<_> = (s..=last as usize).map(|i| self.stripes[i].read()).collect();
+            let n = guards.len();
+            let slices: Vec<&[u8]> = guards
+                .iter()
+                .enumerate()
+                .map(|(i, g)| match i {
+                    0 => &g[o..],
+                    _ if i == n - 1 => &g[..len - first - (n - 2) * STRIPE as usize],
+                    _ => &g[..],
+                })
+                .collect();
+            f(&slices);
         }
         Some(Ok(()))
     }
@@ -333,6 +347,42 @@ mod tests {
     #[test]
     fn memory() {
         exercise(&MemoryBackend::new(4 << 20));
+    }
+
+    /// Memory lends any range in place, however many stripes it spans (an offload chunk
+    /// of up to 64 MiB is read on the compute thread; past two stripes it was None and
+    /// went to the I/O task, a memcpy on a network thread), and exactly its bytes.
+    #[test]
+    fn memory_lends_ranges_over_any_number_of_stripes() {
+        let size = (9 << 20) + 4096;
+        let b = MemoryBackend::new(size);
+        let data: Vec<u8> = (0..size as usize).map(|i| (i % 251) as u8 ^ (i >> 20) as u8).collect();
+        b.write_at(&data, 0).unwrap();
+        const M: u64 = 1 << 20;
+        // (offset, length, slices lent)
+        let cases: &[(u64, usize, usize)] = &[
+            (0, 0, 1),
+            (4096, 4096, 1),
+            (M - 512, 1024, 2),
+            (0, 2 * M as usize, 2),
+            (0, 3 * M as usize, 3),
+            (4096, 2 * M as usize, 3),
+            (M - 4096, 4 * M as usize, 5),
+            (512, 9 * M as usize, 10),
+            (0, size as usize, 10),
+        ];
+        for &(off, len, want) in cases {
+            let mut got = Vec::new();
+            let mut lent = 0;
+            let r = b.with_slices(off, len, &mut |slices| {
+                lent = slices.len();
+                slices.iter().for_each(|s| got.extend_from_slice(s));
+            });
+            assert!(matches!(r, Some(Ok(()))), "{off}+{len}: {r:?}");
+            assert_eq!(lent, want, "{off}+{len}: slices");
+            assert!(got == data[off as usize..off as usize + len], "{off}+{len}: the bytes differ");
+        }
+        assert!(matches!(b.with_slices(size - 4096, 8192, &mut |_| {}), Some(Err(_))), "past the end");
     }
 
     #[test]

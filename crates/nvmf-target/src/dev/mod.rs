@@ -101,8 +101,8 @@ pub trait BlockDevice: Send + Sync {
     fn completes_now(&self) -> bool {
         false
     }
-    /// Reads `len` bytes at `off` at once, lending them to `f` as at most two slices (no
-    /// copy), when that costs about a memcpy. None: use [`submit`](Self::submit).
+    /// Reads `len` bytes at `off` at once, lending them to `f` as slices (no copy; memory
+    /// lends any length, an offload chunk too), when that costs about a memcpy. None: use [`submit`](Self::submit).
     fn read_now(&self, off: u64, len: usize, f: &mut dyn FnMut(&[&[u8]])) -> Option<io::Result<()>> {
         let _ = (off, len, f);
         None
