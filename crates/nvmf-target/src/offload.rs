@@ -287,23 +287,53 @@ impl Results {
 }
 
 /// A compute command's side of a Preempt and Abort: the cancellation that stops it and
-/// the waits it holds until its task has ended (the task, queued or running, owns this
-/// as long as the connection does).
+/// the waits it holds until its task has ended, that is until the engine no longer reads
+/// or writes the namespace for it ([`TaskAbort::ended`]), whether or not its connection
+/// has taken the completion yet (as Linux's nvmet lets go at nvmet_req_complete).
 pub struct TaskAbort {
     pub cancel: CancellationToken,
-    held: parking_lot::Mutex<Vec<crate::subsystem::AbortGuard>>,
+    held: parking_lot::Mutex<Held>,
+}
+
+#[derive(Default)]
+struct Held {
+    guards: Vec<crate::subsystem::AbortGuard>,
+    /// A Preempt and Abort stopped it.
+    aborted: bool,
+    ended: bool,
 }
 
 impl TaskAbort {
     /// For a command of the connection whose token is `connection`.
     pub fn new(connection: &CancellationToken) -> Arc<TaskAbort> {
-        Arc::new(TaskAbort { cancel: connection.child_token(), held: parking_lot::Mutex::new(Vec::new()) })
+        Arc::new(TaskAbort { cancel: connection.child_token(), held: parking_lot::Mutex::new(Held::default()) })
     }
 
-    /// Stops the command; `guard` is held until the task is dropped.
+    /// Stops the command; `guard` is held until its task has ended (dropped at once when
+    /// it already has).
     pub fn abort(&self, guard: crate::subsystem::AbortGuard) {
-        self.held.lock().push(guard);
+        let mut held = self.held.lock();
+        held.aborted = true;
+        if !held.ended {
+            held.guards.push(guard);
+        }
+        drop(held);
         self.cancel.cancel();
+    }
+
+    /// Whether a Preempt and Abort stopped the command.
+    pub fn aborted(&self) -> bool {
+        self.held.lock().aborted
+    }
+
+    /// The task has ended: the waits it held are let go.
+    fn ended(&self) {
+        let guards = {
+            let mut held = self.held.lock();
+            held.ended = true;
+            std::mem::take(&mut held.guards)
+        };
+        drop(guards);
     }
 }
 
@@ -523,6 +553,10 @@ impl Engine {
 
 /// Sends a command's result back to its connection (which may be gone).
 fn finish(task: Task, result: Result<Vec<u8>, Failure>) {
+    // Nothing of it touches the namespace any more: a Preempt and Abort waiting for it
+    // goes on now, not when its connection takes the completion, which a host that
+    // stopped reading its socket would put off indefinitely.
+    task.abort.ended();
     let Task { token, slot, reply, .. } = task;
     let _ = reply.send(Done::computed(token, Computed { result, slot }));
 }

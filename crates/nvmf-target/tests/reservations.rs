@@ -635,3 +635,36 @@ async fn preempt_and_abort_does_not_wait_for_a_host_that_stopped_reading() {
     assert_eq!(r, Status::SUCCESS);
     drop(b);
 }
+
+/// The same with a compute command: B runs an endless checksum and has 127 reads of
+/// 128 KiB outstanding, and reads nothing. A's Preempt and Abort stops the command and
+/// completes once the offload engine has ended it, though B's connection, its send buffer
+/// full, has not taken the command's completion. Before, the Acquire waited for that
+/// completion to be taken: forever.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn preempt_and_abort_does_not_wait_for_a_stalled_hosts_compute_completion() {
+    let env = common::start().await;
+    let stats = env.target.offload.stats.clone();
+    let (mut a, mut b) = (host(&env, 0xa).await, host(&env, 0xb).await);
+    assert_eq!(a.register(rrega::REGISTER, 0, KA).await, Status::SUCCESS);
+    assert_eq!(b.register(rrega::REGISTER, 0, KB).await, Status::SUCCESS);
+    assert_eq!(a.acquire(racqa::ACQUIRE, Rtype::ExclusiveAccessRegistrantsOnly, KA, 0).await, Status::SUCCESS);
+    let desc = endless_checksum();
+    let qp = b.q.queue();
+    let mut s = Sqe::new(cop::EXEC, 0);
+    s.set_nsid(NS);
+    qp.submit(s, Data::Out(&desc), 1000).unwrap();
+    for tag in 0..127u64 {
+        qp.submit(Sqe::rw(io::READ, NS, tag * 32, 32, false), Data::In(128 << 10), tag).unwrap();
+    }
+    qp.flush().await.unwrap();
+    wait_for("B's compute command running", || stats.running.load(Relaxed) == 1).await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let r =
+        tokio::time::timeout(Duration::from_secs(5), a.acquire(racqa::PREEMPT_AND_ABORT, Rtype::ExclusiveAccessRegistrantsOnly, KA, KB))
+            .await
+            .expect("the Acquire waited for a compute completion the stalled host never took");
+    assert_eq!(r, Status::SUCCESS);
+    assert_eq!(stats.running.load(Relaxed), 0, "the Acquire completed while B's command still ran");
+    drop(b);
+}

@@ -142,7 +142,10 @@ impl<T: Transport> Core<T> {
                 x.ns.stats.errors.fetch_add(1, Relaxed);
                 // Stopped by another host's Preempt and Abort (a failure of its own, or a
                 // closing connection, keeps its status).
-                let f = if !x.held.is_empty() && f.status == Status::ABORT_REQUESTED && !self.cancel.is_cancelled() {
+                let f = if x.task.as_ref().is_some_and(|t| t.aborted())
+                    && f.status == Status::ABORT_REQUESTED
+                    && !self.cancel.is_cancelled()
+                {
                     Failure::new(
                         Status::ABORTED_PREEMPT,
                         format!("aborted: another host preempted this host's registration on namespace {} (Preempt and Abort)", x.ns.nsid),

@@ -184,16 +184,14 @@ struct Inflight {
     kind: IoKind,
     len: usize,
     lba: u64,
-    /// Other hosts' Preempt and Abort waiting for this command (dropped with it); those of
-    /// a device operation go with the operation instead ([`Channel::hold`]).
-    held: Vec<AbortGuard>,
-    /// A compute command's task, which a Preempt and Abort stops.
+    /// A compute command's task, which a Preempt and Abort stops and whose end lets the
+    /// Acquire go on (a device operation's wait goes with the operation, [`Channel::hold`]).
     task: Option<Arc<TaskAbort>>,
 }
 
 impl Inflight {
     fn new(req: Request, ns: Arc<Namespace>, kind: IoKind, len: usize, lba: u64) -> Inflight {
-        Inflight { req, ns, kind, len, lba, held: Vec::new(), task: None }
+        Inflight { req, ns, kind, len, lba, task: None }
     }
 }
 
@@ -882,9 +880,9 @@ impl<T: Transport> Core<T> {
         for (token, slot) in self.inflight.slots.iter_mut().enumerate() {
             let Some(x) = slot.as_mut().filter(|x| x.ns.nsid == nsid && x.kind != IoKind::Reservation) else { continue };
             if let Some(t) = &x.task {
+                // Held by the task until it has ended, not until its completion is taken.
                 t.abort(guard.clone());
                 stopped = true;
-                x.held.push(guard.clone());
                 continue;
             }
             // A device operation: the guard goes with it to whoever runs it, and is
