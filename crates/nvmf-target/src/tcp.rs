@@ -415,7 +415,7 @@ impl<S: Stream> Conn<S> {
             }
             self.rx.consume(len);
             if !self.bound {
-                if let Some(ctrl) = self.core.controller().cloned() {
+                if self.core.controller().is_some() {
                     // From Connect on, the connection lives as long as its controller
                     // (the core bound its token to the controller's).
                     self.cancel = self.core.cancel.clone();
