@@ -612,59 +612,46 @@ async fn preempt_and_abort_waits_for_the_storage_after_the_preempted_host_closes
 /// stays full. A's Preempt and Abort completes all the same, within a bounded time: the
 /// abort request is taken without room in the send buffer, and B's reads let go of the
 /// Acquire when the storage has finished them, not when their data has left. Before, the
-/// Acquire waited for B's keep-alive to expire (forever with KATO 0).
+/// Acquire waited for B's keep-alive to expire (forever with KATO 0). The second case adds
+/// an endless checksum of B's: the Acquire completes once the offload engine has ended it,
+/// though B's connection has not taken the command's completion (before, it waited for
+/// that: forever).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn preempt_and_abort_does_not_wait_for_a_host_that_stopped_reading() {
-    let env = common::start().await;
-    let (mut a, mut b) = (host(&env, 0xa).await, host(&env, 0xb).await);
-    assert_eq!(a.register(rrega::REGISTER, 0, KA).await, Status::SUCCESS);
-    assert_eq!(b.register(rrega::REGISTER, 0, KB).await, Status::SUCCESS);
-    assert_eq!(a.acquire(racqa::ACQUIRE, Rtype::ExclusiveAccessRegistrantsOnly, KA, 0).await, Status::SUCCESS);
-    // 128 reads of 128 KiB (16 MiB): more than the socket buffers and the target's send
-    // buffer hold; B never reads a byte of them.
-    let qp = b.q.queue();
-    for tag in 0..128u64 {
-        qp.submit(Sqe::rw(io::READ, NS, tag * 32, 32, false), Data::In(128 << 10), tag).unwrap();
+    for with_compute in [false, true] {
+        let env = common::start().await;
+        let stats = env.target.offload.stats.clone();
+        let (mut a, mut b) = (host(&env, 0xa).await, host(&env, 0xb).await);
+        assert_eq!(a.register(rrega::REGISTER, 0, KA).await, Status::SUCCESS);
+        assert_eq!(b.register(rrega::REGISTER, 0, KB).await, Status::SUCCESS);
+        assert_eq!(a.acquire(racqa::ACQUIRE, Rtype::ExclusiveAccessRegistrantsOnly, KA, 0).await, Status::SUCCESS);
+        let desc = endless_checksum();
+        let qp = b.q.queue();
+        let mut reads = 128u64;
+        if with_compute {
+            let mut s = Sqe::new(cop::EXEC, 0);
+            s.set_nsid(NS);
+            qp.submit(s, Data::Out(&desc), 1000).unwrap();
+            reads -= 1;
+        }
+        // 128 KiB reads filling the queue (16 MiB): more than the socket buffers and the
+        // target's send buffer hold; B never reads a byte of them.
+        for tag in 0..reads {
+            qp.submit(Sqe::rw(io::READ, NS, tag * 32, 32, false), Data::In(128 << 10), tag).unwrap();
+        }
+        qp.flush().await.unwrap();
+        if with_compute {
+            wait_for("B's compute command running", || stats.running.load(Relaxed) == 1).await;
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        let r = tokio::time::timeout(
+            Duration::from_secs(5),
+            a.acquire(racqa::PREEMPT_AND_ABORT, Rtype::ExclusiveAccessRegistrantsOnly, KA, KB),
+        )
+        .await
+        .unwrap_or_else(|_| panic!("the Acquire waited for a host that stopped reading (compute command: {with_compute})"));
+        assert_eq!(r, Status::SUCCESS);
+        assert_eq!(stats.running.load(Relaxed), 0, "the Acquire completed while B's command still ran");
+        drop(b);
     }
-    qp.flush().await.unwrap();
-    tokio::time::sleep(Duration::from_millis(500)).await;
-    let r =
-        tokio::time::timeout(Duration::from_secs(5), a.acquire(racqa::PREEMPT_AND_ABORT, Rtype::ExclusiveAccessRegistrantsOnly, KA, KB))
-            .await
-            .expect("the Acquire waited for a host that stopped reading");
-    assert_eq!(r, Status::SUCCESS);
-    drop(b);
-}
-
-/// The same with a compute command: B runs an endless checksum and has 127 reads of
-/// 128 KiB outstanding, and reads nothing. A's Preempt and Abort stops the command and
-/// completes once the offload engine has ended it, though B's connection, its send buffer
-/// full, has not taken the command's completion. Before, the Acquire waited for that
-/// completion to be taken: forever.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn preempt_and_abort_does_not_wait_for_a_stalled_hosts_compute_completion() {
-    let env = common::start().await;
-    let stats = env.target.offload.stats.clone();
-    let (mut a, mut b) = (host(&env, 0xa).await, host(&env, 0xb).await);
-    assert_eq!(a.register(rrega::REGISTER, 0, KA).await, Status::SUCCESS);
-    assert_eq!(b.register(rrega::REGISTER, 0, KB).await, Status::SUCCESS);
-    assert_eq!(a.acquire(racqa::ACQUIRE, Rtype::ExclusiveAccessRegistrantsOnly, KA, 0).await, Status::SUCCESS);
-    let desc = endless_checksum();
-    let qp = b.q.queue();
-    let mut s = Sqe::new(cop::EXEC, 0);
-    s.set_nsid(NS);
-    qp.submit(s, Data::Out(&desc), 1000).unwrap();
-    for tag in 0..127u64 {
-        qp.submit(Sqe::rw(io::READ, NS, tag * 32, 32, false), Data::In(128 << 10), tag).unwrap();
-    }
-    qp.flush().await.unwrap();
-    wait_for("B's compute command running", || stats.running.load(Relaxed) == 1).await;
-    tokio::time::sleep(Duration::from_millis(500)).await;
-    let r =
-        tokio::time::timeout(Duration::from_secs(5), a.acquire(racqa::PREEMPT_AND_ABORT, Rtype::ExclusiveAccessRegistrantsOnly, KA, KB))
-            .await
-            .expect("the Acquire waited for a compute completion the stalled host never took");
-    assert_eq!(r, Status::SUCCESS);
-    assert_eq!(stats.running.load(Relaxed), 0, "the Acquire completed while B's command still ran");
-    drop(b);
 }
