@@ -228,6 +228,9 @@ pub async fn run(
     // Each step waits, then executes; a failing plan stops the waiting ones only.
     let states: Arc<Vec<AtomicU8>> = Arc::new((0..n).map(|_| AtomicU8::new(WAITING)).collect());
     let mut handles = Vec::with_capacity(n);
+    // Said before any step runs: whoever listens sees the plan before its first lock
+    // is waited for.
+    progress(&format!("{n} steps planned"));
     for (i, s) in steps.into_iter().enumerate() {
         let (locks, opts, done_tx, mut done_rx) = (locks.clone(), opts.clone(), done_tx.clone(), done_rx.clone());
         let states = states.clone();
@@ -263,7 +266,6 @@ pub async fn run(
             (i, r)
         }));
     }
-    progress(&format!("{n} steps planned"));
     let mut reports: Vec<Option<StepReport>> = (0..n).map(|_| None).collect();
     let mut failure = None;
     while let Some(j) = set.join_next().await {
