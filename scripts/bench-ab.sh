@@ -9,6 +9,8 @@
 # `nearstore checksum`/`grep -c --offload-only` runs 8 times in a row; MB/s of the file.
 # OFFLOAD_CORES=0,1 lets those targets use both cores (the command's thread beside the
 # network thread), as a target computing with the machine's cores does.
+# BACKEND=file: the plain workloads on a 1 GiB file namespace (in $TMPDIR, so on the disk's
+# file system; its pages are in the page cache after the warm-up write) instead of memory.
 # Usage: scripts/bench-ab.sh BIN_A BIN_B [rounds] [seconds-per-run]   (default 3 rounds, 5 s)
 # Example: cp target/release/nearstore /tmp/before; (change, build); \
 #          scripts/bench-ab.sh /tmp/before target/release/nearstore
@@ -27,8 +29,10 @@ IFS=';' read -ra workloads <<< "${WORKLOADS:-randread 4KiB 1;randread 4KiB 32;ra
 
 run() { # bin workload size qd -> "iops mb_per_s"
     local bin=$1 w=$2 z=$3 q=$4
+    local export=(--memory 1GiB)
+    [ "${BACKEND:-memory}" = file ] && export=(--namespace "$work/ns.img" --size 1GiB)
     taskset -c 0 "$bin" target --listen 127.0.0.1:$port --discovery none --net-threads 1 \
-        --memory 1GiB --block-size 4096 --log-level warn > "$work/t.out" 2>&1 &
+        "${export[@]}" --block-size 4096 --log-level warn > "$work/t.out" 2>&1 &
     pid=$!
     for _ in $(seq 50); do grep -q listening "$work/t.out" && break; sleep 0.1; done
     grep -q listening "$work/t.out" || { cat "$work/t.out" >&2; exit 1; }
@@ -90,12 +94,13 @@ run_offload() { # bin operation namespace(file|memory) -> "0 mb_per_s"
     kill $pid; wait $pid 2>/dev/null || true; pid=
 }
 
+case "${BACKEND:-memory}" in memory|file) ;; *) echo "BACKEND is memory or file" >&2; exit 2 ;; esac
 case "${workloads[*]}" in *offload*) fs_setup ;; esac
 
 echo "# $(date -u '+%F %H:%M') UTC, $(nproc) cores, $(uname -r), load $(cut -d' ' -f1-3 /proc/loadavg)"
 echo "# A = $a"
 echo "# B = $b"
-echo "# $rounds rounds of ${secs} s per run"
+echo "# $rounds rounds of ${secs} s per run, backend ${BACKEND:-memory}"
 for r in $(seq "$rounds"); do
     for wl in "${workloads[@]}"; do
         read -r w z q <<< "$wl"
