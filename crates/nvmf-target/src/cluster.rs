@@ -263,13 +263,15 @@ impl Peers {
 }
 
 /// Opens a connection to `p` as cluster member `member` acting for `host`, with one I/O
-/// queue, and identifies the namespace. The peer decides: a refusal is PEER_DENIED.
+/// queue, and identifies the namespace. The peer decides: a refusal is PEER_DENIED. A
+/// member reading for itself (`host == member`: a volume's extents in a peer's pool
+/// subsystem) names no host.
 pub(crate) async fn connect(p: &PeerConfig, member: &str, host: &str, timeout: Duration) -> Result<Conn, PeerError> {
     let mut opts = ConnectOptions::new(p.address, &p.nqn);
     opts.hostnqn = member.to_string();
     opts.hostid = *uuid::Uuid::new_v5(&uuid::Uuid::NAMESPACE_OID, member.as_bytes()).as_bytes();
     opts.timeout = timeout;
-    opts.acting_for = Some(host.to_string());
+    opts.acting_for = (host != member).then(|| host.to_string());
     let ctrl = Controller::connect(opts).await.map_err(|e| {
             let denied = matches!(&e, InitiatorError::ActingForUnconfirmed { .. })
                 || matches!(&e, InitiatorError::Status { status, .. } if status.sct == Status::CONNECT_INVALID_HOST.sct && status.sc == Status::CONNECT_INVALID_HOST.sc);

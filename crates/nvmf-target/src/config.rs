@@ -89,6 +89,43 @@ pub struct Config {
     /// Pools: files set aside for volumes' extents, registered with the control plane.
     #[serde(default)]
     pub pool: Vec<PoolConfig>,
+    /// Exported volumes' data path: the mapping cache and the wait for the control plane.
+    #[serde(default)]
+    pub volume: VolumeConfig,
+}
+
+/// The `[volume]` section (docs/control-plane.md, "The data path").
+#[derive(Debug, Clone, Copy, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct VolumeConfig {
+    /// Extent locations one exported volume caches (0: none, every I/O is translated).
+    pub cache_entries: usize,
+    /// How long an I/O waits for the control plane's translation, in milliseconds.
+    pub translate_timeout_ms: u64,
+}
+
+impl Default for VolumeConfig {
+    fn default() -> Self {
+        VolumeConfig {
+            cache_entries: limits::VOLUME_CACHE_ENTRIES_DEFAULT,
+            translate_timeout_ms: limits::VOLUME_TRANSLATE_TIMEOUT_MS_DEFAULT,
+        }
+    }
+}
+
+impl VolumeConfig {
+    fn validate(&self) -> Result<(), ConfigError> {
+        if self.cache_entries > limits::VOLUME_CACHE_ENTRIES_MAX {
+            return Err(invalid("volume.cache_entries", format!("must be at most {}", limits::VOLUME_CACHE_ENTRIES_MAX)));
+        }
+        if self.translate_timeout_ms == 0 || self.translate_timeout_ms > limits::VOLUME_TRANSLATE_TIMEOUT_MS_MAX {
+            return Err(invalid(
+                "volume.translate_timeout_ms",
+                format!("must be between 1 and {}", limits::VOLUME_TRANSLATE_TIMEOUT_MS_MAX),
+            ));
+        }
+        Ok(())
+    }
 }
 
 /// A `[[pool]]`: a file the target makes (sparse) or extends to `size`, never shrinks.
@@ -358,6 +395,7 @@ impl Config {
         }
         self.compute.validate().map_err(|(f, m)| invalid(f, m))?;
         self.limits.validate()?;
+        self.volume.validate()?;
         if !self.pool.is_empty() && self.control.is_none() {
             return Err(invalid("pool", "pools are registered with a control plane: give control too"));
         }
@@ -405,6 +443,9 @@ impl Config {
             check_nqn(&s.nqn).map_err(|m| invalid(format!("{f}.nqn"), m))?;
             if s.nqn == nearstore_wire::DISCOVERY_NQN {
                 return Err(invalid(format!("{f}.nqn"), "the discovery NQN is reserved for the discovery subsystem"));
+            }
+            if s.nqn == crate::POOLS_NQN {
+                return Err(invalid(format!("{f}.nqn"), "this NQN is reserved for the pool subsystem"));
             }
             if !nqns.insert(&s.nqn) {
                 return Err(invalid(format!("{f}.nqn"), format!("duplicate subsystem NQN {}", s.nqn)));
@@ -479,6 +520,7 @@ impl Config {
             state_dir: None,
             control: None,
             pool: Vec::new(),
+            volume: Default::default(),
         }
     }
 }
@@ -643,6 +685,9 @@ mod tests {
                 "pool[1].name: pool 'p0' is named twice",
             ),
             ("[[listener]]", "control = \"127.0.0.1:9470\"\n[[pool]]\npath = \"/a/p0\"\n[[listener]]", "missing field `size`"),
+            ("[[listener]]", "[volume]\ncache_entries = 1048577\n[[listener]]", "volume.cache_entries: must be at most 1048576"),
+            ("[[listener]]", "[volume]\ntranslate_timeout_ms = 0\n[[listener]]", "volume.translate_timeout_ms"),
+            ("[[listener]]", "[volume]\ntranslate_timeout_ms = 60001\n[[listener]]", "volume.translate_timeout_ms"),
         ];
         for (from, to, want) in cases {
             let text = GOOD.replacen(from, to, 1);

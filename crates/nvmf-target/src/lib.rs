@@ -200,7 +200,22 @@ impl Target {
             }
             t.subsystems.write().insert(s.nqn.clone(), Arc::new(sub));
         }
+        if !cfg.pool.is_empty() {
+            let sub = pool_subsystem(cfg)?;
+            t.subsystems.write().insert(sub.nqn.clone(), Arc::new(sub));
+        }
         Ok(t)
+    }
+
+    /// Removes a subsystem added at run time: its controllers go (their queues close) and
+    /// the discovery log generation changes. None: there is no such subsystem.
+    pub fn remove_subsystem(&self, nqn: &str) -> Option<Arc<Subsystem>> {
+        let sub = self.subsystems.write().remove(nqn)?;
+        for cntlid in sub.cntlids() {
+            sub.remove_controller(cntlid);
+        }
+        self.genctr.fetch_add(1, Relaxed);
+        Some(sub)
     }
 
     /// Adds a subsystem at run time; the discovery log generation changes.
@@ -326,6 +341,31 @@ impl Target {
             }
         }
     }
+}
+
+/// The NQN of every target's pool subsystem: its pools (`[[pool]]`, `--pool`) as
+/// namespaces 1, 2, ... in the order they are given, for the other targets exporting
+/// volumes whose extents lie in them (docs/control-plane.md, "Pools on the wire").
+pub const POOLS_NQN: &str = "nqn.2026-11.io.nearstore:pools";
+
+/// The pool subsystem: it admits only `cluster.trusted_members`, each for itself. A member
+/// acting for a host is admitted only if that host is (the rule of every subsystem), and no
+/// host is: a host reaches pools only through a volume exported to it.
+fn pool_subsystem(cfg: &Config) -> Result<Subsystem, TargetError> {
+    let sub = Subsystem::new(POOLS_NQN, None, Some("nearstore pools"), false, &cfg.cluster.trusted_members);
+    for (i, p) in cfg.pool.iter().enumerate() {
+        let field = format!("pool[{i}].path");
+        let backend = FileBackend::open(&p.path, Some(p.size.0)).map_err(|source| TargetError::Backend {
+            field: field.clone(),
+            path: p.path.display().to_string(),
+            source,
+        })?;
+        let nsid = i as u32 + 1;
+        info!(subnqn = POOLS_NQN, nsid, pool = %p.name(), "pool on {}", backend.describe());
+        let ns = Namespace::new(POOLS_NQN, nsid, Arc::new(backend), limits::VOLUME_BLOCK_BYTES);
+        sub.add_namespace(ns).map_err(|message| TargetError::Namespace { field, message })?;
+    }
+    Ok(sub)
 }
 
 /// Raises the soft descriptor limit (RLIMIT_NOFILE) to the hard limit, once per process,

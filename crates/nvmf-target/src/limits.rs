@@ -387,6 +387,26 @@ pub const PEER_READ_AHEAD_BYTES_MAX: u64 = 64 << 20;
 pub const PEER_TIMEOUT_SECS_DEFAULT: u64 = 30;
 pub const PEER_TIMEOUT_SECS_MAX: u64 = 3600;
 
+/// Extents whose location one exported volume keeps in its mapping cache
+/// (`volume.cache_entries`), in entries of about 100 bytes: 4096 entries map 256 GiB of
+/// 64 MiB extents in 400 KiB; 0 turns the cache off (every I/O asks the control plane, the
+/// benchmark's "no cache" case); at most 2^20, a volume's largest extent table
+/// (nearstore-control's EXTENTS_PER_VOLUME_MAX), so a full table fits.
+pub const VOLUME_CACHE_ENTRIES_DEFAULT: usize = 4096;
+pub const VOLUME_CACHE_ENTRIES_MAX: usize = 1 << 20;
+
+/// How long an I/O to an extent the cache does not hold waits for the control plane's
+/// translation (or allocation) before it fails with Namespace Not Ready, which a host
+/// retries (`volume.translate_timeout_ms`), in milliseconds: 2 s is many round trips and an
+/// fsync of the control plane; Linux retries a command 5 times, so a host sees an error
+/// after about 10 s of control plane outage, not a hang. At most a minute.
+pub const VOLUME_TRANSLATE_TIMEOUT_MS_DEFAULT: u64 = 2000;
+pub const VOLUME_TRANSLATE_TIMEOUT_MS_MAX: u64 = 60_000;
+
+/// The logical block size of an exported volume, in bytes: every extent size is a multiple
+/// of it (nearstore-control's EXTENT_ALIGN_BYTES), and 4 KiB is what file systems use.
+pub const VOLUME_BLOCK_BYTES: u32 = 4096;
+
 // How the limits bound one another. Each line fails the build when a change breaks it.
 
 // Queues: CAP.MQES is QUEUE_DEPTH_MAX - 1 (0's based, at least 1); an admin queue must take
@@ -464,6 +484,8 @@ const _: () = assert!(PEER_READ_AHEAD_BYTES_MIN >= nearstore_initiator::stream::
 const _: () =
     assert!(PEER_READ_AHEAD_BYTES_MIN <= PEER_READ_AHEAD_BYTES_DEFAULT && PEER_READ_AHEAD_BYTES_DEFAULT <= PEER_READ_AHEAD_BYTES_MAX);
 const _: () = assert!(PEER_TIMEOUT_SECS_DEFAULT >= 1 && PEER_TIMEOUT_SECS_DEFAULT <= PEER_TIMEOUT_SECS_MAX);
+const _: () = assert!(VOLUME_CACHE_ENTRIES_DEFAULT <= VOLUME_CACHE_ENTRIES_MAX);
+const _: () = assert!(VOLUME_TRANSLATE_TIMEOUT_MS_DEFAULT >= 1 && VOLUME_TRANSLATE_TIMEOUT_MS_DEFAULT <= VOLUME_TRANSLATE_TIMEOUT_MS_MAX);
 
 #[cfg(test)]
 mod tests {

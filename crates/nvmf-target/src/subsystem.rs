@@ -271,6 +271,11 @@ impl Subsystem {
         self.controllers.lock().get(&cntlid).cloned()
     }
 
+    /// The controllers' IDs.
+    pub fn cntlids(&self) -> Vec<u16> {
+        self.controllers.lock().keys().copied().collect()
+    }
+
     pub fn controller_count(&self) -> usize {
         self.controllers.lock().len()
     }

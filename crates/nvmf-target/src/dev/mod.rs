@@ -38,6 +38,27 @@ pub mod delay;
 pub mod inject;
 pub mod local;
 pub mod remote;
+pub mod volume;
+
+/// An operation's failure that carries the NVMe status its command completes with (the
+/// inner error of an [`io::Error`]); other failures complete reads with Unrecovered Read
+/// Error and writes with Write Fault.
+#[derive(Debug, thiserror::Error)]
+#[error("{message}")]
+pub struct StatusError {
+    pub status: nearstore_wire::Status,
+    pub message: String,
+}
+
+/// An error that completes its command with `status`.
+pub fn status_error(status: nearstore_wire::Status, message: String) -> io::Error {
+    io::Error::other(StatusError { status, message })
+}
+
+/// The status an operation's error asks its command to complete with, if it names one.
+pub fn error_status(e: &io::Error) -> Option<nearstore_wire::Status> {
+    e.get_ref().and_then(|i| i.downcast_ref::<StatusError>()).map(|s| s.status)
+}
 
 /// What a device is, for the namespace above it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

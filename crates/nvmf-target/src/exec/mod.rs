@@ -822,10 +822,10 @@ impl<T: Transport> Core<T> {
     }
 
     fn io_error(&mut self, ctrl: &Controller, ns: &Namespace, kind: IoKind, lba: u64, req: Request, e: io::Error) {
-        let status = match kind {
+        let status = crate::dev::error_status(&e).unwrap_or(match kind {
             IoKind::Read => Status::UNRECOVERED_READ_ERROR,
             _ => Status::WRITE_FAULT,
-        };
+        });
         peer_warn!(self.target.log_limit, self.peer.as_str(), "backend I/O failed", nsid = ns.nsid, lba, error = %e);
         ns.stats.errors.fetch_add(1, Relaxed);
         let qid = self.queue.as_ref().map_or(0, |q| q.qid);

@@ -1,0 +1,622 @@
+//! An exported volume as a device: seed 002's fast path over Flint's extents.
+//!
+//! A volume is a logical block space cut into extents of one size, each allocated lazily in
+//! some target's pool (docs/control-plane.md). This device translates every operation, split
+//! at extent boundaries, through a bounded mapping cache ([`Clock`], `volume.cache_entries`):
+//! an extent it holds goes straight to the pool's device, this target's own
+//! ([`dev::local`](super::local), a namespace of its pool subsystem) or a peer's
+//! ([`dev::remote`](super::remote), the peer's pool subsystem); one it does not hold asks
+//! the control plane ([`Resolver`]) and waits at most `volume.translate_timeout_ms`.
+//!
+//! - A read or write within one cached extent is submitted on the caller's channel with the
+//!   caller's buffer and tag: no task, no copy, no allocation.
+//! - Everything else (a miss, an operation crossing extents, flush, write zeroes,
+//!   deallocate) is a task on the caller's runtime, like a remote device's operation, with a
+//!   channel of its own; its completion comes back through the caller's channel.
+//! - A read of an unallocated extent returns zeros and allocates nothing; the first write
+//!   allocates it (the control plane's idempotent allocation), zeroes it when the control
+//!   plane just placed it (its pool space may have held a deleted volume's extent), and only
+//!   then is it cached and written.
+//! - Misses of one volume are resolved one at a time, so that no operation maps an extent
+//!   while its first write still zeroes it.
+//! - When the control plane cannot answer in time, the operation fails with Namespace Not
+//!   Ready, which a host retries; cached extents keep serving.
+
+use std::collections::HashMap;
+use std::future::Future;
+use std::io;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::Arc;
+use std::time::Duration;
+
+use nearstore_transport::AlignedBuf;
+use nearstore_wire::Status;
+use parking_lot::Mutex;
+use tokio_util::sync::CancellationToken;
+
+use super::{status_error, BlockDevice, Channel, Completion, Geometry, Op};
+use crate::backend::Backend;
+use crate::config::IoEngine;
+use crate::io_pool::IoPool;
+
+pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
+
+/// Where an allocated extent lies: a namespace of a target's pool subsystem.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Location {
+    /// The pool's target, as the control plane knows it (its I/O address).
+    pub target: String,
+    /// The pool's namespace in that target's pool subsystem.
+    pub nsid: u32,
+    /// Byte offset of the extent in the pool.
+    pub offset: u64,
+    /// Bumped each time the extent moves.
+    pub epoch: u64,
+}
+
+/// What the control plane says of one extent.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Lookup {
+    Allocated(Location),
+    Unallocated,
+}
+
+/// Why the control plane gave no location: the status the operation fails with.
+#[derive(Clone, Debug)]
+pub struct ResolveError {
+    pub status: Status,
+    pub message: String,
+}
+
+/// The control plane's translation service for one volume.
+pub trait Resolver: Send + Sync {
+    /// Where extent `index` lies, if it is allocated.
+    fn translate(&self, index: u64) -> BoxFuture<'_, Result<Lookup, ResolveError>>;
+    /// Allocates extent `index` (returned as it is when already allocated); true when this
+    /// call placed it.
+    fn allocate(&self, index: u64) -> BoxFuture<'_, Result<(Location, bool), ResolveError>>;
+    /// Every allocated extent (index, location): what write zeroes and deallocate reach.
+    fn allocated(&self) -> BoxFuture<'_, Result<Vec<(u64, Location)>, ResolveError>>;
+}
+
+/// Opens the device of a pool namespace.
+pub trait Devices: Send + Sync {
+    fn open<'a>(&'a self, loc: &'a Location) -> BoxFuture<'a, io::Result<Arc<dyn BlockDevice>>>;
+}
+
+/// A bounded map with CLOCK eviction (second chance): a hit sets the entry's bit; the hand
+/// clears bits until it finds an entry without one, and replaces it. Capacity 0 holds
+/// nothing.
+pub struct Clock<V> {
+    cap: usize,
+    slots: Vec<(u64, V, bool)>,
+    index: HashMap<u64, usize>,
+    hand: usize,
+}
+
+impl<V: Clone> Clock<V> {
+    pub fn new(cap: usize) -> Clock<V> {
+        Clock { cap, slots: Vec::new(), index: HashMap::new(), hand: 0 }
+    }
+
+    pub fn get(&mut self, key: u64) -> Option<V> {
+        let i = *self.index.get(&key)?;
+        let s = &mut self.slots[i];
+        s.2 = true;
+        Some(s.1.clone())
+    }
+
+    /// Inserts or replaces; returns the key evicted to make room.
+    pub fn insert(&mut self, key: u64, v: V) -> Option<u64> {
+        if self.cap == 0 {
+            return None;
+        }
+        if let Some(&i) = self.index.get(&key) {
+            self.slots[i].1 = v;
+            return None;
+        }
+        if self.slots.len() < self.cap {
+            self.index.insert(key, self.slots.len());
+            self.slots.push((key, v, false));
+            return None;
+        }
+        while self.slots[self.hand].2 {
+            self.slots[self.hand].2 = false;
+            self.hand = (self.hand + 1) % self.cap;
+        }
+        let old = std::mem::replace(&mut self.slots[self.hand], (key, v, false)).0;
+        self.index.remove(&old);
+        self.index.insert(key, self.hand);
+        self.hand = (self.hand + 1) % self.cap;
+        Some(old)
+    }
+
+    pub fn len(&self) -> usize {
+        self.slots.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.slots.is_empty()
+    }
+}
+
+/// A cached extent: the device of its pool and where the extent starts there.
+#[derive(Clone)]
+struct Mapped {
+    dev: Arc<dyn BlockDevice>,
+    offset: u64,
+    /// The extent's epoch when it was cached (checked against moves, which come later).
+    #[allow(dead_code)]
+    epoch: u64,
+}
+
+/// Counters of a volume's data path.
+#[derive(Default, Debug)]
+pub struct VolumeStats {
+    /// Extent lookups the cache answered.
+    pub hits: AtomicU64,
+    /// Extent lookups that asked the control plane.
+    pub misses: AtomicU64,
+    /// Extents this device allocated (first writes).
+    pub allocations: AtomicU64,
+    /// Pieces of reads answered with zeros (unallocated extents).
+    pub zero_reads: AtomicU64,
+}
+
+/// How a volume is set up.
+#[derive(Clone, Debug)]
+pub struct VolumeConfig {
+    pub name: String,
+    /// Bytes, a multiple of `extent_size`.
+    pub size: u64,
+    pub extent_size: u64,
+    /// Entries of the mapping cache (0: every operation is translated).
+    pub cache_entries: usize,
+    /// The longest wait for the control plane.
+    pub timeout: Duration,
+}
+
+struct Inner {
+    cfg: VolumeConfig,
+    resolver: Arc<dyn Resolver>,
+    devices: Arc<dyn Devices>,
+    cache: Mutex<Clock<Mapped>>,
+    /// Held while a miss is resolved (and a new extent zeroed).
+    misses: tokio::sync::Mutex<()>,
+    /// Every pool device this volume reached: what a flush flushes.
+    touched: Mutex<Vec<Arc<dyn BlockDevice>>>,
+    pool: IoPool,
+    stats: VolumeStats,
+}
+
+pub struct Volume {
+    inner: Arc<Inner>,
+}
+
+impl Volume {
+    pub fn new(cfg: VolumeConfig, resolver: Arc<dyn Resolver>, devices: Arc<dyn Devices>, pool: IoPool) -> Volume {
+        let cache = Mutex::new(Clock::new(cfg.cache_entries));
+        Volume {
+            inner: Arc::new(Inner {
+                cfg,
+                resolver,
+                devices,
+                cache,
+                misses: tokio::sync::Mutex::new(()),
+                touched: Mutex::new(Vec::new()),
+                pool,
+                stats: VolumeStats::default(),
+            }),
+        }
+    }
+
+    pub fn stats(&self) -> &VolumeStats {
+        &self.inner.stats
+    }
+
+    /// The synchronous face a namespace needs besides its device (shutdown flushes).
+    pub fn backend(&self) -> Arc<dyn Backend> {
+        Arc::new(VolumeBackend { inner: self.inner.clone() })
+    }
+}
+
+/// The operation with its offset moved to `off`.
+fn at(op: Op, off: u64) -> Op {
+    match op {
+        Op::Read { .. } => Op::Read { off },
+        Op::Write { fua, .. } => Op::Write { off, fua },
+        op => op,
+    }
+}
+
+impl BlockDevice for Volume {
+    fn describe(&self) -> String {
+        format!("volume {}", self.inner.cfg.name)
+    }
+
+    fn geometry(&self) -> Geometry {
+        Geometry {
+            size: self.inner.cfg.size,
+            block_size: crate::limits::VOLUME_BLOCK_BYTES,
+            align: nearstore_transport::PAGE as u32,
+            queue_depth: crate::limits::QUEUE_DEPTH_MAX as u32,
+        }
+    }
+
+    fn submit(&self, ch: &mut Channel, op: Op, buf: AlignedBuf, tag: u64) {
+        let ext = self.inner.cfg.extent_size;
+        if let Op::Read { off } | Op::Write { off, .. } = op {
+            let len = buf.len() as u64;
+            let end = off.checked_add(len).filter(|&e| e <= self.inner.cfg.size);
+            if len > 0 && end.is_some() && off / ext == (off + len - 1) / ext {
+                let hit = self.inner.cache.lock().get(off / ext);
+                if let Some(m) = hit {
+                    self.inner.stats.hits.fetch_add(1, Relaxed);
+                    return m.dev.submit(ch, at(op, m.offset + off % ext), buf, tag);
+                }
+            }
+        }
+        let Ok(rt) = tokio::runtime::Handle::try_current() else {
+            let e = io::Error::other(format!("{}: not submitted on a runtime", self.describe()));
+            return ch.complete(tag, Err(e), buf);
+        };
+        ch.started_elsewhere();
+        let reply = Reply { tx: ch.sender(), tag, buf: Some(buf) };
+        let (inner, stop) = (self.inner.clone(), ch.cancellation());
+        rt.spawn(async move {
+            let mut reply = reply;
+            let buf = reply.buf.as_mut().expect("held until sent");
+            let r = inner.run(op, buf, stop).await;
+            reply.send(r);
+        });
+    }
+}
+
+/// The completion of one slow-path operation, sent exactly once (as cancelled when its task
+/// ends without a result).
+struct Reply {
+    tx: tokio::sync::mpsc::UnboundedSender<Completion>,
+    tag: u64,
+    buf: Option<AlignedBuf>,
+}
+
+impl Reply {
+    fn send(mut self, result: io::Result<()>) {
+        if let Some(buf) = self.buf.take() {
+            // The channel holds its own receiver; a channel dropped meanwhile needs nothing.
+            let _ = self.tx.send(Completion { tag: self.tag, result, buf });
+        }
+    }
+}
+
+impl Drop for Reply {
+    fn drop(&mut self) {
+        if let Some(buf) = self.buf.take() {
+            let e = io::Error::new(io::ErrorKind::Interrupted, "the volume operation was cancelled");
+            let _ = self.tx.send(Completion { tag: self.tag, result: Err(e), buf });
+        }
+    }
+}
+
+/// One extent's part of a byte range: (extent index, offset in the range, offset in the
+/// extent, length).
+fn pieces(off: u64, len: u64, ext: u64) -> impl Iterator<Item = (u64, u64, u64, u64)> {
+    let mut at = 0;
+    std::iter::from_fn(move || {
+        if at >= len {
+            return None;
+        }
+        let pos = off + at;
+        let within = pos % ext;
+        let n = (ext - within).min(len - at);
+        let p = (pos / ext, at, within, n);
+        at += n;
+        Some(p)
+    })
+}
+
+fn unresolved(e: ResolveError) -> io::Error {
+    status_error(e.status, e.message)
+}
+
+impl Inner {
+    /// Waits at most the configured time for the control plane.
+    async fn ask<T>(&self, what: &str, f: impl Future<Output = Result<T, ResolveError>>) -> io::Result<T> {
+        let t = self.cfg.timeout;
+        match tokio::time::timeout(t, f).await {
+            Ok(r) => r.map_err(unresolved),
+            Err(_) => Err(status_error(
+                Status::NAMESPACE_NOT_READY,
+                format!("volume {}: the control plane did not {what} within {} ms", self.cfg.name, t.as_millis()),
+            )),
+        }
+    }
+
+    /// The device of `loc`, remembered for flushes.
+    async fn open(&self, loc: &Location) -> io::Result<Mapped> {
+        let dev = self.devices.open(loc).await?;
+        let mut t = self.touched.lock();
+        if !t.iter().any(|d| Arc::ptr_eq(d, &dev)) {
+            t.push(dev.clone());
+        }
+        Ok(Mapped { dev, offset: loc.offset, epoch: loc.epoch })
+    }
+
+    /// Where extent `index` lies: from the cache, else from the control plane (allocated
+    /// with `allocate` when it is not yet). None: unallocated, and not allocated.
+    async fn lookup(&self, index: u64, allocate: bool) -> io::Result<Option<Mapped>> {
+        if let Some(m) = self.cache.lock().get(index) {
+            self.stats.hits.fetch_add(1, Relaxed);
+            return Ok(Some(m));
+        }
+        let _one = self.misses.lock().await;
+        // Another miss may have cached it meanwhile.
+        if let Some(m) = self.cache.lock().get(index) {
+            self.stats.hits.fetch_add(1, Relaxed);
+            return Ok(Some(m));
+        }
+        self.stats.misses.fetch_add(1, Relaxed);
+        let (loc, fresh) = match self.ask("translate", self.resolver.translate(index)).await? {
+            Lookup::Allocated(loc) => (loc, false),
+            Lookup::Unallocated if !allocate => return Ok(None),
+            Lookup::Unallocated => {
+                let r = self.ask("allocate", self.resolver.allocate(index)).await?;
+                self.stats.allocations.fetch_add(1, Relaxed);
+                r
+            }
+        };
+        let m = self.open(&loc).await?;
+        if fresh {
+            let ext = self.cfg.extent_size;
+            let op = Op::WriteZeroes { off: m.offset, len: ext, deallocate: true, fua: false };
+            let mut ch = Channel::new(IoEngine::Threads, self.pool.clone());
+            let c = ch.run(&*m.dev, op, AlignedBuf::new(0)).await;
+            c.result.map_err(|e| io::Error::new(e.kind(), format!("zeroing new extent {index} of volume {}: {e}", self.cfg.name)))?;
+        }
+        self.cache.lock().insert(index, m.clone());
+        Ok(Some(m))
+    }
+
+    /// The slow path of one operation.
+    async fn run(&self, op: Op, buf: &mut AlignedBuf, stop: CancellationToken) -> io::Result<()> {
+        let ext = self.cfg.extent_size;
+        let check = |off: u64, len: u64| {
+            if off.checked_add(len).is_none_or(|e| e > self.cfg.size) {
+                return Err(status_error(Status::LBA_OUT_OF_RANGE, format!("bytes {off}+{len} are past volume {}", self.cfg.name)));
+            }
+            Ok(())
+        };
+        let mut ch = Channel::new(IoEngine::Threads, self.pool.clone());
+        match op {
+            Op::Read { off } | Op::Write { off, .. } => {
+                let len = buf.len() as u64;
+                check(off, len)?;
+                let write = matches!(op, Op::Write { .. });
+                let mut plan = Vec::new();
+                for (index, from, within, n) in pieces(off, len, ext) {
+                    let range = from as usize..(from + n) as usize;
+                    match self.lookup(index, write).await? {
+                        Some(m) => {
+                            let mut b = AlignedBuf::new(n as usize);
+                            b.set_len(n as usize);
+                            if write {
+                                b.copy_from_slice(&buf[range.clone()]);
+                            }
+                            plan.push((m.dev, at(op, m.offset + within), b, range));
+                        }
+                        None => {
+                            self.stats.zero_reads.fetch_add(1, Relaxed);
+                            buf[range].fill(0);
+                        }
+                    }
+                }
+                let done = execute(&mut ch, plan, &stop).await?;
+                if !write {
+                    for (b, range) in done {
+                        buf[range].copy_from_slice(&b);
+                    }
+                }
+                Ok(())
+            }
+            Op::Flush => {
+                let devs = self.touched.lock().clone();
+                let plan = devs.into_iter().map(|d| (d, Op::Flush, AlignedBuf::new(0), 0..0)).collect();
+                execute(&mut ch, plan, &stop).await.map(drop)
+            }
+            Op::WriteZeroes { off, len, deallocate, fua } => {
+                check(off, len)?;
+                self.each_allocated(&mut ch, off, len, |o, n| Op::WriteZeroes { off: o, len: n, deallocate, fua }).await
+            }
+            Op::Deallocate => {
+                let ranges: Vec<(u64, u64)> = buf
+                    .chunks_exact(16)
+                    .map(|p| {
+                        let w = |b: &[u8]| u64::from_le_bytes(b.try_into().expect("8 bytes"));
+                        (w(&p[..8]), w(&p[8..]))
+                    })
+                    .collect();
+                for (off, len) in ranges {
+                    check(off, len)?;
+                    // Deallocate lends its range in the buffer; write zeroes with deallocate
+                    // is the same to a pool (its blocks read as zeros after either).
+                    self.each_allocated(&mut ch, off, len, |o, n| Op::WriteZeroes { off: o, len: n, deallocate: true, fua: false }).await?;
+                }
+                Ok(())
+            }
+        }
+    }
+
+    /// Runs `make(offset in the pool, length)` on the part of every allocated extent that
+    /// lies in the byte range, one extent after another; unallocated extents read as zeros
+    /// already.
+    async fn each_allocated(&self, ch: &mut Channel, off: u64, len: u64, make: impl Fn(u64, u64) -> Op) -> io::Result<()> {
+        let ext = self.cfg.extent_size;
+        let (first, last) = (off / ext, (off + len).div_ceil(ext));
+        if len == 0 {
+            return Ok(());
+        }
+        let table = self.ask("list the extents", self.resolver.allocated()).await?;
+        for (index, loc) in table.into_iter().filter(|(i, _)| (first..last).contains(i)) {
+            let start = (index * ext).max(off);
+            let end = ((index + 1) * ext).min(off + len);
+            let m = self.open(&loc).await?;
+            let c = ch.run(&*m.dev, make(m.offset + start - index * ext, end - start), AlignedBuf::new(0)).await;
+            c.result?;
+        }
+        Ok(())
+    }
+}
+
+/// Runs every (device, operation, buffer, range) of a plan at once on `ch` and waits for
+/// all of them; on cancellation, the devices that can stop early do. Returns the buffers
+/// and ranges, or the first error.
+async fn execute(
+    ch: &mut Channel,
+    plan: Vec<(Arc<dyn BlockDevice>, Op, AlignedBuf, std::ops::Range<usize>)>,
+    stop: &CancellationToken,
+) -> io::Result<Vec<(AlignedBuf, std::ops::Range<usize>)>> {
+    let n = plan.len();
+    let mut ranges = Vec::with_capacity(n);
+    for (i, (dev, op, b, range)) in plan.into_iter().enumerate() {
+        ranges.push(range);
+        dev.submit(ch, op, b, i as u64);
+    }
+    let mut bufs: Vec<Option<AlignedBuf>> = (0..n).map(|_| None).collect();
+    let mut failed: Option<io::Error> = None;
+    let mut got = 0;
+    let mut out = Vec::with_capacity(n);
+    while got < n {
+        out.clear();
+        got += ch.poll(n - got, &mut out);
+        for c in out.drain(..) {
+            if let Err(e) = c.result {
+                failed.get_or_insert(e);
+            }
+            if let Some(slot) = bufs.get_mut(c.tag as usize) {
+                *slot = Some(c.buf);
+            }
+        }
+        if got == n {
+            break;
+        }
+        tokio::select! {
+            biased;
+            r = ch.wait() => r?,
+            _ = stop.cancelled(), if !stop.is_cancelled() => ch.cancel(),
+        }
+    }
+    if let Some(e) = failed {
+        return Err(e);
+    }
+    Ok(bufs.into_iter().zip(ranges).filter_map(|(b, r)| Some((b?, r))).collect())
+}
+
+/// The cluster's pools as devices: this target's own through its pool subsystem's
+/// namespaces, another target's through its pool subsystem over NVMe/TCP, connecting as
+/// this cluster member for itself (the peer admits only its `cluster.trusted_members`).
+/// Connections to one peer are pooled (`cluster.connections_per_peer`).
+pub struct PoolDevices {
+    /// This target's address as the control plane knows it.
+    own: String,
+    local: Option<Arc<crate::subsystem::Subsystem>>,
+    member: String,
+    per_peer: usize,
+    timeout: Duration,
+    read_ahead_bytes: u64,
+    remotes: tokio::sync::Mutex<HashMap<(String, u32), Arc<dyn BlockDevice>>>,
+    pools: Mutex<HashMap<std::net::SocketAddr, Arc<super::remote::Pool>>>,
+}
+
+impl PoolDevices {
+    pub fn new(target: &crate::Target, own: String, cluster: &crate::cluster::ClusterConfig) -> PoolDevices {
+        PoolDevices {
+            own,
+            local: target.subsystem(crate::POOLS_NQN),
+            member: cluster.host_nqn.clone().unwrap_or_else(nearstore_initiator::default_hostnqn),
+            per_peer: cluster.connections_per_peer,
+            timeout: Duration::from_secs(cluster.timeout_secs),
+            read_ahead_bytes: cluster.read_ahead_bytes.0,
+            remotes: tokio::sync::Mutex::new(HashMap::new()),
+            pools: Mutex::new(HashMap::new()),
+        }
+    }
+}
+
+impl Devices for PoolDevices {
+    fn open<'a>(&'a self, loc: &'a Location) -> BoxFuture<'a, io::Result<Arc<dyn BlockDevice>>> {
+        Box::pin(async move {
+            if loc.target == self.own {
+                let ns = self.local.as_ref().and_then(|s| s.namespace(loc.nsid));
+                return ns
+                    .map(|ns| ns.dev.clone())
+                    .ok_or_else(|| io::Error::other(format!("this target has no pool namespace {}", loc.nsid)));
+            }
+            let key = (loc.target.clone(), loc.nsid);
+            let mut remotes = self.remotes.lock().await;
+            if let Some(d) = remotes.get(&key) {
+                return Ok(d.clone());
+            }
+            let address: std::net::SocketAddr =
+                loc.target.parse().map_err(|_| io::Error::other(format!("pool target '{}' is not an address", loc.target)))?;
+            let pool = self.pools.lock().entry(address).or_insert_with(|| Arc::new(super::remote::Pool::new(self.per_peer))).clone();
+            let cfg = super::remote::RemoteConfig {
+                peer: crate::cluster::PeerConfig { tag: 0, address, nqn: crate::POOLS_NQN.into(), nsid: loc.nsid },
+                member: self.member.clone(),
+                host: self.member.clone(),
+                timeout: self.timeout,
+                read_ahead_bytes: self.read_ahead_bytes,
+            };
+            let r = super::remote::Remote::open(cfg, pool)
+                .await
+                .map_err(|e| io::Error::other(format!("pool {} of {}: {}", loc.nsid, loc.target, e.message)))?;
+            let d: Arc<dyn BlockDevice> = Arc::new(r);
+            remotes.insert(key, d.clone());
+            Ok(d)
+        })
+    }
+}
+
+/// The volume's synchronous face, which a namespace has besides its device. Compute
+/// commands' outputs, which write a namespace's backend directly, are not served on volumes
+/// yet.
+struct VolumeBackend {
+    inner: Arc<Inner>,
+}
+
+impl Backend for VolumeBackend {
+    fn describe(&self) -> String {
+        format!("volume {}", self.inner.cfg.name)
+    }
+
+    fn size(&self) -> u64 {
+        self.inner.cfg.size
+    }
+
+    fn block_bytes(&self) -> u32 {
+        crate::limits::VOLUME_BLOCK_BYTES
+    }
+
+    fn read_at(&self, _buf: &mut [u8], _off: u64) -> io::Result<()> {
+        Err(io::Error::new(io::ErrorKind::Unsupported, "a volume is read through its device"))
+    }
+
+    fn write_at(&self, _buf: &[u8], _off: u64) -> io::Result<()> {
+        Err(io::Error::new(io::ErrorKind::Unsupported, "a volume is written through its device"))
+    }
+
+    fn flush(&self) -> io::Result<()> {
+        // A shutdown (CC.SHN) flushes on the I/O pool, where waiting for the pools' devices
+        // (themselves on the pool and the runtime) could wait for itself. A volume's writes
+        // are made durable by the host's Flush and FUA, which go through the device to every
+        // pool it reached; each pool's target flushes its pools at its own stop.
+        Ok(())
+    }
+
+    fn write_zeroes(&self, _off: u64, _len: u64, _deallocate: bool) -> io::Result<()> {
+        Err(io::Error::new(io::ErrorKind::Unsupported, "a volume is written through its device"))
+    }
+}
+
+#[cfg(test)]
+mod tests;

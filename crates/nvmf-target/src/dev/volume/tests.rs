@@ -1,0 +1,259 @@
+//! The volume device against a model: memory pools, a translation service in memory that
+//! can go down, and a byte array that says what every read must return.
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
+
+use super::*;
+use crate::backend::MemoryBackend;
+use crate::dev::{error_status, local::Local};
+
+const BLOCK: u64 = 4096;
+const EXT: u64 = 16 * BLOCK;
+const EXTENTS: u64 = 6;
+const POOLS: u32 = 3;
+
+/// Extents placed round robin over the pools; `down` makes every call wait forever.
+#[derive(Default)]
+struct Books {
+    placed: Mutex<HashMap<u64, Location>>,
+    next: AtomicU64,
+    down: AtomicBool,
+    translations: AtomicU64,
+}
+
+impl Books {
+    async fn gate(&self) {
+        if self.down.load(Relaxed) {
+            std::future::pending::<()>().await;
+        }
+    }
+}
+
+impl Resolver for Books {
+    fn translate(&self, index: u64) -> BoxFuture<'_, Result<Lookup, ResolveError>> {
+        Box::pin(async move {
+            self.gate().await;
+            self.translations.fetch_add(1, Relaxed);
+            Ok(self.placed.lock().get(&index).cloned().map_or(Lookup::Unallocated, Lookup::Allocated))
+        })
+    }
+
+    fn allocate(&self, index: u64) -> BoxFuture<'_, Result<(Location, bool), ResolveError>> {
+        Box::pin(async move {
+            self.gate().await;
+            let mut p = self.placed.lock();
+            if let Some(l) = p.get(&index) {
+                return Ok((l.clone(), false));
+            }
+            let n = self.next.fetch_add(1, Relaxed);
+            let loc = Location { target: "t".into(), nsid: (n % POOLS as u64) as u32 + 1, offset: (n / POOLS as u64) * EXT, epoch: 1 };
+            p.insert(index, loc.clone());
+            Ok((loc, true))
+        })
+    }
+
+    fn allocated(&self) -> BoxFuture<'_, Result<Vec<(u64, Location)>, ResolveError>> {
+        Box::pin(async move {
+            self.gate().await;
+            Ok(self.placed.lock().iter().map(|(i, l)| (*i, l.clone())).collect())
+        })
+    }
+}
+
+/// Memory pools by NSID, filled with garbage: a new extent must read zeros all the same.
+struct Pools(HashMap<u32, Arc<dyn BlockDevice>>);
+
+impl Devices for Pools {
+    fn open<'a>(&'a self, loc: &'a Location) -> BoxFuture<'a, io::Result<Arc<dyn BlockDevice>>> {
+        Box::pin(async move { self.0.get(&loc.nsid).cloned().ok_or_else(|| io::Error::other("no such pool")) })
+    }
+}
+
+struct Rig {
+    vol: Volume,
+    books: Arc<Books>,
+    ch: Channel,
+    model: Vec<u8>,
+}
+
+fn rig(cache_entries: usize) -> Rig {
+    let pools = (1..=POOLS)
+        .map(|n| {
+            let m = MemoryBackend::new(EXTENTS * EXT);
+            m.write_at(&vec![0xee; (EXTENTS * EXT) as usize], 0).expect("garbage");
+            (n, Arc::new(Local::new(Arc::new(m))) as Arc<dyn BlockDevice>)
+        })
+        .collect();
+    let books = Arc::new(Books::default());
+    let cfg = VolumeConfig { name: "v".into(), size: EXTENTS * EXT, extent_size: EXT, cache_entries, timeout: Duration::from_millis(200) };
+    let pool = IoPool::new(1);
+    let vol = Volume::new(cfg, books.clone(), Arc::new(Pools(pools)), pool.clone());
+    Rig { vol, books, ch: Channel::new(IoEngine::Uring, pool), model: vec![0; (EXTENTS * EXT) as usize] }
+}
+
+impl Rig {
+    async fn op(&mut self, op: Op, data: Vec<u8>) -> io::Result<Vec<u8>> {
+        let mut b = AlignedBuf::new(data.len().max(1));
+        b.set_len(data.len());
+        b.copy_from_slice(&data);
+        let c = self.ch.run(&self.vol, op, b).await;
+        c.result.map(|_| c.buf.to_vec())
+    }
+
+    async fn write(&mut self, off: u64, len: u64, seed: u8) {
+        let data: Vec<u8> = (0..len).map(|i| seed.wrapping_add((i / 512) as u8) | 1).collect();
+        self.op(Op::Write { off, fua: false }, data.clone()).await.unwrap_or_else(|e| panic!("write {off}+{len}: {e}"));
+        self.model[off as usize..(off + len) as usize].copy_from_slice(&data);
+    }
+
+    async fn check(&mut self, off: u64, len: u64) {
+        let got = self.op(Op::Read { off }, vec![0; len as usize]).await.unwrap_or_else(|e| panic!("read {off}+{len}: {e}"));
+        assert!(got == self.model[off as usize..(off + len) as usize], "read {off}+{len} differs from what was written");
+    }
+
+    fn allocated(&self) -> usize {
+        self.books.placed.lock().len()
+    }
+}
+
+#[test]
+fn clock_keeps_what_is_used() {
+    // (operation, key, expected: the value got, or the key evicted).
+    #[rustfmt::skip]
+    let steps: &[(&str, u64, Option<u64>)] = &[
+        ("insert", 1, None), ("insert", 2, None), ("insert", 3, None),
+        ("get", 1, Some(1)),
+        // Full: 1 was used, so the hand passes it and takes 2.
+        ("insert", 4, Some(2)),
+        ("get", 2, None),
+        // Next after 2's slot: 3 (unused).
+        ("insert", 5, Some(3)),
+        // 1 had its second chance; 4 and 5 are new: 1 goes.
+        ("insert", 6, Some(1)),
+        ("get", 4, Some(4)), ("get", 5, Some(5)), ("get", 6, Some(6)),
+    ];
+    let mut c: Clock<u64> = Clock::new(3);
+    for (i, (what, key, want)) in steps.iter().enumerate() {
+        let got = match *what {
+            "insert" => c.insert(*key, *key),
+            _ => c.get(*key),
+        };
+        assert_eq!(got, *want, "step {i}: {what} {key}");
+        assert!(c.len() <= 3);
+    }
+    let mut none: Clock<u64> = Clock::new(0);
+    assert_eq!(none.insert(1, 1), None);
+    assert_eq!((none.get(1), none.is_empty()), (None, true));
+}
+
+/// Writes and reads within one extent, across one and two extent boundaries, at the block
+/// edges around a boundary, against the model; unwritten bytes read as zeros and a read
+/// allocates nothing.
+#[tokio::test]
+async fn reads_and_writes_split_at_extents() {
+    // (offset, length) in bytes: edges at 0, 1, block-1, block and block+1 blocks from the
+    // boundary between extents 1 and 2, and ranges over one and two boundaries.
+    let b = EXT;
+    #[rustfmt::skip]
+    let cases: &[(u64, u64)] = &[
+        (0, BLOCK), (b - BLOCK, BLOCK), (b, BLOCK),
+        (2 * b - BLOCK, BLOCK), (2 * b - BLOCK, 2 * BLOCK), (2 * b - 15 * BLOCK, 16 * BLOCK),
+        (2 * b - 16 * BLOCK, 17 * BLOCK), (2 * b + BLOCK, 15 * BLOCK), (2 * b - BLOCK, b + 2 * BLOCK),
+        (EXTENTS * EXT - BLOCK, BLOCK),
+    ];
+    let mut r = rig(64);
+    // Reads first: all zeros, and nothing is allocated.
+    for &(off, len) in cases {
+        r.check(off, len).await;
+    }
+    assert_eq!(r.allocated(), 0, "a read allocated an extent");
+    assert!(r.vol.stats().zero_reads.load(Relaxed) > 0);
+    for (i, &(off, len)) in cases.iter().enumerate() {
+        r.write(off, len, i as u8 * 16).await;
+        for &(o, l) in cases {
+            r.check(o, l).await;
+        }
+    }
+    // The whole volume: the pools' garbage never shows.
+    r.check(0, EXTENTS * EXT).await;
+    assert!(r.allocated() as u64 <= EXTENTS);
+}
+
+/// A cached extent is served without the control plane; a miss asks it once; an evicted
+/// entry is asked for again.
+#[tokio::test]
+async fn the_cache_answers_hits_and_is_bounded() {
+    let mut r = rig(2);
+    for e in 0..3 {
+        r.write(e * EXT, BLOCK, 1).await;
+    }
+    let asked = r.books.translations.load(Relaxed);
+    // Extents 1 and 2 are cached (the cache holds two): reads of them ask nothing.
+    for _ in 0..4 {
+        r.check(EXT, BLOCK).await;
+        r.check(2 * EXT + BLOCK, BLOCK).await;
+    }
+    assert_eq!(r.books.translations.load(Relaxed), asked, "a hit asked the control plane");
+    // Extent 0 was evicted: it is translated again.
+    r.check(0, BLOCK).await;
+    assert_eq!(r.books.translations.load(Relaxed), asked + 1);
+    // No cache: every I/O is translated.
+    let mut n = rig(0);
+    n.write(0, BLOCK, 3).await;
+    let before = n.books.translations.load(Relaxed);
+    for _ in 0..3 {
+        n.check(0, BLOCK).await;
+    }
+    assert_eq!(n.books.translations.load(Relaxed), before + 3);
+}
+
+/// The control plane down: cached extents keep serving, a miss fails after the bounded wait
+/// with Namespace Not Ready (retryable), and nothing is returned that was not written.
+#[tokio::test]
+async fn a_control_plane_down_fails_only_misses() {
+    let mut r = rig(64);
+    r.write(0, 2 * BLOCK, 7).await;
+    r.books.down.store(true, Relaxed);
+    r.check(0, 2 * BLOCK).await;
+    r.write(BLOCK, BLOCK, 9).await;
+    r.check(0, 2 * BLOCK).await;
+    // (operation, what it does): each is a miss.
+    let misses: Vec<(Op, Vec<u8>)> = vec![
+        (Op::Read { off: EXT }, vec![0; BLOCK as usize]),
+        (Op::Write { off: 3 * EXT, fua: false }, vec![1; BLOCK as usize]),
+        // Crossing from a cached extent into an uncached one.
+        (Op::Read { off: EXT - BLOCK }, vec![0; 2 * BLOCK as usize]),
+        (Op::WriteZeroes { off: 0, len: EXT, deallocate: false, fua: false }, vec![]),
+    ];
+    for (op, data) in misses {
+        let start = std::time::Instant::now();
+        let e = r.op(op, data).await.expect_err("a miss with the control plane down");
+        assert_eq!(error_status(&e), Some(Status::NAMESPACE_NOT_READY), "{op:?}: {e}");
+        assert!(!error_status(&e).expect("status").dnr, "retryable");
+        assert!(start.elapsed() < Duration::from_secs(2), "{op:?} waited {:?}", start.elapsed());
+    }
+    r.books.down.store(false, Relaxed);
+    r.check(0, EXTENTS * EXT).await;
+}
+
+/// Flush reaches every pool written; write zeroes and deallocate zero only what they name,
+/// and allocate nothing.
+#[tokio::test]
+async fn flush_zeroes_and_deallocate() {
+    let mut r = rig(64);
+    r.write(0, 3 * EXT, 5).await;
+    r.op(Op::Flush, vec![]).await.expect("flush");
+    r.op(Op::WriteZeroes { off: EXT - BLOCK, len: 2 * BLOCK, deallocate: false, fua: true }, vec![]).await.expect("write zeroes");
+    r.model[(EXT - BLOCK) as usize..(EXT + BLOCK) as usize].fill(0);
+    let mut ranges = Vec::new();
+    for (off, len) in [(2 * EXT + BLOCK, BLOCK), (4 * EXT, 2 * EXT)] {
+        ranges.extend_from_slice(&off.to_le_bytes());
+        ranges.extend_from_slice(&len.to_le_bytes());
+        r.model[off as usize..(off + len) as usize].fill(0);
+    }
+    r.op(Op::Deallocate, ranges).await.expect("deallocate");
+    r.check(0, EXTENTS * EXT).await;
+    assert_eq!(r.allocated(), 3, "zeroing allocated an extent");
+    let e = r.op(Op::Read { off: EXTENTS * EXT - BLOCK }, vec![0; 2 * BLOCK as usize]).await.expect_err("past the end");
+    assert_eq!(error_status(&e), Some(Status::LBA_OUT_OF_RANGE));
+}
