@@ -8,9 +8,12 @@ use std::sync::Arc;
 use anyhow::{Context, Result};
 use nearstore_control::agent::{Agent, AgentPool};
 use nearstore_control::client::{Client, ClientError};
-use nearstore_control::model::{ExtentInfo, VolumeInfo};
+use nearstore_control::model::{ErrorCode, Export, ExportVolume, ExtentInfo, VolumeInfo};
 use nearstore_control::server::{self, Service};
 use nearstore_control::store::RedbStore;
+
+use nearstore_target::dev::volume::{BoxFuture, Location, Lookup, PoolDevices, ResolveError, Resolver, Volume, VolumeConfig};
+use nearstore_target::subsystem::{Namespace, Subsystem};
 
 use crate::{size, Output, Plain};
 
@@ -76,7 +79,30 @@ pub enum VolumeCmd {
         #[command(flatten)]
         c: ControlArgs,
     },
-    /// Delete a volume and free its extents.
+    /// Export a volume as a namespace of a subsystem of a target, for the hosts named.
+    Export {
+        /// The volume's name.
+        name: String,
+        /// The target to serve it: its I/O address as registered (`nearstore view` lists them).
+        #[arg(long)]
+        target: String,
+        /// A host NQN allowed to connect (repeatable).
+        #[arg(long = "allow-host", value_name = "NQN")]
+        allow_host: Vec<String>,
+        /// Let any host connect.
+        #[arg(long)]
+        allow_any_host: bool,
+        #[command(flatten)]
+        c: ControlArgs,
+    },
+    /// Stop exporting a volume: its target removes the subsystem.
+    Unexport {
+        /// The volume's name.
+        name: String,
+        #[command(flatten)]
+        c: ControlArgs,
+    },
+    /// Delete a volume and free its extents (an exported volume is refused).
     Delete {
         /// The volume's name.
         name: String,
@@ -98,13 +124,132 @@ fn plain(e: ClientError) -> anyhow::Error {
 pub fn agent(cfg: &nearstore_target::config::Config, control: &str) -> Result<Agent> {
     let client = Client::new(crate::resolve(control, CONTROL_PORT).context("control")?);
     let mut pools = Vec::new();
-    for p in &cfg.pool {
+    for (i, p) in cfg.pool.iter().enumerate() {
         nearstore_control::agent::prepare_pool(&p.path, p.size.0)?;
         let path = std::fs::canonicalize(&p.path).with_context(|| format!("pool {}", p.path.display()))?;
-        pools.push(AgentPool { name: p.name(), path, size: p.size.0, stats: Default::default() });
+        // The pool subsystem numbers the pools from 1 in this order (nearstore_target::POOLS_NQN).
+        pools.push(AgentPool { name: p.name(), path, size: p.size.0, nsid: i as u32 + 1, stats: Default::default() });
     }
     let nqn = cfg.subsystem.first().map(|s| s.nqn.clone()).unwrap_or_default();
     Ok(Agent { client, addr: String::new(), nqn, pools })
+}
+
+/// The translation service of one volume, as its data path on a target asks it.
+struct ControlResolver {
+    client: Client,
+    volume: String,
+}
+
+/// The status an I/O fails with when the control plane cannot say where an extent lies:
+/// unreachable or failing to commit, Namespace Not Ready (the host retries); out of space,
+/// Capacity Exceeded (a thin namespace that cannot grow, not retried); anything else is an
+/// internal error (the volume went away under its export).
+fn resolve_error(e: ClientError) -> ResolveError {
+    use nearstore_wire::Status;
+    let status = match e.code() {
+        None | Some(ErrorCode::StoreFailed) => Status::NAMESPACE_NOT_READY,
+        Some(ErrorCode::NoSpace) => Status::CAPACITY_EXCEEDED.dnr(),
+        Some(_) => Status::INTERNAL_ERROR.dnr(),
+    };
+    ResolveError { status, message: format!("control plane: {e}") }
+}
+
+fn location(e: &ExtentInfo) -> Location {
+    Location { target: e.target.clone(), nsid: e.nsid, offset: e.offset, epoch: e.epoch }
+}
+
+impl Resolver for ControlResolver {
+    fn translate(&self, index: u64) -> BoxFuture<'_, Result<Lookup, ResolveError>> {
+        Box::pin(async move {
+            let t = self.client.translate(&self.volume, index).await.map_err(resolve_error)?;
+            Ok(t.extent.as_ref().map_or(Lookup::Unallocated, |e| Lookup::Allocated(location(e))))
+        })
+    }
+
+    fn allocate(&self, index: u64) -> BoxFuture<'_, Result<Location, ResolveError>> {
+        Box::pin(async move { self.client.allocate(&self.volume, index).await.map(|e| location(&e)).map_err(resolve_error) })
+    }
+
+    fn allocated(&self) -> BoxFuture<'_, Result<Vec<(u64, Location)>, ResolveError>> {
+        Box::pin(async move {
+            let info = self.client.volume(&self.volume).await.map_err(resolve_error)?;
+            Ok(info.extents.iter().map(|e| (e.index, location(e))).collect())
+        })
+    }
+}
+
+/// What a target needs to serve the volumes exported to it.
+pub struct Exporter {
+    pub target: Arc<nearstore_target::Target>,
+    pub client: Client,
+    /// This target's address, as registered.
+    pub addr: String,
+    pub cluster: nearstore_target::cluster::ClusterConfig,
+    pub volume: nearstore_target::config::VolumeConfig,
+}
+
+impl Exporter {
+    /// Runs forever: asks the control plane for this target's exports (a long poll by
+    /// version), adds a subsystem for each new one and removes those that went. A failed
+    /// export is retried at the next answer (at most EXPORTS_WAIT_MS later).
+    pub async fn run(self) {
+        let devices = Arc::new(PoolDevices::new(&self.target, self.addr.clone(), &self.cluster));
+        let mut served: std::collections::BTreeMap<String, Export> = Default::default();
+        let (mut since, mut wait) = (0, 100);
+        loop {
+            let list = match self.client.exports(&self.addr, since).await {
+                Ok(l) => l,
+                Err(e) => {
+                    tracing::warn!(control = %self.client.addr, error = %e, "cannot list this target's exports; retrying");
+                    tokio::time::sleep(std::time::Duration::from_millis(wait)).await;
+                    wait = (wait * 2).min(nearstore_control::limits::AGENT_RETRY_MS_MAX);
+                    continue;
+                }
+            };
+            wait = 100;
+            since = list.version;
+            let gone: Vec<Export> = served.values().filter(|x| !list.exports.contains(x)).cloned().collect();
+            for x in gone {
+                served.remove(&x.volume);
+                self.target.remove_subsystem(&x.nqn);
+                tracing::info!(volume = %x.volume, nqn = %x.nqn, "volume no longer exported");
+            }
+            for x in list.exports {
+                if served.contains_key(&x.volume) {
+                    continue;
+                }
+                match self.serve(&x, devices.clone()).await {
+                    Ok(()) => {
+                        tracing::info!(volume = %x.volume, nqn = %x.nqn, "volume exported");
+                        served.insert(x.volume.clone(), x);
+                    }
+                    Err(e) => tracing::warn!(volume = %x.volume, error = %e, "cannot export the volume"),
+                }
+            }
+        }
+    }
+
+    async fn serve(&self, x: &Export, devices: Arc<PoolDevices>) -> Result<()> {
+        let info = self.client.volume(&x.volume).await?;
+        let v = &info.volume;
+        let cfg = VolumeConfig {
+            name: v.name.clone(),
+            size: v.size,
+            extent_size: v.extent_size,
+            cache_entries: self.volume.cache_entries,
+            timeout: std::time::Duration::from_millis(self.volume.translate_timeout_ms),
+        };
+        let resolver = Arc::new(ControlResolver { client: self.client.clone(), volume: v.name.clone() });
+        let vol = Volume::new(cfg, resolver, devices, self.target.pool.clone());
+        let mut ns = Namespace::new(&x.nqn, x.nsid, vol.backend(), nearstore_target::limits::VOLUME_BLOCK_BYTES);
+        ns.dev = Arc::new(vol);
+        let sub = Subsystem::new(&x.nqn, None, Some("nearstore volume"), x.allow_any_host, &x.hosts);
+        sub.add_namespace(ns).map_err(anyhow::Error::msg)?;
+        // Exported again with other hosts: the old subsystem goes, with its controllers.
+        self.target.remove_subsystem(&x.nqn);
+        self.target.add_subsystem(sub);
+        Ok(())
+    }
 }
 
 /// A `--pool PATH:SIZE` (the last ':' splits, so a path may hold one).
@@ -196,7 +341,7 @@ fn extent_lines(info: &VolumeInfo) -> Vec<String> {
     };
     for e in &info.extents {
         gap(next, e.index, &mut out);
-        let ExtentInfo { index, pool, target, path, offset, epoch } = e;
+        let ExtentInfo { index, pool, target, path, offset, epoch, .. } = e;
         out.push(format!("{index:>8}  {pool}@{target}  {path} +{offset}  epoch {epoch}"));
         next = index + 1;
     }
@@ -248,6 +393,21 @@ pub async fn volume(cmd: VolumeCmd) -> Result<()> {
             }
             println!("volume {}: {} in {} extents", v.name, bytes(v.size), v.extents());
         }
+        VolumeCmd::Export { name, target, allow_host, allow_any_host, c } => {
+            let req = ExportVolume { target, hosts: allow_host, allow_any_host };
+            let x = c.client()?.export(&name, &req).await.map_err(plain)?;
+            if c.output_format == Output::Json {
+                return json(&x);
+            }
+            println!("volume {} exported by {} as {} nsid {}", x.volume, x.target, x.nqn, x.nsid);
+        }
+        VolumeCmd::Unexport { name, c } => {
+            c.client()?.unexport(&name).await.map_err(plain)?;
+            if c.output_format == Output::Json {
+                return json(&serde_json::json!({ "unexported": name }));
+            }
+            println!("volume {name} unexported");
+        }
         VolumeCmd::Delete { name, c } => {
             c.client()?.delete_volume(&name).await.map_err(plain)?;
             if c.output_format == Output::Json {
@@ -266,7 +426,8 @@ mod tests {
 
     #[test]
     fn extent_tables_show_unallocated_runs() {
-        let e = |index| ExtentInfo { index, pool: "p".into(), target: "t:1".into(), path: "/x".into(), offset: index << 20, epoch: 1 };
+        let e =
+            |index| ExtentInfo { index, pool: "p".into(), target: "t:1".into(), path: "/x".into(), offset: index << 20, epoch: 1, nsid: 1 };
         let info = |total, extents: Vec<ExtentInfo>| VolumeInfo {
             volume: Volume { name: "v".into(), size: total << 20, extent_size: 1 << 20, created_ms: 0 },
             extents_total: total,

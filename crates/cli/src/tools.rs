@@ -16,15 +16,24 @@ pub async fn run_target(cfg: Config) -> Result<()> {
     // Before saying it listens: a SIGTERM from then on (systemd's stop) flushes and exits 0.
     use tokio::signal::unix::{signal, SignalKind};
     let (mut term, mut int) = (signal(SignalKind::terminate())?, signal(SignalKind::interrupt())?);
-    let target = Target::from_config(&cfg)?;
-    // Pools are made before the target listens: a bad one stops it at start.
+    // Pools are made (or checked) before the target opens them as its pool subsystem's
+    // namespaces: a bad one stops it at start.
     let agent = cfg.control.as_deref().map(|c| crate::control::agent(&cfg, c)).transpose()?;
+    let target = Target::from_config(&cfg)?;
     let addrs = target.listen_all(&cfg).await?;
     if let Some(mut agent) = agent {
         // Registered by its first I/O listener, as hosts reach it (its advertised address).
         let (i, l) = cfg.listener.iter().enumerate().find(|(_, l)| !l.discovery).context("the control plane needs an I/O listener")?;
         agent.addr = std::net::SocketAddr::new(l.advertise.unwrap_or(addrs[i].ip()), addrs[i].port()).to_string();
+        let exporter = crate::control::Exporter {
+            target: target.clone(),
+            client: agent.client.clone(),
+            addr: agent.addr.clone(),
+            cluster: cfg.cluster.clone(),
+            volume: cfg.volume,
+        };
         tokio::spawn(agent.run());
+        tokio::spawn(exporter.run());
     }
     if let Some(m) = cfg.metrics {
         let l = tokio::net::TcpListener::bind(m).await.with_context(|| format!("metrics: cannot listen on {m}"))?;

@@ -4,65 +4,14 @@
 
 mod common;
 
-use std::io::BufRead;
 use std::net::SocketAddr;
-use std::path::Path;
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::{fails, ok, Target};
+use common::{fails, ok, Control, Target};
 use nearstore_control::client::Client;
 use nearstore_control::limits::{BODY_BYTES_MAX, EXTENTS_PER_VOLUME_MAX};
 use nearstore_control::model::*;
-
-/// A `nearstore control` process; killed (SIGKILL) when dropped.
-struct Control {
-    child: Child,
-    _stdout: std::io::BufReader<std::process::ChildStdout>,
-    addr: SocketAddr,
-}
-
-impl Control {
-    fn start(store: &Path) -> Control {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_nearstore"))
-            .args(["control", "--listen", "127.0.0.1:0", "--store"])
-            .arg(store)
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("starting nearstore control");
-        let mut stdout = std::io::BufReader::new(child.stdout.take().expect("stdout"));
-        let mut line = String::new();
-        let _ = stdout.read_line(&mut line);
-        let Some(addr) = line.trim().strip_prefix("listening on ").and_then(|a| a.parse().ok()) else {
-            let _ = child.kill();
-            let _ = child.wait();
-            panic!("the control plane did not say where it listens: {line:?}");
-        };
-        Control { child, _stdout: stdout, addr }
-    }
-
-    /// kill -9: no chance to flush anything.
-    fn kill(mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-
-    fn client(&self) -> Client {
-        Client::new(self.addr)
-    }
-
-    fn a(&self) -> String {
-        self.addr.to_string()
-    }
-}
-
-impl Drop for Control {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
 
 fn rt() -> tokio::runtime::Runtime {
     tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime")
@@ -120,6 +69,20 @@ fn api_error_paths() {
         ("POST", "/v1/targets", r#"{"addr":"127.0.0.1:1","nqn":"nqn.x","pools":[{"name":"p","path":"/p","size":1}]}"#.into(), 400, Some("invalid_argument")),
         ("PUT", "/v1/pools/127.0.0.1:1/p/view", r#"{"seq":1,"figures":{"fs_free_bytes":0,"read_bps":0,"write_bps":0,"read_iops":0,"write_iops":0,"read_latency_us":0,"write_latency_us":0,"queue_depth":0,"write_cost_us_per_mib":0}}"#.into(), 404, Some("pool_not_found")),
         ("GET", "/v1/view?since=x", String::new(), 400, Some("invalid_argument")),
+        // The translation service.
+        ("GET", "/v1/volumes/v/extents/0", String::new(), 200, None),
+        ("GET", "/v1/volumes/v/extents/4", String::new(), 400, Some("extent_out_of_range")),
+        ("GET", "/v1/volumes/v/extents/x", String::new(), 400, Some("invalid_argument")),
+        ("GET", "/v1/volumes/nope/extents/0", String::new(), 404, Some("volume_not_found")),
+        // Exports (an exported volume's delete, refused with volume_exported, and an export to
+        // a second target are driven in tests/volume.rs, which has targets).
+        ("PUT", "/v1/volumes/v/export", r#"{"target":"127.0.0.1:1","hosts":["nqn.h"]}"#.into(), 404, Some("target_not_found")),
+        ("PUT", "/v1/volumes/nope/export", r#"{"target":"127.0.0.1:1","hosts":["nqn.h"]}"#.into(), 404, Some("volume_not_found")),
+        ("PUT", "/v1/volumes/v/export", r#"{"target":"127.0.0.1:1","colour":1}"#.into(), 400, Some("malformed_request")),
+        ("DELETE", "/v1/volumes/nope/export", String::new(), 404, Some("volume_not_found")),
+        ("DELETE", "/v1/volumes/v/export", String::new(), 204, None),
+        ("GET", "/v1/exports", String::new(), 400, Some("invalid_argument")),
+        ("GET", "/v1/exports?target=127.0.0.1:1&since=x", String::new(), 400, Some("invalid_argument")),
         ("GET", "/v2/volumes", String::new(), 404, Some("no_such_endpoint")),
         ("PATCH", "/v1/volumes", String::new(), 404, Some("no_such_endpoint")),
     ];

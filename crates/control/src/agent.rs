@@ -142,6 +142,8 @@ pub struct AgentPool {
     pub name: String,
     pub path: PathBuf,
     pub size: u64,
+    /// Its namespace in the target's pool subsystem.
+    pub nsid: u32,
     pub stats: Arc<PoolStats>,
 }
 
@@ -208,7 +210,11 @@ impl Agent {
         RegisterTarget {
             addr: self.addr.clone(),
             nqn: self.nqn.clone(),
-            pools: self.pools.iter().map(|p| PoolSpec { name: p.name.clone(), path: p.path.display().to_string(), size: p.size }).collect(),
+            pools: self
+                .pools
+                .iter()
+                .map(|p| PoolSpec { name: p.name.clone(), path: p.path.display().to_string(), size: p.size, nsid: p.nsid })
+                .collect(),
         }
     }
 

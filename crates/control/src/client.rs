@@ -147,6 +147,25 @@ impl Client {
         self.call::<(), ()>(Method::DELETE, &format!("/v1/volumes/{}", segment(name)), None).await
     }
 
+    /// The translation service: where extent `index` lies, if it is allocated.
+    pub async fn translate(&self, name: &str, index: u64) -> Result<Translation, ClientError> {
+        self.call::<(), _>(Method::GET, &format!("/v1/volumes/{}/extents/{index}", segment(name)), None).await
+    }
+
+    pub async fn export(&self, name: &str, req: &ExportVolume) -> Result<Export, ClientError> {
+        self.call(Method::PUT, &format!("/v1/volumes/{}/export", segment(name)), Some(req)).await
+    }
+
+    pub async fn unexport(&self, name: &str) -> Result<(), ClientError> {
+        self.call::<(), ()>(Method::DELETE, &format!("/v1/volumes/{}/export", segment(name)), None).await
+    }
+
+    /// The exports `target` serves; held by the control plane while `since` is the current
+    /// version (at most EXPORTS_WAIT_MS).
+    pub async fn exports(&self, target: &str, since: u64) -> Result<ExportList, ClientError> {
+        self.call::<(), _>(Method::GET, &format!("/v1/exports?target={}&since={since}", segment(target)), None).await
+    }
+
     pub async fn allocate(&self, name: &str, index: u64) -> Result<ExtentInfo, ClientError> {
         self.call::<(), _>(Method::POST, &format!("/v1/volumes/{}/extents/{index}/allocate", segment(name)), None).await
     }

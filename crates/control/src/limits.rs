@@ -51,6 +51,15 @@ pub const EXTENTS_PER_VOLUME_MAX: u64 = 1 << 20;
 /// Largest volume, in bytes: EXTENTS_PER_VOLUME_MAX extents of the largest size (1 PiB).
 pub const VOLUME_BYTES_MAX: u64 = EXTENTS_PER_VOLUME_MAX * EXTENT_BYTES_MAX;
 
+/// Hosts one export names: a volume is served to a handful of hosts (a cluster's nodes);
+/// 1024 bounds the export record and the subsystem's host list.
+pub const HOSTS_PER_EXPORT_MAX: usize = 1024;
+
+/// Milliseconds `GET /v1/exports?since=V` holds a request while nothing changed (a long
+/// poll): a target learns a new export at once, and the call ends well within a client's
+/// REQUEST_TIMEOUT_MS.
+pub const EXPORTS_WAIT_MS: u64 = 5000;
+
 /// Milliseconds a client waits for one API call (connect, request, reply): a call does at
 /// most one store commit (an fsync), well under a second on any disk.
 pub const REQUEST_TIMEOUT_MS: u64 = 10_000;
@@ -74,4 +83,5 @@ const _: () = assert!(BODY_BYTES_MAX >= POOLS_PER_TARGET_MAX * (PATH_BYTES_MAX +
 const _: () = assert!(EXTENT_BYTES_MIN.is_multiple_of(EXTENT_ALIGN_BYTES) && EXTENT_BYTES_MAX.is_multiple_of(EXTENT_ALIGN_BYTES));
 const _: () = assert!(EXTENT_BYTES_MIN <= EXTENT_BYTES_DEFAULT && EXTENT_BYTES_DEFAULT <= EXTENT_BYTES_MAX);
 const _: () = assert!(EXTENTS_PER_VOLUME_MAX <= u32::MAX as u64);
+const _: () = assert!(EXPORTS_WAIT_MS < REQUEST_TIMEOUT_MS);
 const _: () = assert!(VIEW_SAMPLE_MS < VIEW_PUSH_INTERVAL_MS && VIEW_PUSH_INTERVAL_MS < VIEW_STALE_MS);

@@ -35,6 +35,10 @@ pub struct Pool {
     pub path: String,
     /// Bytes the pool holds.
     pub size: u64,
+    /// Its namespace in the target's pool subsystem (`nqn.2026-11.io.nearstore:pools`), where
+    /// exporting targets read and write its extents; 0 from a target that predates it.
+    #[serde(default)]
+    pub nsid: u32,
 }
 
 /// A volume: a logical block space cut into extents of one size.
@@ -67,6 +71,25 @@ pub struct Extent {
     /// carrying an older one.
     pub epoch: u64,
 }
+
+/// A volume exported as a namespace of a subsystem of one target, which serves it to the
+/// hosts named (its data path translating every I/O through the extent table).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Export {
+    pub volume: String,
+    /// The target serving it: its I/O address, as registered.
+    pub target: String,
+    /// Host NQNs allowed to connect.
+    pub hosts: Vec<String>,
+    pub allow_any_host: bool,
+    /// The subsystem's NQN: `nqn.2026-11.io.nearstore:volume:NAME`.
+    pub nqn: String,
+    /// The volume's namespace in it.
+    pub nsid: u32,
+}
+
+/// The NQN prefix of an exported volume's subsystem; the volume's name follows.
+pub const VOLUME_NQN_PREFIX: &str = "nqn.2026-11.io.nearstore:volume:";
 
 /// What a view agent measures of one pool (docs/control-plane.md, "Views").
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
@@ -117,6 +140,7 @@ pub enum Record {
     Volume(Volume),
     Extent(Extent),
     View(View),
+    Export(Export),
 }
 
 /// The store's tables: one a record kind.
@@ -127,10 +151,11 @@ pub enum Table {
     Volumes,
     Extents,
     Views,
+    Exports,
 }
 
 impl Table {
-    pub const ALL: [Table; 5] = [Table::Targets, Table::Pools, Table::Volumes, Table::Extents, Table::Views];
+    pub const ALL: [Table; 6] = [Table::Targets, Table::Pools, Table::Volumes, Table::Extents, Table::Views, Table::Exports];
 
     pub fn name(self) -> &'static str {
         match self {
@@ -139,6 +164,7 @@ impl Table {
             Table::Volumes => "volumes",
             Table::Extents => "extents",
             Table::Views => "views",
+            Table::Exports => "exports",
         }
     }
 }
@@ -162,6 +188,7 @@ impl Record {
             Record::Volume(_) => Table::Volumes,
             Record::Extent(_) => Table::Extents,
             Record::View(_) => Table::Views,
+            Record::Export(_) => Table::Exports,
         }
     }
 
@@ -172,6 +199,7 @@ impl Record {
             Record::Volume(v) => v.name.clone(),
             Record::Extent(e) => extent_key(&e.volume, e.index),
             Record::View(v) => pool_key(&v.pool),
+            Record::Export(x) => x.volume.clone(),
         }
     }
 }
@@ -200,6 +228,9 @@ pub struct PoolSpec {
     pub name: String,
     pub path: String,
     pub size: u64,
+    /// Its namespace in the target's pool subsystem.
+    #[serde(default)]
+    pub nsid: u32,
 }
 
 /// The reply to a registration: the last view `seq` the control plane holds of each pool, so
@@ -242,6 +273,38 @@ pub struct ExtentInfo {
     pub path: String,
     pub offset: u64,
     pub epoch: u64,
+    /// The pool's namespace in its target's pool subsystem.
+    #[serde(default)]
+    pub nsid: u32,
+}
+
+/// `GET /v1/volumes/{name}/extents/{index}`: the translation service's answer for one
+/// extent, None while it is unallocated (it reads as zeros).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Translation {
+    pub index: u64,
+    pub extent: Option<ExtentInfo>,
+}
+
+/// `PUT /v1/volumes/{name}/export`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ExportVolume {
+    /// The target to serve it (its registered address).
+    pub target: String,
+    #[serde(default)]
+    pub hosts: Vec<String>,
+    #[serde(default)]
+    pub allow_any_host: bool,
+}
+
+/// `GET /v1/exports?target=ADDR[&since=V]`: a target's exports, and the version of the
+/// exports (one counter over all of them; it starts again at 1 when the control plane
+/// restarts, so a caller compares the lists, not only the versions).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ExportList {
+    pub version: u64,
+    pub exports: Vec<Export>,
 }
 
 /// `GET /v1/volumes/{name}`: the volume and its allocated extents in index order; the
@@ -312,6 +375,8 @@ pub enum ErrorCode {
     ShrinkRefused,
     /// No pool has room for one more extent.
     NoSpace,
+    /// The volume is exported (to another target, or delete was asked): unexport it first.
+    VolumeExported,
     /// A view push whose seq is not above the last one taken.
     StaleView,
     /// The store failed to commit; nothing changed.
@@ -326,7 +391,7 @@ impl ErrorCode {
             ErrorCode::ShrinkRefused => 400,
             ErrorCode::BodyTooLarge => 413,
             ErrorCode::NoSuchEndpoint | ErrorCode::VolumeNotFound | ErrorCode::TargetNotFound | ErrorCode::PoolNotFound => 404,
-            ErrorCode::VolumeExists | ErrorCode::PoolConflict | ErrorCode::StaleView => 409,
+            ErrorCode::VolumeExists | ErrorCode::PoolConflict | ErrorCode::StaleView | ErrorCode::VolumeExported => 409,
             ErrorCode::NoSpace => 507,
             ErrorCode::StoreFailed => 500,
         }

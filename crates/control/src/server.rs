@@ -25,6 +25,8 @@ use crate::store::{Store, StoreError};
 pub struct Service {
     cluster: Mutex<Cluster>,
     store: Box<dyn Store>,
+    /// The exports' version: bumped at every export change, watched by long polls.
+    exports: tokio::sync::watch::Sender<u64>,
 }
 
 pub fn now_ms() -> u64 {
@@ -37,7 +39,12 @@ impl Service {
     /// The state the store holds.
     pub fn open(store: Box<dyn Store>) -> Result<Service, StoreError> {
         let cluster = Cluster::from_records(store.load()?);
-        Ok(Service { cluster: Mutex::new(cluster), store })
+        Ok(Service { cluster: Mutex::new(cluster), store, exports: tokio::sync::watch::Sender::new(1) })
+    }
+
+    /// Wakes the targets waiting for export changes.
+    fn exports_changed(&self) {
+        self.exports.send_modify(|v| *v += 1);
     }
 
     /// Plans a change on the state, commits it, then applies it: a failed commit leaves the
@@ -166,9 +173,55 @@ async fn delete_volume(State(s): Svc, Path(name): Path<String>) -> Result<Status
 }
 
 async fn allocate(State(s): Svc, Path((name, index)): Path<(String, String)>) -> Result<Json<ExtentInfo>, ApiError> {
-    let index: u64 =
-        index.parse().map_err(|_| ApiError::new(ErrorCode::InvalidArgument, format!("extent index '{index}' is not a number")))?;
+    let index = index_of(&index)?;
     Ok(Json(change(s, move |c| c.allocate(&name, index)).await?))
+}
+
+fn index_of(index: &str) -> Result<u64, ApiError> {
+    index.parse().map_err(|_| ApiError::new(ErrorCode::InvalidArgument, format!("extent index '{index}' is not a number")))
+}
+
+async fn translate(State(s): Svc, Path((name, index)): Path<(String, String)>) -> Result<Json<Translation>, ApiError> {
+    let index = index_of(&index)?;
+    s.read(|c| c.translate(&name, index)).map(Json)
+}
+
+async fn export(State(s): Svc, Path(name): Path<String>, Body(req): Body<ExportVolume>) -> Result<Json<Export>, ApiError> {
+    let x = change(s.clone(), move |c| c.export(&name, &req)).await?;
+    s.exports_changed();
+    info!(volume = %x.volume, target_addr = %x.target, nqn = %x.nqn, "volume exported");
+    Ok(Json(x))
+}
+
+async fn unexport(State(s): Svc, Path(name): Path<String>) -> Result<StatusCode, ApiError> {
+    let n = name.clone();
+    change(s.clone(), move |c| c.unexport(&n)).await?;
+    s.exports_changed();
+    info!(volume = %name, "volume unexported");
+    Ok(StatusCode::NO_CONTENT)
+}
+
+#[derive(Deserialize)]
+struct ExportsQuery {
+    target: String,
+    #[serde(default)]
+    since: u64,
+}
+
+/// A target's exports; with `since` equal to the current version, held until they change
+/// or EXPORTS_WAIT_MS pass (a long poll).
+async fn exports(
+    State(s): Svc,
+    q: Result<Query<ExportsQuery>, axum::extract::rejection::QueryRejection>,
+) -> Result<Json<ExportList>, ApiError> {
+    let Query(q) = q.map_err(|e| ApiError::new(ErrorCode::InvalidArgument, e.body_text()))?;
+    let mut rx = s.exports.subscribe();
+    if *rx.borrow_and_update() == q.since {
+        // Timed out or changed: either way the reply is the list as it is now.
+        let _ = tokio::time::timeout(std::time::Duration::from_millis(crate::limits::EXPORTS_WAIT_MS), rx.changed()).await;
+    }
+    let version = *rx.borrow();
+    Ok(Json(ExportList { version, exports: s.read(|c| c.exports_of(&q.target)) }))
 }
 
 async fn no_such_endpoint(req: Request) -> ApiError {
@@ -185,7 +238,10 @@ pub fn router(svc: Arc<Service>) -> Router {
         .route("/v1/volumes", post(create_volume).get(list_volumes))
         .route("/v1/volumes/{name}", get(volume_info).delete(delete_volume))
         .route("/v1/volumes/{name}/grow", post(grow_volume))
+        .route("/v1/volumes/{name}/extents/{index}", get(translate))
         .route("/v1/volumes/{name}/extents/{index}/allocate", post(allocate))
+        .route("/v1/volumes/{name}/export", put(export).delete(unexport))
+        .route("/v1/exports", get(exports))
         .fallback(no_such_endpoint)
         .method_not_allowed_fallback(no_such_endpoint)
         .layer(DefaultBodyLimit::max(BODY_BYTES_MAX))

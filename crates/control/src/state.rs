@@ -19,6 +19,8 @@ pub struct Cluster {
     /// Allocated extents by (volume, index).
     pub extents: BTreeMap<(String, u64), Extent>,
     pub views: BTreeMap<PoolId, View>,
+    /// Exported volumes by name.
+    pub exports: BTreeMap<String, Export>,
     /// What each pool holds: offset to (length, volume, index). Derived from `extents`.
     pub placed: HashMap<PoolId, BTreeMap<u64, (u64, String, u64)>>,
 }
@@ -112,6 +114,12 @@ impl Cluster {
             Write::Delete(Table::Views, k) => {
                 self.views.retain(|id, _| pool_key(id) != *k);
             }
+            Write::Put(Record::Export(x)) => {
+                self.exports.insert(x.volume.clone(), x.clone());
+            }
+            Write::Delete(Table::Exports, k) => {
+                self.exports.remove(k);
+            }
         }
     }
 
@@ -195,7 +203,7 @@ impl Cluster {
                     ));
                 }
             }
-            writes.push(Write::Put(Record::Pool(Pool { id: id.clone(), path: p.path.clone(), size: p.size })));
+            writes.push(Write::Put(Record::Pool(Pool { id: id.clone(), path: p.path.clone(), size: p.size, nsid: p.nsid })));
             pools.push(RegisteredPool { name: p.name.clone(), seq: self.views.get(&id).map_or(0, |v| v.seq) });
         }
         Ok((writes, Registered { target, pools }))
@@ -279,10 +287,15 @@ impl Cluster {
         Ok((vec![Write::Put(Record::Volume(v.clone()))], v))
     }
 
-    /// Deleting a volume frees its extents. (Once volumes are exported, an exported one is
-    /// refused.)
+    /// Deleting a volume frees its extents; an exported one is refused (a target serves it).
     pub fn delete_volume(&self, name: &str) -> Planned<()> {
         self.volume(name)?;
+        if let Some(x) = self.exports.get(name) {
+            return Err(err(
+                ErrorCode::VolumeExported,
+                format!("volume '{name}' is exported by {} as {}: unexport it first", x.target, x.nqn),
+            ));
+        }
         let mut writes: Vec<Write> = self
             .extents
             .range((name.to_string(), 0)..=(name.to_string(), u64::MAX))
@@ -300,7 +313,67 @@ impl Cluster {
             path: self.pools.get(&e.pool).map(|p| p.path.clone()).unwrap_or_default(),
             offset: e.offset,
             epoch: e.epoch,
+            nsid: self.pools.get(&e.pool).map_or(0, |p| p.nsid),
         }
+    }
+
+    /// The translation service: where extent `index` lies, if it is allocated.
+    pub fn translate(&self, name: &str, index: u64) -> Result<Translation, ApiError> {
+        let v = self.volume(name)?;
+        if index >= v.extents() {
+            return Err(err(ErrorCode::ExtentOutOfRange, format!("volume '{name}' has {} extents: no extent {index}", v.extents())));
+        }
+        Ok(Translation { index, extent: self.extents.get(&(name.to_string(), index)).map(|e| self.extent_info(e)) })
+    }
+
+    // ---- exports ----
+
+    /// Exports a volume on a registered target, to the hosts named; exported again to the
+    /// same target, its hosts are replaced. A volume is served by one target at a time: its
+    /// data path is then the only one that allocates its extents.
+    pub fn export(&self, name: &str, req: &ExportVolume) -> Planned<Export> {
+        self.volume(name)?;
+        if !self.targets.contains_key(&req.target) {
+            return Err(err(ErrorCode::TargetNotFound, format!("no target {} is registered", req.target)));
+        }
+        if let Some(x) = self.exports.get(name).filter(|x| x.target != req.target) {
+            return Err(err(ErrorCode::VolumeExported, format!("volume '{name}' is exported by {}: unexport it first", x.target)));
+        }
+        if req.hosts.is_empty() && !req.allow_any_host {
+            return Err(err(ErrorCode::InvalidArgument, "name the hosts allowed, or allow any host"));
+        }
+        if req.hosts.len() > HOSTS_PER_EXPORT_MAX {
+            return Err(err(ErrorCode::LimitExceeded, format!("{} hosts: an export allows {HOSTS_PER_EXPORT_MAX}", req.hosts.len())));
+        }
+        for h in &req.hosts {
+            if !h.starts_with("nqn.") || h.len() > NQN_BYTES_MAX || !h.bytes().all(|b| b.is_ascii_graphic()) {
+                return Err(err(ErrorCode::InvalidArgument, format!("host '{h}' is not an NQN (nqn., at most {NQN_BYTES_MAX} bytes)")));
+            }
+        }
+        let nqn = format!("{VOLUME_NQN_PREFIX}{name}");
+        if nqn.len() > NQN_BYTES_MAX {
+            return Err(err(
+                ErrorCode::InvalidArgument,
+                format!("volume name '{name}' makes an NQN over {NQN_BYTES_MAX} bytes: it cannot be exported"),
+            ));
+        }
+        let mut hosts = req.hosts.clone();
+        hosts.sort();
+        hosts.dedup();
+        let x = Export { volume: name.into(), target: req.target.clone(), hosts, allow_any_host: req.allow_any_host, nqn, nsid: 1 };
+        Ok((vec![Write::Put(Record::Export(x.clone()))], x))
+    }
+
+    /// Stops exporting a volume (nothing to do when it is not exported).
+    pub fn unexport(&self, name: &str) -> Planned<()> {
+        self.volume(name)?;
+        let writes = if self.exports.contains_key(name) { vec![Write::Delete(Table::Exports, name.to_string())] } else { Vec::new() };
+        Ok((writes, ()))
+    }
+
+    /// The exports a target serves.
+    pub fn exports_of(&self, target: &str) -> Vec<Export> {
+        self.exports.values().filter(|x| x.target == target).cloned().collect()
     }
 
     pub fn volume_info(&self, name: &str) -> Result<VolumeInfo, ApiError> {
@@ -358,7 +431,7 @@ mod tests {
         let mut c = Cluster::default();
         let mut by_target: BTreeMap<&str, Vec<PoolSpec>> = BTreeMap::new();
         for &(t, n, size) in pools {
-            by_target.entry(t).or_default().push(PoolSpec { name: n.into(), path: format!("/p/{n}"), size });
+            by_target.entry(t).or_default().push(PoolSpec { name: n.into(), path: format!("/p/{n}"), size, nsid: 1 });
         }
         for (t, pools) in by_target {
             let (w, _) = c.register(&RegisterTarget { addr: t.into(), nqn: "nqn.x".into(), pools }, 0).expect("register");
@@ -382,6 +455,9 @@ mod tests {
             Grow(&'static str, u64),
             Delete(&'static str),
             Alloc(&'static str, u64),
+            Translate(&'static str, u64),
+            ExportTo(&'static str, &'static str, &'static [&'static str], bool),
+            Unexport(&'static str),
         }
         use Req::*;
         #[rustfmt::skip]
@@ -411,10 +487,29 @@ mod tests {
             (Alloc("v", 3), None),
             (Alloc("v", 4), Some(ErrorCode::ExtentOutOfRange)),
             (Alloc("nope", 0), Some(ErrorCode::VolumeNotFound)),
+            (Translate("v", 3), None),
+            (Translate("v", 4), Some(ErrorCode::ExtentOutOfRange)),
+            (Translate("nope", 0), Some(ErrorCode::VolumeNotFound)),
+            // 'x' is exported to t1.
+            (ExportTo("v", "t1", &["nqn.h"], false), None),
+            (ExportTo("v", "t1", &[], true), None),
+            (ExportTo("x", "t1", &["nqn.h2"], false), None),
+            (ExportTo("x", "t2", &["nqn.h"], false), Some(ErrorCode::VolumeExported)),
+            (ExportTo("v", "t9", &["nqn.h"], false), Some(ErrorCode::TargetNotFound)),
+            (ExportTo("nope", "t1", &["nqn.h"], false), Some(ErrorCode::VolumeNotFound)),
+            (ExportTo("v", "t1", &[], false), Some(ErrorCode::InvalidArgument)),
+            (ExportTo("v", "t1", &["host"], false), Some(ErrorCode::InvalidArgument)),
+            (Delete("x"), Some(ErrorCode::VolumeExported)),
+            (Unexport("x"), None),
+            (Unexport("v"), None),
+            (Unexport("nope"), Some(ErrorCode::VolumeNotFound)),
         ];
         for (req, expected) in cases {
-            let mut c = cluster(&[("t1", "p", 2 * MIB)]);
+            let mut c = cluster(&[("t1", "p", 2 * MIB), ("t2", "p", 2 * MIB)]);
             commit(&mut c, |c| c.create_volume(&CreateVolume { name: "v".into(), size: 4 * MIB, extent_size: Some(MIB) }, 0)).expect("v");
+            commit(&mut c, |c| c.create_volume(&CreateVolume { name: "x".into(), size: 4 * MIB, extent_size: Some(MIB) }, 0)).expect("x");
+            let req_x = ExportVolume { target: "t1".into(), hosts: vec!["nqn.h".into()], allow_any_host: false };
+            commit(&mut c, |c| c.export("x", &req_x)).expect("export x");
             let got = match req {
                 Create(n, s, e) => {
                     commit(&mut c, |c| c.create_volume(&CreateVolume { name: n.to_string(), size: *s, extent_size: *e }, 0)).map(drop)
@@ -422,6 +517,13 @@ mod tests {
                 Grow(n, s) => commit(&mut c, |c| c.grow_volume(n, &GrowVolume { size: *s })).map(drop),
                 Delete(n) => commit(&mut c, |c| c.delete_volume(n)),
                 Alloc(n, i) => commit(&mut c, |c| c.allocate(n, *i)).map(drop),
+                Translate(n, i) => c.translate(n, *i).map(drop).map_err(|e| e.code),
+                ExportTo(n, t, hosts, any) => {
+                    let req =
+                        ExportVolume { target: t.to_string(), hosts: hosts.iter().map(|h| h.to_string()).collect(), allow_any_host: *any };
+                    commit(&mut c, |c| c.export(n, &req)).map(drop)
+                }
+                Unexport(n) => commit(&mut c, |c| c.unexport(n)),
             };
             assert_eq!(got.err(), *expected);
         }
@@ -439,6 +541,10 @@ mod tests {
         assert!(w.is_empty());
         assert_eq!(again, a);
         assert_eq!(commit(&mut c, |c| c.allocate("v", 1)).err(), Some(ErrorCode::NoSpace));
+        // The translation service says what is allocated, with the pool's namespace.
+        let t = c.translate("v", 2).expect("translate 2");
+        assert_eq!((t.index, t.extent.as_ref().map(|e| (e.offset, e.nsid))), (2, Some((0, 1))));
+        assert_eq!(c.translate("v", 1).expect("translate 1").extent, None);
         commit(&mut c, |c| c.delete_volume("v")).expect("delete");
         assert!(c.extents.is_empty());
         assert_eq!(c.allocated(&PoolId { target: "t1".into(), name: "p".into() }), 0);
@@ -454,7 +560,7 @@ mod tests {
         let reg = |path: &str, size: u64| RegisterTarget {
             addr: "t1".into(),
             nqn: "n".into(),
-            pools: vec![PoolSpec { name: "p".into(), path: path.into(), size }],
+            pools: vec![PoolSpec { name: "p".into(), path: path.into(), size, nsid: 1 }],
         };
         #[rustfmt::skip]
         let cases: &[(RegisterTarget, Option<ErrorCode>)] = &[
@@ -463,8 +569,8 @@ mod tests {
             (reg("/p/p", 2 * MIB), Some(ErrorCode::PoolConflict)),
             (reg("/elsewhere", 4 * MIB), Some(ErrorCode::PoolConflict)),
             (reg("/p/p", MIB - 1), Some(ErrorCode::InvalidArgument)),
-            (RegisterTarget { addr: "t1".into(), nqn: "n".into(), pools: vec![PoolSpec { name: "q".into(), path: "/a".into(), size: MIB }, PoolSpec { name: "q".into(), path: "/b".into(), size: MIB }] }, Some(ErrorCode::InvalidArgument)),
-            (RegisterTarget { addr: "t2".into(), nqn: "n".into(), pools: (0..=POOLS_PER_TARGET_MAX).map(|i| PoolSpec { name: format!("p{i}"), path: "/a".into(), size: MIB }).collect() }, Some(ErrorCode::LimitExceeded)),
+            (RegisterTarget { addr: "t1".into(), nqn: "n".into(), pools: vec![PoolSpec { name: "q".into(), path: "/a".into(), size: MIB, nsid: 1 }, PoolSpec { name: "q".into(), path: "/b".into(), size: MIB, nsid: 1 }] }, Some(ErrorCode::InvalidArgument)),
+            (RegisterTarget { addr: "t2".into(), nqn: "n".into(), pools: (0..=POOLS_PER_TARGET_MAX).map(|i| PoolSpec { name: format!("p{i}"), path: "/a".into(), size: MIB, nsid: 1 }).collect() }, Some(ErrorCode::LimitExceeded)),
             (RegisterTarget { addr: "".into(), nqn: "n".into(), pools: vec![] }, Some(ErrorCode::InvalidArgument)),
             (RegisterTarget { addr: "t2".into(), nqn: "".into(), pools: vec![] }, Some(ErrorCode::InvalidArgument)),
         ];
@@ -497,7 +603,7 @@ mod tests {
                 &RegisterTarget {
                     addr: "t1".into(),
                     nqn: "n".into(),
-                    pools: vec![PoolSpec { name: "a".into(), path: "/p/a".into(), size: 4 * MIB }],
+                    pools: vec![PoolSpec { name: "a".into(), path: "/p/a".into(), size: 4 * MIB, nsid: 1 }],
                 },
                 0,
             )

@@ -91,3 +91,57 @@ impl Drop for Target {
 }
 
 pub use nearstore_testkit::Fs;
+
+/// A `nearstore control` process; killed (SIGKILL) when dropped.
+pub struct Control {
+    child: Child,
+    _stdout: std::io::BufReader<std::process::ChildStdout>,
+    pub addr: SocketAddr,
+}
+
+impl Control {
+    pub fn start(store: &Path) -> Control {
+        Control::start_on(store, "127.0.0.1:0")
+    }
+
+    /// On a given address (a restart where the targets expect it).
+    pub fn start_on(store: &Path, listen: &str) -> Control {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_nearstore"))
+            .args(["control", "--listen", listen, "--store"])
+            .arg(store)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("starting nearstore control");
+        let mut stdout = std::io::BufReader::new(child.stdout.take().expect("stdout"));
+        let mut line = String::new();
+        let _ = stdout.read_line(&mut line);
+        let Some(addr) = line.trim().strip_prefix("listening on ").and_then(|a| a.parse().ok()) else {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("the control plane did not say where it listens: {line:?}");
+        };
+        Control { child, _stdout: stdout, addr }
+    }
+
+    /// kill -9: no chance to flush anything.
+    pub fn kill(mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+
+    pub fn client(&self) -> nearstore_control::client::Client {
+        nearstore_control::client::Client::new(self.addr)
+    }
+
+    pub fn a(&self) -> String {
+        self.addr.to_string()
+    }
+}
+
+impl Drop for Control {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}

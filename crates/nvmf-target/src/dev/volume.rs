@@ -14,9 +14,8 @@
 //!   deallocate) is a task on the caller's runtime, like a remote device's operation, with a
 //!   channel of its own; its completion comes back through the caller's channel.
 //! - A read of an unallocated extent returns zeros and allocates nothing; the first write
-//!   allocates it (the control plane's idempotent allocation), zeroes it when the control
-//!   plane just placed it (its pool space may have held a deleted volume's extent), and only
-//!   then is it cached and written.
+//!   allocates it (the control plane's idempotent allocation), zeroes it (its pool space may
+//!   have held a deleted volume's extent), and only then is it cached and written.
 //! - Misses of one volume are resolved one at a time, so that no operation maps an extent
 //!   while its first write still zeroes it.
 //! - When the control plane cannot answer in time, the operation fails with Namespace Not
@@ -73,9 +72,8 @@ pub struct ResolveError {
 pub trait Resolver: Send + Sync {
     /// Where extent `index` lies, if it is allocated.
     fn translate(&self, index: u64) -> BoxFuture<'_, Result<Lookup, ResolveError>>;
-    /// Allocates extent `index` (returned as it is when already allocated); true when this
-    /// call placed it.
-    fn allocate(&self, index: u64) -> BoxFuture<'_, Result<(Location, bool), ResolveError>>;
+    /// Allocates extent `index` (returned as it is when already allocated).
+    fn allocate(&self, index: u64) -> BoxFuture<'_, Result<Location, ResolveError>>;
     /// Every allocated extent (index, location): what write zeroes and deallocate reach.
     fn allocated(&self) -> BoxFuture<'_, Result<Vec<(u64, Location)>, ResolveError>>;
 }
@@ -361,9 +359,11 @@ impl Inner {
             Lookup::Allocated(loc) => (loc, false),
             Lookup::Unallocated if !allocate => return Ok(None),
             Lookup::Unallocated => {
-                let r = self.ask("allocate", self.resolver.allocate(index)).await?;
+                // Translated as unallocated under the miss lock, by the only target that
+                // exports the volume: no data path has written it, so zeroing loses nothing.
+                let loc = self.ask("allocate", self.resolver.allocate(index)).await?;
                 self.stats.allocations.fetch_add(1, Relaxed);
-                r
+                (loc, true)
             }
         };
         let m = self.open(&loc).await?;

@@ -38,17 +38,17 @@ impl Resolver for Books {
         })
     }
 
-    fn allocate(&self, index: u64) -> BoxFuture<'_, Result<(Location, bool), ResolveError>> {
+    fn allocate(&self, index: u64) -> BoxFuture<'_, Result<Location, ResolveError>> {
         Box::pin(async move {
             self.gate().await;
             let mut p = self.placed.lock();
             if let Some(l) = p.get(&index) {
-                return Ok((l.clone(), false));
+                return Ok(l.clone());
             }
             let n = self.next.fetch_add(1, Relaxed);
             let loc = Location { target: "t".into(), nsid: (n % POOLS as u64) as u32 + 1, offset: (n / POOLS as u64) * EXT, epoch: 1 };
             p.insert(index, loc.clone());
-            Ok((loc, true))
+            Ok(loc)
         })
     }
 
