@@ -92,6 +92,7 @@ pub struct PerfResult {
     pub mb_per_s: f64,
     pub avg_us: f64,
     pub p50_us: f64,
+    pub p90_us: f64,
     pub p99_us: f64,
     pub p999_us: f64,
     pub max_us: f64,
@@ -142,8 +143,8 @@ pub fn print(r: &PerfResult, out: Output) -> Result<()> {
         return Ok(());
     }
     println!(
-        "{:?} {} B QD {} x {} queue(s), {:.1} s: {:>10.0} IOPS {:>9.1} MB/s  avg {:>8.1} us  p50 {:>8.1}  p99 {:>8.1}  p99.9 {:>8.1}  max {:>9.1} us",
-        r.workload, r.io_size, r.queue_depth, r.queues, r.seconds, r.iops, r.mb_per_s, r.avg_us, r.p50_us, r.p99_us, r.p999_us, r.max_us
+        "{:?} {} B QD {} x {} queue(s), {:.1} s: {:>10.0} IOPS {:>9.1} MB/s  avg {:>8.1} us  p50 {:>8.1}  p90 {:>8.1}  p99 {:>8.1}  p99.9 {:>8.1}  max {:>9.1} us",
+        r.workload, r.io_size, r.queue_depth, r.queues, r.seconds, r.iops, r.mb_per_s, r.avg_us, r.p50_us, r.p90_us, r.p99_us, r.p999_us, r.max_us
     );
     Ok(())
 }
@@ -264,6 +265,7 @@ pub async fn measure(mut o: ConnectOptions, p: &PerfParams) -> Result<PerfResult
         mb_per_s: ios as f64 * p.io_size as f64 / secs / 1e6,
         avg_us: hist.mean() / 1000.0,
         p50_us: us(hist.value_at_quantile(0.5)),
+        p90_us: us(hist.value_at_quantile(0.9)),
         p99_us: us(hist.value_at_quantile(0.99)),
         p999_us: us(hist.value_at_quantile(0.999)),
         max_us: us(hist.max()),
