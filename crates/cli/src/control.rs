@@ -463,6 +463,31 @@ mod tests {
         }
     }
 
+    /// What the control plane answers becomes the status a volume's I/O fails with.
+    #[test]
+    fn control_plane_errors_become_statuses() {
+        use nearstore_control::model::ApiError;
+        use nearstore_wire::Status;
+        let api = |code| ClientError::Api(ApiError::new(code, "x"));
+        let down = ClientError::Transport { addr: "127.0.0.1:1".parse().expect("addr"), what: "connecting: refused".into() };
+        #[rustfmt::skip]
+        let cases: Vec<(ClientError, Status)> = vec![
+            // Retried by the host: the control plane is unreachable or could not commit.
+            (down, Status::NAMESPACE_NOT_READY),
+            (api(ErrorCode::StoreFailed), Status::NAMESPACE_NOT_READY),
+            // Not retried: no pool has room, or the volume went away under its export.
+            (api(ErrorCode::NoSpace), Status::CAPACITY_EXCEEDED.dnr()),
+            (api(ErrorCode::VolumeNotFound), Status::INTERNAL_ERROR.dnr()),
+            (api(ErrorCode::ExtentOutOfRange), Status::INTERNAL_ERROR.dnr()),
+        ];
+        for (e, want) in cases {
+            let what = e.to_string();
+            let got = resolve_error(e);
+            assert_eq!(got.status, want, "{what}");
+            assert!(got.message.contains(&what), "{}", got.message);
+        }
+    }
+
     #[test]
     fn sizes_read_as_people_write_them() {
         for (n, s) in [(0, "0B"), (512, "512B"), (1 << 20, "1MiB"), (64 << 30, "64GiB"), (3 << 19, "1.5MiB")] {

@@ -217,6 +217,20 @@ fn a_volume_over_three_targets() {
     model[(10 * MIB) as usize..(10 * MIB + 4096) as usize].copy_from_slice(&data);
     check(&rt, &mut q, 0, 12 * MIB, &model);
 
+    // Exported again to any host: the target replaces the subsystem, and the host it refused
+    // comes in and reads what was written.
+    ok(&["volume", "export", "vol", "--target", &t0, "--allow-any-host", "--control", &cp.a()]);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let stranger = loop {
+        match connect_as(&rt, targets[0].addr, &x.nqn, STRANGER, None) {
+            Ok(s) => break s,
+            Err(e) => assert!(Instant::now() < deadline, "the target did not take the new hosts: {e}"),
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    let mut sq = rt.block_on(stranger.io_queue(1)).expect("I/O queue");
+    check(&rt, &mut sq, 0, 12 * MIB, &model);
+
     // Unexported: the target removes the subsystem, and the volume can go.
     ok(&["volume", "unexport", "vol", "--control", &cp.a()]);
     let deadline = Instant::now() + Duration::from_secs(10);

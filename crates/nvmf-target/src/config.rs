@@ -685,6 +685,7 @@ mod tests {
                 "pool[1].name: pool 'p0' is named twice",
             ),
             ("[[listener]]", "control = \"127.0.0.1:9470\"\n[[pool]]\npath = \"/a/p0\"\n[[listener]]", "missing field `size`"),
+            ("nqn = \"nqn.2026-11.io.nearstore:a\"", "nqn = \"nqn.2026-11.io.nearstore:pools\"", "reserved for the pool subsystem"),
             ("[[listener]]", "[volume]\ncache_entries = 1048577\n[[listener]]", "volume.cache_entries: must be at most 1048576"),
             ("[[listener]]", "[volume]\ntranslate_timeout_ms = 0\n[[listener]]", "volume.translate_timeout_ms"),
             ("[[listener]]", "[volume]\ntranslate_timeout_ms = 60001\n[[listener]]", "volume.translate_timeout_ms"),
