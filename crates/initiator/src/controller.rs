@@ -46,6 +46,12 @@ pub struct ConnectOptions {
     /// a host's command). The peer must confirm it checked the host, or the connection
     /// fails with [`Error::ActingForUnconfirmed`]. None: `hostnqn` acts for itself.
     pub acting_for: Option<String>,
+    /// The host's DH-HMAC-CHAP secret (nvme-cli's `--dhchap-secret`): every queue whose
+    /// Connect response asks for authentication authenticates with it (crate::auth).
+    pub dhchap_secret: Option<nearstore_dhchap::Secret>,
+    /// The controller's secret (`--dhchap-ctrl-secret`): the target must prove it holds
+    /// it, or the connection fails. Given, every queue authenticates, asked or not.
+    pub dhchap_ctrl_secret: Option<nearstore_dhchap::Secret>,
 }
 
 impl ConnectOptions {
@@ -71,6 +77,8 @@ impl ConnectOptions {
             send_keep_alive: true,
             busy_poll: Duration::ZERO,
             acting_for: None,
+            dhchap_secret: None,
+            dhchap_ctrl_secret: None,
         }
     }
 }
@@ -130,6 +138,12 @@ async fn connect_queue(opts: &ConnectOptions, qid: u16, depth: u16, cntlid: u16,
         if cqe.dw1 != connect::ACTING_FOR_CONFIRMED {
             return Err(Error::ActingForUnconfirmed { subnqn: opts.subnqn.clone(), host: host.clone() });
         }
+    }
+    let asked = cqe.dw0 & connect::AUTHREQ_ATR != 0;
+    match &opts.dhchap_secret {
+        Some(k) if asked || opts.dhchap_ctrl_secret.is_some() => crate::auth::authenticate(&mut q, opts, k, qid).await?,
+        None if asked => return Err(Error::AuthRequired { subnqn: opts.subnqn.clone(), hostnqn: opts.hostnqn.clone() }),
+        _ => {}
     }
     Ok((q, cqe.dw0 as u16))
 }

@@ -5,6 +5,7 @@
 //! warm. [`Controller`] builds on it: it connects the admin queue, enables the controller,
 //! identifies it, keeps it alive, and opens I/O queues.
 
+mod auth;
 mod controller;
 pub mod host;
 pub mod limits;
@@ -45,6 +46,15 @@ pub enum Error {
     /// nearstore target, or an old one), so the connection would serve anyone.
     #[error("{subnqn} admitted the connection without confirming that it checked host {host} (it does not know the acting-for extension)")]
     ActingForUnconfirmed { subnqn: String, host: String },
+    /// The target asks this host to authenticate (AUTHREQ.ATR) and no secret was given.
+    #[error("{subnqn} requires host {hostnqn} to authenticate: give its secret (--dhchap-secret)")]
+    AuthRequired { subnqn: String, hostnqn: String },
+    /// The target refused the host's authentication (a DH-HMAC-CHAP_Failure1).
+    #[error("authentication of queue {qid} refused by the target: {}", nearstore_dhchap::msg::explanation::name(*.explanation))]
+    AuthRefused { qid: u16, explanation: u8 },
+    /// Authentication failed on this side: the target's messages or its proof.
+    #[error("authentication: {0}")]
+    Auth(String),
 }
 
 pub type Result<T> = std::result::Result<T, Error>;

@@ -18,6 +18,10 @@ pub const IN_CAPSULE_BYTES_MAX: usize = 64 << 10;
 /// subsystems and ports than this is refused with an error naming the count.
 pub const DISCOVERY_RECORDS_MAX: usize = TRANSFER_BYTES_MAX / nearstore_wire::log::DISCOVERY_ENTRY_LEN - 1;
 
+/// Allocation length of an Authentication Receive, bytes: as Linux's host, 4096, more than
+/// the largest message a controller sends (a Challenge of 16 + 64 + 1024 bytes).
+pub const AUTH_RECEIVE_BYTES: usize = 4096;
+
 /// Longest compute result or message FETCHed, bytes: 64 times the target's result limit
 /// (256 KiB), so a target's announced length cannot make the host allocate gigabytes.
 pub const FETCH_BYTES_MAX: usize = 16 << 20;

@@ -85,6 +85,9 @@ pub mod connect {
     /// anything else back talks to a target that ignored the name and must not use the
     /// connection for that host. "NSAF" little-endian.
     pub const ACTING_FOR_CONFIRMED: u32 = u32::from_le_bytes(*b"NSAF");
+    /// Connect-response DW0 bit 17, AUTHREQ.ATR: the host must authenticate this queue
+    /// (DH-HMAC-CHAP) before other commands. Bit 18 (ASCR, a secure channel too) is never set.
+    pub const AUTHREQ_ATR: u32 = 1 << 17;
 }
 
 /// Property offsets (NVMe Base, "Controller Properties").

@@ -33,6 +33,9 @@ pub mod fctype {
     pub const CONNECT: u8 = 0x01;
     pub const PROPERTY_GET: u8 = 0x04;
     pub const DISCONNECT: u8 = 0x08;
+    /// Authentication Send and Receive (DH-HMAC-CHAP messages, crate nearstore-dhchap).
+    pub const AUTH_SEND: u8 = 0x05;
+    pub const AUTH_RECEIVE: u8 = 0x06;
 }
 
 /// Identify CNS values.

@@ -73,6 +73,8 @@ statuses! {
     CONNECT_INVALID_PARAMETERS = (1, 0x82);
     CONNECT_RESTART_DISCOVERY = (1, 0x83);
     CONNECT_INVALID_HOST = (1, 0x84);
+    /// The queue's host must complete in-band authentication (DH-HMAC-CHAP) first.
+    AUTH_REQUIRED = (1, 0x91);
     WRITE_FAULT = (2, 0x80);
     UNRECOVERED_READ_ERROR = (2, 0x81);
 }
