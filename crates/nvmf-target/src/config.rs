@@ -17,6 +17,13 @@
 //! allow_any_host = false
 //! hosts = ["nqn.2014-08.org.nvmexpress:uuid:5f1c..."]
 //!
+//! [[subsystem.host]]                       # a host that must authenticate (DH-HMAC-CHAP)
+//! nqn = "nqn.2014-08.org.nvmexpress:uuid:77aa..."
+//! dhchap_key = "DHHC-1:00:...:"            # nearstore gen-dhchap-key
+//! dhchap_ctrl_key = "DHHC-1:00:...:"       # optional: the target proves itself too
+//! dhchap_hash = "sha256"                   # optional: sha256 (default), sha384, sha512
+//! dhchap_dhgroup = "null"                  # optional: null (default), ffdhe2048 .. ffdhe8192
+//!
 //! [[subsystem.namespace]]
 //! nsid = 1
 //! path = "/var/lib/nearstore/disk0.img"   # regular file or block device
@@ -248,10 +255,58 @@ pub struct SubsystemConfig {
     pub allow_any_host: bool,
     #[serde(default)]
     pub hosts: Vec<String>,
+    /// Hosts with their own settings: the DH-HMAC-CHAP keys they authenticate with. Each
+    /// is allowed, as if in `hosts`.
+    #[serde(default)]
+    pub host: Vec<HostConfig>,
     pub serial: Option<String>,
     pub model: Option<String>,
     #[serde(default)]
     pub namespace: Vec<NamespaceConfig>,
+}
+
+/// A `[[subsystem.host]]` entry (docs/operations.md, "Security").
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct HostConfig {
+    pub nqn: String,
+    /// The host's DH-HMAC-CHAP secret (`DHHC-1:..`): with one, the host must authenticate
+    /// every queue before other commands.
+    pub dhchap_key: Option<String>,
+    /// The controller's secret, for hosts that ask the target to authenticate too.
+    pub dhchap_ctrl_key: Option<String>,
+    /// The hash function the target prefers: sha256 (default), sha384, sha512.
+    pub dhchap_hash: Option<String>,
+    /// The Diffie-Hellman group the target prefers: null (default), ffdhe2048 .. ffdhe8192.
+    pub dhchap_dhgroup: Option<String>,
+}
+
+impl HostConfig {
+    /// Its keys, checked; None without a `dhchap_key`. An error names the field, never the
+    /// secret.
+    pub fn keys(&self, f: &str) -> Result<Option<crate::auth::HostKeys>, ConfigError> {
+        use nearstore_dhchap::{DhGroup, Hash, Secret};
+        let secret = |field: &str, s: &str| s.parse::<Secret>().map_err(|e| invalid(format!("{f}.{field}"), e.to_string()));
+        let Some(k) = &self.dhchap_key else {
+            if self.dhchap_ctrl_key.is_some() {
+                return Err(invalid(format!("{f}.dhchap_ctrl_key"), "a controller key needs the host's dhchap_key"));
+            }
+            return Ok(None);
+        };
+        let key = secret("dhchap_key", k)?;
+        let ctrl_key = self.dhchap_ctrl_key.as_deref().map(|c| secret("dhchap_ctrl_key", c)).transpose()?;
+        let hash = match &self.dhchap_hash {
+            None => Hash::Sha256,
+            Some(h) => Hash::from_name(h).ok_or_else(|| invalid(format!("{f}.dhchap_hash"), "must be sha256, sha384 or sha512"))?,
+        };
+        let group = match &self.dhchap_dhgroup {
+            None => DhGroup::Null,
+            Some(g) => DhGroup::from_name(g).ok_or_else(|| {
+                invalid(format!("{f}.dhchap_dhgroup"), "must be null, ffdhe2048, ffdhe3072, ffdhe4096, ffdhe6144 or ffdhe8192")
+            })?,
+        };
+        Ok(Some(crate::auth::HostKeys { key, ctrl_key, hash, group }))
+    }
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -453,7 +508,15 @@ impl Config {
             for (j, h) in s.hosts.iter().enumerate() {
                 check_nqn(h).map_err(|m| invalid(format!("{f}.hosts[{j}]"), m))?;
             }
-            if !s.allow_any_host && s.hosts.is_empty() {
+            let mut host_nqns = HashSet::new();
+            for (j, h) in s.host.iter().enumerate() {
+                check_nqn(&h.nqn).map_err(|m| invalid(format!("{f}.host[{j}].nqn"), m))?;
+                if !host_nqns.insert(&h.nqn) {
+                    return Err(invalid(format!("{f}.host[{j}].nqn"), format!("host {} has two entries", h.nqn)));
+                }
+                h.keys(&format!("{f}.host[{j}]"))?;
+            }
+            if !s.allow_any_host && s.hosts.is_empty() && s.host.is_empty() {
                 return Err(invalid(format!("{f}.hosts"), "no host may connect: list hosts or set allow_any_host = true"));
             }
             let mut nsids = HashSet::new();
@@ -505,6 +568,7 @@ impl Config {
                 nqn: nqn.into(),
                 allow_any_host: true,
                 hosts: vec![],
+                host: vec![],
                 serial: None,
                 model: None,
                 namespace: vec![ns],
@@ -640,6 +704,14 @@ mod tests {
         }
     }
 
+    /// The NVMe Base Specification's example DH-HMAC-CHAP secret.
+    const SPEC_KEY: &str = "DHHC-1:00:ia6zGodOr4SEG0Zzaw398rpY0wqipUWj4jWjUh4HWUz6aQ2n:";
+
+    /// GOOD's namespace followed by a `[[subsystem.host]]` entry with these lines.
+    fn host(lines: &str) -> String {
+        format!("memory = \"1MiB\"\n[[subsystem.host]]\nnqn = \"nqn.2014-08.org.example:h\"\n{lines}")
+    }
+
     /// Each bad config names its field.
     #[test]
     fn bad_configs_name_the_field() {
@@ -689,6 +761,16 @@ mod tests {
             ("[[listener]]", "[volume]\ncache_entries = 1048577\n[[listener]]", "volume.cache_entries: must be at most 1048576"),
             ("[[listener]]", "[volume]\ntranslate_timeout_ms = 0\n[[listener]]", "volume.translate_timeout_ms"),
             ("[[listener]]", "[volume]\ntranslate_timeout_ms = 60001\n[[listener]]", "volume.translate_timeout_ms"),
+            ("memory = \"1MiB\"", &host("dhchap_key = \"DHHC-1:00:AAAA:\""), "subsystem[0].host[0].dhchap_key: the key and its CRC are 3 bytes"),
+            ("memory = \"1MiB\"", &host("dhchap_key = \"DHHC-1:00:ja6zGodOr4SEG0Zzaw398rpY0wqipUWj4jWjUh4HWUz6aQ2n:\""), "host[0].dhchap_key: the CRC-32"),
+            ("memory = \"1MiB\"", &host("dhchap_key = \"DHHC-1:07:ia6zGodOr4SEG0Zzaw398rpY0wqipUWj4jWjUh4HWUz6aQ2n:\""), "host[0].dhchap_key: the transformation"),
+            ("memory = \"1MiB\"", &host(&format!("dhchap_ctrl_key = \"{SPEC_KEY}\"")), "host[0].dhchap_ctrl_key: a controller key needs"),
+            ("memory = \"1MiB\"", &host(&format!("dhchap_key = \"{SPEC_KEY}\"\ndhchap_ctrl_key = \"x\"")), "host[0].dhchap_ctrl_key: a DH-HMAC-CHAP"),
+            ("memory = \"1MiB\"", &host(&format!("dhchap_key = \"{SPEC_KEY}\"\ndhchap_hash = \"md5\"")), "host[0].dhchap_hash"),
+            ("memory = \"1MiB\"", &host(&format!("dhchap_key = \"{SPEC_KEY}\"\ndhchap_dhgroup = \"modp1024\"")), "host[0].dhchap_dhgroup"),
+            ("memory = \"1MiB\"", &host("dhchap_secret = \"x\""), "unknown field `dhchap_secret`"),
+            ("memory = \"1MiB\"", "memory = \"1MiB\"\n[[subsystem.host]]\nnqn = \"bad\"", "subsystem[0].host[0].nqn"),
+            ("memory = \"1MiB\"", &format!("{}\n{}", host(""), &host("")["memory = \"1MiB\"\n".len()..]), "host[1].nqn: host nqn.2014-08.org.example:h has two entries"),
         ];
         for (from, to, want) in cases {
             let text = GOOD.replacen(from, to, 1);

@@ -12,6 +12,7 @@ use tracing::{debug, info, warn};
 
 use crate::admin::DataLen;
 use crate::admission::{QueueSlot, Ticket};
+use crate::auth::HostKeys;
 use crate::dev::Op;
 use crate::io_pool::Job;
 use crate::limits;
@@ -35,6 +36,8 @@ pub struct Connected {
     pub memory: Reservation,
     /// Its place among its address's connected queues (None for in-process streams).
     pub slot: Option<QueueSlot>,
+    /// The host's keys when it must authenticate the queue (crate::auth).
+    pub auth: Option<Arc<HostKeys>>,
 }
 
 /// Byte offsets the Connect Invalid Parameters response points at.
@@ -131,6 +134,8 @@ pub fn connect(
         }
     };
     let memory = reserve_buffers(target, sqsize, peer)?;
+    // The connecting host authenticates (a cluster member acting for a host: the member).
+    let auth = sub.host_keys(&d.hostnqn);
     if qid == 0 {
         if d.cntlid != 0xffff {
             return Err(invalid_param(true, IPO_CNTLID));
@@ -148,7 +153,7 @@ pub fn connect(
         };
         ctrl.touch();
         info!(peer, subnqn = %sub.nqn, hostnqn = %d.hostnqn, acting_for = ?d.acting_for, cntlid = ctrl.cntlid, kato_ms = kato, "controller created");
-        return Ok(Connected { ctrl, qid, sqsize, sqflow_disabled, dw1, memory, slot });
+        return Ok(Connected { ctrl, qid, sqsize, sqflow_disabled, dw1, memory, slot, auth });
     }
     if sub.discovery {
         return Err(invalid_param(false, IPO_QID));
@@ -179,7 +184,7 @@ pub fn connect(
     }
     drop(st);
     ctrl.touch();
-    Ok(Connected { ctrl, qid, sqsize, sqflow_disabled, dw1, memory, slot })
+    Ok(Connected { ctrl, qid, sqsize, sqflow_disabled, dw1, memory, slot, auth })
 }
 
 /// Reserves what a queue of `sqsize` (0's based) entries always holds
@@ -204,11 +209,24 @@ fn reserve_buffers(target: &Target, sqsize: u16, peer: &str) -> Result<Reservati
     })
 }
 
-/// The data of a fabrics command (see [`DataLen`]): Connect's 1024 bytes, none for the others.
+/// The data of a fabrics command (see [`DataLen`]): Connect's 1024 bytes, Authentication
+/// Send's TL and Receive's AL, none for the others. An authentication command for another
+/// security protocol (SECP, SPSP0, SPSP1 in CDW10), or of zero bytes, is Invalid Field
+/// (as Linux's target), and so is a TL longer than the largest message a host sends
+/// ([`limits::AUTH_SEND_BYTES_MAX`]): checked before anything is allocated.
 pub fn data_len(sqe: &Sqe) -> Result<DataLen, Status> {
     match sqe.fctype() {
         fctype::CONNECT => Ok(DataLen::Exactly(CONNECT_DATA_LEN as u64)),
         fctype::PROPERTY_GET | fctype::PROPERTY_SET | fctype::DISCONNECT => Ok(DataLen::Exactly(0)),
+        fctype::AUTH_SEND | fctype::AUTH_RECEIVE => {
+            let len = sqe.cdw(11);
+            let send = sqe.fctype() == fctype::AUTH_SEND;
+            if sqe.cdw(10) & 0xffff_ff00 != nearstore_dhchap::msg::cdw10() || len == 0 || send && len as usize > limits::AUTH_SEND_BYTES_MAX
+            {
+                return Err(Status::INVALID_FIELD.dnr());
+            }
+            Ok(DataLen::Exactly(len as u64))
+        }
         _ => Err(Status::INVALID_FIELD.dnr()),
     }
 }

@@ -110,6 +110,11 @@ pub enum Done {
         nsid: u32,
         guard: AbortGuard,
     },
+    /// An Authentication Send handled on the blocking pool: the queue's authentication
+    /// state, back with the message applied.
+    Auth {
+        auth: Box<crate::auth::QueueAuth>,
+    },
 }
 
 impl Done {

@@ -11,6 +11,7 @@
 
 pub mod admin;
 pub mod admission;
+pub mod auth;
 pub mod backend;
 pub mod cluster;
 pub mod config;
@@ -167,7 +168,15 @@ impl Target {
             })?;
         }
         for (i, s) in cfg.subsystem.iter().enumerate() {
-            let sub = Subsystem::new(&s.nqn, s.serial.as_deref(), s.model.as_deref(), s.allow_any_host, &s.hosts);
+            let mut keys = Vec::new();
+            for (j, h) in s.host.iter().enumerate() {
+                if let Some(k) = h.keys(&format!("subsystem[{i}].host[{j}]"))? {
+                    keys.push((h.nqn.clone(), k));
+                }
+            }
+            let mut hosts = s.hosts.clone();
+            hosts.extend(s.host.iter().map(|h| h.nqn.clone()));
+            let sub = Subsystem::new(&s.nqn, s.serial.as_deref(), s.model.as_deref(), s.allow_any_host, &hosts).with_host_keys(keys);
             for (j, n) in s.namespace.iter().enumerate() {
                 let field = format!("subsystem[{i}].namespace[{j}]");
                 let backend: Arc<dyn Backend> = match (&n.path, n.memory) {

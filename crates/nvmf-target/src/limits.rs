@@ -95,6 +95,12 @@ pub const TX_PENDING_BYTES_MAX: usize = 1 << 20;
 /// Asynchronous Event Requests outstanding per controller (AERL + 1).
 pub const AER_MAX: usize = 4;
 
+/// Bytes of an Authentication Send (its TL): the largest message a host can send, an
+/// AUTH_Negotiate of 255 protocol descriptors (NAPD is one byte; a DH-HMAC-CHAP_Reply is at
+/// most 16 + 2 x 64 + 1024 bytes). A longer TL is Invalid Field before anything is
+/// allocated. An Authentication Receive's AL is bounded by MDTS like any transfer.
+pub const AUTH_SEND_BYTES_MAX: usize = nearstore_dhchap::msg::SEND_LEN_MAX;
+
 /// Error log entries kept per controller (ELPE + 1).
 pub const ERROR_LOG_ENTRIES: usize = 16;
 
@@ -426,6 +432,8 @@ const _: () = assert!(DISCOVERY_QUEUE_DEPTH_MAX >= 32 && DISCOVERY_QUEUE_DEPTH_M
 const _: () = assert!(TX_BUFFER_BYTES >= TX_STEP_BYTES && TX_BUFFER_BYTES <= TX_BUFFER_BYTES_MAX);
 const _: () = assert!(TX_STEP_BYTES >= TRANSFER_BYTES_MAX + 256 + (AER_MAX + 1) * 32 + TERM_HLEN + TERM_DATA_MAX);
 const _: () = assert!(QUEUE_BUFFERS_FIXED >= 2);
+// An Authentication Send's data is one transfer, in one pooled data buffer.
+const _: () = assert!(AUTH_SEND_BYTES_MAX <= TRANSFER_BYTES_MAX);
 const _: () = assert!(QUEUES_PER_ADDRESS_DEFAULT >= 1 && QUEUES_PER_ADDRESS_DEFAULT <= QUEUES_PER_ADDRESS_MAX);
 
 // Data: in-capsule data and H2CData PDUs are pieces of one transfer; IOCCSZ counts the
@@ -576,6 +584,7 @@ mod tests {
             (protocol, "keep-alive granularity (KAS)", format!("{KEEP_ALIVE_GRANULARITY_MS} ms")),
             (protocol, "ready timeout (CAP.TO)", format!("{READY_TIMEOUT_500MS} ({} s)", READY_TIMEOUT_500MS as f64 / 2.0)),
             (protocol, "a TermReq's time to leave before the socket closes", format!("{TERM_FLUSH_TIMEOUT_MS} ms")),
+            (protocol, "Authentication Send data (TL)", format!("{AUTH_SEND_BYTES_MAX} bytes")),
             (compute, "descriptor size", format!("{} (one transfer, MDTS)", kib(nearstore_wire::compute::limits::DESCRIPTOR_BYTES_MAX))),
             (compute, "arguments", kib(nearstore_wire::compute::limits::ARGS_BYTES_MAX)),
             (compute, "objects (inputs + outputs)", nearstore_wire::compute::limits::OBJECTS_MAX.to_string()),

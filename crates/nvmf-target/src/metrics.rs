@@ -48,6 +48,8 @@ pub struct TargetStats {
     pub connections_total: AtomicU64,
     pub fatal_errors: AtomicU64,
     pub controllers_expired: AtomicU64,
+    /// Queues closed because their host failed DH-HMAC-CHAP authentication.
+    pub auth_failures: AtomicU64,
     /// Buffer bytes held by all connections now.
     pub buffer_bytes: AtomicI64,
     /// The most buffer bytes one connection has held (bounded by
@@ -81,7 +83,7 @@ fn family(o: &mut String, name: &str, kind: &str, help: &str) {
 pub fn render(t: &Target) -> String {
     let mut o = String::new();
     let s = &t.stats;
-    let target: [(&str, &str, &str, i64); 20] = [
+    let target: [(&str, &str, &str, i64); 21] = [
         ("nearstore_connections", "gauge", "NVMe/TCP connections open now (one per queue).", s.connections.load(Relaxed)),
         ("nearstore_connections_total", "counter", "NVMe/TCP connections accepted.", s.connections_total.load(Relaxed) as i64),
         (
@@ -95,6 +97,12 @@ pub fn render(t: &Target) -> String {
             "counter",
             "Controllers removed because their host's keep-alive timer expired.",
             s.controllers_expired.load(Relaxed) as i64,
+        ),
+        (
+            "nearstore_auth_failures_total",
+            "counter",
+            "Queues closed because their host failed in-band authentication (DH-HMAC-CHAP).",
+            s.auth_failures.load(Relaxed) as i64,
         ),
         ("nearstore_buffer_bytes", "gauge", "Bytes of buffers held by all connections now.", s.buffer_bytes.load(Relaxed)),
         (

@@ -1,6 +1,6 @@
 //! Subsystems, namespaces and controllers: the state the command handlers work on.
 
-use std::collections::{BTreeMap, BTreeSet, HashSet, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet, VecDeque};
 use std::io;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering, Ordering::Relaxed};
@@ -14,6 +14,7 @@ use tokio::sync::mpsc::UnboundedSender;
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
+use crate::auth::HostKeys;
 use crate::backend::Backend;
 use crate::dev::{self, BlockDevice};
 use crate::io_pool::Done;
@@ -179,6 +180,8 @@ pub struct Subsystem {
     pub discovery: bool,
     allow_any_host: bool,
     hosts: HashSet<String>,
+    /// Hosts that must authenticate (crate::auth), by NQN.
+    keys: HashMap<String, Arc<HostKeys>>,
     namespaces: RwLock<BTreeMap<u32, Arc<Namespace>>>,
     controllers: Mutex<BTreeMap<u16, Arc<Controller>>>,
 }
@@ -194,6 +197,7 @@ impl Subsystem {
             discovery: nqn == nearstore_wire::DISCOVERY_NQN,
             allow_any_host,
             hosts: hosts.iter().cloned().collect(),
+            keys: HashMap::new(),
             namespaces: RwLock::new(BTreeMap::new()),
             controllers: Mutex::new(BTreeMap::new()),
         }
@@ -201,6 +205,20 @@ impl Subsystem {
 
     pub fn host_allowed(&self, hostnqn: &str) -> bool {
         self.discovery || self.allow_any_host || self.hosts.contains(hostnqn)
+    }
+
+    /// Hosts that must authenticate with DH-HMAC-CHAP, and their keys; each is allowed.
+    pub fn with_host_keys(mut self, keys: impl IntoIterator<Item = (String, HostKeys)>) -> Subsystem {
+        for (nqn, k) in keys {
+            self.hosts.insert(nqn.clone());
+            self.keys.insert(nqn, Arc::new(k));
+        }
+        self
+    }
+
+    /// The keys of a host that must authenticate, None for one that need not.
+    pub fn host_keys(&self, hostnqn: &str) -> Option<Arc<HostKeys>> {
+        self.keys.get(hostnqn).cloned()
     }
 
     pub fn namespace(&self, nsid: u32) -> Option<Arc<Namespace>> {

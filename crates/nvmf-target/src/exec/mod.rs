@@ -22,6 +22,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use nearstore_transport::AlignedBuf;
+use nearstore_wire::fabrics::connect;
 use nearstore_wire::log::ErrorEntry;
 use nearstore_wire::opcode::{fctype, FABRICS};
 use nearstore_wire::sqe::sgl_id;
@@ -32,6 +33,7 @@ use tracing::{debug, info};
 
 use crate::admin;
 use crate::admission::{QueueSlot, Ticket};
+use crate::auth::QueueAuth;
 use crate::dev::{Channel, Completion, Op};
 use crate::fabrics;
 use crate::io_cmd::{self, IoKind, IoPlan};
@@ -45,6 +47,7 @@ use crate::request::{QueueRequests, Request};
 use crate::subsystem::{AbortGuard, Controller, Namespace};
 use crate::{Port, Target};
 
+mod auth;
 mod buffers;
 mod compute;
 mod reservation;
@@ -244,6 +247,15 @@ pub struct Core<T> {
     pub(crate) cancel: CancellationToken,
     /// What became of this queue's requests (crate::request).
     requests: Arc<QueueRequests>,
+    /// Its host must authenticate this queue (AUTHREQ.ATR in the Connect response).
+    auth_required: bool,
+    /// The queue authenticated (crate::auth): the last state [`QueueAuth`] reported.
+    auth_ok: bool,
+    /// The queue's authentication state; None while a message is handled on the blocking
+    /// pool, or before the host has any.
+    auth: Option<Box<QueueAuth>>,
+    /// The Authentication Send handled on the blocking pool.
+    auth_busy: Option<Request>,
 }
 
 /// What comes back to a queue from elsewhere, for its transport's task to wait on and hand
@@ -285,6 +297,10 @@ impl<T: Transport> Core<T> {
             aers: Vec::new(),
             close_after_flush: false,
             cancel: CancellationToken::new(),
+            auth_required: false,
+            auth_ok: false,
+            auth: None,
+            auth_busy: None,
         };
         (core, Replies { done, abort })
     }
@@ -367,6 +383,10 @@ impl<T: Transport> Core<T> {
             d.req.abandon();
             n += 1;
         }
+        if let Some(r) = self.auth_busy.take() {
+            r.abandon();
+            n += 1;
+        }
         self.waiting = Slab::default();
         self.inflight = Slab::default();
         if n > 0 {
@@ -415,6 +435,12 @@ impl<T: Transport> Core<T> {
         }
         if sqe.psdt() != 1 {
             self.complete(req, Status::INVALID_FIELD.dnr(), 0, 0);
+            return Ok(());
+        }
+        // Before its host has authenticated the queue, only fabrics commands run (Linux's
+        // target: nvmet_check_auth_status), before any of the command's data moves.
+        if sqe.opcode() != FABRICS && !self.auth_passed() {
+            self.fail_admin(&sqe, req, Status::AUTH_REQUIRED.dnr());
             return Ok(());
         }
         let sgl = sqe.sgl();
@@ -496,7 +522,7 @@ impl<T: Transport> Core<T> {
             self.complete(req, Status::INVALID_FIELD.dnr(), 0, 0);
             return Ok(());
         }
-        if let Some(q) = self.queue.as_ref().filter(|q| q.qid > 0 && !compute::is_compute(sqe.opcode())) {
+        if let Some(q) = self.queue.as_ref().filter(|q| q.qid > 0 && sqe.opcode() != FABRICS && !compute::is_compute(sqe.opcode())) {
             let checked = if io_cmd::is_reservation(sqe.opcode()) {
                 io_cmd::check_reservation(&q.ctrl.subsys, &q.ctrl.hostid, &sqe).map(drop)
             } else {
@@ -566,7 +592,7 @@ impl<T: Transport> Core<T> {
 
     /// Runs a command whose host data sits in a pool buffer.
     fn execute_buffered(&mut self, sqe: Sqe, buf: AlignedBuf, req: Request) -> Result<(), Overflow> {
-        if self.queue.as_ref().is_some_and(|q| q.qid > 0) {
+        if self.queue.as_ref().is_some_and(|q| q.qid > 0) && sqe.opcode() != FABRICS {
             return self.execute_io(sqe, &[], Some(buf), req);
         }
         let r = self.execute(sqe, &buf, req);
@@ -620,7 +646,12 @@ impl<T: Transport> Core<T> {
             (fctype::CONNECT, None) => {
                 match fabrics::connect(&self.target, &sqe, data, self.port.discovery, &self.peer, self.ticket.as_ref()) {
                     Ok(c) => {
-                        let r = Reply { dw1: c.dw1, ..Reply::dw0(c.ctrl.cntlid as u32) };
+                        let atr = if c.auth.is_some() { connect::AUTHREQ_ATR } else { 0 };
+                        let r = Reply { dw1: c.dw1, ..Reply::dw0(c.ctrl.cntlid as u32 | atr) };
+                        if let Some(keys) = c.auth {
+                            self.auth_required = true;
+                            self.auth = Some(Box::new(QueueAuth::new(Some(keys), &c.ctrl.hostnqn, &c.ctrl.subsys.nqn)));
+                        }
                         if c.qid == 0 {
                             spawn_keep_alive_watchdog(self.target.clone(), c.ctrl.clone());
                         }
@@ -652,6 +683,11 @@ impl<T: Transport> Core<T> {
             (fctype::DISCONNECT, Some(_)) => {
                 self.close_after_flush = true;
                 Reply::ok()
+            }
+            (fctype::AUTH_SEND, Some(_)) => return self.auth_send(data, req),
+            (fctype::AUTH_RECEIVE, Some(_)) => {
+                self.auth_receive(&sqe, req);
+                return Ok(());
             }
             _ => Reply::status(Status::INVALID_FIELD.dnr()),
         };
@@ -840,6 +876,7 @@ impl<T: Transport> Core<T> {
             Done::Computed { token, computed } => self.on_computed(token, *computed),
             Done::Persisted { token, result } => self.on_persisted(token, result),
             Done::Abort { nsid, guard } => self.abort_commands(nsid, guard),
+            Done::Auth { auth } => self.on_auth(auth),
         }
     }
 
