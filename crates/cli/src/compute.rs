@@ -48,6 +48,13 @@ pub struct Common {
     /// Output format: normal (text) or json.
     #[arg(short = 'o', long, value_enum, default_value = "normal")]
     pub output_format: Output,
+    /// The host's DH-HMAC-CHAP secret for its own connections to targets that ask for
+    /// authentication (as nvme-cli's --dhchap-secret).
+    #[arg(long, value_parser = crate::dhchap_secret)]
+    pub dhchap_secret: Option<nearstore_dhchap::Secret>,
+    /// The controller's DH-HMAC-CHAP secret: the targets must prove they hold it.
+    #[arg(long, value_parser = crate::dhchap_secret, requires = "dhchap_secret")]
+    pub dhchap_ctrl_secret: Option<nearstore_dhchap::Secret>,
 }
 
 impl Common {
@@ -85,6 +92,8 @@ impl Common {
         host.parallel = self.parallel as usize;
         host.passthrough = !self.no_passthrough;
         host.offload_only = self.offload_only;
+        host.dhchap_secret = self.dhchap_secret.clone();
+        host.dhchap_ctrl_secret = self.dhchap_ctrl_secret.clone();
         if self.output_format == Output::Normal && std::io::IsTerminal::is_terminal(&std::io::stderr()) {
             let bar = indicatif::ProgressBar::new(0);
             bar.set_style(

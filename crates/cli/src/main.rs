@@ -82,6 +82,19 @@ pub struct TargetArgs {
     /// Data digest.
     #[arg(long)]
     pub data_digest: bool,
+    /// The host's DH-HMAC-CHAP secret (DHHC-1:..:, from gen-dhchap-key), as nvme-cli's: used
+    /// when the target asks this host to authenticate.
+    #[arg(long, value_parser = dhchap_secret)]
+    pub dhchap_secret: Option<nearstore_dhchap::Secret>,
+    /// The controller's DH-HMAC-CHAP secret: the target must prove it holds it
+    /// (bidirectional authentication), or the connection is refused.
+    #[arg(long, value_parser = dhchap_secret, requires = "dhchap_secret")]
+    pub dhchap_ctrl_secret: Option<nearstore_dhchap::Secret>,
+}
+
+/// A DH-HMAC-CHAP secret (clap's value parser); the error never repeats the secret.
+pub fn dhchap_secret(s: &str) -> Result<nearstore_dhchap::Secret, String> {
+    s.parse().map_err(|e: nearstore_dhchap::SecretError| e.to_string())
 }
 
 pub const DEFAULT_NQN: &str = "nqn.2026-11.io.nearstore:disk0";
@@ -135,6 +148,8 @@ impl TargetArgs {
         o.hostid = ids.hostid;
         o.hdgst = self.hdr_digest;
         o.ddgst = self.data_digest;
+        o.dhchap_secret = self.dhchap_secret.clone();
+        o.dhchap_ctrl_secret = self.dhchap_ctrl_secret.clone();
         Ok(o)
     }
 }
@@ -320,6 +335,20 @@ enum Cmd {
     ResvReport(resv::ReportArgs),
     /// Measure IOPS, bandwidth and latency against a target.
     Perf(perf::PerfArgs),
+    /// Print a new DH-HMAC-CHAP secret (DHHC-1:XX:..:) for a host's dhchap_key or a
+    /// subsystem's dhchap_ctrl_key, as nvme-cli's gen-dhchap-key.
+    GenDhchapKey {
+        /// Transform the secret with this hash before use: 0 none, 1 SHA-256, 2 SHA-384,
+        /// 3 SHA-512 (the key is then as long as the hash).
+        #[arg(short = 'm', long, default_value_t = 0, value_parser = clap::value_parser!(u8).range(0..=3))]
+        hmac: u8,
+        /// Key length in bytes: 32, 48 or 64 (default: 32, or the hash's length).
+        #[arg(short = 'l', long, value_parser = ["32", "48", "64"])]
+        key_length: Option<String>,
+        /// The NQN a transformed key is made for (default: this host's NQN).
+        #[arg(short = 'n', long)]
+        nqn: Option<String>,
+    },
     /// Print a shell's completions for nearstore on stdout (docs/operations.md says where they go).
     Completions {
         /// The shell.
@@ -525,6 +554,10 @@ fn run(cli: Cli) -> Result<()> {
         Cmd::ResvRelease(a) => resv::release(a),
         Cmd::ResvReport(a) => resv::report(a),
         Cmd::Perf(a) => perf::run(a),
+        Cmd::GenDhchapKey { hmac, key_length, nqn } => {
+            println!("{}", tools::gen_dhchap_key(hmac, key_length.as_deref(), nqn)?);
+            Ok(())
+        }
         Cmd::Completions { shell } => {
             clap_complete::generate(shell, &mut Cli::command(), "nearstore", &mut std::io::stdout());
             Ok(())

@@ -36,6 +36,12 @@ pub struct ResvTarget {
     /// ends with, or one derived from it; docs/reservations.md).
     #[arg(long, value_parser = crate::host_id)]
     hostid: Option<uuid::Uuid>,
+    /// The host's DH-HMAC-CHAP secret, used when the target asks this host to authenticate.
+    #[arg(long, value_parser = crate::dhchap_secret)]
+    dhchap_secret: Option<nearstore_dhchap::Secret>,
+    /// The controller's DH-HMAC-CHAP secret: the target must prove it holds it.
+    #[arg(long, value_parser = crate::dhchap_secret, requires = "dhchap_secret")]
+    dhchap_ctrl_secret: Option<nearstore_dhchap::Secret>,
     /// Namespace ID.
     #[arg(short = 'n', long = "namespace-id", default_value_t = 1)]
     nsid: u32,
@@ -191,6 +197,8 @@ async fn connect(t: &ResvTarget) -> Result<(Controller, IoQueue)> {
         hostid: t.hostid,
         hdr_digest: false,
         data_digest: false,
+        dhchap_secret: t.dhchap_secret.clone(),
+        dhchap_ctrl_secret: t.dhchap_ctrl_secret.clone(),
     };
     let o = args.options()?;
     let c = crate::tools::connect_with(o).await?;

@@ -253,3 +253,19 @@ pub async fn write(t: &TargetArgs, nsid: u32, slba: u64, input: &Path, fua: bool
     eprintln!("wrote {} bytes at LBA {slba} of namespace {nsid}", data.len());
     Ok(())
 }
+
+/// A new DH-HMAC-CHAP secret, as nvme-cli's gen-dhchap-key: `hmac` 0 to 3 (the
+/// transformation), `key_length` 32, 48 or 64 (default 32, or the hash's length), `nqn` the
+/// one a transformed key is made for (default: this host's, nearstore_initiator::host).
+pub fn gen_dhchap_key(hmac: u8, key_length: Option<&str>, nqn: Option<String>) -> Result<nearstore_dhchap::Secret> {
+    let hash = nearstore_dhchap::Hash::from_id(hmac);
+    let len = match key_length {
+        Some(l) => l.parse::<usize>().with_context(|| format!("--key-length {l}"))?,
+        None => hash.map_or(32, nearstore_dhchap::Hash::len),
+    };
+    let nqn = match nqn {
+        Some(n) => n,
+        None => nearstore_initiator::host::resolve(None, None)?.hostnqn,
+    };
+    nearstore_dhchap::Secret::generate(hash, len, &nqn).map_err(|e| anyhow::anyhow!("--hmac {hmac} --key-length {len}: {e}"))
+}

@@ -157,6 +157,10 @@ pub struct Host {
     /// Refuse (`HostError::NotOffloaded`, before computing anything) rather than compute
     /// on the host what cannot be offloaded; `Mode::Local` is unaffected.
     pub offload_only: bool,
+    /// The DH-HMAC-CHAP secrets of this host's own connections (`--dhchap-secret`,
+    /// `--dhchap-ctrl-secret`): used where a target asks the host to authenticate.
+    pub dhchap_secret: Option<nearstore_dhchap::Secret>,
+    pub dhchap_ctrl_secret: Option<nearstore_dhchap::Secret>,
     conns: HashMap<Endpoint, Conn>,
     kernel: HashMap<Endpoint, Arc<KernelNamespace>>,
 }
@@ -170,6 +174,8 @@ impl Host {
             progress: None,
             passthrough: true,
             offload_only: false,
+            dhchap_secret: None,
+            dhchap_ctrl_secret: None,
             conns: HashMap::new(),
             kernel: HashMap::new(),
         }
@@ -227,7 +233,10 @@ impl Host {
             return Ok(());
         }
         let err = |source| HostError::Target { endpoint: ep_name(ep), source };
-        let ctrl = Controller::connect(ConnectOptions::new(ep.address, &ep.nqn)).await.map_err(err)?;
+        let mut o = ConnectOptions::new(ep.address, &ep.nqn);
+        o.dhchap_secret = self.dhchap_secret.clone();
+        o.dhchap_ctrl_secret = self.dhchap_ctrl_secret.clone();
+        let ctrl = Controller::connect(o).await.map_err(err)?;
         let block = ctrl.identify_namespace(ep.nsid).await.map_err(err)?.block_size() as u64;
         let mut queues = Vec::new();
         for qid in 1..=self.parallel.clamp(1, ctrl.io_queues_granted() as usize) as u16 {
