@@ -51,7 +51,8 @@ initramfs_binary() {
 }
 
 # initramfs_modules DIR MODULE...: the modules and what they depend on, uncompressed, in
-# DIR/lib/modules, and their load order in DIR/modules.list.
+# DIR/lib/modules, and their load order in DIR/modules.list. With $modroot set, the modules
+# of $kver are those under $modroot/lib/modules (a kernel unpacked apart, auth.sh).
 initramfs_modules() {
     local ird=$1 m f
     shift
@@ -61,13 +62,13 @@ initramfs_modules() {
         local m=$1 d
         [ -n "${seen[$m]:-}" ] && return
         seen[$m]=1
-        for d in $(modinfo -k "$kver" -F depends "$m" | tr ',' ' '); do add_mod "$d"; done
+        for d in $(modinfo ${modroot:+-b "$modroot"} -k "$kver" -F depends "$m" | tr ',' ' '); do add_mod "$d"; done
         order+=("$m")
     }
     for m in "$@"; do add_mod "$m"; done
     : > "$ird/modules.list"
     for m in "${order[@]}"; do
-        f=$(modinfo -k "$kver" -n "$m")
+        f=$(modinfo ${modroot:+-b "$modroot"} -k "$kver" -n "$m")
         case "$f" in
             *.ko) cp "$f" "$ird/lib/modules/$m.ko" ;;
             *.ko.xz) xz -dc "$f" > "$ird/lib/modules/$m.ko" ;;
