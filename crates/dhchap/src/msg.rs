@@ -127,8 +127,10 @@ pub enum Message {
     Challenge(Challenge),
     Reply(Reply),
     /// DH-HMAC-CHAP_Success1: the controller's response R2 when the host asked for one.
+    /// HL is the hash's length with or without it (Linux's host checks it either way).
     Success1 {
         t_id: u16,
+        hl: u8,
         rval: Option<Vec<u8>>,
     },
     Success2 {
@@ -222,7 +224,7 @@ impl Message {
                 if rvalid {
                     need(HEADER_LEN + hl)?;
                 }
-                Ok(Message::Success1 { t_id: u16_at(b, 4), rval: rvalid.then(|| b[HEADER_LEN..HEADER_LEN + hl].to_vec()) })
+                Ok(Message::Success1 { t_id: u16_at(b, 4), hl: hl as u8, rval: rvalid.then(|| b[HEADER_LEN..HEADER_LEN + hl].to_vec()) })
             }
             (auth_type::DHCHAP, auth_id::SUCCESS2) => {
                 need(HEADER_LEN)?;
@@ -285,10 +287,10 @@ impl Message {
                 b.extend_from_slice(&r.dhv);
                 b
             }
-            Message::Success1 { t_id, rval } => {
+            Message::Success1 { t_id, hl, rval } => {
                 let mut b = header(HEADER_LEN, auth_type::DHCHAP, auth_id::SUCCESS1, *t_id);
+                b[6] = *hl;
                 if let Some(r) = rval {
-                    b[6] = r.len() as u8;
                     b[8] = 1;
                     b.extend_from_slice(r);
                 }
@@ -316,8 +318,8 @@ mod tests {
             Message::Challenge(Challenge { t_id: 3, hash_id: 2, dh_id: 1, seqnum: 9, cval: vec![7; 48], dhv: vec![5; 256] }),
             Message::Reply(Reply { t_id: 3, rval: vec![1; 32], cval: Some(vec![2; 32]), seqnum: 11, dhv: vec![3; 384] }),
             Message::Reply(Reply { t_id: 3, rval: vec![1; 64], cval: None, seqnum: 0, dhv: vec![] }),
-            Message::Success1 { t_id: 3, rval: Some(vec![4; 32]) },
-            Message::Success1 { t_id: 3, rval: None },
+            Message::Success1 { t_id: 3, hl: 32, rval: Some(vec![4; 32]) },
+            Message::Success1 { t_id: 3, hl: 48, rval: None },
             Message::Success2 { t_id: 3 },
             Message::Failure { t_id: 3, first: true, reason: REASON_FAILED, explanation: explanation::FAILED },
             Message::Failure { t_id: 3, first: false, reason: REASON_FAILED, explanation: explanation::INCORRECT_MESSAGE },

@@ -244,7 +244,7 @@ impl QueueAuth {
             Step::Success1 => {
                 let rval = self.r2.take();
                 self.step = if rval.is_some() { Step::Success2 } else { Step::Negotiate };
-                Message::Success1 { t_id: self.t_id, rval }.encode()
+                Message::Success1 { t_id: self.t_id, hl: self.hash.len() as u8, rval }.encode()
             }
             Step::Failure1 => self.failure1(self.failure),
             // Nothing to receive now: the transaction fails.

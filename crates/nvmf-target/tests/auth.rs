@@ -271,7 +271,7 @@ async fn a_host_skipping_authentication_is_refused() {
     let c = challenge(&mut r, 1).await;
     let key: Secret = KEY.parse().unwrap();
     assert!(r.send(&Message::Reply(r.reply(&c, &key)).encode()).await.is_success());
-    assert!(matches!(r.receive().await, Message::Success1 { rval: None, .. }));
+    assert!(matches!(r.receive().await, Message::Success1 { rval: None, hl: 32, .. }));
     assert!(r.identify().await.is_success());
 
     // An I/O queue of an authenticated controller is not authenticated by it.
@@ -452,7 +452,7 @@ async fn a_host_re_authenticates() {
             assert!(r.identify().await.is_success(), "commands run while the host re-authenticates");
         }
         assert!(r.send(&Message::Reply(r.reply(&c, &key)).encode()).await.is_success());
-        assert!(matches!(r.receive().await, Message::Success1 { rval: None, t_id: t, .. } if t == t_id));
+        assert!(matches!(r.receive().await, Message::Success1 { rval: None, t_id: t, hl: 32, .. } if t == t_id));
         assert!(r.identify().await.is_success());
     }
 }
