@@ -144,8 +144,8 @@ impl<V: Clone> Clock<V> {
 struct Mapped {
     dev: Arc<dyn BlockDevice>,
     offset: u64,
-    /// The extent's epoch when it was cached (checked against moves, which come later).
-    #[allow(dead_code)]
+    /// The extent's epoch when it was cached (named in errors; checked against moves, which
+    /// come later).
     epoch: u64,
 }
 
@@ -403,7 +403,7 @@ impl Inner {
                             if write {
                                 b.copy_from_slice(&buf[range.clone()]);
                             }
-                            plan.push((m.dev, at(op, m.offset + within), b, range));
+                            plan.push(Piece { op: at(op, m.offset + within), buf: b, range, extent: Some((index, m.epoch)), dev: m.dev });
                         }
                         None => {
                             self.stats.zero_reads.fetch_add(1, Relaxed);
@@ -413,15 +413,16 @@ impl Inner {
                 }
                 let done = execute(&mut ch, plan, &stop).await?;
                 if !write {
-                    for (b, range) in done {
-                        buf[range].copy_from_slice(&b);
+                    for p in done {
+                        buf[p.range].copy_from_slice(&p.buf);
                     }
                 }
                 Ok(())
             }
             Op::Flush => {
                 let devs = self.touched.lock().clone();
-                let plan = devs.into_iter().map(|d| (d, Op::Flush, AlignedBuf::new(0), 0..0)).collect();
+                let plan =
+                    devs.into_iter().map(|dev| Piece { dev, op: Op::Flush, buf: AlignedBuf::new(0), range: 0..0, extent: None }).collect();
                 execute(&mut ch, plan, &stop).await.map(drop)
             }
             Op::WriteZeroes { off, len, deallocate, fua } => {
@@ -462,27 +463,38 @@ impl Inner {
             let end = ((index + 1) * ext).min(off + len);
             let m = self.open(&loc).await?;
             let c = ch.run(&*m.dev, make(m.offset + start - index * ext, end - start), AlignedBuf::new(0)).await;
-            c.result?;
+            c.result.map_err(|e| in_extent(e, index, m.epoch))?;
         }
         Ok(())
     }
 }
 
-/// Runs every (device, operation, buffer, range) of a plan at once on `ch` and waits for
-/// all of them; on cancellation, the devices that can stop early do. Returns the buffers
-/// and ranges, or the first error.
-async fn execute(
-    ch: &mut Channel,
-    plan: Vec<(Arc<dyn BlockDevice>, Op, AlignedBuf, std::ops::Range<usize>)>,
-    stop: &CancellationToken,
-) -> io::Result<Vec<(AlignedBuf, std::ops::Range<usize>)>> {
+/// One device operation of a slow-path operation: `range` is its part of the caller's
+/// buffer, `extent` the extent (index, epoch) it reaches, which its error names.
+struct Piece {
+    dev: Arc<dyn BlockDevice>,
+    op: Op,
+    buf: AlignedBuf,
+    range: std::ops::Range<usize>,
+    extent: Option<(u64, u64)>,
+}
+
+/// A pool operation's error, naming the extent it was for.
+fn in_extent(e: io::Error, index: u64, epoch: u64) -> io::Error {
+    io::Error::new(e.kind(), format!("extent {index} (epoch {epoch}): {e}"))
+}
+
+/// Runs every piece of a plan at once on `ch` and waits for all of them; on cancellation,
+/// the devices that can stop early do. Returns the pieces with their buffers back, or the
+/// first error.
+async fn execute(ch: &mut Channel, plan: Vec<Piece>, stop: &CancellationToken) -> io::Result<Vec<Piece>> {
     let n = plan.len();
-    let mut ranges = Vec::with_capacity(n);
-    for (i, (dev, op, b, range)) in plan.into_iter().enumerate() {
-        ranges.push(range);
-        dev.submit(ch, op, b, i as u64);
+    let mut back: Vec<Piece> = Vec::with_capacity(n);
+    for (i, mut p) in plan.into_iter().enumerate() {
+        let buf = std::mem::replace(&mut p.buf, AlignedBuf::new(0));
+        p.dev.submit(ch, p.op, buf, i as u64);
+        back.push(p);
     }
-    let mut bufs: Vec<Option<AlignedBuf>> = (0..n).map(|_| None).collect();
     let mut failed: Option<io::Error> = None;
     let mut got = 0;
     let mut out = Vec::with_capacity(n);
@@ -490,26 +502,32 @@ async fn execute(
         out.clear();
         got += ch.poll(n - got, &mut out);
         for c in out.drain(..) {
+            let Some(p) = back.get_mut(c.tag as usize) else { continue };
             if let Err(e) = c.result {
-                failed.get_or_insert(e);
+                failed.get_or_insert(match p.extent {
+                    Some((index, epoch)) => in_extent(e, index, epoch),
+                    None => e,
+                });
             }
-            if let Some(slot) = bufs.get_mut(c.tag as usize) {
-                *slot = Some(c.buf);
-            }
+            p.buf = c.buf;
         }
         if got == n {
             break;
         }
         tokio::select! {
             biased;
-            r = ch.wait() => r?,
+            r = ch.wait() => {
+                if let Err(e) = r {
+                    tracing::warn!("waiting for a volume's pool operations: {e}");
+                }
+            }
             _ = stop.cancelled(), if !stop.is_cancelled() => ch.cancel(),
         }
     }
-    if let Some(e) = failed {
-        return Err(e);
+    match failed {
+        Some(e) => Err(e),
+        None => Ok(back),
     }
-    Ok(bufs.into_iter().zip(ranges).filter_map(|(b, r)| Some((b?, r))).collect())
 }
 
 /// The cluster's pools as devices: this target's own through its pool subsystem's

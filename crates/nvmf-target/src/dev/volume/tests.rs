@@ -77,11 +77,22 @@ struct Rig {
 }
 
 fn rig(cache_entries: usize) -> Rig {
+    rig_failing(cache_entries, None)
+}
+
+/// With every read of pool `failing` failing with EIO.
+fn rig_failing(cache_entries: usize, failing: Option<u32>) -> Rig {
     let pools = (1..=POOLS)
         .map(|n| {
             let m = MemoryBackend::new(EXTENTS * EXT);
             m.write_at(&vec![0xee; (EXTENTS * EXT) as usize], 0).expect("garbage");
-            (n, Arc::new(Local::new(Arc::new(m))) as Arc<dyn BlockDevice>)
+            let mut d: Arc<dyn BlockDevice> = Arc::new(Local::new(Arc::new(m)));
+            if failing == Some(n) {
+                let rule =
+                    crate::dev::inject::Rule { kind: Some(crate::dev::inject::Kind::Read), range: None, nth: None, errno: libc::EIO };
+                d = Arc::new(crate::dev::inject::Inject::new(d, rule));
+            }
+            (n, d)
         })
         .collect();
     let books = Arc::new(Books::default());
@@ -256,4 +267,19 @@ async fn flush_zeroes_and_deallocate() {
     assert_eq!(r.allocated(), 3, "zeroing allocated an extent");
     let e = r.op(Op::Read { off: EXTENTS * EXT - BLOCK }, vec![0; 2 * BLOCK as usize]).await.expect_err("past the end");
     assert_eq!(error_status(&e), Some(Status::LBA_OUT_OF_RANGE));
+}
+
+/// A pool's failure fails the operation, and the slow path names the extent and its epoch.
+#[tokio::test]
+async fn a_failing_pool_fails_the_operation_naming_its_extent() {
+    let mut r = rig_failing(64, Some(2));
+    // Extents 0, 1 and 2 go to pools 1, 2 and 3.
+    r.write(0, 3 * EXT, 4).await;
+    r.check(0, BLOCK).await;
+    r.check(2 * EXT, BLOCK).await;
+    // Within extent 1 (cached: straight to the pool) and across extents 0 and 1.
+    let e = r.op(Op::Read { off: EXT }, vec![0; BLOCK as usize]).await.expect_err("a read of the failing pool");
+    assert_eq!(e.raw_os_error(), Some(libc::EIO), "{e}");
+    let e = r.op(Op::Read { off: EXT - BLOCK }, vec![0; 2 * BLOCK as usize]).await.expect_err("a read across it");
+    assert!(e.to_string().contains("extent 1 (epoch 1)"), "{e}");
 }
