@@ -335,6 +335,15 @@ struct Script {
     exec: (u32, u32),
     /// FETCH's completion DW0 (valid bytes) and DW1 (remaining), given the offset asked.
     fetch: fn(u32) -> (u32, u32),
+    /// Set AUTHREQ.ATR in the Connect response: the host must authenticate.
+    atr: bool,
+    /// What each Authentication Receive returns, in turn (its T_ID set to the host's
+    /// Negotiate's unless `keep_t_id`), then nothing.
+    auth: Vec<Vec<u8>>,
+    keep_t_id: bool,
+    /// The host's secrets.
+    secret: Option<&'static str>,
+    ctrl_secret: Option<&'static str>,
 }
 
 impl Default for Script {
@@ -356,6 +365,11 @@ impl Default for Script {
             log_as_is: false,
             exec: (1, 100),
             fetch: |off| (100u32.saturating_sub(off), 0),
+            atr: false,
+            auth: Vec::new(),
+            keep_t_id: false,
+            secret: None,
+            ctrl_secret: None,
         }
     }
 }
@@ -376,6 +390,8 @@ async fn serve(mut s: TcpStream, sc: Script) -> Option<()> {
     read_pdu(&mut s).await?;
     s.write_all(&ic_resp(false, false, MAXH2C, 0, 0)).await.ok()?;
     let framing = Framing { hdgst: false, ddgst: false, from_host: true, capsule_data_max: 16384, data_pdu_max: 1 << 20 };
+    let mut auth = sc.auth.clone().into_iter();
+    let mut t_id = [0u8; 2];
     loop {
         let b = read_pdu(&mut s).await?;
         let f = pdu::parse_frame(&b, &framing).ok()??;
@@ -387,7 +403,19 @@ async fn serve(mut s: TcpStream, sc: Script) -> Option<()> {
         let mut cqe = Cqe { cid: sqe.cid(), ..Default::default() };
         let mut data: Vec<u8> = Vec::new();
         match (sqe.opcode(), sqe.fctype()) {
-            (FABRICS, fctype::CONNECT) => (cqe.dw0, cqe.dw1) = (1, sc.connect_dw1),
+            (FABRICS, fctype::CONNECT) => (cqe.dw0, cqe.dw1) = (1 | if sc.atr { connect::AUTHREQ_ATR } else { 0 }, sc.connect_dw1),
+            (FABRICS, fctype::AUTH_SEND) => {
+                if f.data.len() >= 6 && f.data[..2] == [0, 0] {
+                    t_id.copy_from_slice(&f.data[4..6]);
+                }
+            }
+            (FABRICS, fctype::AUTH_RECEIVE) => {
+                data = auth.next().unwrap_or_default();
+                if data.len() >= 6 && !sc.keep_t_id {
+                    data[4..6].copy_from_slice(&t_id);
+                }
+                data.resize(want, 0);
+            }
             (FABRICS, fctype::PROPERTY_GET) if sqe.cdw(11) == prop::CAP => (cqe.dw0, cqe.dw1) = (sc.cap as u32, (sc.cap >> 32) as u32),
             (FABRICS, fctype::PROPERTY_GET) => cqe.dw0 = if sc.ready { csts::RDY } else { 0 },
             (admin::IDENTIFY, _) if sqe.cdw(10) & 0xff == cns::CONTROLLER as u32 => data = sc.id.encode(),
@@ -426,10 +454,13 @@ enum Action {
 
 /// Runs `action` against a fake controller following `script`; Ok carries a summary.
 async fn drive(script: Script, action: Action) -> Result<String, Error> {
+    let (secret, ctrl_secret) = (script.secret, script.ctrl_secret);
     let addr = fake_controller(script).await;
     let mut o = ConnectOptions::new(addr, "nqn.2026-11.io.nearstore:fake");
     o.timeout = Duration::from_secs(1);
     o.send_keep_alive = false;
+    o.dhchap_secret = secret.map(|k| k.parse().unwrap());
+    o.dhchap_ctrl_secret = ctrl_secret.map(|k| k.parse().unwrap());
     if let Action::Connect(h) = action {
         o.acting_for = h.map(str::to_string);
     }
@@ -451,6 +482,31 @@ async fn drive(script: Script, action: Action) -> Result<String, Error> {
     .unwrap_or_else(|_| panic!("the initiator hung on {action:?}"));
     assert!(t0.elapsed() < BOUND, "{action:?} took {:?}", t0.elapsed());
     r
+}
+
+/// The NVMe Base Specification's example DH-HMAC-CHAP secret.
+const KEY: &str = "DHHC-1:00:ia6zGodOr4SEG0Zzaw398rpY0wqipUWj4jWjUh4HWUz6aQ2n:";
+
+/// The fake asks for authentication and answers the Receives with `msgs`.
+fn auth(s: &mut Script, msgs: Vec<Vec<u8>>) {
+    s.atr = true;
+    s.secret = Some(KEY);
+    s.auth = msgs;
+}
+
+/// A Challenge: hash and group IDs, HL bytes of C1 and DHVLEN bytes of a DH value (0x55..,
+/// inside every group).
+fn challenge(hash: u8, group: u8, hl: usize, dhvlen: usize) -> Vec<u8> {
+    use nearstore_dhchap::msg::{Challenge, Message};
+    Message::Challenge(Challenge { t_id: 0, hash_id: hash, dh_id: group, seqnum: 1, cval: vec![3; hl], dhv: vec![0x55; dhvlen] }).encode()
+}
+
+fn success1(hl: u8, rval: Option<Vec<u8>>) -> Vec<u8> {
+    nearstore_dhchap::msg::Message::Success1 { t_id: 0, hl, rval }.encode()
+}
+
+fn failure1(explanation: u8) -> Vec<u8> {
+    nearstore_dhchap::msg::Message::Failure { t_id: 0, first: true, reason: 1, explanation }.encode()
 }
 
 /// Values a controller reports that the initiator used as sizes or trusted: each is
@@ -481,6 +537,23 @@ async fn a_controller_s_values_are_bounded_or_refused() {
         ("compute result of 4 GiB - 1", |s| s.exec = (1, u32::MAX), Action::Compute, Err("4294967295 bytes, more than the 16777216")),
         ("FETCH that never ends", |s| s.fetch = |_| (64, 1), Action::Compute, Err("more than the 100 bytes its result has")),
         ("FETCH claiming more valid bytes than it sent: cut to what came", |s| s.fetch = |_| (u32::MAX, 0), Action::Compute, Ok("100".into())),
+        // In-band authentication (DH-HMAC-CHAP): the target's messages, bent.
+        ("authentication asked, no secret", |s| s.atr = true, Action::Connect(None), Err("requires host")),
+        ("authenticates", |s| auth(s, vec![challenge(1, 0, 32, 0), success1(32, None)]), Action::Connect(None), Ok(format!("max_transfer {} in_capsule_max 8192", 128 << 10))),
+        ("authenticates in ffdhe2048", |s| auth(s, vec![challenge(1, 1, 32, 256), success1(32, None)]), Action::Connect(None), Ok(format!("max_transfer {} in_capsule_max 8192", 128 << 10))),
+        ("Failure1 at once", |s| auth(s, vec![failure1(4)]), Action::Connect(None), Err("refused by the target: hash function not usable")),
+        ("nothing to receive", |s| auth(s, vec![]), Action::Connect(None), Err("malformed")),
+        ("a message that is none", |s| auth(s, vec![vec![0xff; 40]]), Action::Connect(None), Err("malformed")),
+        ("challenge of another transaction", |s| { auth(s, vec![challenge(1, 0, 32, 0)]); s.keep_t_id = true }, Action::Connect(None), Err("answered transaction")),
+        ("challenge of an unknown hash", |s| auth(s, vec![challenge(9, 0, 32, 0)]), Action::Connect(None), Err("unknown hash 9")),
+        ("challenge of an unknown DH group", |s| auth(s, vec![challenge(1, 6, 32, 0)]), Action::Connect(None), Err("unknown DH group 6")),
+        ("challenge shorter than its hash", |s| auth(s, vec![challenge(1, 0, 16, 0)]), Action::Connect(None), Err("lengths do not fit")),
+        ("DH value in the null group", |s| auth(s, vec![challenge(1, 0, 32, 8)]), Action::Connect(None), Err("lengths do not fit")),
+        ("DH value longer than its group", |s| auth(s, vec![challenge(1, 1, 32, 300)]), Action::Connect(None), Err("lengths do not fit")),
+        ("DH value outside its group", |s| auth(s, vec![{ let mut c = challenge(1, 1, 32, 256); c[16 + 32..].fill(0); c }]), Action::Connect(None), Err("the target's DH value")),
+        ("a second challenge instead of Success1", |s| auth(s, vec![challenge(1, 0, 32, 0), challenge(1, 0, 32, 0)]), Action::Connect(None), Err("another message than Success1")),
+        ("no R2 when asked for one", |s| { auth(s, vec![challenge(1, 0, 32, 0), success1(32, None)]); s.ctrl_secret = Some(KEY) }, Action::Connect(None), Err("did not prove")),
+        ("a wrong R2", |s| { auth(s, vec![challenge(1, 0, 32, 0), success1(32, Some(vec![7; 32]))]); s.ctrl_secret = Some(KEY) }, Action::Connect(None), Err("did not prove")),
     ];
     for (name, bend, action, want) in cases {
         let mut s = Script::default();
