@@ -85,3 +85,52 @@ const _: () = assert!(EXTENT_BYTES_MIN <= EXTENT_BYTES_DEFAULT && EXTENT_BYTES_D
 const _: () = assert!(EXTENTS_PER_VOLUME_MAX <= u32::MAX as u64);
 const _: () = assert!(EXPORTS_WAIT_MS < REQUEST_TIMEOUT_MS);
 const _: () = assert!(VIEW_SAMPLE_MS < VIEW_PUSH_INTERVAL_MS && VIEW_PUSH_INTERVAL_MS < VIEW_STALE_MS);
+
+/// Attempts of one commit whose outcome stays unknown (etcd: a member or its leader lost
+/// mid-request): with the backoff below, about 20 s, longer than a leader lease, whose end
+/// stops the retries first (the leader's lease is what makes a retry safe).
+pub const COMMIT_ATTEMPTS_MAX: u32 = 48;
+/// Milliseconds before the first retry of a commit whose outcome is unknown (about an etcd
+/// election's heartbeat), doubling up to the maximum.
+pub const COMMIT_RETRY_MS_MIN: u64 = 50;
+/// Longest wait between two attempts of one commit, in milliseconds: an etcd election takes
+/// about one election timeout (1 s by default), so a retry comes soon after it.
+pub const COMMIT_RETRY_MS_MAX: u64 = 500;
+
+/// Seconds of the control plane's leader lease in etcd (`--lease-ttl`, default): a daemon
+/// that dies is replaced by a standby within this (plus LEADER_POLL_MS); a leader cut off
+/// from etcd for this long stops writing. etcd refuses less than 1.5 of its election
+/// timeouts; 10 s rides out an etcd leader election (1 s by default) with room.
+pub const LEASE_TTL_S_DEFAULT: u64 = 10;
+/// Shortest and longest `--lease-ttl`, in seconds: below 2 s one slow keep-alive loses the
+/// lease; above 300 s a dead leader leaves the API read-only for too long.
+pub const LEASE_TTL_S_MIN: u64 = 2;
+pub const LEASE_TTL_S_MAX: u64 = 300;
+/// Milliseconds between a standby's looks at the leader key: a takeover comes within this
+/// after the old lease ends.
+pub const LEADER_POLL_MS: u64 = 250;
+/// Milliseconds one etcd request may take (connect, then the call): a commit is a few fsyncs,
+/// and a member without a leader refuses at once, so a longer wait is a member or a link
+/// lost; the request is then sent again (a commit on the lease's terms, COMMIT_ATTEMPTS_MAX).
+/// Two fit in the shortest lease, so one lost keep-alive does not lose it.
+pub const ETCD_REQUEST_MS: u64 = 1000;
+/// Attempts of one etcd read (or lease revocation) that failed: the client balances requests
+/// over the members and may pick a dead one, about one time in two; eight attempts 50 ms
+/// apart find a live one but for one time in 256.
+pub const ETCD_READ_ATTEMPTS_MAX: u32 = 8;
+/// Operations in one etcd transaction: etcd's own default (`--max-txn-ops`); a commit is one
+/// operation a record write, one for the commit counter, plus the guard's reads. The largest
+/// batch is a registration: POOLS_PER_TARGET_MAX pools and the target. Deleting a volume
+/// deletes its extents as one key range, one operation however many.
+pub const ETCD_TXN_OPS_MAX: usize = 128;
+/// Bytes of one etcd transaction's keys and values: under etcd's default request limit
+/// (`--max-request-bytes`, 1.5 MiB) with room for the gRPC framing.
+pub const ETCD_TXN_BYTES_MAX: usize = 1400 * 1024;
+/// Keys read per request while loading: a pool record is at most about 4.5 KiB (its path),
+/// so a page stays under 2 MiB, below the gRPC client's 4 MiB message limit.
+pub const ETCD_LOAD_PAGE_KEYS: i64 = 400;
+const _: () = assert!(POOLS_PER_TARGET_MAX + 2 + 2 <= ETCD_TXN_OPS_MAX);
+const _: () = assert!(BODY_BYTES_MAX * 2 <= ETCD_TXN_BYTES_MAX);
+const _: () = assert!((ETCD_LOAD_PAGE_KEYS as usize) * (PATH_BYTES_MAX + NAME_BYTES_MAX * 2 + 512) < 4 << 20);
+const _: () = assert!(LEASE_TTL_S_MIN <= LEASE_TTL_S_DEFAULT && LEASE_TTL_S_DEFAULT <= LEASE_TTL_S_MAX);
+const _: () = assert!(ETCD_REQUEST_MS * 2 <= LEASE_TTL_S_MIN * 1000);

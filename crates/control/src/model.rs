@@ -381,6 +381,9 @@ pub enum ErrorCode {
     StaleView,
     /// The store failed to commit; nothing changed.
     StoreFailed,
+    /// This control plane does not hold the leader lease (a standby, or one that lost its
+    /// lease: `--etcd`); nothing changed. The leader's API is named in the message when known.
+    NotLeader,
 }
 
 impl ErrorCode {
@@ -394,6 +397,7 @@ impl ErrorCode {
             ErrorCode::VolumeExists | ErrorCode::PoolConflict | ErrorCode::StaleView | ErrorCode::VolumeExported => 409,
             ErrorCode::NoSpace => 507,
             ErrorCode::StoreFailed => 500,
+            ErrorCode::NotLeader => 503,
         }
     }
 }

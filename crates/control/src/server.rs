@@ -54,7 +54,8 @@ impl Service {
         let (writes, out) = plan(&c)?;
         if let Err(e) = self.store.commit(&writes) {
             error!(error = %e, "commit failed");
-            return Err(ApiError::new(ErrorCode::StoreFailed, e.to_string()));
+            let code = if matches!(e, StoreError::NotLeader(_)) { ErrorCode::NotLeader } else { ErrorCode::StoreFailed };
+            return Err(ApiError::new(code, e.to_string()));
         }
         for w in &writes {
             c.apply(w);

@@ -1,38 +1,108 @@
-//! A seeded simulation of the control plane's state machine (the service over a store that
-//! fails commits when told), checked against a model after every step: random sequences of
-//! volume creates, grows, deletes, extent allocations, target and pool registrations, pool
-//! growth, view pushes and failed commits. One seed replays one run; a failure names it
-//! (NEARSTORE_CONTROL_SIM_SEED=N replays only that seed).
+//! A seeded simulation of the control plane's state machine (the service over a guarded
+//! store, as etcd's, that fails commits when told: before applying them, or with their outcome
+//! unknown, lost before or after being applied), checked against a model after every step:
+//! random sequences of volume creates, grows, deletes, extent allocations, target and pool
+//! registrations, pool growth, view pushes and failed commits. One seed replays one run; a
+//! failure names it (NEARSTORE_CONTROL_SIM_SEED=N replays only that seed).
 //!
 //! The model keeps its own extent table and finds holes by trying every aligned offset, a
 //! different algorithm from the service's. It checks: no two extents overlap in a pool (no
 //! extent in two places), no extent reaches past its pool's end (capacity never exceeded),
 //! every allocated extent is in exactly one existing pool and is the model's, an allocation
 //! is refused for space only when no pool has an aligned hole, a failed commit changes
-//! nothing, view versions only grow, and the state in memory is what the store holds.
+//! nothing, view versions only grow, and the state in memory is what the store holds. A
+//! commit whose outcome was unknown is retried (`store::Sequenced`) until it is known: it
+//! then succeeds, applied exactly once, and the model takes it.
 
 use std::collections::BTreeMap;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicU32, AtomicUsize, Ordering};
 use std::sync::Arc;
+use std::time::Duration;
 
 use nearstore_control::model::*;
 use nearstore_control::server::Service;
 use nearstore_control::state::Cluster;
-use nearstore_control::store::{MemStore, Store, StoreError};
+use nearstore_control::store::{Guarded, GuardedStore, MemStore, Sequenced, Store, StoreError};
+use parking_lot::Mutex;
 use rand::{RngExt, SeedableRng};
 use rand_xorshift::XorShiftRng;
 
 const MIB: u64 = 1 << 20;
 
-/// A store shared by the service and the checker.
-struct Shared(Arc<MemStore>);
+/// The writer (an etcd lease) of every commit in the simulation.
+const WRITER: i64 = 7;
 
-impl Store for Shared {
-    fn load(&self) -> Result<Vec<Record>, StoreError> {
-        self.0.load()
+/// A guarded store in memory, shared by the service and the checker, as etcd's: a commit
+/// applies only at the expected counter, and may be lost (an error, its outcome unknown to
+/// the service) before or after it is applied.
+#[derive(Default)]
+struct Flaky {
+    records: MemStore,
+    /// The commit counter and the writer of its last commit.
+    counter: Mutex<(u64, i64)>,
+    /// The next this many attempts are lost before being applied, or after.
+    lose_before: AtomicU32,
+    lose_after: AtomicU32,
+    /// The step running, and the step of every batch applied, in order.
+    step: AtomicUsize,
+    applied: Mutex<Vec<usize>>,
+}
+
+fn take(n: &AtomicU32) -> bool {
+    n.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| n.checked_sub(1)).is_ok()
+}
+
+struct Shared(Arc<Flaky>);
+
+impl GuardedStore for Shared {
+    fn load(&self) -> Result<(Vec<Record>, u64), StoreError> {
+        Ok((self.0.records.load()?, self.0.counter.lock().0))
     }
-    fn commit(&self, batch: &[Write]) -> Result<(), StoreError> {
-        self.0.commit(batch)
+
+    fn commit_if(&self, seq: u64, batch: &[Write]) -> Result<Guarded, StoreError> {
+        if take(&self.0.lose_before) {
+            return Err(StoreError::Unknown("injected: lost before it was applied".into()));
+        }
+        let mut c = self.0.counter.lock();
+        if c.0 != seq {
+            return Ok(Guarded::Refused { seq: c.0, writer: c.1, leads: true });
+        }
+        self.0.records.commit(batch)?;
+        *c = (seq + 1, WRITER);
+        self.0.applied.lock().push(self.0.step.load(Ordering::Relaxed));
+        if take(&self.0.lose_after) {
+            return Err(StoreError::Unknown("injected: lost after it was applied".into()));
+        }
+        Ok(Guarded::Applied)
+    }
+
+    fn writer(&self) -> i64 {
+        WRITER
+    }
+
+    fn retry_after(&self, _attempt: u32) -> Option<Duration> {
+        Some(Duration::ZERO)
+    }
+}
+
+/// What goes wrong with a step's commit.
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Fault {
+    None,
+    /// It fails, nothing applied, and the service knows.
+    Fail,
+    /// Its first attempts (1 or 2) are lost before being applied.
+    LostBefore(u32),
+    /// Its first attempt is applied, then the answer lost (and maybe the retry's too).
+    LostAfter(u32),
+}
+
+fn fault(rng: &mut XorShiftRng) -> Fault {
+    match rng.random_range(0..100u32) {
+        0..5 => Fault::Fail,
+        5..10 => Fault::LostBefore(rng.random_range(1..3u32)),
+        10..16 => Fault::LostAfter(rng.random_range(1..3u32)),
+        _ => Fault::None,
     }
 }
 
@@ -102,12 +172,16 @@ fn pool_id(t: u8, p: u8) -> PoolId {
 }
 
 /// Checks the service's state against the model and the invariants.
-fn check(seed: u64, step: usize, svc: &Service, store: &MemStore, model: &Model) {
+fn check(seed: u64, step: usize, svc: &Service, store: &Flaky, model: &Model) {
     let ctx = |what: &str| format!("seed {seed} step {step}: {what}");
     let c = svc.read(|c| c.clone());
     // Memory is what the store holds.
-    let loaded = Cluster::from_records(store.load().expect("load"));
+    let loaded = Cluster::from_records(store.records.load().expect("load"));
     assert!(loaded == c, "{}", ctx(&format!("the state in memory differs from the store's:\n{c:?}\n{loaded:?}")));
+    // No batch was applied twice: one commit a step at most, the counter counting them.
+    let applied = store.applied.lock();
+    assert!(applied.windows(2).all(|w| w[0] < w[1]), "{}", ctx(&format!("a batch was applied twice: {applied:?}")));
+    assert_eq!(store.counter.lock().0, applied.len() as u64, "{}", ctx("the commit counter"));
     // The service's books are the model's.
     let extents: BTreeMap<(String, u64), (PoolId, u64)> = c.extents.iter().map(|(k, e)| (k.clone(), (e.pool.clone(), e.offset))).collect();
     assert_eq!(extents, model.extents, "{}", ctx("extent tables differ"));
@@ -140,8 +214,8 @@ fn check(seed: u64, step: usize, svc: &Service, store: &MemStore, model: &Model)
 /// Runs one seed; returns its trace (one line a step).
 fn run(seed: u64, steps: usize) -> Vec<String> {
     let mut rng = XorShiftRng::seed_from_u64(seed);
-    let store = Arc::new(MemStore::default());
-    let svc = Service::open(Box::new(Shared(store.clone()))).expect("open");
+    let store = Arc::new(Flaky::default());
+    let svc = Service::open(Box::new(Sequenced::new(Shared(store.clone())))).expect("open");
     let mut model = Model::default();
     let mut trace = Vec::new();
     for step in 0..steps {
@@ -149,9 +223,13 @@ fn run(seed: u64, steps: usize) -> Vec<String> {
         let now = step as u64 + 1;
         let op = op(&mut rng);
         let at = |what: &str| format!("seed {seed} step {step}: {op:?}: {what}");
-        // One commit in 20 fails: nothing may change.
-        let fail = rng.random_bool(0.05);
-        store.fail_commits.store(u32::from(fail), Ordering::Relaxed);
+        // One commit in 20 fails (nothing may change), one in 20 is lost before it is
+        // applied, and one in 16 after (the service must find out it was).
+        let fault = fault(&mut rng);
+        store.records.fail_commits.store(u32::from(fault == Fault::Fail), Ordering::Relaxed);
+        store.lose_before.store(if let Fault::LostBefore(n) = fault { n } else { 0 }, Ordering::Relaxed);
+        store.lose_after.store(if let Fault::LostAfter(n) = fault { n } else { 0 }, Ordering::Relaxed);
+        store.step.store(step, Ordering::Relaxed);
         let before = model.clone();
         let outcome: Result<String, ErrorCode> = match &op {
             Op::Register { target: t, pools } => {
@@ -284,14 +362,17 @@ fn run(seed: u64, steps: usize) -> Vec<String> {
             }
         };
         if outcome == Err(ErrorCode::StoreFailed) {
-            assert!(fail, "{}", at("a commit failed uninjected"));
+            assert_eq!(fault, Fault::Fail, "{}", at("a commit failed that was only lost (or not injected)"));
             assert_eq!(model, before, "{}", at("the model changed on a failed commit"));
+            assert!(store.applied.lock().last() != Some(&step), "{}", at("a failed commit was applied"));
         }
+        assert!(outcome != Err(ErrorCode::NotLeader), "{}", at("the service gave up a commit it could retry"));
         check(seed, step, &svc, &store, &model);
-        trace.push(format!("{op:?} -> {outcome:?}"));
+        let applied = store.applied.lock().last() == Some(&step);
+        trace.push(format!("{op:?} -> {outcome:?}, {fault:?}, applied {applied}"));
     }
     // A restart from the store alone is the same service.
-    let again = Service::open(Box::new(Shared(store.clone()))).expect("reopen");
+    let again = Service::open(Box::new(Sequenced::new(Shared(store.clone())))).expect("reopen");
     assert!(again.read(|c| c.clone()) == svc.read(|c| c.clone()), "seed {seed}: a restart differs");
     trace
 }
@@ -305,16 +386,20 @@ fn seeds() -> Vec<u64> {
 
 #[test]
 fn the_state_machine_follows_its_model() {
-    let (mut allocated, mut no_space, mut failed) = (0, 0, 0);
+    let (mut allocated, mut no_space, mut failed, mut lost_applied) = (0, 0, 0, 0);
     for seed in seeds() {
         let trace = run(seed, 400);
         allocated += trace.iter().filter(|l| l.contains("Ok(\"extent at")).count();
         no_space += trace.iter().filter(|l| l.contains("Err(NoSpace)")).count();
         failed += trace.iter().filter(|l| l.contains("Err(StoreFailed)")).count();
+        lost_applied += trace.iter().filter(|l| l.contains("LostAfter") && l.contains("applied true")).count();
     }
-    // The workload reached every side of allocation, or the model checked little.
+    // The workload reached every side of allocation and of a commit, or the model checked little.
     if std::env::var("NEARSTORE_CONTROL_SIM_SEED").is_err() {
-        assert!(allocated > 1000 && no_space > 100 && failed > 100, "allocated {allocated}, no space {no_space}, failed commits {failed}");
+        assert!(
+            allocated > 1000 && no_space > 100 && failed > 100 && lost_applied > 100,
+            "allocated {allocated}, no space {no_space}, failed commits {failed}, lost commits applied {lost_applied}"
+        );
     }
 }
 
