@@ -13,6 +13,8 @@ if [ "$(id -u)" = 0 ]; then
     command -v curl >/dev/null || want curl "rustup's installer, when cargo is missing"
     [ -e /etc/ssl/certs/ca-certificates.crt ] || want ca-certificates "curl's TLS certificates"
     command -v systemd-analyze >/dev/null || want systemd "systemd-analyze: the test of dist/'s unit"
+    command -v protoc >/dev/null || want protobuf-compiler "protoc: the etcd client's gRPC code is generated at build time"
+    command -v etcd >/dev/null || want etcd-server "etcd: the control plane's tests on a three-member etcd"
     if [ ${#need[@]} -gt 0 ]; then
         echo "installing Debian packages: ${why[*]}" >&2
         apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends --no-upgrade "${need[@]}" >/dev/null

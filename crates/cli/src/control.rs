@@ -261,21 +261,44 @@ pub fn pool_arg(s: &str) -> Result<nearstore_target::config::PoolConfig, String>
     Ok(nearstore_target::config::PoolConfig { name: None, path: path.into(), size: nearstore_target::config::ByteSize(size(sz)?) })
 }
 
-/// `nearstore control`: serves the API until SIGINT or SIGTERM.
-pub async fn daemon(store: PathBuf, listen: SocketAddr) -> Result<()> {
+/// Where `nearstore control` keeps its state.
+pub enum State {
+    Redb(PathBuf),
+    Etcd(nearstore_control::etcd::Options),
+}
+
+/// `nearstore control`: serves the API until SIGINT or SIGTERM (with etcd, as the leader or
+/// a standby).
+pub async fn daemon(state: State, listen: SocketAddr) -> Result<()> {
     use tokio::signal::unix::{signal, SignalKind};
     let (mut term, mut int) = (signal(SignalKind::terminate())?, signal(SignalKind::interrupt())?);
-    let st = tokio::task::spawn_blocking(move || RedbStore::open(&store).and_then(|s| Service::open(Box::new(s)))).await??;
+    let stop = async move {
+        tokio::select! {
+            _ = int.recv() => {}
+            _ = term.recv() => {}
+        }
+    };
+    match state {
+        State::Redb(store) => {
+            let st = tokio::task::spawn_blocking(move || RedbStore::open(&store).and_then(|s| Service::open(Box::new(s)))).await??;
+            let l = bind(listen).await?;
+            tokio::select! {
+                r = server::serve(l, Arc::new(st)) => r.context("control plane server")?,
+                () = stop => {}
+            }
+        }
+        State::Etcd(opts) => nearstore_control::etcd::serve(bind(listen).await?, opts, stop).await.context("control plane on etcd")?,
+    }
+    Ok(())
+}
+
+/// The API's listener, its address said on stdout.
+async fn bind(listen: SocketAddr) -> Result<tokio::net::TcpListener> {
     let l = tokio::net::TcpListener::bind(listen).await.with_context(|| format!("control: cannot listen on {listen}"))?;
     let addr = l.local_addr()?;
     tracing::info!(%addr, "control plane serving");
     println!("listening on {addr}");
-    tokio::select! {
-        r = server::serve(l, Arc::new(st)) => r.context("control plane server")?,
-        _ = int.recv() => {}
-        _ = term.recv() => {}
-    }
-    Ok(())
+    Ok(l)
 }
 
 fn json(v: &impl serde::Serialize) -> Result<()> {

@@ -224,8 +224,19 @@ enum Cmd {
     /// Run the control plane: pools, volumes, views, over an HTTP/JSON API (docs/control-plane.md).
     Control {
         /// Directory of its state (control.redb), made if missing.
-        #[arg(long)]
-        store: PathBuf,
+        #[arg(long, required_unless_present = "etcd", conflicts_with = "etcd")]
+        store: Option<PathBuf>,
+        /// Keep the state in etcd instead, at these client URLs (http://HOST:PORT,...); one
+        /// daemon leads, others stand by.
+        #[arg(long, value_name = "URL,URL,...", value_delimiter = ',')]
+        etcd: Vec<String>,
+        /// Seconds of the leader lease in etcd: a standby takes over this long after the leader dies.
+        #[arg(long, value_name = "SECONDS", requires = "etcd", default_value_t = nearstore_control::limits::LEASE_TTL_S_DEFAULT,
+              value_parser = clap::value_parser!(u64).range(nearstore_control::limits::LEASE_TTL_S_MIN..=nearstore_control::limits::LEASE_TTL_S_MAX))]
+        lease_ttl: u64,
+        /// The etcd key prefix of the state (several control planes may share one etcd).
+        #[arg(long, value_name = "PREFIX", requires = "etcd", default_value = nearstore_control::etcd::PREFIX_DEFAULT)]
+        etcd_prefix: String,
         /// Address of the API.
         #[arg(long, default_value = "127.0.0.1:9470")]
         listen: SocketAddr,
@@ -529,7 +540,15 @@ fn run(cli: Cli) -> Result<()> {
             }
             runtime(cfg.net_threads)?.block_on(tools::run_target(cfg))
         }
-        Cmd::Control { store, listen } => runtime(None)?.block_on(control::daemon(store, listen)),
+        Cmd::Control { store, etcd, lease_ttl, etcd_prefix, listen } => {
+            let state = match store {
+                Some(dir) => control::State::Redb(dir),
+                None => {
+                    control::State::Etcd(nearstore_control::etcd::Options { endpoints: etcd, prefix: etcd_prefix, lease_ttl_s: lease_ttl })
+                }
+            };
+            runtime(None)?.block_on(control::daemon(state, listen))
+        }
         Cmd::View(c) => runtime(Some(1))?.block_on(control::view(c)),
         Cmd::Volume { cmd } => runtime(Some(1))?.block_on(control::volume(cmd)),
         Cmd::Discover { transport: _, traddr, trsvcid, hostnqn, output_format } => {

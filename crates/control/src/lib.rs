@@ -2,11 +2,12 @@
 //! agents push live figures of them, volumes are extent tables whose extents are placed
 //! lazily by a weighted score over those views. `model` is the data, `state` its rules (pure:
 //! every change a planned batch of writes), `placement` the score, `store` where records live
-//! (redb; etcd next), `server` the HTTP API, `client` its client, `agent` a target's view
+//! (redb, or etcd with a leader lease: `etcd`), `server` the HTTP API, `client` its client, `agent` a target's view
 //! agent.
 
 pub mod agent;
 pub mod client;
+pub mod etcd;
 pub mod limits;
 pub mod model;
 pub mod placement;

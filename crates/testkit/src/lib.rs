@@ -1,6 +1,8 @@
 //! Set-up shared by the workspace's tests (a dev-dependency only): running a command that
-//! a test needs, an ext4 file system on a loop device, and the check that every verb and
-//! argument of a binary has help.
+//! a test needs, an ext4 file system on a loop device, the check that every verb and
+//! argument of a binary has help, and a real etcd cluster (`etcd`).
+
+pub mod etcd;
 
 use std::fs::File;
 use std::path::{Path, PathBuf};
