@@ -8,12 +8,14 @@
 use std::io::Write as _;
 use std::path::{Path, PathBuf};
 use std::process::Command;
+use std::sync::Arc;
 use std::time::Instant;
 
 use anyhow::{bail, Context, Result};
 use nearstore_host::device::{DeviceMap, Endpoint};
 use nearstore_host::{Host, Mode};
 use nearstore_target::config::Config;
+use nearstore_target::subsystem::Namespace;
 use nearstore_target::Target;
 
 #[derive(clap::Args, Clone)]
@@ -36,7 +38,7 @@ pub struct DemoArgs {
 /// The engine alone: the target's compute engine run in this process over the same
 /// objects, on all its workers, with no protocol and no network: what the target does
 /// reading its backend and computing. Seconds for the whole set.
-fn engine_time(
+async fn engine_time(
     target: &Target,
     devices: &DeviceMap,
     op: &'static nearstore_compute::Operation,
@@ -45,10 +47,6 @@ fn engine_time(
 ) -> Result<f64> {
     use nearstore_host::object::{map_file, Mapped};
     let ns = target.subsystem(NQN).and_then(|s| s.namespace(1)).context("the demo namespace")?;
-    let cfg = target.offload.cfg.clone();
-    // The engine's reads run as tasks on this (multi-threaded) runtime, as on a target's.
-    let io =
-        nearstore_target::offload::IoContext { rt: tokio::runtime::Handle::current(), engine: target.io_engine, pool: target.pool.clone() };
     let mut objects = Vec::new();
     for f in files {
         match map_file(f, devices)? {
@@ -62,22 +60,41 @@ fn engine_time(
         .chunks(per)
         .map(|c| nearstore_wire::compute::Descriptor { op: op.id, args: args.to_vec(), inputs: c.to_vec(), outputs: vec![] }.encode())
         .collect();
-    let next = std::sync::atomic::AtomicUsize::new(0);
-    let t = Instant::now();
-    std::thread::scope(|s| -> Result<()> {
-        let workers: Vec<_> = (0..cfg.threads)
-            .map(|_| {
-                s.spawn(|| -> Result<()> {
-                    while let Some(d) = descs.get(next.fetch_add(1, std::sync::atomic::Ordering::Relaxed)) {
-                        nearstore_target::offload::execute_here(&ns, d, &cfg, &io).map_err(|f| anyhow::anyhow!("{}", f.message))?;
-                    }
-                    Ok(())
+    engine_seconds(ns, target.offload.cfg.clone(), target.io_engine, target.pool.clone(), descs).await
+}
+
+/// Runs `descs` on namespace `ns` with the engine alone, `cfg.threads` at a time, on
+/// threads of the blocking pool: the engine's reads run as tasks on this runtime, as on a
+/// target's, and a worker of it waiting for the engine would hold them up (on a
+/// current-thread runtime, forever). Seconds for all of them.
+async fn engine_seconds(
+    ns: Arc<Namespace>,
+    cfg: nearstore_target::offload::ComputeConfig,
+    engine: nearstore_target::config::IoEngine,
+    pool: nearstore_target::io_pool::IoPool,
+    descs: Vec<Vec<u8>>,
+) -> Result<f64> {
+    let io = nearstore_target::offload::IoContext { rt: tokio::runtime::Handle::current(), engine, pool };
+    tokio::task::spawn_blocking(move || {
+        let next = std::sync::atomic::AtomicUsize::new(0);
+        let t = Instant::now();
+        std::thread::scope(|s| -> Result<()> {
+            let workers: Vec<_> = (0..cfg.threads)
+                .map(|_| {
+                    s.spawn(|| -> Result<()> {
+                        while let Some(d) = descs.get(next.fetch_add(1, std::sync::atomic::Ordering::Relaxed)) {
+                            nearstore_target::offload::execute_here(&ns, d, &cfg, &io).map_err(|f| anyhow::anyhow!("{}", f.message))?;
+                        }
+                        Ok(())
+                    })
                 })
-            })
-            .collect();
-        workers.into_iter().try_for_each(|w| w.join().expect("engine thread"))
-    })?;
-    Ok(t.elapsed().as_secs_f64())
+                .collect();
+            workers.into_iter().try_for_each(|w| w.join().expect("engine thread"))
+        })?;
+        Ok(t.elapsed().as_secs_f64())
+    })
+    .await
+    .context("the engine's threads")?
 }
 
 fn median(mut v: Vec<f64>) -> f64 {
@@ -278,8 +295,11 @@ async fn demo(a: DemoArgs) -> Result<()> {
             let n: u64 = set.iter().map(|f| std::fs::metadata(f).map(|m| m.len()).unwrap_or(0)).sum();
             let mbs = |secs: f64| n as f64 / secs / 1e6;
             let limit = kernel_limit(op, args.as_bytes(), &std::fs::read(&set[0])?) / 1e6;
-            let engine =
-                mbs(median((0..runs).map(|_| engine_time(&target, &host.devices, op, args.as_bytes(), set)).collect::<Result<Vec<_>>>()?));
+            let mut secs = Vec::new();
+            for _ in 0..runs {
+                secs.push(engine_time(&target, &host.devices, op, args.as_bytes(), set).await?);
+            }
+            let engine = mbs(median(secs));
             let off = mbs(times[0]);
             println!(
                 "{:<18} {:>9.0} MB/s, pulled {:.0} MB/s, local {:.0} MB/s; engine alone (read backend + compute) {:.0} MB/s, kernel in memory {:.0} MB/s; offloaded/engine {:.2}, offloaded/pulled {:.2}; wire/data offloaded {:.5}%",
@@ -305,4 +325,47 @@ async fn demo(a: DemoArgs) -> Result<()> {
         bail!("offloaded, pulled and local results differ");
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The engine alone on a current-thread runtime: its file reads run as tasks on that
+    /// runtime, which must stay free while the engine's threads wait for them. It waited
+    /// on the runtime's thread before (a worker of the demo's runtime held, and this one
+    /// held forever).
+    #[test]
+    fn the_engine_alone_leaves_its_runtime_free() {
+        let dir = tempfile::tempdir().unwrap();
+        let cfg = Config::from_toml(&format!(
+            "[[listener]]\naddress = \"127.0.0.1:0\"\n[[subsystem]]\nnqn = \"{NQN}\"\nallow_any_host = true\n[[subsystem.namespace]]\nnsid = 1\npath = \"{}\"\nsize = \"4MiB\"\nblock_size = 4096\n",
+            dir.path().join("ns.img").display()
+        ))
+        .unwrap();
+        let data: Vec<u8> = (0..4u32 << 20).map(|i| (i * 7 % 251) as u8).collect();
+        let (tx, rx) = std::sync::mpsc::channel();
+        // The runtime on a thread of its own: a runtime held by the engine never ends.
+        std::thread::spawn(move || {
+            let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+            let r = rt.block_on(async {
+                let target = Target::from_config(&cfg)?;
+                let ns = target.subsystem(NQN).and_then(|s| s.namespace(1)).context("namespace 1")?;
+                ns.backend.write_at(&data, 0)?;
+                let obj =
+                    nearstore_wire::compute::Object { len: 4 << 20, extents: vec![nearstore_wire::compute::Extent::data(0, 4 << 20)] };
+                let op = nearstore_compute::by_name("crc32c")?;
+                let d = nearstore_wire::compute::Descriptor { op: op.id, args: vec![], inputs: vec![obj], outputs: vec![] }.encode();
+                engine_seconds(ns, target.offload.cfg.clone(), target.io_engine, target.pool.clone(), vec![d; 4]).await
+            });
+            let _ = tx.send(r.map_err(|e| format!("{e:#}")));
+        });
+        match rx.recv_timeout(std::time::Duration::from_secs(30)) {
+            Ok(r) => {
+                let secs = r.unwrap();
+                assert!(secs > 0.0, "{secs}");
+            }
+            Err(e) => panic!("the engine alone did not finish in 30 s on a current-thread runtime: {e}"),
+        }
+    }
 }
