@@ -7,7 +7,10 @@
 //! it to its completion: the data the core fetches comes from the command's [`Data`], what
 //! the core sends is gathered into the [`Answer`], and work that completes elsewhere (the
 //! queue's device channel, the offload engine, state writes) is waited for as the NVMe/TCP
-//! connection task waits for it.
+//! connection task waits for it. A command that waits for an event instead (an
+//! Asynchronous Event Request with none pending) is parked: `run` says so
+//! ([`Error::Parked`]), and its completion comes, when an event does, from
+//! [`Loopback::event`].
 
 use std::io;
 use std::net::SocketAddr;
@@ -60,6 +63,17 @@ pub enum Error {
     Closed,
     #[error("waiting for the queue's device operations: {0}")]
     Io(#[from] io::Error),
+    /// The command waits for an event (an Asynchronous Event Request none is pending for):
+    /// its completion comes from [`Loopback::event`] once one is.
+    #[error("command {0} is parked until an event")]
+    Parked(u16),
+    /// The command identifier is that of a parked command: a host keeps identifiers of
+    /// outstanding commands unique.
+    #[error("command identifier {0} is outstanding")]
+    CidInUse(u16),
+    /// [`Loopback::event`] with no command parked: nothing would complete.
+    #[error("no command is parked")]
+    NothingParked,
 }
 
 impl From<Overflow> for Error {
@@ -68,24 +82,25 @@ impl From<Overflow> for Error {
     }
 }
 
-/// The loopback's sending half: what the core sent for the command being run.
+/// The loopback's sending half: what the core sent for the command being run, and the
+/// completions of parked commands.
 #[derive(Default)]
 struct LoopTx {
     data: Vec<u8>,
-    cqe: Option<Cqe>,
+    cqes: Vec<Cqe>,
     /// The core's request for the host's data: (tag, bytes).
     fetch: Option<(u16, usize)>,
 }
 
 impl Transport for LoopTx {
     fn complete(&mut self, cqe: &Cqe) {
-        self.cqe = Some(*cqe);
+        self.cqes.push(*cqe);
     }
 
     fn send_data(&mut self, cid: u16, data: &[u8], success: bool) {
         self.data.extend_from_slice(data);
         if success {
-            self.cqe = Some(Cqe { cid, status: Status::SUCCESS, ..Cqe::default() });
+            self.cqes.push(Cqe { cid, status: Status::SUCCESS, ..Cqe::default() });
         }
     }
 
@@ -94,7 +109,7 @@ impl Transport for LoopTx {
             self.data.extend_from_slice(p);
         }
         if success {
-            self.cqe = Some(Cqe { cid, status: Status::SUCCESS, ..Cqe::default() });
+            self.cqes.push(Cqe { cid, status: Status::SUCCESS, ..Cqe::default() });
         }
     }
 
@@ -113,7 +128,8 @@ impl Transport for LoopTx {
 pub struct Loopback {
     core: Core<LoopTx>,
     replies: Replies,
-    next_cid: u16,
+    /// Completions of parked commands, for [`event`](Self::event).
+    events: std::collections::VecDeque<Cqe>,
 }
 
 impl Loopback {
@@ -122,18 +138,20 @@ impl Loopback {
     pub fn new(target: &Arc<Target>, discovery: bool) -> Loopback {
         let port = Arc::new(Port { id: 0, addr: SocketAddr::from(([127, 0, 0, 1], 0)), discovery, advertise: None });
         let (core, replies) = Core::new(target.clone(), port, None, "loopback".into(), LoopTx::default());
-        Loopback { core, replies, next_cid: 0 }
+        Loopback { core, replies, events: Default::default() }
     }
 
-    /// Runs one command to its completion. Its command identifier and data pointer (SGL)
-    /// are set here, from `data`.
+    /// Runs one command to its completion, or until it is parked ([`Error::Parked`]). Its
+    /// command identifier is the host's (unique among the queue's outstanding commands);
+    /// its data pointer (SGL) is set here, from `data`.
     pub async fn run(&mut self, mut sqe: Sqe, data: Data<'_>) -> Result<Answer, Error> {
         if self.core.close_after_flush || self.core.cancel.is_cancelled() {
             return Err(Error::Closed);
         }
-        let cid = self.next_cid;
-        self.next_cid = self.next_cid.wrapping_add(1);
-        sqe.set_cid(cid);
+        let cid = sqe.cid();
+        if self.core.is_parked(cid) {
+            return Err(Error::CidInUse(cid));
+        }
         let (sgl, capsule, out): (Sgl, &[u8], &[u8]) = match data {
             Data::None => (Sgl { addr: 0, len: 0, id: sgl_id::TRANSPORT }, &[], &[]),
             Data::Capsule(d) => (Sgl { addr: 0, len: d.len() as u32, id: sgl_id::IN_CAPSULE }, d, &[]),
@@ -142,7 +160,8 @@ impl Loopback {
             Data::Short { len, data } => (Sgl { addr: 0, len: len as u32, id: sgl_id::TRANSPORT }, &[], data),
         };
         sqe.set_sgl(sgl);
-        self.core.xport = LoopTx::default();
+        self.core.xport.data.clear();
+        self.core.xport.fetch = None;
         // A command is taken with a data buffer in the queue's pool (exec/buffers.rs): one
         // command at a time always finds one of the queue's own.
         let ready = self.core.buf_ready();
@@ -159,34 +178,85 @@ impl Loopback {
                 }
                 continue;
             }
-            if let Some(cqe) = self.core.xport.cqe.take() {
+            // Events that came meanwhile complete parked commands, as a connection delivers
+            // them between commands.
+            self.core.deliver_events();
+            if let Some(cqe) = self.take_completions(Some(cid)) {
                 return Ok(Answer { cqe, data: std::mem::take(&mut self.core.xport.data) });
             }
             if self.core.poll_io() > 0 {
                 continue;
             }
-            let io_busy = self.core.chan.busy();
+            if self.core.is_parked(cid) {
+                return Err(Error::Parked(cid));
+            }
+            self.wait().await?;
+        }
+    }
+
+    /// The completion of a parked command: one that came while others ran, else the next
+    /// one, waiting for an event as long as it takes.
+    pub async fn event(&mut self) -> Result<Answer, Error> {
+        loop {
+            self.core.deliver_events();
+            self.take_completions(None);
+            if let Some(cqe) = self.events.pop_front() {
+                return Ok(Answer { cqe, data: Vec::new() });
+            }
+            if self.core.cancel.is_cancelled() {
+                return Err(Error::Closed);
+            }
+            if !self.core.has_aers() {
+                return Err(Error::NothingParked);
+            }
+            let Some(ctrl) = self.core.controller().cloned() else { return Err(Error::Closed) };
             let cancel = self.core.cancel.clone();
             tokio::select! {
                 biased;
-                _ = cancel.cancelled() => {
-                    // The controller went: the queue ends as a connection does.
-                    self.core.abandon_outstanding();
-                    return Err(Error::Closed);
-                }
-                d = self.replies.abort.recv() => {
-                    if let Some(d) = d {
-                        self.core.on_done(d);
-                    }
-                }
-                d = self.replies.done.recv() => {
-                    if let Some(d) = d {
-                        self.core.on_done(d);
-                    }
-                }
-                r = self.core.chan.wait(), if io_busy => r?,
+                _ = cancel.cancelled() => {}
+                _ = ctrl.events.notified() => {}
             }
         }
+    }
+
+    /// Moves the completions the core sent to the parked ones, but for `cid`'s: returned.
+    fn take_completions(&mut self, cid: Option<u16>) -> Option<Cqe> {
+        let mut mine = None;
+        for cqe in self.core.xport.cqes.drain(..) {
+            if Some(cqe.cid) == cid && mine.is_none() {
+                mine = Some(cqe);
+            } else {
+                self.events.push_back(cqe);
+            }
+        }
+        mine
+    }
+
+    /// Waits for work that completes elsewhere: the queue's devices, the offload engine,
+    /// state writes, another host's Preempt and Abort, the controller going.
+    async fn wait(&mut self) -> Result<(), Error> {
+        let io_busy = self.core.chan.busy();
+        let cancel = self.core.cancel.clone();
+        tokio::select! {
+            biased;
+            _ = cancel.cancelled() => {
+                // The controller went: the queue ends as a connection does.
+                self.core.abandon_outstanding();
+                return Err(Error::Closed);
+            }
+            d = self.replies.abort.recv() => {
+                if let Some(d) = d {
+                    self.core.on_done(d);
+                }
+            }
+            d = self.replies.done.recv() => {
+                if let Some(d) = d {
+                    self.core.on_done(d);
+                }
+            }
+            r = self.core.chan.wait(), if io_busy => r?,
+        }
+        Ok(())
     }
 }
 

@@ -182,24 +182,52 @@ fn table() -> Vec<Step> {
     t
 }
 
-/// What may differ between the two runs: the command identifier and SQHD (each host's
-/// own), and the controller's ID in Identify Controller (each target numbers its own).
-fn normal(what: &str, a: Answer) -> Answer {
+/// What a host sees of one command, with the command identifier it sent (None where our
+/// initiator's admin calls keep it).
+struct Seen {
+    answer: Answer,
+    cid: Option<u16>,
+}
+
+/// Admin queue entries (both transports connect it with 32).
+const ADMIN_QUEUE: u16 = 32;
+
+/// What may differ between the two runs, taken out: the command identifier (each host's
+/// own; checked to be echoed instead), SQHD's value (how many commands each host sent
+/// before the table; its progression since the queue's previous command stays, modulo the
+/// queue's size, or 0xffff with SQ flow control disabled), and the controller's ID in
+/// Identify Controller (each target numbers its own). `prev` is SQHD of the previous
+/// command on the same queue, per queue.
+fn normal(what: &str, q: Q, s: Seen, prev: &mut [Option<u16>; 2], io_depth: u16) -> (Answer, Option<String>) {
+    let Seen { answer: a, cid } = s;
+    let echo = cid.filter(|&c| c != a.cqe.cid).map(|c| format!("{what}: CID {} in the completion of command {c}", a.cqe.cid));
+    let (slot, size) = match q {
+        Q::Admin => (0, ADMIN_QUEUE),
+        Q::Io => (1, io_depth),
+    };
+    let sqhd = a.cqe.sqhd;
+    let progress = match prev[slot].replace(sqhd) {
+        // SQ flow control disabled: 0xffff, or 0 where the data stood for the completion.
+        Some(p) if sqhd == 0xffff || p == 0xffff => sqhd,
+        Some(p) => (sqhd + size - p) % size,
+        // The first of the table on its queue: the value counts the commands before.
+        None => 0,
+    };
     let mut data = a.data;
     if what == "identify controller" && data.len() >= 80 {
         data[78..80].fill(0);
     }
-    Answer { cqe: Cqe { cid: 0, sqhd: 0, ..a.cqe }, data }
+    (Answer { cqe: Cqe { cid: 0, sqhd: progress, ..a.cqe }, data }, echo)
 }
 
-async fn over_tcp(opts: ConnectOptions, steps: &[Step]) -> Vec<Answer> {
+async fn over_tcp(opts: ConnectOptions, steps: &[Step]) -> Vec<Seen> {
     let ctrl = Controller::connect(opts).await.unwrap();
     let mut ioq = ctrl.io_queue(1).await.unwrap();
-    let mut out: Vec<Answer> = Vec::new();
+    let mut out: Vec<Seen> = Vec::new();
     for s in steps {
         let mut sqe = s.sqe;
         if s.handle {
-            sqe.set_cdw(10, out.last().expect("a command before").cqe.dw0);
+            sqe.set_cdw(10, out.last().expect("a command before").answer.cqe.dw0);
         }
         let data = match &s.data {
             Host::None => Data::None,
@@ -208,8 +236,8 @@ async fn over_tcp(opts: ConnectOptions, steps: &[Step]) -> Vec<Answer> {
         };
         let a = match s.q {
             Q::Admin => match ctrl.admin(sqe, data, &s.what).await {
-                Ok((cqe, data)) => Answer { cqe, data },
-                Err(Error::Status { cqe, .. }) => Answer { cqe, data: Vec::new() },
+                Ok((cqe, data)) => Seen { answer: Answer { cqe, data }, cid: None },
+                Err(Error::Status { cqe, .. }) => Seen { answer: Answer { cqe, data: Vec::new() }, cid: None },
                 Err(e) => panic!("{}: {e}", s.what),
             },
             Q::Io => {
@@ -222,7 +250,7 @@ async fn over_tcp(opts: ConnectOptions, steps: &[Step]) -> Vec<Answer> {
                     }
                 });
                 let cqe = tokio::time::timeout(T, wait).await.expect(&s.what).unwrap();
-                Answer { cqe, data: got }
+                Seen { answer: Answer { cqe, data: got }, cid: Some(cid) }
             }
         };
         out.push(a);
@@ -276,20 +304,23 @@ async fn connect_loopback(target: &Arc<Target>, opts: &ConnectOptions) -> (Loopb
     (adm, ioq)
 }
 
-async fn over_loopback(target: &Arc<Target>, opts: &ConnectOptions, steps: &[Step]) -> Vec<Answer> {
+async fn over_loopback(target: &Arc<Target>, opts: &ConnectOptions, steps: &[Step]) -> Vec<Seen> {
     let (mut adm, mut ioq) = connect_loopback(target, opts).await;
     let in_capsule = nearstore_target::limits::IN_CAPSULE_BYTES_MAX;
-    let mut out: Vec<Answer> = Vec::new();
-    for s in steps {
+    let mut out: Vec<Seen> = Vec::new();
+    for (i, s) in steps.iter().enumerate() {
         let mut sqe = s.sqe;
         if s.handle {
-            sqe.set_cdw(10, out.last().expect("a command before").cqe.dw0);
+            sqe.set_cdw(10, out.last().expect("a command before").answer.cqe.dw0);
         }
+        // The host's identifiers: a different one for each command.
+        let cid = 0x100 + i as u16;
+        sqe.set_cid(cid);
         let a = match s.q {
             Q::Admin => run(&mut adm, sqe, &s.data, ADMIN_IN_CAPSULE).await,
             Q::Io => run(&mut ioq, sqe, &s.data, in_capsule).await,
         };
-        out.push(a);
+        out.push(Seen { answer: a, cid: Some(cid) });
     }
     out
 }
@@ -312,21 +343,28 @@ async fn same_results(disable_sqflow: bool) {
     opts.hostnqn = common::GOOD_HOST.into();
     opts.timeout = T;
     opts.disable_sqflow = disable_sqflow;
+    // No Keep Alive between the table's admin commands over TCP: SQHD counts every command.
+    opts.kato_ms = 0;
+    opts.send_keep_alive = false;
     let tcp = over_tcp(opts.clone(), &steps).await;
     let lo = over_loopback(&tb, &opts, &steps).await;
     let mut wrong = Vec::new();
+    let (mut prev_a, mut prev_b) = ([None; 2], [None; 2]);
     for ((s, a), b) in steps.iter().zip(tcp).zip(lo) {
-        let st = a.cqe.status;
+        let st = a.answer.cqe.status;
         if (st.sct, st.sc) != s.expect {
             wrong.push(format!("{}: {st} over TCP, expected {:?}", s.what, s.expect));
         }
         if let Host::In(n) = s.data {
             let want = if st.is_success() { n } else { 0 };
-            if a.data.len() != want {
-                wrong.push(format!("{}: {} bytes over TCP, expected {want}", s.what, a.data.len()));
+            if a.answer.data.len() != want {
+                wrong.push(format!("{}: {} bytes over TCP, expected {want}", s.what, a.answer.data.len()));
             }
         }
-        let (a, b) = (normal(&s.what, a), normal(&s.what, b));
+        let (a, echo_a) = normal(&s.what, s.q, a, &mut prev_a, opts.queue_depth);
+        let (b, echo_b) = normal(&s.what, s.q, b, &mut prev_b, opts.queue_depth);
+        wrong.extend(echo_a.map(|e| format!("over TCP, {e}")));
+        wrong.extend(echo_b.map(|e| format!("over the loopback, {e}")));
         if a != b {
             let at = a.data.iter().zip(&b.data).position(|(x, y)| x != y);
             wrong.push(format!(
@@ -440,5 +478,51 @@ async fn a_closed_or_orphaned_loopback_queue_takes_no_commands() {
             assert!(matches!(r, Err(loopback::Error::Closed)), "{loss:?}: a {what} after: {r:?}");
         }
     }
+    assert_eq!(target.stats.requests_lost.load(std::sync::atomic::Ordering::Relaxed), 0, "commands lost");
+}
+
+/// `f`'s output, which must come within T.
+async fn within<F: std::future::Future>(what: &str, f: F) -> F::Output {
+    tokio::time::timeout(T, f).await.unwrap_or_else(|_| panic!("{what}: did not return within {T:?}"))
+}
+
+/// An Asynchronous Event Request with no event pending parks on a loopback queue as on a
+/// connection: `run` returns (it waited forever before), the queue goes on, and the event
+/// that comes later completes that command, identifier and all.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_parked_aer_lets_the_loopback_go_on_and_completes_with_its_event() {
+    let dir = tempfile::tempdir().unwrap();
+    let (target, addr) = target(dir.path()).await;
+    let mut opts = ConnectOptions::new(addr, common::NQN);
+    opts.hostnqn = common::GOOD_HOST.into();
+    let (mut adm, _ioq) = connect_loopback(&target, &opts).await;
+    let set = |fid: u8, v: u32| {
+        let mut s = Sqe::new(admin::SET_FEATURES, 0);
+        s.set_cdw(10, fid as u32).set_cdw(11, v);
+        s
+    };
+    // The temperature event: type 1 (SMART / health), information 1 (temperature), log page 2.
+    const AEN_TEMPERATURE: u32 = 0x01 | (0x01 << 8) | (0x02 << 16);
+    let ok = |r: Result<Answer, loopback::Error>, what: &str| -> Answer {
+        let a = r.unwrap_or_else(|e| panic!("{what}: {e}"));
+        assert!(a.cqe.status.is_success(), "{what}: {:?}", a.cqe);
+        a
+    };
+    let r = adm.event().await;
+    assert!(matches!(r, Err(loopback::Error::NothingParked)), "an event with nothing parked: {r:?}");
+    ok(within("AEC", adm.run(set(feature::ASYNC_EVENT_CONFIG, 1 << 1), loopback::Data::None)).await, "AEC");
+    let r = within("AER", adm.run(Sqe::new(admin::ASYNC_EVENT_REQUEST, 7), loopback::Data::None)).await;
+    assert!(matches!(r, Err(loopback::Error::Parked(7))), "an AER with nothing pending: {r:?}");
+    let r = within("reused CID", adm.run(Sqe::new(admin::KEEP_ALIVE, 7), loopback::Data::None)).await;
+    assert!(matches!(r, Err(loopback::Error::CidInUse(7))), "the parked AER's identifier again: {r:?}");
+    // The queue goes on: a Keep Alive, then the over-temperature threshold under the
+    // temperature, whose event completes the parked AER while the Set Features runs.
+    ok(within("keep alive", adm.run(Sqe::new(admin::KEEP_ALIVE, 8), loopback::Data::None)).await, "keep alive");
+    let t = ok(within("threshold", adm.run(set(feature::TEMPERATURE_THRESHOLD, 290), loopback::Data::None)).await, "threshold");
+    assert_eq!(t.cqe.cid, 0, "the Set Features' own completion: {:?}", t.cqe);
+    let ev = ok(within("event", adm.event()).await, "the event");
+    assert_eq!((ev.cqe.cid, ev.cqe.dw0), (7, AEN_TEMPERATURE), "{:?}", ev.cqe);
+    let r = adm.event().await;
+    assert!(matches!(r, Err(loopback::Error::NothingParked)), "the AER completed once: {r:?}");
     assert_eq!(target.stats.requests_lost.load(std::sync::atomic::Ordering::Relaxed), 0, "commands lost");
 }

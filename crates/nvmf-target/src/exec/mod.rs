@@ -319,6 +319,11 @@ impl<T: Transport> Core<T> {
     pub fn has_aers(&self) -> bool {
         !self.aers.is_empty()
     }
+
+    /// True when command `cid` is an Asynchronous Event Request waiting for an event.
+    pub fn is_parked(&self, cid: u16) -> bool {
+        self.aers.iter().any(|r| r.cid() == cid)
+    }
 }
 
 impl<T: Transport> Core<T> {
