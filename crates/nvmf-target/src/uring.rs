@@ -25,6 +25,10 @@ pub struct Ring {
     in_flight: usize,
     /// Entries pushed and not yet submitted.
     unsubmitted: usize,
+    /// Every entry goes to the kernel's io-wq workers (IOSQE_ASYNC) instead of being tried
+    /// inline in the submit call: a page-cache hit is then copied there, not on the
+    /// submitting thread.
+    punt: bool,
 }
 
 /// A submission: what to do with which buffer, `user_data` coming back with its result.
@@ -47,7 +51,14 @@ impl Ring {
         ring.submitter().register_eventfd(efd.as_raw_fd())?;
         // SAFETY: an OwnedFd stays open and the same descriptor for as long as it lives.
         let eventfd = unsafe { AsyncFd::register(efd) }.map_err(|e| io::Error::other(e.to_string()))?;
-        Ok(Ring { ring, eventfd: Arc::new(eventfd), in_flight: 0, unsubmitted: 0 })
+        Ok(Ring { ring, eventfd: Arc::new(eventfd), in_flight: 0, unsubmitted: 0, punt: false })
+    }
+
+    /// Sends every entry from now on to the kernel's workers (IOSQE_ASYNC): the submitting
+    /// thread no longer copies page-cache hits inside the submit, at the cost of a
+    /// hand-off to a kernel thread per entry.
+    pub fn set_punt(&mut self, punt: bool) {
+        self.punt = punt;
     }
 
     pub fn in_flight(&self) -> usize {
@@ -70,6 +81,7 @@ impl Ring {
             Sub::Fdatasync { fd } => opcode::Fsync::new(types::Fd(fd)).flags(types::FsyncFlags::DATASYNC).build(),
         };
         let e = e.user_data(user_data);
+        let e = if self.punt { e.flags(squeue::Flags::ASYNC) } else { e };
         // SAFETY: the caller keeps the buffer alive until the completion (see above).
         while unsafe { self.ring.submission().push(&e) }.is_err() {
             // Submission queue full: hand what is queued to the kernel first.

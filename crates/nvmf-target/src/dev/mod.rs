@@ -207,6 +207,8 @@ pub struct Channel {
     /// Cancelled when its user needs none of the operations still running
     /// ([`cancel`](Self::cancel)).
     cancel: CancellationToken,
+    /// Its ring hands every operation to the kernel's workers ([`Channel::punt`]).
+    punt: bool,
 }
 
 impl Channel {
@@ -226,7 +228,17 @@ impl Channel {
             outstanding: 0,
             holds: Arc::default(),
             cancel: CancellationToken::new(),
+            punt: false,
         }
+    }
+
+    /// Hands every ring operation to the kernel's io-wq workers (IOSQE_ASYNC) instead of
+    /// trying it inside the submit: for a channel on a network thread whose operations
+    /// are large (the offload engine's chunks), so that a page-cache hit is copied on a
+    /// kernel thread, not on the network thread.
+    pub fn punt(mut self) -> Channel {
+        self.punt = true;
+        self
     }
 
     /// Says that no operation still running is needed: devices that can stop one early
@@ -467,7 +479,10 @@ impl Channel {
                 return false;
             }
             self.ring = match Ring::new(limits::QUEUE_DEPTH_MAX as u32) {
-                Ok(r) => RingState::Ready(Box::new(r)),
+                Ok(mut r) => {
+                    r.set_punt(self.punt);
+                    RingState::Ready(Box::new(r))
+                }
                 Err(e) => {
                     // Once per process: it is the machine's setting, and a host reconnecting
                     // in a loop would repeat it.

@@ -135,7 +135,9 @@ impl<'a> Io<'a> {
     ) -> Result<(Io<'a>, Remotes), Failure> {
         let (tx, rx_start) = unbounded_channel();
         let (tx_event, rx) = crossbeam_channel::unbounded();
-        let ch = Channel::new(ctx.engine, ctx.pool.clone());
+        // Chunks are large: a page-cache hit is copied on a kernel worker, not inside the
+        // submit on the network thread.
+        let ch = Channel::new(ctx.engine, ctx.pool.clone()).punt();
         ctx.rt.spawn(serve(rx_start, tx_event, ch, peers.clone(), tags, host.to_string()));
         let io = Io { tx: Some(tx), rx, outstanding: 0, arrived: HashMap::new(), next_tag: 0, stats };
         loop {
