@@ -204,6 +204,13 @@ impl Peers {
         }
     }
 
+    /// Bytes of reads in flight on one connection for one operation
+    /// (`cluster.read_ahead_bytes`); the offload engine keeps at most as much in its
+    /// reads of one input.
+    pub fn read_ahead_bytes(&self) -> u64 {
+        self.read_ahead_bytes
+    }
+
     pub fn knows(&self, tag: u16) -> bool {
         self.peers.contains_key(&tag)
     }

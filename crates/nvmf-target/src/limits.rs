@@ -278,7 +278,7 @@ pub const COMPUTE_CHUNK_BYTES_MAX: u64 = 64 << 20;
 /// one chunk: two keep the disk busy while the operation computes on the third. An input
 /// holds at most readahead + 1 chunk buffers, charged with the outputs' to the command's
 /// `compute.memory_per_command` before it starts (`offload::validate`); a peer's extents
-/// are read one read per input at a time, pipelined on its connection (`read_ahead_bytes`).
+/// are read ahead too, within `cluster.read_ahead_bytes` of chunks per input.
 pub const COMPUTE_READAHEAD_CHUNKS_DEFAULT: usize = 2;
 /// Longest a compute command waits, as it ends, for its device reads still running
 /// (`offload::read`), in seconds. Cancelled, a peer's read completes at once; a local
@@ -286,6 +286,12 @@ pub const COMPUTE_READAHEAD_CHUNKS_DEFAULT: usize = 2;
 /// device that never completes then costs a log line, not the command's thread, compute
 /// slot and memory forever; the read's buffer stays with its I/O task until it completes.
 pub const COMPUTE_READ_DRAIN_SECS: u64 = 10;
+/// Device operations one compute command has in flight at once, all its inputs, outputs
+/// and devices together: 64 reads of a chunk keep any disk's queue full (an NVMe SSD is
+/// saturated by 32 reads of 128 KiB), where 64 inputs at the most read-ahead would put
+/// 1,088 on the command's ring; more wait on the command's side (`offload::read`). A
+/// device takes no more of them than its declared queue depth.
+pub const COMPUTE_OPS_IN_FLIGHT_MAX: usize = 64;
 /// The most `compute.readahead` accepts: past 16, more reads in flight only hold memory.
 pub const COMPUTE_READAHEAD_CHUNKS_MAX: usize = 16;
 /// Memory one compute command may use (`compute.memory_per_command`), in bytes: its chunk
@@ -425,6 +431,8 @@ const _: () = assert!({
     sq * (64 + 4) + 2 * sq * 16 <= RING_BYTES && RING_BYTES.is_multiple_of(PAGE)
 });
 const _: () = assert!(REAP_BATCH <= QUEUE_DEPTH_MAX as usize);
+// A compute command's operations in flight fit the entries of its channel's ring.
+const _: () = assert!(COMPUTE_OPS_IN_FLIGHT_MAX >= 1 && COMPUTE_OPS_IN_FLIGHT_MAX <= QUEUE_DEPTH_MAX as usize);
 const _: () = assert!(DISCOVERY_QUEUE_DEPTH_MAX >= 32 && DISCOVERY_QUEUE_DEPTH_MAX <= ADMIN_QUEUE_DEPTH_MAX);
 
 // Memory per queue: the send buffer a queue always holds takes one step, so a queue with

@@ -28,7 +28,6 @@ use serde::Deserialize;
 use tokio::sync::mpsc::UnboundedSender;
 use tokio_util::sync::CancellationToken;
 
-use crate::backend::Backend;
 use crate::cluster::{ClusterConfig, Peers};
 use crate::config::{ByteSize, IoEngine};
 use crate::io_pool::{Done, IoPool};
@@ -39,6 +38,7 @@ use crate::subsystem::{Controller, Namespace};
 
 mod read;
 
+use crate::dev::Op;
 pub use read::IoContext;
 use read::{Io, NsSource, Shared};
 
@@ -608,7 +608,7 @@ fn run(
     };
     let outcome: Result<Vec<Outcome>, ComputeError> = {
         let mut sources: Vec<NsSource> = desc.inputs.iter().map(|o| NsSource::new(o, chunk, cfg.readahead, &shared, &limits)).collect();
-        let mut sinks: Vec<NsSink> = desc.outputs.iter().map(|o| NsSink::new(ns.backend.clone(), o, block, chunk, &limits)).collect();
+        let mut sinks: Vec<NsSink> = desc.outputs.iter().map(|o| NsSink::new(o, chunk, &shared, &limits)).collect();
         let r = {
             let mut ins: Vec<&mut dyn Source> = sources.iter_mut().map(|s| s as &mut dyn Source).collect();
             let mut outs: Vec<&mut dyn Sink> = sinks.iter_mut().map(|s| s as &mut dyn Sink).collect();
@@ -661,64 +661,122 @@ impl Limits<'_> {
 }
 
 /// An output object: bytes gathered into a chunk buffer and written to its extents in
-/// order; the last block is padded with zeros.
-struct NsSink<'a> {
-    backend: Arc<dyn Backend>,
+/// order through the namespace's device stack (on the command's I/O task, or at once on a
+/// device that completes at once), one write at a time; the last block is padded with
+/// zeros, and a flush through the stack makes them durable.
+struct NsSink<'s, 'a> {
+    shared: &'s Shared<'a>,
     pieces: VecDeque<Extent>,
-    done: Vec<Extent>,
-    buf: AlignedBuf,
+    /// None only after a write that did not come back (the command stops).
+    buf: Option<AlignedBuf>,
+    chunk: usize,
     block: u64,
     capacity: u64,
     written: u64,
-    limits: &'a Limits<'a>,
+    /// Bytes were written since the last flush.
+    dirty: bool,
+    limits: &'s Limits<'s>,
 }
 
-impl<'a> NsSink<'a> {
-    fn new(backend: Arc<dyn Backend>, o: &Object, block: u64, chunk: usize, limits: &'a Limits<'a>) -> NsSink<'a> {
+impl<'s, 'a> NsSink<'s, 'a> {
+    fn new(o: &Object, chunk: usize, shared: &'s Shared<'a>, limits: &'s Limits<'s>) -> NsSink<'s, 'a> {
         let mut buf = AlignedBuf::new(chunk);
         buf.set_len(0);
-        NsSink { backend, pieces: o.extents.iter().copied().collect(), done: Vec::new(), buf, block, capacity: o.len, written: 0, limits }
+        NsSink {
+            shared,
+            pieces: o.extents.iter().copied().collect(),
+            buf: Some(buf),
+            chunk,
+            block: shared.block,
+            capacity: o.len,
+            written: 0,
+            dirty: false,
+            limits,
+        }
+    }
+
+    fn buf(&mut self) -> Result<&mut AlignedBuf, ComputeError> {
+        self.buf.as_mut().ok_or_else(|| ComputeError::WriteIo("an earlier write of the output did not complete".into()))
+    }
+
+    /// Runs `op` with the sink's buffer on the namespace's stack and waits for it; the
+    /// buffer comes back with it.
+    fn run_op(&mut self, op: Op) -> Result<std::io::Result<()>, ComputeError> {
+        let dev = &self.shared.local;
+        let buf = self.buf.take().ok_or_else(|| ComputeError::WriteIo("an earlier write of the output did not complete".into()))?;
+        let tag = self.shared.io.borrow_mut().submit(dev, op, buf)?;
+        loop {
+            // Stopped meanwhile, the write is left to the command's end, which waits for it.
+            self.limits.check()?;
+            if let Some(c) = self.shared.io.borrow_mut().take(tag, Duration::from_millis(100))? {
+                self.buf = Some(c.buf);
+                return Ok(c.result);
+            }
+        }
+    }
+
+    /// Writes the first `n` buffered bytes at namespace byte `off`.
+    fn write_piece(&mut self, off: u64, n: usize) -> Result<(), ComputeError> {
+        let place = |e: std::io::Error| ComputeError::WriteIo(format!("writing {n} bytes at namespace byte {off}: {e}"));
+        let dev = self.shared.local.clone();
+        if dev.completes_now() {
+            let buf = self.buf()?;
+            if let Some(r) = dev.write_now(&buf[..n], off, false) {
+                return r.map_err(place);
+            }
+        }
+        let len = self.buf()?.len();
+        self.buf()?.set_len(n);
+        let r = self.run_op(Op::Write { off, fua: false })?;
+        // The bytes past `n` are still there: set_len keeps them.
+        self.buf()?.set_len(len);
+        r.map_err(place)
     }
 
     /// Writes the buffered bytes (a multiple of the block, or the padded tail) to the
     /// next extents.
     fn drain(&mut self) -> Result<(), ComputeError> {
-        let mut at = 0;
-        while at < self.buf.len() {
-            let Some(p) = self.pieces.front_mut() else {
+        while self.buf()?.len() > 0 {
+            let len = self.buf()?.len();
+            let Some(p) = self.pieces.front().copied() else {
                 return Err(ComputeError::OutputFull { capacity: self.capacity });
             };
-            let n = (p.len as usize).min(self.buf.len() - at);
-            self.backend
-                .write_at(&self.buf[at..at + n], p.offset)
-                .map_err(|e| ComputeError::WriteIo(format!("writing {n} bytes at namespace byte {}: {e}", p.offset)))?;
-            self.done.push(Extent::data(p.offset, n as u64));
-            p.offset += n as u64;
-            p.len -= n as u64;
-            if p.len == 0 {
+            let n = (p.len as usize).min(len);
+            self.write_piece(p.offset, n)?;
+            self.dirty = true;
+            let front = self.pieces.front_mut().expect("checked");
+            front.offset += n as u64;
+            front.len -= n as u64;
+            if front.len == 0 {
                 self.pieces.pop_front();
             }
-            at += n;
+            // The rest goes to the next extent from the buffer's start.
+            let buf = self.buf()?;
+            buf.copy_within(n..len, 0);
+            buf.set_len(len - n);
         }
-        self.buf.set_len(0);
         Ok(())
     }
 
-    /// Writes the tail and makes every written byte durable.
+    /// Writes the tail and makes every written byte durable: a flush through the stack.
     fn finish(&mut self) -> Result<(), ComputeError> {
-        let n = self.buf.len();
-        let padded = (n as u64).div_ceil(self.block) as usize * self.block as usize;
-        self.buf.set_len(padded);
-        self.buf[n..padded].fill(0);
+        let block = self.block as usize;
+        let buf = self.buf()?;
+        let n = buf.len();
+        let padded = n.div_ceil(block) * block;
+        buf.set_len(padded);
+        buf[n..padded].fill(0);
         self.drain()?;
-        for e in std::mem::take(&mut self.done) {
-            self.backend.flush_range(e.offset, e.len).map_err(|e| ComputeError::WriteIo(format!("flushing the output: {e}")))?;
+        if self.dirty {
+            self.buf()?.set_len(0);
+            self.run_op(Op::Flush)?.map_err(|e| ComputeError::WriteIo(format!("flushing the output: {e}")))?;
+            self.dirty = false;
         }
         Ok(())
     }
 }
 
-impl Sink for NsSink<'_> {
+impl Sink for NsSink<'_, '_> {
     fn write(&mut self, mut data: &[u8]) -> Result<(), ComputeError> {
         if self.written + data.len() as u64 > self.capacity {
             return Err(ComputeError::OutputFull { capacity: self.capacity });
@@ -726,13 +784,14 @@ impl Sink for NsSink<'_> {
         self.limits.check()?;
         self.written += data.len() as u64;
         while !data.is_empty() {
-            let room = self.buf.capacity() - self.buf.len();
-            let n = room.min(data.len());
-            let len = self.buf.len();
-            self.buf.set_len(len + n);
-            self.buf[len..len + n].copy_from_slice(&data[..n]);
+            let chunk = self.chunk;
+            let buf = self.buf()?;
+            let len = buf.len();
+            let n = (chunk - len).min(data.len());
+            buf.set_len(len + n);
+            buf[len..len + n].copy_from_slice(&data[..n]);
             data = &data[n..];
-            if self.buf.len() == self.buf.capacity() {
+            if len + n == chunk {
                 self.drain()?;
             }
         }
@@ -743,3 +802,6 @@ impl Sink for NsSink<'_> {
         self.written
     }
 }
+
+#[cfg(test)]
+mod tests;

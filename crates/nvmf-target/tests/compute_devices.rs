@@ -287,6 +287,79 @@ async fn a_command_stopped_mid_read_leaves_no_read_outstanding() {
     assert!(lost.lines().any(|l| l == "nearstore_requests_lost_total 0"), "{lost}");
 }
 
+/// Outputs go through the namespace's device stack as inputs do: an injected write error
+/// on an output fails the command with Write Fault naming the place, a failing flush fails
+/// it as well, and where nothing fails (delayed or not) the output holds the input. They
+/// went to the backend directly before, past the failing devices.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn outputs_are_written_and_flushed_through_the_device_stack() {
+    common::init_logs();
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path().display();
+    // (nsid, backing, delay_us, inject)
+    let stacks: &[(u32, String, u64, &str)] = &[
+        (1, "memory = \"4MiB\"".into(), 0, "op = \"write\"\nlbas = [64, 80]"),
+        (2, format!("path = \"{d}/2.img\"\nsize = \"4MiB\""), 0, "op = \"write\"\nlbas = [64, 80]"),
+        (3, format!("path = \"{d}/3.img\"\nsize = \"4MiB\""), 2_000, "op = \"write\"\nlbas = [64, 80]"),
+        (4, "memory = \"4MiB\"".into(), 2_000, "op = \"flush\""),
+        (5, format!("path = \"{d}/5.img\"\nsize = \"4MiB\""), 0, "op = \"flush\""),
+    ];
+    let mut cfg = format!("[[listener]]\naddress = \"127.0.0.1:0\"\n[[subsystem]]\nnqn = \"{}\"\nallow_any_host = true\n", common::NQN);
+    for (nsid, backing, delay, inject) in stacks {
+        cfg += &format!(
+            "[[subsystem.namespace]]\nnsid = {nsid}\n{backing}\nblock_size = {BS}\ndelay_us = {delay}\n[subsystem.namespace.inject]\n{inject}\n"
+        );
+    }
+    let target = Target::from_config(&Config::from_toml(&cfg).unwrap()).unwrap();
+    let addr = target.listen("127.0.0.1:0".parse().unwrap(), false).await.unwrap();
+    let c = Controller::connect(nearstore_initiator::ConnectOptions::new(addr, common::NQN)).await.unwrap();
+    let mut q = c.io_queue(1).await.unwrap();
+    // 40 KiB of input at LBA 0, copied to 40 KiB in two extents.
+    let data = content(40 << 10, 5);
+    let copy = |out: Vec<Extent>| {
+        Descriptor {
+            op: by_name("copy").unwrap().id,
+            args: vec![],
+            inputs: vec![Object { len: data.len() as u64, extents: vec![Extent::data(0, data.len() as u64)] }],
+            outputs: vec![Object { len: data.len() as u64, extents: out }],
+        }
+        .encode()
+    };
+    // Output extents: clear of LBAs 64..80, and with the second one on LBA 70.
+    let clear = vec![Extent::data(100 * BS, 4 * BS), Extent::data(120 * BS, 6 * BS)];
+    let failing = vec![Extent::data(100 * BS, 4 * BS), Extent::data(70 * BS, 6 * BS)];
+    // (nsid, output, Ok or the place a Write Fault names)
+    let cases: &[(u32, &Vec<Extent>, Result<(), &str>)] = &[
+        (1, &clear, Ok(())),
+        (1, &failing, Err("at namespace byte 286720")),
+        (2, &clear, Ok(())),
+        (2, &failing, Err("at namespace byte 286720")),
+        (3, &clear, Ok(())),
+        (3, &failing, Err("at namespace byte 286720")),
+        (4, &clear, Err("flushing the output")),
+        (5, &clear, Err("flushing the output")),
+    ];
+    for &(nsid, out, ref want) in cases {
+        write(&mut q, nsid, 0, &data).await;
+        let r = q.compute(nsid, &copy(out.clone()), T).await;
+        match (want, r) {
+            (Ok(()), Ok(_)) => {
+                let mut back = q.read(nsid, 100, 4, BS as u32).await.unwrap();
+                back.extend(q.read(nsid, 120, 6, BS as u32).await.unwrap());
+                assert!(back == data, "ns {nsid}: the output differs from the input");
+            }
+            (Err(place), Err(Error::Compute { status, message })) => {
+                assert_eq!(status, Status::WRITE_FAULT.dnr(), "ns {nsid}: {message}");
+                assert!(message.contains(place), "ns {nsid}: {message:?} lacks {place:?}");
+            }
+            (want, got) => panic!("ns {nsid}, output {out:?}: want {want:?}, got {got:?}"),
+        }
+    }
+    assert_eq!(target.offload.stats.reads_in_flight.load(Relaxed), 0);
+    let m = nearstore_target::metrics::render(&target);
+    assert!(m.lines().any(|l| l == "nearstore_requests_lost_total 0"), "{m}");
+}
+
 /// CPU time this thread has run, in nanoseconds.
 fn thread_cpu_ns() -> u64 {
     let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };

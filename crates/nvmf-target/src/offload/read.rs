@@ -8,10 +8,13 @@
 //! the reads the thread sends it on the namespace's device stack or a peer's device and
 //! sends their completions back. Each input keeps up to `compute.readahead + 1` chunk
 //! buffers (the one the operation holds among them), so up to `readahead` reads in flight
-//! while the operation computes, and at most one read of a peer in flight (its commands
-//! pipelined on one connection, `cluster.read_ahead_bytes` of them). A device that
-//! completes at once (memory) is read on the command's thread itself: a read costs a
-//! memcpy, and the network thread stays free.
+//! while the operation computes, of a peer too (within `cluster.read_ahead_bytes` of
+//! chunks; each read is itself pipelined on its connection). A device takes at most its
+//! declared queue depth of a command's operations at once, and a command at most
+//! [`limits::COMPUTE_OPS_IN_FLIGHT_MAX`]; the rest wait on the command's side. A device
+//! that completes at once (memory) is read on the command's thread itself: a read costs a
+//! memcpy, and the network thread stays free. The outputs are written through the same
+//! stack and I/O task (`offload::NsSink`).
 //!
 //! Every read is waited for before the command ends, whatever stops it (its end, an error,
 //! cancellation, the deadline): a device operation completes exactly once with its
@@ -111,8 +114,14 @@ async fn serve(mut rx: UnboundedReceiver<Start>, tx: Sender<Event>, mut ch: Chan
     }
 }
 
-/// The command's side of its I/O: reads started and not yet completed, completions that
-/// arrived for another input than the one waiting.
+/// The command's side of its I/O: operations started and not yet completed, operations
+/// waiting for room on their device, completions that arrived for another input than the
+/// one waiting.
+///
+/// A device takes at most its declared queue depth of the command's operations at once,
+/// and the command at most [`limits::COMPUTE_OPS_IN_FLIGHT_MAX`] on all its devices
+/// together (its channel's ring holds that many): more wait here, in order, and start as
+/// others complete.
 pub(super) struct Io<'a> {
     tx: Option<UnboundedSender<Start>>,
     rx: Receiver<Event>,
@@ -120,6 +129,16 @@ pub(super) struct Io<'a> {
     arrived: HashMap<u64, Completion>,
     next_tag: u64,
     stats: &'a ComputeStats,
+    /// Per device (by address): operations started on it and the most it takes.
+    slots: HashMap<usize, (u32, u32)>,
+    /// Started operations by tag: their device and whether a read.
+    started: HashMap<u64, (usize, bool)>,
+    queued: VecDeque<(usize, Start)>,
+}
+
+/// A device's key among the command's.
+fn key(dev: &Arc<dyn BlockDevice>) -> usize {
+    Arc::as_ptr(dev) as *const () as usize
 }
 
 impl<'a> Io<'a> {
@@ -139,7 +158,17 @@ impl<'a> Io<'a> {
         // submit on the network thread.
         let ch = Channel::new(ctx.engine, ctx.pool.clone()).punt();
         ctx.rt.spawn(serve(rx_start, tx_event, ch, peers.clone(), tags, host.to_string()));
-        let io = Io { tx: Some(tx), rx, outstanding: 0, arrived: HashMap::new(), next_tag: 0, stats };
+        let io = Io {
+            tx: Some(tx),
+            rx,
+            outstanding: 0,
+            arrived: HashMap::new(),
+            next_tag: 0,
+            stats,
+            slots: HashMap::new(),
+            started: HashMap::new(),
+            queued: VecDeque::new(),
+        };
         loop {
             limits.check()?;
             match io.rx.recv_timeout(Duration::from_millis(100)) {
@@ -157,27 +186,56 @@ impl<'a> Io<'a> {
         }
     }
 
-    /// Starts `op` on `dev`: its tag.
-    fn submit(&mut self, dev: &Arc<dyn BlockDevice>, op: Op, buf: AlignedBuf) -> Result<u64, ComputeError> {
+    /// Starts `op` on `dev`, or queues it until the device and the command have room:
+    /// its tag.
+    pub(super) fn submit(&mut self, dev: &Arc<dyn BlockDevice>, op: Op, buf: AlignedBuf) -> Result<u64, ComputeError> {
         let tag = self.next_tag;
         self.next_tag += 1;
-        let tx = self.tx.as_ref().ok_or(ComputeError::Cancelled)?;
-        tx.send(Start { dev: dev.clone(), op, buf, tag })
-            .map_err(|_| ComputeError::Io("the offload engine's I/O task ended (the target stops)".into()))?;
-        self.outstanding += 1;
-        self.stats.reads_in_flight.fetch_add(1, Relaxed);
+        let k = key(dev);
+        self.slots.entry(k).or_insert_with(|| (0, dev.geometry().queue_depth.max(1)));
+        self.queued.push_back((k, Start { dev: dev.clone(), op, buf, tag }));
+        self.pump()?;
         Ok(tag)
     }
 
+    /// Starts the queued operations whose device has room, in order, while the command
+    /// has room.
+    fn pump(&mut self) -> Result<(), ComputeError> {
+        let mut i = 0;
+        while i < self.queued.len() && self.outstanding < limits::COMPUTE_OPS_IN_FLIGHT_MAX {
+            let k = self.queued[i].0;
+            let room = self.slots.get(&k).is_some_and(|&(busy, max)| busy < max);
+            if !room {
+                i += 1;
+                continue;
+            }
+            let Some((_, s)) = self.queued.remove(i) else { break };
+            let read = matches!(s.op, Op::Read { .. });
+            let tag = s.tag;
+            let tx = self.tx.as_ref().ok_or(ComputeError::Cancelled)?;
+            tx.send(s).map_err(|_| ComputeError::Io("the offload engine's I/O task ended (the target stops)".into()))?;
+            if let Some(slot) = self.slots.get_mut(&k) {
+                slot.0 += 1;
+            }
+            self.started.insert(tag, (k, read));
+            self.outstanding += 1;
+            if read {
+                self.stats.reads_in_flight.fetch_add(1, Relaxed);
+            }
+        }
+        Ok(())
+    }
+
     /// The completion of `tag` if it arrives within `wait`.
-    fn take(&mut self, tag: u64, wait: Duration) -> Result<Option<Completion>, ComputeError> {
+    pub(super) fn take(&mut self, tag: u64, wait: Duration) -> Result<Option<Completion>, ComputeError> {
         if let Some(c) = self.arrived.remove(&tag) {
             return Ok(Some(c));
         }
         loop {
             match self.rx.recv_timeout(wait) {
                 Ok(Event::Done(c)) => {
-                    self.completed();
+                    self.completed(c.tag);
+                    self.pump()?;
                     if c.tag == tag {
                         return Ok(Some(c));
                     }
@@ -192,34 +250,43 @@ impl<'a> Io<'a> {
         }
     }
 
-    fn completed(&mut self) {
+    fn completed(&mut self, tag: u64) {
+        let Some((k, read)) = self.started.remove(&tag) else { return };
+        if let Some(slot) = self.slots.get_mut(&k) {
+            slot.0 -= 1;
+        }
         self.outstanding -= 1;
-        self.stats.reads_in_flight.fetch_sub(1, Relaxed);
+        if read {
+            self.stats.reads_in_flight.fetch_sub(1, Relaxed);
+        }
     }
 }
 
 impl Drop for Io<'_> {
-    /// Cancels every operation still running and waits for them (their buffers come back
-    /// and are dropped), at most [`limits::COMPUTE_READ_DRAIN_SECS`]; then lets the I/O
-    /// task end.
+    /// Drops the operations not started, cancels every one still running and waits for
+    /// them (their buffers come back and are dropped), at most
+    /// [`limits::COMPUTE_READ_DRAIN_SECS`]; then lets the I/O task end.
     fn drop(&mut self) {
+        self.queued.clear();
         self.tx = None;
         let until = std::time::Instant::now() + Duration::from_secs(limits::COMPUTE_READ_DRAIN_SECS);
         while self.outstanding > 0 {
             match self.rx.recv_deadline(until) {
-                Ok(Event::Done(_)) => self.completed(),
+                Ok(Event::Done(c)) => self.completed(c.tag),
                 Ok(Event::Opened(_)) => continue,
                 Err(e) => {
                     if e == RecvTimeoutError::Timeout {
                         // The I/O task keeps their buffers until they complete.
                         warn!(
-                            "offload engine: {} device reads did not complete within {} s of the command's end; it ends without them",
+                            "offload engine: {} device operations did not complete within {} s of the command's end; it ends without them",
                             self.outstanding,
                             limits::COMPUTE_READ_DRAIN_SECS
                         );
                     }
                     // Else the runtime is gone (the target stops): nothing will complete.
-                    self.stats.reads_in_flight.fetch_sub(self.outstanding as u64, Relaxed);
+                    let reads = self.started.values().filter(|(_, read)| *read).count();
+                    self.stats.reads_in_flight.fetch_sub(reads as u64, Relaxed);
+                    self.started.clear();
                     self.outstanding = 0;
                 }
             }
@@ -252,6 +319,15 @@ pub(super) struct Shared<'a> {
 }
 
 impl Shared<'_> {
+    /// Reads of a peer one input may have in flight: its read-ahead, within
+    /// `cluster.read_ahead_bytes` of chunks (at least one).
+    fn peer_reads_max(&self, chunk: usize, depth: usize) -> usize {
+        let by_bytes = self.peers.read_ahead_bytes() / chunk.max(1) as u64;
+        (depth as u64).min(by_bytes).max(1) as usize
+    }
+}
+
+impl Shared<'_> {
     fn peer_failed(&self, tag: u16, message: String) -> ComputeError {
         let mut f = self.peer_failure.borrow_mut();
         if f.is_none() {
@@ -272,8 +348,9 @@ pub(super) struct NsSource<'s, 'a> {
     depth: usize,
     chunk: usize,
     current: Option<AlignedBuf>,
-    /// A read of a peer is in flight (one at a time per input).
-    peer_reading: bool,
+    /// Reads of a peer in flight (their completions not yet taken), at most
+    /// [`Shared::peer_reads_max`].
+    peer_reads: usize,
     shared: &'s Shared<'a>,
     limits: &'s Limits<'s>,
     pub read: u64,
@@ -289,7 +366,7 @@ impl<'s, 'a> NsSource<'s, 'a> {
             depth: readahead + 1,
             chunk,
             current: None,
-            peer_reading: false,
+            peer_reads: 0,
             shared,
             limits,
             read: 0,
@@ -304,7 +381,7 @@ impl<'s, 'a> NsSource<'s, 'a> {
     fn fill(&mut self) -> Result<(), ComputeError> {
         while self.queue.len() + usize::from(self.current.is_some()) < self.depth {
             let Some(p) = self.pieces.front().copied() else { break };
-            if p.is_remote() && self.peer_reading {
+            if p.is_remote() && self.peer_reads >= self.shared.peer_reads_max(self.chunk, self.depth) {
                 break;
             }
             let mut buf = self.buffer();
@@ -391,7 +468,7 @@ impl<'s, 'a> NsSource<'s, 'a> {
         buf.set_len((take.div_ceil(block) * block) as usize);
         let t = self.shared.io.borrow_mut().submit(&dev, Op::Read { off }, buf)?;
         self.queue.push_back(Pending::Reading { tag: t, take: take as usize, peer: Some(tag), off });
-        self.peer_reading = true;
+        self.peer_reads += 1;
         Ok(take)
     }
 }
@@ -417,7 +494,7 @@ impl Source for NsSource<'_, '_> {
             self.queue.pop_front();
             let Completion { result, mut buf, .. } = c;
             if let Some(t) = peer {
-                self.peer_reading = false;
+                self.peer_reads -= 1;
                 if let Err(e) = result {
                     self.free.push(buf);
                     return Err(self.shared.peer_failed(t, format!("peer tag {t}: {e}")));

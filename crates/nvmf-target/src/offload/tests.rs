@@ -1,0 +1,183 @@
+//! The engine's reads counted at the device: how many of a command's operations a device
+//! holds at once, against what it declares and what read-ahead allows.
+
+use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};
+use std::sync::Arc;
+use std::time::Duration;
+
+use nearstore_compute::ComputeError;
+use nearstore_transport::AlignedBuf;
+use nearstore_wire::compute::{global, Descriptor, Extent, Object};
+
+use super::read::{Io, NsSource, Shared};
+use super::*;
+use crate::backend::MemoryBackend;
+use crate::dev::{BlockDevice, Channel, Completion, Geometry};
+
+/// A device that completes each read `delay` after it is submitted (other operations at
+/// once), on a task, and counts the operations it holds: now and the most at once.
+struct Slow {
+    data: Arc<parking_lot::Mutex<Vec<u8>>>,
+    depth: u32,
+    delay: Duration,
+    busy: Arc<AtomicUsize>,
+    most: Arc<AtomicUsize>,
+}
+
+impl Slow {
+    fn new(data: Vec<u8>, depth: u32, delay: Duration) -> Arc<Slow> {
+        Arc::new(Slow { data: Arc::new(parking_lot::Mutex::new(data)), depth, delay, busy: Arc::default(), most: Arc::default() })
+    }
+
+    fn bytes(&self, off: usize, len: usize) -> Vec<u8> {
+        self.data.lock()[off..off + len].to_vec()
+    }
+}
+
+impl BlockDevice for Slow {
+    fn describe(&self) -> String {
+        format!("slow device of queue depth {}", self.depth)
+    }
+
+    fn geometry(&self) -> Geometry {
+        Geometry { size: self.data.lock().len() as u64, block_size: 512, align: 4096, queue_depth: self.depth }
+    }
+
+    fn submit(&self, ch: &mut Channel, op: Op, mut buf: AlignedBuf, tag: u64) {
+        let n = self.busy.fetch_add(1, SeqCst) + 1;
+        self.most.fetch_max(n, SeqCst);
+        let len = buf.len();
+        match op {
+            Op::Read { off } => buf.copy_from_slice(&self.data.lock()[off as usize..off as usize + len]),
+            Op::Write { off, .. } => self.data.lock()[off as usize..off as usize + len].copy_from_slice(&buf),
+            _ => {}
+        }
+        ch.started_elsewhere();
+        let delay = if matches!(op, Op::Read { .. }) { self.delay } else { Duration::ZERO };
+        let (tx, busy) = (ch.sender(), self.busy.clone());
+        tokio::spawn(async move {
+            tokio::time::sleep(delay).await;
+            busy.fetch_sub(1, SeqCst);
+            let _ = tx.send(Completion { tag, result: Ok(()), buf });
+        });
+    }
+}
+
+fn bytes(len: usize) -> Vec<u8> {
+    (0..len).map(|i| (i * 131 % 251) as u8).collect()
+}
+
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap()
+}
+
+fn io_context(rt: &tokio::runtime::Runtime) -> IoContext {
+    IoContext { rt: rt.handle().clone(), engine: IoEngine::Uring, pool: IoPool::new(1) }
+}
+
+/// A merge of 63 inputs of 24 chunks each at read-ahead 16: the inputs run out of a chunk
+/// together, so reads of all of them are wanted at once (1,008 at the start before the
+/// merge waits). The device never holds more than it declares, nor more than the command's
+/// limit, and reaches that; the output is the merge.
+#[test]
+fn a_device_holds_no_more_of_a_command_than_its_queue_depth() {
+    const INPUTS: usize = 63;
+    const CHUNK: usize = 16 << 10;
+    const LEN: usize = 24 * CHUNK;
+    let rt = runtime();
+    let io = io_context(&rt);
+    // Every input the same sorted lines; the output after them.
+    let lines: Vec<u8> = (0..LEN / 8).flat_map(|k| format!("{k:07}\n").into_bytes()).collect();
+    let mut data = lines.repeat(INPUTS);
+    data.resize(2 * INPUTS * LEN, 0);
+    let want: Vec<u8> = lines.chunks(8).flat_map(|l| l.repeat(INPUTS)).collect();
+    let cfg = ComputeConfig { chunk: ByteSize(CHUNK as u64), readahead: 16, ..ComputeConfig::default() };
+    let inputs: Vec<Object> =
+        (0..INPUTS).map(|i| Object { len: LEN as u64, extents: vec![Extent::data((i * LEN) as u64, LEN as u64)] }).collect();
+    let out = Object { len: (INPUTS * LEN) as u64, extents: vec![Extent::data((INPUTS * LEN) as u64, (INPUTS * LEN) as u64)] };
+    let d = Descriptor { op: nearstore_compute::by_name("merge").unwrap().id, args: vec![], inputs, outputs: vec![out] }.encode();
+    // (declared queue depth, the least and the most operations the device must reach and
+    // may hold at once)
+    let cases = [(4u32, 4..=4), (48, 48..=48), (1000, 49..=limits::COMPUTE_OPS_IN_FLIGHT_MAX)];
+    for (depth, most) in cases {
+        let slow = Slow::new(data.clone(), depth, Duration::from_millis(2));
+        let mut ns = Namespace::new("nqn.2026-11.io.nearstore:t", 1, Arc::new(MemoryBackend::new(data.len() as u64)), 512);
+        ns.dev = slow.clone();
+        let got = execute_here(&ns, &d, &cfg, &io).unwrap_or_else(|f| panic!("depth {depth}: {}", f.message));
+        let got: Vec<Outcome> = serde_json::from_slice(&got).unwrap();
+        let n = (INPUTS * LEN) as u64;
+        assert!(matches!(got[..], [Outcome::Merged { input, output, .. }] if input == n && output == n), "depth {depth}: {got:?}");
+        assert!(slow.bytes(INPUTS * LEN, INPUTS * LEN) == want, "depth {depth}: the output is not the merge");
+        let held = slow.most.load(SeqCst);
+        assert!(most.contains(&held), "depth {depth}: the device held {held} operations at once, want {most:?}");
+        assert_eq!(slow.busy.load(SeqCst), 0, "depth {depth}: operations left on the device");
+    }
+}
+
+/// A command stopped by its deadline in the middle of its reads ends only once the device
+/// has completed every one of them: counted at the device, not by the engine.
+#[test]
+fn a_command_stopped_mid_read_ends_after_the_device_completed_its_reads() {
+    const CHUNK: u64 = 64 << 10;
+    let rt = runtime();
+    let io = io_context(&rt);
+    let data = bytes((64 * CHUNK) as usize);
+    let cfg = ComputeConfig { chunk: ByteSize(CHUNK), readahead: 4, timeout_secs: 1, ..ComputeConfig::default() };
+    let inputs: Vec<Object> = (0..4).map(|i| Object { len: 16 * CHUNK, extents: vec![Extent::data(i * 16 * CHUNK, 16 * CHUNK)] }).collect();
+    let d = Descriptor { op: nearstore_compute::by_name("crc32c").unwrap().id, args: vec![], inputs, outputs: vec![] }.encode();
+    // Every read takes 300 ms: the deadline comes with reads on the device.
+    let slow = Slow::new(data.clone(), 256, Duration::from_millis(300));
+    let mut ns = Namespace::new("nqn.2026-11.io.nearstore:t", 1, Arc::new(MemoryBackend::new(data.len() as u64)), 512);
+    ns.dev = slow.clone();
+    let stats = ComputeStats::default();
+    let peers = Arc::new(Peers::new(&ClusterConfig::default()));
+    let (desc, op) = validate(&ns, &d, &cfg, &peers).unwrap();
+    let r = run(&ns, op, &desc, &CancellationToken::new(), None, &cfg, &stats, (&peers, "", &io));
+    assert_eq!(r.unwrap_err().status, cs::TIMEOUT);
+    assert!(slow.most.load(SeqCst) > 0, "no read reached the device");
+    assert_eq!(slow.busy.load(SeqCst), 0, "the command ended with reads on the device");
+    assert_eq!(stats.reads_in_flight.load(Relaxed), 0);
+}
+
+/// An input on a peer is read ahead like a local one: up to the read-ahead depth at once,
+/// within `cluster.read_ahead_bytes` of chunks and the peer's declared depth, counted at
+/// the (delayed) peer device. Reading one chunk at a time took one delay per chunk.
+#[test]
+fn a_peer_input_is_read_ahead_within_read_ahead_bytes() {
+    const CHUNK: usize = 64 << 10;
+    const CHUNKS: usize = 12;
+    let rt = runtime();
+    let io = io_context(&rt);
+    let data = bytes(CHUNKS * CHUNK);
+    // (compute.readahead, cluster.read_ahead_bytes, the peer's queue depth, the most reads
+    // of the input the peer holds at once)
+    let cases = [(2usize, 4u64 << 20, 8u32, 3usize), (2, 128 << 10, 8, 2), (8, 4 << 20, 2, 2), (0, 4 << 20, 8, 1), (6, 4 << 20, 8, 7)];
+    for (readahead, ahead, depth, most) in cases {
+        let what = format!("readahead {readahead}, read_ahead_bytes {ahead}, peer depth {depth}");
+        let peer = Slow::new(data.clone(), depth, Duration::from_millis(20));
+        let cluster = ClusterConfig { read_ahead_bytes: ByteSize(ahead), ..ClusterConfig::default() };
+        let peers = Arc::new(Peers::new(&cluster));
+        let stats = ComputeStats::default();
+        let cancel = CancellationToken::new();
+        let limits = Limits { deadline: Instant::now() + Duration::from_secs(60), timeout_secs: 60, cancel: &cancel, turn: None };
+        let (reads, _) = Io::start(&io, &peers, vec![], "", &stats, &limits).unwrap_or_else(|f| panic!("{what}: {}", f.message));
+        let shared = Shared {
+            io: std::cell::RefCell::new(reads),
+            local: Arc::new(crate::dev::local::Local::new(Arc::new(MemoryBackend::new(1 << 20)))),
+            block: 512,
+            remotes: [(2u16, peer.clone() as Arc<dyn BlockDevice>)].into_iter().collect(),
+            peers: &peers,
+            peer_failure: std::cell::RefCell::new(None),
+        };
+        let obj = Object { len: data.len() as u64, extents: vec![Extent::data(global::address(2, 0), data.len() as u64)] };
+        let mut src = NsSource::new(&obj, CHUNK, readahead, &shared, &limits);
+        let mut got = Vec::new();
+        while let Some(c) = src.next_chunk().unwrap_or_else(|e: ComputeError| panic!("{what}: {e}")) {
+            got.extend_from_slice(c);
+        }
+        drop(src);
+        assert!(got == data, "{what}: the bytes read differ");
+        assert_eq!(peer.most.load(SeqCst), most, "{what}: the most reads of the peer at once");
+        assert_eq!(peer.busy.load(SeqCst), 0, "{what}");
+    }
+}
