@@ -335,16 +335,16 @@ fn exec_sqe(nsid: u32) -> Sqe {
     s
 }
 
-/// A target with small compute limits: results expire after 1 s, commands time out after
-/// 1 s, 8 MiB per command.
-async fn start_small() -> (Arc<Target>, Controller) {
-    let (target, addr) = start_small_at().await;
+/// A target with small compute limits: results expire after `result_ttl_secs`, commands
+/// time out after 1 s, 8 MiB per command.
+async fn start_small(result_ttl_secs: u64) -> (Arc<Target>, Controller) {
+    let (target, addr) = start_small_at(result_ttl_secs).await;
     let c = Controller::connect(nearstore_initiator::ConnectOptions::new(addr, common::NQN)).await.unwrap();
     (target, c)
 }
 
 /// [`start_small`] without a controller: the target and its address.
-async fn start_small_at() -> (Arc<Target>, std::net::SocketAddr) {
+async fn start_small_at(result_ttl_secs: u64) -> (Arc<Target>, std::net::SocketAddr) {
     common::init_logs();
     let cfg = Config::from_toml(&format!(
         r#"
@@ -353,7 +353,7 @@ async fn start_small_at() -> (Arc<Target>, std::net::SocketAddr) {
         [compute]
         threads = 2
         timeout_secs = 1
-        result_ttl_secs = 1
+        result_ttl_secs = {result_ttl_secs}
         memory_per_command = "8MiB"
         [[subsystem]]
         nqn = "{}"
@@ -370,9 +370,13 @@ async fn start_small_at() -> (Arc<Target>, std::net::SocketAddr) {
     (target, addr)
 }
 
+/// The results are held for 5 s: everything up to the partial fetch (128 EXECs, each on a
+/// thread of its own, and the fetches) must come before the first result expires, which
+/// under load took more than 1 s.
 #[tokio::test]
 async fn results_are_held_within_limits_and_expire() {
-    let (_t, c) = start_small().await;
+    let ttl = Duration::from_secs(5);
+    let (_t, c) = start_small(ttl.as_secs()).await;
     let mut q = c.io_queue(1).await.unwrap();
     let d = crc_of(Object { len: 512, extents: vec![Extent::data(0, 512)] }).encode();
     // Fill the controller's result slots without fetching.
@@ -408,7 +412,7 @@ async fn results_are_held_within_limits_and_expire() {
     // Unknown handles.
     assert!(matches!(q.release(0xdead_beef).await, Err(Error::Status { status, .. }) if status == cs::HANDLE_INVALID));
     // After the TTL every held result is gone, and the slots are free again.
-    tokio::time::sleep(Duration::from_millis(1300)).await;
+    tokio::time::sleep(ttl + Duration::from_millis(300)).await;
     let mut f = Sqe::new(cop::FETCH, 0);
     f.set_cdw(10, handles[1]);
     assert_eq!(submit(&mut q, f, Data::In(512)).await.status, cs::HANDLE_INVALID);
@@ -422,7 +426,7 @@ async fn results_are_held_within_limits_and_expire() {
 /// whose dw0 and dw1 are zero, so such a reply must still come with its CapsuleResp.
 #[tokio::test]
 async fn fetch_counts_survive_sq_flow_control_disabled() {
-    let (_t, addr) = start_small_at().await;
+    let (_t, addr) = start_small_at(1).await;
     for disable_sqflow in [false, true] {
         let mut o = nearstore_initiator::ConnectOptions::new(addr, common::NQN);
         o.disable_sqflow = disable_sqflow;
@@ -445,7 +449,7 @@ async fn fetch_counts_survive_sq_flow_control_disabled() {
 
 #[tokio::test]
 async fn absurd_objects_time_out_and_memory_is_bounded() {
-    let (_t, c) = start_small().await;
+    let (_t, c) = start_small(1).await;
     let mut q = c.io_queue(1).await.unwrap();
     // A terabyte of zeros: valid, but it cannot finish in the 1 s timeout.
     let d = crc_of(Object { len: 1 << 40, extents: vec![Extent::zeros(1 << 40)] });
