@@ -26,9 +26,8 @@ struct Fuzz {
     _admin: Controller,
 }
 
-fn fuzz_env() -> &'static Fuzz {
-    static F: OnceLock<Fuzz> = OnceLock::new();
-    F.get_or_init(|| {
+impl Fuzz {
+    fn new() -> Fuzz {
         let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
         let (env, admin) = rt.block_on(async {
             let env = common::start().await;
@@ -36,7 +35,13 @@ fn fuzz_env() -> &'static Fuzz {
             (env, admin)
         });
         Fuzz { rt, cntlid: admin.cntlid, env, _admin: admin }
-    })
+    }
+}
+
+/// The target the proptest's cases share.
+fn fuzz_env() -> &'static Fuzz {
+    static F: OnceLock<Fuzz> = OnceLock::new();
+    F.get_or_init(Fuzz::new)
 }
 
 fn connect_capsule(qid: u16, cntlid: u16) -> Vec<u8> {
@@ -145,9 +150,11 @@ proptest! {
     }
 }
 
+/// On a target of its own: `live_fuzz` runs beside it and keeps connecting to the shared
+/// one, so counts there would include its cases.
 #[test]
 fn live_fuzz_leaves_target_serving_and_leak_free() {
-    let f = fuzz_env();
+    let f = &Fuzz::new();
     f.rt.block_on(async {
         for seed in 0..40u64 {
             let mut rng = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
@@ -176,7 +183,7 @@ fn live_fuzz_leaves_target_serving_and_leak_free() {
         drop(q);
         c.shutdown().await.unwrap();
     });
-    // Every fuzz connection has gone: only the admin queue held by `fuzz_env` remains.
+    // Every fuzz connection has gone: only the admin queue held by `Fuzz` remains.
     wait_until(|| f.env.target.stats.connections.load(std::sync::atomic::Ordering::Relaxed) == 1);
     let sub = f.env.target.subsystem(common::NQN).unwrap();
     assert_eq!(sub.controller_count(), 1, "controllers left behind by fuzz connections");
@@ -212,7 +219,14 @@ async fn memory_per_connection_stays_under_the_formula_and_is_released() {
             q.submit(Sqe::rw(io::READ, nsid, i * per as u64, per, false), Data::In(128 * 1024), i).unwrap();
         }
         q.flush().await.unwrap();
-        tokio::time::sleep(Duration::from_millis(400)).await;
+        // The host reads nothing until the send buffer has reached the back-pressure
+        // threshold, so the gauge does measure: the responses to 16 MiB of reads cannot
+        // all fit the socket.
+        let t0 = std::time::Instant::now();
+        while stats.connection_buffer_bytes_max.load(std::sync::atomic::Ordering::Relaxed) < limits::TX_PENDING_BYTES_MAX as u64 {
+            assert!(t0.elapsed() < Duration::from_secs(10), "nsid {nsid}: the send buffer never reached the threshold");
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
         let mut done = 0;
         while done < 128 {
             done += q
@@ -226,9 +240,6 @@ async fn memory_per_connection_stays_under_the_formula_and_is_released() {
         let peak = stats.connection_buffer_bytes_max.load(std::sync::atomic::Ordering::Relaxed) as usize;
         let bound = limits::connection_memory_max(129);
         assert!(peak <= bound, "nsid {nsid}: peak {peak} over the bound {bound}");
-        // The gauge does measure: the responses to 16 MiB of reads cannot all have fit
-        // the socket, so the send buffer must have reached the back-pressure threshold.
-        assert!(peak >= limits::TX_PENDING_BYTES_MAX, "nsid {nsid}: peak {peak} implausibly small");
         drop(io);
         c.shutdown().await.unwrap();
     }
