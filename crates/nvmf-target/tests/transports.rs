@@ -448,7 +448,8 @@ async fn a_closed_or_orphaned_loopback_queue_takes_no_commands() {
     for loss in [Loss::Disconnect, Loss::AdminClosed, Loss::KeepAlive] {
         let mut opts = ConnectOptions::new(addr, common::NQN);
         opts.hostnqn = common::GOOD_HOST.into();
-        opts.kato_ms = 200;
+        // Loopback queues send no keep-alives: a short KATO only where it is the loss.
+        opts.kato_ms = if matches!(loss, Loss::KeepAlive) { 200 } else { 30_000 };
         let (mut adm, mut ioq) = connect_loopback(&target, &opts).await;
         let read = Sqe::rw(io::READ, 1, 0, 1, false);
         assert!(go(&mut ioq, read, loopback::Data::In(512)).await.cqe.status.is_success(), "{loss:?}: a read before");
@@ -463,7 +464,14 @@ async fn a_closed_or_orphaned_loopback_queue_takes_no_commands() {
             }
             Loss::AdminClosed => drop(adm),
             Loss::KeepAlive => {
-                tokio::time::sleep(Duration::from_millis(200 * 4)).await;
+                // Watched without a command, which would count as one from the host: expired
+                // and removed (its queues are cancelled as it leaves the subsystem's list).
+                let sub = target.subsystem(common::NQN).unwrap();
+                let t0 = std::time::Instant::now();
+                while target.stats.controllers_expired.load(std::sync::atomic::Ordering::Relaxed) == 0 || sub.controller_count() != 0 {
+                    assert!(t0.elapsed() < T, "the controller outlived KATO by {T:?}");
+                    tokio::time::sleep(Duration::from_millis(10)).await;
+                }
                 let r = tokio::time::timeout(T, adm.run(Sqe::new(admin::KEEP_ALIVE, 0), loopback::Data::None)).await.unwrap();
                 assert!(matches!(r, Err(loopback::Error::Closed)), "the admin queue after keep-alive expiry: {r:?}");
             }
