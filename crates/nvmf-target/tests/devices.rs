@@ -3,12 +3,19 @@
 
 mod common;
 
+use std::sync::atomic::AtomicU64;
 use std::sync::atomic::Ordering::Relaxed;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use nearstore_initiator::{ConnectOptions, Controller, Data};
+use nearstore_target::backend::FileBackend;
 use nearstore_target::config::Config;
+use nearstore_target::dev::delay::Delay;
+use nearstore_target::dev::{BlockDevice, Channel, Geometry, Op};
+use nearstore_target::subsystem::Namespace;
 use nearstore_target::Target;
+use nearstore_transport::AlignedBuf;
 use nearstore_wire::log::ErrorEntry;
 use nearstore_wire::opcode::{io, lid};
 use nearstore_wire::{Sqe, Status};
@@ -17,13 +24,8 @@ const NQN: &str = "nqn.2026-11.io.nearstore:devices";
 const BLOCK: u64 = 4096;
 
 /// A target whose namespaces fail every operation touching LBAs [16, 32): memory (1), a
-/// file (2), and a file under a delay (3).
-async fn start(engine: &str, dir: &tempfile::TempDir) -> (std::sync::Arc<Target>, Controller) {
-    start_with(engine, dir, 500).await
-}
-
-/// As [`start`], namespace 3 delayed by `delay_us`.
-async fn start_with(engine: &str, dir: &tempfile::TempDir, delay_us: u64) -> (std::sync::Arc<Target>, Controller) {
+/// file (2), and a file under a delay of 500 us (3).
+async fn start(engine: &str, dir: &tempfile::TempDir) -> (Arc<Target>, Controller) {
     common::init_logs();
     let inject = "[subsystem.namespace.inject]\nlbas = [16, 32]";
     let cfg = format!(
@@ -50,7 +52,7 @@ async fn start_with(engine: &str, dir: &tempfile::TempDir, delay_us: u64) -> (st
         path = "{d}/b.img"
         size = "4MiB"
         block_size = {BLOCK}
-        delay_us = {delay_us}
+        delay_us = 500
         {inject}
         "#,
         d = dir.path().display()
@@ -109,21 +111,51 @@ async fn a_failed_read_or_write_reaches_the_host_and_the_error_log() {
     }
 }
 
+/// A device that counts the operations submitted to it, then passes them on.
+struct Counted {
+    base: Arc<dyn BlockDevice>,
+    submitted: AtomicU64,
+}
+
+impl BlockDevice for Counted {
+    fn describe(&self) -> String {
+        format!("{} (counted)", self.base.describe())
+    }
+    fn geometry(&self) -> Geometry {
+        self.base.geometry()
+    }
+    fn submit(&self, ch: &mut Channel, op: Op, buf: AlignedBuf, tag: u64) {
+        self.submitted.fetch_add(1, Relaxed);
+        self.base.submit(ch, op, buf, tag);
+    }
+}
+
 /// A queue that closes while its commands are on a device counts them as unfinished, and
-/// loses none (nothing dropped without completion).
+/// loses none (nothing dropped without completion). The reads go to a file namespace
+/// delayed by 2 s, under a device that tells when all four are on it.
 #[tokio::test]
 async fn a_queue_closed_with_commands_outstanding_counts_them() {
     for engine in ["uring", "threads"] {
         let dir = tempfile::tempdir().unwrap();
-        let (target, c) = start_with(engine, &dir, 2_000_000).await;
+        let (target, c) = start(engine, &dir).await;
+        let file = FileBackend::open(&dir.path().join("c.img"), Some(4 << 20)).unwrap();
+        let mut ns = Namespace::new(NQN, 4, Arc::new(file), BLOCK as u32);
+        let counted =
+            Arc::new(Counted { base: Arc::new(Delay::new(ns.dev.clone(), Duration::from_secs(2))), submitted: AtomicU64::new(0) });
+        ns.dev = counted.clone();
+        target.subsystem(NQN).unwrap().add_namespace(ns).unwrap();
         let mut ioq = c.io_queue(1).await.unwrap();
         let q = ioq.queue();
         for i in 0..4 {
-            q.submit(Sqe::rw(io::READ, 3, 64 + i, 1, false), Data::In(BLOCK as usize), 0).unwrap();
+            q.submit(Sqe::rw(io::READ, 4, 64 + i, 1, false), Data::In(BLOCK as usize), 0).unwrap();
         }
         q.flush().await.unwrap();
-        // Let the reads reach the device, then close both queues.
-        tokio::time::sleep(Duration::from_millis(200)).await;
+        // Once the reads are on the device, close both queues.
+        let t = Instant::now();
+        while counted.submitted.load(Relaxed) < 4 {
+            assert!(t.elapsed() < Duration::from_secs(10), "{engine}: the reads never reached the device");
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
         drop(ioq);
         drop(c);
         let s = &target.stats;
