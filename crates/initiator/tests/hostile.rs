@@ -78,15 +78,14 @@ async fn read_pdu<S: AsyncReadExt + Unpin>(s: &mut S) -> Option<Vec<u8>> {
     Some(b)
 }
 
-/// The fake target of one queue: takes ICReq, sends `ic`, takes the command (an
-/// initiator still waiting for the rest of a cut ICResp sends none: a second later the
-/// fake goes on), sends `reply`, closes its sending side, and drains what the initiator
-/// still sends.
+/// The fake target of one queue: takes ICReq, sends `ic`, takes the command (only after
+/// a whole ICResp: an initiator still waiting for the rest of a cut one sends none), sends
+/// `reply`, closes its sending side, and drains what the initiator still sends.
 async fn fake_queue(mut s: UnixStream, ic: Vec<u8>, reply: Vec<u8>) {
     if read_pdu(&mut s).await.is_none() || s.write_all(&ic).await.is_err() {
         return;
     }
-    if let Ok(None) = tokio::time::timeout(Duration::from_secs(1), read_pdu(&mut s)).await {
+    if ic.len() >= pdu::IC_LEN && read_pdu(&mut s).await.is_none() {
         return;
     }
     let _ = s.write_all(&reply).await;
@@ -457,7 +456,9 @@ async fn drive(script: Script, action: Action) -> Result<String, Error> {
     let (secret, ctrl_secret) = (script.secret, script.ctrl_secret);
     let addr = fake_controller(script).await;
     let mut o = ConnectOptions::new(addr, "nqn.2026-11.io.nearstore:fake");
-    o.timeout = Duration::from_secs(1);
+    // Well within BOUND, and long enough for any exchange with the fake under load; a
+    // controller never ready is waited for this long.
+    o.timeout = Duration::from_secs(5);
     o.send_keep_alive = false;
     o.dhchap_secret = secret.map(|k| k.parse().unwrap());
     o.dhchap_ctrl_secret = ctrl_secret.map(|k| k.parse().unwrap());
@@ -475,7 +476,7 @@ async fn drive(script: Script, action: Action) -> Result<String, Error> {
             }
             Action::Discovery => format!("{:?}", c.discovery_log().await?.1.len()),
             Action::IdentifyNamespace => format!("{}", c.identify_namespace(1).await?.block_size()),
-            Action::Compute => format!("{}", c.io_queue(1).await?.compute(1, &[0; 64], Duration::from_secs(1)).await?.len()),
+            Action::Compute => format!("{}", c.io_queue(1).await?.compute(1, &[0; 64], Duration::from_secs(5)).await?.len()),
         })
     })
     .await
