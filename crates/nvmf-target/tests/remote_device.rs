@@ -29,8 +29,11 @@ const MEMBER: &str = "nqn.2026-11.io.nearstore:member-a";
 const HOST: &str = "nqn.2026-11.io.nearstore:host";
 const STRANGER: &str = "nqn.2026-11.io.nearstore:stranger";
 const SIZE: u64 = 8 << 20;
-const DELAY: Duration = Duration::from_secs(2);
-const T: Duration = Duration::from_secs(5);
+/// How long namespace 2 of the peer holds every operation: long enough that an operation
+/// cancelled under load is still told from one the peer answered.
+const DELAY: Duration = Duration::from_secs(5);
+/// The device timeout, longer than DELAY.
+const T: Duration = Duration::from_secs(10);
 
 struct Peer {
     _b: Arc<Target>,
@@ -228,7 +231,8 @@ async fn errors_from_the_peer_reach_the_completion() {
 #[tokio::test]
 async fn a_peer_that_dies_or_stalls_fails_the_operation_only() {
     let p = peer().await;
-    let timeout = Duration::from_secs(1);
+    // What a stall takes to fail; the same device then reads 1 MiB through the proxy in it.
+    let timeout = Duration::from_secs(3);
     let dev = Remote::open(config(p.proxied, 1, MEMBER, HOST, timeout), Arc::new(Pool::new(2))).await.unwrap();
     let direct = open(p.addr, 1).await;
     // (what, the fault, error kind)
