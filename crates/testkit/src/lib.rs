@@ -11,9 +11,36 @@ use std::process::Command;
 /// Runs `cmd` and returns its trimmed standard output; panics naming the command when it
 /// is missing or fails.
 pub fn run(cmd: &str, args: &[&str]) -> String {
+    try_run(cmd, args).unwrap_or_else(|e| panic!("{e}"))
+}
+
+/// As [`run`], but a failing command is an error that names it; only a missing command
+/// panics.
+fn try_run(cmd: &str, args: &[&str]) -> Result<String, String> {
     let out = Command::new(cmd).args(args).output().unwrap_or_else(|e| panic!("cannot run {cmd} (needed by this test): {e}"));
-    assert!(out.status.success(), "{cmd} {args:?} failed: {}", String::from_utf8_lossy(&out.stderr));
-    String::from_utf8_lossy(&out.stdout).trim().to_string()
+    if !out.status.success() {
+        return Err(format!("{cmd} {args:?} failed: {}", String::from_utf8_lossy(&out.stderr)));
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).trim().to_string())
+}
+
+/// How often a loop device or mount step is tried: tests (and other processes) set up
+/// loop devices at once, and an older losetup reports a device another one took between
+/// its search and its claim as busy instead of trying the next.
+const LOOP_ATTEMPTS: u32 = 3;
+
+/// Runs `cmd` up to `attempts` times, 100 ms apart, until it succeeds: its output, or the
+/// last failure.
+fn run_retried(cmd: &str, args: &[&str], attempts: u32) -> Result<String, String> {
+    let mut last = try_run(cmd, args);
+    for _ in 1..attempts {
+        if last.is_ok() {
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(100));
+        last = try_run(cmd, args);
+    }
+    last
 }
 
 /// An ext4 image on a loop device, mounted; unmounted and detached when dropped, even after
@@ -35,11 +62,14 @@ impl Fs {
         let image = dir.path().join("disk.img");
         File::create(&image).unwrap().set_len(size_mib << 20).unwrap();
         run("mkfs.ext4", &["-F", "-q", "-b", "4096", image.to_str().unwrap()]);
-        let dev = run("losetup", &["-f", "--show", image.to_str().unwrap()]);
         let mnt = dir.path().join("mnt");
         std::fs::create_dir(&mnt).unwrap();
+        // One set-up at a time in this process; other processes' are retried.
+        static SETUP: std::sync::Mutex<()> = std::sync::Mutex::new(());
+        let _one = SETUP.lock().unwrap_or_else(|e| e.into_inner());
+        let dev = run_retried("losetup", &["-f", "--show", image.to_str().unwrap()], LOOP_ATTEMPTS).unwrap_or_else(|e| panic!("{e}"));
         let fs = Fs { dir, image, dev, mnt };
-        run("mount", &[&fs.dev, fs.mnt.to_str().unwrap()]);
+        run_retried("mount", &[&fs.dev, fs.mnt.to_str().unwrap()], LOOP_ATTEMPTS).unwrap_or_else(|e| panic!("{e}"));
         fs
     }
 
@@ -54,9 +84,13 @@ impl Fs {
 }
 
 impl Drop for Fs {
+    /// A file system still busy (a process or a leaked descriptor has a file open) is
+    /// detached lazily, so that its mount point's directory is not removed under it.
     fn drop(&mut self) {
-        let _ = Command::new("umount").arg(&self.mnt).status();
-        let _ = Command::new("losetup").args(["-d", &self.dev]).status();
+        if try_run("umount", &[self.mnt.to_str().unwrap()]).is_err() {
+            let _ = try_run("umount", &["-l", self.mnt.to_str().unwrap()]);
+        }
+        let _ = try_run("losetup", &["-d", &self.dev]);
     }
 }
 
@@ -87,6 +121,39 @@ pub fn without_help(mut cmd: clap::Command, name: &str) -> Vec<String> {
 #[cfg(test)]
 mod tests {
     use clap::{Arg, Command};
+
+    /// A command that fails until its `n`th run is retried until then, or fails with the
+    /// last failure when the attempts end first.
+    #[test]
+    fn a_failing_step_is_retried() {
+        // (fails before run n, attempts, succeeds)
+        let cases = [(1, 1, true), (3, 3, true), (3, 2, false), (4, 3, false)];
+        for (n, attempts, ok) in cases {
+            let dir = tempfile::tempdir().unwrap();
+            let runs = dir.path().join("runs");
+            let script = format!("echo >> {0}; test $(wc -l < {0}) -ge {n}", runs.display());
+            let r = super::run_retried("sh", &["-c", &script], attempts);
+            let ran = std::fs::read_to_string(&runs).unwrap().lines().count() as u32;
+            assert_eq!(r.is_ok(), ok, "succeeding on run {n}, {attempts} attempts: {r:?}");
+            assert_eq!(ran, n.min(attempts), "succeeding on run {n}, {attempts} attempts");
+            if let Err(e) = r {
+                assert!(e.starts_with("sh [") && e.contains("failed"), "{e}");
+            }
+        }
+    }
+
+    /// A file system still in use when dropped is detached lazily. Before, `umount` failed
+    /// (busy), the mount stayed, and the temporary directory was removed under it.
+    #[test]
+    fn a_busy_file_system_is_detached_when_dropped() {
+        let fs = super::Fs::new(16);
+        let mnt = fs.mnt.to_str().unwrap().to_string();
+        let held = std::fs::File::create(fs.mnt.join("held")).unwrap();
+        drop(fs);
+        let mounts = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
+        assert!(!mounts.split_whitespace().any(|f| f == mnt), "{mnt} is still mounted");
+        drop(held);
+    }
 
     #[test]
     fn verbs_and_arguments_without_help_are_named() {
