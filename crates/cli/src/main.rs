@@ -262,6 +262,13 @@ enum Cmd {
         /// Host NQN (default: /etc/nvme/hostnqn or one derived from the machine id).
         #[arg(long)]
         hostnqn: Option<String>,
+        /// The host's DH-HMAC-CHAP secret, used when the discovery controller asks this host
+        /// to authenticate.
+        #[arg(long, value_parser = dhchap_secret)]
+        dhchap_secret: Option<nearstore_dhchap::Secret>,
+        /// The discovery controller's DH-HMAC-CHAP secret: it must prove it holds it.
+        #[arg(long, value_parser = dhchap_secret, requires = "dhchap_secret")]
+        dhchap_ctrl_secret: Option<nearstore_dhchap::Secret>,
         /// Output format: normal (nvme-cli's layout) or json.
         #[arg(short = 'o', long, value_enum, default_value = "normal")]
         output_format: Output,
@@ -551,8 +558,9 @@ fn run(cli: Cli) -> Result<()> {
         }
         Cmd::View(c) => runtime(Some(1))?.block_on(control::view(c)),
         Cmd::Volume { cmd } => runtime(Some(1))?.block_on(control::volume(cmd)),
-        Cmd::Discover { transport: _, traddr, trsvcid, hostnqn, output_format } => {
-            runtime(Some(1))?.block_on(tools::discover(address(&traddr, trsvcid, 8009)?, hostnqn, output_format))
+        Cmd::Discover { transport: _, traddr, trsvcid, hostnqn, dhchap_secret, dhchap_ctrl_secret, output_format } => {
+            let secrets = (dhchap_secret, dhchap_ctrl_secret);
+            runtime(Some(1))?.block_on(tools::discover(address(&traddr, trsvcid, 8009)?, hostnqn, secrets, output_format))
         }
         Cmd::List { t, output_format } => runtime(Some(1))?.block_on(tools::list(&t, output_format)),
         Cmd::IdCtrl { t, output_format } => runtime(Some(1))?.block_on(tools::id_ctrl(&t, output_format)),

@@ -85,9 +85,14 @@ pub fn plain_connect_error(e: &nearstore_initiator::Error, subnqn: &str, hostnqn
     Some(Plain { said, detail: e.to_string() })
 }
 
-pub async fn discover(traddr: std::net::SocketAddr, hostnqn: Option<String>, out: Output) -> Result<()> {
+/// The host's DH-HMAC-CHAP secret and the controller's (`--dhchap-secret`,
+/// `--dhchap-ctrl-secret`).
+pub type Secrets = (Option<nearstore_dhchap::Secret>, Option<nearstore_dhchap::Secret>);
+
+pub async fn discover(traddr: std::net::SocketAddr, hostnqn: Option<String>, secrets: Secrets, out: Output) -> Result<()> {
     let mut o = ConnectOptions::new(traddr, nearstore_wire::DISCOVERY_NQN);
     o.kato_ms = 0;
+    (o.dhchap_secret, o.dhchap_ctrl_secret) = secrets;
     if let Some(h) = hostnqn {
         o.hostnqn = h;
     }

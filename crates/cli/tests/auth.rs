@@ -91,3 +91,16 @@ fn verbs_authenticate_with_their_secrets() {
     let usage = nearstore(&["list", "-a", &addr, "--dhchap-ctrl-secret", &ctrl_key]);
     assert_eq!(usage.status.code(), Some(2), "a controller secret needs the host's");
 }
+
+/// discover takes the secrets too: the discovery controller asks no host to authenticate,
+/// so a secret alone changes nothing, and a controller secret it cannot prove is refused.
+#[test]
+fn discover_takes_the_secrets() {
+    let t = Target::with_discovery(&["--memory", "16MiB"]);
+    let disc = t.discovery.expect("a discovery listener").to_string();
+    let k = key(&[]);
+    let out = ok(&["discover", "-a", &disc, "--dhchap-secret", &k]);
+    assert!(out.contains(NQN), "{out}");
+    let (_, err) = fails(&["discover", "-a", &disc, "--dhchap-secret", &k, "--dhchap-ctrl-secret", &key(&[])]);
+    assert!(err.contains("refused by the target: authentication failed"), "{err}");
+}
