@@ -419,6 +419,13 @@ pub const VOLUME_TRANSLATE_TIMEOUT_MS_MAX: u64 = 60_000;
 /// of it (nearstore-control's EXTENT_ALIGN_BYTES), and 4 KiB is what file systems use.
 pub const VOLUME_BLOCK_BYTES: u32 = 4096;
 
+/// Misses of one volume resolved at once, in extents (each a task and a control-plane
+/// request, then the pool device's open and, for a first write, its zeroing): 16 lets a
+/// host's queue of cold reads be translated together in one round trip instead of one
+/// after another, while a volume read cold at any queue depth keeps at most 16 requests on
+/// the control plane; more misses wait for a turn (within their own bounded wait).
+pub const VOLUME_MISSES_IN_FLIGHT_MAX: usize = 16;
+
 // How the limits bound one another. Each line fails the build when a change breaks it.
 
 // Queues: CAP.MQES is QUEUE_DEPTH_MAX - 1 (0's based, at least 1); an admin queue must take

@@ -16,8 +16,10 @@
 //! - A read of an unallocated extent returns zeros and allocates nothing; the first write
 //!   allocates it (the control plane's idempotent allocation), zeroes it (its pool space may
 //!   have held a deleted volume's extent), and only then is it cached and written.
-//! - Misses of one volume are resolved one at a time, so that no operation maps an extent
-//!   while its first write still zeroes it.
+//! - Misses of different extents are resolved concurrently, at most
+//!   `VOLUME_MISSES_IN_FLIGHT_MAX` per volume; concurrent misses of one extent wait for the
+//!   first ([`Flight`]) and share its answer, so that one extent is translated once and no
+//!   operation maps it while its first write still zeroes it.
 //! - When the control plane cannot answer in time, the operation fails with Namespace Not
 //!   Ready, which a host retries; cached extents keep serving.
 
@@ -160,6 +162,8 @@ pub struct VolumeStats {
     pub allocations: AtomicU64,
     /// Pieces of reads answered with zeros (unallocated extents).
     pub zero_reads: AtomicU64,
+    /// Extent lookups that waited for another's miss of the same extent and took its answer.
+    pub coalesced: AtomicU64,
 }
 
 /// How a volume is set up.
@@ -180,8 +184,10 @@ struct Inner {
     resolver: Arc<dyn Resolver>,
     devices: Arc<dyn Devices>,
     cache: Mutex<Clock<Mapped>>,
-    /// Held while a miss is resolved (and a new extent zeroed).
-    misses: tokio::sync::Mutex<()>,
+    /// The misses being resolved, by extent.
+    flights: Mutex<HashMap<u64, Arc<Flight>>>,
+    /// Turns to resolve a miss: `VOLUME_MISSES_IN_FLIGHT_MAX`.
+    turns: tokio::sync::Semaphore,
     /// Every pool device this volume reached: what a flush flushes.
     touched: Mutex<Vec<Arc<dyn BlockDevice>>>,
     pool: IoPool,
@@ -201,7 +207,8 @@ impl Volume {
                 resolver,
                 devices,
                 cache,
-                misses: tokio::sync::Mutex::new(()),
+                flights: Mutex::new(HashMap::new()),
+                turns: tokio::sync::Semaphore::new(crate::limits::VOLUME_MISSES_IN_FLIGHT_MAX),
                 touched: Mutex::new(Vec::new()),
                 pool,
                 stats: VolumeStats::default(),
@@ -318,6 +325,41 @@ fn unresolved(e: ResolveError) -> io::Error {
     status_error(e.status, e.message)
 }
 
+/// One extent's miss: whoever holds `answer` first resolves it; those waiting behind take
+/// what it found (an answer of "unallocated" does not serve a write, which allocates).
+#[derive(Default)]
+struct Flight {
+    answer: tokio::sync::Mutex<Option<Result<Option<Mapped>, io::Error>>>,
+}
+
+/// The same error again, for another waiter of a shared miss (its status kept).
+fn again(e: &io::Error) -> io::Error {
+    match super::error_status(e) {
+        Some(status) => status_error(status, e.to_string()),
+        None => io::Error::new(e.kind(), e.to_string()),
+    }
+}
+
+/// A waiter of a flight: the last to leave (done or dropped) takes the flight off its
+/// volume's map, so that a later miss of the extent starts afresh, and never while another
+/// may still resolve it (one extent's misses never run at once: a first write's zeroing
+/// must not overtake another's write).
+struct Landing<'a> {
+    flights: &'a Mutex<HashMap<u64, Arc<Flight>>>,
+    index: u64,
+    flight: Arc<Flight>,
+}
+
+impl Drop for Landing<'_> {
+    fn drop(&mut self) {
+        let mut f = self.flights.lock();
+        // Held by the map and by this waiter only: every waiter joins under this lock.
+        if Arc::strong_count(&self.flight) == 2 && f.get(&self.index).is_some_and(|g| Arc::ptr_eq(g, &self.flight)) {
+            f.remove(&self.index);
+        }
+    }
+}
+
 impl Inner {
     /// Waits at most the configured time for the control plane.
     async fn ask<T>(&self, what: &str, f: impl Future<Output = Result<T, ResolveError>>) -> io::Result<T> {
@@ -342,25 +384,58 @@ impl Inner {
     }
 
     /// Where extent `index` lies: from the cache, else from the control plane (allocated
-    /// with `allocate` when it is not yet). None: unallocated, and not allocated.
+    /// with `allocate` when it is not yet), or from a concurrent miss of the same extent.
+    /// None: unallocated, and not allocated.
     async fn lookup(&self, index: u64, allocate: bool) -> io::Result<Option<Mapped>> {
         if let Some(m) = self.cache.lock().get(index) {
             self.stats.hits.fetch_add(1, Relaxed);
             return Ok(Some(m));
         }
-        let _one = self.misses.lock().await;
+        let flight = self.flights.lock().entry(index).or_default().clone();
+        let landing = Landing { flights: &self.flights, index, flight };
+        let mut answer = landing.flight.answer.lock().await;
         // Another miss may have cached it meanwhile.
         if let Some(m) = self.cache.lock().get(index) {
             self.stats.hits.fetch_add(1, Relaxed);
             return Ok(Some(m));
         }
+        match &*answer {
+            Some(Ok(Some(m))) => {
+                self.stats.coalesced.fetch_add(1, Relaxed);
+                return Ok(Some(m.clone()));
+            }
+            Some(Ok(None)) if !allocate => {
+                self.stats.coalesced.fetch_add(1, Relaxed);
+                return Ok(None);
+            }
+            Some(Err(e)) => {
+                self.stats.coalesced.fetch_add(1, Relaxed);
+                return Err(again(e));
+            }
+            // Not resolved yet (or its resolver was dropped), or a write behind a read that
+            // found it unallocated.
+            _ => {}
+        }
+        let r = self.resolve(index, allocate).await;
+        *answer = Some(match &r {
+            Ok(m) => Ok(m.clone()),
+            Err(e) => Err(again(e)),
+        });
+        r
+    }
+
+    /// Asks the control plane where extent `index` lies (allocating and zeroing it with
+    /// `allocate`), in one of the volume's turns, and caches it.
+    async fn resolve(&self, index: u64, allocate: bool) -> io::Result<Option<Mapped>> {
+        let _turn = self.turns.acquire().await.map_err(|_| io::Error::other("the volume's misses were closed"))?;
         self.stats.misses.fetch_add(1, Relaxed);
         let (loc, fresh) = match self.ask("translate", self.resolver.translate(index)).await? {
             Lookup::Allocated(loc) => (loc, false),
             Lookup::Unallocated if !allocate => return Ok(None),
             Lookup::Unallocated => {
-                // Translated as unallocated under the miss lock, by the only target that
-                // exports the volume: no data path has written it, so zeroing loses nothing.
+                // Translated as unallocated while this task holds the extent's miss, by the
+                // only target that exports the volume: no data path has written it, so
+                // zeroing loses nothing.
                 let loc = self.ask("allocate", self.resolver.allocate(index)).await?;
                 self.stats.allocations.fetch_add(1, Relaxed);
                 (loc, true)

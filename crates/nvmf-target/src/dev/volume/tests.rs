@@ -12,13 +12,17 @@ const EXT: u64 = 16 * BLOCK;
 const EXTENTS: u64 = 6;
 const POOLS: u32 = 3;
 
-/// Extents placed round robin over the pools; `down` makes every call wait forever.
+/// Extents placed round robin over the pools; `down` makes every call wait forever; a
+/// translation takes `delay_ms`, and `most` is the most translations seen at once.
 #[derive(Default)]
 struct Books {
     placed: Mutex<HashMap<u64, Location>>,
     next: AtomicU64,
     down: AtomicBool,
     translations: AtomicU64,
+    delay_ms: AtomicU64,
+    open: AtomicU64,
+    most: AtomicU64,
 }
 
 impl Books {
@@ -34,6 +38,10 @@ impl Resolver for Books {
         Box::pin(async move {
             self.gate().await;
             self.translations.fetch_add(1, Relaxed);
+            let now = self.open.fetch_add(1, Relaxed) + 1;
+            self.most.fetch_max(now, Relaxed);
+            tokio::time::sleep(Duration::from_millis(self.delay_ms.load(Relaxed))).await;
+            self.open.fetch_sub(1, Relaxed);
             Ok(self.placed.lock().get(&index).cloned().map_or(Lookup::Unallocated, Lookup::Allocated))
         })
     }
@@ -70,7 +78,7 @@ impl Devices for Pools {
 }
 
 struct Rig {
-    vol: Volume,
+    vol: Arc<Volume>,
     books: Arc<Books>,
     ch: Channel,
     model: Vec<u8>,
@@ -82,6 +90,11 @@ fn rig(cache_entries: usize) -> Rig {
 
 /// With every read of pool `failing` failing with EIO.
 fn rig_failing(cache_entries: usize, failing: Option<u32>) -> Rig {
+    rig_sized(cache_entries, failing, EXTENTS)
+}
+
+/// A volume of `extents` extents (its pools hold `EXTENTS`).
+fn rig_sized(cache_entries: usize, failing: Option<u32>, extents: u64) -> Rig {
     let pools = (1..=POOLS)
         .map(|n| {
             let m = MemoryBackend::new(EXTENTS * EXT);
@@ -96,10 +109,10 @@ fn rig_failing(cache_entries: usize, failing: Option<u32>) -> Rig {
         })
         .collect();
     let books = Arc::new(Books::default());
-    let cfg = VolumeConfig { name: "v".into(), size: EXTENTS * EXT, extent_size: EXT, cache_entries, timeout: Duration::from_millis(200) };
+    let cfg = VolumeConfig { name: "v".into(), size: extents * EXT, extent_size: EXT, cache_entries, timeout: Duration::from_millis(200) };
     let pool = IoPool::new(1);
-    let vol = Volume::new(cfg, books.clone(), Arc::new(Pools(pools)), pool.clone());
-    Rig { vol, books, ch: Channel::new(IoEngine::Uring, pool), model: vec![0; (EXTENTS * EXT) as usize] }
+    let vol = Arc::new(Volume::new(cfg, books.clone(), Arc::new(Pools(pools)), pool.clone()));
+    Rig { vol, books, ch: Channel::new(IoEngine::Uring, pool), model: vec![0; (extents * EXT) as usize] }
 }
 
 impl Rig {
@@ -107,7 +120,7 @@ impl Rig {
         let mut b = AlignedBuf::new(data.len().max(1));
         b.set_len(data.len());
         b.copy_from_slice(&data);
-        let c = self.ch.run(&self.vol, op, b).await;
+        let c = self.ch.run(&*self.vol, op, b).await;
         c.result.map(|_| c.buf.to_vec())
     }
 
@@ -282,4 +295,82 @@ async fn a_failing_pool_fails_the_operation_naming_its_extent() {
     assert_eq!(e.raw_os_error(), Some(libc::EIO), "{e}");
     let e = r.op(Op::Read { off: EXT - BLOCK }, vec![0; 2 * BLOCK as usize]).await.expect_err("a read across it");
     assert!(e.to_string().contains("extent 1 (epoch 1)"), "{e}");
+}
+
+/// Reads one block of each extent in `extents`, all at once, each on a channel of its own;
+/// returns their results.
+async fn read_at_once(r: &Rig, extents: &[u64]) -> Vec<io::Result<()>> {
+    let mut set = tokio::task::JoinSet::new();
+    for (i, &e) in extents.iter().enumerate() {
+        let (vol, pool) = (r.vol.clone(), r.vol.inner.pool.clone());
+        set.spawn(async move {
+            let mut ch = Channel::new(IoEngine::Threads, pool);
+            let mut b = AlignedBuf::new(BLOCK as usize);
+            b.set_len(BLOCK as usize);
+            (i, ch.run(&*vol, Op::Read { off: e * EXT }, b).await.result)
+        });
+    }
+    let mut out: Vec<(usize, io::Result<()>)> = set.join_all().await;
+    out.sort_by_key(|(i, _)| *i);
+    out.into_iter().map(|(_, r)| r).collect()
+}
+
+/// Misses of different extents are translated together, at most VOLUME_MISSES_IN_FLIGHT_MAX
+/// at once, so N cold reads take about one translation's time, not N; concurrent misses of
+/// one extent make one translation. Counted at the translation service, which takes 100 ms
+/// (on tokio's paused clock) to answer.
+#[tokio::test(start_paused = true)]
+async fn misses_are_resolved_concurrently_and_coalesced() {
+    let max = crate::limits::VOLUME_MISSES_IN_FLIGHT_MAX as u64;
+    // (cache entries, extents written first, concurrent reads, of how many distinct extents,
+    // translations expected, the most at once expected).
+    #[rustfmt::skip]
+    let cases: &[(usize, u64, u64, u64, u64, u64)] = &[
+        (64, 0, 8, 8, 8, 8),
+        (64, 0, 8, 1, 1, 1),
+        (64, 4, 16, 4, 4, 4),
+        // No cache: concurrent misses of an allocated extent still share one translation.
+        (0, 1, 8, 1, 1, 1),
+        (64, 0, 2 * max + 2, 2 * max + 2, 2 * max + 2, max),
+        (64, 0, 3 * max, max, max, max),
+    ];
+    for (i, &(cache, written, reads, distinct, translations, most)) in cases.iter().enumerate() {
+        let mut r = rig_sized(cache, None, 2 * max + 2);
+        for e in 0..written {
+            r.write(e * EXT, BLOCK, 3).await;
+        }
+        r.vol = Arc::new(Volume::new(
+            VolumeConfig { cache_entries: cache, ..r.vol.inner.cfg.clone() },
+            r.vol.inner.resolver.clone(),
+            r.vol.inner.devices.clone(),
+            r.vol.inner.pool.clone(),
+        ));
+        r.books.translations.store(0, Relaxed);
+        r.books.delay_ms.store(100, Relaxed);
+        let extents: Vec<u64> = (0..reads).map(|n| n % distinct).collect();
+        for (n, res) in read_at_once(&r, &extents).await.into_iter().enumerate() {
+            res.unwrap_or_else(|e| panic!("case {i}: read {n}: {e}"));
+        }
+        let got = (r.books.translations.load(Relaxed), r.books.most.load(Relaxed));
+        assert_eq!(got, (translations, most), "case {i}: (translations, the most at once)");
+        let s = r.vol.stats();
+        assert_eq!(s.misses.load(Relaxed), translations, "case {i}: misses");
+        assert_eq!(s.misses.load(Relaxed) + s.coalesced.load(Relaxed) + s.hits.load(Relaxed), reads, "case {i}: lookups");
+    }
+}
+
+/// Misses of one extent waiting behind a failed one fail with its error at once, not one
+/// bounded wait after another.
+#[tokio::test(start_paused = true)]
+async fn misses_waiting_behind_a_failed_one_share_its_failure() {
+    let r = rig(64);
+    r.books.down.store(true, Relaxed);
+    let start = tokio::time::Instant::now();
+    for res in read_at_once(&r, &[2; 8]).await {
+        let e = res.expect_err("a miss with the control plane down");
+        assert_eq!(error_status(&e), Some(Status::NAMESPACE_NOT_READY), "{e}");
+    }
+    // One bounded wait (200 ms), not eight.
+    assert!(start.elapsed() < Duration::from_millis(400), "waited {:?}", start.elapsed());
+    assert_eq!((r.vol.stats().misses.load(Relaxed), r.vol.stats().coalesced.load(Relaxed)), (1, 7));
 }
