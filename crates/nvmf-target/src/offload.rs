@@ -736,7 +736,7 @@ impl<'s, 'a> NsSink<'s, 'a> {
     /// Writes the buffered bytes (a multiple of the block, or the padded tail) to the
     /// next extents.
     fn drain(&mut self) -> Result<(), ComputeError> {
-        while self.buf()?.len() > 0 {
+        while !self.buf()?.is_empty() {
             let len = self.buf()?.len();
             let Some(p) = self.pieces.front().copied() else {
                 return Err(ComputeError::OutputFull { capacity: self.capacity });
