@@ -69,7 +69,9 @@ pub const VIEW_SAMPLE_MS: u64 = 1000;
 /// Milliseconds after which an agent pushes its view even if no figure crossed its threshold:
 /// the control plane's proof that the pool is alive.
 pub const VIEW_PUSH_INTERVAL_MS: u64 = 10_000;
-/// A view older than this many milliseconds is shown as stale: three missed pushes.
+/// A pool whose target has not been heard from (a view, a registration) for this many
+/// milliseconds is stale: shown so, and given no new extents. Three missed pushes: one lost
+/// push or a slow second is not a dead target, three in a row likely are.
 pub const VIEW_STALE_MS: u64 = 3 * VIEW_PUSH_INTERVAL_MS;
 /// Weight of the newest sample in the agent's EWMAs, in percent: 30% follows a change within
 /// about three samples and smooths single-sample spikes.

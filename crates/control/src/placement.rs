@@ -1,6 +1,7 @@
 //! Where a new extent goes: a weighted score over the pools with room for it, from the
 //! control plane's books (free capacity, this volume's extents per target) and the pools'
 //! views (load, write cost). Pure and deterministic: equal scores go to the smallest pool id.
+//! A pool whose target has not been heard from for `VIEW_STALE_MS` is never chosen.
 //! docs/control-plane.md ("Placement") gives the weights and why.
 
 use crate::model::{Figures, PoolId};
@@ -35,6 +36,9 @@ pub struct Candidate {
     pub fits: bool,
     /// Its last view; none yet counts as idle.
     pub figures: Option<Figures>,
+    /// Neither a view nor a registration within `limits::VIEW_STALE_MS`: its target may be
+    /// gone, and an extent placed there could not be written.
+    pub stale: bool,
 }
 
 /// The placement's terms and score of one candidate, for tests and `explain`.
@@ -68,12 +72,12 @@ pub fn score(c: &Candidate, volume_extents: u64, on_target: u64) -> Score {
     Score { free_ppm, load_ppm, write_cost_ppm, spread_ppm, total }
 }
 
-/// The pool for a new extent of a volume, or None when no pool fits it. `on_target(t)` is the
-/// number of the volume's extents on target t; `volume_extents` their total.
+/// The pool for a new extent of a volume, or None when no fresh pool fits it. `on_target(t)`
+/// is the number of the volume's extents on target t; `volume_extents` their total.
 pub fn place(candidates: &[Candidate], volume_extents: u64, on_target: impl Fn(&str) -> u64) -> Option<&Candidate> {
     candidates
         .iter()
-        .filter(|c| c.fits)
+        .filter(|c| c.fits && !c.stale)
         .map(|c| (score(c, volume_extents, on_target(&c.pool.target)).total, c))
         // Highest score; among equals the smallest pool id, whatever the input order.
         .max_by(|(a, ca), (b, cb)| a.cmp(b).then_with(|| cb.pool.cmp(&ca.pool)))
@@ -92,6 +96,11 @@ mod tests {
     type Row = (&'static str, &'static str, u64, u64, f64, f64);
 
     fn candidates(rows: &[Row]) -> Vec<Candidate> {
+        candidates_stale(rows, &[])
+    }
+
+    /// The same, the pools named in `stale` ("name@target") stale.
+    fn candidates_stale(rows: &[Row], stale: &[&str]) -> Vec<Candidate> {
         rows.iter()
             .map(|&(t, n, size, alloc, qd, wc)| Candidate {
                 pool: PoolId { target: t.into(), name: n.into() },
@@ -99,6 +108,7 @@ mod tests {
                 allocated: alloc * GIB,
                 fits: size > alloc,
                 figures: (qd >= 0.0).then(|| Figures { queue_depth: qd, write_cost_us_per_mib: wc, ..Figures::default() }),
+                stale: stale.contains(&format!("{n}@{t}").as_str()),
             })
             .collect()
     }
@@ -106,6 +116,12 @@ mod tests {
     /// Places `n` extents one after the other (as a volume's first writes would) and returns
     /// the pools chosen, as "name@target".
     fn check(rows: &[Row], n: usize, expected: &[&str]) {
+        check_stale(rows, &[], n, expected)
+    }
+
+    /// The same, the pools named in `stale` stale.
+    fn check_stale(rows: &[Row], stale: &[&str], n: usize, expected: &[&str]) {
+        let candidates = |rows: &[Row]| candidates_stale(rows, stale);
         let mut cands = candidates(rows);
         let mut per_target: HashMap<String, u64> = HashMap::new();
         let mut got = Vec::new();
@@ -158,6 +174,26 @@ mod tests {
         ];
         for (rows, n, expected) in cases {
             check(rows, *n, expected);
+        }
+    }
+
+    #[test]
+    fn stale_pools_are_skipped() {
+        #[rustfmt::skip]
+        let cases: &[(&[Row], &[&str], usize, &[&str])] = &[
+            // The emptiest, idle pool is stale: the fresh one takes every extent.
+            (&[("t1", "a", 10, 0, 0.0, 0.0), ("t2", "a", 10, 8, 32.0, 10000.0)], &["a@t1"], 3, &["a@t2", "a@t2", "none"]),
+            // A stale pool of a target whose other pool is fresh: only that one.
+            (&[("t1", "a", 10, 0, -1.0, 0.0), ("t1", "b", 10, 0, -1.0, 0.0), ("t2", "a", 10, 0, -1.0, 0.0)], &["a@t2"], 2, &["a@t1", "b@t1"]),
+            // Only stale pools have room: nothing, however much room.
+            (&[("t1", "a", 10, 0, -1.0, 0.0), ("t2", "a", 10, 10, -1.0, 0.0)], &["a@t1"], 1, &["none"]),
+            // Every pool stale.
+            (&[("t1", "a", 10, 0, -1.0, 0.0), ("t2", "a", 10, 0, -1.0, 0.0)], &["a@t1", "a@t2"], 1, &["none"]),
+            // None stale: as before.
+            (&[("t1", "a", 10, 0, -1.0, 0.0), ("t2", "a", 10, 0, -1.0, 0.0)], &[], 2, &["a@t1", "a@t2"]),
+        ];
+        for (rows, stale, n, expected) in cases {
+            check_stale(rows, stale, *n, expected);
         }
     }
 

@@ -175,7 +175,8 @@ async fn delete_volume(State(s): Svc, Path(name): Path<String>) -> Result<Status
 
 async fn allocate(State(s): Svc, Path((name, index)): Path<(String, String)>) -> Result<Json<ExtentInfo>, ApiError> {
     let index = index_of(&index)?;
-    Ok(Json(change(s, move |c| c.allocate(&name, index)).await?))
+    let now = now_ms();
+    Ok(Json(change(s, move |c| c.allocate(&name, index, now)).await?))
 }
 
 fn index_of(index: &str) -> Result<u64, ApiError> {

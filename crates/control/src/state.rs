@@ -223,6 +223,15 @@ impl Cluster {
         Ok((vec![Write::Put(Record::View(view.clone()))], view))
     }
 
+    /// Whether a pool's target has been silent for more than VIEW_STALE_MS at `now_ms`: no
+    /// view of the pool and no registration of its target since. A clock that went back
+    /// (another leader's) counts as heard now.
+    pub fn stale(&self, id: &PoolId, now_ms: u64) -> bool {
+        let view = self.views.get(id).map(|v| v.received_ms);
+        let registered = self.targets.get(&id.target).map(|t| t.registered_ms);
+        view.max(registered).is_none_or(|heard| now_ms.saturating_sub(heard) > VIEW_STALE_MS)
+    }
+
     pub fn view(&self, since: u64, now_ms: u64) -> ClusterView {
         let pools = self
             .pools
@@ -230,7 +239,7 @@ impl Cluster {
             .filter(|p| since == 0 || self.views.get(&p.id).is_some_and(|v| v.version > since))
             .map(|p| {
                 let view = self.views.get(&p.id).cloned();
-                let stale = view.as_ref().is_none_or(|v| now_ms.saturating_sub(v.received_ms) > VIEW_STALE_MS);
+                let stale = self.stale(&p.id, now_ms);
                 PoolView {
                     pool: p.id.name.clone(),
                     target: p.id.target.clone(),
@@ -383,9 +392,10 @@ impl Cluster {
         Ok(VolumeInfo { volume: v.clone(), extents_total: v.extents(), extents_allocated: extents.len() as u64, extents })
     }
 
-    /// Allocates extent `index` of a volume, placed by [`placement::place`]; an extent
-    /// already allocated is returned as it is (the data path may ask twice).
-    pub fn allocate(&self, name: &str, index: u64) -> Planned<ExtentInfo> {
+    /// Allocates extent `index` of a volume at `now_ms`, placed by [`placement::place`] on a
+    /// pool that is not stale; an extent already allocated is returned as it is (the data
+    /// path may ask twice).
+    pub fn allocate(&self, name: &str, index: u64, now_ms: u64) -> Planned<ExtentInfo> {
         let v = self.volume(name)?;
         if index >= v.extents() {
             return Err(err(ErrorCode::ExtentOutOfRange, format!("volume '{name}' has {} extents: no extent {index}", v.extents())));
@@ -402,6 +412,7 @@ impl Cluster {
                 allocated: self.allocated(&p.id),
                 fits: self.hole(p, v.extent_size).is_some(),
                 figures: self.views.get(&p.id).map(|w| w.figures.clone()),
+                stale: self.stale(&p.id, now_ms),
             })
             .collect();
         let mut per_target: HashMap<&str, u64> = HashMap::new();
@@ -411,7 +422,18 @@ impl Cluster {
             total += 1;
         }
         let Some(chosen) = placement::place(&candidates, total, |t| per_target.get(t).copied().unwrap_or(0)) else {
-            return Err(err(ErrorCode::NoSpace, format!("no pool has {} free bytes for extent {index} of '{name}'", v.extent_size)));
+            let stale: Vec<String> = candidates.iter().filter(|c| c.fits && c.stale).map(|c| c.pool.to_string()).collect();
+            let mut msg = format!("no pool has {} free bytes for extent {index} of '{name}'", v.extent_size);
+            if !stale.is_empty() {
+                msg = format!(
+                    "no fresh pool has {} free bytes for extent {index} of '{name}'; only stale pools have room \
+                     (no view for {} s): {}",
+                    v.extent_size,
+                    VIEW_STALE_MS / 1000,
+                    stale.join(", ")
+                );
+            }
+            return Err(err(ErrorCode::NoSpace, msg));
         };
         let pool = &self.pools[&chosen.pool];
         let offset = self.hole(pool, v.extent_size).ok_or_else(|| err(ErrorCode::NoSpace, "the chosen pool filled"))?;
@@ -516,7 +538,7 @@ mod tests {
                 }
                 Grow(n, s) => commit(&mut c, |c| c.grow_volume(n, &GrowVolume { size: *s })).map(drop),
                 Delete(n) => commit(&mut c, |c| c.delete_volume(n)),
-                Alloc(n, i) => commit(&mut c, |c| c.allocate(n, *i)).map(drop),
+                Alloc(n, i) => commit(&mut c, |c| c.allocate(n, *i, 0)).map(drop),
                 Translate(n, i) => c.translate(n, *i).map(drop).map_err(|e| e.code),
                 ExportTo(n, t, hosts, any) => {
                     let req =
@@ -533,14 +555,14 @@ mod tests {
     fn a_full_pool_says_no_space_and_delete_frees_it() {
         let mut c = cluster(&[("t1", "p", 2 * MIB)]);
         commit(&mut c, |c| c.create_volume(&CreateVolume { name: "v".into(), size: 4 * MIB, extent_size: Some(MIB) }, 0)).expect("v");
-        let a = commit(&mut c, |c| c.allocate("v", 2)).expect("2");
-        let b = commit(&mut c, |c| c.allocate("v", 0)).expect("0");
+        let a = commit(&mut c, |c| c.allocate("v", 2, 0)).expect("2");
+        let b = commit(&mut c, |c| c.allocate("v", 0, 0)).expect("0");
         assert_eq!((a.offset, b.offset), (0, MIB));
         // Asked again: the same place, nothing written.
-        let (w, again) = c.allocate("v", 2).expect("again");
+        let (w, again) = c.allocate("v", 2, 0).expect("again");
         assert!(w.is_empty());
         assert_eq!(again, a);
-        assert_eq!(commit(&mut c, |c| c.allocate("v", 1)).err(), Some(ErrorCode::NoSpace));
+        assert_eq!(commit(&mut c, |c| c.allocate("v", 1, 0)).err(), Some(ErrorCode::NoSpace));
         // The translation service says what is allocated, with the pool's namespace.
         let t = c.translate("v", 2).expect("translate 2");
         assert_eq!((t.index, t.extent.as_ref().map(|e| (e.offset, e.nsid))), (2, Some((0, 1))));
@@ -555,7 +577,7 @@ mod tests {
         let mut c = cluster(&[("t1", "p", 4 * MIB)]);
         commit(&mut c, |c| c.create_volume(&CreateVolume { name: "v".into(), size: 4 * MIB, extent_size: Some(MIB) }, 0)).expect("v");
         for i in 0..3 {
-            commit(&mut c, |c| c.allocate("v", i)).expect("alloc");
+            commit(&mut c, |c| c.allocate("v", i, 0)).expect("alloc");
         }
         let reg = |path: &str, size: u64| RegisterTarget {
             addr: "t1".into(),
@@ -611,6 +633,52 @@ mod tests {
         assert_eq!(r.pools[0].seq, 2);
     }
 
+    /// Allocation at a time when some pools' targets went silent: pools registered at 0, each
+    /// row's views pushed at the given times (ms), one allocation at `now`; the pool chosen or
+    /// the error's words.
+    #[test]
+    fn allocation_skips_stale_pools() {
+        let s = VIEW_STALE_MS;
+        #[rustfmt::skip]
+        let cases: &[(&[(&str, u64)], u64, Result<&str, &str>)] = &[
+            // Registered just now: both fresh, the smaller id first.
+            (&[], s, Ok("a@t1")),
+            // a@t1 silent since its registration, b@t2 pushed lately.
+            (&[("b", s)], s + 1, Ok("b@t2")),
+            (&[("a", s), ("b", 1)], s + 2, Ok("a@t1")),
+            // Both silent: neither, and the error names them.
+            (&[], s + 1, Err("only stale pools have room (no view for 30 s): a@t1, b@t2")),
+            // At the limit still fresh, one past it stale.
+            (&[("a", 5), ("b", 9)], s + 9, Ok("b@t2")),
+            (&[("a", 5), ("b", 9)], s + 10, Err("only stale pools have room (no view for 30 s): a@t1, b@t2")),
+            // A view from a clock ahead of ours (another leader's) is fresh.
+            (&[("a", 10 * s), ("b", 10 * s)], s + 1, Ok("a@t1")),
+        ];
+        for (views, now, expected) in cases {
+            let mut c = cluster(&[("t1", "a", 2 * MIB), ("t2", "b", 2 * MIB)]);
+            commit(&mut c, |c| c.create_volume(&CreateVolume { name: "v".into(), size: 4 * MIB, extent_size: Some(MIB) }, 0)).expect("v");
+            for (i, &(pool, at)) in views.iter().enumerate() {
+                let id = c.pools.keys().find(|p| p.name == pool).expect("pool").clone();
+                commit(&mut c, |c| c.push_view(&id, &ViewPush { seq: i as u64 + 1, figures: Figures::default() }, at)).expect("view");
+            }
+            let got = c.allocate("v", 0, *now).map(|(_, e)| format!("{}@{}", e.pool, e.target)).map_err(|e| e.message);
+            match (got, expected) {
+                (Ok(p), Ok(want)) => assert_eq!(p, *want, "{views:?} at {now}"),
+                (Err(e), Err(want)) => {
+                    assert!(e.contains(want), "{views:?} at {now}: {e}");
+                }
+                (got, _) => panic!("{views:?} at {now}: {got:?}, expected {expected:?}"),
+            }
+        }
+        // Without any pool with room, the error is the plain one, stale or not.
+        let mut c = cluster(&[("t1", "a", MIB)]);
+        commit(&mut c, |c| c.create_volume(&CreateVolume { name: "v".into(), size: 4 * MIB, extent_size: Some(MIB) }, 0)).expect("v");
+        commit(&mut c, |c| c.allocate("v", 0, 0)).expect("0");
+        let e = c.allocate("v", 1, s + 1).err().expect("full");
+        assert_eq!(e.code, ErrorCode::NoSpace);
+        assert!(!e.message.contains("stale"), "{}", e.message);
+    }
+
     #[test]
     fn holes_are_found_between_extents_of_other_sizes() {
         let mut c = cluster(&[("t1", "p", 8 * MIB)]);
@@ -620,7 +688,7 @@ mod tests {
             .expect("big");
         let offsets: Vec<u64> = [("small", 0), ("big", 0), ("small", 1), ("big", 1)]
             .iter()
-            .map(|(v, i)| commit(&mut c, |c| c.allocate(v, *i)).expect("alloc").offset)
+            .map(|(v, i)| commit(&mut c, |c| c.allocate(v, *i, 0)).expect("alloc").offset)
             .collect();
         // 1 MiB at 0, 2 MiB aligned at 2 MiB, 1 MiB in the hole at 1 MiB, 2 MiB at 4 MiB.
         assert_eq!(offsets, vec![0, 2 * MIB, MIB, 4 * MIB]);

@@ -9,7 +9,9 @@
 //! different algorithm from the service's. It checks: no two extents overlap in a pool (no
 //! extent in two places), no extent reaches past its pool's end (capacity never exceeded),
 //! every allocated extent is in exactly one existing pool and is the model's, an allocation
-//! is refused for space only when no pool has an aligned hole, a failed commit changes
+//! is refused for space only when no fresh pool has an aligned hole (the clock jumps now and
+//! then past `VIEW_STALE_MS`, and a pool whose target was not heard from since is never
+//! chosen), a failed commit changes
 //! nothing, view versions only grow, and the state in memory is what the store holds. A
 //! commit whose outcome was unknown is retried (`store::Sequenced`) until it is known: it
 //! then succeeds, applied exactly once, and the model takes it.
@@ -19,6 +21,7 @@ use std::sync::atomic::{AtomicU32, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
+use nearstore_control::limits::VIEW_STALE_MS;
 use nearstore_control::model::*;
 use nearstore_control::server::Service;
 use nearstore_control::state::Cluster;
@@ -116,9 +119,19 @@ struct Model {
     extents: BTreeMap<(String, u64), (PoolId, u64)>,
     view_version: u64,
     seqs: BTreeMap<PoolId, u64>,
+    /// When each target last registered and each pool last had a view accepted, in ms.
+    registered: BTreeMap<String, u64>,
+    viewed: BTreeMap<PoolId, u64>,
 }
 
 impl Model {
+    /// Whether a pool's target was heard from (registered, or the pool's view) within
+    /// VIEW_STALE_MS of `now`.
+    fn fresh(&self, pool: &PoolId, now: u64) -> bool {
+        let heard = [self.registered.get(&pool.target), self.viewed.get(pool)].into_iter().flatten().copied().max();
+        heard.is_some_and(|h| now - h <= VIEW_STALE_MS)
+    }
+
     fn extent_len(&self, volume: &str) -> u64 {
         self.volumes[volume].1
     }
@@ -135,12 +148,36 @@ impl Model {
 
 #[derive(Debug)]
 enum Op {
-    Register { target: u8, pools: Vec<(u8, u64)> },
-    Create { name: u8, extents: u64, extent_mib: u64 },
-    Grow { name: u8, extents: u64 },
-    Delete { name: u8 },
-    Allocate { name: u8, index: u64 },
-    Push { target: u8, pool: u8, seq_delta: i64, qd: f64 },
+    Register {
+        target: u8,
+        pools: Vec<(u8, u64)>,
+    },
+    Create {
+        name: u8,
+        extents: u64,
+        extent_mib: u64,
+    },
+    Grow {
+        name: u8,
+        extents: u64,
+    },
+    Delete {
+        name: u8,
+    },
+    Allocate {
+        name: u8,
+        index: u64,
+    },
+    Push {
+        target: u8,
+        pool: u8,
+        seq_delta: i64,
+        qd: f64,
+    },
+    /// The clock jumps: targets go silent.
+    Wait {
+        ms: u64,
+    },
 }
 
 fn op(rng: &mut XorShiftRng) -> Op {
@@ -153,7 +190,8 @@ fn op(rng: &mut XorShiftRng) -> Op {
         6..16 => Op::Create { name, extents: rng.random_range(0..12u64), extent_mib: [1, 2, 3, 4][rng.random_range(0..4usize)] },
         16..22 => Op::Grow { name, extents: rng.random_range(0..20u64) },
         22..27 => Op::Delete { name },
-        27..90 => Op::Allocate { name, index: rng.random_range(0..20u64) },
+        27..88 => Op::Allocate { name, index: rng.random_range(0..20u64) },
+        88..90 => Op::Wait { ms: rng.random_range(0..2 * VIEW_STALE_MS) },
         _ => Op::Push {
             target: rng.random_range(0..4u8),
             pool: rng.random_range(0..2u8),
@@ -218,10 +256,13 @@ fn run(seed: u64, steps: usize) -> Vec<String> {
     let svc = Service::open(Box::new(Sequenced::new(Shared(store.clone())))).expect("open");
     let mut model = Model::default();
     let mut trace = Vec::new();
+    // The clock: one millisecond a step, and the jumps of `Op::Wait`.
+    let mut now = 0;
     for step in 0..steps {
-        // The clock: one millisecond a step.
-        let now = step as u64 + 1;
+        now += 1;
         let op = op(&mut rng);
+        // What the step found, besides its outcome.
+        let mut note = "";
         let at = |what: &str| format!("seed {seed} step {step}: {op:?}: {what}");
         // One commit in 20 fails (nothing may change), one in 20 is lost before it is
         // applied, and one in 16 after (the service must find out it was).
@@ -247,6 +288,7 @@ fn run(seed: u64, steps: usize) -> Vec<String> {
                         for &(p, size) in pools {
                             model.pools.insert(pool_id(*t, p), size);
                         }
+                        model.registered.insert(target(*t), now);
                     }
                     Err(ErrorCode::StoreFailed) => {}
                     Err(e) => {
@@ -314,7 +356,7 @@ fn run(seed: u64, steps: usize) -> Vec<String> {
             }
             Op::Allocate { name, index } => {
                 let n = format!("v{name}");
-                let r = svc.change(|c| c.allocate(&n, *index)).map_err(|e| e.code);
+                let r = svc.change(|c| c.allocate(&n, *index, now)).map_err(|e| e.code);
                 match (&r, model.volumes.get(&n)) {
                     (Err(ErrorCode::StoreFailed), _) => {}
                     (Err(e), None) => assert_eq!(*e, ErrorCode::VolumeNotFound, "{}", at("outcome")),
@@ -322,7 +364,10 @@ fn run(seed: u64, steps: usize) -> Vec<String> {
                     (Err(e), Some(&(_, es))) => {
                         assert_eq!(*e, ErrorCode::NoSpace, "{}", at("outcome"));
                         let holes: Vec<&PoolId> = model.pools.keys().filter(|p| model.has_hole(p, es)).collect();
-                        assert!(holes.is_empty(), "{}", at(&format!("no space said while {holes:?} have room")));
+                        assert!(holes.iter().all(|p| !model.fresh(p, now)), "{}", at(&format!("no space said while {holes:?} have room")));
+                        if !holes.is_empty() {
+                            note = ", only stale pools had room";
+                        }
                     }
                     (Ok(info), _) => {
                         let key = (n.clone(), *index);
@@ -331,6 +376,7 @@ fn run(seed: u64, steps: usize) -> Vec<String> {
                             // Asked again: the same place.
                             Some(old) => assert_eq!(*old, place, "{}", at("an allocated extent moved")),
                             None => {
+                                assert!(model.fresh(&place.0, now), "{}", at(&format!("placed on stale pool {}", place.0)));
                                 model.extents.insert(key, place);
                             }
                         }
@@ -356,9 +402,14 @@ fn run(seed: u64, steps: usize) -> Vec<String> {
                 if let Ok(v) = &r {
                     assert_eq!(v.version, model.view_version + 1, "{}", at("view version"));
                     model.view_version = v.version;
-                    model.seqs.insert(id, seq);
+                    model.seqs.insert(id.clone(), seq);
+                    model.viewed.insert(id, now);
                 }
                 r.map(|v| format!("view {}", v.version))
+            }
+            Op::Wait { ms } => {
+                now += ms;
+                Ok(format!("now {now}"))
             }
         };
         if outcome == Err(ErrorCode::StoreFailed) {
@@ -369,7 +420,7 @@ fn run(seed: u64, steps: usize) -> Vec<String> {
         assert!(outcome != Err(ErrorCode::NotLeader), "{}", at("the service gave up a commit it could retry"));
         check(seed, step, &svc, &store, &model);
         let applied = store.applied.lock().last() == Some(&step);
-        trace.push(format!("{op:?} -> {outcome:?}, {fault:?}, applied {applied}"));
+        trace.push(format!("{op:?} -> {outcome:?}{note}, {fault:?}, applied {applied}"));
     }
     // A restart from the store alone is the same service.
     let again = Service::open(Box::new(Sequenced::new(Shared(store.clone())))).expect("reopen");
@@ -386,19 +437,21 @@ fn seeds() -> Vec<u64> {
 
 #[test]
 fn the_state_machine_follows_its_model() {
-    let (mut allocated, mut no_space, mut failed, mut lost_applied) = (0, 0, 0, 0);
+    let (mut allocated, mut no_space, mut failed, mut lost_applied, mut stale) = (0, 0, 0, 0, 0);
     for seed in seeds() {
         let trace = run(seed, 400);
         allocated += trace.iter().filter(|l| l.contains("Ok(\"extent at")).count();
         no_space += trace.iter().filter(|l| l.contains("Err(NoSpace)")).count();
         failed += trace.iter().filter(|l| l.contains("Err(StoreFailed)")).count();
         lost_applied += trace.iter().filter(|l| l.contains("LostAfter") && l.contains("applied true")).count();
+        stale += trace.iter().filter(|l| l.contains("only stale pools had room")).count();
     }
     // The workload reached every side of allocation and of a commit, or the model checked little.
     if std::env::var("NEARSTORE_CONTROL_SIM_SEED").is_err() {
         assert!(
-            allocated > 1000 && no_space > 100 && failed > 100 && lost_applied > 100,
-            "allocated {allocated}, no space {no_space}, failed commits {failed}, lost commits applied {lost_applied}"
+            allocated > 1000 && no_space > 100 && failed > 100 && lost_applied > 100 && stale > 100,
+            "allocated {allocated}, no space {no_space}, failed commits {failed}, lost commits applied {lost_applied}, \
+             refused for stale pools {stale}"
         );
     }
 }
