@@ -249,20 +249,73 @@ pub fn render(t: &Target) -> String {
     );
     for sub in &subsystems {
         for ns in sub.namespaces() {
-            let h = &ns.stats.latency;
-            let labels = format!("subnqn=\"{}\",nsid=\"{}\"", sub.nqn, ns.nsid);
-            let mut cum = 0;
-            for (i, b) in h.buckets.iter().enumerate() {
-                cum += b.load(Relaxed);
-                let le = (1u64 << i) as f64 / 1e6;
-                let _ = writeln!(o, "nearstore_io_latency_seconds_bucket{{{labels},le=\"{le}\"}} {cum}");
-            }
-            let _ = writeln!(o, "nearstore_io_latency_seconds_bucket{{{labels},le=\"+Inf\"}} {}", h.count.load(Relaxed));
-            let _ = writeln!(o, "nearstore_io_latency_seconds_sum{{{labels}}} {}", h.sum_us.load(Relaxed) as f64 / 1e6);
-            let _ = writeln!(o, "nearstore_io_latency_seconds_count{{{labels}}} {}", h.count.load(Relaxed));
+            histogram(&mut o, "nearstore_io_latency_seconds", &format!("subnqn=\"{}\",nsid=\"{}\"", sub.nqn, ns.nsid), &ns.stats.latency);
         }
     }
+    volumes(&mut o, &subsystems);
     o
+}
+
+/// Writes one histogram's samples.
+fn histogram(o: &mut String, name: &str, labels: &str, h: &Histogram) {
+    let mut cum = 0;
+    for (i, b) in h.buckets.iter().enumerate() {
+        cum += b.load(Relaxed);
+        let le = (1u64 << i) as f64 / 1e6;
+        let _ = writeln!(o, "{name}_bucket{{{labels},le=\"{le}\"}} {cum}");
+    }
+    let _ = writeln!(o, "{name}_bucket{{{labels},le=\"+Inf\"}} {}", h.count.load(Relaxed));
+    let _ = writeln!(o, "{name}_sum{{{labels}}} {}", h.sum_us.load(Relaxed) as f64 / 1e6);
+    let _ = writeln!(o, "{name}_count{{{labels}}} {}", h.count.load(Relaxed));
+}
+
+/// The mapping caches of exported volumes (dev::volume), by namespace.
+fn volumes(o: &mut String, subsystems: &[Arc<crate::subsystem::Subsystem>]) {
+    use crate::dev::volume::VolumeStats;
+    let vols: Vec<(String, Arc<VolumeStats>)> = subsystems
+        .iter()
+        .flat_map(|sub| {
+            sub.namespaces().into_iter().filter_map(|ns| Some((format!("subnqn=\"{}\",nsid=\"{}\"", sub.nqn, ns.nsid), ns.volume.clone()?)))
+        })
+        .collect();
+    type VolCounter = (&'static str, &'static str, fn(&VolumeStats) -> &AtomicU64);
+    let counters: [VolCounter; 4] = [
+        ("nearstore_volume_cache_hits_total", "Extent lookups the volume's mapping cache answered.", |v| &v.hits),
+        ("nearstore_volume_cache_misses_total", "Extent lookups that asked the control plane's translation service.", |v| &v.misses),
+        ("nearstore_volume_cache_coalesced_total", "Extent lookups that took the answer of a concurrent miss of the same extent.", |v| {
+            &v.coalesced
+        }),
+        ("nearstore_volume_cache_evictions_total", "Mapping cache entries evicted to make room for another extent.", |v| &v.evictions),
+    ];
+    for (name, help, get) in counters {
+        family(o, name, "counter", help);
+        for (labels, v) in &vols {
+            let _ = writeln!(o, "{name}{{{labels}}} {}", get(v).load(Relaxed));
+        }
+    }
+    let kinds: [(&str, fn(&VolumeStats) -> &AtomicU64); 4] = [
+        ("timeout", |v| &v.failed_timeout),
+        ("no_space", |v| &v.failed_no_space),
+        ("refused", |v| &v.failed_refused),
+        ("pool", |v| &v.failed_pool),
+    ];
+    let name = "nearstore_volume_translation_failures_total";
+    family(
+        o,
+        name,
+        "counter",
+        "Misses that failed, by kind: timeout (no answer within volume.translate_timeout_ms), no_space, refused (any other control-plane error), pool (its pool device could not be opened or a new extent zeroed).",
+    );
+    for (labels, v) in &vols {
+        for (kind, get) in kinds {
+            let _ = writeln!(o, "{name}{{{labels},kind=\"{kind}\"}} {}", get(v).load(Relaxed));
+        }
+    }
+    let name = "nearstore_volume_translate_latency_seconds";
+    family(o, name, "histogram", "Time the control plane took to translate an extent on a miss (answered or timed out).");
+    for (labels, v) in &vols {
+        histogram(o, name, labels, &v.translate_latency);
+    }
 }
 
 /// Serves `GET /metrics` (any path, in fact) over plain HTTP/1.0 until the listener fails.

@@ -39,6 +39,8 @@ pub struct Namespace {
     /// Its tag in the cluster map, if it has one: extents tagged with it are local.
     pub tag: Option<u16>,
     pub reservations: NsReservations,
+    /// An exported volume's data-path counters, when the namespace is one (metrics).
+    pub volume: Option<Arc<crate::dev::volume::VolumeStats>>,
 }
 
 impl Namespace {
@@ -58,6 +60,7 @@ impl Namespace {
             stats: NsStats::default(),
             tag: None,
             reservations: NsReservations::new(None),
+            volume: None,
         }
     }
 

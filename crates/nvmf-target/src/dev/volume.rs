@@ -152,7 +152,7 @@ struct Mapped {
 }
 
 /// Counters of a volume's data path.
-#[derive(Default, Debug)]
+#[derive(Default)]
 pub struct VolumeStats {
     /// Extent lookups the cache answered.
     pub hits: AtomicU64,
@@ -164,6 +164,18 @@ pub struct VolumeStats {
     pub zero_reads: AtomicU64,
     /// Extent lookups that waited for another's miss of the same extent and took its answer.
     pub coalesced: AtomicU64,
+    /// Cache entries evicted to make room for another extent.
+    pub evictions: AtomicU64,
+    /// How long the control plane took to translate an extent (answered or not).
+    pub translate_latency: crate::metrics::Histogram,
+    /// Control-plane calls not answered within the bounded wait.
+    pub failed_timeout: AtomicU64,
+    /// Allocations refused for want of space.
+    pub failed_no_space: AtomicU64,
+    /// Control-plane calls refused otherwise.
+    pub failed_refused: AtomicU64,
+    /// Pool devices that could not be opened or a new extent zeroed.
+    pub failed_pool: AtomicU64,
 }
 
 /// How a volume is set up.
@@ -191,7 +203,7 @@ struct Inner {
     /// Every pool device this volume reached: what a flush flushes.
     touched: Mutex<Vec<Arc<dyn BlockDevice>>>,
     pool: IoPool,
-    stats: VolumeStats,
+    stats: Arc<VolumeStats>,
 }
 
 pub struct Volume {
@@ -211,12 +223,12 @@ impl Volume {
                 turns: tokio::sync::Semaphore::new(crate::limits::VOLUME_MISSES_IN_FLIGHT_MAX),
                 touched: Mutex::new(Vec::new()),
                 pool,
-                stats: VolumeStats::default(),
+                stats: Arc::default(),
             }),
         }
     }
 
-    pub fn stats(&self) -> &VolumeStats {
+    pub fn stats(&self) -> &Arc<VolumeStats> {
         &self.inner.stats
     }
 
@@ -365,11 +377,19 @@ impl Inner {
     async fn ask<T>(&self, what: &str, f: impl Future<Output = Result<T, ResolveError>>) -> io::Result<T> {
         let t = self.cfg.timeout;
         match tokio::time::timeout(t, f).await {
-            Ok(r) => r.map_err(unresolved),
-            Err(_) => Err(status_error(
-                Status::NAMESPACE_NOT_READY,
-                format!("volume {}: the control plane did not {what} within {} ms", self.cfg.name, t.as_millis()),
-            )),
+            Ok(Ok(v)) => Ok(v),
+            Ok(Err(e)) => {
+                let kind = if e.status == Status::CAPACITY_EXCEEDED { &self.stats.failed_no_space } else { &self.stats.failed_refused };
+                kind.fetch_add(1, Relaxed);
+                Err(unresolved(e))
+            }
+            Err(_) => Err({
+                self.stats.failed_timeout.fetch_add(1, Relaxed);
+                status_error(
+                    Status::NAMESPACE_NOT_READY,
+                    format!("volume {}: the control plane did not {what} within {} ms", self.cfg.name, t.as_millis()),
+                )
+            }),
         }
     }
 
@@ -429,7 +449,10 @@ impl Inner {
     async fn resolve(&self, index: u64, allocate: bool) -> io::Result<Option<Mapped>> {
         let _turn = self.turns.acquire().await.map_err(|_| io::Error::other("the volume's misses were closed"))?;
         self.stats.misses.fetch_add(1, Relaxed);
-        let (loc, fresh) = match self.ask("translate", self.resolver.translate(index)).await? {
+        let asked = std::time::Instant::now();
+        let translated = self.ask("translate", self.resolver.translate(index)).await;
+        self.stats.translate_latency.record(asked.elapsed());
+        let (loc, fresh) = match translated? {
             Lookup::Allocated(loc) => (loc, false),
             Lookup::Unallocated if !allocate => return Ok(None),
             Lookup::Unallocated => {
@@ -441,15 +464,22 @@ impl Inner {
                 (loc, true)
             }
         };
-        let m = self.open(&loc).await?;
+        let m = self.open(&loc).await.inspect_err(|_| {
+            self.stats.failed_pool.fetch_add(1, Relaxed);
+        })?;
         if fresh {
             let ext = self.cfg.extent_size;
             let op = Op::WriteZeroes { off: m.offset, len: ext, deallocate: true, fua: false };
             let mut ch = Channel::new(IoEngine::Threads, self.pool.clone());
             let c = ch.run(&*m.dev, op, AlignedBuf::new(0)).await;
-            c.result.map_err(|e| io::Error::new(e.kind(), format!("zeroing new extent {index} of volume {}: {e}", self.cfg.name)))?;
+            c.result.map_err(|e| {
+                self.stats.failed_pool.fetch_add(1, Relaxed);
+                io::Error::new(e.kind(), format!("zeroing new extent {index} of volume {}: {e}", self.cfg.name))
+            })?;
         }
-        self.cache.lock().insert(index, m.clone());
+        if self.cache.lock().insert(index, m.clone()).is_some() {
+            self.stats.evictions.fetch_add(1, Relaxed);
+        }
         Ok(Some(m))
     }
 

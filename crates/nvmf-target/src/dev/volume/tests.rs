@@ -23,6 +23,10 @@ struct Books {
     delay_ms: AtomicU64,
     open: AtomicU64,
     most: AtomicU64,
+    /// Allocations fail with this status.
+    refuse: Mutex<Option<Status>>,
+    /// Allocations name a pool no target has.
+    bad_pool: AtomicBool,
 }
 
 impl Books {
@@ -49,12 +53,16 @@ impl Resolver for Books {
     fn allocate(&self, index: u64) -> BoxFuture<'_, Result<Location, ResolveError>> {
         Box::pin(async move {
             self.gate().await;
+            if let Some(status) = *self.refuse.lock() {
+                return Err(ResolveError { status, message: "refused".into() });
+            }
             let mut p = self.placed.lock();
             if let Some(l) = p.get(&index) {
                 return Ok(l.clone());
             }
             let n = self.next.fetch_add(1, Relaxed);
-            let loc = Location { target: "t".into(), nsid: (n % POOLS as u64) as u32 + 1, offset: (n / POOLS as u64) * EXT, epoch: 1 };
+            let nsid = if self.bad_pool.load(Relaxed) { 99 } else { (n % POOLS as u64) as u32 + 1 };
+            let loc = Location { target: "t".into(), nsid, offset: (n / POOLS as u64) * EXT, epoch: 1 };
             p.insert(index, loc.clone());
             Ok(loc)
         })
@@ -373,4 +381,75 @@ async fn misses_waiting_behind_a_failed_one_share_its_failure() {
     // One bounded wait (200 ms), not eight.
     assert!(start.elapsed() < Duration::from_millis(400), "waited {:?}", start.elapsed());
     assert_eq!((r.vol.stats().misses.load(Relaxed), r.vol.stats().coalesced.load(Relaxed)), (1, 7));
+}
+
+/// The cache's counters and the translation failures by kind, scraped from the metrics
+/// text after known traffic (a cache of two extents).
+#[tokio::test]
+async fn the_metrics_count_hits_misses_evictions_and_failures() {
+    let mut r = rig(2);
+    let (write, read) = (true, false);
+    // (the extent written or read, what to make the control plane do first, whether it
+    // fails).
+    #[rustfmt::skip]
+    let traffic: &[(u64, bool, &str, bool)] = &[
+        (0, write, "", false), (1, write, "", false),
+        // The cache is full: 0 goes.
+        (2, write, "", false),
+        (2, read, "", false),
+        // 1 goes.
+        (0, read, "", false),
+        (1, read, "down", true),
+        (3, write, "no space", true),
+        (4, write, "refuse", true),
+        (5, write, "bad pool", true),
+    ];
+    for &(e, is_write, make, fails) in traffic {
+        r.books.down.store(make == "down", Relaxed);
+        *r.books.refuse.lock() = match make {
+            "no space" => Some(Status::CAPACITY_EXCEEDED),
+            "refuse" => Some(Status::INTERNAL_ERROR),
+            _ => None,
+        };
+        r.books.bad_pool.store(make == "bad pool", Relaxed);
+        let op = if is_write { Op::Write { off: e * EXT, fua: false } } else { Op::Read { off: e * EXT } };
+        let res = r.op(op, vec![1; BLOCK as usize]).await;
+        assert_eq!(res.is_err(), fails, "extent {e} ({make}): {res:?}");
+    }
+    let cfg = crate::config::NamespaceConfig {
+        nsid: 1,
+        path: None,
+        memory: Some(crate::config::ByteSize(1 << 20)),
+        size: None,
+        block_size: 512,
+        tag: None,
+        delay_us: 0,
+        inject: None,
+    };
+    let cfg = crate::config::Config::single("127.0.0.1:0".parse().expect("address"), None, "nqn.2026-11.io.nearstore:m", cfg);
+    let target = crate::Target::from_config(&cfg).expect("target");
+    let mut ns = crate::subsystem::Namespace::new("nqn.v", 1, r.vol.backend(), crate::limits::VOLUME_BLOCK_BYTES);
+    ns.volume = Some(r.vol.stats().clone());
+    let sub = crate::subsystem::Subsystem::new("nqn.v", None, None, true, &[]);
+    sub.add_namespace(ns).expect("namespace");
+    target.add_subsystem(sub);
+    let text = crate::metrics::render(&target);
+    let l = "subnqn=\"nqn.v\",nsid=\"1\"";
+    #[rustfmt::skip]
+    let want = [
+        ("nearstore_volume_cache_hits_total", String::new(), 1),
+        ("nearstore_volume_cache_misses_total", String::new(), 8),
+        ("nearstore_volume_cache_coalesced_total", String::new(), 0),
+        ("nearstore_volume_cache_evictions_total", String::new(), 2),
+        ("nearstore_volume_translation_failures_total", ",kind=\"timeout\"".into(), 1),
+        ("nearstore_volume_translation_failures_total", ",kind=\"no_space\"".into(), 1),
+        ("nearstore_volume_translation_failures_total", ",kind=\"refused\"".into(), 1),
+        ("nearstore_volume_translation_failures_total", ",kind=\"pool\"".into(), 1),
+        ("nearstore_volume_translate_latency_seconds_count", String::new(), 8),
+        ("nearstore_volume_translate_latency_seconds_bucket", ",le=\"+Inf\"".into(), 8),
+    ];
+    for (name, more, n) in want {
+        let line = format!("{name}{{{l}{more}}} {n}");
+        assert!(text.lines().any(|x| x == line), "no line {line} in:\n{text}");
+    }
 }
