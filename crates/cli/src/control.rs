@@ -23,7 +23,8 @@ pub const CONTROL_PORT: u16 = 9470;
 /// Where the control plane is: --control, else NEARSTORE_CONTROL, else 127.0.0.1:9470.
 #[derive(clap::Args, Clone)]
 pub struct ControlArgs {
-    /// The control plane: HOST or HOST:PORT (default: $NEARSTORE_CONTROL, else 127.0.0.1:9470).
+    /// The control plane: HOST or HOST:PORT, or a comma list of a leader and its standbys
+    /// (default: $NEARSTORE_CONTROL, else 127.0.0.1:9470).
     #[arg(long)]
     pub control: Option<String>,
     /// Output format: normal (text) or json.
@@ -38,8 +39,17 @@ impl ControlArgs {
             .clone()
             .or_else(|| std::env::var("NEARSTORE_CONTROL").ok().filter(|s| !s.is_empty()))
             .unwrap_or_else(|| "127.0.0.1".into());
-        Ok(Client::new(crate::resolve(&a, CONTROL_PORT).context("--control")?))
+        client(&a).context("--control")
     }
+}
+
+/// A client of the control plane at `addrs`: HOST[:PORT] or a comma list of them, tried in
+/// turn until the leader answers.
+pub fn client(addrs: &str) -> Result<Client> {
+    let list =
+        addrs.split(',').map(str::trim).filter(|a| !a.is_empty()).map(|a| crate::resolve(a, CONTROL_PORT)).collect::<Result<Vec<_>>>()?;
+    anyhow::ensure!(!list.is_empty(), "no control plane address in '{addrs}'");
+    Ok(Client::with_addrs(list))
 }
 
 #[derive(clap::Subcommand)]
@@ -122,7 +132,7 @@ fn plain(e: ClientError) -> anyhow::Error {
 /// The view agent of a target started with a control plane: its pools made (or grown) now,
 /// its address filled in once it listens.
 pub fn agent(cfg: &nearstore_target::config::Config, control: &str) -> Result<Agent> {
-    let client = Client::new(crate::resolve(control, CONTROL_PORT).context("control")?);
+    let client = client(control).context("control")?;
     let mut pools = Vec::new();
     for (i, p) in cfg.pool.iter().enumerate() {
         nearstore_control::agent::prepare_pool(&p.path, p.size.0)?;
@@ -493,7 +503,7 @@ mod tests {
         use nearstore_control::model::ApiError;
         use nearstore_wire::Status;
         let api = |code| ClientError::Api(ApiError::new(code, "x"));
-        let down = ClientError::Transport { addr: "127.0.0.1:1".parse().expect("addr"), what: "connecting: refused".into() };
+        let down = ClientError::Transport { addr: "127.0.0.1:1".into(), what: "connecting: refused".into() };
         #[rustfmt::skip]
         let cases: Vec<(ClientError, Status)> = vec![
             // Retried by the host: the control plane is unreachable or could not commit.

@@ -214,7 +214,8 @@ enum Cmd {
         /// Log lines as text (colours only on a terminal) or as JSON objects, one a line.
         #[arg(long, value_enum, default_value = "text")]
         log_format: LogFormat,
-        /// The control plane to register with and push pool views to (HOST:PORT).
+        /// The control plane to register with and push pool views to (HOST:PORT, or a comma
+        /// list of its leader and standbys).
         #[arg(long)]
         control: Option<String>,
         /// A pool for volumes' extents: a file, made or grown to SIZE (repeatable; needs --control).

@@ -2,7 +2,10 @@
 //! daemons as processes on loopback, killed by PID whatever the outcome. A restart loses
 //! nothing; killing etcd's leader while clients create volumes and allocate extents loses and
 //! doubles nothing; a standby daemon takes over from a killed leader within the lease TTL, and
-//! a leader that lost its lease refuses to change anything (docs/control-plane.md, "etcd").
+//! a leader that lost its lease refuses to change anything; clients given several addresses
+//! follow the leader (docs/control-plane.md, "etcd").
+
+mod common;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::io::BufRead;
@@ -12,9 +15,10 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use common::{ok, Target};
 use nearstore_control::client::{Client, ClientError};
 use nearstore_control::etcd::PREFIX_DEFAULT;
-use nearstore_control::limits::LEADER_POLL_MS;
+use nearstore_control::limits::{FAILOVER_MS, LEADER_POLL_MS};
 use nearstore_control::model::*;
 use nearstore_testkit::etcd::Etcd;
 
@@ -331,6 +335,17 @@ fn refused(r: Result<Volume, ClientError>) -> Option<ErrorCode> {
     r.err().and_then(|e| e.code())
 }
 
+/// A volume created on one daemon only (a raw call: a client would follow the leader a
+/// standby names): None if it was, else the error code and message.
+fn create_on(d: &Daemon, name: &str) -> Option<(ErrorCode, String)> {
+    let body = serde_json::to_vec(&CreateVolume { name: name.into(), size: 4 * MIB, extent_size: Some(MIB) }).expect("json");
+    let r = rt().block_on(d.client().raw("POST".parse().expect("method"), "/v1/volumes", body)).expect("reply");
+    (r.status != 201).then(|| {
+        let e: ErrorBody = serde_json::from_slice(&r.body).expect("error body");
+        (e.error.code, e.error.message)
+    })
+}
+
 /// Two daemons on one etcd: one leads, the other stands by and refuses changes; kill -9 of
 /// the leader and the standby leads within the lease TTL with everything acknowledged. A
 /// leader frozen past its lease (SIGSTOP) loses the lead and, thawed, changes nothing.
@@ -348,9 +363,9 @@ fn a_standby_takes_over_within_the_lease_ttl() {
     }
     let rt = rt();
     let vol = |n: &str| CreateVolume { name: n.into(), size: 4 * MIB, extent_size: Some(MIB) };
-    let e = rt.block_on(b.client().create_volume(&vol("x"))).expect_err("a standby changes nothing");
-    assert_eq!(e.code(), Some(ErrorCode::NotLeader));
-    assert!(e.to_string().contains(&a.addr.to_string()), "{e}");
+    let (code, message) = create_on(&b, "x").expect("a standby changes nothing");
+    assert_eq!(code, ErrorCode::NotLeader);
+    assert!(message.contains(&a.addr.to_string()), "{message}");
     register(&a.client(), "127.0.0.1:4420", 1, 64 * MIB);
     rt.block_on(a.client().create_volume(&vol("v"))).expect("create");
     let placed: Vec<ExtentInfo> = (0..4).map(|i| rt.block_on(a.client().allocate("v", i)).expect("allocate")).collect();
@@ -371,7 +386,7 @@ fn a_standby_takes_over_within_the_lease_ttl() {
     let took = c.wait_leading(Duration::from_secs(ttl + 5));
     b.signal(libc::SIGCONT);
     // Thawed, b still believes nothing yet: its change is refused all the same.
-    assert_eq!(refused(rt.block_on(b.client().create_volume(&vol("late")))), Some(ErrorCode::NotLeader));
+    assert_eq!(create_on(&b, "late").map(|e| e.0), Some(ErrorCode::NotLeader));
     assert_eq!(refused(rt.block_on(c.client().create_volume(&vol("w")))), None);
     assert_eq!(rt.block_on(c.client().volume("late")).map_err(|e| e.code()).err(), Some(Some(ErrorCode::VolumeNotFound)));
     assert_eq!(rt.block_on(c.client().volume("v")).expect("v").extents, placed);
@@ -382,4 +397,83 @@ fn a_standby_takes_over_within_the_lease_ttl() {
     }
     eprintln!("a frozen leader was replaced {took:?} after its freeze");
     check_books(&etcd, &c.client());
+}
+
+/// Waits until `d`'s view holds a view of `pool` received after `after_ms` (ms since the
+/// epoch): the target's agent reached `d`.
+fn wait_view_after(d: &Daemon, pool: &str, after_ms: u64, within: Duration) {
+    let t0 = Instant::now();
+    loop {
+        let v = rt().block_on(d.client().raw("GET".parse().expect("method"), "/v1/view", Vec::new())).ok();
+        let v: Option<ClusterView> = v.filter(|r| r.status == 200).and_then(|r| serde_json::from_slice(&r.body).ok());
+        if v.as_ref().is_some_and(|v| v.pools.iter().any(|p| p.pool == pool && p.view.as_ref().is_some_and(|w| w.received_ms > after_ms))) {
+            return;
+        }
+        assert!(t0.elapsed() < within, "no view of {pool} after {after_ms} reached {} within {within:?}: {v:?}", d.addr);
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+fn now_ms() -> u64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).expect("clock").as_millis() as u64
+}
+
+/// Clients follow the leader: given the standby's address first, a CLI verb (--control and
+/// NEARSTORE_CONTROL), a client call and a real target's registration and views reach the
+/// leader; after kill -9 of the leader they reach the new one, within FAILOVER_MS.
+#[test]
+fn clients_follow_the_leader() {
+    let etcd = Etcd::start(3);
+    let ttl = 2;
+    let a = Daemon::start(&etcd, ttl);
+    a.wait_leading(Duration::from_secs(10));
+    let b = Daemon::start(&etcd, ttl);
+    let t0 = Instant::now();
+    while b.health().is_none_or(|h| h["leader"] != a.addr.to_string()) {
+        assert!(t0.elapsed() < Duration::from_secs(5), "b does not stand by behind a: {:?}", b.health());
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let list = format!("{},{}", b.addr, a.addr);
+    ok(&["volume", "create", "v", "--size", "4MiB", "--extent-size", "1MiB", "--control", &list]);
+    let o = Command::new(env!("CARGO_BIN_EXE_nearstore"))
+        .args(["volume", "create", "w", "--size", "4MiB", "--extent-size", "1MiB"])
+        .env("NEARSTORE_CONTROL", &list)
+        .output()
+        .expect("nearstore");
+    assert!(o.status.success(), "NEARSTORE_CONTROL={list}: {}", String::from_utf8_lossy(&o.stderr));
+    let dir = tempfile::tempdir().expect("tempdir");
+    let _t = Target::start(&["--memory", "1MiB", "--control", &list, "--pool", &format!("{}:64MiB", dir.path().join("p0").display())]);
+    wait_view_after(&a, "p0", 0, Duration::from_secs(10));
+    let c = Client::with_addrs(vec![b.addr, a.addr]);
+    let rt = rt();
+    let e = rt.block_on(c.allocate("v", 0)).expect("allocate through the standby's address");
+    assert_eq!(e.pool, "p0");
+    assert_eq!(c.addr.current(), a.addr, "the leader is asked first next time");
+    // The leader killed: the same calls reach b once it leads.
+    a.kill();
+    let killed = now_ms();
+    let t0 = Instant::now();
+    ok(&["volume", "create", "x", "--size", "4MiB", "--extent-size", "1MiB", "--control", &list]);
+    let took = t0.elapsed();
+    assert!(took < Duration::from_millis(FAILOVER_MS), "{took:?}");
+    eprintln!("a CLI verb reached the new leader {took:?} after the leader's kill -9 (lease TTL {ttl} s)");
+    assert!(b.leads());
+    assert_eq!(rt.block_on(c.volume("v")).expect("v").extents, vec![e]);
+    assert_eq!(c.addr.current(), b.addr);
+    let names: BTreeSet<String> = rt.block_on(c.volumes()).expect("volumes").into_iter().map(|v| v.name).collect();
+    assert_eq!(names, ["v", "w", "x"].into_iter().map(String::from).collect());
+    // The target's agent pushes its next view (every 10 s at most) to the new leader.
+    wait_view_after(&b, "p0", killed, Duration::from_secs(15));
+    // With no daemon left, a call fails after FAILOVER_MS, naming an address; a client of one
+    // address, at once.
+    let single = Client::new(b.addr);
+    b.kill();
+    let t0 = Instant::now();
+    assert!(matches!(rt.block_on(single.volumes()), Err(ClientError::Transport { .. })));
+    assert!(t0.elapsed() < Duration::from_secs(1), "{:?}", t0.elapsed());
+    let t0 = Instant::now();
+    let err = rt.block_on(c.volumes()).expect_err("no control plane");
+    let took = t0.elapsed();
+    assert!(matches!(err, ClientError::Transport { .. }), "{err}");
+    assert!(took >= Duration::from_millis(FAILOVER_MS) && took < Duration::from_millis(FAILOVER_MS + 2000), "{took:?}");
 }

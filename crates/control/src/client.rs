@@ -1,9 +1,14 @@
 //! The API's client: what the CLI, the targets' view agents and tests call. One HTTP/1.1
 //! connection per call (hyper), bounded in time (REQUEST_TIMEOUT_MS) and in the reply's size
-//! (RESPONSE_BYTES_MAX).
+//! (RESPONSE_BYTES_MAX). Given several addresses (a leader and its standbys), a call refused
+//! by a standby (`not_leader`) or whose connection is refused goes to the leader the standby
+//! names, else to the next address, for at most FAILOVER_MS; the address that answered is
+//! tried first by the next call.
 
 use std::net::SocketAddr;
-use std::time::Duration;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full, Limited};
@@ -12,7 +17,7 @@ use hyper_util::rt::TokioIo;
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 
-use crate::limits::{REQUEST_TIMEOUT_MS, RESPONSE_BYTES_MAX};
+use crate::limits::{FAILOVER_MS, FAILOVER_ROUND_MS, REQUEST_TIMEOUT_MS, RESPONSE_BYTES_MAX};
 use crate::model::*;
 
 #[derive(Debug, thiserror::Error)]
@@ -22,7 +27,7 @@ pub enum ClientError {
     Api(ApiError),
     /// It could not be reached, or its answer could not be read.
     #[error("control plane at {addr}: {what}")]
-    Transport { addr: SocketAddr, what: String },
+    Transport { addr: String, what: String },
 }
 
 impl ClientError {
@@ -41,9 +46,40 @@ pub struct Reply {
     pub body: Bytes,
 }
 
+/// The control plane's addresses, and which one answered last (shared by a client's clones).
+#[derive(Debug, Clone)]
+pub struct Addrs {
+    list: Arc<Vec<SocketAddr>>,
+    current: Arc<AtomicUsize>,
+}
+
+impl Addrs {
+    pub fn list(&self) -> &[SocketAddr] {
+        &self.list
+    }
+
+    /// The address the next call tries first.
+    pub fn current(&self) -> SocketAddr {
+        self.list[self.current.load(Ordering::Relaxed) % self.list.len()]
+    }
+}
+
+impl std::fmt::Display for Addrs {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let list: Vec<String> = self.list.iter().map(|a| a.to_string()).collect();
+        f.write_str(&list.join(","))
+    }
+}
+
 #[derive(Debug, Clone)]
 pub struct Client {
-    pub addr: SocketAddr,
+    pub addr: Addrs,
+}
+
+/// The leader's address a `not_leader` refusal names, if it names one.
+fn named_leader(e: &ApiError) -> Option<SocketAddr> {
+    let (_, after) = e.message.split_once("the leader's API is at ")?;
+    after.split_whitespace().next()?.parse().ok()
 }
 
 /// A path segment with everything but unreserved characters and ':' percent-encoded
@@ -62,39 +98,106 @@ pub fn segment(s: &str) -> String {
 
 impl Client {
     pub fn new(addr: SocketAddr) -> Client {
-        Client { addr }
+        Client::with_addrs(vec![addr])
+    }
+
+    /// A client of a control plane with standbys: `addrs` tried in turn (at least one).
+    pub fn with_addrs(addrs: Vec<SocketAddr>) -> Client {
+        assert!(!addrs.is_empty(), "a control plane client needs an address");
+        Client { addr: Addrs { list: Arc::new(addrs), current: Arc::new(AtomicUsize::new(0)) } }
     }
 
     fn transport(&self, what: impl std::fmt::Display) -> ClientError {
-        ClientError::Transport { addr: self.addr, what: what.to_string() }
+        ClientError::Transport { addr: self.addr.to_string(), what: what.to_string() }
     }
 
-    /// Sends one request with a raw body and returns the reply, whatever its status.
+    fn transport_at(addr: SocketAddr, what: impl std::fmt::Display) -> ClientError {
+        ClientError::Transport { addr: addr.to_string(), what: what.to_string() }
+    }
+
+    /// Sends one request with a raw body to the address tried first and returns the reply,
+    /// whatever its status (no failover: tests look at a daemon this way).
     pub async fn raw(&self, method: Method, path: &str, body: Vec<u8>) -> Result<Reply, ClientError> {
+        Self::raw_at(self.addr.current(), method, path, body).await.map_err(|(_, e)| e)
+    }
+
+    /// One request to `addr`; the error says whether the request was never sent (the
+    /// connection refused or not made), so that sending it elsewhere cannot do it twice.
+    async fn raw_at(addr: SocketAddr, method: Method, path: &str, body: Vec<u8>) -> Result<Reply, (bool, ClientError)> {
         let call = async {
-            let stream = tokio::net::TcpStream::connect(self.addr).await.map_err(|e| self.transport(format!("connecting: {e}")))?;
-            let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream)).await.map_err(|e| self.transport(e))?;
+            let stream =
+                tokio::net::TcpStream::connect(addr).await.map_err(|e| (true, Self::transport_at(addr, format!("connecting: {e}"))))?;
+            let t = |e: hyper::Error| (false, Self::transport_at(addr, e));
+            let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream)).await.map_err(t)?;
             let conn = tokio::spawn(conn);
             let req = Request::builder()
                 .method(method)
                 .uri(path)
-                .header(hyper::header::HOST, self.addr.to_string())
+                .header(hyper::header::HOST, addr.to_string())
                 .header(hyper::header::CONTENT_TYPE, "application/json")
                 .body(Full::new(Bytes::from(body)))
-                .map_err(|e| self.transport(e))?;
-            let resp = sender.send_request(req).await.map_err(|e| self.transport(e))?;
+                .map_err(|e| (false, Self::transport_at(addr, e)))?;
+            let resp = sender.send_request(req).await.map_err(t)?;
             let status = resp.status().as_u16();
             let body = Limited::new(resp.into_body(), RESPONSE_BYTES_MAX)
                 .collect()
                 .await
-                .map_err(|e| self.transport(format!("reading the reply: {e}")))?
+                .map_err(|e| (false, Self::transport_at(addr, format!("reading the reply: {e}"))))?
                 .to_bytes();
             conn.abort();
             Ok(Reply { status, body })
         };
         tokio::time::timeout(Duration::from_millis(REQUEST_TIMEOUT_MS), call)
             .await
-            .map_err(|_| self.transport(format!("no reply within {REQUEST_TIMEOUT_MS} ms")))?
+            .map_err(|_| (false, Self::transport_at(addr, format!("no reply within {REQUEST_TIMEOUT_MS} ms"))))?
+    }
+
+    /// One call, following the leader: to the address that answered last, then on
+    /// `not_leader` to the leader it names (or the next address), on a refused connection to
+    /// the next address, a round of them every FAILOVER_ROUND_MS, for at most FAILOVER_MS.
+    /// A single address refused with no standby heard from fails at once (nothing to follow).
+    /// A request that may have reached a daemon is never sent again.
+    async fn failover(&self, method: Method, path: &str, body: Vec<u8>) -> Result<Reply, ClientError> {
+        let list = self.addr.list();
+        let deadline = Instant::now() + Duration::from_millis(FAILOVER_MS);
+        let mut i = self.addr.current.load(Ordering::Relaxed) % list.len();
+        let mut tried = 0usize;
+        let mut redirect: Option<SocketAddr> = None;
+        let mut standby_seen = false;
+        loop {
+            let addr = redirect.take().unwrap_or(list[i]);
+            let err = match Self::raw_at(addr, method.clone(), path, body.clone()).await {
+                Ok(r) => match serde_json::from_slice::<ErrorBody>(&r.body).ok().map(|b| b.error) {
+                    Some(e) if r.status == 503 && e.code == ErrorCode::NotLeader => {
+                        // The leader it names, unless that is where we are.
+                        redirect = named_leader(&e).filter(|l| *l != addr);
+                        standby_seen = true;
+                        ClientError::Api(e)
+                    }
+                    _ => {
+                        if let Some(k) = list.iter().position(|a| *a == addr) {
+                            self.addr.current.store(k, Ordering::Relaxed);
+                        }
+                        return Ok(r);
+                    }
+                },
+                // Nothing to follow: one address, and no standby named a leader.
+                Err((true, e)) if list.len() == 1 && !standby_seen => return Err(e),
+                Err((true, e)) => e,
+                Err((false, e)) => return Err(e),
+            };
+            if Instant::now() >= deadline {
+                return Err(err);
+            }
+            if redirect.is_none() {
+                i = (i + 1) % list.len();
+                tried += 1;
+                if tried.is_multiple_of(list.len()) {
+                    // Every address refused: a takeover under way; wait a little.
+                    tokio::time::sleep(Duration::from_millis(FAILOVER_ROUND_MS)).await;
+                }
+            }
+        }
     }
 
     /// A JSON call: the reply's body as T on success, the API's error otherwise.
@@ -103,7 +206,7 @@ impl Client {
             Some(b) => serde_json::to_vec(b).map_err(|e| self.transport(e))?,
             None => Vec::new(),
         };
-        let r = self.raw(method, path, bytes).await?;
+        let r = self.failover(method, path, bytes).await?;
         if (200..300).contains(&r.status) {
             // 204 has no body: read as JSON null.
             let body: &[u8] = if r.body.is_empty() { b"null" } else { &r.body };

@@ -64,6 +64,15 @@ pub const EXPORTS_WAIT_MS: u64 = 5000;
 /// most one store commit (an fsync), well under a second on any disk.
 pub const REQUEST_TIMEOUT_MS: u64 = 10_000;
 
+/// Milliseconds a client goes on looking for the leader among its addresses (standbys
+/// answer `not_leader`, a killed daemon refuses connections): a standby takes over within the
+/// default lease (LEASE_TTL_S_DEFAULT) plus LEADER_POLL_MS, and a call should outlast one
+/// takeover, not a control plane that is down.
+pub const FAILOVER_MS: u64 = LEASE_TTL_S_DEFAULT * 1000 + 5000;
+/// Milliseconds a client waits after every address refused it, before the next round: a few
+/// of LEADER_POLL_MS, so a takeover is found soon without spinning on refusals.
+pub const FAILOVER_ROUND_MS: u64 = 200;
+
 /// Milliseconds between two samples of a view agent: the EWMAs' time step.
 pub const VIEW_SAMPLE_MS: u64 = 1000;
 /// Milliseconds after which an agent pushes its view even if no figure crossed its threshold:
@@ -136,3 +145,4 @@ const _: () = assert!(BODY_BYTES_MAX * 2 <= ETCD_TXN_BYTES_MAX);
 const _: () = assert!((ETCD_LOAD_PAGE_KEYS as usize) * (PATH_BYTES_MAX + NAME_BYTES_MAX * 2 + 512) < 4 << 20);
 const _: () = assert!(LEASE_TTL_S_MIN <= LEASE_TTL_S_DEFAULT && LEASE_TTL_S_DEFAULT <= LEASE_TTL_S_MAX);
 const _: () = assert!(ETCD_REQUEST_MS * 2 <= LEASE_TTL_S_MIN * 1000);
+const _: () = assert!(FAILOVER_MS > LEASE_TTL_S_DEFAULT * 1000 + LEADER_POLL_MS && FAILOVER_ROUND_MS < FAILOVER_MS);

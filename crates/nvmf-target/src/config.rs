@@ -91,7 +91,9 @@ pub struct Config {
     /// named by its NGUID. Without it, a namespace on a regular file keeps them beside the
     /// file (PATH.resv); one on a block device cannot persist them (docs/operations.md).
     pub state_dir: Option<PathBuf>,
-    /// The control plane this target registers with, HOST:PORT (docs/control-plane.md).
+    /// The control plane this target registers with, HOST:PORT, or its leader and standbys:
+    /// `["A", "B"]` or "A,B", kept as the comma list (docs/control-plane.md).
+    #[serde(default, deserialize_with = "control_addrs")]
     pub control: Option<String>,
     /// Pools: files set aside for volumes' extents, registered with the control plane.
     #[serde(default)]
@@ -389,6 +391,20 @@ impl std::str::FromStr for ByteSize {
     }
 }
 
+/// `control`: one address string (a comma list too) or a list of them, as one comma list.
+fn control_addrs<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<String>, D::Error> {
+    #[derive(Deserialize)]
+    #[serde(untagged)]
+    enum Addrs {
+        One(String),
+        Many(Vec<String>),
+    }
+    Ok(Some(match Addrs::deserialize(d)? {
+        Addrs::One(a) => a,
+        Addrs::Many(list) => list.join(","),
+    }))
+}
+
 impl<'de> Deserialize<'de> for ByteSize {
     fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<ByteSize, D::Error> {
         #[derive(Deserialize)]
@@ -625,6 +641,23 @@ mod tests {
         assert_eq!(c.io_threads, limits::IO_THREADS_DEFAULT);
         assert_eq!(c.busy_poll_us, limits::BUSY_POLL_US_DEFAULT);
         assert_eq!(c.io_engine, IoEngine::Uring);
+    }
+
+    #[test]
+    fn control_is_an_address_a_comma_list_or_a_list() {
+        #[rustfmt::skip]
+        let cases: &[(&str, Option<&str>)] = &[
+            ("", None),
+            ("control = \"10.0.0.1:9470\"\n", Some("10.0.0.1:9470")),
+            ("control = \"a:1,b:2\"\n", Some("a:1,b:2")),
+            ("control = [\"a:1\", \"b:2\", \"c\"]\n", Some("a:1,b:2,c")),
+        ];
+        for (line, want) in cases {
+            let c = Config::from_toml(&format!("{line}{GOOD}")).unwrap_or_else(|e| panic!("{line}: {e}"));
+            assert_eq!(c.control.as_deref(), *want, "{line}");
+        }
+        // Anything else is refused.
+        assert!(Config::from_toml(&format!("control = 7\n{GOOD}")).is_err());
     }
 
     #[test]
