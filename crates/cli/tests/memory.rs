@@ -24,7 +24,9 @@ const COMMAND: u64 = 32 * MIB;
 /// threads started for compute commands (a few KiB touched each), the allocator's
 /// bookkeeping and what it keeps free for reuse, controllers and commands' own state. The
 /// peak measured 57 MiB under the budget (with one malloc arena per core,
-/// limits::MALLOC_ARENAS_PER_CORE); with glibc's default arenas it was 48 MiB over.
+/// limits::MALLOC_ARENAS_PER_CORE); with glibc's default arenas it was 48 MiB over. With
+/// glibc's self-raising mmap threshold it came within 7 MiB of the limit, and over it on a
+/// busy machine (limits::MALLOC_MMAP_THRESHOLD_BYTES).
 const SLACK: u64 = 16 * MIB;
 const BLOCK: u64 = 512;
 /// Where the CSV for the compute commands lies in the namespace, and its size.

@@ -403,7 +403,9 @@ pub fn raise_descriptor_limit() -> u64 {
 }
 
 /// Limits glibc's malloc to [`limits::MALLOC_ARENAS_PER_CORE`] arenas per core, once per
-/// process, unless the operator set MALLOC_ARENA_MAX. By default glibc makes up to 8 per
+/// process, unless the operator set MALLOC_ARENA_MAX; and fixes its mmap threshold at
+/// [`limits::MALLOC_MMAP_THRESHOLD_BYTES`] unless MALLOC_MMAP_THRESHOLD_ is set, so that
+/// large blocks freed go back to the kernel instead of staying resident in an arena. By default glibc makes up to 8 per
 /// core and keeps what a thread freed in its arena for that arena's later use: memory
 /// one compute thread freed (a result, a sort's rows) was not reused by the next command
 /// on another arena, and the process peaked 48 MiB over its memory budget
@@ -414,6 +416,14 @@ pub fn raise_descriptor_limit() -> u64 {
 pub fn limit_malloc_arenas() -> Option<i32> {
     static REFUSED: std::sync::OnceLock<Option<i32>> = std::sync::OnceLock::new();
     *REFUSED.get_or_init(|| {
+        #[cfg(all(target_os = "linux", target_env = "gnu"))]
+        if std::env::var_os("MALLOC_MMAP_THRESHOLD_").is_none() {
+            let bytes = limits::MALLOC_MMAP_THRESHOLD_BYTES as i32;
+            // SAFETY: mallopt only changes a malloc parameter; any value is accepted or refused.
+            if unsafe { libc::mallopt(libc::M_MMAP_THRESHOLD, bytes) } == 0 {
+                warn!(bytes, "mallopt(M_MMAP_THRESHOLD) refused");
+            }
+        }
         if std::env::var_os("MALLOC_ARENA_MAX").is_some() {
             return None;
         }

@@ -254,6 +254,17 @@ pub const fn compute_memory_per_command_default(budget: u64) -> u64 {
 /// per byte.
 pub const MALLOC_ARENAS_PER_CORE: usize = 1;
 
+/// glibc's mmap threshold (M_MMAP_THRESHOLD, set at start-up unless
+/// MALLOC_MMAP_THRESHOLD_ is in the environment): allocations of this size and more are
+/// mapped on their own and given back to the kernel when freed. glibc's default starts
+/// here too but raises itself to the size of each large block freed (up to 32 MiB), after
+/// which held results and sort rows came from the arenas and stayed resident when freed:
+/// the peak resident memory test (crates/cli/tests/memory.rs) measured 261-278 MiB against
+/// idle 13 + budget 256 MiB, 304 and 344 MiB in runs on a busy machine, and 238-248 MiB with
+/// the threshold fixed here. What is allocated at this size is pooled (data buffers) or
+/// per command (compute chunks), so the mmap and munmap it costs are not per I/O.
+pub const MALLOC_MMAP_THRESHOLD_BYTES: usize = 128 * 1024;
+
 /// io_uring completions taken per look at the ring while the send buffer has room.
 pub const REAP_BATCH: usize = 8;
 
