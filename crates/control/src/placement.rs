@@ -179,8 +179,10 @@ mod tests {
 
     #[test]
     fn stale_pools_are_skipped() {
+        // Pools, the stale ones, extents placed, the pools expected.
+        type Case<'a> = (&'a [Row], &'a [&'a str], usize, &'a [&'a str]);
         #[rustfmt::skip]
-        let cases: &[(&[Row], &[&str], usize, &[&str])] = &[
+        let cases: &[Case] = &[
             // The emptiest, idle pool is stale: the fresh one takes every extent.
             (&[("t1", "a", 10, 0, 0.0, 0.0), ("t2", "a", 10, 8, 32.0, 10000.0)], &["a@t1"], 3, &["a@t2", "a@t2", "none"]),
             // A stale pool of a target whose other pool is fresh: only that one.

@@ -639,8 +639,10 @@ mod tests {
     #[test]
     fn allocation_skips_stale_pools() {
         let s = VIEW_STALE_MS;
+        // Views (pool, ms), now, the pool chosen or the error's words.
+        type Case<'a> = (&'a [(&'a str, u64)], u64, Result<&'a str, &'a str>);
         #[rustfmt::skip]
-        let cases: &[(&[(&str, u64)], u64, Result<&str, &str>)] = &[
+        let cases: &[Case] = &[
             // Registered just now: both fresh, the smaller id first.
             (&[], s, Ok("a@t1")),
             // a@t1 silent since its registration, b@t2 pushed lately.
@@ -674,7 +676,7 @@ mod tests {
         let mut c = cluster(&[("t1", "a", MIB)]);
         commit(&mut c, |c| c.create_volume(&CreateVolume { name: "v".into(), size: 4 * MIB, extent_size: Some(MIB) }, 0)).expect("v");
         commit(&mut c, |c| c.allocate("v", 0, 0)).expect("0");
-        let e = c.allocate("v", 1, s + 1).err().expect("full");
+        let e = c.allocate("v", 1, s + 1).expect_err("full");
         assert_eq!(e.code, ErrorCode::NoSpace);
         assert!(!e.message.contains("stale"), "{}", e.message);
     }
