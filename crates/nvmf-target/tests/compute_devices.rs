@@ -28,6 +28,11 @@ const STACKS: &[(u32, &str)] = &[
     (7, "file, failing LBAs 16..32, delayed"),
 ];
 
+/// Held by every test of this file: two of them count the process's threads or a
+/// thread's CPU time, which another test running beside them (cargo runs two at a time)
+/// would change.
+static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
 /// A target with the namespaces of [`STACKS`], 8 MiB each, delays of `delay_us`, and
 /// `extra` appended to its configuration.
 async fn start(dir: &tempfile::TempDir, delay_us: u64, extra: &str) -> (Arc<Target>, std::net::SocketAddr, Controller, IoQueue) {
@@ -111,6 +116,7 @@ fn object_bytes(data: &[u8]) -> Vec<u8> {
 /// over the same bytes in memory: delays change the timing, not the result.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn compute_over_delayed_and_layered_namespaces_equals_the_local_kernel() {
+    let _serial = SERIAL.lock().await;
     let dir = tempfile::tempdir().unwrap();
     let (target, _, _c, mut q) = start(&dir, 300, "").await;
     // Beyond LBA 32, where nothing fails: 3 MiB and a tail cut short of its block.
@@ -139,6 +145,7 @@ async fn compute_over_delayed_and_layered_namespaces_equals_the_local_kernel() {
 /// naming where it read; reads that miss the failing blocks succeed on the same stack.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_injected_read_error_fails_the_command_naming_the_place() {
+    let _serial = SERIAL.lock().await;
     let dir = tempfile::tempdir().unwrap();
     let (target, _, _c, mut q) = start(&dir, 300, "").await;
     for &(nsid, what) in &STACKS[4..] {
@@ -187,6 +194,7 @@ fn thread_names() -> Vec<String> {
 /// per input (it took 60 before).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_command_over_many_inputs_takes_no_thread_per_input() {
+    let _serial = SERIAL.lock().await;
     const INPUTS: usize = 60;
     let dir = tempfile::tempdir().unwrap();
     let (target, _, _c, mut q) = start(&dir, 5_000, "").await;
@@ -242,6 +250,7 @@ async fn a_command_over_many_inputs_takes_no_thread_per_input() {
 /// passes), its device reads have all completed when it ends: none is left outstanding.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_command_stopped_mid_read_leaves_no_read_outstanding() {
+    let _serial = SERIAL.lock().await;
     let dir = tempfile::tempdir().unwrap();
     // Every read held back 700 ms; commands may run 2 s.
     let (target, addr, _c, mut q) = start(&dir, 700_000, "[compute]\ntimeout_secs = 2\nreadahead = 4").await;
@@ -293,6 +302,7 @@ async fn a_command_stopped_mid_read_leaves_no_read_outstanding() {
 /// went to the backend directly before, past the failing devices.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn outputs_are_written_and_flushed_through_the_device_stack() {
+    let _serial = SERIAL.lock().await;
     common::init_logs();
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path().display();
@@ -384,6 +394,7 @@ fn task_cpu_ns(tid: i32) -> u64 {
 /// rest is the submits, the connections and the task wake-ups).
 #[test]
 fn file_reads_of_a_compute_command_copy_nothing_on_the_network_thread() {
+    let _serial = SERIAL.blocking_lock();
     const LEN: usize = 256 << 20;
     common::init_logs();
     let dir = tempfile::tempdir().unwrap();
