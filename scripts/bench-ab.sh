@@ -106,11 +106,14 @@ for r in $(seq "$rounds"); do
         read -r w z q <<< "$wl"
         for side in A B; do
             bin=$a; [ $side = B ] && bin=$b
+            # Assignments, so that a failed run ends the script instead of leaving a line
+            # without figures.
             if [ "$w" = offload ]; then
-                echo "$r $side $w $z $q $(run_offload "$bin" "$z" "$q")" | tee -a "$work/runs"
+                out=$(run_offload "$bin" "$z" "$q")
             else
-                echo "$r $side $w $z $q $(run "$bin" "$w" "$z" "$q")" | tee -a "$work/runs"
+                out=$(run "$bin" "$w" "$z" "$q")
             fi
+            echo "$r $side $w $z $q $out" | tee -a "$work/runs"
         done
     done
 done

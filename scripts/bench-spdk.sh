@@ -114,7 +114,10 @@ for r in $(seq "$rounds"); do
     for wl in "${workloads[@]}"; do
         read -r w z q <<< "$wl"
         for side in nearstore spdk; do
-            echo "$r $side $w $z $q $(run $side "$w" "$z" "$q")" | tee -a "$work/runs"
+            # An assignment, so that a run that fails (a target that did not start) ends
+            # the script here instead of leaving a line without figures.
+            out=$(run $side "$w" "$z" "$q")
+            echo "$r $side $w $z $q $out" | tee -a "$work/runs"
         done
     done
 done
