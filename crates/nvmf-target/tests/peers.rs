@@ -393,7 +393,9 @@ async fn a_command_stopped_while_a_peer_stalls_ends_without_waiting_for_it() {
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
     let took = closed.elapsed();
-    assert!(took < Duration::from_secs(1), "the command waited {took:?} for its stalled peer after its host left");
+    // Waiting for the stalled peer would take cluster.timeout_secs (2 s); anything short of
+    // that is the cancellation (1 s here before, too close on a loaded machine).
+    assert!(took < Duration::from_millis(1800), "the command waited {took:?} for its stalled peer after its host left");
     assert_eq!(stats.reads_in_flight.load(Ordering::Relaxed), 0);
     p.stall.stall.store(false, Ordering::Relaxed);
     assert_eq!(qa.compute(1, &crc, T).await.unwrap(), good, "the peer is read again");
