@@ -54,6 +54,7 @@ impl Hash {
     }
 
     /// Bytes of its digest: the length of challenges and responses (HL).
+    #[allow(clippy::len_without_is_empty)] // a digest's length: never empty
     pub fn len(self) -> usize {
         match self {
             Hash::Sha256 => 32,

@@ -152,7 +152,9 @@ mod tests {
         let k32 = [0x11u8; 32];
         let k48 = [0x22u8; 48];
         let k64 = [0x33u8; 64];
-        let cases: Vec<(String, Result<(Option<Hash>, usize), SecretError>)> = vec![
+        // A secret's text, and its transform and key length or the refusal.
+        type Case = (String, Result<(Option<Hash>, usize), SecretError>);
+        let cases: Vec<Case> = vec![
             (text(0, &k32, None), Ok((None, 32))),
             (text(0, &k48, None), Ok((None, 48))),
             (text(0, &k64, None), Ok((None, 64))),

@@ -403,11 +403,7 @@ async fn serve(mut s: TcpStream, sc: Script) -> Option<()> {
         let mut data: Vec<u8> = Vec::new();
         match (sqe.opcode(), sqe.fctype()) {
             (FABRICS, fctype::CONNECT) => (cqe.dw0, cqe.dw1) = (1 | if sc.atr { connect::AUTHREQ_ATR } else { 0 }, sc.connect_dw1),
-            (FABRICS, fctype::AUTH_SEND) => {
-                if f.data.len() >= 6 && f.data[..2] == [0, 0] {
-                    t_id.copy_from_slice(&f.data[4..6]);
-                }
-            }
+            (FABRICS, fctype::AUTH_SEND) if f.data.len() >= 6 && f.data[..2] == [0, 0] => t_id.copy_from_slice(&f.data[4..6]),
             (FABRICS, fctype::AUTH_RECEIVE) => {
                 data = auth.next().unwrap_or_default();
                 if data.len() >= 6 && !sc.keep_t_id {

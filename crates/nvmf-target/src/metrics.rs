@@ -278,7 +278,8 @@ fn volumes(o: &mut String, subsystems: &[Arc<crate::subsystem::Subsystem>]) {
             sub.namespaces().into_iter().filter_map(|ns| Some((format!("subnqn=\"{}\",nsid=\"{}\"", sub.nqn, ns.nsid), ns.volume.clone()?)))
         })
         .collect();
-    type VolCounter = (&'static str, &'static str, fn(&VolumeStats) -> &AtomicU64);
+    type Stat = fn(&VolumeStats) -> &AtomicU64;
+    type VolCounter = (&'static str, &'static str, Stat);
     let counters: [VolCounter; 4] = [
         ("nearstore_volume_cache_hits_total", "Extent lookups the volume's mapping cache answered.", |v| &v.hits),
         ("nearstore_volume_cache_misses_total", "Extent lookups that asked the control plane's translation service.", |v| &v.misses),
@@ -293,7 +294,7 @@ fn volumes(o: &mut String, subsystems: &[Arc<crate::subsystem::Subsystem>]) {
             let _ = writeln!(o, "{name}{{{labels}}} {}", get(v).load(Relaxed));
         }
     }
-    let kinds: [(&str, fn(&VolumeStats) -> &AtomicU64); 4] = [
+    let kinds: [(&str, Stat); 4] = [
         ("timeout", |v| &v.failed_timeout),
         ("no_space", |v| &v.failed_no_space),
         ("refused", |v| &v.failed_refused),

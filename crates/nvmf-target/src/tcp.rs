@@ -414,15 +414,13 @@ impl<S: Stream> Conn<S> {
                 Err(e) => return Err(e),
             }
             self.rx.consume(len);
-            if !self.bound {
-                if self.core.controller().is_some() {
-                    // From Connect on, the connection lives as long as its controller
-                    // (the core bound its token to the controller's).
-                    self.cancel = self.core.cancel.clone();
-                    self.bound = true;
-                    if let Some(t) = &self.core.ticket {
-                        t.connected();
-                    }
+            if !self.bound && self.core.controller().is_some() {
+                // From Connect on, the connection lives as long as its controller
+                // (the core bound its token to the controller's).
+                self.cancel = self.core.cancel.clone();
+                self.bound = true;
+                if let Some(t) = &self.core.ticket {
+                    t.connected();
                 }
             }
         }

@@ -116,7 +116,9 @@ async fn right_secrets_connect_and_do_io() {
 async fn wrong_secrets_are_refused() {
     let env = start().await;
     type Check = fn(&Error) -> bool;
-    let cases: [(&str, &str, Option<&str>, Option<&str>, Check); 6] = [
+    // What is wrong, the key set, the host's secret and controller secret, the refusal.
+    type Case = (&'static str, &'static str, Option<&'static str>, Option<&'static str>, Check);
+    let cases: [Case; 6] = [
         (
             "wrong host secret",
             "null-sha256",
