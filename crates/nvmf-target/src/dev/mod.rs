@@ -552,3 +552,43 @@ impl Channel {
 
 #[cfg(test)]
 mod tests;
+
+/// The completion of an operation a device runs as a task of its own (a peer's, a volume's
+/// slow path), sent exactly once: with its result, or as cancelled when the task ends
+/// without one (cancelled, panicked, or dropped with its runtime), so the channel never
+/// waits for an operation nobody runs.
+pub(crate) struct Reply {
+    tx: UnboundedSender<Completion>,
+    tag: u64,
+    buf: Option<AlignedBuf>,
+    /// The device, for the error of a cancelled operation.
+    name: String,
+    cancelled: fn(&str) -> io::Error,
+}
+
+impl Reply {
+    pub(crate) fn new(tx: UnboundedSender<Completion>, tag: u64, buf: AlignedBuf, name: String, cancelled: fn(&str) -> io::Error) -> Reply {
+        Reply { tx, tag, buf: Some(buf), name, cancelled }
+    }
+
+    /// The operation's buffer, held until the reply is sent.
+    pub(crate) fn buf(&mut self) -> &mut AlignedBuf {
+        self.buf.as_mut().expect("held until sent")
+    }
+
+    pub(crate) fn send(mut self, result: io::Result<()>) {
+        if let Some(buf) = self.buf.take() {
+            // The channel holds its own receiver; a channel dropped meanwhile needs nothing.
+            let _ = self.tx.send(Completion { tag: self.tag, result, buf });
+        }
+    }
+}
+
+impl Drop for Reply {
+    fn drop(&mut self) {
+        if let Some(buf) = self.buf.take() {
+            let e = (self.cancelled)(&self.name);
+            let _ = self.tx.send(Completion { tag: self.tag, result: Err(e), buf });
+        }
+    }
+}

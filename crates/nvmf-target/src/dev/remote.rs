@@ -29,7 +29,7 @@ use parking_lot::Mutex;
 use tokio::net::TcpStream;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
-use super::{BlockDevice, Channel, Completion, Geometry, Op};
+use super::{BlockDevice, Channel, Geometry, Op, Reply};
 use crate::cluster::{self, Conn, PeerConfig, PeerError, PeerStats};
 
 /// Ranges of one Dataset Management command (NVMe Base 2.0, "Dataset Management":
@@ -185,11 +185,12 @@ impl BlockDevice for Remote {
             return ch.complete(tag, Err(e), buf);
         };
         ch.started_elsewhere();
-        let reply = Reply { tx: ch.sender(), tag, buf: Some(buf), name: self.inner.name() };
+        let cancelled = |name: &str| error(io::ErrorKind::Interrupted, None, format!("{name}: the operation was cancelled"));
+        let reply = Reply::new(ch.sender(), tag, buf, self.inner.name(), cancelled);
         let (inner, stop) = (self.inner.clone(), ch.cancellation());
         rt.spawn(async move {
             let mut reply = reply;
-            let buf = reply.buf.as_mut().expect("held until sent");
+            let buf = reply.buf();
             // Cancelled, the operation is dropped where it waits: the task owns the buffer,
             // and a connection left with commands in flight is closed, not pooled.
             let result = tokio::select! {
@@ -198,34 +199,6 @@ impl BlockDevice for Remote {
             };
             reply.send(result);
         });
-    }
-}
-
-/// The completion of one operation, sent exactly once: with its result, or as cancelled
-/// when its task ends without one (cancelled, panicked, or dropped with its runtime), so
-/// the channel never waits for an operation nobody runs.
-struct Reply {
-    tx: tokio::sync::mpsc::UnboundedSender<Completion>,
-    tag: u64,
-    buf: Option<AlignedBuf>,
-    name: String,
-}
-
-impl Reply {
-    fn send(mut self, result: io::Result<()>) {
-        if let Some(buf) = self.buf.take() {
-            // The channel holds its own receiver; a channel dropped meanwhile needs nothing.
-            let _ = self.tx.send(Completion { tag: self.tag, result, buf });
-        }
-    }
-}
-
-impl Drop for Reply {
-    fn drop(&mut self) {
-        if let Some(buf) = self.buf.take() {
-            let e = error(io::ErrorKind::Interrupted, None, format!("{}: the operation was cancelled", self.name));
-            let _ = self.tx.send(Completion { tag: self.tag, result: Err(e), buf });
-        }
     }
 }
 

@@ -36,7 +36,7 @@ use nearstore_wire::Status;
 use parking_lot::Mutex;
 use tokio_util::sync::CancellationToken;
 
-use super::{status_error, BlockDevice, Channel, Completion, Geometry, Op};
+use super::{status_error, BlockDevice, Channel, Geometry, Op, Reply};
 use crate::backend::Backend;
 use crate::config::IoEngine;
 use crate::io_pool::IoPool;
@@ -279,40 +279,15 @@ impl BlockDevice for Volume {
             return ch.complete(tag, Err(e), buf);
         };
         ch.started_elsewhere();
-        let reply = Reply { tx: ch.sender(), tag, buf: Some(buf) };
+        let cancelled = |_: &str| io::Error::new(io::ErrorKind::Interrupted, "the volume operation was cancelled");
+        let reply = Reply::new(ch.sender(), tag, buf, String::new(), cancelled);
         let (inner, stop) = (self.inner.clone(), ch.cancellation());
         rt.spawn(async move {
             let mut reply = reply;
-            let buf = reply.buf.as_mut().expect("held until sent");
+            let buf = reply.buf();
             let r = inner.run(op, buf, stop).await;
             reply.send(r);
         });
-    }
-}
-
-/// The completion of one slow-path operation, sent exactly once (as cancelled when its task
-/// ends without a result).
-struct Reply {
-    tx: tokio::sync::mpsc::UnboundedSender<Completion>,
-    tag: u64,
-    buf: Option<AlignedBuf>,
-}
-
-impl Reply {
-    fn send(mut self, result: io::Result<()>) {
-        if let Some(buf) = self.buf.take() {
-            // The channel holds its own receiver; a channel dropped meanwhile needs nothing.
-            let _ = self.tx.send(Completion { tag: self.tag, result, buf });
-        }
-    }
-}
-
-impl Drop for Reply {
-    fn drop(&mut self) {
-        if let Some(buf) = self.buf.take() {
-            let e = io::Error::new(io::ErrorKind::Interrupted, "the volume operation was cancelled");
-            let _ = self.tx.send(Completion { tag: self.tag, result: Err(e), buf });
-        }
     }
 }
 
