@@ -43,14 +43,7 @@ impl Daemon {
             .stderr(log.reopen().expect("log"))
             .spawn()
             .expect("starting nearstore control");
-        let mut stdout = std::io::BufReader::new(child.stdout.take().expect("stdout"));
-        let mut line = String::new();
-        let _ = stdout.read_line(&mut line);
-        let Some(addr) = line.trim().strip_prefix("listening on ").and_then(|a| a.parse().ok()) else {
-            let _ = child.kill();
-            let _ = child.wait();
-            panic!("the control plane did not say where it listens: {line:?}");
-        };
+        let (stdout, addr) = common::control_listening(&mut child);
         Daemon { child, _stdout: stdout, addr, log }
     }
 

@@ -113,14 +113,7 @@ impl Control {
             .stderr(Stdio::null())
             .spawn()
             .expect("starting nearstore control");
-        let mut stdout = std::io::BufReader::new(child.stdout.take().expect("stdout"));
-        let mut line = String::new();
-        let _ = stdout.read_line(&mut line);
-        let Some(addr) = line.trim().strip_prefix("listening on ").and_then(|a| a.parse().ok()) else {
-            let _ = child.kill();
-            let _ = child.wait();
-            panic!("the control plane did not say where it listens: {line:?}");
-        };
+        let (stdout, addr) = control_listening(&mut child);
         Control { child, _stdout: stdout, addr }
     }
 
@@ -137,6 +130,20 @@ impl Control {
     pub fn a(&self) -> String {
         self.addr.to_string()
     }
+}
+
+/// The address a `nearstore control` child says it listens on (its first line of output),
+/// and its stdout, kept open; the child killed if it says nothing of the kind.
+pub fn control_listening(child: &mut Child) -> (std::io::BufReader<std::process::ChildStdout>, SocketAddr) {
+    let mut stdout = std::io::BufReader::new(child.stdout.take().expect("stdout"));
+    let mut line = String::new();
+    let _ = stdout.read_line(&mut line);
+    let Some(addr) = line.trim().strip_prefix("listening on ").and_then(|a| a.parse().ok()) else {
+        let _ = child.kill();
+        let _ = child.wait();
+        panic!("the control plane did not say where it listens: {line:?}");
+    };
+    (stdout, addr)
 }
 
 impl Drop for Control {
