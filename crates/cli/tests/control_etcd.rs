@@ -342,10 +342,8 @@ fn create_on(d: &Daemon, name: &str) -> Option<(ErrorCode, String)> {
 /// Two daemons on one etcd: one leads, the other stands by and refuses changes; kill -9 of
 /// the leader and the standby leads within the lease TTL with everything acknowledged. A
 /// leader frozen past its lease (SIGSTOP) loses the lead and, thawed, changes nothing.
-#[test]
-fn a_standby_takes_over_within_the_lease_ttl() {
-    let etcd = Etcd::start(3);
-    let ttl = 2;
+/// Two daemons on `etcd`: a leads, b stands by behind it.
+fn leader_and_standby(etcd: &Etcd, ttl: u64) -> (Daemon, Daemon) {
     let a = Daemon::start(&etcd, ttl);
     a.wait_leading(Duration::from_secs(10));
     let b = Daemon::start(&etcd, ttl);
@@ -354,6 +352,14 @@ fn a_standby_takes_over_within_the_lease_ttl() {
         assert!(t0.elapsed() < Duration::from_secs(5), "b does not stand by behind a: {:?}", b.health());
         std::thread::sleep(Duration::from_millis(20));
     }
+    (a, b)
+}
+
+#[test]
+fn a_standby_takes_over_within_the_lease_ttl() {
+    let etcd = Etcd::start(3);
+    let ttl = 2;
+    let (a, b) = leader_and_standby(&etcd, ttl);
     let rt = rt();
     let vol = |n: &str| CreateVolume { name: n.into(), size: 4 * MIB, extent_size: Some(MIB) };
     let (code, message) = create_on(&b, "x").expect("a standby changes nothing");
@@ -418,14 +424,7 @@ fn now_ms() -> u64 {
 fn clients_follow_the_leader() {
     let etcd = Etcd::start(3);
     let ttl = 2;
-    let a = Daemon::start(&etcd, ttl);
-    a.wait_leading(Duration::from_secs(10));
-    let b = Daemon::start(&etcd, ttl);
-    let t0 = Instant::now();
-    while b.health().is_none_or(|h| h["leader"] != a.addr.to_string()) {
-        assert!(t0.elapsed() < Duration::from_secs(5), "b does not stand by behind a: {:?}", b.health());
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    let (a, b) = leader_and_standby(&etcd, ttl);
     let list = format!("{},{}", b.addr, a.addr);
     ok(&["volume", "create", "v", "--size", "4MiB", "--extent-size", "1MiB", "--control", &list]);
     let o = Command::new(env!("CARGO_BIN_EXE_nearstore"))
