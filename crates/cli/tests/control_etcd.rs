@@ -8,7 +8,6 @@
 mod common;
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::io::BufRead;
 use std::net::SocketAddr;
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -344,9 +343,9 @@ fn create_on(d: &Daemon, name: &str) -> Option<(ErrorCode, String)> {
 /// leader frozen past its lease (SIGSTOP) loses the lead and, thawed, changes nothing.
 /// Two daemons on `etcd`: a leads, b stands by behind it.
 fn leader_and_standby(etcd: &Etcd, ttl: u64) -> (Daemon, Daemon) {
-    let a = Daemon::start(&etcd, ttl);
+    let a = Daemon::start(etcd, ttl);
     a.wait_leading(Duration::from_secs(10));
-    let b = Daemon::start(&etcd, ttl);
+    let b = Daemon::start(etcd, ttl);
     let t0 = Instant::now();
     while b.health().is_none_or(|h| h["leader"] != a.addr.to_string()) {
         assert!(t0.elapsed() < Duration::from_secs(5), "b does not stand by behind a: {:?}", b.health());
