@@ -253,6 +253,7 @@ impl Exporter {
         let vol = Volume::new(cfg, resolver, devices, self.target.pool.clone());
         let mut ns = Namespace::new(&x.nqn, x.nsid, vol.backend(), nearstore_target::limits::VOLUME_BLOCK_BYTES);
         ns.volume = Some(vol.stats().clone());
+        ns.placement = Some(vol.clone());
         ns.dev = Arc::new(vol);
         let sub = Subsystem::new(&x.nqn, None, Some("nearstore volume"), x.allow_any_host, &x.hosts);
         sub.add_namespace(ns).map_err(anyhow::Error::msg)?;

@@ -240,3 +240,227 @@ fn a_volume_over_three_targets() {
     }
     ok(&["volume", "delete", "vol", "--control", &cp.a()]);
 }
+
+/// A free port on 127.0.0.1 for a target's metrics endpoint.
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).expect("a free port").port()
+}
+
+/// Target `i` as [`target`], with its metrics endpoint at `metrics`.
+fn target_with_metrics(dir: &Path, i: usize, control: &str, metrics: SocketAddr) -> Target {
+    let config = dir.join(format!("m{i}.toml"));
+    let members = MEMBERS.iter().map(|m| format!("\"{m}\"")).collect::<Vec<_>>().join(", ");
+    std::fs::write(
+        &config,
+        format!(
+            r#"
+            metrics = "{metrics}"
+            [[listener]]
+            address = "127.0.0.1:0"
+            [[subsystem]]
+            nqn = "nqn.2026-11.io.nearstore:t{i}"
+            allow_any_host = true
+            [[subsystem.namespace]]
+            nsid = 1
+            memory = "1MiB"
+            [cluster]
+            host_nqn = "{}"
+            trusted_members = [{members}]
+            "#,
+            MEMBERS[i]
+        ),
+    )
+    .expect("config");
+    let pool = format!("{}:64MiB", dir.join(format!("p{i}")).display());
+    Target::start(&["--config", config.to_str().expect("path"), "--control", control, "--pool", &pool])
+}
+
+/// One counter of a target's metrics endpoint.
+fn metric(at: SocketAddr, name: &str) -> u64 {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(at).expect("metrics endpoint");
+    s.write_all(b"GET /metrics HTTP/1.0\r\nHost: x\r\n\r\n").expect("request");
+    let mut body = String::new();
+    s.read_to_string(&mut body).expect("metrics");
+    let line = body.lines().find(|l| l.split_whitespace().next() == Some(name)).unwrap_or_else(|| panic!("no {name} in the metrics"));
+    line.split_whitespace().nth(1).and_then(|v| v.parse().ok()).unwrap_or_else(|| panic!("{line}"))
+}
+
+/// A byte range of the volume as an object (block-aligned extent, exact length), as a file's
+/// FIEMAP extents on the volume map.
+fn object(off: u64, len: u64) -> nearstore_wire::compute::Object {
+    use nearstore_wire::compute::{Extent, Object};
+    let extents = if len == 0 { vec![] } else { vec![Extent::data(off, len.div_ceil(BLOCK as u64) * BLOCK as u64)] };
+    Object { len, extents }
+}
+
+/// Where a command on the volume ran, by the exporting target's counters.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Ran {
+    /// On the exporting target, through the volume's device.
+    Here,
+    /// On the exporting target's own pool.
+    OwnPool,
+    /// Sent to the peer holding every byte.
+    Peer,
+}
+
+#[test]
+fn compute_on_a_volume_runs_where_its_bytes_lie() {
+    use nearstore_compute::{by_name, Context, Outcome, SliceSource, VecSink};
+    use nearstore_wire::compute::Descriptor;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let cp = Control::start(&dir.path().join("store"));
+    let metrics: Vec<SocketAddr> = (0..3).map(|_| SocketAddr::from(([127, 0, 0, 1], free_port()))).collect();
+    let targets: Vec<Target> = (0..3).map(|i| target_with_metrics(dir.path(), i, &cp.a(), metrics[i])).collect();
+    let c = cp.client();
+    wait_for_views(&c, 3);
+    let rt = rt();
+    let a = cp.a();
+    let t0 = targets[0].addr.to_string();
+    ok(&["volume", "create", "cv", "--size", "12MiB", "--extent-size", "1MiB", "--control", &a]);
+    ok(&["volume", "create", "other", "--size", "4MiB", "--extent-size", "1MiB", "--control", &a]);
+    let x: Export =
+        serde_json::from_str(&ok(&["volume", "export", "cv", "--target", &t0, "--allow-host", HOST, "--control", &a, "-o", "json"]))
+            .expect("export json");
+    let y: Export =
+        serde_json::from_str(&ok(&["volume", "export", "other", "--target", &t0, "--allow-host", STRANGER, "--control", &a, "-o", "json"]))
+            .expect("export json");
+
+    // CSV text over extents 0 to 5, so that every target's pool holds some; 6 to 11 stay
+    // unallocated and read as zeros.
+    let mut csv = b"id,city,amount\n".to_vec();
+    for i in 0u64.. {
+        if csv.len() as u64 >= 6 * MIB {
+            break;
+        }
+        csv.extend_from_slice(
+            format!("{i},{},{}.{}\n", ["Oslo", "Lima", "Quito", "Bergen"][i as usize % 4], (i * 7919) % 997, i % 10).as_bytes(),
+        );
+    }
+    csv.truncate((6 * MIB) as usize);
+    let (_ctrl, mut q) = connect_when_exported(&rt, targets[0].addr, &x.nqn);
+    let mut model = vec![0u8; (12 * MIB) as usize];
+    write(&rt, &mut q, 0, &csv, &mut model);
+    // The other volume, which only STRANGER may reach, holds bytes HOST must never see.
+    let secret = b"SECRET-OF-ANOTHER-VOLUME\n".repeat((2 * MIB / 25) as usize + 1);
+    let secret = &secret[..(2 * MIB) as usize];
+    let mut sc = None;
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while sc.is_none() {
+        match connect_as(&rt, targets[0].addr, &y.nqn, STRANGER, None) {
+            Ok(s) => sc = Some(s),
+            Err(e) => assert!(Instant::now() < deadline, "the other volume is not served: {e}"),
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let sc = sc.expect("connected");
+    let mut sq = rt.block_on(sc.io_queue(1)).expect("I/O queue");
+    let mut other_model = vec![0u8; (4 * MIB) as usize];
+    write(&rt, &mut sq, 0, secret, &mut other_model);
+    rt.block_on(q.flush(1)).expect("flush");
+    rt.block_on(sq.flush(1)).expect("flush");
+
+    // Authority follows the host: HOST may not connect to the other volume.
+    match connect_as(&rt, targets[0].addr, &y.nqn, HOST, None) {
+        Err(e) => assert_eq!(status_of(&e).map(|s| Status { dnr: false, ..s }), Some(Status::CONNECT_INVALID_HOST), "{e}"),
+        Ok(_) => panic!("a host the other volume's export does not name was admitted"),
+    }
+
+    let info = rt.block_on(c.volume("cv")).expect("info");
+    let holder = |index: u64| info.extents.iter().find(|e| e.index == index).map(|e| e.target.clone());
+    let holders: std::collections::BTreeSet<String> = (0..6).filter_map(holder).collect();
+    assert_eq!(holders.len(), 3, "the data lies on three targets: {holders:?}");
+    let own = (0..6).find(|&i| holder(i).as_deref() == Some(t0.as_str())).expect("an extent on the exporting target");
+    let peer = (0..6).find(|&i| holder(i).is_some_and(|h| h != t0)).expect("an extent on a peer");
+    let peer_target = targets.iter().position(|t| Some(t.addr.to_string()) == holder(peer)).expect("the peer");
+
+    let args = |op: &str| -> Vec<u8> {
+        match op {
+            "grep-count" => br#"{"pattern":"Oslo|SECRET"}"#.to_vec(),
+            "select" => serde_json::json!({"query": "SELECT city, COUNT(*), SUM(amount) FROM s3object GROUP BY city ORDER BY city"})
+                .to_string()
+                .into_bytes(),
+            _ => Vec::new(),
+        }
+    };
+    let streams = ["crc32c", "sha256", "grep-count", "wc"];
+    // (what, volume offset, length, where it runs, operations)
+    #[rustfmt::skip]
+    let cases: Vec<(&str, u64, u64, Ran, Vec<&str>)> = vec![
+        ("over all three targets", 0, 6 * MIB, Ran::Here, vec!["crc32c", "sha256", "grep-count", "wc", "select"]),
+        ("the whole volume, with its unallocated half", 0, 12 * MIB, Ran::Here, streams.to_vec()),
+        ("a prefix", 0, 4097, if holder(0).as_deref() == Some(t0.as_str()) { Ran::OwnPool } else { Ran::Peer }, vec!["crc32c", "select"]),
+        ("one byte on a peer", peer * MIB + 4096, 1, Ran::Peer, streams.to_vec()),
+        ("a block less one on a peer", peer * MIB, 4095, Ran::Peer, streams.to_vec()),
+        ("a whole extent on a peer", peer * MIB, MIB, Ran::Peer, streams.to_vec()),
+        ("one extent of the exporting target", own * MIB + 8192, MIB - 8192, Ran::OwnPool, streams.to_vec()),
+        ("the last extent written and the first unallocated", 5 * MIB + 4096, MIB + 4097, if holder(5).as_deref() == Some(t0.as_str()) { Ran::OwnPool } else { Ran::Peer }, streams.to_vec()),
+        ("only unallocated extents", 8 * MIB + 4096, 3, Ran::Here, streams.to_vec()),
+        ("nothing", 0, 0, Ran::Here, streams.to_vec()),
+    ];
+    for (what, off, len, ran, ops) in cases {
+        for op in ops {
+            let o = by_name(op).expect("operation");
+            let d = Descriptor { op: o.id, args: args(op), inputs: vec![object(off, len)], outputs: vec![] };
+            let before = (metric(metrics[0], "nearstore_compute_forwarded_total"), metric(metrics[0], "nearstore_compute_on_pool_total"));
+            let peer_before = metric(metrics[peer_target], "nearstore_compute_commands_total");
+            let json = rt.block_on(q.compute(1, &d.encode(), Duration::from_secs(60))).unwrap_or_else(|e| panic!("{what}: {op}: {e}"));
+            let got: Vec<Outcome> = serde_json::from_slice(&json).expect("outcomes");
+            let want = nearstore_compute::run(op, &args(op), [&model[off as usize..(off + len) as usize]]).expect("local");
+            assert_eq!(got, vec![want], "{what}: {op} differs from the computation over the bytes read plainly");
+            let after = (metric(metrics[0], "nearstore_compute_forwarded_total"), metric(metrics[0], "nearstore_compute_on_pool_total"));
+            let seen = match (after.0 - before.0, after.1 - before.1) {
+                (0, 0) => Ran::Here,
+                (0, 1) => Ran::OwnPool,
+                (1, 0) => Ran::Peer,
+                d => panic!("{what}: {op}: counters moved by {d:?}"),
+            };
+            assert_eq!(seen, ran, "{what}: {op} ran elsewhere");
+            if ran == Ran::Peer && holder(off / MIB) == holder(peer) {
+                assert_eq!(
+                    metric(metrics[peer_target], "nearstore_compute_commands_total"),
+                    peer_before + 1,
+                    "{what}: {op}: the peer computed"
+                );
+            }
+        }
+    }
+
+    // A sort on a peer's extent into the rest of that extent: the peer writes the output.
+    // Into an unallocated extent: the exporting target does, allocating it on first write.
+    let sort = by_name("sort").expect("sort");
+    for (what, input, out_off, ran) in [
+        ("into the same extent", (peer * MIB + 4096, 300_000u64), peer * MIB + MIB / 2, Ran::Peer),
+        ("into an unallocated extent", (0, 300_000), 9 * MIB, Ran::Here),
+    ] {
+        let d = Descriptor {
+            op: sort.id,
+            args: b"{}".to_vec(),
+            inputs: vec![object(input.0, input.1)],
+            outputs: vec![object(out_off, MIB / 2)],
+        };
+        let before = metric(metrics[0], "nearstore_compute_forwarded_total");
+        let json = rt.block_on(q.compute(1, &d.encode(), Duration::from_secs(60))).unwrap_or_else(|e| panic!("sort {what}: {e}"));
+        let got: Vec<Outcome> = serde_json::from_slice(&json).expect("outcomes");
+        let bytes = &model[input.0 as usize..(input.0 + input.1) as usize];
+        let mut src = SliceSource::new([bytes]);
+        let mut sink = VecSink::new(MIB / 2);
+        let want = sort.execute(b"{}", &mut [&mut src], &mut [&mut sink], &Context::default()).expect("local sort");
+        assert_eq!(
+            got.iter().map(Outcome::result).collect::<Vec<_>>(),
+            want.iter().map(Outcome::result).collect::<Vec<_>>(),
+            "sort {what}"
+        );
+        let n = sink.data.len() as u64;
+        let mut back = Vec::new();
+        for at in (out_off..out_off + n).step_by(CHUNK as usize) {
+            let blocks = CHUNK.min(out_off + n - at).div_ceil(BLOCK as u64) as u32;
+            back.extend(rt.block_on(q.read(1, at / BLOCK as u64, blocks, BLOCK)).expect("read the output"));
+        }
+        assert!(back[..n as usize] == sink.data[..], "sort {what}: the output read back differs from the local sort");
+        let forwarded = metric(metrics[0], "nearstore_compute_forwarded_total") - before;
+        assert_eq!(forwarded, u64::from(ran == Ran::Peer), "sort {what} ran elsewhere");
+    }
+    assert!(rt.block_on(c.volume("cv")).expect("info").extents.iter().any(|e| e.index == 9), "the output's extent was allocated");
+}

@@ -211,6 +211,16 @@ impl Peers {
         self.read_ahead_bytes
     }
 
+    /// The NQN this target connects to its peers with (`cluster.host_nqn`).
+    pub fn member(&self) -> &str {
+        &self.host_nqn
+    }
+
+    /// How long connecting to a peer may take (`cluster.timeout_secs`).
+    pub fn timeout(&self) -> Duration {
+        self.timeout
+    }
+
     pub fn knows(&self, tag: u16) -> bool {
         self.peers.contains_key(&tag)
     }

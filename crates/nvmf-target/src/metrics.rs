@@ -196,6 +196,18 @@ pub fn render(t: &Target) -> String {
             "Bytes compute commands wrote to output objects.",
             c.bytes_written.load(Relaxed),
         ),
+        (
+            "nearstore_compute_forwarded_total",
+            "counter",
+            "Compute commands on an exported volume sent to the peer whose pool holds all their bytes.",
+            c.forwarded.load(Relaxed),
+        ),
+        (
+            "nearstore_compute_on_pool_total",
+            "counter",
+            "Compute commands on an exported volume run on this target's pool holding all their bytes.",
+            c.on_pool.load(Relaxed),
+        ),
         ("nearstore_compute_running", "gauge", "Compute commands running now.", c.running.load(Relaxed)),
         ("nearstore_compute_queued", "gauge", "Compute commands waiting to start.", c.queued.load(Relaxed)),
         (

@@ -37,6 +37,7 @@ use crate::sched::{Cpu, FairQueue, Turn};
 use crate::subsystem::{Controller, Namespace};
 
 mod read;
+mod volume;
 
 use crate::dev::Op;
 pub use read::IoContext;
@@ -131,6 +132,10 @@ pub struct ComputeStats {
     pub queued: AtomicU64,
     /// Device reads of the commands started and not yet completed.
     pub reads_in_flight: AtomicU64,
+    /// Commands on an exported volume sent to the peer holding all their bytes.
+    pub forwarded: AtomicU64,
+    /// Commands on an exported volume run on this target's pool holding all their bytes.
+    pub on_pool: AtomicU64,
 }
 
 /// Why a command failed: the NVMe status and the message the host can fetch.
@@ -521,7 +526,35 @@ impl Engine {
                     return Err(Failure::new(Status::INTERNAL_ERROR, "the offload engine has no network runtime for its I/O"));
                 };
                 let io = IoContext { rt: rt.clone(), engine: self.engine, pool: self.pool.clone() };
-                run(&task.ns, task.op, &task.desc, &task.cancel, Some(&turn), &self.cfg, &self.stats, (&self.peers, &task.host, &io))
+                let place = match &task.ns.placement {
+                    // Translating waits on the network: the turn goes to others meanwhile.
+                    Some(v) => {
+                        turn.give_back();
+                        let placed =
+                            on_runtime(rt, &task.cancel, volume::place(v.clone(), task.desc.clone())).unwrap_or(volume::Place::Here);
+                        if !turn.take(&|| task.cancel.is_cancelled()) {
+                            return Err(ComputeError::Cancelled.into());
+                        }
+                        placed
+                    }
+                    None => volume::Place::Here,
+                };
+                let peers = (&self.peers, task.host.as_str(), &io);
+                match place {
+                    volume::Place::Here => run(&task.ns, task.op, &task.desc, &task.cancel, Some(&turn), &self.cfg, &self.stats, peers),
+                    volume::Place::Pool(ns, desc) => {
+                        self.stats.on_pool.fetch_add(1, Relaxed);
+                        run(&ns, task.op, &desc, &task.cancel, Some(&turn), &self.cfg, &self.stats, peers)
+                    }
+                    volume::Place::Peer(pool, desc) => {
+                        self.stats.forwarded.fetch_add(1, Relaxed);
+                        // The peer computes: this thread only waits, without a turn.
+                        turn.give_back();
+                        let (connect, runs) = (self.peers.timeout(), Duration::from_secs(self.cfg.timeout_secs));
+                        let f = volume::on_peer(pool, desc, self.peers.member().to_string(), connect, runs);
+                        on_runtime(rt, &task.cancel, f).unwrap_or_else(|| Err(ComputeError::Cancelled.into()))
+                    }
+                }
             }))
             .unwrap_or_else(|_| Err(Failure::new(Status::INTERNAL_ERROR, "the operation panicked: a bug, please report it")))
         } else {
@@ -549,6 +582,27 @@ impl Engine {
             }
         }
     }
+}
+
+/// Runs `f` on the network runtime and waits for it on this (compute) thread; None when
+/// `cancel` fires first (the future is dropped there).
+fn on_runtime<T: Send + 'static>(
+    rt: &tokio::runtime::Handle,
+    cancel: &CancellationToken,
+    f: impl std::future::Future<Output = T> + Send + 'static,
+) -> Option<T> {
+    let (tx, rx) = tokio::sync::oneshot::channel();
+    let cancel = cancel.clone();
+    rt.spawn(async move {
+        tokio::select! {
+            biased;
+            _ = cancel.cancelled() => {}
+            v = f => {
+                let _ = tx.send(v);
+            }
+        }
+    });
+    rx.blocking_recv().ok()
 }
 
 /// Sends a command's result back to its connection (which may be gone).

@@ -41,6 +41,9 @@ pub struct Namespace {
     pub reservations: NsReservations,
     /// An exported volume's data-path counters, when the namespace is one (metrics).
     pub volume: Option<Arc<crate::dev::volume::VolumeStats>>,
+    /// An exported volume's translation, when the namespace is one: its compute commands run
+    /// where their bytes lie (`offload/volume.rs`).
+    pub placement: Option<crate::dev::volume::Volume>,
 }
 
 impl Namespace {
@@ -61,6 +64,7 @@ impl Namespace {
             tag: None,
             reservations: NsReservations::new(None),
             volume: None,
+            placement: None,
         }
     }
 

@@ -56,6 +56,24 @@ pub struct Location {
     pub epoch: u64,
 }
 
+/// A pool namespace of some target: where an extent's bytes lie, as a compute command on
+/// the volume is sent there (`offload/volume.rs`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PoolRef {
+    /// The pool's target, as the control plane knows it (its I/O address).
+    pub target: String,
+    /// The pool's namespace in that target's pool subsystem.
+    pub nsid: u32,
+}
+
+/// One extent's part of a byte range of the volume: its length, and where it lies in its
+/// pool (None: unallocated, zeros).
+#[derive(Clone, Debug)]
+pub struct Placed {
+    pub len: u64,
+    pub at: Option<(Arc<PoolRef>, u64)>,
+}
+
 /// What the control plane says of one extent.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Lookup {
@@ -83,6 +101,12 @@ pub trait Resolver: Send + Sync {
 /// Opens the device of a pool namespace.
 pub trait Devices: Send + Sync {
     fn open<'a>(&'a self, loc: &'a Location) -> BoxFuture<'a, io::Result<Arc<dyn BlockDevice>>>;
+
+    /// The pool namespace `pool` when it is this target's own (a compute command whose bytes
+    /// all lie there runs on it, `offload/volume.rs`).
+    fn own_pool(&self, _pool: &PoolRef) -> Option<Arc<crate::subsystem::Namespace>> {
+        None
+    }
 }
 
 /// A bounded map with CLOCK eviction (second chance): a hit sets the entry's bit; the hand
@@ -149,6 +173,8 @@ struct Mapped {
     /// The extent's epoch when it was cached (named in errors; checked against moves, which
     /// come later).
     epoch: u64,
+    /// Which pool it is (shared: a cache hit clones no string).
+    pool: Arc<PoolRef>,
 }
 
 /// Counters of a volume's data path.
@@ -206,6 +232,9 @@ struct Inner {
     stats: Arc<VolumeStats>,
 }
 
+/// Cloned for the namespace's compute commands, which ask where its bytes lie
+/// ([`Volume::placement`]).
+#[derive(Clone)]
 pub struct Volume {
     inner: Arc<Inner>,
 }
@@ -230,6 +259,26 @@ impl Volume {
 
     pub fn stats(&self) -> &Arc<VolumeStats> {
         &self.inner.stats
+    }
+
+    /// Where the bytes `off..off + len` lie, extent by extent: from the cache, else the
+    /// control plane (as a read would ask it; nothing is allocated).
+    pub async fn placement(&self, off: u64, len: u64) -> io::Result<Vec<Placed>> {
+        let i = &self.inner;
+        if off.checked_add(len).is_none_or(|e| e > i.cfg.size) {
+            return Err(status_error(Status::LBA_OUT_OF_RANGE, format!("bytes {off}+{len} are past volume {}", i.cfg.name)));
+        }
+        let mut out = Vec::new();
+        for (index, _, within, n) in pieces(off, len, i.cfg.extent_size) {
+            let at = i.lookup(index, false).await?.map(|m| (m.pool.clone(), m.offset + within));
+            out.push(Placed { len: n, at });
+        }
+        Ok(out)
+    }
+
+    /// The pool namespace of this target that is `pool`, if it is one.
+    pub fn own_pool(&self, pool: &PoolRef) -> Option<Arc<crate::subsystem::Namespace>> {
+        self.inner.devices.own_pool(pool)
     }
 
     /// The synchronous face a namespace needs besides its device (shutdown flushes).
@@ -375,7 +424,7 @@ impl Inner {
         if !t.iter().any(|d| Arc::ptr_eq(d, &dev)) {
             t.push(dev.clone());
         }
-        Ok(Mapped { dev, offset: loc.offset, epoch: loc.epoch })
+        Ok(Mapped { dev, offset: loc.offset, epoch: loc.epoch, pool: Arc::new(PoolRef { target: loc.target.clone(), nsid: loc.nsid }) })
     }
 
     /// Where extent `index` lies: from the cache, else from the control plane (allocated
@@ -642,6 +691,13 @@ impl PoolDevices {
 }
 
 impl Devices for PoolDevices {
+    fn own_pool(&self, pool: &PoolRef) -> Option<Arc<crate::subsystem::Namespace>> {
+        if pool.target != self.own {
+            return None;
+        }
+        self.local.as_ref().and_then(|s| s.namespace(pool.nsid))
+    }
+
     fn open<'a>(&'a self, loc: &'a Location) -> BoxFuture<'a, io::Result<Arc<dyn BlockDevice>>> {
         Box::pin(async move {
             if loc.target == self.own {
@@ -675,9 +731,8 @@ impl Devices for PoolDevices {
     }
 }
 
-/// The volume's synchronous face, which a namespace has besides its device. Compute
-/// commands' outputs, which write a namespace's backend directly, are not served on volumes
-/// yet.
+/// The volume's synchronous face, which a namespace has besides its device (compute
+/// commands read and write a volume through its device).
 struct VolumeBackend {
     inner: Arc<Inner>,
 }

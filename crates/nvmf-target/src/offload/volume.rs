@@ -1,0 +1,129 @@
+//! Compute commands on an exported volume run where the volume's bytes lie
+//! (docs/compute.md, "Files on volumes").
+//!
+//! A host sends a compute command to the volume's namespace on the target exporting it,
+//! which admitted the host at Connect: authority follows the host. Its extents are volume
+//! addresses (a file's FIEMAP extents on a file system on the volume). Before the command
+//! runs, the exporting target translates every extent through the volume's extent table
+//! (its mapping cache, else the control plane, as a read would: nothing is allocated):
+//!
+//! - every byte (inputs and outputs) in one pool namespace of a peer: the command, its
+//!   extents now that pool's byte offsets and unallocated ones zeros, is sent to that
+//!   peer's pool subsystem, as this cluster member for itself, and its result is this
+//!   command's (the peer computes next to its data; nothing crosses the network but the
+//!   result);
+//! - every byte in one pool namespace of this target: the command runs here on that pool;
+//! - otherwise (bytes on several pools, an output not yet allocated, tagged extents): it
+//!   runs here through the volume's device, which reads each extent from its pool (peers'
+//!   over NVMe/TCP) and allocates an output's extents on first write.
+//!
+//! A host never names a pool: the exporting target derives every pool address from the
+//! volume's own extent table, so a command reaches only that volume's blocks.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use nearstore_initiator::Error as InitiatorError;
+use nearstore_wire::compute::{limits as wl, status as cs, Descriptor, Extent, Object};
+
+use super::Failure;
+use crate::cluster::{self, PeerConfig};
+use crate::dev::volume::{PoolRef, Volume};
+use crate::subsystem::Namespace;
+
+/// Where a command on a volume runs.
+pub(super) enum Place {
+    /// Here, through the volume's device, as the host sent it.
+    Here,
+    /// On this target's pool namespace, with the descriptor in its addresses.
+    Pool(Arc<Namespace>, Descriptor),
+    /// On a peer's pool namespace, with the descriptor in its addresses.
+    Peer(Arc<PoolRef>, Descriptor),
+}
+
+/// Appends an extent, merged with the last when they continue each other.
+fn push(out: &mut Vec<Extent>, e: Extent) {
+    if let Some(last) = out.last_mut() {
+        let contiguous = if e.is_zeros() { last.is_zeros() } else { !last.is_zeros() && last.offset + last.len == e.offset };
+        if contiguous {
+            last.len += e.len;
+            return;
+        }
+    }
+    out.push(e);
+}
+
+/// `o`'s extents in the addresses of the one pool that holds all of them (`holder`, set by
+/// the first allocated extent met). None: they do not all lie in one pool, an output
+/// extent is not allocated, or the translation failed (the command then runs here, where
+/// the volume's device says why).
+async fn translate(vol: &Volume, o: &Object, output: bool, holder: &mut Option<Arc<PoolRef>>) -> Option<Object> {
+    let mut out = Vec::new();
+    for e in &o.extents {
+        if e.is_zeros() {
+            push(&mut out, *e);
+            continue;
+        }
+        for p in vol.placement(e.offset, e.len).await.ok()? {
+            match p.at {
+                None if output => return None,
+                None => push(&mut out, Extent::zeros(p.len)),
+                Some((pool, off)) => {
+                    match holder {
+                        Some(h) if **h != *pool => return None,
+                        Some(_) => {}
+                        None => *holder = Some(pool),
+                    }
+                    push(&mut out, Extent::data(off, p.len));
+                }
+            }
+        }
+    }
+    (out.len() <= wl::EXTENTS_PER_OBJECT_MAX).then(|| Object { len: o.len, extents: out })
+}
+
+/// Where the command `desc` on volume `vol` runs.
+pub(super) async fn place(vol: Volume, desc: Descriptor) -> Place {
+    let vol = &vol;
+    if !desc.remote_tags().is_empty() {
+        return Place::Here;
+    }
+    let mut holder = None;
+    let mut inputs = Vec::with_capacity(desc.inputs.len());
+    for o in &desc.inputs {
+        let Some(t) = translate(vol, o, false, &mut holder).await else { return Place::Here };
+        inputs.push(t);
+    }
+    let mut outputs = Vec::with_capacity(desc.outputs.len());
+    for o in &desc.outputs {
+        let Some(t) = translate(vol, o, true, &mut holder).await else { return Place::Here };
+        outputs.push(t);
+    }
+    // Nothing allocated at all: zeros, computed here without a pool.
+    let Some(pool) = holder else { return Place::Here };
+    let d = Descriptor { inputs, outputs, ..desc };
+    match vol.own_pool(&pool) {
+        Some(ns) => Place::Pool(ns, d),
+        None => Place::Peer(pool, d),
+    }
+}
+
+/// Runs `desc` on a peer's pool namespace as cluster member `member` for itself; its result
+/// (or its failure, status and message) is the command's.
+pub(super) async fn on_peer(
+    pool: Arc<PoolRef>,
+    desc: Descriptor,
+    member: String,
+    connect: Duration,
+    run: Duration,
+) -> Result<Vec<u8>, Failure> {
+    let name = format!("pool {} of {}", pool.nsid, pool.target);
+    let address = pool.target.parse().map_err(|_| Failure::new(cs::PEER_FAILED, format!("{name}: its target is not an address")))?;
+    let peer = PeerConfig { tag: 0, address, nqn: crate::POOLS_NQN.into(), nsid: pool.nsid };
+    let mut conn =
+        cluster::connect(&peer, &member, &member, connect).await.map_err(|e| Failure::new(e.status, format!("{name}: {}", e.message)))?;
+    conn.q.compute(pool.nsid, &desc.encode(), run).await.map_err(|e| match e {
+        InitiatorError::Compute { status, message } => Failure::new(status, format!("on {name}: {message}")),
+        e => Failure::new(cs::PEER_FAILED, format!("{name}: {e}")),
+    })
+}
