@@ -491,8 +491,8 @@ fn run(cli: Cli) -> Result<()> {
             control,
             pool,
         } => {
-            let mut cfg = match config {
-                Some(p) => Config::from_file(&p)?,
+            let mut cfg = match &config {
+                Some(p) => Config::from_file(p)?,
                 None => {
                     let disc = if discovery == "none" {
                         None
@@ -546,7 +546,7 @@ fn run(cli: Cli) -> Result<()> {
                 cfg.busy_poll_us = us;
                 cfg.validate().context("--busy-poll-us")?;
             }
-            runtime(cfg.net_threads)?.block_on(tools::run_target(cfg))
+            runtime(cfg.net_threads)?.block_on(tools::run_target(cfg, config))
         }
         Cmd::Control { store, etcd, lease_ttl, etcd_prefix, listen } => {
             let state = match store {

@@ -8,14 +8,17 @@ use nearstore_initiator::{ConnectOptions, Controller};
 use nearstore_target::config::Config;
 use nearstore_target::Target;
 use serde_json::json;
-use tracing::info;
+use tracing::{error, info, warn};
 
 use crate::{Output, Plain, TargetArgs};
 
-pub async fn run_target(cfg: Config) -> Result<()> {
+/// Runs a target until SIGTERM or SIGINT; `file`: its configuration file, whose tenants a
+/// SIGHUP reloads (docs/operations.md, "Tenants").
+pub async fn run_target(cfg: Config, file: Option<std::path::PathBuf>) -> Result<()> {
     // Before saying it listens: a SIGTERM from then on (systemd's stop) flushes and exits 0.
     use tokio::signal::unix::{signal, SignalKind};
     let (mut term, mut int) = (signal(SignalKind::terminate())?, signal(SignalKind::interrupt())?);
+    let mut hup = signal(SignalKind::hangup())?;
     // Pools are made (or checked) before the target opens them as its pool subsystem's
     // namespaces: a bad one stops it at start.
     let agent = cfg.control.as_deref().map(|c| crate::control::agent(&cfg, c)).transpose()?;
@@ -43,13 +46,30 @@ pub async fn run_target(cfg: Config) -> Result<()> {
     for a in &addrs {
         println!("listening on {a}");
     }
-    tokio::select! {
-        _ = int.recv() => {}
-        _ = term.recv() => {}
+    loop {
+        tokio::select! {
+            _ = int.recv() => break,
+            _ = term.recv() => break,
+            _ = hup.recv() => reload_tenants(&target, file.as_deref()),
+        }
     }
     info!("stopping: flushing namespaces");
     target.flush_all();
     Ok(())
+}
+
+/// SIGHUP: the tenants of the configuration file again; an error is logged and changes
+/// nothing. Reading and checking a file of a few kilobytes, on the runtime: not worth a
+/// thread.
+fn reload_tenants(target: &Target, file: Option<&Path>) {
+    let Some(file) = file else {
+        warn!("SIGHUP: no configuration file to reload tenants from (--config)");
+        return;
+    };
+    match Config::from_file(file).map_err(anyhow::Error::from).and_then(|c| Ok(target.reload_tenants(&c)?)) {
+        Ok(gone) => info!(file = %file.display(), controllers_torn_down = gone, "SIGHUP: tenants reloaded"),
+        Err(e) => error!(file = %file.display(), "SIGHUP: tenants not reloaded: {e:#}"),
+    }
 }
 
 async fn connect(t: &TargetArgs) -> Result<Controller> {

@@ -101,6 +101,9 @@ pub struct Config {
     /// Exported volumes' data path: the mapping cache and the wait for the control plane.
     #[serde(default)]
     pub volume: VolumeConfig,
+    /// Tenants: sets of hosts, what they reach and their shares (crate::tenant).
+    #[serde(default)]
+    pub tenant: Vec<crate::tenant::TenantConfig>,
 }
 
 /// The `[volume]` section (docs/control-plane.md, "The data path").
@@ -447,6 +450,12 @@ impl Config {
         )
     }
 
+    /// The `[[tenant]]` entries resolved against the subsystems and the compute chunks.
+    pub fn tenants(&self) -> Result<Vec<crate::tenant::TenantPolicy>, ConfigError> {
+        let subsystems: Vec<&str> = self.subsystem.iter().map(|s| s.nqn.as_str()).collect();
+        crate::tenant::resolve(&self.tenant, &subsystems, self.compute.chunk_bytes())
+    }
+
     /// Checks what TOML types cannot: names, ranges, uniqueness.
     pub fn validate(&self) -> Result<(), ConfigError> {
         if self.listener.is_empty() {
@@ -467,6 +476,7 @@ impl Config {
         self.compute.validate().map_err(|(f, m)| invalid(f, m))?;
         self.limits.validate()?;
         self.volume.validate()?;
+        self.tenants()?;
         if !self.pool.is_empty() && self.control.is_none() {
             return Err(invalid("pool", "pools are registered with a control plane: give control too"));
         }
@@ -601,6 +611,7 @@ impl Config {
             control: None,
             pool: Vec::new(),
             volume: Default::default(),
+            tenant: Vec::new(),
         }
     }
 }

@@ -20,6 +20,7 @@ use crate::log_limit::peer_warn;
 use crate::memory::Reservation;
 use crate::reply::Reply;
 use crate::subsystem::{Controller, ControllersFull};
+use crate::tenant::Resolved;
 use crate::Target;
 
 /// What a successful Connect bound the queue to.
@@ -141,7 +142,18 @@ pub fn connect(
             return Err(invalid_param(true, IPO_CNTLID));
         }
         let kato = connect::kato(sqe.cdw(12));
-        let ctrl = match sub.add_controller(&d.hostnqn, d.hostid, d.acting_for.as_deref(), kato, target.limits.controllers_per_host) {
+        // The tenant of the host whose access this is (the one a member acts for).
+        let member = d.acting_for.is_none() && target.offload.peers.trusts(&d.hostnqn);
+        let tenant = match target.tenants.resolve(host, sub.discovery, member) {
+            Resolved::Tenant(t) if sub.discovery || t.reaches(&sub.nqn) => t,
+            r => {
+                let why = if r == Resolved::Refused { "in no tenant" } else { "its tenant does not reach the subsystem" };
+                peer_warn!(target.log_limit, peer, "connect: host refused", hostnqn = %host, subnqn = %sub.nqn, why);
+                return Err(Reply::status(Status::CONNECT_INVALID_HOST.dnr()));
+            }
+        };
+        let per_host = target.limits.controllers_per_host;
+        let ctrl = match sub.add_controller(&d.hostnqn, d.hostid, d.acting_for.as_deref(), kato, per_host, tenant) {
             Ok(c) => c,
             Err(full) => {
                 if full == ControllersFull::Host {
@@ -152,7 +164,7 @@ pub fn connect(
             }
         };
         ctrl.touch();
-        info!(peer, subnqn = %sub.nqn, hostnqn = %d.hostnqn, acting_for = ?d.acting_for, cntlid = ctrl.cntlid, kato_ms = kato, "controller created");
+        info!(peer, subnqn = %sub.nqn, hostnqn = %d.hostnqn, acting_for = ?d.acting_for, cntlid = ctrl.cntlid, kato_ms = kato, tenant = %ctrl.tenant.name, "controller created");
         return Ok(Connected { ctrl, qid, sqsize, sqflow_disabled, dw1, memory, slot, auth });
     }
     if sub.discovery {
@@ -162,6 +174,9 @@ pub fn connect(
         peer_warn!(target.log_limit, peer, "connect: I/O queue for an unknown controller", cntlid = d.cntlid);
         return Err(invalid_param(true, IPO_CNTLID));
     };
+    if ctrl.revoked() {
+        return Err(Reply::status(Status::CONNECT_INVALID_HOST.dnr()));
+    }
     if ctrl.hostnqn != d.hostnqn {
         return Err(invalid_param(true, IPO_HOSTNQN));
     }

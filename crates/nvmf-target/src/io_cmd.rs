@@ -14,6 +14,7 @@ use crate::limits;
 use crate::reply::Reply;
 use crate::reservation::{Access, HostId};
 use crate::subsystem::{AbortWait, Controller, Namespace, Snapshot, Subsystem};
+use crate::tenant::TenantPolicy;
 
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 pub enum IoKind {
@@ -58,9 +59,10 @@ fn rw_range(ns: &Namespace, sqe: &Sqe) -> Result<(u64, usize), Status> {
     Ok((off, len as usize))
 }
 
-/// Validates an I/O command of `host` before any data moves. `write_cache`: when off,
-/// writes are FUA. DSM ranges are checked later, in [`dsm_ranges`], once the data is in.
-pub fn plan(sub: &Subsystem, host: &HostId, sqe: &Sqe, write_cache: bool) -> Result<IoPlan, Status> {
+/// Validates an I/O command of `host` in `tenant` before any data moves. `write_cache`:
+/// when off, writes are FUA. DSM ranges are checked later, in [`dsm_ranges`], once the
+/// data is in.
+pub fn plan(sub: &Subsystem, host: &HostId, tenant: &TenantPolicy, sqe: &Sqe, write_cache: bool) -> Result<IoPlan, Status> {
     if sqe.fuse() != 0 {
         return Err(Status::INVALID_FIELD.dnr());
     }
@@ -69,6 +71,12 @@ pub fn plan(sub: &Subsystem, host: &HostId, sqe: &Sqe, write_cache: bool) -> Res
         io::WRITE | io::FLUSH | io::WRITE_ZEROES | io::DATASET_MANAGEMENT => (namespace(sub, sqe)?, Access::Write),
         _ => return Err(Status::INVALID_OPCODE.dnr()),
     };
+    // Its blocks as the tenant sees them: Flush and Dataset Management (whose ranges
+    // dsm_ranges checks) any part of the namespace.
+    let lbas =
+        matches!(sqe.opcode(), io::READ | io::WRITE | io::WRITE_ZEROES).then(|| sqe.slba()..sqe.slba().saturating_add(sqe.nlb() as u64));
+    let write = access == Access::Write && sqe.opcode() != io::FLUSH;
+    tenant.check(&sub.nqn, ns.nsid, lbas, write).map_err(|_| Status::ACCESS_DENIED.dnr())?;
     if !ns.reservations.allows(host, access) {
         return Err(Status::RESERVATION_CONFLICT.dnr());
     }
@@ -103,9 +111,10 @@ pub fn plan(sub: &Subsystem, host: &HostId, sqe: &Sqe, write_cache: bool) -> Res
 }
 
 /// Turns DSM range entries (context attributes, NLB, SLBA; 16 bytes each) into byte ranges
-/// packed in `out`, checking each lies inside the namespace. Without the Attribute
-/// Deallocate bit (CDW11 bit 2) the command is only a hint: `out` stays empty.
-pub fn dsm_ranges(ns: &Namespace, sqe: &Sqe, data: &[u8], out: &mut AlignedBuf) -> Result<(), Status> {
+/// packed in `out`, checking each lies inside the namespace and is the tenant's to write
+/// (of subsystem `subnqn`). Without the Attribute Deallocate bit (CDW11 bit 2) the command
+/// is only a hint: `out` stays empty.
+pub fn dsm_ranges(ns: &Namespace, tenant: &TenantPolicy, subnqn: &str, sqe: &Sqe, data: &[u8], out: &mut AlignedBuf) -> Result<(), Status> {
     out.set_len(0);
     if sqe.cdw(11) & (1 << 2) == 0 {
         return Ok(());
@@ -119,6 +128,7 @@ pub fn dsm_ranges(ns: &Namespace, sqe: &Sqe, data: &[u8], out: &mut AlignedBuf) 
         let nlb = u32::from_le_bytes(r[4..8].try_into().expect("4")) as u64;
         let slba = u64::from_le_bytes(r[8..16].try_into().expect("8"));
         let (off, len) = ns.range(slba, nlb).ok_or(Status::LBA_OUT_OF_RANGE.dnr())?;
+        tenant.check(subnqn, ns.nsid, Some(slba..slba + nlb), true).map_err(|_| Status::ACCESS_DENIED.dnr())?;
         out[i * 16..i * 16 + 8].copy_from_slice(&off.to_le_bytes());
         out[i * 16 + 8..i * 16 + 16].copy_from_slice(&len.to_le_bytes());
     }
@@ -140,8 +150,9 @@ pub fn is_reservation(opcode: u8) -> bool {
 /// Validates a reservation command of `host` before its data moves: a Host Identifier
 /// (CTRATT.RHII: reservations need a non-zero one), the namespace, and a transfer of
 /// exactly what the command defines (Report: NUMD, at most one transfer; 128-bit Host
-/// Identifiers need the extended data structure).
-pub fn check_reservation(sub: &Subsystem, host: &HostId, sqe: &Sqe) -> Result<Arc<Namespace>, Status> {
+/// Identifiers need the extended data structure); and that `tenant` reaches the namespace
+/// (Report to read it, the others to write it).
+pub fn check_reservation(sub: &Subsystem, host: &HostId, tenant: &TenantPolicy, sqe: &Sqe) -> Result<Arc<Namespace>, Status> {
     if sqe.fuse() != 0 {
         return Err(Status::INVALID_FIELD.dnr());
     }
@@ -149,6 +160,7 @@ pub fn check_reservation(sub: &Subsystem, host: &HostId, sqe: &Sqe) -> Result<Ar
         return Err(Status::HOST_ID_NOT_INITIALIZED.dnr());
     }
     let ns = namespace(sub, sqe)?;
+    tenant.check(&sub.nqn, ns.nsid, None, sqe.opcode() != io::RESERVATION_REPORT).map_err(|_| Status::ACCESS_DENIED.dnr())?;
     let want = match sqe.opcode() {
         io::RESERVATION_REGISTER | io::RESERVATION_ACQUIRE => KEYS_LEN as u64,
         io::RESERVATION_RELEASE => RELEASE_DATA_LEN as u64,
@@ -173,7 +185,7 @@ pub fn check_reservation(sub: &Subsystem, host: &HostId, sqe: &Sqe) -> Result<Ar
 /// causes and, for Preempt and Abort, asking the preempted hosts' queues to abort their
 /// commands on the namespace. Returns the reply and what to wait for before completing.
 pub fn reservation(ctrl: &Controller, sqe: &Sqe, data: &[u8]) -> Result<(Reply, Option<Later>), Status> {
-    let ns = check_reservation(&ctrl.subsys, &ctrl.hostid, sqe)?;
+    let ns = check_reservation(&ctrl.subsys, &ctrl.hostid, &ctrl.tenant, sqe)?;
     let c = Cdw10::decode(sqe.cdw(10));
     let host = &ctrl.hostid;
     let r = &ns.reservations;

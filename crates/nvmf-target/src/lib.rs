@@ -33,6 +33,7 @@ pub mod reservation;
 pub mod sched;
 pub mod subsystem;
 pub mod tcp;
+pub mod tenant;
 pub mod uring;
 
 use std::collections::BTreeMap;
@@ -100,6 +101,8 @@ pub struct Target {
     /// The memory budget (`limits.memory`): connection buffers, held results and started
     /// compute commands.
     pub memory: Arc<memory::Memory>,
+    /// The tenants controllers are resolved against at Connect (crate::tenant).
+    pub tenants: tenant::Tenants,
 }
 
 impl Target {
@@ -131,6 +134,7 @@ impl Target {
             nofile,
             log_limit: log_limit::LogLimiter::default(),
             memory,
+            tenants: tenant::Tenants::default(),
         })
     }
 
@@ -160,6 +164,7 @@ impl Target {
             );
         }
         let t = Target::new(cfg, connections, nofile);
+        t.tenants.install(cfg.tenants()?);
         if let Some(d) = &cfg.state_dir {
             std::fs::create_dir_all(d).map_err(|source| TargetError::Backend {
                 field: "state_dir".into(),
@@ -214,6 +219,32 @@ impl Target {
             t.subsystems.write().insert(sub.nqn.clone(), Arc::new(sub));
         }
         Ok(t)
+    }
+
+    /// Replaces the tenants with `cfg`'s (checked against the subsystems it names, as at
+    /// start-up; an error changes nothing). Every controller whose host is no longer in
+    /// its tenant, or whose tenant's policy changed, is revoked (its next command is
+    /// refused with Access Denied) and torn down, its queues closed; the host connects
+    /// again under its new tenant, if it has one. Other controllers are untouched.
+    /// Returns the controllers torn down.
+    pub fn reload_tenants(&self, cfg: &Config) -> Result<usize, config::ConfigError> {
+        self.tenants.install(cfg.tenants()?);
+        let mut gone = 0;
+        for sub in std::iter::once(self.discovery.clone()).chain(self.subsystems()) {
+            for cntlid in sub.cntlids() {
+                let Some(c) = sub.controller(cntlid) else { continue };
+                let member = c.acting_for.is_none() && self.offload.peers.trusts(&c.hostnqn);
+                if self.tenants.keeps(&c.tenant, c.requester(), sub.discovery, member) {
+                    continue;
+                }
+                warn!(subnqn = %sub.nqn, cntlid, hostnqn = %c.requester(), tenant = %c.tenant.name, "tenant reload: controller revoked and torn down");
+                c.revoke();
+                sub.remove_controller(cntlid);
+                gone += 1;
+            }
+        }
+        info!(tenants = self.tenants.all().len(), controllers_torn_down = gone, "tenants reloaded");
+        Ok(gone)
     }
 
     /// Removes a subsystem added at run time: its controllers go (their queues close) and

@@ -392,6 +392,20 @@ pub const COMPUTE_STARTED_PER_CONTROLLER_MAX: usize = 8;
 /// of it in the round robin, while switching every 10 ms costs nothing measurable.
 pub const COMPUTE_SLICE_MS: u64 = 10;
 
+/// A tenant's I/O and compute weight when its entry gives none (`[[tenant]]`), and the
+/// built-in tenants': a round number that leaves room to give a tenant a tenth of another's.
+pub const TENANT_WEIGHT_DEFAULT: u32 = 100;
+/// The largest tenant weight: 100 times the default. A tenant of weight 1 beside one of
+/// 10000 still gets one turn in ten thousand; more only makes shares round to nothing.
+pub const TENANT_WEIGHT_MAX: u32 = 10_000;
+/// `[[tenant]]` entries: each is looked up per command by its controller, never searched,
+/// so the number bounds only the table and the metrics' series.
+pub const TENANTS_MAX: usize = 256;
+/// Host NQNs in one tenant.
+pub const TENANT_HOSTS_MAX: usize = 1024;
+/// A tenant's name in bytes: it is a metrics label and a control-plane key.
+pub const TENANT_NAME_BYTES_MAX: usize = 64;
+
 /// Connections to one peer target, busy and idle, for all hosts (`cluster.connections_per_peer`):
 /// four reads of a peer's extents run in parallel; more than 64 only add sockets.
 pub const PEER_CONNECTIONS_DEFAULT: usize = 4;

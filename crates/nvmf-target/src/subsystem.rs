@@ -21,6 +21,7 @@ use crate::io_pool::Done;
 use crate::limits;
 use crate::metrics::NsStats;
 use crate::reservation::{Access, Effects, HostId, Reservations};
+use crate::tenant::TenantPolicy;
 
 pub struct Namespace {
     pub nsid: u32,
@@ -278,6 +279,7 @@ impl Subsystem {
         acting_for: Option<&str>,
         kato_ms: u32,
         per_host: usize,
+        tenant: Arc<TenantPolicy>,
     ) -> Result<Arc<Controller>, ControllersFull> {
         let mut ctrls = self.controllers.lock();
         if ctrls.values().filter(|c| c.hostnqn == hostnqn).count() >= per_host {
@@ -287,7 +289,7 @@ impl Subsystem {
             return Err(ControllersFull::Subsystem);
         }
         let cntlid = (1..=0xffefu16).find(|id| !ctrls.contains_key(id)).ok_or(ControllersFull::Subsystem)?;
-        let c = Arc::new(Controller::new(cntlid, self.clone(), hostnqn, hostid, acting_for.map(str::to_string), kato_ms));
+        let c = Arc::new(Controller::new(cntlid, self.clone(), hostnqn, hostid, acting_for.map(str::to_string), kato_ms, tenant));
         ctrls.insert(cntlid, c.clone());
         Ok(c)
     }
@@ -392,6 +394,12 @@ pub struct Controller {
     /// data (nearstore extension): access was checked for that host, and the
     /// controller's compute commands read peers for it.
     pub acting_for: Option<String>,
+    /// Its host's tenant, resolved at Connect (crate::tenant): what its commands may reach,
+    /// and the key of its share in the schedulers.
+    pub tenant: Arc<TenantPolicy>,
+    /// Its host left its tenant (a reload): every command from now on is refused with
+    /// Access Denied while its queues close.
+    revoked: AtomicBool,
     pub state: Mutex<CtrlState>,
     /// Volatile write cache enabled (feature 06h); when off every write is FUA.
     pub write_cache: AtomicBool,
@@ -416,13 +424,23 @@ pub const AEN_NS_CHANGED: u32 = 0x02 | (0x04 << 16);
 pub const AEC_NS_ATTR: u32 = 1 << 8;
 
 impl Controller {
-    fn new(cntlid: u16, subsys: Arc<Subsystem>, hostnqn: &str, hostid: [u8; 16], acting_for: Option<String>, kato_ms: u32) -> Controller {
+    fn new(
+        cntlid: u16,
+        subsys: Arc<Subsystem>,
+        hostnqn: &str,
+        hostid: [u8; 16],
+        acting_for: Option<String>,
+        kato_ms: u32,
+        tenant: Arc<TenantPolicy>,
+    ) -> Controller {
         Controller {
             cntlid,
             subsys,
             hostnqn: hostnqn.into(),
             hostid,
             acting_for,
+            tenant,
+            revoked: AtomicBool::new(false),
             state: Mutex::new(CtrlState {
                 cc: 0,
                 csts: 0,
@@ -463,6 +481,15 @@ impl Controller {
     /// The host whose access this controller has: the one it acts for, or its own.
     pub fn requester(&self) -> &str {
         self.acting_for.as_deref().unwrap_or(&self.hostnqn)
+    }
+
+    /// Its tenant no longer holds its host: commands are refused from now on.
+    pub fn revoke(&self) {
+        self.revoked.store(true, Ordering::Release);
+    }
+
+    pub fn revoked(&self) -> bool {
+        self.revoked.load(Ordering::Acquire)
     }
 
     /// Records host activity for the keep-alive timer.

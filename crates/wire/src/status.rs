@@ -77,6 +77,9 @@ statuses! {
     AUTH_REQUIRED = (1, 0x91);
     WRITE_FAULT = (2, 0x80);
     UNRECOVERED_READ_ERROR = (2, 0x81);
+    /// Access Denied (Media and Data Integrity Errors, 86h): the host's tenant may not
+    /// reach these blocks or run this operation, or its credentials were removed.
+    ACCESS_DENIED = (2, 0x86);
 }
 
 impl Status {

@@ -46,6 +46,10 @@ impl<T: Transport> Core<T> {
                         return Ok(());
                     }
                 };
+                if let Err(d) = ctrl.tenant.check_descriptor(&ctrl.subsys.nqn, ns.nsid, ns.block_size as u64, &desc, op.name) {
+                    self.fail_compute(ctrl, req, sqe.nsid(), slot, Failure::new(Status::ACCESS_DENIED.dnr(), d.0));
+                    return Ok(());
+                }
                 // Reading the namespace's extents is a read; writing outputs into it a write.
                 let access = if desc.outputs.is_empty() { Access::Read } else { Access::Write };
                 if !ns.reservations.allows(&ctrl.hostid, access) {

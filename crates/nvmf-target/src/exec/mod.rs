@@ -448,6 +448,11 @@ impl<T: Transport> Core<T> {
             self.fail_admin(&sqe, req, Status::AUTH_REQUIRED.dnr());
             return Ok(());
         }
+        // Its host left its tenant (a reload): nothing more runs while the queue closes.
+        if sqe.opcode() != FABRICS && self.queue.as_ref().is_some_and(|q| q.ctrl.revoked()) {
+            self.fail_admin(&sqe, req, Status::ACCESS_DENIED.dnr());
+            return Ok(());
+        }
         let sgl = sqe.sgl();
         let to_controller = match sqe.opcode() {
             FABRICS => sqe.fctype() & 0x3 == 1,
@@ -529,9 +534,9 @@ impl<T: Transport> Core<T> {
         }
         if let Some(q) = self.queue.as_ref().filter(|q| q.qid > 0 && sqe.opcode() != FABRICS && !compute::is_compute(sqe.opcode())) {
             let checked = if io_cmd::is_reservation(sqe.opcode()) {
-                io_cmd::check_reservation(&q.ctrl.subsys, &q.ctrl.hostid, &sqe).map(drop)
+                io_cmd::check_reservation(&q.ctrl.subsys, &q.ctrl.hostid, &q.ctrl.tenant, &sqe).map(drop)
             } else {
-                io_cmd::plan(&q.ctrl.subsys, &q.ctrl.hostid, &sqe, true).map(drop)
+                io_cmd::plan(&q.ctrl.subsys, &q.ctrl.hostid, &q.ctrl.tenant, &sqe, true).map(drop)
             };
             if let Err(s) = checked {
                 let ctrl = q.ctrl.clone();
@@ -734,7 +739,7 @@ impl<T: Transport> Core<T> {
             }
             return r;
         }
-        let plan = match io_cmd::plan(&ctrl.subsys, &ctrl.hostid, &sqe, ctrl.write_cache.load(Relaxed)) {
+        let plan = match io_cmd::plan(&ctrl.subsys, &ctrl.hostid, &ctrl.tenant, &sqe, ctrl.write_cache.load(Relaxed)) {
             Ok(p) => p,
             Err(s) => {
                 if let Some(b) = buf {
@@ -749,7 +754,7 @@ impl<T: Transport> Core<T> {
         let (op, buf) = if let Op::Deallocate = op {
             let src = buf.as_deref().unwrap_or(data).to_vec();
             let mut b = buf.unwrap_or_else(|| self.take_buf());
-            if let Err(s) = io_cmd::dsm_ranges(&ns, &sqe, &src, &mut b) {
+            if let Err(s) = io_cmd::dsm_ranges(&ns, &ctrl.tenant, &ctrl.subsys.nqn, &sqe, &src, &mut b) {
                 self.put_buf(b);
                 self.fail_io(&ctrl, &sqe, req, s);
                 return Ok(());

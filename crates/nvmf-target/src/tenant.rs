@@ -1,0 +1,502 @@
+//! Tenants: named sets of host NQNs, what they may reach and their shares
+//! (docs/operations.md, "Tenants").
+//!
+//! A controller's tenant is resolved at Connect from the host it serves
+//! ([`crate::subsystem::Controller::requester`]: the host a cluster member acts for, or its
+//! own NQN) and kept on the controller as an `Arc<TenantPolicy>`: the schedulers key on its
+//! [`TenantId`], every I/O and compute command is checked against its reach before any
+//! data moves. A keyed host runs no command before it authenticates the queue, so the NQN
+//! a tenant is resolved from is proven before the tenant is first used.
+//!
+//! Without `[[tenant]]` entries every host is in the built-in tenant `default`, which
+//! reaches whatever the subsystems' host lists allow. With entries, a host in none is
+//! refused at Connect (Connect Invalid Host), except on the discovery subsystem and a
+//! trusted cluster member connecting as itself (built-in tenant `cluster`: pools and
+//! peers' reads, whose host's tenant the reading target already checked).
+//!
+//! ```toml
+//! [[tenant]]
+//! name = "analytics"
+//! hosts = ["nqn.2014-08.org.nvmexpress:uuid:5f1c..."]
+//! io_weight = 100                 # share of I/O against other tenants (1..=10000)
+//! compute_weight = 200            # share of the offload engine's CPU time (1..=10000)
+//! offload_memory = "512MiB"       # its compute commands together (default: no own limit)
+//! operations = ["sha256", "grep-count", "select"]   # default: every operation
+//!
+//! [[tenant.reach]]
+//! subsystem = "nqn.2026-11.io.nearstore:disk0"
+//! nsid = 1                        # default: every namespace of the subsystem
+//! lbas = [0, 2097152]             # default: the whole namespace; [first, end)
+//! read_only = true                # default: false
+//!
+//! [[tenant.reach]]
+//! volume = "vol-a"                # the exported volume's subsystem
+//! ```
+
+use std::collections::{BTreeSet, HashMap};
+use std::ops::Range;
+use std::sync::Arc;
+
+use nearstore_wire::compute::Descriptor;
+use parking_lot::Mutex;
+use serde::Deserialize;
+
+use crate::config::{check_nqn, ByteSize, ConfigError};
+use crate::limits;
+
+/// The NQN prefix of an exported volume's subsystem; the volume's name follows (the same
+/// as the control plane's `model::VOLUME_NQN_PREFIX`, which the CLI's tests compare).
+pub const VOLUME_NQN_PREFIX: &str = "nqn.2026-11.io.nearstore:volume:";
+
+/// A tenant's identity: stable for its name while the target runs, across reloads. The
+/// built-in tenants are [`TenantId::DEFAULT`] and [`TenantId::CLUSTER`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct TenantId(pub u32);
+
+impl TenantId {
+    /// Every host, when no `[[tenant]]` is configured; and the discovery controllers.
+    pub const DEFAULT: TenantId = TenantId(0);
+    /// A trusted cluster member connecting as itself.
+    pub const CLUSTER: TenantId = TenantId(1);
+}
+
+/// What a tenant may reach and its shares. Compared on reload, its host list apart: a
+/// controller whose tenant's policy changed is torn down, and connects again under the new
+/// one.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TenantPolicy {
+    pub id: TenantId,
+    pub name: String,
+    /// Its host NQNs (none for the built-in tenants).
+    pub hosts: Vec<String>,
+    /// Relative share of I/O against the other tenants active on a device.
+    pub io_weight: u32,
+    /// Relative share of the offload engine's CPU time.
+    pub compute_weight: u32,
+    /// Bytes its started compute commands may hold together; None: only the target's budget.
+    pub offload_memory: Option<u64>,
+    /// Compute operation ids it may run; None: every one.
+    operations: Option<BTreeSet<u16>>,
+    /// What it may reach; None: everything the subsystems' host lists allow.
+    reach: Option<Vec<Grant>>,
+}
+
+/// One `[[tenant.reach]]` entry, resolved.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Grant {
+    subsystem: String,
+    nsid: Option<u32>,
+    /// Logical blocks [first, end) of the namespace.
+    lbas: Option<Range<u64>>,
+    read_only: bool,
+}
+
+/// Why the tenant may not run a command: the message a compute command's host fetches and
+/// the log says. The status is [`nearstore_wire::Status::ACCESS_DENIED`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Denied(pub String);
+
+impl TenantPolicy {
+    /// A built-in tenant: every weight the default, everything reachable.
+    fn builtin(id: TenantId, name: &str) -> TenantPolicy {
+        TenantPolicy {
+            id,
+            name: name.into(),
+            hosts: Vec::new(),
+            io_weight: limits::TENANT_WEIGHT_DEFAULT,
+            compute_weight: limits::TENANT_WEIGHT_DEFAULT,
+            offload_memory: None,
+            operations: None,
+            reach: None,
+        }
+    }
+
+    /// Whether it may read (or, `write`, write) logical blocks `lbas` of namespace `nsid`
+    /// of subsystem `subnqn`; `lbas` None: any part of the namespace (Flush, the
+    /// reservation commands). A write needs a grant that is not read-only; a range must lie
+    /// inside one grant.
+    pub fn check(&self, subnqn: &str, nsid: u32, lbas: Option<Range<u64>>, write: bool) -> Result<(), Denied> {
+        let Some(grants) = &self.reach else { return Ok(()) };
+        let covers = |g: &Grant| {
+            g.subsystem == subnqn
+                && g.nsid.is_none_or(|n| n == nsid)
+                && (!write || !g.read_only)
+                && match (&g.lbas, &lbas) {
+                    (None, _) | (Some(_), None) => true,
+                    (Some(r), Some(want)) => r.start <= want.start && want.end <= r.end,
+                }
+        };
+        if grants.iter().any(covers) {
+            return Ok(());
+        }
+        let what = if write { "write" } else { "read" };
+        let blocks = lbas.map_or_else(|| "the namespace".to_string(), |r| format!("logical blocks {}..{}", r.start, r.end));
+        Err(Denied(format!("tenant {} may not {what} {blocks} of namespace {nsid} of {subnqn}", self.name)))
+    }
+
+    /// Whether it may run a compute descriptor on namespace `nsid` (of `block_size`-byte
+    /// blocks) of `subnqn`: the operation, every local extent of its inputs read and of its
+    /// outputs written. Extents on peers are checked by the peer, which the target reads
+    /// acting for this host (docs/compute-protocol.md, "Acting for a host"). Called with
+    /// the descriptor checks, before a byte is read.
+    pub fn check_descriptor(&self, subnqn: &str, nsid: u32, block_size: u64, desc: &Descriptor, op: &str) -> Result<(), Denied> {
+        self.check_operation(desc.op, op)?;
+        if self.reach.is_none() {
+            return Ok(());
+        }
+        self.check(subnqn, nsid, None, false)?;
+        let objects = desc.inputs.iter().map(|o| (o, false)).chain(desc.outputs.iter().map(|o| (o, true)));
+        for (o, write) in objects {
+            for e in o.extents.iter().filter(|e| !e.is_zeros() && !e.is_remote()) {
+                let first = e.offset / block_size;
+                let end = e.offset.saturating_add(e.len).div_ceil(block_size);
+                self.check(subnqn, nsid, Some(first..end), write)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Whether it may reach subsystem `subnqn` at all (checked at Connect).
+    pub fn reaches(&self, subnqn: &str) -> bool {
+        self.reach.as_ref().is_none_or(|g| g.iter().any(|g| g.subsystem == subnqn))
+    }
+
+    /// Whether it may run compute operation `op` (its id), named `name` in the message.
+    pub fn check_operation(&self, op: u16, name: &str) -> Result<(), Denied> {
+        match &self.operations {
+            Some(ops) if !ops.contains(&op) => Err(Denied(format!("tenant {} may not run operation {name}", self.name))),
+            _ => Ok(()),
+        }
+    }
+}
+
+/// A `[[tenant]]` entry of the configuration.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TenantConfig {
+    pub name: String,
+    /// Host NQNs: authenticated ones when their subsystem entry has a key.
+    pub hosts: Vec<String>,
+    #[serde(default = "default_weight")]
+    pub io_weight: u32,
+    #[serde(default = "default_weight")]
+    pub compute_weight: u32,
+    pub offload_memory: Option<ByteSize>,
+    /// Operation names (`nearstore_compute::OPERATIONS`); absent: every one.
+    pub operations: Option<Vec<String>>,
+    #[serde(default)]
+    pub reach: Vec<ReachConfig>,
+}
+
+/// A `[[tenant.reach]]` entry: a subsystem or an exported volume.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ReachConfig {
+    pub subsystem: Option<String>,
+    pub volume: Option<String>,
+    pub nsid: Option<u32>,
+    pub lbas: Option<[u64; 2]>,
+    #[serde(default)]
+    pub read_only: bool,
+}
+
+fn default_weight() -> u32 {
+    limits::TENANT_WEIGHT_DEFAULT
+}
+
+fn invalid(field: String, message: impl Into<String>) -> ConfigError {
+    ConfigError::Invalid { field, message: message.into() }
+}
+
+/// Checks a weight: 0 would never be scheduled, more than the maximum makes every other
+/// tenant's share round to nothing.
+fn check_weight(field: String, w: u32) -> Result<(), ConfigError> {
+    if w == 0 || w > limits::TENANT_WEIGHT_MAX {
+        return Err(invalid(field, format!("{w}: a weight must be between 1 and {}", limits::TENANT_WEIGHT_MAX)));
+    }
+    Ok(())
+}
+
+/// Checks the `[[tenant]]` entries against the configured subsystems (`subsystems`: their
+/// NQNs) and the least memory one compute command needs (`command_min` bytes); resolves
+/// them to policies numbered from 2 in order (the built-in tenants hold 0 and 1).
+pub fn resolve(tenants: &[TenantConfig], subsystems: &[&str], command_min: u64) -> Result<Vec<TenantPolicy>, ConfigError> {
+    if tenants.len() > limits::TENANTS_MAX {
+        return Err(invalid("tenant".into(), format!("at most {} tenants", limits::TENANTS_MAX)));
+    }
+    let mut owner: HashMap<&str, &str> = HashMap::new();
+    let mut names = BTreeSet::new();
+    let mut out = Vec::with_capacity(tenants.len());
+    for (i, t) in tenants.iter().enumerate() {
+        let f = format!("tenant[{i}]");
+        let good_name = !t.name.is_empty()
+            && t.name.len() <= limits::TENANT_NAME_BYTES_MAX
+            && t.name.bytes().all(|b| b.is_ascii_alphanumeric() || b"-_.".contains(&b));
+        if !good_name {
+            return Err(invalid(
+                format!("{f}.name"),
+                format!("'{}': 1 to {} letters, digits, '-', '_' or '.'", t.name, limits::TENANT_NAME_BYTES_MAX),
+            ));
+        }
+        if t.name == "default" || t.name == "cluster" || !names.insert(t.name.as_str()) {
+            return Err(invalid(format!("{f}.name"), format!("'{}' is built in or named twice", t.name)));
+        }
+        if t.hosts.len() > limits::TENANT_HOSTS_MAX {
+            return Err(invalid(format!("{f}.hosts"), format!("at most {} hosts", limits::TENANT_HOSTS_MAX)));
+        }
+        for (j, h) in t.hosts.iter().enumerate() {
+            check_nqn(h).map_err(|m| invalid(format!("{f}.hosts[{j}]"), m))?;
+            if let Some(other) = owner.insert(h, &t.name) {
+                return Err(invalid(format!("{f}.hosts[{j}]"), format!("host {h} is in tenants {other} and {}", t.name)));
+            }
+        }
+        check_weight(format!("{f}.io_weight"), t.io_weight)?;
+        check_weight(format!("{f}.compute_weight"), t.compute_weight)?;
+        if let Some(m) = t.offload_memory.filter(|m| m.0 < command_min) {
+            return Err(invalid(
+                format!("{f}.offload_memory"),
+                format!("{} bytes cannot hold one compute command's chunk buffers ({command_min} bytes)", m.0),
+            ));
+        }
+        let operations = match &t.operations {
+            None => None,
+            Some(names) => Some(
+                names
+                    .iter()
+                    .enumerate()
+                    .map(|(j, n)| {
+                        nearstore_compute::by_name(n).map(|o| o.id).map_err(|e| invalid(format!("{f}.operations[{j}]"), e.to_string()))
+                    })
+                    .collect::<Result<BTreeSet<u16>, _>>()?,
+            ),
+        };
+        let mut reach = Vec::with_capacity(t.reach.len());
+        for (j, r) in t.reach.iter().enumerate() {
+            let rf = format!("{f}.reach[{j}]");
+            let subsystem = match (&r.subsystem, &r.volume) {
+                (Some(s), None) => {
+                    if !subsystems.contains(&s.as_str()) {
+                        return Err(invalid(format!("{rf}.subsystem"), format!("{s} is not a configured subsystem")));
+                    }
+                    s.clone()
+                }
+                (None, Some(v)) => {
+                    let nqn = format!("{VOLUME_NQN_PREFIX}{v}");
+                    check_nqn(&nqn).map_err(|m| invalid(format!("{rf}.volume"), m))?;
+                    nqn
+                }
+                _ => return Err(invalid(rf, "give one of subsystem and volume")),
+            };
+            if r.nsid == Some(0) {
+                return Err(invalid(format!("{rf}.nsid"), "0 is no namespace"));
+            }
+            if let Some([a, b]) = r.lbas {
+                if a >= b {
+                    return Err(invalid(format!("{rf}.lbas"), format!("[{a}, {b}] is empty: give [first, end)")));
+                }
+                if r.nsid.is_none() {
+                    return Err(invalid(format!("{rf}.lbas"), "blocks are of one namespace: give nsid too"));
+                }
+            }
+            reach.push(Grant { subsystem, nsid: r.nsid, lbas: r.lbas.map(|[a, b]| a..b), read_only: r.read_only });
+        }
+        out.push(TenantPolicy {
+            id: TenantId(i as u32 + 2),
+            name: t.name.clone(),
+            hosts: t.hosts.clone(),
+            io_weight: t.io_weight,
+            compute_weight: t.compute_weight,
+            offload_memory: t.offload_memory.map(|m| m.0),
+            operations,
+            reach: Some(reach),
+        });
+    }
+    Ok(out)
+}
+
+/// The tenant table a target resolves controllers against; replaced whole on reload.
+pub struct Tenants {
+    table: Mutex<Table>,
+    default: Arc<TenantPolicy>,
+    cluster: Arc<TenantPolicy>,
+}
+
+#[derive(Default)]
+struct Table {
+    /// Configured tenants by host NQN; empty: every host is in `default`.
+    by_host: HashMap<String, Arc<TenantPolicy>>,
+    all: Vec<Arc<TenantPolicy>>,
+    /// Ids given to names, kept across reloads so that a name keeps its id.
+    ids: HashMap<String, TenantId>,
+}
+
+/// Where a controller's host stands.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Resolved {
+    Tenant(Arc<TenantPolicy>),
+    /// Tenants are configured and the host is in none.
+    Refused,
+}
+
+impl Default for Tenants {
+    fn default() -> Self {
+        Tenants {
+            table: Mutex::default(),
+            default: Arc::new(TenantPolicy::builtin(TenantId::DEFAULT, "default")),
+            cluster: Arc::new(TenantPolicy::builtin(TenantId::CLUSTER, "cluster")),
+        }
+    }
+}
+
+impl Tenants {
+    /// Replaces the table with `policies` (from [`resolve`]); a name seen before keeps its
+    /// id. Returns the policies as installed.
+    pub fn install(&self, policies: Vec<TenantPolicy>) -> Vec<Arc<TenantPolicy>> {
+        let mut t = self.table.lock();
+        let mut next = t.ids.values().map(|id| id.0 + 1).max().unwrap_or(2).max(2);
+        let mut by_host = HashMap::new();
+        let mut all = Vec::with_capacity(policies.len());
+        for mut p in policies {
+            p.id = *t.ids.entry(p.name.clone()).or_insert_with(|| {
+                next += 1;
+                TenantId(next - 1)
+            });
+            let p = Arc::new(p);
+            for h in &p.hosts {
+                by_host.insert(h.clone(), p.clone());
+            }
+            all.push(p);
+        }
+        t.by_host = by_host;
+        t.all = all.clone();
+        all
+    }
+
+    /// Every configured tenant.
+    pub fn all(&self) -> Vec<Arc<TenantPolicy>> {
+        self.table.lock().all.clone()
+    }
+
+    /// The built-in tenant of every host when none is configured.
+    pub fn default_tenant(&self) -> Arc<TenantPolicy> {
+        self.default.clone()
+    }
+
+    /// Whether a controller of `host` holding `tenant` keeps it after a reload: its host
+    /// resolves to the same policy (`discovery`, `member` as for [`Tenants::resolve`]).
+    pub fn keeps(&self, tenant: &TenantPolicy, host: &str, discovery: bool, member: bool) -> bool {
+        let same =
+            |p: &TenantPolicy| TenantPolicy { hosts: Vec::new(), ..p.clone() } == TenantPolicy { hosts: Vec::new(), ..tenant.clone() };
+        matches!(self.resolve(host, discovery, member), Resolved::Tenant(p) if same(&p))
+    }
+
+    /// The tenant of `host` connecting to a subsystem; `discovery`: the discovery
+    /// subsystem; `member`: a trusted cluster member connecting as itself.
+    pub fn resolve(&self, host: &str, discovery: bool, member: bool) -> Resolved {
+        let t = self.table.lock();
+        if let Some(p) = t.by_host.get(host) {
+            return Resolved::Tenant(p.clone());
+        }
+        if t.all.is_empty() || discovery {
+            Resolved::Tenant(self.default.clone())
+        } else if member {
+            Resolved::Tenant(self.cluster.clone())
+        } else {
+            Resolved::Refused
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::Config;
+
+    const SUB: &str = "nqn.2026-11.io.nearstore:a";
+
+    /// A configuration with one subsystem and the `[[tenant]]` entries given.
+    fn config(tenants: &str) -> Result<Config, ConfigError> {
+        Config::from_toml(&format!(
+            "[[listener]]\naddress = \"127.0.0.1:4420\"\n[[subsystem]]\nnqn = \"{SUB}\"\nallow_any_host = true\n\
+             [[subsystem.namespace]]\nnsid = 1\nmemory = \"1MiB\"\n{tenants}"
+        ))
+    }
+
+    fn tenant(name: &str, host: &str, lines: &str) -> String {
+        format!("[[tenant]]\nname = \"{name}\"\nhosts = [\"nqn.2014-08.org.example:{host}\"]\n{lines}\n")
+    }
+
+    /// Each bad `[[tenant]]` is refused at load with an error naming its field.
+    #[test]
+    fn bad_tenants_name_the_field() {
+        let t = |lines: &str| tenant("t", "h", lines);
+        let cases: Vec<(String, &str)> = vec![
+            (t("io_weight = 0"), "tenant[0].io_weight: 0: a weight must be between 1 and 10000"),
+            (t("compute_weight = 0"), "tenant[0].compute_weight"),
+            (t("io_weight = 10001"), "tenant[0].io_weight: 10001"),
+            (t("compute_weight = 4294967295"), "tenant[0].compute_weight"),
+            (t("io_weight = -1"), "io_weight"),
+            (t("offload_memory = \"4KiB\""), "tenant[0].offload_memory: 4096 bytes cannot hold"),
+            (t("operations = [\"sha256\", \"rot13\"]"), "tenant[0].operations[1]"),
+            (t("[[tenant.reach]]\nsubsystem = \"nqn.2026-11.io.nearstore:nope\""), "tenant[0].reach[0].subsystem"),
+            (t(&format!("[[tenant.reach]]\nsubsystem = \"{SUB}\"\nvolume = \"v\"")), "tenant[0].reach[0]: give one of"),
+            (t("[[tenant.reach]]\nnsid = 1"), "tenant[0].reach[0]: give one of"),
+            (t(&format!("[[tenant.reach]]\nsubsystem = \"{SUB}\"\nnsid = 0")), "tenant[0].reach[0].nsid"),
+            (t(&format!("[[tenant.reach]]\nsubsystem = \"{SUB}\"\nnsid = 1\nlbas = [8, 8]")), "tenant[0].reach[0].lbas"),
+            (t(&format!("[[tenant.reach]]\nsubsystem = \"{SUB}\"\nlbas = [0, 8]")), "give nsid too"),
+            (t("[[tenant.reach]]\nvolume = \"a b\""), "tenant[0].reach[0].volume"),
+            (t("colour = 1"), "unknown field `colour`"),
+            (tenant("", "h", ""), "tenant[0].name"),
+            (tenant("a/b", "h", ""), "tenant[0].name"),
+            (tenant(&"n".repeat(65), "h", ""), "tenant[0].name"),
+            (tenant("default", "h", ""), "'default' is built in"),
+            (tenant("cluster", "h", ""), "'cluster' is built in"),
+            (tenant("t", "h", "") + &tenant("t", "i", ""), "tenant[1].name: 't' is built in or named twice"),
+            (tenant("t", "h", "") + &tenant("u", "h", ""), "tenant[1].hosts[0]: host nqn.2014-08.org.example:h is in tenants t and u"),
+            ("[[tenant]]\nname = \"t\"\nhosts = [\"bad\"]\n".into(), "tenant[0].hosts[0]"),
+        ];
+        for (text, want) in &cases {
+            let e = config(text).expect_err(text).to_string();
+            assert!(e.contains(want), "{text:?}: {e:?} should contain {want:?}");
+        }
+        // The bounds themselves are accepted.
+        config(&t("io_weight = 1\ncompute_weight = 10000")).unwrap();
+    }
+
+    /// Who resolves to what: each line a host, whether it connects to the discovery
+    /// subsystem, whether it is a trusted member connecting as itself, and the tenant it
+    /// gets (None: refused). Without tenants, every host is in `default`.
+    #[test]
+    fn hosts_resolve_to_their_tenant() {
+        let host = |h: &str| format!("nqn.2014-08.org.example:{h}");
+        let none = Tenants::default();
+        assert_eq!(none.resolve(&host("x"), false, false), Resolved::Tenant(none.default_tenant()));
+        let cfg = config(&(tenant("t", "h", "") + &tenant("u", "i", ""))).unwrap();
+        let tenants = Tenants::default();
+        tenants.install(cfg.tenants().unwrap());
+        let name = |r: Resolved| match r {
+            Resolved::Tenant(p) => Some((p.name.clone(), p.id)),
+            Resolved::Refused => None,
+        };
+        /// A host, discovery, member, and the tenant's name and id (None: refused).
+        type Case = (&'static str, bool, bool, Option<(&'static str, TenantId)>);
+        let cases: &[Case] = &[
+            ("h", false, false, Some(("t", TenantId(2)))),
+            ("i", false, false, Some(("u", TenantId(3)))),
+            ("h", true, false, Some(("t", TenantId(2)))),
+            ("x", false, false, None),
+            ("x", true, false, Some(("default", TenantId::DEFAULT))),
+            ("x", false, true, Some(("cluster", TenantId::CLUSTER))),
+        ];
+        for &(h, discovery, member, want) in cases {
+            let want = want.map(|(n, id)| (n.to_string(), id));
+            assert_eq!(name(tenants.resolve(&host(h), discovery, member)), want, "{h} {discovery} {member}");
+        }
+        // A reload keeps a name's id, whatever its place; a new name gets a new one.
+        let cfg = config(&(tenant("v", "j", "") + &tenant("u", "i", ""))).unwrap();
+        tenants.install(cfg.tenants().unwrap());
+        assert_eq!(name(tenants.resolve(&host("i"), false, false)), Some(("u".into(), TenantId(3))));
+        assert_eq!(name(tenants.resolve(&host("j"), false, false)), Some(("v".into(), TenantId(4))));
+        assert_eq!(name(tenants.resolve(&host("h"), false, false)), None);
+    }
+}

@@ -1,0 +1,259 @@
+//! Tenants (docs/operations.md, "Tenants"): which hosts connect where, which I/O and compute
+//! commands each tenant's controllers run and which they are refused with Access Denied
+//! before a byte moves, and a reload that removes a host from its tenant.
+
+mod common;
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use nearstore_initiator::{ConnectOptions, Controller, Error, IoQueue};
+use nearstore_target::config::Config;
+use nearstore_target::Target;
+use nearstore_wire::compute::{Descriptor, Extent, Object};
+use nearstore_wire::Status;
+
+const A: &str = "nqn.2026-11.io.nearstore:tenant-a";
+const B: &str = "nqn.2026-11.io.nearstore:tenant-b";
+const ALPHA: &str = "nqn.2014-08.org.nvmexpress:uuid:alpha";
+const ALPHA2: &str = "nqn.2014-08.org.nvmexpress:uuid:alpha2";
+const BETA: &str = "nqn.2014-08.org.nvmexpress:uuid:beta";
+const NOBODY: &str = "nqn.2014-08.org.nvmexpress:uuid:nobody";
+const BS: u64 = 512;
+const T: Duration = Duration::from_secs(20);
+
+/// Subsystem A (namespaces 1 and 2) and B (namespace 1), open to any host; tenant alpha
+/// reaches blocks [0, 1024) of A's namespace 1 and reads A's namespace 2, running sha256,
+/// wc and copy; tenant beta reaches all of B. `alpha_hosts`: alpha's hosts.
+fn config(alpha_hosts: &[&str]) -> Config {
+    let hosts: Vec<String> = alpha_hosts.iter().map(|h| format!("\"{h}\"")).collect();
+    let text = format!(
+        r#"
+        [[listener]]
+        address = "127.0.0.1:0"
+        [[subsystem]]
+        nqn = "{A}"
+        allow_any_host = true
+        [[subsystem.namespace]]
+        nsid = 1
+        memory = "4MiB"
+        [[subsystem.namespace]]
+        nsid = 2
+        memory = "4MiB"
+        [[subsystem]]
+        nqn = "{B}"
+        allow_any_host = true
+        [[subsystem.namespace]]
+        nsid = 1
+        memory = "4MiB"
+
+        [[tenant]]
+        name = "alpha"
+        hosts = [{hosts}]
+        compute_weight = 200
+        operations = ["sha256", "wc", "copy"]
+        [[tenant.reach]]
+        subsystem = "{A}"
+        nsid = 1
+        lbas = [0, 1024]
+        [[tenant.reach]]
+        subsystem = "{A}"
+        nsid = 2
+        read_only = true
+
+        [[tenant]]
+        name = "beta"
+        hosts = ["{BETA}"]
+        [[tenant.reach]]
+        subsystem = "{B}"
+        "#,
+        hosts = hosts.join(", ")
+    );
+    Config::from_toml(&text).unwrap()
+}
+
+async fn start() -> (Arc<Target>, SocketAddr) {
+    common::init_logs();
+    let target = Target::from_config(&config(&[ALPHA, ALPHA2])).unwrap();
+    let addr = target.listen("127.0.0.1:0".parse().unwrap(), false).await.unwrap();
+    (target, addr)
+}
+
+fn opts(addr: SocketAddr, sub: &str, host: &str) -> ConnectOptions {
+    let mut o = ConnectOptions::new(addr, sub);
+    o.hostnqn = host.into();
+    o.hostid = [7; 16];
+    o
+}
+
+async fn queue(addr: SocketAddr, sub: &str, host: &str) -> (Controller, IoQueue) {
+    let c = Controller::connect(opts(addr, sub, host)).await.unwrap_or_else(|e| panic!("{host} to {sub}: {e}"));
+    let q = c.io_queue(1).await.unwrap();
+    (c, q)
+}
+
+fn status_of(r: Result<(), Error>) -> Option<Status> {
+    match r {
+        Ok(()) => None,
+        Err(Error::Status { status, .. }) | Err(Error::Compute { status, .. }) => Some(status),
+        Err(e) => panic!("not a status: {e}"),
+    }
+}
+
+/// Each line: a host, the subsystem it connects to, and whether it is admitted (a host in
+/// no tenant, or whose tenant does not reach the subsystem, is Connect Invalid Host).
+#[tokio::test]
+async fn connect_follows_the_tenants() {
+    let (_target, addr) = start().await;
+    let cases: &[(&str, &str, bool)] = &[
+        (ALPHA, A, true),
+        (ALPHA2, A, true),
+        (ALPHA, B, false),
+        (BETA, B, true),
+        (BETA, A, false),
+        (NOBODY, A, false),
+        (NOBODY, B, false),
+    ];
+    for &(host, sub, admitted) in cases {
+        match Controller::connect(opts(addr, sub, host)).await {
+            Ok(_) => assert!(admitted, "{host} to {sub}: admitted"),
+            Err(Error::Status { status, .. }) => {
+                assert!(!admitted, "{host} to {sub}: refused with {status}");
+                assert_eq!(status, Status::CONNECT_INVALID_HOST.dnr(), "{host} to {sub}");
+            }
+            Err(e) => panic!("{host} to {sub}: {e}"),
+        }
+    }
+}
+
+/// I/O commands of a tenant whose grant is a block range of one namespace and all of a
+/// second, read-only. Each line: what, the command, and None (it runs) or its status.
+#[tokio::test]
+async fn io_commands_are_checked_against_the_tenant() {
+    let (_target, addr) = start().await;
+    let (_c, mut q) = queue(addr, A, ALPHA).await;
+    let block = vec![0x5a; BS as usize];
+    let denied = Some(Status::ACCESS_DENIED.dnr());
+    type Run = for<'a> fn(&'a mut IoQueue, &'a [u8]) -> std::pin::Pin<Box<dyn std::future::Future<Output = Result<(), Error>> + 'a>>;
+    let cases: Vec<(&str, Run, Option<Status>)> = vec![
+        ("write inside the grant", |q, b| Box::pin(q.write(1, 10, b, BS as u32, false)), None),
+        ("read inside the grant", |q, _| Box::pin(async { q.read(1, 10, 1, BS as u32).await.map(drop) }), None),
+        ("read of the grant's last block", |q, _| Box::pin(async { q.read(1, 1023, 1, BS as u32).await.map(drop) }), None),
+        ("read across the grant's end", |q, _| Box::pin(async { q.read(1, 1023, 2, BS as u32).await.map(drop) }), denied),
+        ("read past the grant", |q, _| Box::pin(async { q.read(1, 4000, 1, BS as u32).await.map(drop) }), denied),
+        ("write past the grant", |q, b| Box::pin(q.write(1, 2000, b, BS as u32, false)), denied),
+        ("write zeroes inside", |q, _| Box::pin(q.write_zeroes(1, 0, 8, false)), None),
+        ("write zeroes across the end", |q, _| Box::pin(q.write_zeroes(1, 1020, 8, false)), denied),
+        ("deallocate inside", |q, _| Box::pin(q.deallocate(1, &[(0, 8), (100, 8)])), None),
+        ("deallocate, one range outside", |q, _| Box::pin(q.deallocate(1, &[(0, 8), (5000, 8)])), denied),
+        ("flush", |q, _| Box::pin(q.flush(1)), None),
+        ("read the read-only namespace", |q, _| Box::pin(async { q.read(2, 5000, 1, BS as u32).await.map(drop) }), None),
+        ("write the read-only namespace", |q, b| Box::pin(q.write(2, 0, b, BS as u32, false)), denied),
+        ("write zeroes on the read-only namespace", |q, _| Box::pin(q.write_zeroes(2, 0, 1, false)), denied),
+        ("flush the read-only namespace", |q, _| Box::pin(q.flush(2)), None),
+    ];
+    for (what, run, want) in cases {
+        assert_eq!(status_of(run(&mut q, &block).await), want, "{what}");
+    }
+    // The queue serves on after every refusal.
+    q.write(1, 11, &block, BS as u32, false).await.unwrap();
+    assert_eq!(q.read(1, 11, 1, BS as u32).await.unwrap(), block);
+}
+
+/// Compute descriptors of tenant alpha (sha256, wc and copy only; blocks [0, 1024) of
+/// namespace 1, namespace 2 read-only). Each line: what, the namespace EXEC names, the
+/// operation, inputs and outputs (byte offset and length of one extent each), and None
+/// (it runs) or its status; a refusal's message names the tenant and what it may not do.
+#[tokio::test]
+async fn compute_descriptors_are_checked_against_the_tenant() {
+    let (target, addr) = start().await;
+    let (_c, mut q) = queue(addr, A, ALPHA).await;
+    let data = vec![b'x'; 4096];
+    q.write(1, 0, &data, BS as u32, false).await.unwrap();
+    let denied = Some(Status::ACCESS_DENIED.dnr());
+    let grant_end = 1024 * BS;
+    type Case = (&'static str, u32, &'static str, Vec<(u64, u64)>, Vec<(u64, u64)>, Option<Status>);
+    let cases: Vec<Case> = vec![
+        ("sha256 inside the grant", 1, "sha256", vec![(0, 4096)], vec![], None),
+        ("wc inside the grant", 1, "wc", vec![(0, 4096)], vec![], None),
+        ("an operation the tenant may not run", 1, "grep-count", vec![(0, 4096)], vec![], denied),
+        ("md5, not in its list either", 1, "md5", vec![(0, 4096)], vec![], denied),
+        ("an input across the grant's end", 1, "sha256", vec![(grant_end - 512, 1024)], vec![], denied),
+        ("an input past the grant", 1, "sha256", vec![(grant_end * 2, 4096)], vec![], denied),
+        ("the second input outside", 1, "sha256", vec![(0, 4096), (grant_end, 512)], vec![], denied),
+        ("read the read-only namespace", 2, "sha256", vec![(0, 4096)], vec![], None),
+        ("copy inside the grant", 1, "copy", vec![(0, 4096)], vec![(8192, 4096)], None),
+        ("copy into the read-only namespace", 2, "copy", vec![(0, 4096)], vec![(8192, 4096)], denied),
+        ("copy out of the grant", 1, "copy", vec![(0, 4096)], vec![(grant_end, 4096)], denied),
+    ];
+    let before = target.offload.stats.bytes_read.load(std::sync::atomic::Ordering::Relaxed);
+    let mut read_allowed = 0;
+    for (what, nsid, op, inputs, outputs, want) in cases {
+        let id = nearstore_compute::by_name(op).unwrap().id;
+        let obj = |(off, len): (u64, u64)| Object { len, extents: vec![Extent::data(off, len)] };
+        let d = Descriptor {
+            op: id,
+            args: if op == "grep-count" { br#"{"pattern":"x"}"#.to_vec() } else { vec![] },
+            inputs: inputs.iter().copied().map(obj).collect(),
+            outputs: outputs.iter().copied().map(obj).collect(),
+        };
+        let r = q.compute(nsid, &d.encode(), T).await;
+        if let Err(Error::Compute { message, .. }) = &r {
+            if want.is_some() {
+                assert!(message.contains("tenant alpha may not"), "{what}: {message}");
+            }
+        }
+        if want.is_none() {
+            read_allowed += inputs.iter().map(|i| i.1).sum::<u64>();
+        }
+        assert_eq!(status_of(r.map(drop)), want, "{what}");
+    }
+    // Refused commands read nothing: only the allowed ones' inputs were read.
+    let read = target.offload.stats.bytes_read.load(std::sync::atomic::Ordering::Relaxed) - before;
+    assert_eq!(read, read_allowed, "bytes the engine read");
+}
+
+/// A host removed from its tenant by a reload: its controller is torn down (its next
+/// command fails: refused with Access Denied or its connection closed) and it cannot
+/// connect again; the tenant's other host and the other tenant go on as before. A reload
+/// with an absurd weight is refused and changes nothing.
+#[tokio::test]
+async fn a_host_removed_from_its_tenant_loses_its_controllers() {
+    let (target, addr) = start().await;
+    let block = vec![1u8; BS as usize];
+    let (_a, mut qa) = queue(addr, A, ALPHA).await;
+    let (_a2, mut qa2) = queue(addr, A, ALPHA2).await;
+    let (_b, mut qb) = queue(addr, B, BETA).await;
+    for q in [&mut qa, &mut qa2, &mut qb] {
+        q.write(1, 0, &block, BS as u32, false).await.unwrap();
+    }
+    let sub_a = target.subsystem(A).unwrap();
+    assert_eq!(sub_a.controller_count(), 2);
+
+    // Refused at load: nothing changes.
+    let mut bad = config(&[ALPHA2]);
+    bad.tenant[1].io_weight = 0;
+    let e = target.reload_tenants(&bad).unwrap_err().to_string();
+    assert!(e.contains("tenant[1].io_weight"), "{e}");
+    qa.write(1, 0, &block, BS as u32, false).await.expect("a refused reload changes nothing");
+
+    assert_eq!(target.reload_tenants(&config(&[ALPHA2])).unwrap(), 1, "controllers torn down");
+    match qa.write(1, 0, &block, BS as u32, false).await {
+        Ok(()) => panic!("a removed host's command ran"),
+        Err(Error::Status { status, .. }) => assert_eq!(status, Status::ACCESS_DENIED.dnr()),
+        Err(_) => {} // the connection closed first
+    }
+    assert_eq!(sub_a.controller_count(), 1, "alpha's remaining host keeps its controller");
+    match Controller::connect(opts(addr, A, ALPHA)).await {
+        Err(Error::Status { status, .. }) => assert_eq!(status, Status::CONNECT_INVALID_HOST.dnr()),
+        r => panic!("a removed host connects again: {:?}", r.map(drop)),
+    }
+    for q in [&mut qa2, &mut qb] {
+        q.write(1, 1, &block, BS as u32, false).await.expect("the others go on");
+        assert_eq!(q.read(1, 1, 1, BS as u32).await.unwrap(), block);
+    }
+    // Added back, it connects again.
+    target.reload_tenants(&config(&[ALPHA, ALPHA2])).unwrap();
+    queue(addr, A, ALPHA).await;
+}
