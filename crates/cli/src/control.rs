@@ -144,6 +144,28 @@ pub fn agent(cfg: &nearstore_target::config::Config, control: &str) -> Result<Ag
     Ok(Agent { client, addr: String::new(), nqn, pools })
 }
 
+/// Feeds each pool's view from its namespace in the target's pool subsystem: the reads and
+/// writes that reach it over NVMe/TCP (every peer's volume I/O, and any member's), counted
+/// where they complete.
+pub fn feed(agent: &Agent, target: &nearstore_target::Target) {
+    use std::sync::atomic::Ordering::Relaxed;
+    let Some(sub) = target.subsystem(nearstore_target::POOLS_NQN) else { return };
+    for p in &agent.pools {
+        let Some(ns) = sub.namespace(p.nsid) else { continue };
+        p.stats.attach(Box::new(move || {
+            let s = &ns.stats;
+            nearstore_control::agent::Counters {
+                reads: s.reads.load(Relaxed),
+                writes: s.writes.load(Relaxed),
+                read_bytes: s.read_bytes.load(Relaxed),
+                write_bytes: s.written_bytes.load(Relaxed),
+                read_ns: s.read_ns.load(Relaxed),
+                write_ns: s.write_ns.load(Relaxed),
+            }
+        }));
+    }
+}
+
 /// The translation service of one volume, as its data path on a target asks it.
 struct ControlResolver {
     client: Client,

@@ -28,6 +28,7 @@ pub async fn run_target(cfg: Config, file: Option<std::path::PathBuf>) -> Result
         // Registered by its first I/O listener, as hosts reach it (its advertised address).
         let (i, l) = cfg.listener.iter().enumerate().find(|(_, l)| !l.discovery).context("the control plane needs an I/O listener")?;
         agent.addr = std::net::SocketAddr::new(l.advertise.unwrap_or(addrs[i].ip()), addrs[i].port()).to_string();
+        crate::control::feed(&agent, &target);
         let exporter = crate::control::Exporter {
             target: target.clone(),
             client: agent.client.clone(),

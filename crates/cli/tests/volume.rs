@@ -464,3 +464,91 @@ fn compute_on_a_volume_runs_where_its_bytes_lie() {
     }
     assert!(rt.block_on(c.volume("cv")).expect("info").extents.iter().any(|e| e.index == 9), "the output's extent was allocated");
 }
+
+#[test]
+fn pool_views_carry_the_data_paths_load_and_placement_avoids_it() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let cp = Control::start(&dir.path().join("store"));
+    let targets: Vec<Target> = (0..3).map(|i| target(dir.path(), i, &cp.a())).collect();
+    let c = cp.client();
+    wait_for_views(&c, 3);
+    let rt = rt();
+    let a = cp.a();
+    ok(&["volume", "create", "lv", "--size", "3MiB", "--extent-size", "1MiB", "--control", &a]);
+    ok(&["volume", "create", "nv", "--size", "1MiB", "--extent-size", "1MiB", "--control", &a]);
+    // One extent on every pool, allocated without a write: no pool has done any I/O.
+    for i in 0..3 {
+        rt.block_on(c.allocate("lv", i)).expect("allocate");
+    }
+    let info = rt.block_on(c.volume("lv")).expect("info");
+    let on: std::collections::BTreeSet<&str> = info.extents.iter().map(|e| e.target.as_str()).collect();
+    assert_eq!(on.len(), 3, "{on:?}");
+    // Idle and equally full, pools tie, and the tie goes to the smallest (target, name): W.
+    let view = rt.block_on(c.view(0)).expect("view");
+    let w = view.pools.iter().min_by_key(|p| (p.target.clone(), p.pool.clone())).expect("pools").clone();
+    for p in &view.pools {
+        let f = &p.view.as_ref().expect("a view").figures;
+        assert_eq!((f.read_bps, f.queue_depth, f.write_cost_us_per_mib), (0.0, 0.0, 0.0), "{} is idle", p.pool);
+    }
+    let k = info.extents.iter().find(|e| e.target == w.target).expect("an extent on W").index;
+    // Exported by another target, whose reads of extent k reach W's pool over NVMe/TCP.
+    let exporter = targets.iter().find(|t| t.addr.to_string() != w.target).expect("another target");
+    let x: Export = serde_json::from_str(&ok(&[
+        "volume",
+        "export",
+        "lv",
+        "--target",
+        &exporter.addr.to_string(),
+        "--allow-host",
+        HOST,
+        "--control",
+        &a,
+        "-o",
+        "json",
+    ]))
+    .expect("export json");
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let reader = {
+        let (stop, addr) = (stop.clone(), exporter.addr);
+        // Its connection on a runtime of its own, which the reads drive.
+        std::thread::spawn(move || {
+            let rt = crate::rt();
+            let (_ctrl, mut q) = connect_when_exported(&rt, addr, &x.nqn);
+            let mut n = 0u64;
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                let off = k * MIB + (n * CHUNK) % MIB;
+                rt.block_on(q.read(1, off / BLOCK as u64, (CHUNK / BLOCK as u64) as u32, BLOCK)).expect("read");
+                n += 1;
+            }
+            n
+        })
+    };
+    // W's view shows the reads: bandwidth, IOPS, latency and a queue depth.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let loaded = loop {
+        let v = rt.block_on(c.view(0)).expect("view");
+        let p = v.pools.iter().find(|p| (&p.target, &p.pool) == (&w.target, &w.pool)).expect("W").clone();
+        let f = p.view.as_ref().expect("a view").figures.clone();
+        if f.read_bps > 0.0 && f.read_iops > 0.0 && f.read_latency_us > 0.0 && f.queue_depth > 0.0 {
+            break f;
+        }
+        assert!(Instant::now() < deadline, "W's view never showed the reads: {f:?}");
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    // A new extent goes to an idle pool, not the loaded one.
+    let placed = rt.block_on(c.allocate("nv", 0)).expect("allocate");
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let reads = reader.join().expect("reader");
+    assert!(reads > 0);
+    assert!(
+        (placed.target.as_str(), placed.pool.as_str()) != (w.target.as_str(), w.pool.as_str()),
+        "placed on the loaded pool {}@{} ({loaded:?})",
+        w.pool,
+        w.target
+    );
+    // The other pools saw none of it.
+    let v = rt.block_on(c.view(0)).expect("view");
+    for p in v.pools.iter().filter(|p| p.target != w.target) {
+        assert_eq!(p.view.as_ref().expect("a view").figures.read_bps, 0.0, "{} read nothing", p.pool);
+    }
+}

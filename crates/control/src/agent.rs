@@ -16,8 +16,13 @@ use crate::client::{Client, ClientError};
 use crate::limits::*;
 use crate::model::*;
 
-/// Counters of one pool's I/O: the data path adds, the agent reads.
-#[derive(Debug, Default)]
+/// Where a pool's counters come from when the data path keeps them itself (a target's pool
+/// namespace): read at every sample.
+pub type CounterSource = Box<dyn Fn() -> Counters + Send + Sync>;
+
+/// Counters of one pool's I/O: the data path adds (or is attached as the
+/// [`source`](PoolStats::attach)), the agent reads.
+#[derive(Default)]
 pub struct PoolStats {
     pub reads: AtomicU64,
     pub writes: AtomicU64,
@@ -26,6 +31,13 @@ pub struct PoolStats {
     /// Nanoseconds from submission to completion, summed.
     pub read_ns: AtomicU64,
     pub write_ns: AtomicU64,
+    source: std::sync::OnceLock<CounterSource>,
+}
+
+impl std::fmt::Debug for PoolStats {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PoolStats").field("counters", &self.snapshot()).field("attached", &self.source.get().is_some()).finish()
+    }
 }
 
 impl PoolStats {
@@ -41,7 +53,27 @@ impl PoolStats {
         self.write_ns.fetch_add(ns, Ordering::Relaxed);
     }
 
+    /// Takes the counters from `source` from now on (once; false if one is attached
+    /// already). What was added before is added to them.
+    pub fn attach(&self, source: CounterSource) -> bool {
+        self.source.set(source).is_ok()
+    }
+
     pub fn snapshot(&self) -> Counters {
+        let own = self.own();
+        let Some(s) = self.source.get() else { return own };
+        let c = s();
+        Counters {
+            reads: c.reads + own.reads,
+            writes: c.writes + own.writes,
+            read_bytes: c.read_bytes + own.read_bytes,
+            write_bytes: c.write_bytes + own.write_bytes,
+            read_ns: c.read_ns + own.read_ns,
+            write_ns: c.write_ns + own.write_ns,
+        }
+    }
+
+    fn own(&self) -> Counters {
         let l = |a: &AtomicU64| a.load(Ordering::Relaxed);
         Counters {
             reads: l(&self.reads),
@@ -340,6 +372,17 @@ mod tests {
             );
             assert_eq!(f.fs_free_bytes, 7);
         }
+    }
+
+    #[test]
+    fn an_attached_source_adds_to_the_counters() {
+        let s = PoolStats::default();
+        s.read_done(4096, 1000);
+        assert_eq!(s.snapshot(), Counters { reads: 1, read_bytes: 4096, read_ns: 1000, ..Counters::default() });
+        let source = Counters { reads: 10, writes: 2, read_bytes: 40960, write_bytes: 8192, read_ns: 5000, write_ns: 7000 };
+        assert!(s.attach(Box::new(move || source)));
+        assert!(!s.attach(Box::new(Counters::default)), "attached once");
+        assert_eq!(s.snapshot(), Counters { reads: 11, read_bytes: 45056, read_ns: 6000, ..source });
     }
 
     #[test]

@@ -40,6 +40,10 @@ pub struct NsStats {
     pub other: AtomicU64,
     pub errors: AtomicU64,
     pub latency: Histogram,
+    /// Nanoseconds reads and writes took, summed (a pool's view: latency, and queue depth
+    /// by Little's law).
+    pub read_ns: AtomicU64,
+    pub write_ns: AtomicU64,
 }
 
 #[derive(Default)]
