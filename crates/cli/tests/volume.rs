@@ -552,3 +552,36 @@ fn pool_views_carry_the_data_paths_load_and_placement_avoids_it() {
         assert_eq!(p.view.as_ref().expect("a view").figures.read_bps, 0.0, "{} read nothing", p.pool);
     }
 }
+
+#[test]
+fn a_controller_shutdown_flushes_the_volumes_pools() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let cp = Control::start(&dir.path().join("store"));
+    let metrics: Vec<SocketAddr> = (0..3).map(|_| SocketAddr::from(([127, 0, 0, 1], free_port()))).collect();
+    let targets: Vec<Target> = (0..3).map(|i| target_with_metrics(dir.path(), i, &cp.a(), metrics[i])).collect();
+    let c = cp.client();
+    wait_for_views(&c, 3);
+    let rt = rt();
+    let a = cp.a();
+    let t0 = targets[0].addr.to_string();
+    ok(&["volume", "create", "sv", "--size", "3MiB", "--extent-size", "1MiB", "--control", &a]);
+    let x: Export =
+        serde_json::from_str(&ok(&["volume", "export", "sv", "--target", &t0, "--allow-host", HOST, "--control", &a, "-o", "json"]))
+            .expect("export json");
+    let (ctrl, mut q) = connect_when_exported(&rt, targets[0].addr, &x.nqn);
+    let mut model = vec![0u8; (3 * MIB) as usize];
+    for i in 0..3 {
+        write(&rt, &mut q, i * MIB, &pattern(i * MIB, 4096, 5), &mut model);
+    }
+    let info = rt.block_on(c.volume("sv")).expect("info");
+    let peers: Vec<usize> = (1..3).filter(|&i| info.extents.iter().any(|e| e.target == targets[i].addr.to_string())).collect();
+    assert_eq!(peers.len(), 2, "both peers hold an extent");
+    // Flushes reach a peer's pool as commands on its pool subsystem's namespace.
+    let pool_commands = r#"nearstore_other_commands_total{subnqn="nqn.2026-11.io.nearstore:pools",nsid="1"}"#;
+    let before: Vec<u64> = peers.iter().map(|&i| metric(metrics[i], pool_commands)).collect();
+    drop(q);
+    rt.block_on(ctrl.shutdown()).expect("shutdown reported complete");
+    for (&i, b) in peers.iter().zip(before) {
+        assert!(metric(metrics[i], pool_commands) > b, "the shutdown flushed no pool of target {i}");
+    }
+}

@@ -315,17 +315,35 @@ const SHST: u32 = csts::SHST_OCCURRING | csts::SHST_COMPLETE;
 /// Status, the error no completion queue can carry, instead (the simulation found writes
 /// lost after a shutdown reported complete). A reset (CC.EN cleared) meanwhile ends the
 /// shutdown: then nothing is reported.
+///
+/// An exported volume's namespace is flushed through its device instead, as a host's Flush
+/// is: every pool the volume reached, this target's and its peers', on a task of the
+/// runtime (its pools' flushes run on the I/O pool and over NVMe/TCP, which a job on the
+/// pool would wait for).
 fn flush_for_shutdown(target: &Target, ctrl: Arc<Controller>) {
     let namespaces = ctrl.subsys.namespaces();
     let (tx, mut rx) = unbounded_channel();
+    let mut volumes = Vec::new();
     for (i, ns) in namespaces.iter().enumerate() {
+        if ns.placement.is_some() {
+            volumes.push(ns.clone());
+            continue;
+        }
         let job =
             Job { backend: ns.backend.clone(), op: Op::Flush, buf: AlignedBuf::new(0), token: i as u64, reply: tx.clone(), holds: None };
         target.pool.submit(job);
     }
     drop(tx);
+    let pool = target.pool.clone();
     tokio::spawn(async move {
         let mut flushed = true;
+        for ns in volumes {
+            let mut ch = crate::dev::Channel::new(crate::config::IoEngine::Threads, pool.clone());
+            if let Err(e) = ch.run(&*ns.dev, Op::Flush, AlignedBuf::new(0)).await.result {
+                warn!(nsid = ns.nsid, cntlid = ctrl.cntlid, "flush of a volume's pools at shutdown failed: {e}");
+                flushed = false;
+            }
+        }
         while let Some(done) = rx.recv().await {
             if let Err(e) = done.result {
                 let nsid = namespaces.get(done.tag as usize).map_or(0, |ns| ns.nsid);

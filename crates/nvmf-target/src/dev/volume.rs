@@ -759,10 +759,10 @@ impl Backend for VolumeBackend {
     }
 
     fn flush(&self) -> io::Result<()> {
-        // A shutdown (CC.SHN) flushes on the I/O pool, where waiting for the pools' devices
-        // (themselves on the pool and the runtime) could wait for itself. A volume's writes
-        // are made durable by the host's Flush and FUA, which go through the device to every
-        // pool it reached; each pool's target flushes its pools at its own stop.
+        // Synchronous callers (a target's stop) cannot wait for the pools' devices, which
+        // run on the pool and the runtime. A controller's shutdown (CC.SHN) flushes the
+        // volume through its device instead (fabrics.rs), as a host's Flush does; each
+        // pool's target flushes its pools at its own stop.
         Ok(())
     }
 
