@@ -187,7 +187,7 @@ fn resolve_error(e: ClientError) -> ResolveError {
 }
 
 fn location(e: &ExtentInfo) -> Location {
-    Location { target: e.target.clone(), nsid: e.nsid, offset: e.offset, epoch: e.epoch }
+    Location { target: e.target.clone(), nsid: e.nsid, offset: e.offset, epoch: e.epoch, unwritten: e.unwritten }
 }
 
 impl Resolver for ControlResolver {
@@ -200,6 +200,10 @@ impl Resolver for ControlResolver {
 
     fn allocate(&self, index: u64) -> BoxFuture<'_, Result<Location, ResolveError>> {
         Box::pin(async move { self.client.allocate(&self.volume, index).await.map(|e| location(&e)).map_err(resolve_error) })
+    }
+
+    fn written(&self, index: u64) -> BoxFuture<'_, Result<(), ResolveError>> {
+        Box::pin(async move { self.client.mark_written(&self.volume, index).await.map(drop).map_err(resolve_error) })
     }
 
     fn allocated(&self) -> BoxFuture<'_, Result<Vec<(u64, Location)>, ResolveError>> {
@@ -483,8 +487,16 @@ mod tests {
 
     #[test]
     fn extent_tables_show_unallocated_runs() {
-        let e =
-            |index| ExtentInfo { index, pool: "p".into(), target: "t:1".into(), path: "/x".into(), offset: index << 20, epoch: 1, nsid: 1 };
+        let e = |index| ExtentInfo {
+            index,
+            pool: "p".into(),
+            target: "t:1".into(),
+            path: "/x".into(),
+            offset: index << 20,
+            epoch: 1,
+            nsid: 1,
+            unwritten: false,
+        };
         let info = |total, extents: Vec<ExtentInfo>| VolumeInfo {
             volume: Volume { name: "v".into(), size: total << 20, extent_size: 1 << 20, created_ms: 0 },
             extents_total: total,

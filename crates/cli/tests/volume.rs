@@ -476,9 +476,11 @@ fn pool_views_carry_the_data_paths_load_and_placement_avoids_it() {
     let a = cp.a();
     ok(&["volume", "create", "lv", "--size", "3MiB", "--extent-size", "1MiB", "--control", &a]);
     ok(&["volume", "create", "nv", "--size", "1MiB", "--extent-size", "1MiB", "--control", &a]);
-    // One extent on every pool, allocated without a write: no pool has done any I/O.
+    // One extent on every pool, allocated and marked written without a write (as if zeroed):
+    // no pool has done any I/O, and reads of them reach the pools.
     for i in 0..3 {
         rt.block_on(c.allocate("lv", i)).expect("allocate");
+        rt.block_on(c.mark_written("lv", i)).expect("written");
     }
     let info = rt.block_on(c.volume("lv")).expect("info");
     let on: std::collections::BTreeSet<&str> = info.extents.iter().map(|e| e.target.as_str()).collect();

@@ -272,4 +272,9 @@ impl Client {
     pub async fn allocate(&self, name: &str, index: u64) -> Result<ExtentInfo, ClientError> {
         self.call::<(), _>(Method::POST, &format!("/v1/volumes/{}/extents/{index}/allocate", segment(name)), None).await
     }
+
+    /// Extent `index` was zeroed by the data path that allocated it.
+    pub async fn mark_written(&self, name: &str, index: u64) -> Result<ExtentInfo, ClientError> {
+        self.call::<(), _>(Method::POST, &format!("/v1/volumes/{}/extents/{index}/written", segment(name)), None).await
+    }
 }

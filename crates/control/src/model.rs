@@ -70,6 +70,11 @@ pub struct Extent {
     /// Bumped each time the extent moves (from 1): the data path's caches refuse I/O
     /// carrying an older one.
     pub epoch: u64,
+    /// Allocated, and not yet zeroed in its pool by the data path that allocated it: it
+    /// reads as zeros, and the next first write zeroes it again (the allocating target may
+    /// have died between the allocation and the zeroing).
+    #[serde(default)]
+    pub unwritten: bool,
 }
 
 /// A volume exported as a namespace of a subsystem of one target, which serves it to the
@@ -276,6 +281,9 @@ pub struct ExtentInfo {
     /// The pool's namespace in its target's pool subsystem.
     #[serde(default)]
     pub nsid: u32,
+    /// Allocated, not zeroed yet: it reads as zeros (see [`Extent::unwritten`]).
+    #[serde(default)]
+    pub unwritten: bool,
 }
 
 /// `GET /v1/volumes/{name}/extents/{index}`: the translation service's answer for one

@@ -179,6 +179,11 @@ async fn allocate(State(s): Svc, Path((name, index)): Path<(String, String)>) ->
     Ok(Json(change(s, move |c| c.allocate(&name, index, now)).await?))
 }
 
+async fn mark_written(State(s): Svc, Path((name, index)): Path<(String, String)>) -> Result<Json<ExtentInfo>, ApiError> {
+    let index = index_of(&index)?;
+    Ok(Json(change(s, move |c| c.mark_written(&name, index)).await?))
+}
+
 fn index_of(index: &str) -> Result<u64, ApiError> {
     index.parse().map_err(|_| ApiError::new(ErrorCode::InvalidArgument, format!("extent index '{index}' is not a number")))
 }
@@ -242,6 +247,7 @@ pub fn router(svc: Arc<Service>) -> Router {
         .route("/v1/volumes/{name}/grow", post(grow_volume))
         .route("/v1/volumes/{name}/extents/{index}", get(translate))
         .route("/v1/volumes/{name}/extents/{index}/allocate", post(allocate))
+        .route("/v1/volumes/{name}/extents/{index}/written", post(mark_written))
         .route("/v1/volumes/{name}/export", put(export).delete(unexport))
         .route("/v1/exports", get(exports))
         .fallback(no_such_endpoint)

@@ -323,6 +323,7 @@ impl Cluster {
             offset: e.offset,
             epoch: e.epoch,
             nsid: self.pools.get(&e.pool).map_or(0, |p| p.nsid),
+            unwritten: e.unwritten,
         }
     }
 
@@ -333,6 +334,21 @@ impl Cluster {
             return Err(err(ErrorCode::ExtentOutOfRange, format!("volume '{name}' has {} extents: no extent {index}", v.extents())));
         }
         Ok(Translation { index, extent: self.extents.get(&(name.to_string(), index)).map(|e| self.extent_info(e)) })
+    }
+
+    /// Extent `index` was zeroed in its pool by the data path that allocated it: from now on
+    /// it holds the volume's bytes (idempotent).
+    pub fn mark_written(&self, name: &str, index: u64) -> Planned<ExtentInfo> {
+        self.translate(name, index)?;
+        let Some(e) = self.extents.get(&(name.to_string(), index)) else {
+            return Err(err(ErrorCode::InvalidArgument, format!("extent {index} of '{name}' is not allocated")));
+        };
+        if !e.unwritten {
+            return Ok((Vec::new(), self.extent_info(e)));
+        }
+        let e = Extent { unwritten: false, ..e.clone() };
+        let info = self.extent_info(&e);
+        Ok((vec![Write::Put(Record::Extent(e))], info))
     }
 
     // ---- exports ----
@@ -437,7 +453,7 @@ impl Cluster {
         };
         let pool = &self.pools[&chosen.pool];
         let offset = self.hole(pool, v.extent_size).ok_or_else(|| err(ErrorCode::NoSpace, "the chosen pool filled"))?;
-        let e = Extent { volume: name.to_string(), index, pool: pool.id.clone(), offset, epoch: 1 };
+        let e = Extent { volume: name.to_string(), index, pool: pool.id.clone(), offset, epoch: 1, unwritten: true };
         let info = self.extent_info(&e);
         Ok((vec![Write::Put(Record::Extent(e))], info))
     }
@@ -636,6 +652,32 @@ mod tests {
     /// Allocation at a time when some pools' targets went silent: pools registered at 0, each
     /// row's views pushed at the given times (ms), one allocation at `now`; the pool chosen or
     /// the error's words.
+    /// An extent is allocated unwritten, and written once its data path says it zeroed it.
+    #[test]
+    fn extents_are_allocated_unwritten_until_marked_written() {
+        let mut c = cluster(&[("t1", "a", 4 * MIB)]);
+        commit(&mut c, |c| c.create_volume(&CreateVolume { name: "v".into(), size: 2 * MIB, extent_size: Some(MIB) }, 0)).expect("v");
+        assert!(commit(&mut c, |c| c.allocate("v", 0, 0)).expect("allocate").unwritten);
+        assert!(c.translate("v", 0).expect("translate").extent.expect("allocated").unwritten);
+        // (index, expected: unwritten after, writes planned, or the error's code)
+        #[rustfmt::skip]
+        let cases: &[(u64, Result<(bool, usize), ErrorCode>)] = &[
+            (0, Ok((false, 1))),
+            (0, Ok((false, 0))),
+            (1, Err(ErrorCode::InvalidArgument)),
+            (2, Err(ErrorCode::ExtentOutOfRange)),
+        ];
+        for (i, (index, want)) in cases.iter().enumerate() {
+            let got = c.mark_written("v", *index).map(|(w, e)| (e.unwritten, w.len())).map_err(|e| e.code);
+            assert_eq!(got, *want, "case {i}");
+            if let Ok((w, _)) = c.mark_written("v", *index) {
+                w.iter().for_each(|w| c.apply(w));
+            }
+        }
+        assert!(!c.translate("v", 0).expect("translate").extent.expect("allocated").unwritten);
+        assert_eq!(c.mark_written("w", 0).map_err(|e| e.code).err(), Some(ErrorCode::VolumeNotFound));
+    }
+
     #[test]
     fn allocation_skips_stale_pools() {
         let s = VIEW_STALE_MS;

@@ -20,6 +20,7 @@ fn extent(v: &str, index: u64) -> Record {
         pool: PoolId { target: "t:1".into(), name: "p".into() },
         offset: index << 20,
         epoch: 1,
+        unwritten: false,
     })
 }
 

@@ -54,6 +54,9 @@ pub struct Location {
     pub offset: u64,
     /// Bumped each time the extent moves.
     pub epoch: u64,
+    /// Allocated and not yet zeroed (its allocator may have died first): reads as zeros,
+    /// and the next first write zeroes it.
+    pub unwritten: bool,
 }
 
 /// A pool namespace of some target: where an extent's bytes lie, as a compute command on
@@ -92,8 +95,10 @@ pub struct ResolveError {
 pub trait Resolver: Send + Sync {
     /// Where extent `index` lies, if it is allocated.
     fn translate(&self, index: u64) -> BoxFuture<'_, Result<Lookup, ResolveError>>;
-    /// Allocates extent `index` (returned as it is when already allocated).
+    /// Allocates extent `index` (returned as it is when already allocated), unwritten.
     fn allocate(&self, index: u64) -> BoxFuture<'_, Result<Location, ResolveError>>;
+    /// Extent `index` is zeroed in its pool: it is written from now on.
+    fn written(&self, index: u64) -> BoxFuture<'_, Result<(), ResolveError>>;
     /// Every allocated extent (index, location): what write zeroes and deallocate reach.
     fn allocated(&self) -> BoxFuture<'_, Result<Vec<(u64, Location)>, ResolveError>>;
 }
@@ -476,30 +481,36 @@ impl Inner {
         let asked = std::time::Instant::now();
         let translated = self.ask("translate", self.resolver.translate(index)).await;
         self.stats.translate_latency.record(asked.elapsed());
-        let (loc, fresh) = match translated? {
-            Lookup::Allocated(loc) => (loc, false),
+        let loc = match translated? {
+            // Allocated by a data path that died before it zeroed the extent: its pool may
+            // hold a deleted volume's bytes, so it reads as zeros and is not cached.
+            Lookup::Allocated(loc) if loc.unwritten && !allocate => return Ok(None),
+            Lookup::Allocated(loc) => loc,
             Lookup::Unallocated if !allocate => return Ok(None),
             Lookup::Unallocated => {
-                // Translated as unallocated while this task holds the extent's miss, by the
-                // only target that exports the volume: no data path has written it, so
-                // zeroing loses nothing.
                 let loc = self.ask("allocate", self.resolver.allocate(index)).await?;
                 self.stats.allocations.fetch_add(1, Relaxed);
-                (loc, true)
+                loc
             }
         };
+        // Unwritten (just allocated, or left so) while this task holds the extent's miss, by
+        // the only target that exports the volume: no data path has written it, so zeroing
+        // loses nothing.
+        let fresh = loc.unwritten;
         let m = self.open(&loc).await.inspect_err(|_| {
             self.stats.failed_pool.fetch_add(1, Relaxed);
         })?;
         if fresh {
             let ext = self.cfg.extent_size;
-            let op = Op::WriteZeroes { off: m.offset, len: ext, deallocate: true, fua: false };
+            // Durable (FUA) before the control plane hears that it is written.
+            let op = Op::WriteZeroes { off: m.offset, len: ext, deallocate: true, fua: true };
             let mut ch = Channel::new(IoEngine::Threads, self.pool.clone());
             let c = ch.run(&*m.dev, op, AlignedBuf::new(0)).await;
             c.result.map_err(|e| {
                 self.stats.failed_pool.fetch_add(1, Relaxed);
                 io::Error::new(e.kind(), format!("zeroing new extent {index} of volume {}: {e}", self.cfg.name))
             })?;
+            self.ask("mark the extent written", self.resolver.written(index)).await?;
         }
         if self.cache.lock().insert(index, m.clone()).is_some() {
             self.stats.evictions.fetch_add(1, Relaxed);

@@ -62,9 +62,19 @@ impl Resolver for Books {
             }
             let n = self.next.fetch_add(1, Relaxed);
             let nsid = if self.bad_pool.load(Relaxed) { 99 } else { (n % POOLS as u64) as u32 + 1 };
-            let loc = Location { target: "t".into(), nsid, offset: (n / POOLS as u64) * EXT, epoch: 1 };
+            let loc = Location { target: "t".into(), nsid, offset: (n / POOLS as u64) * EXT, epoch: 1, unwritten: true };
             p.insert(index, loc.clone());
             Ok(loc)
+        })
+    }
+
+    fn written(&self, index: u64) -> BoxFuture<'_, Result<(), ResolveError>> {
+        Box::pin(async move {
+            self.gate().await;
+            if let Some(l) = self.placed.lock().get_mut(&index) {
+                l.unwritten = false;
+            }
+            Ok(())
         })
     }
 
@@ -213,6 +223,28 @@ async fn reads_and_writes_split_at_extents() {
 
 /// A cached extent is served without the control plane; a miss asks it once; an evicted
 /// entry is asked for again.
+/// The first-write gap: an extent allocated by a data path that died before zeroing it
+/// reads as zeros (not the garbage in its pool) and is not cached; the next write zeroes it
+/// and marks it written; a new extent is marked written once zeroed.
+#[tokio::test]
+async fn an_extent_left_unwritten_reads_zeros_until_a_write_zeroes_it() {
+    let mut r = rig(64);
+    // Allocated, then its allocator died: the books say unwritten, the pool holds garbage.
+    r.books.allocate(2).await.expect("allocate");
+    r.check(2 * EXT, EXT).await;
+    let misses = r.vol.stats().misses.load(Relaxed);
+    r.check(2 * EXT, BLOCK).await;
+    assert_eq!(r.vol.stats().misses.load(Relaxed), misses + 1, "an unwritten extent is not cached");
+    assert!(r.books.placed.lock()[&2].unwritten);
+    // A write of one block: the rest of the extent reads zeros, and it is written now.
+    r.write(2 * EXT + BLOCK, BLOCK, 7).await;
+    r.check(2 * EXT, EXT).await;
+    assert!(!r.books.placed.lock()[&2].unwritten);
+    r.write(4 * EXT, BLOCK, 9).await;
+    assert!(!r.books.placed.lock()[&4].unwritten, "a new extent is marked written once zeroed");
+    r.check(0, EXTENTS * EXT).await;
+}
+
 #[tokio::test]
 async fn the_cache_answers_hits_and_is_bounded() {
     let mut r = rig(2);
