@@ -26,6 +26,7 @@ pub mod log_limit;
 pub mod loopback;
 pub mod memory;
 pub mod metrics;
+pub mod microtx;
 pub mod offload;
 pub mod reply;
 pub mod request;

@@ -535,6 +535,29 @@ const _: () = assert!(PEER_TIMEOUT_SECS_DEFAULT >= 1 && PEER_TIMEOUT_SECS_DEFAUL
 const _: () = assert!(VOLUME_CACHE_ENTRIES_DEFAULT <= VOLUME_CACHE_ENTRIES_MAX);
 const _: () = assert!(VOLUME_TRANSLATE_TIMEOUT_MS_DEFAULT >= 1 && VOLUME_TRANSLATE_TIMEOUT_MS_DEFAULT <= VOLUME_TRANSLATE_TIMEOUT_MS_MAX);
 
+/// A namespace's MicroTx journal (microtx.rs, docs/compute-protocol.md "The MicroTx
+/// journal"), in bytes: 16 MiB holds about 60 transactions of the largest size between
+/// checkpoints (a checkpoint costs one write and one flush) and is read whole at start-up
+/// in tens of milliseconds.
+pub const MICROTX_JOURNAL_BYTES: u64 = 16 << 20;
+/// The journal's unit of writing, in bytes: a transaction's records start on one, so a
+/// record torn by a crash never straddles another transaction's. 4 KiB: the largest
+/// logical block a namespace's file or device has.
+pub const MICROTX_JOURNAL_BLOCK_BYTES: usize = 4096;
+/// One checkpoint slot, in bytes (two at the journal's start): its header and
+/// MICROTX_OUTCOMES_MAX outcomes of 32 bytes fit.
+pub const MICROTX_CHECKPOINT_BYTES: usize = 16384;
+/// Transaction outcomes a journal keeps for hosts asking after a reconnect: 256, the
+/// deepest queue a host may have in flight (QUEUE_DEPTH_MAX) on one namespace.
+pub const MICROTX_OUTCOMES_MAX: usize = QUEUE_DEPTH_MAX as usize;
+/// Bytes one fused operation writes, in bytes: a transfer (MDTS) of payload grows by a
+/// block of read-modify-write at each end and by its trailer or compression frame, so
+/// twice a transfer covers every operation.
+pub const MICROTX_TX_BYTES_MAX: usize = 2 * TRANSFER_BYTES_MAX;
+/// Separate writes in one fused operation: each is a record of its own; 16 covers the
+/// operations of docs/compute-protocol.md (at most 2) with room.
+pub const MICROTX_TX_WRITES_MAX: usize = 16;
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -13,6 +13,7 @@
 pub mod disk;
 mod host;
 pub mod latency;
+pub mod microtx;
 pub mod model;
 pub mod net;
 pub mod trace;

@@ -1,0 +1,937 @@
+//! The MicroTx journal of a namespace (seed 004, FusionFS): a fused write operation is one
+//! transaction whose micro-operations (each block image it writes, the result it computed)
+//! are logged with their results, committed in order with the flushes that make them
+//! durable, applied in place, and marked applied. At start-up [`Journal::open`] replays the
+//! log: a transaction whose writes are all logged is finished from its logged results (its
+//! result recomputed from them when only that is missing), any other is rolled back (nothing
+//! of it reached the namespace); the outcome of every transaction id stays known to the
+//! host (a bounded table, kept in the checkpoints). The format, byte by byte, and the order
+//! of flushes are in docs/compute-protocol.md ("The MicroTx journal").
+//!
+//! Synchronous, over two [`Backend`]s (the journal, the namespace's data): it flushes, so it
+//! runs on a blocking thread, never on a network task. One transaction runs at a time per
+//! journal.
+
+use std::collections::VecDeque;
+use std::io;
+use std::sync::Arc;
+
+use parking_lot::Mutex;
+
+use crate::backend::Backend;
+use crate::limits::{
+    MICROTX_CHECKPOINT_BYTES, MICROTX_JOURNAL_BLOCK_BYTES, MICROTX_JOURNAL_BYTES, MICROTX_OUTCOMES_MAX, MICROTX_TX_BYTES_MAX,
+    MICROTX_TX_WRITES_MAX,
+};
+
+const CHECKPOINT_MAGIC: &[u8; 4] = b"NSJC";
+const RECORD_MAGIC: &[u8; 4] = b"NSJR";
+const VERSION: u16 = 1;
+/// Where the log starts: after the two checkpoint slots.
+pub const LOG_START: u64 = 2 * MICROTX_CHECKPOINT_BYTES as u64;
+const CHECKPOINT_HEADER: usize = 32;
+const OUTCOME_BYTES: usize = 32;
+const RECORD_HEADER: usize = 40;
+/// The result of a transaction: crc32c of the bytes it wrote (u32), their count (u32), the
+/// end of its last write (u64).
+pub const RESULT_BYTES: usize = 16;
+
+const _: () = assert!(CHECKPOINT_HEADER + MICROTX_OUTCOMES_MAX * OUTCOME_BYTES <= MICROTX_CHECKPOINT_BYTES);
+const _: () = assert!(MICROTX_CHECKPOINT_BYTES.is_multiple_of(MICROTX_JOURNAL_BLOCK_BYTES));
+// The largest transaction fits a journal of the default size, many times.
+const _: () = assert!(LOG_START + 32 * Journal::tx_space(MICROTX_TX_WRITES_MAX, MICROTX_TX_BYTES_MAX as u64) <= MICROTX_JOURNAL_BYTES);
+
+/// Record kinds (byte 4 of a record).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Kind {
+    Begin = 1,
+    Write = 2,
+    Result = 3,
+    Applied = 4,
+    Abort = 5,
+}
+
+impl Kind {
+    fn from_u8(b: u8) -> Option<Kind> {
+        Some(match b {
+            1 => Kind::Begin,
+            2 => Kind::Write,
+            3 => Kind::Result,
+            4 => Kind::Applied,
+            5 => Kind::Abort,
+            _ => return None,
+        })
+    }
+}
+
+/// One transaction: the block images it writes (computed by the fused operation: the
+/// micro-operations' results) and the operation that made it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Tx {
+    /// Chosen by the host, nonzero, not one whose outcome the journal still holds.
+    pub txid: u64,
+    /// The fused operation's code (docs/compute-protocol.md), kept for the log's reader.
+    pub op: u8,
+    /// (namespace byte offset, bytes), each a whole number of the data's blocks.
+    pub writes: Vec<(u64, Vec<u8>)>,
+}
+
+impl Tx {
+    fn bytes(&self) -> u64 {
+        self.writes.iter().map(|(_, d)| d.len() as u64).sum()
+    }
+}
+
+/// What became of a transaction.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Outcome {
+    /// Whole in the namespace; its result.
+    Committed([u8; RESULT_BYTES]),
+    /// Nothing of it is in the namespace: it was not wholly logged when the target stopped.
+    RolledBack,
+    /// It failed (an I/O error): the blocks it writes may hold anything, as after a failed
+    /// write.
+    Failed,
+}
+
+impl Outcome {
+    fn code(&self) -> u8 {
+        match self {
+            Outcome::Committed(_) => 1,
+            Outcome::RolledBack => 2,
+            Outcome::Failed => 3,
+        }
+    }
+}
+
+/// The result of a transaction from its writes: what recovery recomputes when the logged
+/// result was lost (a micro-operation finished from the logged results of the others).
+pub fn result_of(writes: &[(u64, Vec<u8>)]) -> [u8; RESULT_BYTES] {
+    let crc = writes.iter().fold(0u32, |c, (_, d)| crc32c::crc32c_append(c, d));
+    let bytes: u64 = writes.iter().map(|(_, d)| d.len() as u64).sum();
+    let end = writes.last().map_or(0, |(off, d)| off + d.len() as u64);
+    let mut r = [0u8; RESULT_BYTES];
+    r[0..4].copy_from_slice(&crc.to_le_bytes());
+    r[4..8].copy_from_slice(&(bytes as u32).to_le_bytes());
+    r[8..16].copy_from_slice(&end.to_le_bytes());
+    r
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum JournalError {
+    #[error("transaction id {0} is 0 or already known")]
+    TxidInUse(u64),
+    #[error("transaction {txid}: {what}")]
+    TooLarge { txid: u64, what: String },
+    #[error("transaction {txid}: write at {offset}+{len} is not whole blocks inside the namespace of {size} bytes")]
+    OutOfRange { txid: u64, offset: u64, len: u64, size: u64 },
+    #[error("journal {0}: both checkpoints are corrupt (checksums fail): not replayed, the namespace needs an operator")]
+    CheckpointsCorrupt(String),
+    #[error("journal {0} is smaller than its checkpoints and one transaction")]
+    JournalTooSmall(String),
+    #[error("journal failed earlier and is not used until the target restarts: {0}")]
+    Poisoned(String),
+    #[error("{what}: {source}")]
+    Io { what: String, source: io::Error },
+}
+
+fn io_err(what: impl Into<String>) -> impl FnOnce(io::Error) -> JournalError {
+    let what = what.into();
+    move |source| JournalError::Io { what, source }
+}
+
+/// What start-up found and did.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Recovery {
+    /// The generation whose log was replayed.
+    pub generation: u64,
+    /// Valid records read.
+    pub records: u64,
+    /// A checkpoint slot failed its checksum (the other one was used).
+    pub checkpoint_corrupt: bool,
+    /// The log ended in a record that failed its checks (torn or never written whole).
+    pub torn_tail: bool,
+    /// Transactions finished from their logged results (written in place again).
+    pub finished: Vec<u64>,
+    /// Of those, the ones whose result was recomputed from their logged writes.
+    pub result_recomputed: Vec<u64>,
+    /// Transactions rolled back.
+    pub rolled_back: Vec<u64>,
+}
+
+/// A deliberate break of the flush order, for the simulation to show its check catches it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FlushBug {
+    /// The in-place writes are not flushed before the transaction is marked applied.
+    DataNotFlushedBeforeApplied,
+}
+
+struct State {
+    generation: u64,
+    /// Next record's byte offset in the journal (block aligned between transactions).
+    head: u64,
+    /// Next record's number in this generation.
+    lsn: u64,
+    /// Newest last.
+    outcomes: VecDeque<(u64, Outcome)>,
+    poisoned: Option<String>,
+}
+
+/// Records a transaction's outcome, the newest MICROTX_OUTCOMES_MAX kept.
+fn note(outcomes: &mut VecDeque<(u64, Outcome)>, txid: u64, outcome: Outcome) {
+    outcomes.retain(|(id, _)| *id != txid);
+    outcomes.push_back((txid, outcome));
+    while outcomes.len() > MICROTX_OUTCOMES_MAX {
+        outcomes.pop_front();
+    }
+}
+
+impl State {
+    fn note(&mut self, txid: u64, outcome: Outcome) {
+        note(&mut self.outcomes, txid, outcome);
+    }
+}
+
+pub struct Journal {
+    log: Arc<dyn Backend>,
+    state: Mutex<State>,
+    bug: Option<FlushBug>,
+    /// The namespace's logical block: every write is whole ones.
+    block_bytes: u64,
+}
+
+fn round_up(n: u64, to: u64) -> u64 {
+    n.div_ceil(to) * to
+}
+
+fn record_len(payload: usize) -> u64 {
+    round_up((RECORD_HEADER + payload) as u64, 8)
+}
+
+/// Appends one record to `buf`.
+/// `at`: the record's generation and number in it.
+fn put_record(buf: &mut Vec<u8>, kind: Kind, step: u8, op: u8, at: (u64, u64), txid: u64, payload: &[&[u8]]) {
+    let (generation, lsn) = at;
+    let start = buf.len();
+    let len: usize = payload.iter().map(|p| p.len()).sum();
+    buf.extend_from_slice(RECORD_MAGIC);
+    buf.extend_from_slice(&[kind as u8, step, op, 0]);
+    buf.extend_from_slice(&generation.to_le_bytes());
+    buf.extend_from_slice(&lsn.to_le_bytes());
+    buf.extend_from_slice(&txid.to_le_bytes());
+    buf.extend_from_slice(&(len as u32).to_le_bytes());
+    buf.extend_from_slice(&[0; 4]);
+    for p in payload {
+        buf.extend_from_slice(p);
+    }
+    let crc = crc32c::crc32c(&buf[start..]);
+    buf[start + 36..start + 40].copy_from_slice(&crc.to_le_bytes());
+    buf.resize(start + record_len(len) as usize, 0);
+}
+
+struct Record {
+    kind: Kind,
+    step: u8,
+    txid: u64,
+    payload: Vec<u8>,
+}
+
+/// The record at `at` of the journal image, if it is whole and the next of `generation`.
+fn parse_record(image: &[u8], at: usize, generation: u64, lsn: u64) -> Option<(Record, usize)> {
+    let h = image.get(at..at.checked_add(RECORD_HEADER)?)?;
+    let u64_at = |o: usize| u64::from_le_bytes(h[o..o + 8].try_into().expect("8 bytes"));
+    if &h[0..4] != RECORD_MAGIC || u64_at(8) != generation || u64_at(16) != lsn {
+        return None;
+    }
+    let kind = Kind::from_u8(h[4])?;
+    let len = u32::from_le_bytes(h[32..36].try_into().expect("4 bytes")) as usize;
+    let whole = image.get(at..at.checked_add(RECORD_HEADER)?.checked_add(len)?)?;
+    let want = u32::from_le_bytes(h[36..40].try_into().expect("4 bytes"));
+    let crc = crc32c::crc32c_append(crc32c::crc32c_append(crc32c::crc32c(&whole[..36]), &[0; 4]), &whole[RECORD_HEADER..]);
+    if crc != want {
+        return None;
+    }
+    let next = at + record_len(len) as usize;
+    Some((Record { kind, step: h[5], txid: u64_at(24), payload: whole[RECORD_HEADER..].to_vec() }, next))
+}
+
+/// Whether a record of `generation` numbered `lsn` starts at `at`, whole or not: a log
+/// ending there ends in a torn record.
+fn started(image: &[u8], at: usize, generation: u64, lsn: u64) -> bool {
+    image
+        .get(at..at + 24)
+        .is_some_and(|h| &h[0..4] == RECORD_MAGIC && h[8..16] == generation.to_le_bytes() && h[16..24] == lsn.to_le_bytes())
+}
+
+fn encode_checkpoint(generation: u64, outcomes: &VecDeque<(u64, Outcome)>) -> Vec<u8> {
+    let mut b = vec![0u8; MICROTX_CHECKPOINT_BYTES];
+    b[0..4].copy_from_slice(CHECKPOINT_MAGIC);
+    b[4..6].copy_from_slice(&VERSION.to_le_bytes());
+    b[8..16].copy_from_slice(&generation.to_le_bytes());
+    b[16..20].copy_from_slice(&(outcomes.len() as u32).to_le_bytes());
+    for (i, (txid, o)) in outcomes.iter().enumerate() {
+        let e = &mut b[CHECKPOINT_HEADER + i * OUTCOME_BYTES..][..OUTCOME_BYTES];
+        e[0..8].copy_from_slice(&txid.to_le_bytes());
+        e[8] = o.code();
+        if let Outcome::Committed(r) = o {
+            e[16..32].copy_from_slice(r);
+        }
+    }
+    let crc = crc32c::crc32c(&b);
+    b[20..24].copy_from_slice(&crc.to_le_bytes());
+    b
+}
+
+/// A checkpoint slot: Ok(None) all zero (never written), Err(generation it claims) when it
+/// fails its checks.
+type Checkpoint = (u64, VecDeque<(u64, Outcome)>);
+fn decode_checkpoint(b: &[u8]) -> Result<Option<Checkpoint>, u64> {
+    if b.iter().all(|&x| x == 0) {
+        return Ok(None);
+    }
+    let generation = u64::from_le_bytes(b[8..16].try_into().expect("8 bytes"));
+    let mut copy = b.to_vec();
+    copy[20..24].fill(0);
+    let crc = u32::from_le_bytes(b[20..24].try_into().expect("4 bytes"));
+    let count = u32::from_le_bytes(b[16..20].try_into().expect("4 bytes")) as usize;
+    if &b[0..4] != CHECKPOINT_MAGIC || b[4..6] != VERSION.to_le_bytes() || crc32c::crc32c(&copy) != crc || count > MICROTX_OUTCOMES_MAX {
+        return Err(generation);
+    }
+    let mut outcomes = VecDeque::with_capacity(count);
+    for i in 0..count {
+        let e = &b[CHECKPOINT_HEADER + i * OUTCOME_BYTES..][..OUTCOME_BYTES];
+        let txid = u64::from_le_bytes(e[0..8].try_into().expect("8 bytes"));
+        let o = match e[8] {
+            1 => Outcome::Committed(e[16..32].try_into().expect("16 bytes")),
+            2 => Outcome::RolledBack,
+            3 => Outcome::Failed,
+            _ => return Err(generation),
+        };
+        outcomes.push_back((txid, o));
+    }
+    Ok(Some((generation, outcomes)))
+}
+
+/// A transaction as the log holds it.
+#[derive(Default)]
+struct Replayed {
+    txid: u64,
+    declared: Option<Vec<(u64, u64)>>,
+    writes: Vec<Option<Vec<u8>>>,
+    result: Option<[u8; RESULT_BYTES]>,
+    applied: bool,
+    aborted: bool,
+}
+
+impl Replayed {
+    fn take(&mut self, r: Record) {
+        match r.kind {
+            Kind::Begin => {
+                let n = r.payload.get(0..4).map_or(0, |b| u32::from_le_bytes(b.try_into().expect("4 bytes")) as usize);
+                let extents: Vec<(u64, u64)> = r.payload[8..]
+                    .chunks_exact(16)
+                    .take(n)
+                    .map(|c| (u64::from_le_bytes(c[0..8].try_into().expect("8")), u64::from_le_bytes(c[8..16].try_into().expect("8"))))
+                    .collect();
+                if extents.len() == n {
+                    self.writes = vec![None; n];
+                    self.declared = Some(extents);
+                }
+            }
+            Kind::Write => {
+                let declared = self.declared.as_ref().and_then(|d| d.get(r.step as usize));
+                let matches = declared.is_some_and(|&(off, len)| r.payload.len() as u64 == 8 + len && r.payload[0..8] == off.to_le_bytes());
+                if matches {
+                    self.writes[r.step as usize] = Some(r.payload[8..].to_vec());
+                }
+            }
+            Kind::Result => self.result = r.payload.as_slice().try_into().ok(),
+            Kind::Applied => self.applied = true,
+            Kind::Abort => self.aborted = true,
+        }
+    }
+
+    /// Its writes, when all of them are logged.
+    fn whole(&self) -> Option<Vec<(u64, Vec<u8>)>> {
+        let d = self.declared.as_ref()?;
+        d.iter().zip(&self.writes).map(|(&(off, _), w)| w.clone().map(|w| (off, w))).collect()
+    }
+}
+
+impl Journal {
+    /// Opens the journal on `log` and replays it onto `data`: finishes or rolls back every
+    /// transaction it holds, then starts a new generation (checkpoint). A journal of zeros
+    /// is a new one.
+    pub fn open(log: Arc<dyn Backend>, data: &dyn Backend, block_bytes: u64) -> Result<(Journal, Recovery), JournalError> {
+        Self::open_with(log, data, block_bytes, None)
+    }
+
+    /// [`Journal::open`] with a deliberate flush bug (the simulation's negative control).
+    pub fn open_with(
+        log: Arc<dyn Backend>,
+        data: &dyn Backend,
+        block_bytes: u64,
+        bug: Option<FlushBug>,
+    ) -> Result<(Journal, Recovery), JournalError> {
+        let size = log.size();
+        let block = MICROTX_JOURNAL_BLOCK_BYTES as u64;
+        let smallest = LOG_START + Self::tx_space(MICROTX_TX_WRITES_MAX, MICROTX_TX_BYTES_MAX as u64);
+        if size < smallest || !size.is_multiple_of(block) {
+            return Err(JournalError::JournalTooSmall(log.describe()));
+        }
+        let mut image = vec![0u8; size as usize];
+        log.read_at(&mut image, 0).map_err(io_err(format!("reading journal {}", log.describe())))?;
+        let slots = [
+            decode_checkpoint(&image[..MICROTX_CHECKPOINT_BYTES]),
+            decode_checkpoint(&image[MICROTX_CHECKPOINT_BYTES..LOG_START as usize]),
+        ];
+        let mut rec = Recovery { checkpoint_corrupt: slots.iter().any(|s| s.is_err()), ..Recovery::default() };
+        let valid = slots.iter().filter_map(|s| s.as_ref().ok().and_then(|c| c.as_ref())).max_by_key(|c| c.0);
+        let (generation, mut outcomes) = match valid {
+            Some((g, o)) => (*g, o.clone()),
+            None if rec.checkpoint_corrupt => return Err(JournalError::CheckpointsCorrupt(log.describe())),
+            None => (0, VecDeque::new()),
+        };
+        rec.generation = generation;
+
+        // The log of this generation: records in order, up to the first that fails its
+        // checks. A transaction starts at a block boundary, so after a record that does
+        // not end on one the next may follow the padding.
+        let mut txs: Vec<Replayed> = Vec::new();
+        let (mut at, mut lsn) = (LOG_START as usize, 0u64);
+        loop {
+            let found = parse_record(&image, at, generation, lsn).or_else(|| {
+                let aligned = round_up(at as u64, block) as usize;
+                (aligned != at).then(|| parse_record(&image, aligned, generation, lsn)).flatten()
+            });
+            let Some((r, next)) = found else {
+                let aligned = round_up(at as u64, block) as usize;
+                rec.torn_tail = started(&image, at, generation, lsn) || started(&image, aligned, generation, lsn);
+                break;
+            };
+            rec.records += 1;
+            if r.kind == Kind::Begin || txs.last().is_none_or(|t| t.txid != r.txid) {
+                txs.push(Replayed { txid: r.txid, ..Replayed::default() });
+            }
+            txs.last_mut().expect("pushed").take(r);
+            (at, lsn) = (next, lsn + 1);
+        }
+
+        for t in txs {
+            let outcome = if t.aborted {
+                Outcome::Failed
+            } else if let Some(writes) = t.whole() {
+                let result = result_of(&writes);
+                if t.result != Some(result) {
+                    rec.result_recomputed.push(t.txid);
+                }
+                if !t.applied {
+                    for (off, d) in &writes {
+                        data.write_at(d, *off).map_err(io_err(format!("recovery: writing transaction {} at {off}", t.txid)))?;
+                    }
+                    rec.finished.push(t.txid);
+                }
+                Outcome::Committed(result)
+            } else {
+                rec.rolled_back.push(t.txid);
+                Outcome::RolledBack
+            };
+            note(&mut outcomes, t.txid, outcome);
+        }
+        if !rec.finished.is_empty() {
+            data.flush().map_err(io_err("recovery: flushing the namespace"))?;
+        }
+        // The next generation must exceed any a slot or the log ever held, so that no stale
+        // record of it is read as new: a corrupt slot may have been the newer one.
+        let mut next = generation;
+        for s in &slots {
+            if let Err(g) = s {
+                next = next.max(*g);
+            }
+        }
+        if image[LOG_START as usize..LOG_START as usize + 4] == *RECORD_MAGIC {
+            next = next.max(u64::from_le_bytes(image[LOG_START as usize + 8..LOG_START as usize + 16].try_into().expect("8 bytes")));
+        }
+        let journal = Journal {
+            log,
+            state: Mutex::new(State { generation: next, head: LOG_START, lsn: 0, outcomes, poisoned: None }),
+            bug,
+            block_bytes,
+        };
+        journal.checkpoint_locked(&mut journal.state.lock())?;
+        Ok((journal, rec))
+    }
+
+    /// Journal bytes one transaction takes at most: its records, padded to a block, and the
+    /// block of its APPLIED or ABORT record.
+    const fn tx_space(writes: usize, bytes: u64) -> u64 {
+        let begin = RECORD_HEADER as u64 + 8 + 16 * writes as u64 + 8;
+        let each = (RECORD_HEADER as u64 + 8 + 8) * writes as u64 + bytes;
+        let result = RECORD_HEADER as u64 + RESULT_BYTES as u64 + 8;
+        let block = MICROTX_JOURNAL_BLOCK_BYTES as u64;
+        (begin + each + result).div_ceil(block) * block + block
+    }
+
+    /// The outcome of a transaction id, while the journal holds it (the newest
+    /// MICROTX_OUTCOMES_MAX).
+    pub fn outcome(&self, txid: u64) -> Option<Outcome> {
+        self.state.lock().outcomes.iter().rev().find(|(id, _)| *id == txid).map(|(_, o)| o.clone())
+    }
+
+    /// Runs one transaction: log, flush the journal, write in place, flush those blocks,
+    /// log APPLIED, flush the journal. Returns its result once all of that is durable.
+    pub fn run(&self, data: &dyn Backend, tx: &Tx) -> Result<[u8; RESULT_BYTES], JournalError> {
+        self.check(data, tx)?;
+        let mut s = self.state.lock();
+        if let Some(p) = &s.poisoned {
+            return Err(JournalError::Poisoned(p.clone()));
+        }
+        if tx.txid == 0 || s.outcomes.iter().any(|(id, _)| *id == tx.txid) {
+            return Err(JournalError::TxidInUse(tx.txid));
+        }
+        let r = self.run_locked(&mut s, data, tx);
+        if let Ok(result) = &r {
+            s.note(tx.txid, Outcome::Committed(*result));
+        } else if !s.outcomes.iter().any(|(id, _)| *id == tx.txid) {
+            s.note(tx.txid, Outcome::Failed);
+        }
+        r
+    }
+
+    fn check(&self, data: &dyn Backend, tx: &Tx) -> Result<(), JournalError> {
+        let (txid, size, bs) = (tx.txid, data.size(), self.block_bytes);
+        if tx.writes.len() > MICROTX_TX_WRITES_MAX || tx.bytes() > MICROTX_TX_BYTES_MAX as u64 {
+            let what = format!(
+                "{} writes of {} bytes: at most {MICROTX_TX_WRITES_MAX} writes of {MICROTX_TX_BYTES_MAX} bytes",
+                tx.writes.len(),
+                tx.bytes()
+            );
+            return Err(JournalError::TooLarge { txid, what });
+        }
+        for (offset, d) in &tx.writes {
+            let len = d.len() as u64;
+            let inside = offset.checked_add(len).is_some_and(|end| end <= size);
+            if !inside || len == 0 || !offset.is_multiple_of(bs) || !len.is_multiple_of(bs) {
+                return Err(JournalError::OutOfRange { txid, offset: *offset, len, size });
+            }
+        }
+        Ok(())
+    }
+
+    fn run_locked(&self, s: &mut State, data: &dyn Backend, tx: &Tx) -> Result<[u8; RESULT_BYTES], JournalError> {
+        let result = result_of(&tx.writes);
+        if s.head + Self::tx_space(tx.writes.len(), tx.bytes()) > self.log.size() {
+            // Full: every transaction of this generation is applied (durable in the
+            // namespace before its APPLIED record), so a new generation forgets them.
+            self.checkpoint_locked(s)?;
+        }
+        let g = s.generation;
+        let mut buf = Vec::with_capacity(Self::tx_space(tx.writes.len(), tx.bytes()) as usize);
+        let mut begin = Vec::with_capacity(8 + 16 * tx.writes.len());
+        begin.extend_from_slice(&(tx.writes.len() as u32).to_le_bytes());
+        begin.extend_from_slice(&[0; 4]);
+        for (off, d) in &tx.writes {
+            begin.extend_from_slice(&off.to_le_bytes());
+            begin.extend_from_slice(&(d.len() as u64).to_le_bytes());
+        }
+        let mut lsn = s.lsn;
+        let mut next = || {
+            lsn += 1;
+            lsn - 1
+        };
+        put_record(&mut buf, Kind::Begin, 0, tx.op, (g, next()), tx.txid, &[&begin]);
+        for (i, (off, d)) in tx.writes.iter().enumerate() {
+            put_record(&mut buf, Kind::Write, i as u8, 0, (g, next()), tx.txid, &[&off.to_le_bytes(), d]);
+        }
+        put_record(&mut buf, Kind::Result, 0, 0, (g, next()), tx.txid, &[&result]);
+        buf.resize(round_up(buf.len() as u64, MICROTX_JOURNAL_BLOCK_BYTES as u64) as usize, 0);
+
+        // 1. Logged and durable: from here recovery finishes it.
+        let logged = self.log.write_at(&buf, s.head).and_then(|()| self.log.flush());
+        s.head += buf.len() as u64;
+        s.lsn = lsn;
+        if let Err(e) = logged {
+            // Its records may or may not be durable: a new generation drops them, so
+            // recovery cannot finish what the host saw fail.
+            return Err(self.drop_failed(s, e, tx.txid, "logging"));
+        }
+        // 2. In place, durable before it is marked applied (recovery then never writes it
+        // again over a later write of those blocks).
+        let applied = tx.writes.iter().try_for_each(|(off, d)| data.write_at(d, *off)).and_then(|()| match self.bug {
+            Some(FlushBug::DataNotFlushedBeforeApplied) => Ok(()),
+            None => tx.writes.iter().try_for_each(|(off, d)| data.flush_range(*off, d.len() as u64)),
+        });
+        // 3. APPLIED, or ABORT when the namespace failed it (recovery must not finish it).
+        let kind = if applied.is_ok() { Kind::Applied } else { Kind::Abort };
+        let mut mark = Vec::with_capacity(MICROTX_JOURNAL_BLOCK_BYTES);
+        let lsn = s.lsn;
+        put_record(&mut mark, kind, 0, 0, (g, lsn), tx.txid, &[]);
+        mark.resize(MICROTX_JOURNAL_BLOCK_BYTES, 0);
+        let marked = self.log.write_at(&mark, s.head).and_then(|()| self.log.flush());
+        s.head += mark.len() as u64;
+        s.lsn += 1;
+        if let Err(e) = marked {
+            return Err(self.drop_failed(s, e, tx.txid, "marking"));
+        }
+        applied.map_err(io_err(format!("transaction {}: writing in place", tx.txid)))?;
+        Ok(result)
+    }
+
+    /// After a journal write or flush failed: a checkpoint starts a generation without the
+    /// records in doubt; when that fails too the journal is not used again.
+    fn drop_failed(&self, s: &mut State, e: io::Error, txid: u64, what: &str) -> JournalError {
+        let err = JournalError::Io { what: format!("transaction {txid}: {what} it in the journal"), source: e };
+        // Known as failed from the checkpoint on.
+        s.note(txid, Outcome::Failed);
+        if let Err(c) = self.checkpoint_locked(s) {
+            s.poisoned = Some(c.to_string());
+        }
+        err
+    }
+
+    /// Starts a new generation: the outcomes into the next checkpoint slot, flushed.
+    fn checkpoint_locked(&self, s: &mut State) -> Result<(), JournalError> {
+        let g = s.generation + 1;
+        let slot = (g % 2) * MICROTX_CHECKPOINT_BYTES as u64;
+        let b = encode_checkpoint(g, &s.outcomes);
+        let r = self.log.write_at(&b, slot).and_then(|()| self.log.flush());
+        // Whatever happened, the old generation's log is not appended to again.
+        s.generation = g;
+        s.head = LOG_START;
+        s.lsn = 0;
+        r.map_err(io_err(format!("writing checkpoint {g} of journal {}", self.log.describe())))
+    }
+
+    /// The generation the journal writes (tests).
+    pub fn generation(&self) -> u64 {
+        self.state.lock().generation
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    use super::*;
+    use crate::backend::MemoryBackend;
+
+    const JOURNAL: u64 = 2 << 20;
+    const DATA: u64 = 1 << 20;
+    const BLOCK: u64 = 512;
+
+    fn tx(txid: u64, writes: &[(u64, usize, u8)]) -> Tx {
+        Tx { txid, op: 1, writes: writes.iter().map(|&(off, len, v)| (off, vec![v; len])).collect() }
+    }
+
+    fn mem(size: u64) -> Arc<MemoryBackend> {
+        Arc::new(MemoryBackend::new(size))
+    }
+
+    fn read(b: &dyn Backend, off: u64, len: usize) -> Vec<u8> {
+        let mut v = vec![0; len];
+        b.read_at(&mut v, off).unwrap();
+        v
+    }
+
+    /// A transaction cut after each of its journal and data operations in turn, then
+    /// replayed: it is whole (committed, with its result) or absent (rolled back), never
+    /// torn, and an earlier one stays whole.
+    #[test]
+    fn a_transaction_cut_at_any_point_is_whole_or_absent() {
+        let t = tx(7, &[(4096, 8192, 0xAB), (65536, 4096, 0xCD)]);
+        // log, flush, 2 writes, 2 flushes, mark, flush: 8 operations on the two backends.
+        for cut in 0..=8 {
+            let (log, data) = (mem(JOURNAL), mem(DATA));
+            let first = tx(3, &[(0, 4096, 0x11)]);
+            Journal::open(log.clone(), &*data, BLOCK).unwrap().0.run(&*data, &first).unwrap();
+            // The cut counts operations on both backends through one budget, from the run.
+            let left = Arc::new(AtomicUsize::new(usize::MAX));
+            let (clog, cdata) = (shared_cut(&log, &left), shared_cut(&data, &left));
+            let (j, _) = Journal::open(clog, &*data, BLOCK).unwrap();
+            left.store(cut, Ordering::SeqCst);
+            let r = j.run(&*cdata, &t);
+            assert_eq!(r.is_ok(), cut == 8, "cut {cut}: {r:?}");
+            let (j, rec) = Journal::open(log.clone(), &*data, BLOCK).unwrap();
+            assert_eq!(read(&*data, 0, 4096), vec![0x11; 4096], "cut {cut}: the earlier one");
+            let a = read(&*data, 4096, 8192);
+            let b = read(&*data, 65536, 4096);
+            match j.outcome(7) {
+                Some(Outcome::Committed(res)) => {
+                    assert_eq!(res, result_of(&t.writes), "cut {cut}");
+                    assert_eq!((a, b), (vec![0xAB; 8192], vec![0xCD; 4096]), "cut {cut}");
+                }
+                Some(Outcome::RolledBack) | None => {
+                    assert_eq!((a, b), (vec![0; 8192], vec![0; 4096]), "cut {cut}: {rec:?}");
+                }
+                Some(Outcome::Failed) => panic!("cut {cut}: a crash is not a failure"),
+            }
+            // Once logged and flushed (operations 1 and 2) it is finished, whatever follows;
+            // not logged, it is not. Cut at the flush, the process died with the records
+            // written: either outcome.
+            let committed = matches!(j.outcome(7), Some(Outcome::Committed(_)));
+            assert!(cut == 1 || committed == (cut >= 2), "cut {cut}: {rec:?}");
+        }
+    }
+
+    /// A backend that stops after `left` writes and flushes (counted with another one's):
+    /// every later one fails and changes nothing (the process died there; memory keeps
+    /// what was written).
+    struct Cut {
+        inner: Arc<MemoryBackend>,
+        left: Arc<AtomicUsize>,
+    }
+
+    fn shared_cut(inner: &Arc<MemoryBackend>, left: &Arc<AtomicUsize>) -> Arc<Cut> {
+        Arc::new(Cut { inner: inner.clone(), left: left.clone() })
+    }
+
+    impl Cut {
+        fn step(&self) -> io::Result<()> {
+            self.left
+                .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
+                .map(|_| ())
+                .map_err(|_| io::Error::other("cut"))
+        }
+    }
+
+    impl Backend for Cut {
+        fn describe(&self) -> String {
+            "cut".into()
+        }
+        fn size(&self) -> u64 {
+            self.inner.size()
+        }
+        fn read_at(&self, buf: &mut [u8], off: u64) -> io::Result<()> {
+            self.inner.read_at(buf, off)
+        }
+        fn write_at(&self, buf: &[u8], off: u64) -> io::Result<()> {
+            self.step()?;
+            self.inner.write_at(buf, off)
+        }
+        fn flush(&self) -> io::Result<()> {
+            self.step()
+        }
+        fn write_zeroes(&self, off: u64, len: u64, deallocate: bool) -> io::Result<()> {
+            self.step()?;
+            self.inner.write_zeroes(off, len, deallocate)
+        }
+    }
+
+    /// Logs a transaction's records by hand, without applying it: what a crash between the
+    /// journal's flush and the in-place writes leaves. `keep` says which of its records
+    /// (BEGIN, WRITE 0.., RESULT) reach the journal; the first lost one ends the log.
+    fn log_only(log: &dyn Backend, generation: u64, t: &Tx, keep: usize, garbage_after: bool) {
+        let mut buf = Vec::new();
+        let mut begin = (t.writes.len() as u32).to_le_bytes().to_vec();
+        begin.extend_from_slice(&[0; 4]);
+        for (off, d) in &t.writes {
+            begin.extend_from_slice(&off.to_le_bytes());
+            begin.extend_from_slice(&(d.len() as u64).to_le_bytes());
+        }
+        let mut n = 0u64;
+        put_record(&mut buf, Kind::Begin, 0, t.op, (generation, 0), t.txid, &[&begin]);
+        for (i, (off, d)) in t.writes.iter().enumerate() {
+            n += 1;
+            put_record(&mut buf, Kind::Write, i as u8, 0, (generation, n), t.txid, &[&off.to_le_bytes(), d]);
+        }
+        put_record(&mut buf, Kind::Result, 0, 0, (generation, n + 1), t.txid, &[&result_of(&t.writes)]);
+        // Cut after `keep` records: find where record `keep` starts.
+        let mut at = 0;
+        for i in 0..keep {
+            at = parse_record(&buf, at, generation, i as u64).expect("record").1;
+        }
+        buf.truncate(at);
+        if garbage_after {
+            // A torn record: its header claims more bytes than were written.
+            let mut torn = Vec::new();
+            put_record(&mut torn, Kind::Write, 0, 0, (generation, keep as u64), t.txid, &[&[0x5A; 600]]);
+            torn.truncate(300);
+            buf.extend_from_slice(&torn);
+        }
+        buf.resize(round_up(buf.len() as u64 + 1, 4096) as usize, 0);
+        log.write_at(&buf, LOG_START).unwrap();
+    }
+
+    /// What replay does with each prefix of a logged, unapplied transaction: finished from
+    /// the logged writes (the result recomputed when its record is missing), or rolled back.
+    #[test]
+    fn replay_finishes_from_logged_results_or_rolls_back() {
+        let t = tx(9, &[(8192, 4096, 0x77), (16384, 8192, 0x88)]);
+        // (records kept, a torn record after them, committed, result recomputed)
+        let cases = [
+            (0, false, None, false),
+            (0, true, None, false),
+            (1, false, Some(false), false),
+            (1, true, Some(false), false),
+            (2, false, Some(false), false),
+            (2, true, Some(false), false),
+            (3, false, Some(true), true),
+            (3, true, Some(true), true),
+            (4, false, Some(true), false),
+        ];
+        for (keep, torn, committed, recomputed) in cases {
+            let (log, data) = (mem(JOURNAL), mem(DATA));
+            let (j, _) = Journal::open(log.clone(), &*data, BLOCK).unwrap();
+            log_only(&*log, j.generation(), &t, keep, torn);
+            let (j, rec) = Journal::open(log.clone(), &*data, BLOCK).unwrap();
+            let case = format!("keep {keep} torn {torn}: {rec:?}");
+            assert_eq!(rec.torn_tail, torn, "{case}");
+            match committed {
+                None => assert_eq!(j.outcome(9), None, "{case}"),
+                Some(false) => assert_eq!(j.outcome(9), Some(Outcome::RolledBack), "{case}"),
+                Some(true) => assert_eq!(j.outcome(9), Some(Outcome::Committed(result_of(&t.writes))), "{case}"),
+            }
+            let whole = committed == Some(true);
+            assert_eq!(read(&*data, 8192, 4096), vec![if whole { 0x77 } else { 0 }; 4096], "{case}");
+            assert_eq!(read(&*data, 16384, 8192), vec![if whole { 0x88 } else { 0 }; 8192], "{case}");
+            assert_eq!(rec.result_recomputed.contains(&9), recomputed, "{case}");
+            assert_eq!(rec.finished.contains(&9), whole, "{case}");
+            // Replayed once: a second start finds a new generation with nothing to do.
+            let (_, again) = Journal::open(log.clone(), &*data, BLOCK).unwrap();
+            assert!(again.finished.is_empty() && again.rolled_back.is_empty(), "{case}: {again:?}");
+        }
+    }
+
+    /// A full journal starts a new generation (checkpoint) and goes on; everything stays
+    /// whole and every outcome known across restarts, up to MICROTX_OUTCOMES_MAX.
+    #[test]
+    fn a_full_journal_checkpoints_and_goes_on() {
+        let (log, data) = (mem(JOURNAL), mem(DATA));
+        let (j, _) = Journal::open(log.clone(), &*data, BLOCK).unwrap();
+        let first = j.generation();
+        let n = 300u64;
+        for i in 1..=n {
+            j.run(&*data, &tx(i, &[((i % 8) * 65536, 65536, i as u8)])).unwrap();
+        }
+        assert!(j.generation() > first + 5, "{} checkpoints", j.generation() - first);
+        let (j, rec) = Journal::open(log.clone(), &*data, BLOCK).unwrap();
+        assert!(rec.finished.is_empty() && rec.rolled_back.is_empty(), "{rec:?}");
+        for i in n - 7..=n {
+            assert_eq!(read(&*data, (i % 8) * 65536, 65536), vec![i as u8; 65536], "tx {i}");
+        }
+        for i in 1..=n {
+            let want = (i > n - MICROTX_OUTCOMES_MAX as u64)
+                .then(|| Outcome::Committed(result_of(&tx(i, &[((i % 8) * 65536, 65536, i as u8)]).writes)));
+            assert_eq!(j.outcome(i), want, "tx {i}");
+        }
+    }
+
+    /// A corrupt checkpoint slot is told by its checksum; the other one is used, and the
+    /// next generation is beyond both. Both corrupt: the journal is not replayed.
+    #[test]
+    fn corrupt_checkpoints_are_detected() {
+        // (slots corrupted, opens)
+        let cases = [(vec![0], true), (vec![1], true), (vec![0, 1], false)];
+        for (slots, opens) in cases {
+            let (log, data) = (mem(JOURNAL), mem(DATA));
+            let (j, _) = Journal::open(log.clone(), &*data, BLOCK).unwrap();
+            j.run(&*data, &tx(5, &[(0, 4096, 0x42)])).unwrap();
+            // Two more generations: both slots written.
+            drop(j);
+            Journal::open(log.clone(), &*data, BLOCK).unwrap();
+            let before = Journal::open(log.clone(), &*data, BLOCK).unwrap().0.generation();
+            for s in &slots {
+                // One bit in its outcomes table.
+                let at = *s as u64 * MICROTX_CHECKPOINT_BYTES as u64 + CHECKPOINT_HEADER as u64;
+                let mut b = read(&*log, at, 1);
+                b[0] ^= 0x10;
+                log.write_at(&b, at).unwrap();
+            }
+            match Journal::open(log.clone(), &*data, BLOCK) {
+                Ok((j, rec)) => {
+                    assert!(opens && rec.checkpoint_corrupt, "{slots:?}: {rec:?}");
+                    assert!(j.generation() > before, "{slots:?}");
+                    assert_eq!(j.outcome(5), Some(Outcome::Committed(result_of(&tx(5, &[(0, 4096, 0x42)]).writes))), "{slots:?}");
+                }
+                Err(e) => assert!(!opens && matches!(e, JournalError::CheckpointsCorrupt(_)), "{slots:?}: {e}"),
+            }
+        }
+    }
+
+    /// What `run` refuses before it logs anything.
+    #[test]
+    fn refusals() {
+        let (log, data) = (mem(JOURNAL), mem(DATA));
+        let (j, _) = Journal::open(log, &*data, BLOCK).unwrap();
+        j.run(&*data, &tx(1, &[(0, 4096, 1)])).unwrap();
+        let many: Vec<(u64, usize, u8)> = (0..=MICROTX_TX_WRITES_MAX as u64).map(|i| (i * 4096, 4096, 1)).collect();
+        // (what, transaction, accepted)
+        let cases = [
+            ("txid 0", tx(0, &[(0, 4096, 1)]), "TxidInUse"),
+            ("txid known", tx(1, &[(0, 4096, 1)]), "TxidInUse"),
+            ("past the end", tx(2, &[(DATA - 4096, 8192, 1)]), "OutOfRange"),
+            ("offset overflows", Tx { txid: 2, op: 1, writes: vec![(u64::MAX - 4095, vec![1; 4096])] }, "OutOfRange"),
+            ("not whole blocks", tx(2, &[(0, 100, 1)]), "OutOfRange"),
+            ("unaligned", tx(2, &[(256, 4096, 1)]), "OutOfRange"),
+            ("empty write", tx(2, &[(0, 0, 1)]), "OutOfRange"),
+            ("too many writes", tx(2, &many), "TooLarge"),
+            ("too many bytes", tx(2, &[(0, MICROTX_TX_BYTES_MAX + 4096, 1)]), "TooLarge"),
+        ];
+        for (what, t, want) in cases {
+            let e = j.run(&*data, &t).expect_err(what);
+            assert!(format!("{e:?}").starts_with(want), "{what}: {e:?}");
+        }
+        assert_eq!(read(&*data, 4096, 4096), vec![0; 4096]);
+    }
+
+    /// A journal that fails a flush: the transaction fails, is not finished at the next
+    /// start, and the journal goes on in a new generation.
+    #[test]
+    fn a_failed_journal_flush_fails_the_transaction_and_replay_does_not_finish_it() {
+        for cut in [0usize, 1] {
+            let (log, data) = (mem(JOURNAL), mem(DATA));
+            Journal::open(log.clone(), &*data, BLOCK).unwrap();
+            // Fails the journal write (0) or its flush (1), then works again.
+            let flaky = Arc::new(Flaky { inner: log.clone(), fail_at: AtomicUsize::new(usize::MAX), ops: AtomicUsize::new(0) });
+            let (j, _) = Journal::open(flaky.clone(), &*data, BLOCK).unwrap();
+            flaky.ops.store(0, Ordering::SeqCst);
+            flaky.fail_at.store(cut, Ordering::SeqCst);
+            assert!(j.run(&*data, &tx(4, &[(0, 4096, 9)])).is_err(), "cut {cut}");
+            assert_eq!(j.outcome(4), Some(Outcome::Failed));
+            j.run(&*data, &tx(5, &[(4096, 4096, 10)])).unwrap();
+            let (j, rec) = Journal::open(log.clone(), &*data, BLOCK).unwrap();
+            assert_eq!(read(&*data, 0, 4096), vec![0; 4096], "cut {cut}: {rec:?}");
+            assert_eq!(read(&*data, 4096, 4096), vec![10; 4096], "cut {cut}");
+            assert_eq!(j.outcome(4), Some(Outcome::Failed), "cut {cut}");
+        }
+    }
+
+    /// Fails its operation number `fail_at` (writes and flushes counted), only that one.
+    struct Flaky {
+        inner: Arc<MemoryBackend>,
+        fail_at: AtomicUsize,
+        ops: AtomicUsize,
+    }
+
+    impl Flaky {
+        fn step(&self) -> io::Result<()> {
+            match self.ops.fetch_add(1, Ordering::SeqCst) == self.fail_at.load(Ordering::SeqCst) {
+                true => Err(io::Error::other("injected")),
+                false => Ok(()),
+            }
+        }
+    }
+
+    impl Backend for Flaky {
+        fn describe(&self) -> String {
+            "flaky".into()
+        }
+        fn size(&self) -> u64 {
+            self.inner.size()
+        }
+        fn read_at(&self, buf: &mut [u8], off: u64) -> io::Result<()> {
+            self.inner.read_at(buf, off)
+        }
+        fn write_at(&self, buf: &[u8], off: u64) -> io::Result<()> {
+            self.step()?;
+            self.inner.write_at(buf, off)
+        }
+        fn flush(&self) -> io::Result<()> {
+            self.step()
+        }
+        fn write_zeroes(&self, off: u64, len: u64, deallocate: bool) -> io::Result<()> {
+            self.step()?;
+            self.inner.write_zeroes(off, len, deallocate)
+        }
+    }
+}
