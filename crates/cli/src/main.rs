@@ -2,6 +2,7 @@
 
 mod compute;
 mod control;
+mod mount;
 mod perf;
 mod resv;
 mod tools;
@@ -342,6 +343,10 @@ enum Cmd {
     Merge(compute::SortArgs),
     /// Copy a file on the target, without its bytes crossing the network.
     Copy(compute::CopyArgs),
+    /// Mount a directory of exported namespaces with FUSE: plain reads and writes pass
+    /// through, and an operation attached to an open file makes its reads return the
+    /// result computed in storage (docs/fuse.md).
+    Mount(mount::MountArgs),
     /// Register, unregister or replace this host's reservation key on a namespace
     /// (nvme resv-register).
     ResvRegister(resv::RegisterArgs),
@@ -404,7 +409,7 @@ fn init_logs(cmd: &Cmd) {
         Cmd::Target { log_level, log_format, .. } => (log_level.map(|l| format!("{l:?}").to_lowercase()), *log_format),
         _ => (None, LogFormat::Text),
     };
-    let default = if matches!(cmd, Cmd::Target { .. } | Cmd::Control { .. }) { "info" } else { "warn" };
+    let default = if matches!(cmd, Cmd::Target { .. } | Cmd::Control { .. } | Cmd::Mount(_)) { "info" } else { "warn" };
     let filter = level.or_else(|| std::env::var("RUST_LOG").ok()).unwrap_or_else(|| default.into());
     let logs = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
     if format == LogFormat::Json {
@@ -577,6 +582,7 @@ fn run(cli: Cli) -> Result<()> {
         Cmd::Sort(a) => compute::sort("sort", a),
         Cmd::Merge(a) => compute::sort("merge", a),
         Cmd::Copy(a) => compute::copy(a),
+        Cmd::Mount(a) => mount::run(a),
         Cmd::ResvRegister(a) => resv::register(a),
         Cmd::ResvAcquire(a) => resv::acquire(a),
         Cmd::ResvRelease(a) => resv::release(a),

@@ -1,0 +1,63 @@
+//! `nearstore mount`: the compute-aware FUSE file system (crates/fuse, docs/fuse.md).
+
+use std::path::PathBuf;
+
+use anyhow::{Context, Result};
+use tracing::{info, warn};
+
+#[derive(clap::Args)]
+pub struct MountArgs {
+    /// The directory to show, on the file systems of exported namespaces or volumes.
+    pub source: PathBuf,
+    /// Where to mount it (an existing directory).
+    pub mountpoint: PathBuf,
+    /// Device map (TOML, `[[namespace]]` entries), as the compute verbs take it.
+    #[arg(long)]
+    pub map: Option<PathBuf>,
+    /// A target's configuration: the files it exports map to its first listener.
+    #[arg(long)]
+    pub target_config: Option<PathBuf>,
+    /// FUSE worker threads serving requests.
+    #[arg(long, default_value_t = nearstore_fuse::limits::THREADS_DEFAULT)]
+    pub threads: usize,
+    /// Seconds one operation may take on its target before the read fails (EIO).
+    #[arg(long, default_value_t = nearstore_fuse::limits::OP_TIMEOUT_DEFAULT.as_secs())]
+    pub op_timeout: u64,
+}
+
+/// Mounts and serves until unmounted (`umount MOUNTPOINT`, or SIGINT/SIGTERM: unmounted
+/// when not busy; a second signal detaches it lazily).
+pub fn run(a: MountArgs) -> Result<()> {
+    let devices = nearstore_fuse::devices(a.map.as_deref(), a.target_config.as_deref())?;
+    let mut opts = nearstore_fuse::Options::new(&a.source, &a.mountpoint, devices);
+    opts.threads = a.threads;
+    opts.op_timeout = std::time::Duration::from_secs(a.op_timeout);
+    let mounted = nearstore_fuse::spawn(opts).with_context(|| format!("mounting {} at {}", a.source.display(), a.mountpoint.display()))?;
+    info!(source = %a.source.display(), mountpoint = %a.mountpoint.display(), "mounted");
+    let mp = a.mountpoint.clone();
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+    std::thread::Builder::new().name("nearstore-mount-signals".into()).spawn(move || {
+        rt.block_on(async move {
+            use tokio::signal::unix::{signal, SignalKind};
+            let (Ok(mut term), Ok(mut int)) = (signal(SignalKind::terminate()), signal(SignalKind::interrupt())) else {
+                warn!("cannot catch SIGTERM and SIGINT: unmount with umount");
+                return;
+            };
+            let mut lazy = false;
+            loop {
+                tokio::select! {
+                    _ = term.recv() => {}
+                    _ = int.recv() => {}
+                }
+                match nearstore_fuse::unmount(&mp, lazy) {
+                    Ok(()) => return,
+                    Err(e) => warn!(mountpoint = %mp.display(), "cannot unmount: {e} (files are open or a process works in it); signal again to detach it lazily"),
+                }
+                lazy = true;
+            }
+        })
+    })?;
+    mounted.join().context("serving the mount")?;
+    info!(mountpoint = %a.mountpoint.display(), "unmounted");
+    Ok(())
+}

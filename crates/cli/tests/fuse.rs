@@ -1,0 +1,152 @@
+//! `nearstore mount` as a user runs it: a process serving the mount until unmounted. A
+//! result read through `.nearstore/SPEC/file` is what the compute verb prints for the same
+//! file, computed on the target; unmounting waits while a file is open. Needs root, loop
+//! devices, mkfs.ext4 and /dev/fuse; fails naming what is missing.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use common::{ok, Fs, Target};
+
+fn p(path: &Path) -> &str {
+    path.to_str().unwrap()
+}
+
+fn mounted(mnt: &Path) -> bool {
+    std::fs::read_to_string("/proc/self/mountinfo").unwrap().lines().any(|l| l.split(' ').nth(4) == Some(p(mnt)))
+}
+
+/// Waits for `cond`, up to `secs`: a bound several times what it takes on a loaded machine.
+fn wait_for(secs: u64, what: &str, mut cond: impl FnMut() -> bool) {
+    let end = Instant::now() + Duration::from_secs(secs);
+    while !cond() {
+        assert!(Instant::now() < end, "{what}: not within {secs} s");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// A `nearstore mount` process; unmounted (lazily) and killed when dropped, passed or failed.
+struct Mount {
+    child: Child,
+    mnt: PathBuf,
+    log: PathBuf,
+}
+
+impl Mount {
+    fn start(args: &[&str], source: &Path, mnt: &Path, log: PathBuf) -> Mount {
+        assert!(Path::new("/dev/fuse").exists(), "this test needs /dev/fuse (the fuse kernel module)");
+        let child = Command::new(env!("CARGO_BIN_EXE_nearstore"))
+            .arg("mount")
+            .args(args)
+            .args([source, mnt])
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(&log).unwrap())
+            .spawn()
+            .expect("starting nearstore mount");
+        let mut m = Mount { child, mnt: mnt.into(), log };
+        wait_for(30, "the mount", || {
+            if let Ok(Some(status)) = m.child.try_wait() {
+                panic!("nearstore mount exited ({status}): {}", m.log());
+            }
+            mounted(mnt)
+        });
+        m
+    }
+
+    fn log(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    fn signal(&self, sig: libc::c_int) {
+        // SAFETY: a signal to our own child.
+        assert_eq!(unsafe { libc::kill(self.child.id() as libc::pid_t, sig) }, 0);
+    }
+}
+
+impl Drop for Mount {
+    fn drop(&mut self) {
+        if mounted(&self.mnt) {
+            let _ = Command::new("umount").arg("-l").arg(&self.mnt).status();
+        }
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn xattr(path: &Path, name: &str) -> Option<String> {
+    let (c, n) = (std::ffi::CString::new(p(path)).unwrap(), std::ffi::CString::new(name).unwrap());
+    let mut buf = vec![0u8; 4096];
+    // SAFETY: valid C strings and a buffer of buf.len() bytes.
+    let r = unsafe { libc::getxattr(c.as_ptr(), n.as_ptr(), buf.as_mut_ptr().cast(), buf.len()) };
+    (r >= 0).then(|| String::from_utf8_lossy(&buf[..r as usize]).into_owned())
+}
+
+#[test]
+fn results_through_the_mount_are_the_clis_and_unmount_waits_for_open_files() {
+    let fs = Fs::new(64);
+    let rows: String = (0..3000).map(|i| format!("{i},{},{}\n", ["Oslo", "Lima", "Kyiv"][i % 3], i * 7 % 101)).collect();
+    std::fs::write(fs.mnt.join("orders.csv"), format!("id,city,amount\n{rows}")).unwrap();
+    let lines: String = (0..20_000).map(|i| if i % 7 == 0 { format!("ERROR disk {i}\n") } else { format!("ok {i}\n") }).collect();
+    std::fs::write(fs.mnt.join("app.log"), &lines).unwrap();
+    let t = Target::start(&["--namespace", p(&fs.image)]);
+    let map = fs.dir.path().join("map.toml");
+    let entry = format!(
+        "[[namespace]]\naddress = \"{}\"\nnqn = \"nqn.2026-11.io.nearstore:disk0\"\nnsid = 1\nfile = \"{}\"\n",
+        t.addr,
+        p(&fs.image)
+    );
+    std::fs::write(&map, entry).unwrap();
+    let mnt = fs.dir.path().join("view");
+    std::fs::create_dir(&mnt).unwrap();
+    let mount = Mount::start(&["--map", p(&map)], &fs.mnt, &mnt, fs.dir.path().join("mount.log"));
+
+    let query = "SELECT city, COUNT(*), SUM(amount) FROM s3object GROUP BY city ORDER BY city";
+    // (spec, file, the verb's arguments, how its output becomes the mount's text)
+    type Cut = fn(&str) -> String;
+    let cases: &[(&str, &str, &[&str], Cut)] = &[
+        ("sha256", "app.log", &["checksum", "-a", "sha256"], |o| format!("{}\n", o.split_whitespace().next().unwrap())),
+        ("crc32c", "orders.csv", &["checksum", "-a", "crc32c"], |o| format!("{}\n", o.split_whitespace().next().unwrap())),
+        ("grep:^ERROR", "app.log", &["grep", "-c", "^ERROR"], |o| format!("{}\n", o.trim().rsplit(':').next().unwrap())),
+        ("wc", "app.log", &["wc"], |o| format!("{}\n", o.split_whitespace().take(3).collect::<Vec<_>>().join(" "))),
+        (&*format!("select:{query}").leak(), "orders.csv", &["select", query], str::to_string),
+    ];
+    for (spec, file, verb, cut) in cases {
+        let path = fs.mnt.join(file);
+        let args: Vec<&str> = verb.iter().copied().chain(["--offload-only", "--map", p(&map), p(&path)]).collect();
+        let want = cut(&ok(&args));
+        let result = mnt.join(".nearstore").join(spec).join(file);
+        let got = std::fs::read_to_string(&result).unwrap_or_else(|e| panic!("{spec}: {e}: {}", mount.log()));
+        assert_eq!(got, want, "{spec} over {file}: the mount's result and the CLI's");
+        assert_eq!(xattr(&result, "user.nearstore.offloaded").as_deref(), Some("1"), "{spec}: computed on the target");
+    }
+    // The file itself still reads as its bytes.
+    assert_eq!(std::fs::read_to_string(mnt.join("app.log")).unwrap(), lines);
+
+    // Busy: umount fails while a file is open, and the mount goes on serving; so does a
+    // SIGTERM, which says why in the log.
+    let open = std::fs::File::open(mnt.join("app.log")).unwrap();
+    let o = Command::new("umount").arg(&mnt).output().unwrap();
+    assert!(!o.status.success() && String::from_utf8_lossy(&o.stderr).contains("busy"), "{o:?}");
+    mount.signal(libc::SIGTERM);
+    wait_for(30, "the log line of a busy unmount", || mount.log().contains("cannot unmount"));
+    assert!(mounted(&mnt));
+    assert_eq!(std::fs::read_to_string(mnt.join("app.log")).unwrap(), lines, "served after the refusal");
+    // Closed: unmounted, and the process ends by itself.
+    drop(open);
+    let o = Command::new("umount").arg(&mnt).output().unwrap();
+    assert!(o.status.success(), "{o:?}");
+    let mut mount = mount;
+    let end = Instant::now() + Duration::from_secs(30);
+    let status = loop {
+        if let Some(s) = mount.child.try_wait().unwrap() {
+            break s;
+        }
+        assert!(Instant::now() < end, "nearstore mount still runs after the unmount: {}", mount.log());
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    assert!(status.success(), "{status}: {}", mount.log());
+    assert!(mount.log().contains("unmounted"), "{}", mount.log());
+}

@@ -1,0 +1,1059 @@
+//! The file system: a passthrough of the source directory, plus operations attached to
+//! open files and the `.nearstore/SPEC/path` result files.
+//!
+//! Every regular file is opened with FOPEN_DIRECT_IO: a read of a descriptor with an
+//! operation returns the result while other descriptors of the same file return its bytes,
+//! which a page cache shared by the inode could not keep apart; and the targets write
+//! outputs into the source directory beside the mount, which no cache here would see.
+//! The kernel checks permissions (`default_permissions`) against the source's owners and
+//! modes, reported as they are.
+
+use std::collections::HashMap;
+use std::ffi::{CString, OsStr, OsString};
+use std::fs::File;
+use std::os::unix::ffi::OsStrExt;
+use std::os::unix::fs::{DirBuilderExt, FileExt, MetadataExt, OpenOptionsExt};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use fuser::{
+    Errno, FileAttr, FileHandle, FileType, Filesystem, FopenFlags, Generation, INodeNo, IoctlFlags, KernelConfig, OpenAccMode, OpenFlags,
+    RenameFlags, ReplyAttr, ReplyCreate, ReplyData, ReplyDirectory, ReplyEmpty, ReplyEntry, ReplyIoctl, ReplyOpen, ReplyStatfs, ReplyWrite,
+    ReplyXattr, Request, TimeOrNow,
+};
+use nearstore_host::device::DeviceMap;
+use nearstore_host::{Host, HostError, How, Mode};
+use parking_lot::Mutex;
+use tracing::{info, warn};
+
+use crate::limits::{ATTR_TTL, COMPUTE_IN_FLIGHT_MAX, IO_BYTES_MAX, RESULT_BYTES_MAX, XATTR_BYTES_MAX};
+use crate::op::{self, OpSpec};
+use crate::{ioctl, CONTROL_DIR};
+
+/// The attribute naming the operation attached to the caller's descriptors.
+pub const XATTR_OP: &str = "user.nearstore.op";
+/// The attribute saying where the last result was computed: `1`, or `0 REASON`.
+pub const XATTR_OFFLOADED: &str = "user.nearstore.offloaded";
+
+/// The inode of `.nearstore`; result nodes are numbered after it, apart from the source's.
+const CONTROL_INO: u64 = 1 << 62;
+
+/// What an inode of the mount is.
+#[derive(Clone, Debug)]
+enum Node {
+    /// A file of the source directory, by its path relative to it ("" the root).
+    Real(PathBuf),
+    /// `.nearstore`: its entries are operation specs.
+    Control,
+    /// `.nearstore/SPEC/path`: the source's `path` seen through the operation (a directory
+    /// lists its source's entries; a file reads as the result).
+    Result(Arc<OpSpec>, PathBuf),
+}
+
+struct Entry {
+    node: Node,
+    lookups: u64,
+}
+
+/// The inode table: the source's files by (st_dev, st_ino), results by (spec, path).
+#[derive(Default)]
+struct Inodes {
+    by_ino: HashMap<u64, Entry>,
+    real: HashMap<(u64, u64), u64>,
+    results: HashMap<(String, PathBuf), u64>,
+    next_real: u64,
+    next_result: u64,
+}
+
+/// An operation attached to a descriptor, and its result once computed.
+struct Attached {
+    spec: Arc<OpSpec>,
+    result: Mutex<Option<Arc<Computed>>>,
+}
+
+struct Computed {
+    bytes: Vec<u8>,
+    how: How,
+}
+
+/// An open descriptor of the mount.
+struct Handle {
+    ino: u64,
+    /// The source file (none for a result file).
+    file: Option<File>,
+    /// The source's path, for computing.
+    path: PathBuf,
+    /// The process (thread group) that opened it: `fsetxattr` names the inode and the
+    /// caller, not the descriptor.
+    tgid: u32,
+    readable: bool,
+    attached: Option<Arc<Attached>>,
+}
+
+/// The compute-aware file system.
+pub struct NearFs {
+    source: PathBuf,
+    computer: Arc<Computer>,
+    inodes: Mutex<Inodes>,
+    handles: Mutex<HashMap<u64, Handle>>,
+    next_fh: AtomicU64,
+    computing: Arc<AtomicUsize>,
+    /// The last result of each result node (`.nearstore/SPEC/path`), for its size and
+    /// `user.nearstore.offloaded` after the descriptor that read it was closed; dropped
+    /// with the node.
+    last: Arc<Mutex<HashMap<u64, Arc<Computed>>>>,
+}
+
+fn errno(e: &std::io::Error) -> Errno {
+    Errno::from_i32(e.raw_os_error().unwrap_or(libc::EIO))
+}
+
+fn cstr(p: &Path) -> Result<CString, Errno> {
+    CString::new(p.as_os_str().as_bytes()).map_err(|_| Errno::EINVAL)
+}
+
+/// A name with no separator: what a directory entry may be called.
+fn plain(name: &OsStr) -> Result<&OsStr, Errno> {
+    if name.as_bytes().contains(&b'/') || name == "." || name == ".." {
+        return Err(Errno::EINVAL);
+    }
+    Ok(name)
+}
+
+fn time(secs: i64, nsecs: i64) -> SystemTime {
+    if secs >= 0 {
+        UNIX_EPOCH + Duration::new(secs as u64, nsecs as u32)
+    } else {
+        UNIX_EPOCH - Duration::from_secs(secs.unsigned_abs())
+    }
+}
+
+fn kind_of(m: &std::fs::Metadata) -> FileType {
+    FileType::from_std(m.file_type()).unwrap_or(FileType::RegularFile)
+}
+
+fn attr_of(ino: u64, m: &std::fs::Metadata) -> FileAttr {
+    FileAttr {
+        ino: INodeNo(ino),
+        size: m.len(),
+        blocks: m.blocks(),
+        atime: time(m.atime(), m.atime_nsec()),
+        mtime: time(m.mtime(), m.mtime_nsec()),
+        ctime: time(m.ctime(), m.ctime_nsec()),
+        crtime: UNIX_EPOCH,
+        kind: kind_of(m),
+        perm: (m.mode() & 0o7777) as u16,
+        nlink: m.nlink() as u32,
+        uid: m.uid(),
+        gid: m.gid(),
+        rdev: m.rdev() as u32,
+        blksize: m.blksize() as u32,
+        flags: 0,
+    }
+}
+
+/// The thread group of a thread (a request names the calling thread).
+fn tgid_of(tid: u32) -> u32 {
+    std::fs::read_to_string(format!("/proc/{tid}/status"))
+        .ok()
+        .and_then(|s| s.lines().find_map(|l| l.strip_prefix("Tgid:").and_then(|v| v.trim().parse().ok())))
+        .unwrap_or(tid)
+}
+
+/// The errno of a failed operation: the file's own error where there is one, else EIO.
+fn host_errno(e: &HostError) -> Errno {
+    match e {
+        HostError::Io { source, .. } => errno(source),
+        HostError::Map(nearstore_host::object::MapError::Io { source, .. }) => errno(source),
+        _ => Errno::EIO,
+    }
+}
+
+impl NearFs {
+    pub fn new(source: PathBuf, devices: DeviceMap, op_timeout: Duration) -> std::io::Result<NearFs> {
+        let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).thread_name("nearstore-fuse-host").enable_all().build()?;
+        let root = std::fs::metadata(&source)?;
+        let mut inodes = Inodes { next_real: 2, next_result: CONTROL_INO + 1, ..Default::default() };
+        inodes.by_ino.insert(1, Entry { node: Node::Real(PathBuf::new()), lookups: 1 });
+        inodes.real.insert((root.dev(), root.ino()), 1);
+        inodes.by_ino.insert(CONTROL_INO, Entry { node: Node::Control, lookups: 1 });
+        Ok(NearFs {
+            source,
+            computer: Arc::new(Computer { devices, op_timeout, rt }),
+            inodes: Mutex::new(inodes),
+            handles: Mutex::new(HashMap::new()),
+            next_fh: AtomicU64::new(1),
+            computing: Arc::new(AtomicUsize::new(0)),
+            last: Arc::new(Mutex::new(HashMap::new())),
+        })
+    }
+
+    fn node(&self, ino: INodeNo) -> Result<Node, Errno> {
+        self.inodes.lock().by_ino.get(&ino.0).map(|e| e.node.clone()).ok_or(Errno::ENOENT)
+    }
+
+    /// The source path of a real node.
+    fn real(&self, ino: INodeNo) -> Result<PathBuf, Errno> {
+        match self.node(ino)? {
+            Node::Real(p) => Ok(self.source.join(p)),
+            // Nothing under .nearstore can be changed.
+            _ => Err(Errno::EROFS),
+        }
+    }
+
+    /// The relative path of a real directory's entry.
+    fn child(&self, parent: INodeNo, name: &OsStr) -> Result<PathBuf, Errno> {
+        let name = plain(name)?;
+        match self.node(parent)? {
+            Node::Real(p) => Ok(p.join(name)),
+            _ => Err(Errno::EROFS),
+        }
+    }
+
+    /// Registers a looked-up source file: its inode number, its path now.
+    fn remember_real(&self, rel: PathBuf, m: &std::fs::Metadata) -> u64 {
+        let mut t = self.inodes.lock();
+        let key = (m.dev(), m.ino());
+        let ino = match t.real.get(&key) {
+            Some(&i) => i,
+            None => {
+                let i = t.next_real;
+                t.next_real += 1;
+                t.real.insert(key, i);
+                i
+            }
+        };
+        let e = t.by_ino.entry(ino).or_insert(Entry { node: Node::Real(rel.clone()), lookups: 0 });
+        if ino != 1 {
+            e.node = Node::Real(rel);
+        }
+        e.lookups += 1;
+        ino
+    }
+
+    fn remember_result(&self, spec: Arc<OpSpec>, rel: PathBuf) -> u64 {
+        let mut t = self.inodes.lock();
+        let key = (spec.text.clone(), rel.clone());
+        let ino = match t.results.get(&key) {
+            Some(&i) => i,
+            None => {
+                let i = t.next_result;
+                t.next_result += 1;
+                t.results.insert(key, i);
+                i
+            }
+        };
+        t.by_ino.entry(ino).or_insert(Entry { node: Node::Result(spec, rel), lookups: 0 }).lookups += 1;
+        ino
+    }
+
+    /// A result node's attributes: its source's, read-only, sized as the result when one
+    /// was computed (0 before: readers read to the end of the data).
+    fn result_attr(&self, ino: u64, rel: &Path) -> Result<FileAttr, Errno> {
+        let m = std::fs::metadata(self.source.join(rel)).map_err(|e| errno(&e))?;
+        let mut a = attr_of(ino, &m);
+        a.perm &= 0o555;
+        if a.kind == FileType::RegularFile {
+            a.size = self.last.lock().get(&ino).map(|c| c.bytes.len() as u64).unwrap_or(0);
+            a.blocks = 0;
+        }
+        Ok(a)
+    }
+
+    fn control_attr(&self, ino: u64) -> FileAttr {
+        let root = std::fs::metadata(&self.source).ok();
+        let now = SystemTime::now();
+        FileAttr {
+            ino: INodeNo(ino),
+            size: 0,
+            blocks: 0,
+            atime: now,
+            mtime: now,
+            ctime: now,
+            crtime: UNIX_EPOCH,
+            kind: FileType::Directory,
+            perm: 0o555,
+            nlink: 2,
+            uid: root.as_ref().map(|m| m.uid()).unwrap_or(0),
+            gid: root.as_ref().map(|m| m.gid()).unwrap_or(0),
+            rdev: 0,
+            blksize: 4096,
+            flags: 0,
+        }
+    }
+
+    fn attr(&self, ino: INodeNo) -> Result<FileAttr, Errno> {
+        match self.node(ino)? {
+            Node::Real(p) => std::fs::symlink_metadata(self.source.join(p)).map(|m| attr_of(ino.0, &m)).map_err(|e| errno(&e)),
+            Node::Control => Ok(self.control_attr(ino.0)),
+            Node::Result(_, rel) => self.result_attr(ino.0, &rel),
+        }
+    }
+
+    /// Gives a new file or directory the caller's owner (the mount runs as root), and the
+    /// group of a set-group-ID parent as the kernel would.
+    fn own(&self, path: &Path, req: &Request, parent: &Path) -> Result<(), Errno> {
+        let gid = match std::fs::metadata(parent) {
+            Ok(m) if m.mode() & libc::S_ISGID != 0 => m.gid(),
+            _ => req.gid(),
+        };
+        let c = cstr(path)?;
+        // SAFETY: a valid C string; lchown does not follow a symbolic link.
+        if unsafe { libc::lchown(c.as_ptr(), req.uid(), gid) } != 0 {
+            return Err(errno(&std::io::Error::last_os_error()));
+        }
+        Ok(())
+    }
+
+    fn entry_of(&self, rel: PathBuf, reply: ReplyEntry) {
+        match std::fs::symlink_metadata(self.source.join(&rel)) {
+            Ok(m) => {
+                let ino = self.remember_real(rel, &m);
+                reply.entry(&ATTR_TTL, &attr_of(ino, &m), Generation(0));
+            }
+            Err(e) => reply.error(errno(&e)),
+        }
+    }
+
+    fn new_fh(&self, h: Handle) -> u64 {
+        let fh = self.next_fh.fetch_add(1, Ordering::Relaxed);
+        self.handles.lock().insert(fh, h);
+        fh
+    }
+
+    /// Attaches `spec` to the caller's descriptors of `ino` open for reading.
+    fn attach_by_caller(&self, req: &Request, ino: INodeNo, spec: Option<Arc<OpSpec>>) -> Result<(), Errno> {
+        let tgid = tgid_of(req.pid());
+        let mut handles = self.handles.lock();
+        let mine: Vec<&mut Handle> = handles.values_mut().filter(|h| h.ino == ino.0 && h.tgid == tgid).collect();
+        if mine.is_empty() {
+            warn!(ino = ino.0, pid = req.pid(), "{XATTR_OP}: the caller has no descriptor of this file open: set it with fsetxattr on one");
+            return Err(Errno::EBADF);
+        }
+        let mut readable = 0;
+        for h in mine.into_iter().filter(|h| h.readable && h.file.is_some()) {
+            h.attached = spec.clone().map(|spec| Arc::new(Attached { spec, result: Mutex::new(None) }));
+            readable += 1;
+        }
+        if readable == 0 {
+            warn!(ino = ino.0, pid = req.pid(), "{XATTR_OP}: the caller's descriptors of this file are not open for reading");
+            return Err(Errno::EACCES);
+        }
+        Ok(())
+    }
+}
+
+/// What computing needs, shared with the compute threads.
+struct Computer {
+    devices: DeviceMap,
+    op_timeout: Duration,
+    rt: tokio::runtime::Runtime,
+}
+
+impl Computer {
+    /// Computes a spec over a source file through the host library, as the CLI does:
+    /// offloaded to the target that holds it, or on this host when it cannot be (the
+    /// reason kept for `user.nearstore.offloaded`).
+    fn compute(&self, spec: &OpSpec, path: &Path) -> Result<Computed, Errno> {
+        let mut host = Host::new(self.devices.clone());
+        host.timeout = self.op_timeout;
+        host.parallel = 1;
+        let r = self.rt.block_on(host.run(spec.op, &spec.args, &[path.to_path_buf()], Mode::Offload));
+        let report = r.map_err(|e| {
+            warn!(path = %path.display(), op = %spec.text, "operation failed: {e}");
+            host_errno(&e)
+        })?;
+        let file = report.files.into_iter().next().ok_or(Errno::EIO)?;
+        let bytes = op::render(&file.outcome);
+        if bytes.len() > RESULT_BYTES_MAX {
+            warn!(path = %path.display(), op = %spec.text, "result of {} bytes, more than {RESULT_BYTES_MAX}", bytes.len());
+            return Err(Errno::EFBIG);
+        }
+        if let How::Local(reason) = &file.how {
+            info!(path = %path.display(), op = %spec.text, "computed in the mount, not offloaded: {reason}");
+        }
+        Ok(Computed { bytes, how: file.how })
+    }
+}
+
+fn offloaded_text(how: &How) -> String {
+    match how {
+        How::Offloaded => "1".into(),
+        How::Pulled => "0 pulled over NVMe/TCP".into(),
+        How::Local(reason) => format!("0 {reason}"),
+    }
+}
+
+fn reply_xattr(reply: ReplyXattr, value: &[u8], size: u32) {
+    if size == 0 {
+        reply.size(value.len() as u32);
+    } else if value.len() > size as usize {
+        reply.error(Errno::ERANGE);
+    } else {
+        reply.data(value);
+    }
+}
+
+impl Filesystem for NearFs {
+    fn init(&mut self, _req: &Request, config: &mut KernelConfig) -> std::io::Result<()> {
+        if let Err(max) = config.set_max_write(IO_BYTES_MAX) {
+            config.set_max_write(max).map_err(|_| std::io::Error::other("max_write"))?;
+        }
+        Ok(())
+    }
+
+    fn lookup(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
+        let node = match self.node(parent) {
+            Ok(n) => n,
+            Err(e) => return reply.error(e),
+        };
+        match node {
+            Node::Real(p) if p.as_os_str().is_empty() && name == CONTROL_DIR => {
+                if let Some(e) = self.inodes.lock().by_ino.get_mut(&CONTROL_INO) {
+                    e.lookups += 1;
+                }
+                reply.entry(&ATTR_TTL, &self.control_attr(CONTROL_INO), Generation(0))
+            }
+            Node::Real(p) => match plain(name) {
+                Ok(n) => self.entry_of(p.join(n), reply),
+                Err(e) => reply.error(e),
+            },
+            Node::Control => {
+                let text = name.to_string_lossy();
+                match op::parse(&text) {
+                    Ok(spec) => {
+                        let ino = self.remember_result(Arc::new(spec), PathBuf::new());
+                        match self.result_attr(ino, Path::new("")) {
+                            Ok(a) => reply.entry(&ATTR_TTL, &a, Generation(0)),
+                            Err(e) => reply.error(e),
+                        }
+                    }
+                    Err(e) => {
+                        warn!("{CONTROL_DIR}/{text}: {e}");
+                        reply.error(Errno::EINVAL)
+                    }
+                }
+            }
+            Node::Result(spec, p) => {
+                let rel = match plain(name) {
+                    Ok(n) => p.join(n),
+                    Err(e) => return reply.error(e),
+                };
+                match std::fs::metadata(self.source.join(&rel)) {
+                    Ok(m) if m.is_dir() || m.is_file() => {
+                        let ino = self.remember_result(spec, rel.clone());
+                        match self.result_attr(ino, &rel) {
+                            Ok(a) => reply.entry(&ATTR_TTL, &a, Generation(0)),
+                            Err(e) => reply.error(e),
+                        }
+                    }
+                    Ok(_) => reply.error(Errno::ENOENT),
+                    Err(e) => reply.error(errno(&e)),
+                }
+            }
+        }
+    }
+
+    fn forget(&self, _req: &Request, ino: INodeNo, nlookup: u64) {
+        if ino.0 == 1 || ino.0 == CONTROL_INO {
+            return;
+        }
+        let mut t = self.inodes.lock();
+        let gone = match t.by_ino.get_mut(&ino.0) {
+            Some(e) => {
+                e.lookups = e.lookups.saturating_sub(nlookup);
+                e.lookups == 0
+            }
+            None => false,
+        };
+        if gone {
+            self.last.lock().remove(&ino.0);
+            t.by_ino.remove(&ino.0);
+            t.real.retain(|_, i| *i != ino.0);
+            t.results.retain(|_, i| *i != ino.0);
+        }
+    }
+
+    fn getattr(&self, _req: &Request, ino: INodeNo, fh: Option<FileHandle>, reply: ReplyAttr) {
+        if let Some(fh) = fh {
+            if let Some(h) = self.handles.lock().get(&fh.0) {
+                if let (Some(f), None) = (&h.file, &h.attached) {
+                    return match f.metadata() {
+                        Ok(m) => reply.attr(&ATTR_TTL, &attr_of(ino.0, &m)),
+                        Err(e) => reply.error(errno(&e)),
+                    };
+                }
+            }
+        }
+        match self.attr(ino) {
+            Ok(a) => reply.attr(&ATTR_TTL, &a),
+            Err(e) => reply.error(e),
+        }
+    }
+
+    fn setattr(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        mode: Option<u32>,
+        uid: Option<u32>,
+        gid: Option<u32>,
+        size: Option<u64>,
+        atime: Option<TimeOrNow>,
+        mtime: Option<TimeOrNow>,
+        _ctime: Option<SystemTime>,
+        fh: Option<FileHandle>,
+        _crtime: Option<SystemTime>,
+        _chgtime: Option<SystemTime>,
+        _bkuptime: Option<SystemTime>,
+        _flags: Option<fuser::BsdFileFlags>,
+        reply: ReplyAttr,
+    ) {
+        let r = (|| -> Result<(), Errno> {
+            let path = self.real(ino)?;
+            let c = cstr(&path)?;
+            let check = |r: libc::c_int| if r == 0 { Ok(()) } else { Err(errno(&std::io::Error::last_os_error())) };
+            if let Some(mode) = mode {
+                // SAFETY: a valid C string.
+                check(unsafe { libc::chmod(c.as_ptr(), (mode & 0o7777) as libc::mode_t) })?;
+            }
+            if uid.is_some() || gid.is_some() {
+                let (u, g) = (uid.unwrap_or(u32::MAX), gid.unwrap_or(u32::MAX));
+                // SAFETY: a valid C string; -1 leaves an id as it is.
+                check(unsafe { libc::lchown(c.as_ptr(), u, g) })?;
+            }
+            if let Some(size) = size {
+                let handles = self.handles.lock();
+                match fh.and_then(|fh| handles.get(&fh.0)).and_then(|h| h.file.as_ref()) {
+                    Some(f) => f.set_len(size).map_err(|e| errno(&e))?,
+                    None => {
+                        drop(handles);
+                        std::fs::OpenOptions::new().write(true).open(&path).and_then(|f| f.set_len(size)).map_err(|e| errno(&e))?
+                    }
+                }
+            }
+            if atime.is_some() || mtime.is_some() {
+                let ts = |t: Option<TimeOrNow>| match t {
+                    None => libc::timespec { tv_sec: 0, tv_nsec: libc::UTIME_OMIT },
+                    Some(TimeOrNow::Now) => libc::timespec { tv_sec: 0, tv_nsec: libc::UTIME_NOW },
+                    Some(TimeOrNow::SpecificTime(t)) => {
+                        let d = t.duration_since(UNIX_EPOCH).unwrap_or_default();
+                        libc::timespec { tv_sec: d.as_secs() as libc::time_t, tv_nsec: d.subsec_nanos() as libc::c_long }
+                    }
+                };
+                let times = [ts(atime), ts(mtime)];
+                // SAFETY: a valid C string and two timespecs.
+                check(unsafe { libc::utimensat(libc::AT_FDCWD, c.as_ptr(), times.as_ptr(), libc::AT_SYMLINK_NOFOLLOW) })?;
+            }
+            Ok(())
+        })();
+        match r.and_then(|()| self.attr(ino)) {
+            Ok(a) => reply.attr(&ATTR_TTL, &a),
+            Err(e) => reply.error(e),
+        }
+    }
+
+    fn readlink(&self, _req: &Request, ino: INodeNo, reply: ReplyData) {
+        match self.real(ino).and_then(|p| std::fs::read_link(p).map_err(|e| errno(&e))) {
+            Ok(t) => reply.data(t.as_os_str().as_bytes()),
+            Err(e) => reply.error(e),
+        }
+    }
+
+    fn mkdir(&self, req: &Request, parent: INodeNo, name: &OsStr, mode: u32, umask: u32, reply: ReplyEntry) {
+        let r = (|| -> Result<PathBuf, Errno> {
+            let rel = self.child(parent, name)?;
+            let path = self.source.join(&rel);
+            std::fs::DirBuilder::new().mode(mode & !umask & 0o7777).create(&path).map_err(|e| errno(&e))?;
+            self.own(&path, req, path.parent().unwrap_or(&self.source))?;
+            Ok(rel)
+        })();
+        match r {
+            Ok(rel) => self.entry_of(rel, reply),
+            Err(e) => reply.error(e),
+        }
+    }
+
+    fn symlink(&self, req: &Request, parent: INodeNo, link_name: &OsStr, target: &Path, reply: ReplyEntry) {
+        let r = (|| -> Result<PathBuf, Errno> {
+            let rel = self.child(parent, link_name)?;
+            let path = self.source.join(&rel);
+            std::os::unix::fs::symlink(target, &path).map_err(|e| errno(&e))?;
+            self.own(&path, req, path.parent().unwrap_or(&self.source))?;
+            Ok(rel)
+        })();
+        match r {
+            Ok(rel) => self.entry_of(rel, reply),
+            Err(e) => reply.error(e),
+        }
+    }
+
+    fn unlink(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        match self.child(parent, name).and_then(|rel| std::fs::remove_file(self.source.join(rel)).map_err(|e| errno(&e))) {
+            Ok(()) => reply.ok(),
+            Err(e) => reply.error(e),
+        }
+    }
+
+    fn rmdir(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        match self.child(parent, name).and_then(|rel| std::fs::remove_dir(self.source.join(rel)).map_err(|e| errno(&e))) {
+            Ok(()) => reply.ok(),
+            Err(e) => reply.error(e),
+        }
+    }
+
+    fn rename(
+        &self,
+        _req: &Request,
+        parent: INodeNo,
+        name: &OsStr,
+        newparent: INodeNo,
+        newname: &OsStr,
+        flags: RenameFlags,
+        reply: ReplyEmpty,
+    ) {
+        let r = (|| -> Result<(), Errno> {
+            let (from, to) = (self.child(parent, name)?, self.child(newparent, newname)?);
+            let (cf, ct) = (cstr(&self.source.join(&from))?, cstr(&self.source.join(&to))?);
+            // SAFETY: valid C strings; renameat2 with the caller's flags (NOREPLACE, EXCHANGE).
+            let r = unsafe { libc::renameat2(libc::AT_FDCWD, cf.as_ptr(), libc::AT_FDCWD, ct.as_ptr(), flags.bits()) };
+            if r != 0 {
+                return Err(errno(&std::io::Error::last_os_error()));
+            }
+            // Nodes under the old name now live under the new one (an exchange swaps them).
+            let exchange = flags.contains(RenameFlags::RENAME_EXCHANGE);
+            let mut t = self.inodes.lock();
+            for e in t.by_ino.values_mut() {
+                if let Node::Real(p) = &mut e.node {
+                    if let Ok(rest) = p.strip_prefix(&from) {
+                        *p = if rest.as_os_str().is_empty() { to.clone() } else { to.join(rest) };
+                    } else if let (true, Ok(rest)) = (exchange, p.strip_prefix(&to)) {
+                        *p = if rest.as_os_str().is_empty() { from.clone() } else { from.join(rest) };
+                    }
+                }
+            }
+            Ok(())
+        })();
+        match r {
+            Ok(()) => reply.ok(),
+            Err(e) => reply.error(e),
+        }
+    }
+
+    fn open(&self, req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
+        let tgid = tgid_of(req.pid());
+        let readable = flags.acc_mode() != OpenAccMode::O_WRONLY;
+        let h = match self.node(ino) {
+            Err(e) => return reply.error(e),
+            Ok(Node::Control) => return reply.error(Errno::EISDIR),
+            Ok(Node::Result(spec, rel)) => {
+                if flags.acc_mode() != OpenAccMode::O_RDONLY {
+                    return reply.error(Errno::EACCES);
+                }
+                let path = self.source.join(rel);
+                Handle {
+                    ino: ino.0,
+                    file: None,
+                    path,
+                    tgid,
+                    readable,
+                    attached: Some(Arc::new(Attached { spec, result: Mutex::new(None) })),
+                }
+            }
+            Ok(Node::Real(rel)) => {
+                let path = self.source.join(rel);
+                // The access mode and the flags that change the file; O_CREAT and O_EXCL
+                // came as create, O_NOFOLLOW and O_DIRECTORY the kernel has applied.
+                let keep = libc::O_ACCMODE | libc::O_APPEND | libc::O_TRUNC | libc::O_SYNC | libc::O_DSYNC | libc::O_NOATIME;
+                let mut o = std::fs::OpenOptions::new();
+                o.read(readable).write(flags.acc_mode() != OpenAccMode::O_RDONLY).custom_flags(flags.0 & keep & !libc::O_ACCMODE);
+                match o.open(&path) {
+                    Ok(file) => Handle { ino: ino.0, file: Some(file), path, tgid, readable, attached: None },
+                    Err(e) => return reply.error(errno(&e)),
+                }
+            }
+        };
+        let fh = self.new_fh(h);
+        reply.opened(FileHandle(fh), FopenFlags::FOPEN_DIRECT_IO);
+    }
+
+    fn read(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        fh: FileHandle,
+        offset: u64,
+        size: u32,
+        _flags: OpenFlags,
+        _lock_owner: Option<fuser::LockOwner>,
+        reply: ReplyData,
+    ) {
+        let size = size.min(IO_BYTES_MAX) as usize;
+        let (attached, path) = {
+            let handles = self.handles.lock();
+            let Some(h) = handles.get(&fh.0) else { return reply.error(Errno::EBADF) };
+            match (&h.attached, &h.file) {
+                (Some(a), _) => (a.clone(), h.path.clone()),
+                (None, Some(f)) => {
+                    let mut buf = vec![0u8; size];
+                    let mut n = 0;
+                    while n < size {
+                        match f.read_at(&mut buf[n..], offset + n as u64) {
+                            Ok(0) => break,
+                            Ok(k) => n += k,
+                            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                            Err(e) => return reply.error(errno(&e)),
+                        }
+                    }
+                    return reply.data(&buf[..n]);
+                }
+                (None, None) => return reply.error(Errno::EBADF),
+            }
+        };
+        let slice = move |c: &Computed| {
+            let start = (offset as usize).min(c.bytes.len());
+            c.bytes[start..(start + size).min(c.bytes.len())].to_vec()
+        };
+        if let Some(c) = attached.result.lock().as_ref() {
+            return reply.data(&slice(c));
+        }
+        // Computing takes as long as the operation: on a thread of its own, so that the
+        // FUSE threads go on serving.
+        if self.computing.fetch_add(1, Ordering::SeqCst) >= COMPUTE_IN_FLIGHT_MAX {
+            self.computing.fetch_sub(1, Ordering::SeqCst);
+            warn!(ino = ino.0, "{COMPUTE_IN_FLIGHT_MAX} operations are computing already: EAGAIN");
+            return reply.error(Errno::EAGAIN);
+        }
+        let computer = self.computer.clone();
+        let computing = self.computing.clone();
+        let last = matches!(self.node(ino), Ok(Node::Result(..))).then(|| self.last.clone());
+        std::thread::Builder::new()
+            .name("nearstore-fuse-op".into())
+            .spawn(move || {
+                let mut result = attached.result.lock();
+                let r = match result.as_ref() {
+                    Some(c) => Ok(slice(c)),
+                    None => computer.compute(&attached.spec, &path).map(|c| {
+                        let (s, c) = (slice(&c), Arc::new(c));
+                        if let Some(last) = last {
+                            last.lock().insert(ino.0, c.clone());
+                        }
+                        *result = Some(c);
+                        s
+                    }),
+                };
+                drop(result);
+                computing.fetch_sub(1, Ordering::SeqCst);
+                match r {
+                    Ok(data) => reply.data(&data),
+                    Err(e) => reply.error(e),
+                }
+            })
+            .map_err(|e| warn!("cannot start a compute thread: {e}"))
+            .ok();
+    }
+
+    fn write(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        fh: FileHandle,
+        offset: u64,
+        data: &[u8],
+        _write_flags: fuser::WriteFlags,
+        _flags: OpenFlags,
+        _lock_owner: Option<fuser::LockOwner>,
+        reply: ReplyWrite,
+    ) {
+        let handles = self.handles.lock();
+        let Some(f) = handles.get(&fh.0).and_then(|h| h.file.as_ref()) else { return reply.error(Errno::EBADF) };
+        match f.write_all_at(data, offset) {
+            Ok(()) => reply.written(data.len() as u32),
+            Err(e) => reply.error(errno(&e)),
+        }
+    }
+
+    fn flush(&self, _req: &Request, _ino: INodeNo, _fh: FileHandle, _lock_owner: fuser::LockOwner, reply: ReplyEmpty) {
+        reply.ok();
+    }
+
+    fn release(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        fh: FileHandle,
+        _flags: OpenFlags,
+        _lock_owner: Option<fuser::LockOwner>,
+        _flush: bool,
+        reply: ReplyEmpty,
+    ) {
+        self.handles.lock().remove(&fh.0);
+        reply.ok();
+    }
+
+    fn fsync(&self, _req: &Request, _ino: INodeNo, fh: FileHandle, datasync: bool, reply: ReplyEmpty) {
+        let handles = self.handles.lock();
+        let Some(h) = handles.get(&fh.0) else { return reply.error(Errno::EBADF) };
+        let r = match &h.file {
+            Some(f) if datasync => f.sync_data(),
+            Some(f) => f.sync_all(),
+            None => Ok(()),
+        };
+        match r {
+            Ok(()) => reply.ok(),
+            Err(e) => reply.error(errno(&e)),
+        }
+    }
+
+    fn readdir(&self, _req: &Request, ino: INodeNo, _fh: FileHandle, offset: u64, mut reply: ReplyDirectory) {
+        let (rel, result) = match self.node(ino) {
+            Ok(Node::Real(p)) => (p, None),
+            Ok(Node::Result(spec, p)) => (p, Some(spec)),
+            // Operation specs are looked up by name, not listed.
+            Ok(Node::Control) => (PathBuf::new(), None),
+            Err(e) => return reply.error(e),
+        };
+        let is_control = ino.0 == CONTROL_INO;
+        let mut entries: Vec<(u64, FileType, OsString)> =
+            vec![(ino.0, FileType::Directory, ".".into()), (1, FileType::Directory, "..".into())];
+        if !is_control {
+            let dir = match std::fs::read_dir(self.source.join(&rel)) {
+                Ok(d) => d,
+                Err(e) => return reply.error(errno(&e)),
+            };
+            for e in dir.flatten() {
+                let Ok(ft) = e.file_type() else { continue };
+                let kind = FileType::from_std(ft).unwrap_or(FileType::RegularFile);
+                if result.is_some() && !(ft.is_dir() || ft.is_file()) {
+                    continue;
+                }
+                // The inode number a lookup gives, where one was made; the source's otherwise.
+                let key = e.metadata().map(|m| (m.dev(), m.ino())).unwrap_or_default();
+                let n = self.inodes.lock().real.get(&key).copied().unwrap_or(key.1);
+                entries.push((n, kind, e.file_name()));
+            }
+        }
+        for (i, (n, kind, name)) in entries.into_iter().enumerate().skip(offset as usize) {
+            if reply.add(INodeNo(n.max(1)), (i + 1) as u64, kind, &name) {
+                break;
+            }
+        }
+        reply.ok();
+    }
+
+    fn statfs(&self, _req: &Request, _ino: INodeNo, reply: ReplyStatfs) {
+        let c = match cstr(&self.source) {
+            Ok(c) => c,
+            Err(e) => return reply.error(e),
+        };
+        // SAFETY: zeroed statvfs is a valid value to be filled.
+        let mut s: libc::statvfs = unsafe { std::mem::zeroed() };
+        // SAFETY: a valid C string and a statvfs to fill.
+        if unsafe { libc::statvfs(c.as_ptr(), &mut s) } != 0 {
+            return reply.error(errno(&std::io::Error::last_os_error()));
+        }
+        reply.statfs(s.f_blocks, s.f_bfree, s.f_bavail, s.f_files, s.f_ffree, s.f_bsize as u32, s.f_namemax as u32, s.f_frsize as u32);
+    }
+
+    fn setxattr(&self, req: &Request, ino: INodeNo, name: &OsStr, value: &[u8], flags: i32, _position: u32, reply: ReplyEmpty) {
+        if name == XATTR_OP {
+            let r = match self.node(ino) {
+                Ok(Node::Real(p)) if self.source.join(&p).is_dir() => {
+                    warn!(path = %p.display(), "{XATTR_OP} on a directory: operations attach to regular files");
+                    Err(Errno::EISDIR)
+                }
+                Ok(Node::Real(_)) => match std::str::from_utf8(value).map_err(|_| "the value is not UTF-8".to_string()).and_then(op::parse)
+                {
+                    Ok(spec) => self.attach_by_caller(req, ino, Some(Arc::new(spec))),
+                    Err(e) => {
+                        warn!(ino = ino.0, "{XATTR_OP}: {e}");
+                        Err(Errno::EINVAL)
+                    }
+                },
+                Ok(_) => Err(Errno::EROFS),
+                Err(e) => Err(e),
+            };
+            return match r {
+                Ok(()) => reply.ok(),
+                Err(e) => reply.error(e),
+            };
+        }
+        if name == XATTR_OFFLOADED {
+            return reply.error(Errno::EPERM);
+        }
+        let r = self.real(ino).and_then(|p| {
+            let (c, n) = (cstr(&p)?, CString::new(name.as_bytes()).map_err(|_| Errno::EINVAL)?);
+            // SAFETY: valid C strings and a buffer of value.len() bytes.
+            let r = unsafe { libc::lsetxattr(c.as_ptr(), n.as_ptr(), value.as_ptr().cast(), value.len(), flags) };
+            if r != 0 {
+                return Err(errno(&std::io::Error::last_os_error()));
+            }
+            Ok(())
+        });
+        match r {
+            Ok(()) => reply.ok(),
+            Err(e) => reply.error(e),
+        }
+    }
+
+    fn getxattr(&self, req: &Request, ino: INodeNo, name: &OsStr, size: u32, reply: ReplyXattr) {
+        if name == XATTR_OP || name == XATTR_OFFLOADED {
+            let tgid = tgid_of(req.pid());
+            let handles = self.handles.lock();
+            let mine = handles.values().filter(|h| h.ino == ino.0 && h.attached.is_some());
+            // The caller's own descriptor first; a result file's, anyone's.
+            let (own, other): (Vec<&Handle>, Vec<&Handle>) = mine.partition(|h| h.tgid == tgid);
+            let is_result = matches!(self.node(ino), Ok(Node::Result(..)));
+            let pick = own.into_iter().chain(other.into_iter().filter(|_| is_result));
+            let value = match (name == XATTR_OP, self.node(ino)) {
+                (true, Ok(Node::Result(spec, _))) => Some(spec.text.clone()),
+                (true, _) => pick.filter_map(|h| h.attached.as_ref()).map(|a| a.spec.text.clone()).next(),
+                (false, _) => pick
+                    .filter_map(|h| h.attached.as_ref().and_then(|a| a.result.lock().as_ref().map(|c| offloaded_text(&c.how))))
+                    .next()
+                    .or_else(|| self.last.lock().get(&ino.0).map(|c| offloaded_text(&c.how))),
+            };
+            return match value {
+                Some(v) => reply_xattr(reply, v.as_bytes(), size),
+                None => reply.error(Errno::from_i32(libc::ENODATA)),
+            };
+        }
+        let r = self.real(ino).and_then(|p| {
+            let (c, n) = (cstr(&p)?, CString::new(name.as_bytes()).map_err(|_| Errno::EINVAL)?);
+            let mut buf = vec![0u8; (size as usize).min(XATTR_BYTES_MAX)];
+            // SAFETY: valid C strings and a buffer of buf.len() bytes.
+            let r = unsafe { libc::lgetxattr(c.as_ptr(), n.as_ptr(), buf.as_mut_ptr().cast(), buf.len()) };
+            if r < 0 {
+                return Err(errno(&std::io::Error::last_os_error()));
+            }
+            buf.truncate(r as usize);
+            Ok((r as u32, buf))
+        });
+        match r {
+            Ok((n, _)) if size == 0 => reply.size(n),
+            Ok((_, buf)) => reply.data(&buf),
+            Err(e) => reply.error(e),
+        }
+    }
+
+    fn listxattr(&self, _req: &Request, ino: INodeNo, size: u32, reply: ReplyXattr) {
+        let r = self.real(ino).and_then(|p| {
+            let c = cstr(&p)?;
+            let mut buf = vec![0u8; (size as usize).min(XATTR_BYTES_MAX)];
+            // SAFETY: a valid C string and a buffer of buf.len() bytes.
+            let r = unsafe { libc::llistxattr(c.as_ptr(), buf.as_mut_ptr().cast(), buf.len()) };
+            if r < 0 {
+                return Err(errno(&std::io::Error::last_os_error()));
+            }
+            buf.truncate(r as usize);
+            Ok((r as u32, buf))
+        });
+        match r {
+            Ok((n, _)) if size == 0 => reply.size(n),
+            Ok((_, buf)) => reply.data(&buf),
+            Err(Errno::EROFS) if size == 0 => reply.size(0),
+            Err(Errno::EROFS) => reply.data(&[]),
+            Err(e) => reply.error(e),
+        }
+    }
+
+    fn removexattr(&self, req: &Request, ino: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        if name == XATTR_OP {
+            return match self.attach_by_caller(req, ino, None) {
+                Ok(()) => reply.ok(),
+                Err(e) => reply.error(e),
+            };
+        }
+        let r = self.real(ino).and_then(|p| {
+            let (c, n) = (cstr(&p)?, CString::new(name.as_bytes()).map_err(|_| Errno::EINVAL)?);
+            // SAFETY: valid C strings.
+            if unsafe { libc::lremovexattr(c.as_ptr(), n.as_ptr()) } != 0 {
+                return Err(errno(&std::io::Error::last_os_error()));
+            }
+            Ok(())
+        });
+        match r {
+            Ok(()) => reply.ok(),
+            Err(e) => reply.error(e),
+        }
+    }
+
+    fn create(&self, req: &Request, parent: INodeNo, name: &OsStr, mode: u32, umask: u32, flags: i32, reply: ReplyCreate) {
+        let r = (|| -> Result<(PathBuf, File), Errno> {
+            let rel = self.child(parent, name)?;
+            let path = self.source.join(&rel);
+            let acc = flags & libc::O_ACCMODE;
+            let mut o = std::fs::OpenOptions::new();
+            o.read(acc != libc::O_WRONLY).write(true).create(true).mode(mode & !umask & 0o7777);
+            o.custom_flags(flags & (libc::O_EXCL | libc::O_TRUNC | libc::O_APPEND));
+            let f = o.open(&path).map_err(|e| errno(&e))?;
+            self.own(&path, req, path.parent().unwrap_or(&self.source))?;
+            Ok((rel, f))
+        })();
+        let (rel, file) = match r {
+            Ok(x) => x,
+            Err(e) => return reply.error(e),
+        };
+        let m = match file.metadata() {
+            Ok(m) => m,
+            Err(e) => return reply.error(errno(&e)),
+        };
+        let ino = self.remember_real(rel.clone(), &m);
+        let readable = flags & libc::O_ACCMODE != libc::O_WRONLY;
+        let fh =
+            self.new_fh(Handle { ino, file: Some(file), path: self.source.join(rel), tgid: tgid_of(req.pid()), readable, attached: None });
+        reply.created(&ATTR_TTL, &attr_of(ino, &m), Generation(0), FileHandle(fh), FopenFlags::FOPEN_DIRECT_IO);
+    }
+
+    fn ioctl(
+        &self,
+        req: &Request,
+        ino: INodeNo,
+        fh: FileHandle,
+        flags: IoctlFlags,
+        cmd: u32,
+        in_data: &[u8],
+        _out_size: u32,
+        reply: ReplyIoctl,
+    ) {
+        if flags.contains(IoctlFlags::FUSE_IOCTL_DIR) {
+            warn!(ino = ino.0, cmd = format!("{cmd:#x}"), "ioctl on a directory: operations attach to regular files");
+            return reply.error(Errno::EISDIR);
+        }
+        let r = match cmd {
+            ioctl::ATTACH => match ioctl::decode_op(in_data).and_then(|s| op::parse(&s)) {
+                Ok(spec) => self.attach_fh(fh, Some(Arc::new(spec))),
+                Err(e) => {
+                    warn!(ino = ino.0, pid = req.pid(), "NEARSTORE_IOC_ATTACH: {e}");
+                    Err(Errno::EINVAL)
+                }
+            },
+            ioctl::DETACH => self.attach_fh(fh, None),
+            _ => Err(Errno::ENOTTY),
+        };
+        match r {
+            Ok(()) => reply.ioctl(0, &[]),
+            Err(e) => reply.error(e),
+        }
+    }
+}
+
+impl NearFs {
+    /// Attaches (or detaches) an operation to one descriptor, open for reading.
+    fn attach_fh(&self, fh: FileHandle, spec: Option<Arc<OpSpec>>) -> Result<(), Errno> {
+        let mut handles = self.handles.lock();
+        let h = handles.get_mut(&fh.0).ok_or(Errno::EBADF)?;
+        if h.file.is_none() {
+            // A result file has its operation from its path.
+            return Err(Errno::EINVAL);
+        }
+        if !h.readable {
+            warn!(ino = h.ino, "NEARSTORE_IOC_ATTACH on a descriptor not open for reading");
+            return Err(Errno::EBADF);
+        }
+        h.attached = spec.map(|spec| Arc::new(Attached { spec, result: Mutex::new(None) }));
+        Ok(())
+    }
+}

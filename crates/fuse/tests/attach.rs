@@ -1,0 +1,335 @@
+//! Operations attached to open files of a real mount: through `fsetxattr` and the ioctl,
+//! only the descriptor they were attached to reads the result (equal to the operation run
+//! on the file's bytes), others read the bytes; a file that cannot be offloaded is computed
+//! in the mount and says why; bad input, a caller without the right, a lost target each
+//! get a clear errno and a log line, never a hung mount. Needs root, loop devices,
+//! mkfs.ext4 and /dev/fuse; fails naming what is missing.
+
+mod common;
+
+use std::ffi::CString;
+use std::fs::File;
+use std::os::fd::AsRawFd;
+use std::os::unix::fs::{FileExt, PermissionsExt};
+use std::path::Path;
+use std::sync::{Arc, Mutex, OnceLock};
+
+use common::{text, within, Rig};
+use nearstore_fuse::ioctl;
+
+/// What the mount logged during the tests (its warnings name every refusal).
+fn logs() -> Arc<Mutex<Vec<u8>>> {
+    static LOGS: OnceLock<Arc<Mutex<Vec<u8>>>> = OnceLock::new();
+    LOGS.get_or_init(|| {
+        let buf = Arc::new(Mutex::new(Vec::new()));
+        let w = buf.clone();
+        tracing_subscriber::fmt().with_env_filter("info").with_ansi(false).with_writer(move || LogWriter(w.clone())).init();
+        buf
+    })
+    .clone()
+}
+
+struct LogWriter(Arc<Mutex<Vec<u8>>>);
+impl std::io::Write for LogWriter {
+    fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(b);
+        Ok(b.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+fn logged(words: &str) -> bool {
+    String::from_utf8_lossy(&logs().lock().unwrap()).contains(words)
+}
+
+fn errno() -> i32 {
+    std::io::Error::last_os_error().raw_os_error().unwrap_or(0)
+}
+
+/// fsetxattr(fd, name, value): Ok or the errno.
+fn fset(f: &File, name: &str, value: &[u8]) -> Result<(), i32> {
+    let n = CString::new(name).unwrap();
+    // SAFETY: an open descriptor, a C string and a buffer of value.len() bytes.
+    let r = unsafe { libc::fsetxattr(f.as_raw_fd(), n.as_ptr(), value.as_ptr().cast(), value.len(), 0) };
+    if r == 0 {
+        Ok(())
+    } else {
+        Err(errno())
+    }
+}
+
+fn fget(f: &File, name: &str) -> Result<String, i32> {
+    let n = CString::new(name).unwrap();
+    let mut buf = vec![0u8; 4096];
+    // SAFETY: an open descriptor, a C string and a buffer of buf.len() bytes.
+    let r = unsafe { libc::fgetxattr(f.as_raw_fd(), n.as_ptr(), buf.as_mut_ptr().cast(), buf.len()) };
+    if r < 0 {
+        return Err(errno());
+    }
+    Ok(String::from_utf8_lossy(&buf[..r as usize]).into_owned())
+}
+
+fn set_path(p: &Path, name: &str, value: &[u8]) -> Result<(), i32> {
+    let (c, n) = (CString::new(p.to_str().unwrap()).unwrap(), CString::new(name).unwrap());
+    // SAFETY: C strings and a buffer of value.len() bytes.
+    let r = unsafe { libc::setxattr(c.as_ptr(), n.as_ptr(), value.as_ptr().cast(), value.len(), 0) };
+    if r == 0 {
+        Ok(())
+    } else {
+        Err(errno())
+    }
+}
+
+/// ioctl(fd, cmd, data): Ok or the errno.
+fn ioc(f: &File, cmd: u32, data: &mut [u8]) -> Result<(), i32> {
+    // SAFETY: an open descriptor and a buffer of the size the command encodes.
+    let r = unsafe { libc::ioctl(f.as_raw_fd(), cmd as _, data.as_mut_ptr()) };
+    if r == 0 {
+        Ok(())
+    } else {
+        Err(errno())
+    }
+}
+
+/// All of a descriptor from offset 0.
+fn read_all(f: &File) -> Vec<u8> {
+    let mut out = Vec::new();
+    let mut buf = vec![0u8; 64 << 10];
+    loop {
+        let n = f.read_at(&mut buf, out.len() as u64).unwrap();
+        if n == 0 {
+            return out;
+        }
+        out.extend_from_slice(&buf[..n]);
+    }
+}
+
+/// The operation over the bytes, computed here, rendered as the mount renders it.
+fn expected(spec: &str, data: &[u8]) -> String {
+    let s = nearstore_fuse::op::parse(spec).unwrap();
+    let o = nearstore_compute::run(s.op.name, &s.args, [data]).unwrap();
+    String::from_utf8(nearstore_fuse::op::render(&o)).unwrap()
+}
+
+#[test]
+fn an_operation_attached_to_a_descriptor_changes_only_its_reads() {
+    logs();
+    let rig = Rig::new();
+    let data = text((3 << 20) + 123, 5);
+    std::fs::write(rig.m("app.log"), &data).unwrap();
+    let a = File::open(rig.m("app.log")).unwrap();
+    // (how it is attached, spec)
+    let cases = [("xattr", "sha256"), ("ioctl", "grep:^ERROR"), ("xattr", "wc"), ("ioctl", "search:needle"), ("xattr", "crc32c")];
+    for (how, spec) in cases {
+        match how {
+            "xattr" => fset(&a, "user.nearstore.op", spec.as_bytes()).unwrap(),
+            _ => ioc(&a, ioctl::ATTACH, &mut ioctl::encode_op(spec)).unwrap(),
+        }
+        let got = within(60, spec, {
+            let a = a.try_clone().unwrap();
+            move || read_all(&a)
+        });
+        assert_eq!(String::from_utf8(got).unwrap(), expected(spec, &data), "{how} {spec}");
+        assert_eq!(fget(&a, "user.nearstore.op").unwrap(), spec);
+        assert_eq!(fget(&a, "user.nearstore.offloaded").unwrap(), "1", "{spec}: computed on the target");
+        // A new open, and another process, read the bytes.
+        let b = File::open(rig.m("app.log")).unwrap();
+        assert!(read_all(&b) == data, "{spec}: another descriptor reads the file's bytes");
+        let cat = std::process::Command::new("cat").arg(rig.m("app.log")).output().unwrap();
+        assert!(cat.stdout == data, "{spec}: another process reads the file's bytes");
+    }
+    // Detached (ioctl) or removed (xattr): the bytes again.
+    ioc(&a, ioctl::DETACH, &mut []).unwrap();
+    assert!(read_all(&a) == data);
+    fset(&a, "user.nearstore.op", b"md5").unwrap();
+    assert_eq!(String::from_utf8(read_all(&a)).unwrap(), expected("md5", &data));
+    let n = CString::new("user.nearstore.op").unwrap();
+    // SAFETY: an open descriptor and a C string.
+    assert_eq!(unsafe { libc::fremovexattr(a.as_raw_fd(), n.as_ptr()) }, 0);
+    assert!(read_all(&a) == data);
+    // A select over CSV, and the result path of the same.
+    std::fs::write(rig.m("t.csv"), "id,city\n1,Oslo\n2,Lima\n3,Oslo\n").unwrap();
+    let spec = "select:SELECT city, COUNT(*) FROM s3object GROUP BY city ORDER BY city";
+    let f = File::open(rig.m("t.csv")).unwrap();
+    fset(&f, "user.nearstore.op", spec.as_bytes()).unwrap();
+    assert_eq!(String::from_utf8(read_all(&f)).unwrap(), "city,COUNT(*)\nLima,1\nOslo,2\n");
+    let via_path = rig.m(".nearstore").join(spec).join("t.csv");
+    assert_eq!(std::fs::read_to_string(via_path).unwrap(), "city,COUNT(*)\nLima,1\nOslo,2\n");
+    // In a subdirectory.
+    std::fs::create_dir(rig.m("sub")).unwrap();
+    std::fs::write(rig.m("sub/x"), b"abc").unwrap();
+    assert_eq!(std::fs::read_to_string(rig.m(".nearstore/sha256/sub/x")).unwrap(), expected("sha256", b"abc"));
+    let listed: Vec<String> =
+        std::fs::read_dir(rig.m(".nearstore/sha256/sub")).unwrap().map(|e| e.unwrap().file_name().into_string().unwrap()).collect();
+    assert_eq!(listed, vec!["x"]);
+}
+
+#[test]
+fn a_file_that_cannot_be_offloaded_is_computed_in_the_mount_and_says_why() {
+    logs();
+    // No map: the source's device is no known namespace.
+    let rig = Rig::with(|o| o.devices = nearstore_host::device::DeviceMap::default());
+    std::fs::write(rig.m("f"), b"hello\n").unwrap();
+    let f = File::open(rig.m("f")).unwrap();
+    fset(&f, "user.nearstore.op", b"sha256").unwrap();
+    assert_eq!(String::from_utf8(read_all(&f)).unwrap(), expected("sha256", b"hello\n"));
+    let why = fget(&f, "user.nearstore.offloaded").unwrap();
+    assert!(why.starts_with("0 ") && why.contains("which no known target exports"), "{why}");
+    assert!(logged("computed in the mount, not offloaded"));
+    let p = rig.m(".nearstore/wc/f");
+    assert_eq!(std::fs::read_to_string(&p).unwrap(), "1 1 6\n");
+}
+
+#[test]
+fn bad_input_gets_a_clear_errno_and_a_log_line() {
+    logs();
+    let rig = Rig::new();
+    std::fs::write(rig.m("f"), b"data\n").unwrap();
+    // Written beside the mount: no descriptor of the mount's (a close's release reaches
+    // the mount after close returns).
+    std::fs::write(rig.s("g"), b"not open\n").unwrap();
+    std::fs::create_dir(rig.m("dir")).unwrap();
+    let f = File::open(rig.m("f")).unwrap();
+    let dir = File::open(rig.m("dir")).unwrap();
+    let wo = File::options().write(true).open(rig.m("f")).unwrap();
+    let mut bad_version = ioctl::encode_op("sha256");
+    bad_version[0] = 7;
+    type Case<'a> = (&'a str, Box<dyn Fn() -> Result<(), i32> + 'a>, i32, &'a str);
+    let cases: Vec<Case> = vec![
+        ("unknown operation", Box::new(|| fset(&f, "user.nearstore.op", b"frobnicate")), libc::EINVAL, "unknown operation 'frobnicate'"),
+        ("not UTF-8", Box::new(|| fset(&f, "user.nearstore.op", &[0xff, 0xfe])), libc::EINVAL, "not UTF-8"),
+        ("bad regex", Box::new(|| fset(&f, "user.nearstore.op", b"grep:(")), libc::EINVAL, "grep-count"),
+        ("bad SQL", Box::new(|| fset(&f, "user.nearstore.op", b"select:SELEKT 1")), libc::EINVAL, "select"),
+        ("a transform", Box::new(|| fset(&f, "user.nearstore.op", b"compress")), libc::EINVAL, "writes an output file"),
+        ("xattr on a directory", Box::new(|| fset(&dir, "user.nearstore.op", b"sha256")), libc::EISDIR, "on a directory"),
+        ("by path, no descriptor", Box::new(|| set_path(&rig.m("g"), "user.nearstore.op", b"sha256")), libc::EBADF, "no descriptor"),
+        (
+            "write-only descriptor",
+            Box::new(|| ioc(&wo, ioctl::ATTACH, &mut ioctl::encode_op("sha256"))),
+            libc::EBADF,
+            "not open for reading",
+        ),
+        ("ioctl version", Box::new(|| ioc(&f, ioctl::ATTACH, &mut bad_version.clone())), libc::EINVAL, "version 7"),
+        ("ioctl bad spec", Box::new(|| ioc(&f, ioctl::ATTACH, &mut ioctl::encode_op("nope"))), libc::EINVAL, "unknown operation 'nope'"),
+        (
+            "ioctl on a directory",
+            Box::new(|| ioc(&dir, ioctl::ATTACH, &mut ioctl::encode_op("sha256"))),
+            libc::EISDIR,
+            "ioctl on a directory",
+        ),
+        ("unknown ioctl", Box::new(|| ioc(&f, 0x4E7F, &mut [])), libc::ENOTTY, ""),
+        (
+            "result of an unknown operation",
+            Box::new(|| std::fs::read(rig.m(".nearstore/nope/f")).map(|_| ()).map_err(|e| e.raw_os_error().unwrap())),
+            libc::EINVAL,
+            ".nearstore/nope",
+        ),
+        (
+            "writing a result",
+            Box::new(|| File::options().write(true).open(rig.m(".nearstore/sha256/f")).map(|_| ()).map_err(|e| e.raw_os_error().unwrap())),
+            libc::EACCES,
+            "",
+        ),
+    ];
+    for (what, call, want, words) in cases {
+        assert_eq!(call(), Err(want), "{what}");
+        assert!(logged(words), "{what}: no log line with {words:?}");
+    }
+    // None of it changed what the descriptor reads.
+    assert_eq!(read_all(&f), b"data\n");
+}
+
+/// Runs `f` on a thread whose credentials are nobody's (65534, no groups): the raw
+/// syscalls change the calling thread's only, as the FUSE requests it makes see them.
+fn as_nobody_thread<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> T {
+    within(60, "as nobody", move || {
+        // SAFETY: raw syscalls changing only this thread's credentials.
+        unsafe {
+            assert_eq!(libc::syscall(libc::SYS_setgroups, 0, std::ptr::null::<libc::gid_t>()), 0);
+            assert_eq!(libc::syscall(libc::SYS_setresgid, 65534, 65534, 65534), 0);
+            assert_eq!(libc::syscall(libc::SYS_setresuid, 65534, 65534, 65534), 0);
+        }
+        f()
+    })
+}
+
+#[test]
+fn an_operation_attaches_only_where_the_caller_may_read() {
+    logs();
+    let rig = Rig::new();
+    std::fs::write(rig.m("secret"), b"s3cr3t\n").unwrap();
+    std::fs::set_permissions(rig.m("secret"), std::fs::Permissions::from_mode(0o600)).unwrap();
+    std::fs::write(rig.m("public"), b"open\n").unwrap();
+    std::fs::set_permissions(rig.m("public"), std::fs::Permissions::from_mode(0o644)).unwrap();
+    let (secret, public, result) = (rig.m("secret"), rig.m("public"), rig.m(".nearstore/sha256/secret"));
+    let want = expected("sha256", b"open\n");
+    let got = as_nobody_thread(move || {
+        let open_secret = File::open(&secret).map(|_| ()).map_err(|e| e.raw_os_error());
+        let result_secret = std::fs::read(&result).map(|_| ()).map_err(|e| e.raw_os_error());
+        // A reader attaches with the ioctl: it needs only a descriptor open for reading.
+        let f = File::open(&public).unwrap();
+        let ioctl = ioc(&f, ioctl::ATTACH, &mut ioctl::encode_op("sha256"));
+        let read = String::from_utf8(read_all(&f)).unwrap();
+        // The attribute is a user.* attribute: the kernel wants write permission for it.
+        let g = File::open(&public).unwrap();
+        let xattr = fset(&g, "user.nearstore.op", b"sha256");
+        (open_secret, result_secret, ioctl, read, xattr)
+    });
+    assert_eq!(got.0, Err(Some(libc::EACCES)), "nobody opens a 0600 file of root");
+    assert_eq!(got.1, Err(Some(libc::EACCES)), "nobody reads its result path");
+    assert_eq!(got.2, Ok(()));
+    assert_eq!(got.3, want);
+    assert_eq!(got.4, Err(libc::EACCES));
+}
+
+#[test]
+fn a_target_lost_under_an_open_file_fails_its_reads_not_the_mount() {
+    logs();
+    let mut rig = Rig::new();
+    let data = text(1 << 20, 9);
+    std::fs::write(rig.m("f"), &data).unwrap();
+    let f = File::open(rig.m("f")).unwrap();
+    fset(&f, "user.nearstore.op", b"sha256").unwrap();
+    rig.lose_target();
+    let r = within(60, "a read with the target gone", move || {
+        let mut buf = vec![0u8; 4096];
+        f.read_at(&mut buf, 0).map_err(|e| e.raw_os_error())
+    });
+    assert_eq!(r, Err(Some(libc::EIO)));
+    assert!(logged("operation failed"), "the failure is logged");
+    // The mount goes on serving the file's bytes.
+    assert!(std::fs::read(rig.m("f")).unwrap() == data);
+}
+
+/// docs/fuse.md's Python example, run as printed against a real mount.
+#[test]
+fn the_python_example_of_the_docs_runs() {
+    logs();
+    let rig = Rig::new();
+    let data = text(200_000, 3);
+    std::fs::write(rig.m("app.log"), &data).unwrap();
+    let doc = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../../docs/fuse.md")).unwrap();
+    let start = doc.find("```python\n").expect("docs/fuse.md has a Python example") + "```python\n".len();
+    let script = doc[start..start + doc[start..].find("```").unwrap()].replace("/mnt/view", rig.mnt.to_str().unwrap());
+    let out = std::process::Command::new("python3")
+        .args(["-c", &script])
+        .output()
+        .unwrap_or_else(|e| panic!("cannot run python3 (needed by this test): {e}"));
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let want = format!("lines with ERROR: {}sha256: {}offloaded: 1\n", expected("grep:^ERROR", &data), expected("sha256", &data));
+    assert_eq!(String::from_utf8_lossy(&out.stdout), want);
+}
+
+/// Linux answers FIEMAP in the VFS from the inode's fiemap operation, which FUSE lacks: the
+/// mount cannot answer it (docs/fuse.md, "FIEMAP"), and the host library maps the source's
+/// file instead.
+#[test]
+fn fiemap_on_the_mount_is_refused_by_the_kernel() {
+    let rig = Rig::new();
+    std::fs::write(rig.m("f"), text(100_000, 1)).unwrap();
+    let e = nearstore_host::fiemap::extents(&File::open(rig.m("f")).unwrap()).unwrap_err();
+    assert_eq!(e.raw_os_error(), Some(libc::EOPNOTSUPP), "{e}");
+    assert!(!nearstore_host::fiemap::extents(&File::open(rig.s("f")).unwrap()).unwrap().is_empty());
+}

@@ -1,0 +1,168 @@
+//! Plain file operations through a real FUSE mount give what they give on the source:
+//! files of many sizes written and read back, truncated, renamed, removed, listed, their
+//! modes and owners, and several readers at once. Needs root, loop devices, mkfs.ext4,
+//! /dev/fuse and setpriv; fails naming what is missing.
+
+mod common;
+
+use std::fs::{File, OpenOptions};
+use std::io::{Read, Write};
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
+
+use common::{as_nobody, text, within, Rig};
+
+/// The sizes the issue names: empty, one byte, around a block, and past 1 MiB.
+const SIZES: [usize; 6] = [0, 1, 4095, 4096, 4097, (1 << 20) + 1];
+
+/// Compares bytes, saying where they differ rather than printing them.
+fn same(got: &[u8], want: &[u8], what: &str) {
+    let first = got.iter().zip(want).position(|(a, b)| a != b);
+    assert!(got.len() == want.len() && first.is_none(), "{what}: {} bytes, want {}; first difference at {first:?}", got.len(), want.len());
+}
+
+#[test]
+fn files_of_every_size_read_and_write_as_on_the_source() {
+    let rig = Rig::new();
+    for (i, size) in SIZES.into_iter().enumerate() {
+        let name = format!("f-{size}");
+        let data = text(size, i as u64);
+        let (m, s) = (rig.m(&name), rig.s(&name));
+        // Written through the mount: the source has the bytes, and the mount reads them.
+        within(30, "write", {
+            let (m, data) = (m.clone(), data.clone());
+            move || std::fs::write(m, data).unwrap()
+        });
+        same(&std::fs::read(&s).unwrap(), &data, &format!("{name}: source after a write through the mount"));
+        same(&std::fs::read(&m).unwrap(), &data, &format!("{name}: read through the mount"));
+        assert_eq!(std::fs::metadata(&m).unwrap().len(), size as u64, "{name}: stat");
+        // Written on the source: the mount sees it.
+        let other = text(size, 100 + i as u64);
+        std::fs::write(&s, &other).unwrap();
+        same(&std::fs::read(&m).unwrap(), &other, &format!("{name}: source written beside the mount"));
+        // Reads at odd offsets and lengths.
+        let mut f = File::open(&m).unwrap();
+        let mut buf = vec![0u8; 777];
+        let mut got = Vec::new();
+        loop {
+            let n = f.read(&mut buf).unwrap();
+            if n == 0 {
+                break;
+            }
+            got.extend_from_slice(&buf[..n]);
+        }
+        same(&got, &other, &format!("{name}: read in 777-byte pieces"));
+        // Truncated shorter and longer through the mount.
+        let mut want = other.clone();
+        for len in [size / 2, size + 4096] {
+            OpenOptions::new().write(true).open(&m).unwrap().set_len(len as u64).unwrap();
+            want.resize(len, 0);
+            same(&std::fs::read(&s).unwrap(), &want, &format!("{name}: truncated to {len}"));
+            assert_eq!(std::fs::metadata(&m).unwrap().len(), len as u64);
+        }
+        // Appended to.
+        let mut f = OpenOptions::new().append(true).open(&m).unwrap();
+        f.write_all(b"tail").unwrap();
+        drop(f);
+        assert!(std::fs::read(&s).unwrap().ends_with(b"tail"), "{name}: append");
+    }
+}
+
+#[test]
+fn names_change_and_list_as_on_the_source() {
+    let rig = Rig::new();
+    std::fs::create_dir(rig.m("d")).unwrap();
+    std::fs::create_dir(rig.m("d/sub")).unwrap();
+    std::fs::write(rig.m("d/sub/a"), b"alpha").unwrap();
+    std::fs::write(rig.m("d/b"), b"beta").unwrap();
+    assert!(rig.s("d/sub/a").is_file());
+    let list = |p: &std::path::Path| {
+        let mut v: Vec<String> = std::fs::read_dir(p).unwrap().map(|e| e.unwrap().file_name().to_string_lossy().into_owned()).collect();
+        v.sort();
+        v
+    };
+    assert_eq!(list(&rig.m("d")), vec!["b", "sub"]);
+    // Rename a file, then the directory holding one: the old names are gone, the new
+    // ones read the same bytes (a node known under its old name follows).
+    std::fs::rename(rig.m("d/b"), rig.m("d/c")).unwrap();
+    assert!(!rig.s("d/b").exists());
+    assert_eq!(std::fs::read(rig.m("d/c")).unwrap(), b"beta");
+    let a = File::open(rig.m("d/sub/a")).unwrap();
+    std::fs::rename(rig.m("d/sub"), rig.m("moved")).unwrap();
+    assert_eq!(std::fs::read(rig.m("moved/a")).unwrap(), b"alpha");
+    assert!(!rig.m("d/sub").exists());
+    drop(a);
+    // Over an existing name, as rename(2) does.
+    std::fs::write(rig.m("x"), b"x").unwrap();
+    std::fs::rename(rig.m("d/c"), rig.m("x")).unwrap();
+    assert_eq!(std::fs::read(rig.s("x")).unwrap(), b"beta");
+    // Unlink and rmdir.
+    std::fs::remove_file(rig.m("moved/a")).unwrap();
+    std::fs::remove_dir(rig.m("moved")).unwrap();
+    assert!(!rig.s("moved").exists());
+    assert_eq!(std::fs::remove_dir(rig.m("d")).map_err(|e| e.kind()), Ok(()));
+    assert_eq!(std::fs::remove_file(rig.m("nothing")).unwrap_err().raw_os_error(), Some(libc::ENOENT));
+    // Symbolic links.
+    std::os::unix::fs::symlink("x", rig.m("link")).unwrap();
+    assert_eq!(std::fs::read_link(rig.m("link")).unwrap().to_str(), Some("x"));
+    assert_eq!(std::fs::read(rig.m("link")).unwrap(), b"beta");
+    // The root lists what the source holds (.nearstore is looked up, not listed).
+    let mut want = list(&rig.fs.mnt);
+    want.sort();
+    assert_eq!(list(&rig.mnt), want);
+}
+
+#[test]
+fn modes_and_owners_are_the_sources_and_the_kernel_enforces_them() {
+    let rig = Rig::new();
+    std::fs::write(rig.m("secret"), b"s3cr3t").unwrap();
+    std::fs::set_permissions(rig.m("secret"), std::fs::Permissions::from_mode(0o600)).unwrap();
+    assert_eq!(std::fs::metadata(rig.s("secret")).unwrap().mode() & 0o777, 0o600, "chmod through the mount");
+    let m = std::fs::metadata(rig.m("secret")).unwrap();
+    assert_eq!((m.mode() & 0o777, m.uid(), m.gid()), (0o600, 0, 0));
+    // (mode, what nobody gets reading it)
+    let secret = rig.m("secret");
+    let cases: [(u32, Result<&str, &str>); 3] =
+        [(0o600, Err("Permission denied")), (0o604, Ok("s3cr3t")), (0o640, Err("Permission denied"))];
+    for (mode, want) in cases {
+        std::fs::set_permissions(&secret, std::fs::Permissions::from_mode(mode)).unwrap();
+        let out = as_nobody("cat", &[secret.to_str().unwrap()]);
+        match want {
+            Ok(text) => assert_eq!(String::from_utf8_lossy(&out.stdout), text, "mode {mode:o}"),
+            Err(words) => {
+                assert!(!out.status.success(), "mode {mode:o}: nobody read it");
+                assert!(String::from_utf8_lossy(&out.stderr).contains(words), "mode {mode:o}: {}", String::from_utf8_lossy(&out.stderr));
+            }
+        }
+    }
+    // A file nobody creates is nobody's, on the source too; nobody cannot write root's.
+    let mine = rig.m("nobodys");
+    let out = as_nobody("sh", &["-c", &format!("echo hi > {}", mine.display())]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let m = std::fs::metadata(rig.s("nobodys")).unwrap();
+    assert_eq!((m.uid(), m.gid()), (65534, 65534));
+    let out = as_nobody("sh", &["-c", &format!("echo hi >> {}", secret.display())]);
+    assert!(!out.status.success());
+    // chown as root; timestamps set through the mount.
+    std::os::unix::fs::chown(rig.m("secret"), Some(65534), None).unwrap();
+    assert_eq!(std::fs::metadata(rig.s("secret")).unwrap().uid(), 65534);
+    let t = std::time::UNIX_EPOCH + std::time::Duration::from_secs(1_000_000_000);
+    File::options().write(true).open(rig.m("secret")).unwrap().set_modified(t).unwrap();
+    assert_eq!(std::fs::metadata(rig.s("secret")).unwrap().mtime(), 1_000_000_000);
+}
+
+#[test]
+fn several_readers_at_once_each_get_their_file() {
+    let rig = Rig::new();
+    let files: Vec<(std::path::PathBuf, Vec<u8>)> =
+        (0..8).map(|i| (rig.m(&format!("r{i}")), text((3 << 20) + i * 1000, i as u64))).collect();
+    for (p, d) in &files {
+        std::fs::write(p, d).unwrap();
+    }
+    let readers: Vec<_> =
+        files.iter().cloned().map(|(p, d)| std::thread::spawn(move || (0..3).all(|_| std::fs::read(&p).unwrap() == d))).collect();
+    within(120, "eight readers", move || {
+        for r in readers {
+            assert!(r.join().unwrap());
+        }
+    });
+}
