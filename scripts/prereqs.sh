@@ -15,6 +15,10 @@ if [ "$(id -u)" = 0 ]; then
     command -v systemd-analyze >/dev/null || want systemd "systemd-analyze: the test of dist/'s unit"
     command -v protoc >/dev/null || want protobuf-compiler "protoc: the etcd client's gRPC code is generated at build time"
     command -v etcd >/dev/null || want etcd-server "etcd: the control plane's tests on a three-member etcd"
+    command -v setpriv >/dev/null || want util-linux "setpriv: the FUSE mount's tests as an unprivileged user"
+    command -v python3 >/dev/null || want python3 "python3: docs/fuse.md's Python example, run by a test"
+    # The FUSE mount's tests mount for real (no package: the kernel's fuse module).
+    [ -e /dev/fuse ] || modprobe fuse 2>/dev/null || echo "no /dev/fuse: the FUSE mount's tests will fail (load the fuse module)" >&2
     if [ ${#need[@]} -gt 0 ]; then
         echo "installing Debian packages: ${why[*]}" >&2
         apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends --no-upgrade "${need[@]}" >/dev/null
