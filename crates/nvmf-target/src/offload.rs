@@ -35,6 +35,7 @@ use crate::limits;
 use crate::memory::{Memory, Reservation};
 use crate::sched::{Cpu, FairQueue, Turn};
 use crate::subsystem::{Controller, Namespace};
+use crate::tenant::{TenantId, TenantPolicy};
 
 mod read;
 mod volume;
@@ -205,6 +206,11 @@ impl Slot {
     /// Its controller, as a key of the engine's fair queue.
     fn owner(&self) -> usize {
         Arc::as_ptr(&self.ctrl) as usize
+    }
+
+    /// Its controller's tenant.
+    fn tenant(&self) -> &Arc<TenantPolicy> {
+        &self.ctrl.tenant
     }
 
     /// Stores `data` in the claimed slot, holding only its bytes of the budget: its handle.
@@ -423,10 +429,21 @@ struct Engine {
 
 #[derive(Default)]
 struct Pending {
-    tasks: FairQueue<Task>,
+    /// Commands waiting to start, and since when.
+    tasks: FairQueue<(Task, Instant)>,
     started: usize,
     /// Started commands per controller.
     per_ctrl: HashMap<usize, usize>,
+    /// Bytes the started commands of each tenant hold (`compute.memory_per_command` each).
+    per_tenant: HashMap<TenantId, u64>,
+}
+
+/// Whether a command of `tenant` of `bytes` fits in its `offload_memory` beside its
+/// started ones (`per_tenant`: what each tenant's hold). One always does: a limit below
+/// `compute.memory_per_command` runs the tenant's commands one at a time.
+fn fits(per_tenant: &HashMap<TenantId, u64>, tenant: &TenantPolicy, bytes: u64) -> bool {
+    let held = per_tenant.get(&tenant.id).copied().unwrap_or(0);
+    held == 0 || tenant.offload_memory.is_none_or(|limit| held + bytes <= limit)
 }
 
 impl Offload {
@@ -454,7 +471,12 @@ impl Offload {
             let _ = self.engine.rt.get_or_init(|| rt);
         }
         let key = task.slot.owner();
-        self.engine.pending.lock().tasks.push(key, task);
+        let mut p = self.engine.pending.lock();
+        if !fits(&p.per_tenant, task.slot.tenant(), self.cfg.command_bytes()) {
+            task.slot.tenant().stats.offload_memory_waits.fetch_add(1, Relaxed);
+        }
+        p.tasks.push(key, (task, Instant::now()));
+        drop(p);
         self.engine.dispatch();
     }
 
@@ -474,16 +496,24 @@ impl Engine {
         {
             let mut guard = self.pending.lock();
             let p = &mut *guard;
-            p.tasks.retain(|t| !t.cancel.is_cancelled(), |t| dropped.push(t));
+            p.tasks.retain(|(t, _)| !t.cancel.is_cancelled(), |(t, _)| dropped.push(t));
+            let bytes = self.cfg.command_bytes();
             while p.started < limits::COMPUTE_STARTED_MAX && !p.tasks.is_empty() {
                 // A started command holds its whole bound of the budget: while the budget
-                // is full, commands wait here.
-                let Some(memory) = self.memory.reserve(self.cfg.command_bytes()) else { break };
-                let per = &p.per_ctrl;
-                let Some((key, t)) = p.tasks.pop_if(|k| per.get(&k).copied().unwrap_or(0) < limits::COMPUTE_STARTED_PER_CONTROLLER_MAX)
-                else {
+                // is full, commands wait here; so do a tenant's while it holds its
+                // offload_memory.
+                let Some(memory) = self.memory.reserve(bytes) else { break };
+                let (per, held) = (&p.per_ctrl, &p.per_tenant);
+                let eligible = |k: usize, (t, _): &(Task, Instant)| {
+                    per.get(&k).copied().unwrap_or(0) < limits::COMPUTE_STARTED_PER_CONTROLLER_MAX && fits(held, t.slot.tenant(), bytes)
+                };
+                let Some((key, (t, since))) = p.tasks.pop_if(eligible) else {
                     break;
                 };
+                let tenant = t.slot.tenant().clone();
+                tenant.stats.compute_queued_ns.fetch_add(since.elapsed().as_nanos() as u64, Relaxed);
+                tenant.stats.offload_memory_bytes.fetch_add(bytes, Relaxed);
+                *p.per_tenant.entry(tenant.id).or_default() += bytes;
                 p.started += 1;
                 *p.per_ctrl.entry(key).or_default() += 1;
                 start.push((key, t, memory));
@@ -508,7 +538,7 @@ impl Engine {
                     let _ = tx.send(t);
                 }
                 Err(e) => {
-                    self.stopped(key);
+                    self.stopped(key, t.slot.tenant());
                     finish(t, Err(Failure::new(Status::INTERNAL_ERROR, format!("no thread for the command: {e}"))));
                 }
             }
@@ -518,7 +548,8 @@ impl Engine {
     /// Runs a started command on its own thread, in turns, then starts the next.
     fn run_task(self: &Arc<Self>, key: usize, task: Task, memory: Reservation) {
         self.stats.running.fetch_add(1, Relaxed);
-        let turn = Arc::new(self.cpu.turn(key));
+        let tenant = task.slot.tenant().clone();
+        let turn = Arc::new(self.cpu.turn(key, tenant.clone()));
         let cancel = task.cancel.clone();
         let result = if turn.take(&|| cancel.is_cancelled()) {
             std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
@@ -566,14 +597,25 @@ impl Engine {
         if result.is_err() {
             self.stats.errors.fetch_add(1, Relaxed);
         }
+        tenant.stats.compute_commands.fetch_add(1, Relaxed);
+        drop(turn);
         finish(task, result);
         drop(memory);
-        self.stopped(key);
+        self.stopped(key, &tenant);
         self.dispatch();
     }
 
-    fn stopped(&self, key: usize) {
+    /// A started command of controller `key`, tenant `tenant`, ended.
+    fn stopped(&self, key: usize, tenant: &TenantPolicy) {
+        let bytes = self.cfg.command_bytes();
+        tenant.stats.offload_memory_bytes.fetch_sub(bytes, Relaxed);
         let mut p = self.pending.lock();
+        if let Some(m) = p.per_tenant.get_mut(&tenant.id) {
+            *m -= bytes;
+            if *m == 0 {
+                p.per_tenant.remove(&tenant.id);
+            }
+        }
         p.started -= 1;
         if let Some(n) = p.per_ctrl.get_mut(&key) {
             *n -= 1;

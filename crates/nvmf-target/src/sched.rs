@@ -1,21 +1,102 @@
-//! Fair sharing of the offload engine between controllers.
+//! Fair sharing of the offload engine between tenants and their controllers.
 //!
-//! Two round robins, both across controllers (a key per controller):
-//! - [`FairQueue`]: commands waiting to start. A started command has a thread of its own;
-//!   at most `limits::COMPUTE_STARTED_MAX` exist, `limits::COMPUTE_STARTED_PER_CONTROLLER_MAX`
-//!   per controller, so one controller's backlog leaves room for others' commands.
-//! - [`Cpu`]: turns to compute, `compute.threads` of them. A command holds a turn while it
-//!   computes and, when another command waits for one, hands it on after
-//!   `limits::COMPUTE_SLICE_MS` at its next check (between chunks, and inside a record
-//!   every `STOP_CHECK_WORK` units of work): a long command cannot starve a short one.
+//! - [`FairQueue`]: commands waiting to start, round robin across controllers (a key per
+//!   controller). A started command has a thread of its own; at most
+//!   `limits::COMPUTE_STARTED_MAX` exist, `limits::COMPUTE_STARTED_PER_CONTROLLER_MAX` per
+//!   controller, so one controller's backlog leaves room for others' commands; a tenant's
+//!   started commands hold at most its `offload_memory` (crate::offload).
+//! - [`Cpu`]: turns to compute, `compute.threads` of them, given to the waiting tenant
+//!   with the least weighted virtual runtime ([`Vclock`], FusionFS's CFS-style scheduler),
+//!   and within a tenant round robin across its controllers. The virtual runtime is the
+//!   CPU time the target measured on the command's thread (its thread CPU clock around
+//!   each turn, not a cost the host declared) divided by the tenant's `compute_weight`. A
+//!   command holds a turn while it computes and, once it has had
+//!   `limits::COMPUTE_SLICE_MS`, hands it at its next check (between chunks, and inside a
+//!   record every `STOP_CHECK_WORK` units of work) to a waiting tenant that is not ahead
+//!   of its own: a long command cannot starve a short one.
 
 use std::collections::{HashMap, VecDeque};
+use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use parking_lot::{Condvar, Mutex};
 
 use crate::limits;
+use crate::tenant::{TenantId, TenantPolicy};
+
+/// Weighted virtual runtime per tenant (CFS): a tenant's CPU time in nanoseconds, scaled
+/// by `TENANT_WEIGHT_DEFAULT / compute_weight`. Pure: the tests drive it with synthetic
+/// costs, the [`Cpu`] with measured ones.
+#[derive(Default)]
+pub struct Vclock {
+    tenants: HashMap<TenantId, Clock>,
+    /// The least virtual runtime of the active tenants, never decreasing: where a tenant
+    /// that becomes active starts.
+    floor: u128,
+}
+
+#[derive(Default)]
+struct Clock {
+    vruntime: u128,
+    /// Its commands started and not finished.
+    active: usize,
+}
+
+impl Vclock {
+    /// A command of tenant `t` starts. A tenant that had none joins at the floor at
+    /// least: the time it was idle is no credit against the others.
+    pub fn join(&mut self, t: TenantId) {
+        let floor = self.floor();
+        let c = self.tenants.entry(t).or_default();
+        if c.active == 0 {
+            c.vruntime = c.vruntime.max(floor);
+        }
+        c.active += 1;
+    }
+
+    /// A command of tenant `t` finished.
+    pub fn leave(&mut self, t: TenantId) {
+        let floor = self.floor();
+        if let Some(c) = self.tenants.get_mut(&t) {
+            c.active = c.active.saturating_sub(1);
+        }
+        self.floor = floor;
+        // Idle tenants with no credit left to keep are forgotten: the map stays as small
+        // as the set of tenants with commands.
+        self.tenants.retain(|_, c| c.active > 0 || c.vruntime > floor);
+    }
+
+    /// Charges `cpu_ns` of CPU time to tenant `t` of weight `weight`.
+    pub fn charge(&mut self, t: TenantId, weight: u32, cpu_ns: u64) {
+        let c = self.tenants.entry(t).or_default();
+        c.vruntime += cpu_ns as u128 * limits::TENANT_WEIGHT_DEFAULT as u128 / weight.max(1) as u128;
+        self.floor = self.floor();
+    }
+
+    pub fn vruntime(&self, t: TenantId) -> u128 {
+        self.tenants.get(&t).map_or(self.floor, |c| c.vruntime)
+    }
+
+    /// The tenant of `candidates` with the least virtual runtime (the first on a tie).
+    pub fn pick(&self, candidates: impl IntoIterator<Item = TenantId>) -> Option<TenantId> {
+        candidates.into_iter().min_by_key(|t| self.vruntime(*t))
+    }
+
+    fn floor(&self) -> u128 {
+        self.tenants.values().filter(|c| c.active > 0).map(|c| c.vruntime).min().unwrap_or(self.floor).max(self.floor)
+    }
+}
+
+/// This thread's CPU time in nanoseconds (CLOCK_THREAD_CPUTIME_ID).
+fn thread_cpu_ns() -> u64 {
+    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    // SAFETY: clock_gettime fills the one timespec it is given.
+    if unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) } != 0 {
+        return 0;
+    }
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+}
 
 /// Items queued per key, taken round robin across keys.
 pub struct FairQueue<T> {
@@ -41,10 +122,11 @@ impl<T> FairQueue<T> {
         self.len += 1;
     }
 
-    /// The next item of the first key, in turn, that `eligible` accepts; that key goes to
-    /// the back of the order if it has more.
-    pub fn pop_if(&mut self, mut eligible: impl FnMut(usize) -> bool) -> Option<(usize, T)> {
-        let at = self.order.iter().position(|&k| eligible(k))?;
+    /// The next item of the first key, in turn, that `eligible` accepts with its next
+    /// item; that key goes to the back of the order if it has more.
+    pub fn pop_if(&mut self, mut eligible: impl FnMut(usize, &T) -> bool) -> Option<(usize, T)> {
+        let items = &self.items;
+        let at = self.order.iter().position(|&k| items.get(&k).and_then(|q| q.front()).is_some_and(|t| eligible(k, t)))?;
         let key = self.order.remove(at)?;
         let q = self.items.get_mut(&key)?;
         let t = q.pop_front()?;
@@ -85,7 +167,8 @@ impl<T> FairQueue<T> {
     }
 }
 
-/// Turns to compute, handed round robin across controllers.
+/// Turns to compute, handed to the tenant with the least weighted virtual runtime, and
+/// within a tenant round robin across controllers.
 pub struct Cpu {
     state: Mutex<CpuState>,
     wake: Condvar,
@@ -94,35 +177,71 @@ pub struct Cpu {
 struct CpuState {
     free: usize,
     next_id: u64,
-    waiting: FairQueue<u64>,
+    /// Waiting commands by tenant, each tenant's round robin across its controllers.
+    waiting: HashMap<TenantId, FairQueue<u64>>,
+    clock: Vclock,
     /// Turns handed to a waiter that has not yet woken to take it.
     granted: Vec<u64>,
+}
+
+impl CpuState {
+    fn waiters(&self) -> usize {
+        self.waiting.values().map(FairQueue::len).sum()
+    }
+
+    /// The waiting tenant with the least virtual runtime.
+    fn next_tenant(&self) -> Option<TenantId> {
+        // Sorted first: a tie goes to the same tenant whatever the map's order.
+        let mut ids: Vec<TenantId> = self.waiting.keys().copied().collect();
+        ids.sort_unstable();
+        self.clock.pick(ids)
+    }
 }
 
 impl Cpu {
     pub fn new(turns: usize) -> Arc<Cpu> {
         Arc::new(Cpu {
-            state: Mutex::new(CpuState { free: turns.max(1), next_id: 0, waiting: FairQueue::default(), granted: Vec::new() }),
+            state: Mutex::new(CpuState {
+                free: turns.max(1),
+                next_id: 0,
+                waiting: HashMap::new(),
+                clock: Vclock::default(),
+                granted: Vec::new(),
+            }),
             wake: Condvar::new(),
         })
     }
 
-    /// A command's handle on the turns, for controller `key`; it holds none yet.
-    pub fn turn(self: &Arc<Self>, key: usize) -> Turn {
+    /// A command's handle on the turns, for controller `key` of `tenant`; it holds none yet.
+    pub fn turn(self: &Arc<Self>, key: usize, tenant: Arc<TenantPolicy>) -> Turn {
         let mut s = self.state.lock();
         s.next_id += 1;
-        Turn { cpu: self.clone(), key, id: s.next_id, since: Mutex::new(None) }
+        s.clock.join(tenant.id);
+        Turn { cpu: self.clone(), key, tenant, id: s.next_id, held: Mutex::new(None) }
     }
 
     /// Commands waiting for a turn.
     pub fn waiting(&self) -> usize {
-        self.state.lock().waiting.len()
+        self.state.lock().waiters()
+    }
+
+    /// A tenant's virtual runtime now.
+    pub fn vruntime(&self, t: TenantId) -> u128 {
+        self.state.lock().clock.vruntime(t)
     }
 
     fn give_back(&self) {
         let mut s = self.state.lock();
-        match s.waiting.pop_if(|_| true) {
-            Some((_, id)) => {
+        let next = s.next_tenant().and_then(|t| {
+            let q = s.waiting.get_mut(&t)?;
+            let id = q.pop_if(|_, _| true).map(|(_, id)| id);
+            if q.is_empty() {
+                s.waiting.remove(&t);
+            }
+            id
+        });
+        match next {
+            Some(id) => {
                 s.granted.push(id);
                 self.wake.notify_all();
             }
@@ -135,51 +254,87 @@ impl Cpu {
 pub struct Turn {
     cpu: Arc<Cpu>,
     key: usize,
+    tenant: Arc<TenantPolicy>,
     id: u64,
-    /// Since when it holds a turn; None while it holds none.
-    since: Mutex<Option<Instant>>,
+    /// While it holds a turn: since when, and its thread's CPU time when last charged.
+    held: Mutex<Option<(Instant, u64)>>,
 }
 
 impl Turn {
-    /// Waits for a turn; false if `stopped` says the command stops first.
+    /// Waits for a turn; false if `stopped` says the command stops first. Called on the
+    /// command's thread, whose CPU time the turn charges to its tenant.
     pub fn take(&self, stopped: &dyn Fn() -> bool) -> bool {
         let mut s = self.cpu.state.lock();
         if s.free > 0 && s.waiting.is_empty() {
             s.free -= 1;
         } else {
-            s.waiting.push(self.key, self.id);
+            let waited = Instant::now();
+            s.waiting.entry(self.tenant.id).or_default().push(self.key, self.id);
+            self.tenant.stats.compute_turn_waits.fetch_add(1, Relaxed);
             loop {
                 if let Some(at) = s.granted.iter().position(|&g| g == self.id) {
                     s.granted.swap_remove(at);
                     break;
                 }
                 if stopped() {
-                    let id = self.id;
-                    s.waiting.retain(|&w| w != id, |_| {});
+                    let (id, t) = (self.id, self.tenant.id);
+                    if let Some(q) = s.waiting.get_mut(&t) {
+                        q.retain(|&w| w != id, |_| {});
+                        if q.is_empty() {
+                            s.waiting.remove(&t);
+                        }
+                    }
                     return false;
                 }
                 self.cpu.wake.wait_for(&mut s, Duration::from_millis(20));
             }
+            self.tenant.stats.compute_queued_ns.fetch_add(waited.elapsed().as_nanos() as u64, Relaxed);
         }
-        *self.since.lock() = Some(Instant::now());
+        *self.held.lock() = Some((Instant::now(), thread_cpu_ns()));
         true
     }
 
-    /// At a check: hands the turn on if another command waits and this one has had its
-    /// slice, then waits for the next. False if the command stops meanwhile.
+    /// Charges the CPU time this thread used since the last charge to the tenant.
+    fn charge(&self) {
+        let mut held = self.held.lock();
+        let Some((_, mark)) = held.as_mut() else { return };
+        let now = thread_cpu_ns();
+        let used = now.saturating_sub(*mark);
+        *mark = now;
+        drop(held);
+        self.tenant.stats.compute_cpu_ns.fetch_add(used, Relaxed);
+        self.cpu.state.lock().clock.charge(self.tenant.id, self.tenant.compute_weight, used);
+    }
+
+    /// At a check: charges the CPU time used; once the command has had its slice, hands
+    /// the turn to a waiting command whose tenant is not ahead of its own in virtual
+    /// runtime, then waits for the next turn. False if the command stops meanwhile.
     pub fn checkpoint(&self, stopped: &dyn Fn() -> bool) -> bool {
-        let since = *self.since.lock();
+        let since = self.held.lock().map(|(since, _)| since);
         let Some(since) = since else { return self.take(stopped) };
-        if since.elapsed() < Duration::from_millis(limits::COMPUTE_SLICE_MS) || self.cpu.waiting() == 0 {
+        if since.elapsed() < Duration::from_millis(limits::COMPUTE_SLICE_MS) {
+            return true;
+        }
+        self.charge();
+        let yield_to_other = {
+            let s = self.cpu.state.lock();
+            s.next_tenant().is_some_and(|t| s.clock.vruntime(t) <= s.clock.vruntime(self.tenant.id))
+        };
+        if !yield_to_other {
+            // Its slice starts again: the next check after another slice looks again.
+            if let Some((since, _)) = self.held.lock().as_mut() {
+                *since = Instant::now();
+            }
             return true;
         }
         self.give_back();
         self.take(stopped)
     }
 
-    /// Gives the turn back, if it holds one.
+    /// Gives the turn back, if it holds one, charging the CPU time used.
     pub fn give_back(&self) {
-        if self.since.lock().take().is_some() {
+        self.charge();
+        if self.held.lock().take().is_some() {
             self.cpu.give_back();
         }
     }
@@ -188,6 +343,7 @@ impl Turn {
 impl Drop for Turn {
     fn drop(&mut self) {
         self.give_back();
+        self.cpu.state.lock().clock.leave(self.tenant.id);
     }
 }
 
@@ -209,7 +365,7 @@ mod tests {
             for &(k, v) in pushed {
                 q.push(k, v);
             }
-            let got: Vec<u32> = std::iter::from_fn(|| q.pop_if(|_| true).map(|(_, v)| v)).collect();
+            let got: Vec<u32> = std::iter::from_fn(|| q.pop_if(|_, _| true).map(|(_, v)| v)).collect();
             assert_eq!(got, want, "pushed {pushed:?}");
             assert!(q.is_empty());
         }
@@ -217,8 +373,8 @@ mod tests {
         let mut q = FairQueue::default();
         q.push(1, 10);
         q.push(2, 20);
-        assert_eq!(q.pop_if(|k| k != 1), Some((2, 20)));
-        assert_eq!(q.pop_if(|_| true), Some((1, 10)));
+        assert_eq!(q.pop_if(|k, _| k != 1), Some((2, 20)));
+        assert_eq!(q.pop_if(|_, _| true), Some((1, 10)));
         // Dropped items leave the queue and its count.
         q.push(1, 1);
         q.push(1, 2);
@@ -227,16 +383,112 @@ mod tests {
         q.retain(|&v| v != 2 && v != 3, |v| gone.push(v));
         gone.sort();
         assert_eq!((q.len(), gone), (1, vec![2, 3]));
-        assert_eq!(q.pop_if(|_| true), Some((1, 1)));
+        assert_eq!(q.pop_if(|_, _| true), Some((1, 1)));
+    }
+
+    fn tenant(id: u32, compute_weight: u32) -> Arc<TenantPolicy> {
+        Arc::new(TenantPolicy::unrestricted(TenantId(id), &format!("t{id}"), 100, compute_weight))
+    }
+
+    /// Two tenants always runnable, each chunk of work costing a synthetic CPU time (the
+    /// heavier tenant's chunks cost more, so that fairness is in time, not in chunks): the
+    /// scheduler picks by weighted virtual runtime, and each tenant's CPU time comes
+    /// within 5% of its weight's share. Each line: both weights, both chunk costs in
+    /// microseconds.
+    #[test]
+    fn vruntime_shares_cpu_time_by_weight() {
+        let cases: &[(u32, u32, u64, u64)] = &[
+            (100, 100, 1000, 1000),
+            (100, 100, 5000, 300),
+            (200, 100, 1000, 1000),
+            (200, 100, 700, 4000),
+            (1, 3, 2000, 900),
+            (10000, 1, 10, 10),
+        ];
+        for &(wa, wb, ca, cb) in cases {
+            let (a, b) = (TenantId(10), TenantId(11));
+            let mut clock = Vclock::default();
+            clock.join(a);
+            clock.join(b);
+            let mut used = [0u64; 2];
+            for _ in 0..20_000 {
+                match clock.pick([a, b]) {
+                    Some(t) if t == a => {
+                        clock.charge(a, wa, ca * 1000);
+                        used[0] += ca;
+                    }
+                    _ => {
+                        clock.charge(b, wb, cb * 1000);
+                        used[1] += cb;
+                    }
+                }
+            }
+            let share = used[0] as f64 / (used[0] + used[1]) as f64;
+            let want = wa as f64 / (wa + wb) as f64;
+            assert!((share - want).abs() <= 0.05 * want, "weights {wa}:{wb}, costs {ca}:{cb} us: share {share:.4}, want {want:.4}");
+        }
+    }
+
+    /// A tenant that was idle joins at the least virtual runtime of the active ones: the
+    /// time it did not compute is no credit to starve the others with afterwards.
+    #[test]
+    fn an_idle_tenant_joins_without_credit() {
+        let (a, b) = (TenantId(10), TenantId(11));
+        let mut clock = Vclock::default();
+        clock.join(a);
+        clock.charge(a, 100, 1_000_000_000);
+        clock.join(b);
+        assert_eq!(clock.vruntime(b), clock.vruntime(a), "b starts where a is");
+        // Both run on: b's first chunk puts it behind a, and they alternate.
+        clock.charge(b, 100, 1_000);
+        assert_eq!(clock.pick([a, b]), Some(a));
+        // a leaves and comes back later: it starts at b's time, not its own old one.
+        clock.leave(a);
+        clock.charge(b, 100, 5_000_000_000);
+        clock.join(a);
+        assert_eq!(clock.vruntime(a), clock.vruntime(b));
+    }
+
+    /// With one turn, a command that holds it hands it to a waiter of another tenant
+    /// that is behind in virtual runtime; a tenant ahead does not take it.
+    #[test]
+    fn a_turn_goes_to_the_tenant_behind() {
+        let cpu = Cpu::new(1);
+        let (heavy, light) = (tenant(20, 100), tenant(21, 100));
+        let long = cpu.turn(1, heavy.clone());
+        assert!(long.take(&|| false));
+        // It computes for two slices' worth of CPU time: its tenant is ahead.
+        let start = thread_cpu_ns();
+        while thread_cpu_ns() - start < 2 * limits::COMPUTE_SLICE_MS * 1_000_000 {
+            std::hint::black_box(0u64);
+        }
+        let short = cpu.turn(2, light.clone());
+        let t = std::thread::spawn(move || short.take(&|| false));
+        while cpu.waiting() == 0 {
+            std::thread::yield_now();
+        }
+        // At its next check (on its own thread, whose CPU time it charges), past its
+        // slice, the light tenant's command gets the turn, and gives it back when done.
+        assert!(long.checkpoint(&|| false), "the long command gets its turn back once the short one is done");
+        assert!(t.join().unwrap());
+        assert_eq!(light.stats.compute_turn_waits.load(Relaxed), 1);
+        assert!(heavy.stats.compute_cpu_ns.load(Relaxed) >= 2 * limits::COMPUTE_SLICE_MS * 1_000_000);
+        assert!(cpu.vruntime(heavy.id) > cpu.vruntime(light.id));
+        drop(long);
+        // A waiter that is stopped gives up.
+        let a = cpu.turn(3, light.clone());
+        assert!(a.take(&|| false));
+        assert!(!cpu.turn(4, heavy).take(&|| true));
+        assert_eq!(cpu.waiting(), 0);
     }
 
     /// With one turn, a command that holds it hands it to a waiter after its slice.
     #[test]
     fn a_turn_goes_to_a_waiter_after_the_slice() {
         let cpu = Cpu::new(1);
-        let long = cpu.turn(1);
+        let long = cpu.turn(1, tenant(2, 100));
         assert!(long.take(&|| false));
-        let short = cpu.turn(2);
+        let short = cpu.turn(2, tenant(2, 100));
         let t = std::thread::spawn(move || {
             let start = Instant::now();
             assert!(short.take(&|| false));
@@ -253,9 +505,9 @@ mod tests {
         assert!(waited < Duration::from_secs(2), "{waited:?}");
         assert!(handed.join().unwrap(), "the long command gets its turn back once the short one is done");
         // A waiter that is stopped gives up.
-        let a = cpu.turn(3);
+        let a = cpu.turn(3, tenant(2, 100));
         assert!(a.take(&|| false));
-        assert!(!cpu.turn(4).take(&|| true));
+        assert!(!cpu.turn(4, tenant(2, 100)).take(&|| true));
         assert_eq!(cpu.waiting(), 0);
     }
 }

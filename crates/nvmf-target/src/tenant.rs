@@ -33,8 +33,9 @@
 //! volume = "vol-a"                # the exported volume's subsystem
 //! ```
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::ops::Range;
+use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
 
 use nearstore_wire::compute::Descriptor;
@@ -60,10 +61,10 @@ impl TenantId {
     pub const CLUSTER: TenantId = TenantId(1);
 }
 
-/// What a tenant may reach and its shares. Compared on reload, its host list apart: a
-/// controller whose tenant's policy changed is torn down, and connects again under the new
-/// one.
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// What a tenant may reach and its shares. Compared on reload, its host list and counters
+/// apart: a controller whose tenant's policy changed is torn down, and connects again
+/// under the new one.
+#[derive(Debug, Clone)]
 pub struct TenantPolicy {
     pub id: TenantId,
     pub name: String,
@@ -79,8 +80,40 @@ pub struct TenantPolicy {
     operations: Option<BTreeSet<u16>>,
     /// What it may reach; None: everything the subsystems' host lists allow.
     reach: Option<Vec<Grant>>,
+    /// Its counters (metrics), kept for its name across reloads.
+    pub stats: Arc<TenantStats>,
 }
 
+impl PartialEq for TenantPolicy {
+    fn eq(&self, o: &TenantPolicy) -> bool {
+        (self.id, &self.name, self.io_weight, self.compute_weight, self.offload_memory, &self.operations, &self.reach)
+            == (o.id, &o.name, o.io_weight, o.compute_weight, o.offload_memory, &o.operations, &o.reach)
+    }
+}
+
+impl Eq for TenantPolicy {}
+
+/// What a tenant's controllers did, for the metrics endpoint (`nearstore_tenant_*`).
+#[derive(Debug, Default)]
+pub struct TenantStats {
+    pub reads: AtomicU64,
+    pub writes: AtomicU64,
+    pub read_bytes: AtomicU64,
+    pub written_bytes: AtomicU64,
+    /// Compute commands completed.
+    pub compute_commands: AtomicU64,
+    /// CPU time its compute commands' threads used, measured by the target (thread CPU
+    /// clock around each turn), in nanoseconds.
+    pub compute_cpu_ns: AtomicU64,
+    /// Nanoseconds its compute commands waited: to start, and for turns to compute.
+    pub compute_queued_ns: AtomicU64,
+    /// Times one of its commands waited for a turn another tenant held or was handed.
+    pub compute_turn_waits: AtomicU64,
+    /// Bytes its started compute commands hold now (each its `compute.memory_per_command`).
+    pub offload_memory_bytes: AtomicU64,
+    /// Commands that waited to start because the tenant held its `offload_memory`.
+    pub offload_memory_waits: AtomicU64,
+}
 /// One `[[tenant.reach]]` entry, resolved.
 #[derive(Debug, Clone, PartialEq, Eq)]
 struct Grant {
@@ -97,17 +130,19 @@ struct Grant {
 pub struct Denied(pub String);
 
 impl TenantPolicy {
-    /// A built-in tenant: every weight the default, everything reachable.
-    fn builtin(id: TenantId, name: &str) -> TenantPolicy {
+    /// A tenant that reaches everything and runs every operation, with these weights (the
+    /// built-in tenants have the default ones; schedulers' tests make others).
+    pub fn unrestricted(id: TenantId, name: &str, io_weight: u32, compute_weight: u32) -> TenantPolicy {
         TenantPolicy {
             id,
             name: name.into(),
             hosts: Vec::new(),
-            io_weight: limits::TENANT_WEIGHT_DEFAULT,
-            compute_weight: limits::TENANT_WEIGHT_DEFAULT,
+            io_weight,
+            compute_weight,
             offload_memory: None,
             operations: None,
             reach: None,
+            stats: Arc::default(),
         }
     }
 
@@ -199,6 +234,8 @@ pub struct ReachConfig {
     #[serde(default)]
     pub read_only: bool,
 }
+
+const DEFAULT_WEIGHT: u32 = limits::TENANT_WEIGHT_DEFAULT;
 
 fn default_weight() -> u32 {
     limits::TENANT_WEIGHT_DEFAULT
@@ -309,6 +346,7 @@ pub fn resolve(tenants: &[TenantConfig], subsystems: &[&str], command_min: u64) 
             offload_memory: t.offload_memory.map(|m| m.0),
             operations,
             reach: Some(reach),
+            stats: Arc::default(),
         });
     }
     Ok(out)
@@ -328,6 +366,8 @@ struct Table {
     all: Vec<Arc<TenantPolicy>>,
     /// Ids given to names, kept across reloads so that a name keeps its id.
     ids: HashMap<String, TenantId>,
+    /// Counters by id, kept across reloads, of tenants removed too (until the target stops).
+    stats: BTreeMap<TenantId, Arc<TenantStats>>,
 }
 
 /// Where a controller's host stands.
@@ -342,8 +382,8 @@ impl Default for Tenants {
     fn default() -> Self {
         Tenants {
             table: Mutex::default(),
-            default: Arc::new(TenantPolicy::builtin(TenantId::DEFAULT, "default")),
-            cluster: Arc::new(TenantPolicy::builtin(TenantId::CLUSTER, "cluster")),
+            default: Arc::new(TenantPolicy::unrestricted(TenantId::DEFAULT, "default", DEFAULT_WEIGHT, DEFAULT_WEIGHT)),
+            cluster: Arc::new(TenantPolicy::unrestricted(TenantId::CLUSTER, "cluster", DEFAULT_WEIGHT, DEFAULT_WEIGHT)),
         }
     }
 }
@@ -361,6 +401,7 @@ impl Tenants {
                 next += 1;
                 TenantId(next - 1)
             });
+            p.stats = t.stats.entry(p.id).or_insert_with(|| p.stats.clone()).clone();
             let p = Arc::new(p);
             for h in &p.hosts {
                 by_host.insert(h.clone(), p.clone());
@@ -375,6 +416,15 @@ impl Tenants {
     /// Every configured tenant.
     pub fn all(&self) -> Vec<Arc<TenantPolicy>> {
         self.table.lock().all.clone()
+    }
+
+    /// Every tenant that has counters, the built-in ones first: (name, counters), for
+    /// the metrics endpoint. A tenant removed by a reload keeps its series.
+    pub fn stats(&self) -> Vec<(String, Arc<TenantStats>)> {
+        let t = self.table.lock();
+        let names: HashMap<TenantId, &String> = t.ids.iter().map(|(n, id)| (*id, n)).collect();
+        let builtin = [&self.default, &self.cluster].map(|p| (p.name.clone(), p.stats.clone()));
+        builtin.into_iter().chain(t.stats.iter().filter_map(|(id, s)| Some((names.get(id)?.to_string(), s.clone())))).collect()
     }
 
     /// The built-in tenant of every host when none is configured.

@@ -9,7 +9,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use nearstore_initiator::{ConnectOptions, Controller, Error, IoQueue};
+use std::sync::atomic::Ordering::Relaxed;
+
 use nearstore_target::config::Config;
+use nearstore_target::tenant::TenantStats;
 use nearstore_target::Target;
 use nearstore_wire::compute::{Descriptor, Extent, Object};
 use nearstore_wire::Status;
@@ -27,6 +30,17 @@ const T: Duration = Duration::from_secs(20);
 /// reaches blocks [0, 1024) of A's namespace 1 and reads A's namespace 2, running sha256,
 /// wc and copy; tenant beta reaches all of B. `alpha_hosts`: alpha's hosts.
 fn config(alpha_hosts: &[&str]) -> Config {
+    config_with(alpha_hosts, "")
+}
+
+/// [`config`] with more settings: lines before the first table header go into tenant
+/// beta's entry, the rest (`[compute]`) after it.
+fn config_with(alpha_hosts: &[&str], more: &str) -> Config {
+    let (beta, more) = match more.split_once("\n[") {
+        _ if more.starts_with('[') => (String::new(), more.to_string()),
+        Some((b, m)) => (b.to_string(), format!("[{m}")),
+        None => (more.to_string(), String::new()),
+    };
     let hosts: Vec<String> = alpha_hosts.iter().map(|h| format!("\"{h}\"")).collect();
     let text = format!(
         r#"
@@ -46,7 +60,11 @@ fn config(alpha_hosts: &[&str]) -> Config {
         allow_any_host = true
         [[subsystem.namespace]]
         nsid = 1
-        memory = "4MiB"
+        memory = "128MiB"
+        [[subsystem.namespace]]
+        nsid = 2
+        memory = "16MiB"
+        delay_us = 50000
 
         [[tenant]]
         name = "alpha"
@@ -65,8 +83,10 @@ fn config(alpha_hosts: &[&str]) -> Config {
         [[tenant]]
         name = "beta"
         hosts = ["{BETA}"]
+        {beta}
         [[tenant.reach]]
         subsystem = "{B}"
+        {more}
         "#,
         hosts = hosts.join(", ")
     );
@@ -74,8 +94,12 @@ fn config(alpha_hosts: &[&str]) -> Config {
 }
 
 async fn start() -> (Arc<Target>, SocketAddr) {
+    start_with("").await
+}
+
+async fn start_with(more: &str) -> (Arc<Target>, SocketAddr) {
     common::init_logs();
-    let target = Target::from_config(&config(&[ALPHA, ALPHA2])).unwrap();
+    let target = Target::from_config(&config_with(&[ALPHA, ALPHA2], more)).unwrap();
     let addr = target.listen("127.0.0.1:0".parse().unwrap(), false).await.unwrap();
     (target, addr)
 }
@@ -256,4 +280,94 @@ async fn a_host_removed_from_its_tenant_loses_its_controllers() {
     // Added back, it connects again.
     target.reload_tenants(&config(&[ALPHA, ALPHA2])).unwrap();
     queue(addr, A, ALPHA).await;
+}
+
+/// A tenant's counters by name.
+fn stats(target: &Target, name: &str) -> Arc<TenantStats> {
+    target.tenants.stats().into_iter().find(|(n, _)| n == name).map(|(_, s)| s).unwrap_or_else(|| panic!("no tenant {name}"))
+}
+
+/// Waits (bounded) until `f` holds: for events on a loaded machine, never a sleep.
+async fn until(what: &str, f: impl Fn() -> bool) {
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    while !f() {
+        assert!(std::time::Instant::now() < deadline, "waited a minute for {what}");
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+}
+
+/// One turn to compute (compute.threads = 1), two tenants of equal weight: a heavy one
+/// runs sha256 over 120 MiB on each of two controllers, and while they compute a light
+/// one runs small wc commands one after the other. Each light command gets the turn at the
+/// heavy command's next check (its tenant is behind in virtual runtime, measured in CPU
+/// time), so all of them complete while the heavy ones still run, each after one wait for
+/// a turn at most; the heavy tenant's CPU time is what the target measured.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_heavy_tenant_does_not_starve_a_light_one() {
+    let (target, addr) = start_with("[compute]\nthreads = 1\ntimeout_secs = 600").await;
+    let (heavy, light) = (stats(&target, "beta"), stats(&target, "alpha"));
+    let sha = nearstore_compute::by_name("sha256").unwrap().id;
+    let big = 120 << 20;
+    let heavy_desc =
+        Descriptor { op: sha, args: vec![], inputs: vec![Object { len: big, extents: vec![Extent::data(0, big)] }], outputs: vec![] };
+    let mut runs = Vec::new();
+    for _ in 0..2 {
+        let (c, mut q) = queue(addr, B, BETA).await;
+        let d = heavy_desc.encode();
+        runs.push(tokio::spawn(async move {
+            let r = q.compute(1, &d, Duration::from_secs(600)).await;
+            drop(c);
+            r
+        }));
+    }
+    until("the heavy tenant to compute", || heavy.compute_cpu_ns.load(Relaxed) > 0).await;
+    let (_c, mut q) = queue(addr, A, ALPHA).await;
+    q.write(1, 0, &[b'w'; 4096], BS as u32, false).await.unwrap();
+    let wc = nearstore_compute::by_name("wc").unwrap().id;
+    let small =
+        Descriptor { op: wc, args: vec![], inputs: vec![Object { len: 4096, extents: vec![Extent::data(0, 4096)] }], outputs: vec![] };
+    const LIGHT: u64 = 5;
+    for i in 0..LIGHT {
+        q.compute(1, &small.encode(), T).await.unwrap_or_else(|e| panic!("light command {i}: {e}"));
+        assert_eq!(heavy.compute_commands.load(Relaxed), 0, "a heavy command finished before light command {i}");
+    }
+    assert_eq!(light.compute_commands.load(Relaxed), LIGHT);
+    let waits = light.compute_turn_waits.load(Relaxed);
+    assert!((1..=LIGHT).contains(&waits), "the light commands waited for a turn {waits} times");
+    for r in runs {
+        r.await.unwrap().expect("the heavy commands complete too");
+    }
+    assert_eq!(heavy.compute_commands.load(Relaxed), 2);
+    assert!(heavy.compute_cpu_ns.load(Relaxed) > light.compute_cpu_ns.load(Relaxed));
+}
+
+/// A tenant whose offload_memory holds one command (compute.memory_per_command): its
+/// second command waits to start until the first has finished, counted, while its
+/// offload memory never shows more than one command's; both complete.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tenant_waits_for_its_offload_memory() {
+    let (target, addr) = start_with("offload_memory = \"4MiB\"\n[compute]\nmemory_per_command = \"4MiB\"\ntimeout_secs = 600").await;
+    let beta = stats(&target, "beta");
+    let sha = nearstore_compute::by_name("sha256").unwrap().id;
+    // Namespace 2 holds every read 50 ms: the command takes a while, whatever the CPU.
+    let len = 16 << 20;
+    let d = Descriptor { op: sha, args: vec![], inputs: vec![Object { len, extents: vec![Extent::data(0, len)] }], outputs: vec![] };
+    let mut runs = Vec::new();
+    for _ in 0..2 {
+        let (c, mut q) = queue(addr, B, BETA).await;
+        let d = d.encode();
+        runs.push(tokio::spawn(async move {
+            let r = q.compute(2, &d, Duration::from_secs(600)).await;
+            drop(c);
+            r
+        }));
+        until("the command to be queued", || beta.offload_memory_bytes.load(Relaxed) == 4 << 20).await;
+    }
+    until("the second command to wait for memory", || beta.offload_memory_waits.load(Relaxed) == 1).await;
+    assert_eq!(target.offload.stats.queued.load(Relaxed), 1, "the second command waits to start");
+    assert_eq!(beta.offload_memory_bytes.load(Relaxed), 4 << 20);
+    let (a, b) = (runs.remove(0).await.unwrap().unwrap(), runs.remove(0).await.unwrap().unwrap());
+    assert_eq!(a, b);
+    assert_eq!(beta.compute_commands.load(Relaxed), 2);
+    assert_eq!(beta.offload_memory_bytes.load(Relaxed), 0);
 }
