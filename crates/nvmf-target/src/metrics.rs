@@ -237,6 +237,7 @@ pub fn render(t: &Target) -> String {
             let _ = writeln!(o, "{name}{{tag=\"{tag}\",address=\"{addr}\"}} {}", get(st).load(Relaxed));
         }
     }
+    tenant_metrics(&mut o, t);
     type Counter = (&'static str, &'static str, fn(&NsStats) -> &AtomicU64);
     let counters: [Counter; 6] = [
         ("nearstore_reads_total", "Read commands completed on the namespace.", |n| &n.reads),
@@ -332,6 +333,55 @@ fn volumes(o: &mut String, subsystems: &[Arc<crate::subsystem::Subsystem>]) {
     family(o, name, "histogram", "Time the control plane took to translate an extent on a miss (answered or timed out).");
     for (labels, v) in &vols {
         histogram(o, name, labels, &v.translate_latency);
+    }
+}
+
+/// Per tenant (docs/operations.md, "Tenants"): its I/O, its compute CPU time and waits,
+/// its offload memory; a tenant removed by a reload keeps its series until the target stops.
+fn tenant_metrics(o: &mut String, t: &Target) {
+    type TenantCounter = (&'static str, &'static str, &'static str, fn(&crate::tenant::TenantStats) -> &AtomicU64);
+    let tenants = t.tenants.stats();
+    let families: [TenantCounter; 10] = [
+        ("nearstore_tenant_reads_total", "counter", "Read commands the tenant's controllers completed.", |s| &s.reads),
+        ("nearstore_tenant_writes_total", "counter", "Write commands the tenant's controllers completed.", |s| &s.writes),
+        ("nearstore_tenant_read_bytes_total", "counter", "Bytes the tenant's controllers read.", |s| &s.read_bytes),
+        ("nearstore_tenant_written_bytes_total", "counter", "Bytes the tenant's controllers wrote.", |s| &s.written_bytes),
+        ("nearstore_tenant_compute_commands_total", "counter", "Compute commands of the tenant the offload engine ran.", |s| {
+            &s.compute_commands
+        }),
+        (
+            "nearstore_tenant_compute_cpu_nanoseconds_total",
+            "counter",
+            "CPU time the tenant's compute commands used, measured on their threads (nanoseconds).",
+            |s| &s.compute_cpu_ns,
+        ),
+        (
+            "nearstore_tenant_compute_queued_nanoseconds_total",
+            "counter",
+            "Time the tenant's compute commands waited to start and for turns to compute (nanoseconds).",
+            |s| &s.compute_queued_ns,
+        ),
+        ("nearstore_tenant_compute_turn_waits_total", "counter", "Times one of the tenant's compute commands waited for a turn.", |s| {
+            &s.compute_turn_waits
+        }),
+        (
+            "nearstore_tenant_offload_memory_bytes",
+            "gauge",
+            "Bytes the tenant's started compute commands hold now (compute.memory_per_command each).",
+            |s| &s.offload_memory_bytes,
+        ),
+        (
+            "nearstore_tenant_offload_memory_waits_total",
+            "counter",
+            "Compute commands of the tenant that waited to start because it held its offload_memory.",
+            |s| &s.offload_memory_waits,
+        ),
+    ];
+    for (name, kind, help, get) in families {
+        family(o, name, kind, help);
+        for (tenant, st) in &tenants {
+            let _ = writeln!(o, "{name}{{tenant=\"{tenant}\"}} {}", get(st).load(Relaxed));
+        }
     }
 }
 

@@ -371,3 +371,56 @@ async fn a_tenant_waits_for_its_offload_memory() {
     assert_eq!(beta.compute_commands.load(Relaxed), 2);
     assert_eq!(beta.offload_memory_bytes.load(Relaxed), 0);
 }
+
+/// The metrics endpoint's per-tenant series after known traffic: exact counts of I/O
+/// commands and bytes per tenant, compute commands and offload memory; CPU time measured.
+#[tokio::test]
+async fn metrics_count_each_tenants_traffic() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let (target, addr) = start().await;
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let metrics = listener.local_addr().unwrap();
+    tokio::spawn(nearstore_target::metrics::serve(listener, target.clone()));
+    let (_a, mut qa) = queue(addr, A, ALPHA).await;
+    let (_b, mut qb) = queue(addr, B, BETA).await;
+    let block = vec![3u8; 2 * BS as usize];
+    for lba in 0..3 {
+        qa.write(1, lba * 2, &block, BS as u32, false).await.unwrap();
+    }
+    for _ in 0..2 {
+        qa.read(1, 0, 2, BS as u32).await.unwrap();
+    }
+    // A refused command is no traffic.
+    qa.write(2, 0, &block, BS as u32, false).await.unwrap_err();
+    qb.write(1, 0, &block, BS as u32, false).await.unwrap();
+    let sha = nearstore_compute::by_name("sha256").unwrap().id;
+    let d = Descriptor { op: sha, args: vec![], inputs: vec![Object { len: 4096, extents: vec![Extent::data(0, 4096)] }], outputs: vec![] };
+    qb.compute(1, &d.encode(), T).await.unwrap();
+    let mut sock = tokio::net::TcpStream::connect(metrics).await.unwrap();
+    sock.write_all(b"GET /metrics HTTP/1.0\r\n\r\n").await.unwrap();
+    let mut text = String::new();
+    sock.read_to_string(&mut text).await.unwrap();
+    let value = |name: &str, tenant: &str| -> u64 {
+        let prefix = format!("{name}{{tenant=\"{tenant}\"}} ");
+        let line = text.lines().find_map(|l| l.strip_prefix(&prefix)).unwrap_or_else(|| panic!("no {prefix}"));
+        line.parse().unwrap()
+    };
+    let cases: &[(&str, &str, u64)] = &[
+        ("nearstore_tenant_writes_total", "alpha", 3),
+        ("nearstore_tenant_written_bytes_total", "alpha", 3 * 1024),
+        ("nearstore_tenant_reads_total", "alpha", 2),
+        ("nearstore_tenant_read_bytes_total", "alpha", 2 * 1024),
+        ("nearstore_tenant_compute_commands_total", "alpha", 0),
+        ("nearstore_tenant_writes_total", "beta", 1),
+        ("nearstore_tenant_written_bytes_total", "beta", 1024),
+        ("nearstore_tenant_reads_total", "beta", 0),
+        ("nearstore_tenant_compute_commands_total", "beta", 1),
+        ("nearstore_tenant_offload_memory_bytes", "beta", 0),
+        ("nearstore_tenant_offload_memory_waits_total", "beta", 0),
+        ("nearstore_tenant_writes_total", "default", 0),
+    ];
+    for &(name, tenant, want) in cases {
+        assert_eq!(value(name, tenant), want, "{name} of {tenant}");
+    }
+    assert!(value("nearstore_tenant_compute_cpu_nanoseconds_total", "beta") > 0, "beta's CPU time was measured");
+}

@@ -847,16 +847,25 @@ impl<T: Transport> Core<T> {
 
     fn finish_io(&mut self, ns: &Namespace, kind: IoKind, len: usize, req: Request, data_sent_with_success: bool) {
         let took = req.start().elapsed();
+        let tenant = self.queue.as_ref().map(|q| &q.ctrl.tenant.stats);
         match kind {
             IoKind::Read => {
                 ns.stats.reads.fetch_add(1, Relaxed);
                 ns.stats.read_bytes.fetch_add(len as u64, Relaxed);
                 ns.stats.read_ns.fetch_add(took.as_nanos() as u64, Relaxed);
+                if let Some(t) = tenant {
+                    t.reads.fetch_add(1, Relaxed);
+                    t.read_bytes.fetch_add(len as u64, Relaxed);
+                }
             }
             IoKind::Write => {
                 ns.stats.writes.fetch_add(1, Relaxed);
                 ns.stats.written_bytes.fetch_add(len as u64, Relaxed);
                 ns.stats.write_ns.fetch_add(took.as_nanos() as u64, Relaxed);
+                if let Some(t) = tenant {
+                    t.writes.fetch_add(1, Relaxed);
+                    t.written_bytes.fetch_add(len as u64, Relaxed);
+                }
             }
             IoKind::Other | IoKind::Compute | IoKind::Reservation => {
                 ns.stats.other.fetch_add(1, Relaxed);
