@@ -4,14 +4,18 @@
 # (b) the volume with a cache of one extent (almost every I/O a miss: 1 GiB in 1 MiB
 # extents), (c) the volume with every extent cached (warmed by one pass first), and (d) the
 # same pool file exported as a plain namespace. p50/p90/p99/p99.9 and average, in us.
+# Then the throughput curve of (c) and (d): 4 KiB random reads at queue depth 1, 2, 4, ...,
+# 128 (QD_SECS seconds each, default 3), IOPS and the hit's ratio to the plain namespace.
 # The target runs on core 0 (one network thread), the control plane and `nearstore perf` on
-# core 1. Every extent is allocated before the runs (the pool file is sparse: reads come from
+# core 1. Every extent is allocated (and marked written) before the runs (the pool file is sparse: reads come from
 # the page cache, as the seed's "software direct" reads came from the drive).
 # Run it on a quiet machine: others building at the same time make the figures meaningless.
 # Usage: scripts/bench-volume.sh [path/to/nearstore] [seconds-per-run]   (default target/release/nearstore, 10 s)
 set -euo pipefail
 bin=${1:-target/release/nearstore}
 secs=${2:-10}
+qd_secs=${QD_SECS:-3}
+depths="1 2 4 8 16 32 64 128"
 [ -x "$bin" ] || { echo "not an executable: $bin (cargo build --release first)" >&2; exit 2; }
 command -v taskset >/dev/null || { echo "missing prerequisite: taskset (apt-get install util-linux)" >&2; exit 2; }
 command -v python3 >/dev/null || { echo "missing prerequisite: python3" >&2; exit 2; }
@@ -57,8 +61,12 @@ TOML
 }
 stop_target() { kill $t_pid; wait $t_pid 2>/dev/null || true; t_pid=; }
 
-perf() { # nqn -> one JSON line of figures
-    taskset -c 1 "$bin" perf -a 127.0.0.1:$io_port -n "$1" -w randread -z 4KiB -q 1 -T "$secs" --quiet -o json
+perf() { # nqn [queue depth [seconds]] -> one JSON line of figures
+    taskset -c 1 "$bin" perf -a 127.0.0.1:$io_port -n "$1" -w randread -z 4KiB -q "${2:-1}" -T "${3:-$secs}" --quiet -o json
+}
+
+curve() { # nqn case: one JSON file per queue depth
+    for q in $depths; do perf "$1" "$q" "$qd_secs" > "$work/$2-q$q.json"; done
 }
 
 # Waits until the target serves the volume (it learns the export from the control plane).
@@ -74,8 +82,10 @@ start_target 0
 "$bin" volume create bench --size 1GiB --extent-size 1MiB --control "$control" > /dev/null
 python3 - "$control" <<'PY'
 import sys, urllib.request
+# Allocated and marked written (as if zeroed): an unwritten extent reads as zeros, uncached.
 for i in range(1024):
-    urllib.request.urlopen(urllib.request.Request(f"http://{sys.argv[1]}/v1/volumes/bench/extents/{i}/allocate", method="POST")).read()
+    for step in ("allocate", "written"):
+        urllib.request.urlopen(urllib.request.Request(f"http://{sys.argv[1]}/v1/volumes/bench/extents/{i}/{step}", method="POST")).read()
 PY
 "$bin" volume export bench --target 127.0.0.1:$io_port --allow-any-host --control "$control" > /dev/null
 wait_volume
@@ -91,6 +101,7 @@ start_target 4096
 wait_volume
 taskset -c 1 "$bin" perf -a 127.0.0.1:$io_port -n $vol_nqn -w read -z 128KiB -q 8 -T 3 --quiet -o json > /dev/null
 perf $vol_nqn > "$work/c.json"
+curve $vol_nqn c
 stop_target
 "$bin" volume unexport bench --control "$control" > /dev/null
 
@@ -99,11 +110,12 @@ taskset -c 0 "$bin" target --listen 127.0.0.1:$io_port --discovery none --net-th
 t_pid=$!
 for _ in $(seq 50); do grep -q listening "$work/t.out" && break; sleep 0.1; done
 perf nqn.2026-11.io.nearstore:plain > "$work/d.json"
+curve nqn.2026-11.io.nearstore:plain d
 stop_target
 
-python3 - "$work" "$secs" <<'PY'
+python3 - "$work" "$secs" "$qd_secs" "$depths" <<'PY'
 import json, sys
-w, secs = sys.argv[1], sys.argv[2]
+w, secs, qd_secs, depths = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4].split()
 rows = [("a", "volume, no cache (every I/O translated)"), ("b", "volume, cache miss"), ("c", "volume, cache hit"), ("d", "the pool as a plain namespace")]
 print(f"4 KiB random reads, QD 1, {secs} s each; latency in us")
 print(f"| case | avg | p50 | p90 | p99 | p99.9 | IOPS |")
@@ -115,4 +127,11 @@ for k, name in rows:
     print(f"| ({k}) {name} | {j['avg_us']:.1f} | {j['p50_us']:.1f} | {j['p90_us']:.1f} | {j['p99_us']:.1f} | {j['p999_us']:.1f} | {j['iops']:.0f} |")
 c, d = figs["c"], figs["d"]
 print(f"hit / plain: p50 {c['p50_us'] / d['p50_us']:.2f}x, p99 {c['p99_us'] / d['p99_us']:.2f}x (goal: within 1.2x)")
+print()
+print(f"4 KiB random reads, {qd_secs} s per queue depth; IOPS (avg latency in us)")
+print("| QD | (c) volume, cache hit | (d) plain namespace | hit / plain |")
+print("|---:|---:|---:|---:|")
+for q in depths:
+    c, d = (json.load(open(f"{w}/{k}-q{q}.json")) for k in "cd")
+    print(f"| {q} | {c['iops']:.0f} ({c['avg_us']:.0f}) | {d['iops']:.0f} ({d['avg_us']:.0f}) | {c['iops'] / d['iops']:.2f} |")
 PY
