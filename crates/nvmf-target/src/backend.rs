@@ -138,19 +138,23 @@ impl Backend for MemoryBackend {
         if let Err(e) = check_range(self.size, off, len as u64) {
             return Some(Err(e));
         }
+        // Recursive read locks: a caller may hold this stripe already, lent for an earlier
+        // read (NVMe/TCP gathers a batch's reads under all their locks, tcp.rs), and a plain
+        // read lock would then wait behind a writer waiting for the one it holds. Writers
+        // take one stripe at a time, so readers never wait for each other's locks either.
         let (s, o) = ((off / STRIPE) as usize, (off % STRIPE) as usize);
         let first = len.min(STRIPE as usize - o);
         if first == len {
-            f(&[&self.stripes[s].read()[o..o + len]]);
+            f(&[&self.stripes[s].read_recursive()[o..o + len]]);
         } else if len - first <= STRIPE as usize {
             // Stripe locks are taken in ascending order, as writers do.
-            let (a, b) = (self.stripes[s].read(), self.stripes[s + 1].read());
+            let (a, b) = (self.stripes[s].read_recursive(), self.stripes[s + 1].read_recursive());
             f(&[&a[o..], &b[..len - first]]);
         } else {
             // Longer than two stripes (an offload chunk of up to COMPUTE_CHUNK_BYTES_MAX):
             // a slice per stripe, locked in ascending order.
             let last = (off + len as u64 - 1) / STRIPE;
-            let guards: Vec<_> = (s..=last as usize).map(|i| self.stripes[i].read()).collect();
+            let guards: Vec<_> = (s..=last as usize).map(|i| self.stripes[i].read_recursive()).collect();
             let n = guards.len();
             let slices: Vec<&[u8]> = guards
                 .iter()

@@ -158,11 +158,23 @@ pub const METRICS_REQUEST_TIMEOUT_MS: u64 = 5000;
 /// anyway, in milliseconds: a host that does not read must not hold the connection.
 pub const TERM_FLUSH_TIMEOUT_MS: u64 = 1000;
 
-/// Reads of at least this many bytes from a memory backend, when last in their batch, go
-/// from the backend's memory to the socket with writev(2) together with the send buffer,
-/// skipping the copy into it. Below it, and for the batch's earlier reads, copying lets
-/// the batch leave in one syscall, which is cheaper (docs/spdk-128k-reads.md).
+/// Reads of at least this many bytes from a memory backend stay in the backend's memory
+/// until the send, and go to the socket in the batch's one writev(2) together with the
+/// send buffer, skipping the copy into it (crate::tcp, `TcpTx::gather`). Below it copying
+/// costs less than an iovec (docs/spdk-128k-reads.md).
 pub const WRITE_THROUGH_BYTES_MIN: usize = 32 * 1024;
+
+/// Reads a connection keeps lent (their data in the memory backend until they are sent) at
+/// once: a queue of 32 reads of TRANSFER_BYTES_MAX (4 MiB, what the kernel's largest send
+/// buffer takes) leaves in one writev, as SPDK's target gathers 64 iovecs (a header and the
+/// data of 32 reads) into one sendmsg. Also bounds how long one send holds the backend's
+/// stripe locks: one copy of 4 MiB into the socket. More waiting stops commands being read.
+pub const TX_LENT_READS_MAX: usize = 32;
+
+/// The most of a lent read a send cut short copies into the send buffer, in bytes: the rest
+/// of the block it was cut in (512 or 4096 bytes, config.rs), so that a write between two
+/// sends never tears a block. The send buffer keeps this much free while reads are lent.
+pub const TX_LENT_REST_BYTES_MAX: usize = 4096;
 
 /// Memory of one connection's io_uring, in bytes: QUEUE_DEPTH_MAX submission entries of
 /// 64 bytes and their 4-byte index array, twice as many completion entries of 16 bytes
@@ -184,8 +196,9 @@ pub const TX_BUFFER_BYTES: usize = 256 * 1024;
 
 /// The most a send buffer grows to, in bytes: steps are taken while at most
 /// TX_PENDING_BYTES_MAX bytes wait; sent bytes are kept only while they are fewer than the
-/// pending ones, so the buffer holds under twice that, plus one step.
-pub const TX_BUFFER_BYTES_MAX: usize = 2 * TX_PENDING_BYTES_MAX + TX_STEP_BYTES;
+/// pending ones, so the buffer holds under twice that, plus one step and the rest of a
+/// lent read's block.
+pub const TX_BUFFER_BYTES_MAX: usize = 2 * TX_PENDING_BYTES_MAX + TX_STEP_BYTES + TX_LENT_REST_BYTES_MAX;
 
 /// Data buffers (of TRANSFER_BYTES_MAX) a connected queue always holds, charged at Connect:
 /// one a write waiting for its data (R2T) may take, and one left for a command that needs
@@ -487,6 +500,9 @@ const _: () = assert!(RX_BUFFER_BYTES >= 2 * PDU_BYTES_MAX && RX_BUFFER_BYTES.is
 const _: () = assert!(CAPSULE_CMD_HLEN + DIGEST_LEN <= PDO_MAX && DATA_HLEN + DIGEST_LEN <= PDO_MAX);
 // A threshold past the largest read would turn the path off unseen.
 const _: () = assert!(WRITE_THROUGH_BYTES_MIN <= TRANSFER_BYTES_MAX);
+const _: () = assert!(TX_LENT_READS_MAX >= 1 && TX_LENT_READS_MAX <= QUEUE_DEPTH_MAX as usize);
+// Namespace blocks are 512 or 4096 bytes (config.rs).
+const _: () = assert!(TX_LENT_REST_BYTES_MAX >= 4096);
 
 // Identify and logs: AERL, ELPE and a reservation log's Number of Available Log Pages are
 // one byte; KAS counts 100 ms units in 16 bits; CNTLIDs above FFEFh are not controllers; a

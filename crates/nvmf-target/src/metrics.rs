@@ -76,6 +76,11 @@ pub struct TargetStats {
     pub requests_lost: AtomicU64,
     /// Commands outstanding when their queue closed.
     pub requests_unfinished: AtomicU64,
+    /// Read data of WRITE_THROUGH_BYTES_MIN and more copied into send buffers (reads of
+    /// memory namespaces are sent from memory: only a block a send cut short is copied).
+    pub tx_copied_bytes: AtomicU64,
+    /// Sends the socket took only part of.
+    pub tx_partial_writes: AtomicU64,
 }
 
 /// Writes a metric family's `# HELP` and `# TYPE` lines.
@@ -87,7 +92,7 @@ fn family(o: &mut String, name: &str, kind: &str, help: &str) {
 pub fn render(t: &Target) -> String {
     let mut o = String::new();
     let s = &t.stats;
-    let target: [(&str, &str, &str, i64); 21] = [
+    let target: [(&str, &str, &str, i64); 23] = [
         ("nearstore_connections", "gauge", "NVMe/TCP connections open now (one per queue).", s.connections.load(Relaxed)),
         ("nearstore_connections_total", "counter", "NVMe/TCP connections accepted.", s.connections_total.load(Relaxed) as i64),
         (
@@ -107,6 +112,18 @@ pub fn render(t: &Target) -> String {
             "counter",
             "Queues closed because their host failed in-band authentication (DH-HMAC-CHAP).",
             s.auth_failures.load(Relaxed) as i64,
+        ),
+        (
+            "nearstore_tx_copied_bytes_total",
+            "counter",
+            "Read data of 32 KiB and more copied into send buffers (memory namespaces send from memory; a send cut short copies the rest of one block).",
+            s.tx_copied_bytes.load(Relaxed) as i64,
+        ),
+        (
+            "nearstore_tx_partial_writes_total",
+            "counter",
+            "Sends to a host's socket that it took only part of (its send buffer full).",
+            s.tx_partial_writes.load(Relaxed) as i64,
         ),
         ("nearstore_buffer_bytes", "gauge", "Bytes of buffers held by all connections now.", s.buffer_bytes.load(Relaxed)),
         (

@@ -10,7 +10,7 @@
 //! while the send buffer has room, and writes everything with as few syscalls as the
 //! socket allows.
 
-use std::io;
+use std::io::{self, IoSlice};
 use std::net::SocketAddr;
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
@@ -25,10 +25,12 @@ use tokio_util::sync::CancellationToken;
 use tracing::{debug, info};
 
 use crate::admission::Ticket;
+use crate::dev::BlockDevice;
 use crate::exec::{Core, Overflow, Replies, Transport};
 use crate::io_pool::Done;
 use crate::limits;
 use crate::log_limit::peer_warn;
+use crate::subsystem::Namespace;
 use crate::{Port, Target};
 
 #[derive(Debug, thiserror::Error)]
@@ -59,13 +61,7 @@ pub async fn serve<S: Stream>(stream: S, target: Arc<Target>, port: Arc<Port>, l
     target.stats.connections.fetch_add(1, Relaxed);
     target.stats.connections_total.fetch_add(1, Relaxed);
     let peer = stream.peer();
-    let xport = TcpTx {
-        tx: TxBuf::with_capacity(limits::TX_BUFFER_BYTES),
-        fd: stream.as_raw_fd(),
-        framing: Framing::initial(true),
-        hpda: 0,
-        more_in_batch: false,
-    };
+    let xport = TcpTx::new();
     let (mut core, Replies { done: done_rx, abort: abort_rx }) = Core::new(target.clone(), port, local, peer.clone(), xport);
     let cancel = ticket.as_ref().map_or_else(CancellationToken::new, |t| t.evicted().clone());
     core.ticket = ticket;
@@ -134,17 +130,46 @@ struct Conn<S> {
 }
 
 /// The sending half of an NVMe/TCP connection: what the execution core has sent, as PDUs
-/// in the send buffer (or written through to the socket).
+/// in the send buffer, and the large reads whose data waits in their devices' memory until
+/// the send ([`TcpTx::flush`]).
 pub struct TcpTx {
     tx: TxBuf,
-    /// The socket, for sends that bypass the send buffer ([`TxBuf::write_through`]).
-    fd: std::os::fd::RawFd,
     framing: Framing,
     hpda: u8,
-    /// More received bytes wait behind the command being run: a large read then joins
-    /// the send buffer instead of leaving on its own ([`Transport::send_lent`]).
-    more_in_batch: bool,
+    /// Reads lent by their devices ([`Transport::send_from`]), in the order of their places
+    /// in the send buffer; at most limits::TX_LENT_READS_MAX.
+    lent: Vec<Lent>,
+    /// Their bytes not yet sent.
+    lent_bytes: usize,
+    /// Read data of WRITE_THROUGH_BYTES_MIN bytes and more copied into the send buffer, and
+    /// sends the socket cut short, since the connection last reported them
+    /// ([`TcpTx::take_counts`]).
+    copied: u64,
+    partial: u64,
 }
+
+/// A read whose data stays in its device until it is sent: its C2HData header is in the
+/// send buffer, the data not yet sent (`len` bytes of the device at `off`) goes at `at`, and
+/// with data digests on, the digest's four bytes are `at..at + 4`.
+struct Lent {
+    dev: Arc<dyn BlockDevice>,
+    off: u64,
+    len: usize,
+    at: usize,
+    /// The namespace's block: a send cut short inside one copies its rest, so that a
+    /// write between two sends never tears a block.
+    block: usize,
+    /// CRC32C of the PDU's data sent before `off`.
+    crc: u32,
+}
+
+/// The most slices a lent read comes in: a memory backend's stripes are at least
+/// TRANSFER_BYTES_MAX, so a read spans two at most.
+const LENT_PARTS_MAX: usize = 2;
+/// iovecs of one gathering send: the send buffer before, between and after the lent reads,
+/// and their slices.
+const GATHER_IOV_MAX: usize = 1 + limits::TX_LENT_READS_MAX * (1 + LENT_PARTS_MAX);
+const _: () = assert!(GATHER_IOV_MAX <= 1024, "IOV_MAX");
 
 enum Flow {
     Continue,
@@ -182,8 +207,8 @@ impl<S: Stream> Conn<S> {
                 // Busy-polling may skip the select below, where events are otherwise noticed.
                 self.core.deliver_events();
             }
-            self.core.xport.tx.flush(&self.stream)?;
-            if self.core.close_after_flush && self.core.xport.tx.pending() == 0 {
+            self.core.xport.flush(&self.stream)?;
+            if self.core.close_after_flush && self.core.xport.pending() == 0 {
                 return Ok(());
             }
             self.core.trim();
@@ -215,7 +240,7 @@ impl<S: Stream> Conn<S> {
             // While a command waits in the receive buffer, nothing more is read (the socket
             // is watched only to send).
             let reading = !self.stalled && !self.buffer_stalled;
-            let pending = self.core.xport.tx.pending() > 0;
+            let pending = self.core.xport.pending() > 0;
             let interest = match (room && reading, pending) {
                 (true, false) => Interest::READABLE,
                 (true, true) => Interest::READABLE | Interest::WRITABLE,
@@ -304,10 +329,16 @@ impl<S: Stream> Conn<S> {
         n
     }
 
-    /// Brings the target's buffer gauges up to date with this connection's buffers.
+    /// Brings the target's buffer gauges and send counters up to date with this
+    /// connection's.
     fn account_memory(&mut self) {
         let now = self.rx.capacity() + self.core.xport.tx.buf.capacity() + self.core.buffer_bytes();
         let stats = &self.core.target.stats;
+        let (copied, partial) = self.core.xport.take_counts();
+        if copied + partial > 0 {
+            stats.tx_copied_bytes.fetch_add(copied, Relaxed);
+            stats.tx_partial_writes.fetch_add(partial, Relaxed);
+        }
         if now != self.reported_bytes {
             stats.buffer_bytes.fetch_add(now as i64 - self.reported_bytes as i64, Relaxed);
             stats.connection_buffer_bytes_max.fetch_max(now as u64, Relaxed);
@@ -406,7 +437,6 @@ impl<S: Stream> Conn<S> {
                 break;
             }
             let len = frame.len;
-            self.core.xport.more_in_batch = self.rx.data().len() > len;
             match on_pdu(&mut self.core, &frame) {
                 Ok(Flow::Continue) => {}
                 Ok(Flow::Close) => return Ok(Flow::Close),
@@ -424,7 +454,6 @@ impl<S: Stream> Conn<S> {
                 }
             }
         }
-        self.core.xport.more_in_batch = false;
         if !self.buffer_stalled {
             self.core.memory_came();
         }
@@ -432,10 +461,147 @@ impl<S: Stream> Conn<S> {
     }
 
     async fn flush_quickly(&mut self) -> io::Result<()> {
-        match tokio::time::timeout(Duration::from_millis(limits::TERM_FLUSH_TIMEOUT_MS), self.core.xport.tx.flush_all(&self.stream)).await {
+        match tokio::time::timeout(Duration::from_millis(limits::TERM_FLUSH_TIMEOUT_MS), self.core.xport.flush_all(&self.stream)).await {
             Ok(r) => r,
             Err(_) => Err(io::ErrorKind::TimedOut.into()),
         }
+    }
+}
+
+/// One gathering send ([`TcpTx::gather`]) being built: the iovecs so far as raw parts,
+/// valid while the lent reads' locks are held (down the recursion of [`Gather::level`]) and
+/// the send buffer does not move.
+struct Gather<'a> {
+    buf: &'a mut Vec<u8>,
+    lent: &'a [Lent],
+    ddgst: bool,
+    parts: [(*const u8, usize); GATHER_IOV_MAX],
+    n: usize,
+    /// Per lent read: its first data part in `parts` and how many.
+    data: [(u16, u8); limits::TX_LENT_READS_MAX],
+    /// Where the unsent bytes of `buf` start.
+    sent: usize,
+}
+
+/// What one gathering send did.
+struct Gathered {
+    written: usize,
+    total: usize,
+    /// The send buffer is sent up to here.
+    sent_to: usize,
+    /// Lent reads sent whole.
+    done: usize,
+    cut: Option<Cut>,
+}
+
+/// A lent read the socket cut short (with the rest of its block copied in).
+struct Cut {
+    idx: usize,
+    /// Its data bytes now sent or copied into the send buffer.
+    took: usize,
+    /// CRC32C of its data up to there.
+    crc: u32,
+    /// Bytes copied into the send buffer at its place.
+    rest: usize,
+}
+
+impl Gather<'_> {
+    fn push(&mut self, p: *const u8, len: usize) {
+        self.parts[self.n] = (p, len);
+        self.n += 1;
+    }
+
+    /// Adds the send buffer up to lent read `i` and its data, then goes on with the next
+    /// read under this one's lock; the last level writes.
+    fn level(&mut self, i: usize, write: &mut dyn FnMut(&[IoSlice<'_>]) -> io::Result<usize>) -> io::Result<Gathered> {
+        let lent = self.lent;
+        let prev = if i == 0 { self.sent } else { lent[i - 1].at };
+        let Some(l) = lent.get(i) else {
+            let end = self.buf.len();
+            self.push(self.buf[prev..].as_ptr(), end - prev);
+            return self.send(write);
+        };
+        self.push(self.buf[prev..].as_ptr(), l.at - prev);
+        let mut out = None;
+        l.dev.read_lent(l.off, l.len, &mut |slices| {
+            if slices.len() > LENT_PARTS_MAX || slices.iter().map(|s| s.len()).sum::<usize>() != l.len {
+                out = Some(Err(io::Error::other(format!("a lent read of {} bytes came in {} slices", l.len, slices.len()))));
+                return;
+            }
+            if self.ddgst {
+                let crc = slices.iter().fold(l.crc, |c, s| crc32c::crc32c_append(c, s));
+                self.buf[l.at..l.at + pdu::DIGEST_LEN].copy_from_slice(&crc.to_le_bytes());
+            }
+            self.data[i] = (self.n as u16, slices.len() as u8);
+            for s in slices {
+                self.push(s.as_ptr(), s.len());
+            }
+            out = Some(self.level(i + 1, write));
+        })?;
+        out.unwrap_or_else(|| Err(io::Error::other("a lent read lent no bytes")))
+    }
+
+    /// The write, with every lock held; then, of a read cut short, the rest of its block
+    /// copied into the send buffer at its place.
+    fn send(&mut self, write: &mut dyn FnMut(&[IoSlice<'_>]) -> io::Result<usize>) -> io::Result<Gathered> {
+        let mut iov = [IoSlice::new(&[]); GATHER_IOV_MAX];
+        let mut total = 0;
+        for (v, &(p, len)) in iov.iter_mut().zip(&self.parts[..self.n]) {
+            // SAFETY: each part points into the send buffer (not touched until the write
+            // returns) or into memory a device lends while the lock of the level that
+            // pushed it is held, which it is until this returns.
+            *v = IoSlice::new(unsafe { std::slice::from_raw_parts(p, len) });
+            total += len;
+        }
+        let written = write(&iov[..self.n])?;
+        let mut out = Gathered { written, total, sent_to: self.sent, done: 0, cut: None };
+        // Walk the parts: the send buffer before read i, then read i's data.
+        let mut left = written;
+        let mut k = 0;
+        for (i, l) in self.lent.iter().enumerate() {
+            let seg = self.parts[k].1;
+            if left < seg {
+                out.sent_to += left;
+                return Ok(out);
+            }
+            left -= seg;
+            out.sent_to = l.at;
+            if left < l.len {
+                if left > 0 {
+                    out.cut = Some(self.cut(i, left));
+                }
+                return Ok(out);
+            }
+            left -= l.len;
+            out.done = i + 1;
+            k = self.data[i].0 as usize + self.data[i].1 as usize;
+        }
+        out.sent_to += left;
+        Ok(out)
+    }
+
+    /// Read `i` was sent up to `sent` bytes: copies the rest of that block in at its place.
+    fn cut(&mut self, i: usize, sent: usize) -> Cut {
+        let l = &self.lent[i];
+        let rest = ((l.block - sent % l.block) % l.block).min(l.len - sent);
+        let (first, n) = self.data[i];
+        let (first, n) = (first as usize, n as usize);
+        // SAFETY: as in send: the read's lock is held until the recursion returns.
+        let slices = self.parts[first..first + n].iter().map(|&(p, len)| unsafe { std::slice::from_raw_parts(p, len) });
+        let (mut crc, mut pos) = (l.crc, 0);
+        let start = self.buf.len();
+        for s in slices {
+            let (a, b) = (sent.saturating_sub(pos).min(s.len()), (sent + rest).saturating_sub(pos).min(s.len()));
+            if self.ddgst {
+                crc = crc32c::crc32c_append(crc, &s[..b]);
+            }
+            self.buf.extend_from_slice(&s[a..b]);
+            pos += s.len();
+        }
+        // Moved to the read's place, before what follows it.
+        let copied = self.buf.len() - start;
+        self.buf[l.at..].rotate_right(copied);
+        Cut { idx: i, took: sent + rest, crc, rest }
     }
 }
 
@@ -500,6 +666,110 @@ fn on_h2c_data(core: &mut Core<TcpTx>, f: &Frame) -> Result<(), ConnError> {
 }
 
 impl TcpTx {
+    fn new() -> TcpTx {
+        TcpTx {
+            tx: TxBuf::with_capacity(limits::TX_BUFFER_BYTES),
+            framing: Framing::initial(true),
+            hpda: 0,
+            lent: Vec::with_capacity(limits::TX_LENT_READS_MAX),
+            lent_bytes: 0,
+            copied: 0,
+            partial: 0,
+        }
+    }
+
+    /// Bytes waiting to be sent: in the send buffer and in lent reads.
+    fn pending(&self) -> usize {
+        self.tx.pending() + self.lent_bytes
+    }
+
+    /// The copied bytes and short sends counted since the last call.
+    fn take_counts(&mut self) -> (u64, u64) {
+        (std::mem::take(&mut self.copied), std::mem::take(&mut self.partial))
+    }
+
+    /// Sends as much as the socket takes without blocking: the send buffer with the lent
+    /// reads' data in their places, in one writev. Ok(true) when all is sent.
+    fn flush<S: Stream>(&mut self, s: &S) -> io::Result<bool> {
+        if self.lent.is_empty() {
+            return self.tx.flush(s);
+        }
+        match self.gather(&mut |iov| s.try_write_vectored(iov)) {
+            Err(e) if matches!(e.kind(), io::ErrorKind::WouldBlock | io::ErrorKind::Interrupted) => Ok(false),
+            r => r,
+        }
+    }
+
+    /// Writes everything, waiting for the socket as needed.
+    async fn flush_all<S: Stream>(&mut self, s: &S) -> io::Result<()> {
+        while !self.flush(s)? {
+            s.ready(Interest::WRITABLE).await?;
+        }
+        Ok(())
+    }
+
+    /// Drops what was sent from the send buffer; the lent reads' places move with it.
+    fn compact(&mut self) {
+        let dropped = self.tx.compact();
+        for l in &mut self.lent {
+            l.at -= dropped;
+        }
+    }
+
+    /// One gathering send of the send buffer and every lent read, their data taken from
+    /// their devices' memory under the devices' locks (held down a recursion, one level a
+    /// read, until the write has returned: the data sent is the memory of one moment, as a
+    /// copy would be). Of a read the socket cut short, the rest of the block it was cut in
+    /// is copied into the send buffer before the locks go; its later blocks, and the later
+    /// reads, stay lent for the next send. Ok(true) when all is sent.
+    fn gather(&mut self, write: &mut dyn FnMut(&[IoSlice<'_>]) -> io::Result<usize>) -> io::Result<bool> {
+        let sent = self.tx.sent();
+        let mut g = Gather {
+            buf: &mut self.tx.buf,
+            lent: &self.lent,
+            ddgst: self.framing.ddgst,
+            parts: [(std::ptr::null(), 0); GATHER_IOV_MAX],
+            n: 0,
+            data: [(0, 0); limits::TX_LENT_READS_MAX],
+            sent,
+        };
+        let out = g.level(0, write)?;
+        if out.written < out.total && out.written > 0 {
+            self.partial += 1;
+        }
+        let mut done = out.done;
+        if let Some(c) = out.cut {
+            let l = &mut self.lent[c.idx];
+            l.off += c.took as u64;
+            l.len -= c.took;
+            l.crc = c.crc;
+            self.lent_bytes -= c.took;
+            self.copied += c.rest as u64;
+            for l in &mut self.lent[c.idx..] {
+                l.at += c.rest;
+            }
+            if self.lent[c.idx].len == 0 {
+                done += 1;
+            }
+        }
+        for l in self.lent.drain(..done) {
+            self.lent_bytes -= l.len;
+        }
+        self.tx.set_sent(out.sent_to);
+        self.compact();
+        Ok(out.written == out.total)
+    }
+
+    /// Send buffer kept free while reads are lent: the rest of the block a send cuts short
+    /// is copied in ([`TcpTx::gather`]) without the buffer growing by itself.
+    fn rest_reserve(&self) -> usize {
+        if self.lent.is_empty() {
+            0
+        } else {
+            limits::TX_LENT_REST_BYTES_MAX
+        }
+    }
+
     fn accept_ic(&mut self, req: &IcReq, peer: &str) {
         let resp = IcResp { pfv: 0, cpda: 0, hdgst: req.hdgst, ddgst: req.ddgst, maxh2cdata: limits::H2C_DATA_BYTES_MAX };
         resp.encode(&mut self.tx.buf);
@@ -544,35 +814,35 @@ impl Transport for TcpTx {
         pdu::put_data_digest(&mut self.tx.buf, dstart, self.framing.ddgst);
     }
 
-    /// One C2HData: the data copied into the send buffer or, from WRITE_THROUGH_BYTES_MIN
-    /// on and when it is the last command of the batch, sent from the device's memory
-    /// together with the send buffer in one writev (no copy of it).
-    ///
-    /// The large reads of a batch thus leave in one send, not one each: TCP then sends full
-    /// segments and, with the socket's queue full, sends them from the host's
-    /// acknowledgements, on the host's core, as SPDK's target does with its one sendmsg
-    /// per poll. At 128 KiB QD 32 on loopback that measured 1.5x over a writev per read,
-    /// copy included (docs/spdk-128k-reads.md).
+    /// One C2HData, copied into the send buffer.
     fn send_lent(&mut self, cid: u16, len: usize, success: bool, slices: &[&[u8]]) {
         let dstart = self.begin_c2h(cid, len, success);
-        let ddgst = self.framing.ddgst;
-        if len < limits::WRITE_THROUGH_BYTES_MIN || slices.len() > 2 || self.more_in_batch {
-            for s in slices {
-                self.tx.buf.extend_from_slice(s);
-            }
-            pdu::put_data_digest(&mut self.tx.buf, dstart, ddgst);
-            return;
+        for s in slices {
+            self.tx.buf.extend_from_slice(s);
         }
-        let mut parts: [&[u8]; 3] = [&[]; 3];
-        let n = slices.len();
-        parts[..n].copy_from_slice(slices);
-        let crc = if ddgst { slices.iter().fold(0, |c, s| crc32c::crc32c_append(c, s)) } else { 0 }.to_le_bytes();
-        let mut k = n;
-        if ddgst {
-            parts[k] = &crc;
-            k += 1;
+        if len >= limits::WRITE_THROUGH_BYTES_MIN {
+            self.copied += len as u64;
         }
-        self.tx.write_through(self.fd, &parts[..k]);
+        pdu::put_data_digest(&mut self.tx.buf, dstart, self.framing.ddgst);
+    }
+
+    /// One C2HData. From WRITE_THROUGH_BYTES_MIN on, its data stays in the device's memory
+    /// and leaves in the batch's one writev, with the send buffer around it ([`TcpTx::gather`]):
+    /// no copy of it, and the large reads of a batch in one send, as SPDK's target sends
+    /// its poll's responses in one sendmsg (docs/spdk-128k-reads.md). Smaller reads are
+    /// copied, which costs less than an iovec each.
+    fn send_from(&mut self, cid: u16, len: usize, success: bool, ns: &Namespace, off: u64) -> io::Result<()> {
+        if len < limits::WRITE_THROUGH_BYTES_MIN || self.lent.len() >= limits::TX_LENT_READS_MAX {
+            return ns.dev.read_lent(off, len, &mut |parts| self.send_lent(cid, len, success, parts));
+        }
+        let at = self.begin_c2h(cid, len, success);
+        if self.framing.ddgst {
+            self.tx.buf.extend_from_slice(&[0; pdu::DIGEST_LEN]);
+        }
+        let block = ns.block_size.max(1) as usize;
+        self.lent.push(Lent { dev: ns.dev.clone(), off, len, at, block, crc: 0 });
+        self.lent_bytes += len;
+        Ok(())
     }
 
     /// An R2T for the command's whole data, its transfer tag `tag` ([`on_h2c_data`]).
@@ -580,25 +850,26 @@ impl Transport for TcpTx {
         pdu::put_r2t(&mut self.tx.buf, &DataHdr { cccid: cid, ttag: tag, offset: 0, len: len as u32 }, self.framing.hdgst);
     }
 
-    /// At most TX_PENDING_BYTES_MAX waits to be sent, and one more response
-    /// (limits::TX_STEP_BYTES) fits the send buffer without it growing by itself.
+    /// At most TX_PENDING_BYTES_MAX waits to be sent, fewer than TX_LENT_READS_MAX reads
+    /// are lent, and one more response (limits::TX_STEP_BYTES) fits the send buffer without
+    /// it growing by itself, beside the rest of a block a send may cut short.
     fn has_room(&self) -> bool {
-        self.tx.pending() <= limits::TX_PENDING_BYTES_MAX && self.room_for() > 0
+        self.tx.pending() <= limits::TX_PENDING_BYTES_MAX && self.lent.len() < limits::TX_LENT_READS_MAX && self.room_for() > 0
     }
 
     fn room_for(&self) -> usize {
-        (self.tx.buf.capacity() - self.tx.buf.len()) / limits::TX_STEP_BYTES
+        (self.tx.buf.capacity() - self.tx.buf.len()).saturating_sub(self.rest_reserve()) / limits::TX_STEP_BYTES
     }
 
     /// Drops what was sent, then asks to double the buffer (up to TX_BUFFER_BYTES_MAX,
     /// which holds a step whenever at most TX_PENDING_BYTES_MAX waits).
     fn make_room(&mut self) -> Option<usize> {
-        if self.tx.pending() > limits::TX_PENDING_BYTES_MAX {
+        if self.tx.pending() > limits::TX_PENDING_BYTES_MAX || self.lent.len() >= limits::TX_LENT_READS_MAX {
             return None;
         }
-        self.tx.compact();
+        self.compact();
         let (len, cap) = (self.tx.buf.len(), self.tx.buf.capacity());
-        let need = len + limits::TX_STEP_BYTES;
+        let need = len + self.rest_reserve() + limits::TX_STEP_BYTES;
         Some((2 * cap).min(limits::TX_BUFFER_BYTES_MAX).max(need).saturating_sub(cap))
     }
 
@@ -609,10 +880,231 @@ impl Transport for TcpTx {
 
     fn shrink(&mut self) -> usize {
         let cap = self.tx.buf.capacity();
-        if !self.tx.buf.is_empty() || cap <= limits::TX_BUFFER_BYTES {
+        if !self.tx.buf.is_empty() || !self.lent.is_empty() || cap <= limits::TX_BUFFER_BYTES {
             return 0;
         }
         self.tx.buf.shrink_to(limits::TX_BUFFER_BYTES);
         cap - self.tx.buf.capacity()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::backend::{Backend, MemoryBackend};
+    use nearstore_wire::Status;
+    use std::os::fd::AsRawFd;
+
+    const LARGE: usize = 128 * 1024;
+
+    fn pattern(len: usize, seed: u8) -> Vec<u8> {
+        (0..len).map(|i| (i / 7) as u8 ^ seed).collect()
+    }
+
+    /// A namespace of `block`-byte blocks over 4 MiB of memory holding a pattern.
+    fn namespace(block: u32) -> Namespace {
+        let mem = Arc::new(MemoryBackend::new(4 << 20));
+        mem.write_at(&pattern(4 << 20, 1), 0).unwrap();
+        Namespace::new("nqn.test", 1, mem, block)
+    }
+
+    fn xport(ddgst: bool) -> TcpTx {
+        let mut x = TcpTx::new();
+        x.framing.hdgst = ddgst;
+        x.framing.ddgst = ddgst;
+        x
+    }
+
+    /// The batch every case sends: two large reads (the second across the 1 MiB stripe
+    /// boundary), a small one between them, each followed by its completion.
+    fn batch(x: &mut TcpTx, ns: &Namespace) {
+        for (cid, off, len) in [(1u16, 8192u64, LARGE), (2, 0, 4096), (3, (1 << 20) - 3 * 4096, LARGE)] {
+            x.send_from(cid, len, false, ns, off).unwrap();
+            x.complete(&Cqe { cid, status: Status::SUCCESS, ..Cqe::default() });
+        }
+    }
+
+    /// The same batch with every read's data copied into the send buffer: what the wire
+    /// must carry.
+    fn whole(ddgst: bool, ns: &Namespace) -> Vec<u8> {
+        let mut x = xport(ddgst);
+        for (cid, off, len) in [(1u16, 8192u64, LARGE), (2, 0, 4096), (3, (1 << 20) - 3 * 4096, LARGE)] {
+            ns.dev.read_lent(off, len, &mut |p| x.send_lent(cid, len, false, p)).unwrap();
+            x.complete(&Cqe { cid, status: Status::SUCCESS, ..Cqe::default() });
+        }
+        x.tx.buf.clone()
+    }
+
+    /// A send that takes up to `n` bytes of `iov` onto `wire`, or none (WouldBlock).
+    fn take(wire: &mut Vec<u8>, iov: &[IoSlice<'_>], n: Option<usize>) -> io::Result<usize> {
+        let Some(mut left) = n else { return Err(io::ErrorKind::WouldBlock.into()) };
+        let before = wire.len();
+        for v in iov {
+            let k = left.min(v.len());
+            wire.extend_from_slice(&v[..k]);
+            left -= k;
+        }
+        Ok(wire.len() - before)
+    }
+
+    /// Sends everything left, as a socket with room would.
+    fn drain(x: &mut TcpTx, wire: &mut Vec<u8>) {
+        while !x.lent.is_empty() {
+            assert!(x.gather(&mut |iov| take(wire, iov, Some(usize::MAX))).unwrap());
+        }
+        wire.extend_from_slice(&x.tx.buf[x.tx.sent()..]);
+        x.tx.set_sent(x.tx.buf.len());
+        x.compact();
+    }
+
+    /// A batch's large reads leave in one send from the namespace's memory, cut short by
+    /// the socket at every kind of place: nothing, inside the send buffer before, between
+    /// and after the reads, inside a read at and off block boundaries. The wire always
+    /// carries what copying everything would have sent, in order, with right digests; only
+    /// the rest of a block cut inside is copied.
+    #[test]
+    fn a_gathered_send_cut_anywhere_sends_the_batch_in_order_copying_at_most_a_block() {
+        for block in [512u32, 4096] {
+            let ns = namespace(block);
+            for ddgst in [false, true] {
+                let want = whole(ddgst, &ns);
+                let mut probe = xport(ddgst);
+                batch(&mut probe, &ns);
+                let (h, a1) = (probe.lent[0].at, probe.lent[1].at);
+                let d1 = a1 + LARGE;
+                let cuts: &[Option<usize>] = &[
+                    None,
+                    Some(0),
+                    Some(1),
+                    Some(h),
+                    Some(h + 1),
+                    Some(h + block as usize),
+                    Some(h + block as usize + 1),
+                    Some(h + 3 * block as usize - 1),
+                    Some(h + LARGE - 1),
+                    Some(h + LARGE),
+                    Some(h + LARGE + 10),
+                    Some(d1 - 1),
+                    Some(d1),
+                    Some(d1 + 5000),
+                    Some(d1 + LARGE),
+                    Some(want.len() - 1),
+                    Some(want.len()),
+                ];
+                for &cut in cuts {
+                    let what = format!("block {block}, ddgst {ddgst}, cut {cut:?}");
+                    let mut x = xport(ddgst);
+                    batch(&mut x, &ns);
+                    assert_eq!(x.pending(), want.len(), "{what}: pending before");
+                    let mut wire = Vec::new();
+                    let r = x.gather(&mut |iov| take(&mut wire, iov, cut));
+                    match cut {
+                        None => assert!(r.is_err_and(|e| e.kind() == io::ErrorKind::WouldBlock), "{what}"),
+                        Some(c) => assert_eq!(r.unwrap(), c == want.len(), "{what}"),
+                    }
+                    assert_eq!(x.pending(), want.len() - wire.len(), "{what}: pending after");
+                    let (copied, partial) = x.take_counts();
+                    assert!(copied < block as u64, "{what}: {copied} bytes copied");
+                    let inside_data = cut.is_some_and(|c| (c > h && c < h + LARGE) || (c > d1 && c < d1 + LARGE));
+                    let off_block = cut.is_some_and(|c| {
+                        (c > h && !(c - h).is_multiple_of(block as usize)) || (c > d1 && !(c - d1).is_multiple_of(block as usize))
+                    });
+                    assert_eq!(copied > 0, inside_data && off_block, "{what}: {copied} bytes copied");
+                    assert_eq!(partial, u64::from(cut.is_some_and(|c| c > 0 && c < want.len())), "{what}: short sends");
+                    drain(&mut x, &mut wire);
+                    assert!(wire == want, "{what}: the stream differs from the copied batch's");
+                    assert_eq!((x.pending(), x.lent_bytes, x.take_counts()), (0, 0, (0, 0)), "{what}: left over");
+                }
+            }
+        }
+    }
+
+    /// A write lands between two sends of a read the socket cut short: the blocks sent
+    /// before it and the one it was cut in are old, the later blocks new, and the digest
+    /// covers exactly what was sent. No block is torn.
+    #[test]
+    fn a_write_between_two_sends_of_a_read_tears_no_block() {
+        for block in [512usize, 4096] {
+            let ns = namespace(block as u32);
+            let mut x = xport(true);
+            x.send_from(1, LARGE, false, &ns, 0).unwrap();
+            let h = x.lent[0].at;
+            let cut = h + 3 * block + 100;
+            let mut wire = Vec::new();
+            assert!(!x.gather(&mut |iov| take(&mut wire, iov, Some(cut))).unwrap());
+            let new = vec![0xeeu8; LARGE];
+            ns.backend.write_at(&new, 0).unwrap();
+            drain(&mut x, &mut wire);
+            let data = &wire[h..h + LARGE];
+            let old = pattern(4 << 20, 1);
+            assert!(data[..4 * block] == old[..4 * block], "block {block}: the blocks up to the cut are old");
+            assert!(data[4 * block..] == new[4 * block..], "block {block}: the later blocks are new");
+            let digest = u32::from_le_bytes(wire[h + LARGE..h + LARGE + 4].try_into().unwrap());
+            assert_eq!(digest, crc32c::crc32c(data), "block {block}: data digest");
+        }
+    }
+
+    /// On a socket with room (a reader draining it, a send buffer larger than the batch), a
+    /// batch of 128 KiB reads leaves in one writev from the namespace's memory: nothing is
+    /// copied, nothing cut short, and the reader gets the batch as copying would send it.
+    #[tokio::test]
+    async fn a_batch_of_large_reads_on_a_draining_socket_copies_nothing() {
+        let (a, b) = tokio::net::UnixStream::pair().unwrap();
+        let four_mib: libc::c_int = 4 << 20;
+        // SAFETY: a valid option value of its size, on this open socket.
+        let r = unsafe {
+            libc::setsockopt(
+                a.as_raw_fd(),
+                libc::SOL_SOCKET,
+                libc::SO_SNDBUF,
+                (&four_mib as *const libc::c_int).cast(),
+                std::mem::size_of::<libc::c_int>() as u32,
+            )
+        };
+        assert_eq!(r, 0, "SO_SNDBUF");
+        let ns = namespace(4096);
+        let mut x = xport(true);
+        let mut want = xport(true);
+        for i in 0..8u16 {
+            let off = i as u64 * LARGE as u64;
+            x.send_from(i, LARGE, false, &ns, off).unwrap();
+            x.complete(&Cqe { cid: i, status: Status::SUCCESS, ..Cqe::default() });
+            ns.dev.read_lent(off, LARGE, &mut |p| want.send_lent(i, LARGE, false, p)).unwrap();
+            want.complete(&Cqe { cid: i, status: Status::SUCCESS, ..Cqe::default() });
+        }
+        let total = want.tx.buf.len();
+        let reader = tokio::spawn(async move {
+            let mut got = Vec::new();
+            let mut rx = nearstore_transport::RxBuf::new(1 << 20);
+            while got.len() < total {
+                b.ready(Interest::READABLE).await.unwrap();
+                if let Ok(n) = rx.fill(&b) {
+                    got.extend_from_slice(&rx.data()[..n]);
+                    rx.consume(n);
+                }
+            }
+            got
+        });
+        assert!(x.flush(&a).unwrap(), "the batch left in one send");
+        assert_eq!(x.take_counts(), (0, 0), "copied bytes and short sends");
+        assert!(reader.await.unwrap() == want.tx.buf, "the reader got the batch as copying sends it");
+    }
+
+    /// More large reads than TX_LENT_READS_MAX wait: the queue stops taking commands
+    /// (no room) instead of lending more, and a full send gives the room back.
+    #[test]
+    fn lent_reads_are_bounded() {
+        let ns = namespace(4096);
+        let mut x = xport(false);
+        for i in 0..limits::TX_LENT_READS_MAX {
+            assert!(x.has_room(), "room for read {i}");
+            x.send_from(i as u16, 32 * 1024, false, &ns, (i * 32 * 1024) as u64).unwrap();
+        }
+        assert!(!x.has_room(), "no room with TX_LENT_READS_MAX reads lent");
+        assert!(x.make_room().is_none(), "only sending makes room");
+        let mut wire = Vec::new();
+        drain(&mut x, &mut wire);
+        assert!(x.has_room());
+        assert_eq!(x.take_counts().0, 0, "nothing copied");
     }
 }

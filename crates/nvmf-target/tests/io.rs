@@ -3,6 +3,8 @@
 
 mod common;
 
+use std::sync::Arc;
+
 use nearstore_initiator::{Controller, Data};
 use nearstore_wire::opcode::{feature, io, lid};
 use nearstore_wire::{Sqe, Status};
@@ -107,39 +109,81 @@ async fn pipelined_queue_depth_128() {
 }
 
 /// Large reads arriving together (all submitted before a completion is taken, so they
-/// reach the target as one batch): all but the last are copied into the send buffer, and
-/// the last leaves with them in one writev from the namespace's memory (tcp.rs,
-/// `read_now`). Each read gets its own data, with and without digests and the SUCCESS flag.
-#[tokio::test]
-async fn a_batch_of_large_reads_gets_each_reads_data() {
+/// reach the target as one batch) while another queue overwrites half of what they read:
+/// reads of 32 KiB and more stay in the namespace's memory and leave in the batch's one
+/// writev (tcp.rs, `TcpTx::gather`). Each read gets its own data: exactly what was written
+/// where nothing writes, and no torn block where the writer does (every block it writes is
+/// one byte repeated). Of the read data nothing is copied into the send buffer except the
+/// rest of a block where the socket cut a send short. Sizes around the threshold and up to
+/// MDTS, with and without digests and the SUCCESS flag.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_batch_of_large_reads_gets_each_reads_data_beside_a_writer() {
+    use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
     let env = common::start().await;
-    for (hd, dd, nosq) in [(false, false, false), (true, true, false), (false, true, true)] {
-        let mut o = env.opts();
-        o.hdgst = hd;
-        o.ddgst = dd;
-        o.disable_sqflow = nosq;
-        o.queue_depth = 64;
-        let c = Controller::connect(o).await.unwrap();
-        let bs = c.identify_namespace(1).await.unwrap().block_size();
-        let mut ioq = c.io_queue(1).await.unwrap();
-        let (len, n) = (128 * 1024, 32u64);
-        let per = len as u32 / bs;
-        for i in 0..n {
-            ioq.write(1, i * per as u64, &pattern(len, i as u8), bs, false).await.unwrap();
-        }
-        let q = ioq.queue();
-        for i in 0..n {
-            q.submit(Sqe::rw(io::READ, 1, i * per as u64, per, false), Data::In(len), i).unwrap();
-        }
-        let mut done = 0;
-        while done < n {
-            q.poll(|tag, cqe, data| {
-                assert!(cqe.status.is_success(), "read {tag}: {}", cqe.status);
-                assert!(data == pattern(len, tag as u8), "read {tag} (hdgst {hd}, ddgst {dd}, sqflow off {nosq}): data differs");
-                done += 1;
-            })
-            .await
-            .unwrap();
+    let mdts = 4096usize << nearstore_target::limits::MDTS;
+    for len in [32 * 1024 - 512, 32 * 1024, 64 * 1024, mdts] {
+        for (hd, dd, nosq) in [(false, false, false), (true, true, false), (false, true, true)] {
+            let what = format!("{len} bytes, hdgst {hd}, ddgst {dd}, sqflow off {nosq}");
+            let mut o = env.opts();
+            o.hdgst = hd;
+            o.ddgst = dd;
+            o.disable_sqflow = nosq;
+            o.queue_depth = 64;
+            let c = Controller::connect(o).await.unwrap();
+            let bs = c.identify_namespace(1).await.unwrap().block_size();
+            let mut ioq = c.io_queue(1).await.unwrap();
+            let (n, per) = (32u64, (len / bs as usize) as u64);
+            // Reads 0..16 where nothing writes, 16..32 over the writer's blocks, which
+            // start uniform too.
+            for i in 0..n {
+                let data = if i < n / 2 { pattern(len, i as u8) } else { vec![0x5a; len] };
+                ioq.write(1, i * per, &data, bs, false).await.unwrap();
+            }
+            let stop = Arc::new(AtomicBool::new(false));
+            let mut wq = c.io_queue(2).await.unwrap();
+            let writer = tokio::spawn({
+                let stop = stop.clone();
+                async move {
+                    let mut gen = 0u8;
+                    while !stop.load(Relaxed) {
+                        gen = gen.wrapping_add(1);
+                        for i in n / 2..n {
+                            let data: Vec<u8> = (0..len).map(|k| gen ^ (k / bs as usize) as u8).collect();
+                            wq.write(1, i * per, &data, bs, false).await.unwrap();
+                        }
+                    }
+                }
+            });
+            let copied_before = env.target.stats.tx_copied_bytes.load(Relaxed);
+            let partial_before = env.target.stats.tx_partial_writes.load(Relaxed);
+            for _round in 0..4 {
+                let q = ioq.queue();
+                for i in 0..n {
+                    q.submit(Sqe::rw(io::READ, 1, i * per, per as u32, false), Data::In(len), i).unwrap();
+                }
+                let mut done = 0;
+                while done < n {
+                    q.poll(|tag, cqe, data| {
+                        assert!(cqe.status.is_success(), "{what}: read {tag}: {}", cqe.status);
+                        if tag < n / 2 {
+                            assert!(data == pattern(len, tag as u8), "{what}: read {tag}: data differs");
+                        } else {
+                            for (b, blk) in data.chunks(bs as usize).enumerate() {
+                                assert!(blk.iter().all(|&x| x == blk[0]), "{what}: read {tag}: block {b} is torn");
+                            }
+                        }
+                        done += 1;
+                    })
+                    .await
+                    .unwrap();
+                }
+            }
+            stop.store(true, Relaxed);
+            writer.await.unwrap();
+            let copied = env.target.stats.tx_copied_bytes.load(Relaxed) - copied_before;
+            let partial = env.target.stats.tx_partial_writes.load(Relaxed) - partial_before;
+            let allowed = if len < 32 * 1024 { u64::MAX } else { partial * (bs as u64 - 1) };
+            assert!(copied <= allowed, "{what}: {copied} bytes copied for {partial} short sends");
         }
     }
     assert_eq!(env.target.stats.requests_lost.load(std::sync::atomic::Ordering::Relaxed), 0, "every command completed");

@@ -18,6 +18,16 @@ pub trait Stream: std::os::fd::AsRawFd + Send + Sync + 'static {
     fn ready(&self, interest: Interest) -> impl Future<Output = io::Result<Ready>> + Send;
     fn try_read(&self, buf: &mut [u8]) -> io::Result<usize>;
     fn try_write(&self, buf: &[u8]) -> io::Result<usize>;
+    /// Writes from several buffers in one non-blocking writev(2), as [`try_write`](Self::try_write)
+    /// does from one (WouldBlock marks the stream not writable until the runtime sees it
+    /// writable again). By default only the first non-empty buffer is written: a short write,
+    /// which callers handle anyway.
+    fn try_write_vectored(&self, bufs: &[io::IoSlice<'_>]) -> io::Result<usize> {
+        match bufs.iter().find(|b| !b.is_empty()) {
+            Some(b) => self.try_write(b),
+            None => Ok(0),
+        }
+    }
     /// Reads without consulting the runtime's readiness cache: a plain non-blocking
     /// recv(2). Busy-polling loops use it, because the cache only learns of new data when
     /// the runtime polls epoll, which is exactly the wake-up a busy-poll is there to avoid.
@@ -44,6 +54,9 @@ impl Stream for tokio::net::TcpStream {
     fn try_write(&self, buf: &[u8]) -> io::Result<usize> {
         tokio::net::TcpStream::try_write(self, buf)
     }
+    fn try_write_vectored(&self, bufs: &[io::IoSlice<'_>]) -> io::Result<usize> {
+        tokio::net::TcpStream::try_write_vectored(self, bufs)
+    }
     fn peer(&self) -> String {
         self.peer_addr().map(|a| a.to_string()).unwrap_or_else(|_| "?".into())
     }
@@ -58,6 +71,9 @@ impl Stream for tokio::net::UnixStream {
     }
     fn try_write(&self, buf: &[u8]) -> io::Result<usize> {
         tokio::net::UnixStream::try_write(self, buf)
+    }
+    fn try_write_vectored(&self, bufs: &[io::IoSlice<'_>]) -> io::Result<usize> {
+        tokio::net::UnixStream::try_write_vectored(self, bufs)
     }
     fn peer(&self) -> String {
         "unix-socketpair".into()
@@ -201,7 +217,7 @@ impl TxBuf {
                 Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
                 Ok(n) => self.sent += n,
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
-                    self.compact();
+                    let _ = self.compact();
                     return Ok(false);
                 }
                 Err(e) => return Err(e),
@@ -216,49 +232,26 @@ impl TxBuf {
     /// pending: each byte is moved at most once, and the buffer never holds more than
     /// twice what is pending (after a partial send the sent prefix would otherwise stay
     /// until the buffer drains completely, and the buffer grow without bound).
-    pub fn compact(&mut self) {
+    /// Returns how many bytes it dropped (positions in `buf` move back by as many).
+    pub fn compact(&mut self) -> usize {
         if self.sent > 0 && self.sent >= self.pending() {
-            self.buf.drain(..self.sent);
+            let n = self.sent;
+            self.buf.drain(..n);
             self.sent = 0;
+            return n;
         }
+        0
     }
-    /// Sends the pending bytes and then `extra` in one non-blocking writev(2) on `fd`,
-    /// without first copying `extra` into the buffer; what the socket does not take is
-    /// copied in, to go with the next flush (which also reports a socket error, so none is
-    /// returned here). For large reads from memory this saves a copy of every byte (the
-    /// copy was 39% of the target's time at 128 KiB).
-    pub fn write_through(&mut self, fd: std::os::fd::RawFd, extra: &[&[u8]]) {
-        // SAFETY: every iovec points into a live slice of at least iov_len bytes.
-        self.write_through_with(extra, |iov| unsafe { libc::writev(fd, iov.as_ptr(), iov.len() as libc::c_int) })
+    /// Where the unsent bytes start in `buf`.
+    pub fn sent(&self) -> usize {
+        self.sent
     }
 
-    /// [`write_through`](Self::write_through) with the gathering write given: `writev`
-    /// returns the bytes it took of the iovecs, or a negative number for none.
-    fn write_through_with(&mut self, extra: &[&[u8]], writev: impl FnOnce(&[libc::iovec]) -> isize) {
-        const MAX: usize = 4;
-        assert!(extra.len() < MAX, "write_through takes at most {} slices", MAX - 1);
-        let mut iov = [libc::iovec { iov_base: std::ptr::null_mut(), iov_len: 0 }; MAX];
-        iov[0] = libc::iovec { iov_base: self.buf[self.sent..].as_ptr() as *mut _, iov_len: self.pending() };
-        for (v, e) in iov[1..].iter_mut().zip(extra) {
-            *v = libc::iovec { iov_base: e.as_ptr() as *mut _, iov_len: e.len() };
-        }
-        let n = writev(&iov[..extra.len() + 1]);
-        let mut n = n.max(0) as usize;
-        let p = self.pending();
-        if n >= p {
-            self.buf.clear();
-            self.sent = 0;
-            n -= p;
-        } else {
-            self.sent += n;
-            n = 0;
-            self.compact();
-        }
-        for e in extra {
-            let skip = n.min(e.len());
-            self.buf.extend_from_slice(&e[skip..]);
-            n -= skip;
-        }
+    /// Marks the bytes of `buf` before `at` as sent, by a send that interleaved other data
+    /// with them; [`compact`](Self::compact) drops them.
+    pub fn set_sent(&mut self, at: usize) {
+        assert!(at >= self.sent && at <= self.buf.len(), "sent mark {at} outside {}..={}", self.sent, self.buf.len());
+        self.sent = at;
     }
 
     /// Writes everything, waiting for the stream as needed.
@@ -332,85 +325,41 @@ mod tests {
         assert!(most <= 2 * (1_000_000 + chunk.len()), "send buffer held {most} bytes");
     }
 
-    /// write_through cut short at every edge: in the pending bytes, at their end, inside
-    /// and between the slices, before the last byte, not at all and completely. What the
-    /// "socket" took followed by what stays in the buffer is always the whole stream, in
-    /// order, and the buffer holds no more than what is unsent.
-    #[test]
-    fn write_through_keeps_exactly_the_unsent_rest_at_every_cut() {
-        let head = b"0123456789";
-        let (a, b, c) = (vec![b'a'; 4096], vec![b'b'; 131072], *b"crc4");
-        let (sent_before, p) = (3, head.len() - 3);
-        let total = p + a.len() + b.len() + c.len();
-        let cuts: &[isize] = &[
-            -1,
-            0,
-            1,
-            p as isize - 1,
-            p as isize,
-            p as isize + 1,
-            (p + a.len()) as isize - 1,
-            (p + a.len()) as isize,
-            (p + a.len()) as isize + 1,
-            (p + a.len() + b.len()) as isize,
-            total as isize - 1,
-            total as isize,
-        ];
-        let mut whole = head[sent_before..].to_vec();
-        for s in [&a[..], &b[..], &c[..]] {
-            whole.extend_from_slice(s);
-        }
-        for &cut in cuts {
-            let mut tx = TxBuf::default();
-            tx.buf.extend_from_slice(head);
-            tx.sent = sent_before;
-            let mut wire = Vec::new();
-            tx.write_through_with(&[&a, &b, &c], |iov| {
-                assert_eq!(iov.len(), 4, "cut {cut}");
-                let mut left = cut.max(0) as usize;
-                for v in iov {
-                    // SAFETY: write_through_with built each iovec from a live slice.
-                    let s = unsafe { std::slice::from_raw_parts(v.iov_base as *const u8, v.iov_len) };
-                    let k = left.min(s.len());
-                    wire.extend_from_slice(&s[..k]);
-                    left -= k;
-                }
-                cut
-            });
-            assert_eq!(wire.len(), cut.max(0) as usize, "cut {cut}");
-            assert_eq!(tx.pending(), total - wire.len(), "cut {cut}: pending");
-            wire.extend_from_slice(&tx.buf[tx.sent..]);
-            assert!(wire == whole, "cut {cut}: the stream is out of order or has a gap");
-            assert!(tx.sent <= tx.pending() || tx.pending() == 0, "cut {cut}: {} sent bytes kept for {} pending", tx.sent, tx.pending());
-        }
-    }
-
     #[tokio::test]
-    async fn write_through_keeps_order_when_the_socket_is_full() {
+    async fn vectored_writes_keep_order_and_report_what_they_took() {
         let (a, b) = tokio::net::UnixStream::pair().unwrap();
-        let mut tx = TxBuf::default();
-        let big: Vec<u8> = (0..3_000_000u32).map(|i| (i % 251) as u8).collect();
-        // Enough to fill the socket buffer, so part of it must be copied in.
-        tx.buf.extend_from_slice(b"head");
-        tx.write_through(std::os::fd::AsRawFd::as_raw_fd(&a), &[&big[..1_000_000], &big[1_000_000..]]);
-        tx.buf.extend_from_slice(b"tail");
-        let reader = tokio::spawn(async move {
-            let mut rx = RxBuf::new(1 << 22);
-            while rx.data().len() < 3_000_008 {
-                b.ready(Interest::READABLE).await.unwrap();
-                match rx.fill(&b) {
-                    Ok(0) => break,
-                    Ok(_) => {}
-                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
-                    Err(e) => panic!("{e}"),
+        let parts: [&[u8]; 3] = [b"head", &[9u8; 100_000], b"tail"];
+        let mut wire = Vec::new();
+        let mut rx = RxBuf::new(1 << 18);
+        let (mut i, mut skip) = (0, 0);
+        while i < parts.len() {
+            let iov: Vec<io::IoSlice> =
+                std::iter::once(&parts[i][skip..]).chain(parts[i + 1..].iter().copied()).map(io::IoSlice::new).collect();
+            match a.try_write_vectored(&iov) {
+                Ok(mut n) => {
+                    while n > 0 {
+                        let k = n.min(parts[i].len() - skip);
+                        (skip, n) = (skip + k, n - k);
+                        if skip == parts[i].len() {
+                            (i, skip) = (i + 1, 0);
+                        }
+                    }
                 }
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
+                Err(e) => panic!("{e}"),
             }
-            rx.data().to_vec()
-        });
-        tx.flush_all(&a).await.unwrap();
-        let got = reader.await.unwrap();
-        assert_eq!(&got[..4], b"head");
-        assert_eq!(&got[4..3_000_004], &big[..]);
-        assert_eq!(&got[3_000_004..], b"tail");
+            if let Ok(n) = rx.fill_now(&b) {
+                wire.extend_from_slice(&rx.data()[..n]);
+                rx.consume(n);
+            }
+        }
+        while wire.len() < 100_008 {
+            b.ready(Interest::READABLE).await.unwrap();
+            if let Ok(n) = rx.fill(&b) {
+                wire.extend_from_slice(&rx.data()[..n]);
+                rx.consume(n);
+            }
+        }
+        assert_eq!(wire, parts.concat());
     }
 }

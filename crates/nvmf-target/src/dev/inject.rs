@@ -118,6 +118,21 @@ impl BlockDevice for Inject {
         self.base.read_now(off, len, f)
     }
 
+    fn lend(&self, off: u64, len: usize) -> Option<io::Result<()>> {
+        if !self.base.completes_now() {
+            return None;
+        }
+        if self.fails(Kind::Read, Some((off, len as u64))) {
+            return Some(Err(self.error()));
+        }
+        self.base.lend(off, len)
+    }
+
+    /// Checked (and counted) by [`lend`](BlockDevice::lend) already.
+    fn read_lent(&self, off: u64, len: usize, f: &mut dyn FnMut(&[&[u8]])) -> io::Result<()> {
+        self.base.read_lent(off, len, f)
+    }
+
     fn write_now(&self, data: &[u8], off: u64, fua: bool) -> Option<io::Result<()>> {
         if !self.base.completes_now() {
             return None;

@@ -79,6 +79,17 @@ impl BlockDevice for Local {
         self.backend.with_slices(off, len, f)
     }
 
+    fn lend(&self, off: u64, len: usize) -> Option<io::Result<()>> {
+        if !self.now {
+            return None;
+        }
+        // What with_slices checks, without taking a stripe lock.
+        Some(match off.checked_add(len as u64) {
+            Some(end) if end <= self.backend.size() => Ok(()),
+            _ => Err(io::Error::new(io::ErrorKind::InvalidInput, "I/O beyond the end of the backend")),
+        })
+    }
+
     fn write_now(&self, data: &[u8], off: u64, fua: bool) -> Option<io::Result<()>> {
         if !self.now {
             return None;

@@ -128,6 +128,19 @@ pub trait BlockDevice: Send + Sync {
         let _ = (off, len, f);
         None
     }
+    /// Checks a read that [`read_now`](Self::read_now) would answer at once, as it would
+    /// (range, injected failures), without reading: the caller takes the bytes later with
+    /// [`read_lent`](Self::read_lent) (NVMe/TCP sends a batch's large reads in one writev
+    /// from the device's memory). None: use [`submit`](Self::submit).
+    fn lend(&self, off: u64, len: usize) -> Option<io::Result<()>> {
+        let _ = (off, len);
+        None
+    }
+    /// The bytes of a read [`lend`](Self::lend) accepted, lent to `f` as slices without
+    /// checking it again. The slices are the device's memory at the time of this call.
+    fn read_lent(&self, off: u64, len: usize, f: &mut dyn FnMut(&[&[u8]])) -> io::Result<()> {
+        self.read_now(off, len, f).unwrap_or_else(|| Err(io::Error::other(format!("{} lends no bytes", self.describe()))))
+    }
     /// Writes `data` at `off` at once (durably with `fua`), when that costs about a memcpy.
     /// None: use [`submit`](Self::submit).
     fn write_now(&self, data: &[u8], off: u64, fua: bool) -> Option<io::Result<()>> {

@@ -68,6 +68,13 @@ pub trait Transport {
     /// As [`send_data`](Self::send_data), with the `len` bytes lent by a device as up to two
     /// slices for the duration of the call: a transport may send them without a copy.
     fn send_lent(&mut self, cid: u16, len: usize, success: bool, parts: &[&[u8]]);
+    /// As [`send_lent`](Self::send_lent), for a read of `len` bytes at `off` that the
+    /// namespace's device accepted ([`BlockDevice::lend`]): the transport takes the bytes
+    /// now, or later in the same send as other responses (NVMe/TCP gathers a batch's large
+    /// reads). An error taking them now fails the command; nothing was sent.
+    fn send_from(&mut self, cid: u16, len: usize, success: bool, ns: &Namespace, off: u64) -> io::Result<()> {
+        ns.dev.read_lent(off, len, &mut |parts| self.send_lent(cid, len, success, parts))
+    }
     /// Asks the host for command `cid`'s `len` bytes of data. The transport puts them into
     /// [`Core::waiting`]`(tag)` and then calls [`Core::data_arrived`] (or
     /// [`Core::data_failed`]).
@@ -836,13 +843,15 @@ impl<T: Transport> Core<T> {
     }
 
     /// A read from a device that completes at once: the data lent by the device goes to
-    /// the transport, which may send it without a copy. None: the device cannot, and
-    /// nothing was sent. Ok(true): the data stood for the completion (the SUCCESS flag).
+    /// the transport, which may send it without a copy, now or with the batch. None: the
+    /// device cannot, and nothing was sent. Ok(true): the data stood for the completion
+    /// (the SUCCESS flag).
     fn read_now(&mut self, ns: &Namespace, off: u64, len: usize, cid: u16) -> Option<io::Result<bool>> {
         let success = self.success_flag();
-        let xport = &mut self.xport;
-        let r = ns.dev.read_now(off, len, &mut |slices| xport.send_lent(cid, len, success, slices));
-        r.map(|r| r.map(|()| success))
+        match ns.dev.lend(off, len)? {
+            Ok(()) => Some(self.xport.send_from(cid, len, success, ns, off).map(|()| success)),
+            Err(e) => Some(Err(e)),
+        }
     }
 
     fn finish_io(&mut self, ns: &Namespace, kind: IoKind, len: usize, req: Request, data_sent_with_success: bool) {
