@@ -5,7 +5,8 @@
 //! keep per block their durable value or any one cached write, the target starts again and
 //! replays its journal. The checker holds a model of the namespace: after every start each
 //! block equals it, every acknowledged transaction and flushed write whole, the one in
-//! flight whole or absent as its outcome says (never torn, never unknown), and every
+//! flight whole or absent as its outcome says (never torn; unknown, and then absent, only
+//! when the power failed before its BEGIN was durable), and every
 //! acknowledged transaction's outcome still the result the host was given.
 
 use std::io;
