@@ -32,6 +32,11 @@ use crate::limits::{ATTR_TTL, COMPUTE_IN_FLIGHT_MAX, IO_BYTES_MAX, RESULT_BYTES_
 use crate::op::{self, OpSpec};
 use crate::{ioctl, CONTROL_DIR};
 
+thread_local! {
+    /// A FUSE thread's read buffer: IO_BYTES_MAX bytes, allocated at its first read.
+    static READ_BUF: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
 /// The attribute naming the operation attached to the caller's descriptors.
 pub const XATTR_OP: &str = "user.nearstore.op";
 /// The attribute saying where the last result was computed: `1`, or `0 REASON`.
@@ -697,17 +702,22 @@ impl Filesystem for NearFs {
             match (&h.attached, &h.file) {
                 (Some(a), _) => (a.clone(), h.path.clone()),
                 (None, Some(f)) => {
-                    let mut buf = vec![0u8; size];
-                    let mut n = 0;
-                    while n < size {
-                        match f.read_at(&mut buf[n..], offset + n as u64) {
-                            Ok(0) => break,
-                            Ok(k) => n += k,
-                            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
-                            Err(e) => return reply.error(errno(&e)),
+                    // Into this thread's buffer, made once: no allocation (and no fresh
+                    // pages to fault in) per read.
+                    return READ_BUF.with_borrow_mut(|buf| {
+                        buf.resize(IO_BYTES_MAX as usize, 0);
+                        let buf = &mut buf[..size];
+                        let mut n = 0;
+                        while n < size {
+                            match f.read_at(&mut buf[n..], offset + n as u64) {
+                                Ok(0) => break,
+                                Ok(k) => n += k,
+                                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                                Err(e) => return reply.error(errno(&e)),
+                            }
                         }
-                    }
-                    return reply.data(&buf[..n]);
+                        reply.data(&buf[..n])
+                    });
                 }
                 (None, None) => return reply.error(Errno::EBADF),
             }
