@@ -277,4 +277,34 @@ impl Client {
     pub async fn mark_written(&self, name: &str, index: u64) -> Result<ExtentInfo, ClientError> {
         self.call::<(), _>(Method::POST, &format!("/v1/volumes/{}/extents/{index}/written", segment(name)), None).await
     }
+
+    /// Begins moving extent `index` of a volume (docs/control-plane.md, "Moving an extent").
+    pub async fn begin_move(&self, name: &str, index: u64, req: &MoveRequest) -> Result<Move, ClientError> {
+        self.call(Method::POST, &format!("/v1/volumes/{}/extents/{index}/move", segment(name)), Some(req)).await
+    }
+
+    /// The move of extent `index` under way (MoveNotFound once it ended).
+    pub async fn get_move(&self, name: &str, index: u64) -> Result<Move, ClientError> {
+        self.call::<(), _>(Method::GET, &format!("/v1/volumes/{}/extents/{index}/move", segment(name)), None).await
+    }
+
+    /// The moves `target` copies (all with None); held while `since` is the current version.
+    pub async fn moves(&self, target: Option<&str>, since: u64) -> Result<MoveList, ClientError> {
+        let t = target.map(|t| format!("target={}&", segment(t))).unwrap_or_default();
+        self.call::<(), _>(Method::GET, &format!("/v1/moves?{t}since={since}"), None).await
+    }
+
+    /// A copier's acknowledgement (`ack`) or progress report (`progress`).
+    pub async fn report_move(&self, name: &str, index: u64, what: &str, r: &MoveReport) -> Result<Move, ClientError> {
+        self.call(Method::POST, &format!("/v1/moves/{}/{index}/{what}", segment(name)), Some(r)).await
+    }
+
+    /// Publishes a copied extent: its new place and epoch.
+    pub async fn publish_move(&self, name: &str, index: u64, r: &MoveReport) -> Result<ExtentInfo, ClientError> {
+        self.call(Method::POST, &format!("/v1/moves/{}/{index}/publish", segment(name)), Some(r)).await
+    }
+
+    pub async fn abort_move(&self, name: &str, index: u64, r: &MoveReport) -> Result<(), ClientError> {
+        self.call::<_, ()>(Method::POST, &format!("/v1/moves/{}/{index}/abort", segment(name)), Some(r)).await
+    }
 }

@@ -97,6 +97,19 @@ const _: () = assert!(EXTENTS_PER_VOLUME_MAX <= u32::MAX as u64);
 const _: () = assert!(EXPORTS_WAIT_MS < REQUEST_TIMEOUT_MS);
 const _: () = assert!(VIEW_SAMPLE_MS < VIEW_PUSH_INTERVAL_MS && VIEW_PUSH_INTERVAL_MS < VIEW_STALE_MS);
 
+/// Milliseconds a move waits for a word of its copier (its acknowledgement, a progress
+/// report, its publication) before the control plane aborts it: the copier reports at least
+/// every MOVE_REPORT_MS, so ten of those missed is a dead or cut-off copier, not a slow one.
+pub const MOVE_SILENCE_MS: u64 = 10 * MOVE_REPORT_MS;
+/// Milliseconds between a copier's progress reports of one move, at most.
+pub const MOVE_REPORT_MS: u64 = 1000;
+/// Milliseconds between the control plane's looks for silent moves.
+pub const MOVE_SWEEP_MS: u64 = 500;
+/// Moves under way at once in the whole cluster: bounds the moves' list (a reply of about
+/// 500 bytes each) and the store's move table; rebalance and drain run a few at a time.
+pub const MOVES_MAX: usize = 1024;
+const _: () = assert!(MOVE_SWEEP_MS < MOVE_SILENCE_MS && MOVE_REPORT_MS * 2 < MOVE_SILENCE_MS);
+
 /// Attempts of one commit whose outcome stays unknown (etcd: a member or its leader lost
 /// mid-request): with the backoff below, about 20 s, longer than a leader lease, whose end
 /// stops the retries first (the leader's lease is what makes a retry safe).

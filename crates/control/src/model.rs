@@ -93,6 +93,57 @@ pub struct Export {
     pub nsid: u32,
 }
 
+/// Where a move stands (docs/control-plane.md, "Moving an extent").
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum MoveState {
+    /// Waiting for the copier's acknowledgement that no I/O reaches the extent any more.
+    Invalidating,
+    /// Acknowledged: the copier copies the extent to its destination.
+    Copying,
+    /// Given up because its copier fell silent: the extent stays where it was, and the
+    /// destination stays reserved until the copier confirms it stopped (abort, or a new
+    /// registration after a restart).
+    Aborted,
+}
+
+/// An extent being moved to another pool. The extent record keeps its old place and epoch
+/// until the move is published, in one commit that puts the extent at `to` with epoch + 1
+/// and deletes this record.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Move {
+    pub volume: String,
+    pub index: u64,
+    /// The extent's epoch when the move began; publishing makes it epoch + 1.
+    pub epoch: u64,
+    pub from: PoolId,
+    pub from_offset: u64,
+    /// The source pool's namespace in its target's pool subsystem.
+    pub from_nsid: u32,
+    /// The destination, reserved in the control plane's books while the move lasts.
+    pub to: PoolId,
+    pub to_offset: u64,
+    pub to_nsid: u32,
+    /// The volume's extent size: the bytes to copy.
+    pub extent_size: u64,
+    /// The target that invalidates and copies: the one exporting the volume (the only cache
+    /// of its extents), else the destination pool's target.
+    pub copier: String,
+    pub state: MoveState,
+    /// Bytes per second the copier may copy (0: no cap).
+    pub max_bps: u64,
+    /// Bytes copied so far, as the copier last said.
+    pub copied: u64,
+    /// Milliseconds since the Unix epoch.
+    pub started_ms: u64,
+    /// When the move is aborted unless its copier says something first (MOVE_SILENCE_MS after
+    /// its last word).
+    pub deadline_ms: u64,
+    /// Why it was aborted.
+    #[serde(default)]
+    pub reason: String,
+}
+
 /// The NQN prefix of an exported volume's subsystem; the volume's name follows.
 pub const VOLUME_NQN_PREFIX: &str = "nqn.2026-11.io.nearstore:volume:";
 
@@ -146,6 +197,7 @@ pub enum Record {
     Extent(Extent),
     View(View),
     Export(Export),
+    Move(Move),
 }
 
 /// The store's tables: one a record kind.
@@ -157,10 +209,12 @@ pub enum Table {
     Extents,
     Views,
     Exports,
+    Moves,
 }
 
 impl Table {
-    pub const ALL: [Table; 6] = [Table::Targets, Table::Pools, Table::Volumes, Table::Extents, Table::Views, Table::Exports];
+    /// In loading order: a move's reservation needs its volume's extent size.
+    pub const ALL: [Table; 7] = [Table::Targets, Table::Pools, Table::Volumes, Table::Extents, Table::Views, Table::Exports, Table::Moves];
 
     pub fn name(self) -> &'static str {
         match self {
@@ -170,6 +224,7 @@ impl Table {
             Table::Extents => "extents",
             Table::Views => "views",
             Table::Exports => "exports",
+            Table::Moves => "moves",
         }
     }
 }
@@ -194,6 +249,7 @@ impl Record {
             Record::Extent(_) => Table::Extents,
             Record::View(_) => Table::Views,
             Record::Export(_) => Table::Exports,
+            Record::Move(_) => Table::Moves,
         }
     }
 
@@ -205,6 +261,7 @@ impl Record {
             Record::Extent(e) => extent_key(&e.volume, e.index),
             Record::View(v) => pool_key(&v.pool),
             Record::Export(x) => x.volume.clone(),
+            Record::Move(m) => extent_key(&m.volume, m.index),
         }
     }
 }
@@ -315,6 +372,39 @@ pub struct ExportList {
     pub exports: Vec<Export>,
 }
 
+/// `POST /v1/volumes/{name}/extents/{index}/move`.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct MoveRequest {
+    /// The destination pool, `NAME@TARGET`; none: the placement's choice among the others.
+    #[serde(default)]
+    pub to: Option<String>,
+    /// Bytes per second the copy may take (0 or none: no cap).
+    #[serde(default)]
+    pub max_bps: u64,
+}
+
+/// What a copier says of a move: `POST /v1/moves/{volume}/{index}/{ack|progress|publish|abort}`.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct MoveReport {
+    /// The epoch the move began at (a report of an older move of the extent is refused).
+    pub epoch: u64,
+    /// Bytes copied so far.
+    #[serde(default)]
+    pub copied: u64,
+    /// Why it aborts.
+    #[serde(default)]
+    pub reason: String,
+}
+
+/// `GET /v1/moves[?target=ADDR][&since=V]`: the moves (a target's: those it copies).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct MoveList {
+    pub version: u64,
+    pub moves: Vec<Move>,
+}
+
 /// `GET /v1/volumes/{name}`: the volume and its allocated extents in index order; the
 /// others are unallocated (read as zeros).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -392,6 +482,12 @@ pub enum ErrorCode {
     /// This control plane does not hold the leader lease (a standby, or one that lost its
     /// lease: `--etcd`); nothing changed. The leader's API is named in the message when known.
     NotLeader,
+    /// The extent (or one of the volume's) is being moved: wait for the move to end.
+    MoveInProgress,
+    /// No move of that extent (at that epoch): it was published or aborted.
+    MoveNotFound,
+    /// The extent is unallocated: there is nothing to move.
+    ExtentNotAllocated,
 }
 
 impl ErrorCode {
@@ -403,6 +499,8 @@ impl ErrorCode {
             ErrorCode::BodyTooLarge => 413,
             ErrorCode::NoSuchEndpoint | ErrorCode::VolumeNotFound | ErrorCode::TargetNotFound | ErrorCode::PoolNotFound => 404,
             ErrorCode::VolumeExists | ErrorCode::PoolConflict | ErrorCode::StaleView | ErrorCode::VolumeExported => 409,
+            ErrorCode::MoveInProgress | ErrorCode::ExtentNotAllocated => 409,
+            ErrorCode::MoveNotFound => 404,
             ErrorCode::NoSpace => 507,
             ErrorCode::StoreFailed => 500,
             ErrorCode::NotLeader => 503,

@@ -27,6 +27,8 @@ pub struct Service {
     store: Box<dyn Store>,
     /// The exports' version: bumped at every export change, watched by long polls.
     exports: tokio::sync::watch::Sender<u64>,
+    /// The moves' version: bumped at every move change, watched by the copiers' long polls.
+    moves: tokio::sync::watch::Sender<u64>,
 }
 
 pub fn now_ms() -> u64 {
@@ -39,12 +41,36 @@ impl Service {
     /// The state the store holds.
     pub fn open(store: Box<dyn Store>) -> Result<Service, StoreError> {
         let cluster = Cluster::from_records(store.load()?);
-        Ok(Service { cluster: Mutex::new(cluster), store, exports: tokio::sync::watch::Sender::new(1) })
+        Ok(Service {
+            cluster: Mutex::new(cluster),
+            store,
+            exports: tokio::sync::watch::Sender::new(1),
+            moves: tokio::sync::watch::Sender::new(1),
+        })
     }
 
     /// Wakes the targets waiting for export changes.
     fn exports_changed(&self) {
         self.exports.send_modify(|v| *v += 1);
+    }
+
+    /// Wakes the copiers waiting for move changes.
+    fn moves_changed(&self) {
+        self.moves.send_modify(|v| *v += 1);
+    }
+
+    /// Aborts the moves whose copiers fell silent (every MOVE_SWEEP_MS, on the blocking pool).
+    pub fn expire_moves(&self) -> Result<usize, ApiError> {
+        let now = now_ms();
+        if !self.read(|c| c.moves.values().any(|m| m.state != MoveState::Aborted && now > m.deadline_ms)) {
+            return Ok(0);
+        }
+        let n = self.change(|c| c.expire_moves(now))?;
+        if n > 0 {
+            info!(moves = n, "moves aborted: their copiers fell silent");
+            self.moves_changed();
+        }
+        Ok(n)
     }
 
     /// Plans a change on the state, commits it, then applies it: a failed commit leaves the
@@ -231,12 +257,103 @@ async fn exports(
     Ok(Json(ExportList { version, exports: s.read(|c| c.exports_of(&q.target)) }))
 }
 
+async fn begin_move(
+    State(s): Svc,
+    Path((name, index)): Path<(String, String)>,
+    Body(req): Body<MoveRequest>,
+) -> Result<(StatusCode, Json<Move>), ApiError> {
+    let index = index_of(&index)?;
+    let now = now_ms();
+    let m = change(s.clone(), move |c| c.begin_move(&name, index, &req, now)).await?;
+    s.moves_changed();
+    info!(volume = %m.volume, index = m.index, from = %m.from, to = %m.to, copier = %m.copier, "move begun");
+    Ok((StatusCode::CREATED, Json(m)))
+}
+
+async fn get_move(State(s): Svc, Path((name, index)): Path<(String, String)>) -> Result<Json<Move>, ApiError> {
+    let index = index_of(&index)?;
+    s.read(|c| {
+        c.volume(&name)?;
+        c.moves
+            .get(&(name.clone(), index))
+            .cloned()
+            .ok_or_else(|| ApiError::new(ErrorCode::MoveNotFound, format!("no move of extent {index} of volume '{name}'")))
+    })
+    .map(Json)
+}
+
+/// A copier's word on a move: ack, progress, publish or abort.
+async fn report_move(
+    State(s): Svc,
+    Path((name, index, what)): Path<(String, String, String)>,
+    Body(r): Body<MoveReport>,
+) -> Result<Response, ApiError> {
+    let index = index_of(&index)?;
+    let now = now_ms();
+    let reply = match what.as_str() {
+        "ack" | "progress" => {
+            let ack = what == "ack";
+            Json(change(s.clone(), move |c| c.report_move(&name, index, &r, ack, now)).await?).into_response()
+        }
+        "publish" => {
+            let e = change(s.clone(), move |c| c.publish_move(&name, index, &r)).await?;
+            info!(extent = e.index, pool = %e.pool, target_addr = %e.target, epoch = e.epoch, "move published");
+            Json(e).into_response()
+        }
+        "abort" => {
+            let why = r.reason.clone();
+            change(s.clone(), move |c| c.abort_move(&name, index, &r)).await?;
+            info!(extent = index, reason = %why, "move aborted by its copier");
+            StatusCode::NO_CONTENT.into_response()
+        }
+        _ => return Err(ApiError::new(ErrorCode::NoSuchEndpoint, format!("no move report '{what}'"))),
+    };
+    s.moves_changed();
+    Ok(reply)
+}
+
+#[derive(Deserialize)]
+struct MovesQuery {
+    #[serde(default)]
+    target: Option<String>,
+    #[serde(default)]
+    since: u64,
+}
+
+/// The moves (a copier's with `target`); with `since` equal to the current version, held
+/// until they change or EXPORTS_WAIT_MS pass (a long poll, as for exports).
+async fn moves(State(s): Svc, q: Result<Query<MovesQuery>, axum::extract::rejection::QueryRejection>) -> Result<Json<MoveList>, ApiError> {
+    let Query(q) = q.map_err(|e| ApiError::new(ErrorCode::InvalidArgument, e.body_text()))?;
+    let mut rx = s.moves.subscribe();
+    if *rx.borrow_and_update() == q.since {
+        let _ = tokio::time::timeout(std::time::Duration::from_millis(crate::limits::EXPORTS_WAIT_MS), rx.changed()).await;
+    }
+    let version = *rx.borrow();
+    Ok(Json(MoveList { version, moves: s.read(|c| c.moves_of(q.target.as_deref())) }))
+}
+
+/// Looks for silent moves every MOVE_SWEEP_MS while the service lives.
+async fn sweep(svc: std::sync::Weak<Service>) {
+    loop {
+        tokio::time::sleep(std::time::Duration::from_millis(crate::limits::MOVE_SWEEP_MS)).await;
+        let Some(s) = svc.upgrade() else { return };
+        match tokio::task::spawn_blocking(move || s.expire_moves()).await {
+            Ok(Err(e)) => error!(error = %e, "aborting silent moves"),
+            Err(e) => error!(error = %e, "aborting silent moves"),
+            Ok(Ok(_)) => {}
+        }
+    }
+}
+
 async fn no_such_endpoint(req: Request) -> ApiError {
     ApiError::new(ErrorCode::NoSuchEndpoint, format!("no endpoint {} {}", req.method(), req.uri().path()))
 }
 
 /// The API's routes.
 pub fn router(svc: Arc<Service>) -> Router {
+    if let Ok(rt) = tokio::runtime::Handle::try_current() {
+        rt.spawn(sweep(Arc::downgrade(&svc)));
+    }
     Router::new()
         .route("/v1/health", get(health))
         .route("/v1/targets", post(register).get(targets))
@@ -250,6 +367,9 @@ pub fn router(svc: Arc<Service>) -> Router {
         .route("/v1/volumes/{name}/extents/{index}/written", post(mark_written))
         .route("/v1/volumes/{name}/export", put(export).delete(unexport))
         .route("/v1/exports", get(exports))
+        .route("/v1/volumes/{name}/extents/{index}/move", post(begin_move).get(get_move))
+        .route("/v1/moves/{name}/{index}/{what}", post(report_move))
+        .route("/v1/moves", get(moves))
         .fallback(no_such_endpoint)
         .method_not_allowed_fallback(no_such_endpoint)
         .layer(DefaultBodyLimit::max(BODY_BYTES_MAX))

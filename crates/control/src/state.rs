@@ -21,6 +21,8 @@ pub struct Cluster {
     pub views: BTreeMap<PoolId, View>,
     /// Exported volumes by name.
     pub exports: BTreeMap<String, Export>,
+    /// Extents being moved, by (volume, index); each reserves its destination in `placed`.
+    pub moves: BTreeMap<(String, u64), Move>,
     /// What each pool holds: offset to (length, volume, index). Derived from `extents`.
     pub placed: HashMap<PoolId, BTreeMap<u64, (u64, String, u64)>>,
 }
@@ -120,6 +122,27 @@ impl Cluster {
             Write::Delete(Table::Exports, k) => {
                 self.exports.remove(k);
             }
+            Write::Put(Record::Move(m)) => {
+                let len = self.volumes.get(&m.volume).map_or(0, |v| v.extent_size);
+                self.placed.entry(m.to.clone()).or_default().insert(m.to_offset, (len, m.volume.clone(), m.index));
+                self.moves.insert((m.volume.clone(), m.index), m.clone());
+            }
+            Write::Delete(Table::Moves, k) => {
+                let key = k.rsplit_once('/').and_then(|(v, i)| Some((v.to_string(), i.parse::<u64>().ok()?)));
+                if let Some(m) = key.and_then(|key| self.moves.remove(&key)) {
+                    // Published (the extent now lies there, whichever of the two writes came
+                    // first), the space stays; aborted, it is free again.
+                    let there = self.extents.get(&(m.volume.clone(), m.index)).is_some_and(|e| e.pool == m.to && e.offset == m.to_offset);
+                    if !there {
+                        if let Some(p) = self.placed.get_mut(&m.to) {
+                            p.remove(&m.to_offset);
+                            if p.is_empty() {
+                                self.placed.remove(&m.to);
+                            }
+                        }
+                    }
+                }
+            }
         }
     }
 
@@ -205,6 +228,10 @@ impl Cluster {
             }
             writes.push(Write::Put(Record::Pool(Pool { id: id.clone(), path: p.path.clone(), size: p.size, nsid: p.nsid })));
             pools.push(RegisteredPool { name: p.name.clone(), seq: self.views.get(&id).map_or(0, |v| v.seq) });
+        }
+        // A target registers when it starts: the moves it copied before died with it.
+        for m in self.moves.values().filter(|m| m.copier == req.addr) {
+            writes.push(Write::Delete(Table::Moves, extent_key(&m.volume, m.index)));
         }
         Ok((writes, Registered { target, pools }))
     }
@@ -305,6 +332,7 @@ impl Cluster {
                 format!("volume '{name}' is exported by {} as {}: unexport it first", x.target, x.nqn),
             ));
         }
+        self.no_moves(name)?;
         let mut writes: Vec<Write> = self
             .extents
             .range((name.to_string(), 0)..=(name.to_string(), u64::MAX))
@@ -364,6 +392,10 @@ impl Cluster {
         if let Some(x) = self.exports.get(name).filter(|x| x.target != req.target) {
             return Err(err(ErrorCode::VolumeExported, format!("volume '{name}' is exported by {}: unexport it first", x.target)));
         }
+        if self.exports.get(name).is_none_or(|x| x.target != req.target) {
+            // A move's copier is the exporting target, or the destination's when none.
+            self.no_moves(name)?;
+        }
         if req.hosts.is_empty() && !req.allow_any_host {
             return Err(err(ErrorCode::InvalidArgument, "name the hosts allowed, or allow any host"));
         }
@@ -401,6 +433,150 @@ impl Cluster {
         self.exports.values().filter(|x| x.target == target).cloned().collect()
     }
 
+    // ---- moves (docs/control-plane.md, "Moving an extent") ----
+
+    fn no_moves(&self, name: &str) -> Result<(), ApiError> {
+        match self.moves.range((name.to_string(), 0)..=(name.to_string(), u64::MAX)).next() {
+            Some((_, m)) => Err(err(
+                ErrorCode::MoveInProgress,
+                format!("extent {} of volume '{name}' is being moved ({}): wait for its move to end", m.index, state_name(m.state)),
+            )),
+            None => Ok(()),
+        }
+    }
+
+    /// Begins moving extent `index` of a volume to `req.to`, or to the pool the placement
+    /// prefers among the others: the destination is reserved, and the copier (the exporting
+    /// target, else the destination's) is told through its moves' long poll.
+    pub fn begin_move(&self, name: &str, index: u64, req: &MoveRequest, now_ms: u64) -> Planned<Move> {
+        let v = self.volume(name)?;
+        if index >= v.extents() {
+            return Err(err(ErrorCode::ExtentOutOfRange, format!("volume '{name}' has {} extents: no extent {index}", v.extents())));
+        }
+        let Some(e) = self.extents.get(&(name.to_string(), index)) else {
+            return Err(err(ErrorCode::ExtentNotAllocated, format!("extent {index} of volume '{name}' is unallocated: nothing to move")));
+        };
+        if let Some(m) = self.moves.get(&(name.to_string(), index)) {
+            return Err(err(
+                ErrorCode::MoveInProgress,
+                format!("extent {index} of volume '{name}' is being moved to {} ({})", m.to, state_name(m.state)),
+            ));
+        }
+        if self.moves.len() >= MOVES_MAX {
+            return Err(err(ErrorCode::LimitExceeded, format!("{MOVES_MAX} moves are under way: wait for some to end")));
+        }
+        let to = match &req.to {
+            Some(spec) => {
+                let id = parse_pool(spec)?;
+                let pool = self.pools.get(&id).ok_or_else(|| err(ErrorCode::PoolNotFound, format!("no pool {id}")))?;
+                if id == e.pool {
+                    return Err(err(ErrorCode::InvalidArgument, format!("extent {index} of volume '{name}' is in {id} already")));
+                }
+                let offset = self.hole(pool, v.extent_size).ok_or_else(|| {
+                    err(ErrorCode::NoSpace, format!("pool {id} has no free {} bytes for extent {index} of '{name}'", v.extent_size))
+                })?;
+                (id, offset)
+            }
+            None => {
+                let chosen = self.place(name, v.extent_size, |p| *p != e.pool, now_ms).map_err(|stale| {
+                    err(ErrorCode::NoSpace, format!("no other pool has {} free bytes for extent {index} of '{name}'{stale}", v.extent_size))
+                })?;
+                let offset =
+                    self.hole(&self.pools[&chosen], v.extent_size).ok_or_else(|| err(ErrorCode::NoSpace, "the chosen pool filled"))?;
+                (chosen, offset)
+            }
+        };
+        let copier = self.exports.get(name).map_or_else(|| to.0.target.clone(), |x| x.target.clone());
+        let m = Move {
+            volume: name.to_string(),
+            index,
+            epoch: e.epoch,
+            from: e.pool.clone(),
+            from_offset: e.offset,
+            from_nsid: self.pools.get(&e.pool).map_or(0, |p| p.nsid),
+            to_nsid: self.pools.get(&to.0).map_or(0, |p| p.nsid),
+            to: to.0,
+            to_offset: to.1,
+            extent_size: v.extent_size,
+            copier,
+            state: MoveState::Invalidating,
+            max_bps: req.max_bps,
+            copied: 0,
+            started_ms: now_ms,
+            deadline_ms: now_ms + MOVE_SILENCE_MS,
+            reason: String::new(),
+        };
+        Ok((vec![Write::Put(Record::Move(m.clone()))], m))
+    }
+
+    /// The move a copier reports on, at the epoch it began with.
+    fn reported(&self, name: &str, index: u64, epoch: u64) -> Result<&Move, ApiError> {
+        self.moves
+            .get(&(name.to_string(), index))
+            .filter(|m| m.epoch == epoch)
+            .ok_or_else(|| err(ErrorCode::MoveNotFound, format!("no move of extent {index} of volume '{name}' from epoch {epoch}")))
+    }
+
+    /// The copier's word: `ack` (nothing reaches the extent any more: Invalidating to
+    /// Copying), or progress (bytes copied); either puts the deadline off. An aborted move
+    /// is refused: the copier stops and says `abort`.
+    pub fn report_move(&self, name: &str, index: u64, r: &MoveReport, ack: bool, now_ms: u64) -> Planned<Move> {
+        let m = self.reported(name, index, r.epoch)?;
+        let refuse = |why: &str| err(ErrorCode::MoveNotFound, format!("the move of extent {index} of volume '{name}' {why}"));
+        let state = match (m.state, ack) {
+            (MoveState::Aborted, _) => return Err(refuse(&format!("was aborted: {}", m.reason))),
+            (MoveState::Invalidating, false) => return Err(refuse("is not acknowledged yet")),
+            _ => MoveState::Copying,
+        };
+        let m = Move { state, copied: r.copied.max(m.copied), deadline_ms: now_ms + MOVE_SILENCE_MS, ..m.clone() };
+        Ok((vec![Write::Put(Record::Move(m.clone()))], m))
+    }
+
+    /// Publishes a copied extent: in one commit, the extent at its destination with the
+    /// next epoch, and the move gone (the old place is free again).
+    pub fn publish_move(&self, name: &str, index: u64, r: &MoveReport) -> Planned<ExtentInfo> {
+        let m = self.reported(name, index, r.epoch)?;
+        if m.state != MoveState::Copying {
+            return Err(err(
+                ErrorCode::MoveNotFound,
+                format!("the move of extent {index} of volume '{name}' is {}: it cannot be published", state_name(m.state)),
+            ));
+        }
+        // Unwritten stays so (its copy is of whatever the old place held, which reads as zeros).
+        let unwritten = self.extents.get(&(name.to_string(), index)).is_some_and(|e| e.unwritten);
+        let e = Extent { volume: name.to_string(), index, pool: m.to.clone(), offset: m.to_offset, epoch: m.epoch + 1, unwritten };
+        let info = self.extent_info(&e);
+        Ok((vec![Write::Put(Record::Extent(e)), Write::Delete(Table::Moves, extent_key(name, index))], info))
+    }
+
+    /// The copier gave up (or confirms it stopped): the move goes, its destination is free,
+    /// the extent stays where it was.
+    pub fn abort_move(&self, name: &str, index: u64, r: &MoveReport) -> Planned<()> {
+        self.reported(name, index, r.epoch)?;
+        Ok((vec![Write::Delete(Table::Moves, extent_key(name, index))], ()))
+    }
+
+    /// Aborts the moves whose copier said nothing by their deadline; their destinations stay
+    /// reserved until the copier confirms (it may still be writing there).
+    pub fn expire_moves(&self, now_ms: u64) -> Planned<usize> {
+        let writes: Vec<Write> = self
+            .moves
+            .values()
+            .filter(|m| m.state != MoveState::Aborted && now_ms > m.deadline_ms)
+            .map(|m| {
+                let reason = format!("its copier {} said nothing for {} ms", m.copier, MOVE_SILENCE_MS);
+                Write::Put(Record::Move(Move { state: MoveState::Aborted, reason, ..m.clone() }))
+            })
+            .collect();
+        let n = writes.len();
+        Ok((writes, n))
+    }
+
+    /// The moves `target` copies (every move without one).
+    pub fn moves_of(&self, target: Option<&str>) -> Vec<Move> {
+        self.moves.values().filter(|m| target.is_none_or(|t| m.copier == t)).cloned().collect()
+    }
+
     pub fn volume_info(&self, name: &str) -> Result<VolumeInfo, ApiError> {
         let v = self.volume(name)?;
         let extents: Vec<ExtentInfo> =
@@ -419,14 +595,36 @@ impl Cluster {
         if let Some(e) = self.extents.get(&(name.to_string(), index)) {
             return Ok((Vec::new(), self.extent_info(e)));
         }
+        let chosen = self.place(name, v.extent_size, |_| true, now_ms).map_err(|stale| {
+            err(
+                ErrorCode::NoSpace,
+                format!(
+                    "no {}pool has {} free bytes for extent {index} of '{name}'{stale}",
+                    if stale.is_empty() { "" } else { "fresh " },
+                    v.extent_size
+                ),
+            )
+        })?;
+        let pool = &self.pools[&chosen];
+        let offset = self.hole(pool, v.extent_size).ok_or_else(|| err(ErrorCode::NoSpace, "the chosen pool filled"))?;
+        let e = Extent { volume: name.to_string(), index, pool: pool.id.clone(), offset, epoch: 1, unwritten: true };
+        let info = self.extent_info(&e);
+        Ok((vec![Write::Put(Record::Extent(e))], info))
+    }
+
+    /// The pool [`placement::place`] prefers for an extent of volume `name` among those
+    /// `allowed` that are not stale. Err: none, with "; only stale pools have room ..." when
+    /// stale ones have.
+    fn place(&self, name: &str, extent_size: u64, allowed: impl Fn(&PoolId) -> bool, now_ms: u64) -> Result<PoolId, String> {
         let candidates: Vec<Candidate> = self
             .pools
             .values()
+            .filter(|p| allowed(&p.id))
             .map(|p| Candidate {
                 pool: p.id.clone(),
                 size: p.size,
                 allocated: self.allocated(&p.id),
-                fits: self.hole(p, v.extent_size).is_some(),
+                fits: self.hole(p, extent_size).is_some(),
                 figures: self.views.get(&p.id).map(|w| w.figures.clone()),
                 stale: self.stale(&p.id, now_ms),
             })
@@ -437,25 +635,32 @@ impl Cluster {
             *per_target.entry(e.pool.target.as_str()).or_default() += 1;
             total += 1;
         }
-        let Some(chosen) = placement::place(&candidates, total, |t| per_target.get(t).copied().unwrap_or(0)) else {
-            let stale: Vec<String> = candidates.iter().filter(|c| c.fits && c.stale).map(|c| c.pool.to_string()).collect();
-            let mut msg = format!("no pool has {} free bytes for extent {index} of '{name}'", v.extent_size);
-            if !stale.is_empty() {
-                msg = format!(
-                    "no fresh pool has {} free bytes for extent {index} of '{name}'; only stale pools have room \
-                     (no view for {} s): {}",
-                    v.extent_size,
-                    VIEW_STALE_MS / 1000,
-                    stale.join(", ")
-                );
+        match placement::place(&candidates, total, |t| per_target.get(t).copied().unwrap_or(0)) {
+            Some(c) => Ok(c.pool.clone()),
+            None => {
+                let stale: Vec<String> = candidates.iter().filter(|c| c.fits && c.stale).map(|c| c.pool.to_string()).collect();
+                if stale.is_empty() {
+                    return Err(String::new());
+                }
+                Err(format!("; only stale pools have room (no view for {} s): {}", VIEW_STALE_MS / 1000, stale.join(", ")))
             }
-            return Err(err(ErrorCode::NoSpace, msg));
-        };
-        let pool = &self.pools[&chosen.pool];
-        let offset = self.hole(pool, v.extent_size).ok_or_else(|| err(ErrorCode::NoSpace, "the chosen pool filled"))?;
-        let e = Extent { volume: name.to_string(), index, pool: pool.id.clone(), offset, epoch: 1, unwritten: true };
-        let info = self.extent_info(&e);
-        Ok((vec![Write::Put(Record::Extent(e))], info))
+        }
+    }
+}
+
+/// A pool named `NAME@TARGET`, as the CLI prints it.
+pub fn parse_pool(spec: &str) -> Result<PoolId, ApiError> {
+    match spec.split_once('@') {
+        Some((name, target)) if !name.is_empty() && !target.is_empty() => Ok(PoolId { target: target.into(), name: name.into() }),
+        _ => Err(err(ErrorCode::InvalidArgument, format!("pool '{spec}' is not NAME@TARGET"))),
+    }
+}
+
+fn state_name(s: MoveState) -> &'static str {
+    match s {
+        MoveState::Invalidating => "invalidating",
+        MoveState::Copying => "copying",
+        MoveState::Aborted => "aborted, waiting for its copier to confirm",
     }
 }
 
@@ -721,6 +926,165 @@ mod tests {
         let e = c.allocate("v", 1, s + 1).expect_err("full");
         assert_eq!(e.code, ErrorCode::NoSpace);
         assert!(!e.message.contains("stale"), "{}", e.message);
+    }
+
+    /// Moves asked of a cluster with pools p@t1 and p@t2 (4 MiB) and q@t3 (1 MiB, full),
+    /// volume 'v' (4 extents of 1 MiB, 0 and 1 allocated on p@t1, 2 on q@t3) and 'w' (not
+    /// allocated): the error code expected, or none.
+    #[test]
+    fn move_requests() {
+        #[rustfmt::skip]
+        let cases: &[(&str, u64, Option<&str>, Option<ErrorCode>)] = &[
+            ("v", 0, Some("p@t2"), None),
+            ("v", 0, None, None),
+            ("v", 2, None, None),
+            ("nope", 0, None, Some(ErrorCode::VolumeNotFound)),
+            ("v", 4, None, Some(ErrorCode::ExtentOutOfRange)),
+            ("v", 3, None, Some(ErrorCode::ExtentNotAllocated)),
+            ("w", 0, None, Some(ErrorCode::ExtentNotAllocated)),
+            ("v", 0, Some("zz@t1"), Some(ErrorCode::PoolNotFound)),
+            ("v", 0, Some("p@t9"), Some(ErrorCode::PoolNotFound)),
+            ("v", 0, Some("p@t1"), Some(ErrorCode::InvalidArgument)),
+            ("v", 0, Some("p"), Some(ErrorCode::InvalidArgument)),
+            ("v", 0, Some("q@t3"), Some(ErrorCode::NoSpace)),
+            // Extent 1 is being moved.
+            ("v", 1, None, Some(ErrorCode::MoveInProgress)),
+        ];
+        for &(name, index, to, expected) in cases {
+            let mut c = cluster(&[("t1", "p", 4 * MIB), ("t2", "p", 4 * MIB), ("t3", "q", MIB)]);
+            for v in ["v", "w"] {
+                commit(&mut c, |c| c.create_volume(&CreateVolume { name: v.into(), size: 4 * MIB, extent_size: Some(MIB) }, 0)).expect("v");
+            }
+            let on = |c: &mut Cluster, index, pool: &str| {
+                let (n, t) = pool.split_once('@').expect("pool");
+                let e = Extent {
+                    volume: "v".into(),
+                    index,
+                    pool: PoolId { target: t.into(), name: n.into() },
+                    offset: index * MIB,
+                    epoch: 1,
+                    unwritten: false,
+                };
+                c.apply(&Write::Put(Record::Extent(e)));
+            };
+            on(&mut c, 0, "p@t1");
+            on(&mut c, 1, "p@t1");
+            let e2 = Extent {
+                volume: "v".into(),
+                index: 2,
+                pool: PoolId { target: "t3".into(), name: "q".into() },
+                offset: 0,
+                epoch: 1,
+                unwritten: false,
+            };
+            c.apply(&Write::Put(Record::Extent(e2)));
+            commit(&mut c, |c| c.begin_move("v", 1, &MoveRequest::default(), 0)).expect("move 1");
+            let req = MoveRequest { to: to.map(str::to_string), max_bps: 0 };
+            let got = commit(&mut c, |c| c.begin_move(name, index, &req, 0));
+            assert_eq!(got.as_ref().err().copied(), expected, "{name} {index} {to:?}: {got:?}");
+            if let Ok(m) = got {
+                // Never onto its own pool; the placement spreads (p@t2 before q@t3, full).
+                assert_ne!(m.to, m.from);
+                assert!(c.hole(&c.pools[&m.to], MIB).is_some() || m.to.target != "t3", "{m:?}");
+            }
+        }
+    }
+
+    /// A move's life: acknowledged, reported, published (the extent at its destination with
+    /// the next epoch, its old place free), aborted by its copier or by silence, released by
+    /// the copier's new registration; what a move in progress refuses.
+    #[test]
+    fn a_move_is_published_once_or_not_at_all() {
+        let mut c = cluster(&[("t1", "p", 2 * MIB), ("t2", "p", 2 * MIB)]);
+        commit(&mut c, |c| c.create_volume(&CreateVolume { name: "v".into(), size: 4 * MIB, extent_size: Some(MIB) }, 0)).expect("v");
+        let p1 = PoolId { target: "t1".into(), name: "p".into() };
+        let p2 = PoolId { target: "t2".into(), name: "p".into() };
+        let e = commit(&mut c, |c| c.allocate("v", 0, 0)).expect("0");
+        assert_eq!(e.target, "t1");
+        let m = commit(&mut c, |c| c.begin_move("v", 0, &MoveRequest::default(), 100)).expect("move");
+        assert_eq!(
+            (m.to.clone(), m.copier.as_str(), m.state, m.deadline_ms),
+            (p2.clone(), "t2", MoveState::Invalidating, 100 + MOVE_SILENCE_MS)
+        );
+        // The destination is reserved while the extent still lies at its source.
+        assert_eq!((c.allocated(&p1), c.allocated(&p2)), (MIB, MIB));
+        assert_eq!(c.translate("v", 0).expect("t").extent.map(|e| (e.target, e.epoch)), Some(("t1".into(), 1)));
+        let r = |epoch| MoveReport { epoch, copied: 0, reason: String::new() };
+        #[rustfmt::skip]
+        let refusals: Vec<(Planned<()>, ErrorCode)> = vec![
+            (c.publish_move("v", 0, &r(1)).map(|(w, _)| (w, ())), ErrorCode::MoveNotFound),
+            (c.report_move("v", 0, &r(1), false, 0).map(|(w, _)| (w, ())), ErrorCode::MoveNotFound),
+            (c.report_move("v", 0, &r(2), true, 0).map(|(w, _)| (w, ())), ErrorCode::MoveNotFound),
+            (c.abort_move("v", 1, &r(1)), ErrorCode::MoveNotFound),
+            (c.delete_volume("v"), ErrorCode::MoveInProgress),
+            (c.export("v", &ExportVolume { target: "t1".into(), hosts: vec![], allow_any_host: true }).map(|(w, _)| (w, ())), ErrorCode::MoveInProgress),
+            (c.begin_move("v", 0, &MoveRequest::default(), 0).map(|(w, _)| (w, ())), ErrorCode::MoveInProgress),
+        ];
+        for (i, (got, code)) in refusals.into_iter().enumerate() {
+            assert_eq!(got.err().map(|e| e.code), Some(code), "refusal {i}");
+        }
+        let m =
+            commit(&mut c, |c| c.report_move("v", 0, &MoveReport { epoch: 1, copied: 5, reason: String::new() }, true, 200)).expect("ack");
+        assert_eq!((m.state, m.copied, m.deadline_ms), (MoveState::Copying, 5, 200 + MOVE_SILENCE_MS));
+        // Not yet silent; then silent: aborted, the destination still reserved.
+        assert_eq!(commit(&mut c, |c| c.expire_moves(200 + MOVE_SILENCE_MS)), Ok(0));
+        assert_eq!(commit(&mut c, |c| c.expire_moves(201 + MOVE_SILENCE_MS)), Ok(1));
+        assert_eq!(c.moves[&("v".to_string(), 0)].state, MoveState::Aborted);
+        assert_eq!(c.allocated(&p2), MIB);
+        assert_eq!(c.publish_move("v", 0, &r(1)).err().map(|e| e.code), Some(ErrorCode::MoveNotFound));
+        // The copier registers again (it restarted): the move goes, its destination is free.
+        let reg = RegisterTarget {
+            addr: "t2".into(),
+            nqn: "n".into(),
+            pools: vec![PoolSpec { name: "p".into(), path: "/p/p".into(), size: 2 * MIB, nsid: 1 }],
+        };
+        commit(&mut c, |c| c.register(&reg, 300)).expect("register");
+        assert!(c.moves.is_empty());
+        assert_eq!(c.allocated(&p2), 0);
+        // Again, aborted by the copier: the same.
+        commit(&mut c, |c| c.begin_move("v", 0, &MoveRequest::default(), 400)).expect("move");
+        commit(&mut c, |c| c.abort_move("v", 0, &r(1))).expect("abort");
+        assert_eq!((c.moves.len(), c.allocated(&p2)), (0, 0));
+        // Again, published: at its destination, epoch 2, the source free; in either order of
+        // the two writes, and as the store loads them.
+        commit(&mut c, |c| c.begin_move("v", 0, &MoveRequest { to: Some("p@t2".into()), max_bps: 0 }, 500)).expect("move");
+        commit(&mut c, |c| c.report_move("v", 0, &r(1), true, 500)).expect("ack");
+        let (writes, info) = c.publish_move("v", 0, &r(1)).expect("publish");
+        assert_eq!((info.target.as_str(), info.epoch), ("t2", 2));
+        for order in [writes.clone(), writes.iter().rev().cloned().collect()] {
+            let mut d = c.clone();
+            order.iter().for_each(|w| d.apply(w));
+            assert_eq!((d.allocated(&p1), d.allocated(&p2), d.moves.len()), (0, MIB, 0));
+            assert_eq!(d.translate("v", 0).expect("t").extent.map(|e| (e.target, e.epoch)), Some(("t2".into(), 2)));
+        }
+        writes.iter().for_each(|w| c.apply(w));
+        let records: Vec<Record> = c
+            .extents
+            .values()
+            .map(|e| Record::Extent(e.clone()))
+            .chain(c.pools.values().map(|p| Record::Pool(p.clone())))
+            .chain(c.volumes.values().map(|v| Record::Volume(v.clone())))
+            .chain(c.targets.values().map(|t| Record::Target(t.clone())))
+            .collect();
+        let mut sorted = records;
+        sorted.sort_by_key(|r| Table::ALL.iter().position(|t| *t == r.table()));
+        let loaded = Cluster::from_records(sorted);
+        assert_eq!((loaded.allocated(&p1), loaded.allocated(&p2)), (0, MIB));
+        // A move's reservation survives a restart too.
+        commit(&mut c, |c| c.begin_move("v", 0, &MoveRequest::default(), 600)).expect("move back");
+        let again = Cluster::from_records(
+            [Table::Targets, Table::Pools, Table::Volumes, Table::Extents, Table::Moves]
+                .iter()
+                .flat_map(|t| match t {
+                    Table::Targets => c.targets.values().map(|x| Record::Target(x.clone())).collect::<Vec<_>>(),
+                    Table::Pools => c.pools.values().map(|x| Record::Pool(x.clone())).collect(),
+                    Table::Volumes => c.volumes.values().map(|x| Record::Volume(x.clone())).collect(),
+                    Table::Extents => c.extents.values().map(|x| Record::Extent(x.clone())).collect(),
+                    _ => c.moves.values().map(|x| Record::Move(x.clone())).collect(),
+                })
+                .collect::<Vec<_>>(),
+        );
+        assert_eq!((again.allocated(&p1), again.allocated(&p2), again.moves.len()), (MIB, MIB, 1));
     }
 
     #[test]

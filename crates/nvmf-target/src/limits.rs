@@ -456,6 +456,14 @@ pub const VOLUME_TRANSLATE_TIMEOUT_MS_MAX: u64 = 60_000;
 /// The logical block size of an exported volume, in bytes: every extent size is a multiple
 /// of it (nearstore-control's EXTENT_ALIGN_BYTES), and 4 KiB is what file systems use.
 pub const VOLUME_BLOCK_BYTES: u32 = 4096;
+/// Bytes a copier reads and writes at once when it moves an extent: one command's largest
+/// transfer, so a peer's pool takes it as one command.
+pub const MOVE_COPY_CHUNK_BYTES: usize = TRANSFER_BYTES_MAX;
+/// Milliseconds a copier waits for the operations in flight on an extent to complete before
+/// it gives the move up: on a healthy pool they complete in milliseconds, one still running
+/// after 5 s is a pool in trouble, a bad time to move; and the control plane hears nothing
+/// from the copier meanwhile, so it is under nearstore-control's MOVE_SILENCE_MS (10 s).
+pub const MOVE_DRAIN_MS: u64 = 5000;
 
 /// Misses of one volume resolved at once, in extents (each a task and a control-plane
 /// request, then the pool device's open and, for a first write, its zeroing): 16 lets a

@@ -222,6 +222,10 @@ pub struct Channel {
     cancel: CancellationToken,
     /// Its ring hands every operation to the kernel's workers ([`Channel::punt`]).
     punt: bool,
+    /// Operations of a volume's extents in flight, by tag ([`attach`](Self::attach)):
+    /// each ticket is dropped when `poll` returns its completion, or after the ring has
+    /// drained when the channel goes (declared after it).
+    tickets: Vec<(u64, volume::Ticket)>,
 }
 
 impl Channel {
@@ -242,6 +246,7 @@ impl Channel {
             holds: Arc::default(),
             cancel: CancellationToken::new(),
             punt: false,
+            tickets: Vec::new(),
         }
     }
 
@@ -294,6 +299,12 @@ impl Channel {
     /// as started by [`started_elsewhere`](Self::started_elsewhere).
     pub fn sender(&self) -> UnboundedSender<Completion> {
         self.tx.clone()
+    }
+
+    /// Keeps `ticket` until the operation `tag` completes: what an extent's move waits for
+    /// (docs/control-plane.md, "Moving an extent").
+    pub fn attach(&mut self, tag: u64, ticket: volume::Ticket) {
+        self.tickets.push((tag, ticket));
     }
 
     /// Counts an operation whose completion will come through [`sender`](Self::sender).
@@ -399,6 +410,7 @@ impl Channel {
     /// no syscall besides the ring's submit. Returns how many.
     pub fn poll(&mut self, max: usize, out: &mut Vec<Completion>) -> usize {
         self.submit();
+        let start = out.len();
         let mut n = 0;
         while n < max {
             let Some(c) = self.ready.pop_front() else { break };
@@ -412,6 +424,13 @@ impl Channel {
             n += 1;
         }
         self.outstanding -= n;
+        if !self.tickets.is_empty() {
+            for c in &out[start..] {
+                if let Some(i) = self.tickets.iter().position(|(t, _)| *t == c.tag) {
+                    self.tickets.swap_remove(i);
+                }
+            }
+        }
         n
     }
 

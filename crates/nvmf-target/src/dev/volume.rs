@@ -22,6 +22,12 @@
 //!   operation maps it while its first write still zeroes it.
 //! - When the control plane cannot answer in time, the operation fails with Namespace Not
 //!   Ready, which a host retries; cached extents keep serving.
+//! - Before an extent moves, its copier [`blocks`](Volume::block) it here (seed 002's
+//!   ATS-like invalidation, docs/control-plane.md "Moving an extent"): its cache entry goes,
+//!   new operations on it wait for the move's end, and [`Hold::drained`] waits for those
+//!   in flight, each counted by a [`Ticket`] taken with its mapping and dropped when it
+//!   completes. After the move every waiter translates again; an answer the control plane
+//!   gave before a move ended is never cached (it may name the old place).
 
 use std::collections::HashMap;
 use std::future::Future;
@@ -129,6 +135,19 @@ impl<V: Clone> Clock<V> {
         Clock { cap, slots: Vec::new(), index: HashMap::new(), hand: 0 }
     }
 
+    /// Takes `key` out (an extent about to move).
+    pub fn remove(&mut self, key: u64) -> Option<V> {
+        let i = self.index.remove(&key)?;
+        let (_, v, _) = self.slots.swap_remove(i);
+        if let Some(moved) = self.slots.get(i) {
+            self.index.insert(moved.0, i);
+        }
+        if self.hand >= self.slots.len() {
+            self.hand = 0;
+        }
+        Some(v)
+    }
+
     pub fn get(&mut self, key: u64) -> Option<V> {
         let i = *self.index.get(&key)?;
         let s = &mut self.slots[i];
@@ -175,11 +194,100 @@ impl<V: Clone> Clock<V> {
 struct Mapped {
     dev: Arc<dyn BlockDevice>,
     offset: u64,
-    /// The extent's epoch when it was cached (named in errors; checked against moves, which
-    /// come later).
+    /// The extent's epoch when it was translated (named in errors).
     epoch: u64,
     /// Which pool it is (shared: a cache hit clones no string).
     pool: Arc<PoolRef>,
+}
+
+/// The volume's mappings: its cache, the extents being moved, and the operations in flight
+/// on each extent (those that hold a mapping), which a move drains.
+struct Table {
+    clock: Clock<Mapped>,
+    /// Extents being moved: operations on them wait for the move's end.
+    moving: HashMap<u64, Arc<Moving>>,
+    /// Operations in flight by extent: an entry while there is one, so at most as many
+    /// entries as operations in flight.
+    inflight: HashMap<u64, usize>,
+    /// Moves of this volume's extents that ended: a translation asked before one ended may
+    /// name an old place, and is asked again rather than cached.
+    moves_ended: u64,
+}
+
+/// One extent's move as its volume sees it.
+struct Moving {
+    /// Closed when the move ends (published or not): the operations waiting translate again.
+    ended: tokio::sync::Semaphore,
+    /// Told when the extent's last operation in flight completes.
+    drained: tokio::sync::Notify,
+}
+
+/// One operation in flight on an extent, counted until it is dropped (its completion
+/// taken: [`Channel::attach`]).
+pub struct Ticket {
+    table: Arc<Mutex<Table>>,
+    index: u64,
+}
+
+impl Ticket {
+    /// Counts one more operation on `index`; `t` is `table` locked.
+    fn enter(table: &Arc<Mutex<Table>>, t: &mut Table, index: u64) -> Ticket {
+        *t.inflight.entry(index).or_default() += 1;
+        Ticket { table: table.clone(), index }
+    }
+}
+
+impl Drop for Ticket {
+    fn drop(&mut self) {
+        let mut t = self.table.lock();
+        let Some(n) = t.inflight.get_mut(&self.index) else { return };
+        *n -= 1;
+        if *n == 0 {
+            t.inflight.remove(&self.index);
+            if let Some(m) = t.moving.get(&self.index) {
+                m.drained.notify_one();
+            }
+        }
+    }
+}
+
+/// An extent blocked for its move ([`Volume::block`]): dropping it ends the move here, and
+/// the operations that waited translate again.
+pub struct Hold {
+    table: Arc<Mutex<Table>>,
+    index: u64,
+    moving: Arc<Moving>,
+}
+
+impl Hold {
+    /// Waits until no operation is in flight on the extent, at most `wait`.
+    pub async fn drained(&self, wait: Duration) -> io::Result<()> {
+        let deadline = tokio::time::Instant::now() + wait;
+        loop {
+            if !self.table.lock().inflight.contains_key(&self.index) {
+                return Ok(());
+            }
+            // notify_one keeps a permit: a completion between the look and here is not missed.
+            if tokio::time::timeout_at(deadline, self.moving.drained.notified()).await.is_err() {
+                let n = self.table.lock().inflight.get(&self.index).copied().unwrap_or(0);
+                return Err(io::Error::new(
+                    io::ErrorKind::TimedOut,
+                    format!("extent {}: {n} operations still in flight after {} ms", self.index, wait.as_millis()),
+                ));
+            }
+        }
+    }
+}
+
+impl Drop for Hold {
+    fn drop(&mut self) {
+        let mut t = self.table.lock();
+        if t.moving.get(&self.index).is_some_and(|m| Arc::ptr_eq(m, &self.moving)) {
+            t.moving.remove(&self.index);
+        }
+        t.moves_ended += 1;
+        self.moving.ended.close();
+    }
 }
 
 /// Counters of a volume's data path.
@@ -226,7 +334,7 @@ struct Inner {
     cfg: VolumeConfig,
     resolver: Arc<dyn Resolver>,
     devices: Arc<dyn Devices>,
-    cache: Mutex<Clock<Mapped>>,
+    table: Arc<Mutex<Table>>,
     /// The misses being resolved, by extent.
     flights: Mutex<HashMap<u64, Arc<Flight>>>,
     /// Turns to resolve a miss: `VOLUME_MISSES_IN_FLIGHT_MAX`.
@@ -246,13 +354,13 @@ pub struct Volume {
 
 impl Volume {
     pub fn new(cfg: VolumeConfig, resolver: Arc<dyn Resolver>, devices: Arc<dyn Devices>, pool: IoPool) -> Volume {
-        let cache = Mutex::new(Clock::new(cfg.cache_entries));
+        let table = Table { clock: Clock::new(cfg.cache_entries), moving: HashMap::new(), inflight: HashMap::new(), moves_ended: 0 };
         Volume {
             inner: Arc::new(Inner {
                 cfg,
                 resolver,
                 devices,
-                cache,
+                table: Arc::new(Mutex::new(table)),
                 flights: Mutex::new(HashMap::new()),
                 turns: tokio::sync::Semaphore::new(crate::limits::VOLUME_MISSES_IN_FLIGHT_MAX),
                 touched: Mutex::new(Vec::new()),
@@ -275,7 +383,7 @@ impl Volume {
         }
         let mut out = Vec::new();
         for (index, _, within, n) in pieces(off, len, i.cfg.extent_size) {
-            let at = i.lookup(index, false).await?.map(|m| (m.pool.clone(), m.offset + within));
+            let at = i.lookup(index, false).await?.map(|(m, _)| (m.pool.clone(), m.offset + within));
             out.push(Placed { len: n, at });
         }
         Ok(out)
@@ -284,6 +392,21 @@ impl Volume {
     /// The pool namespace of this target that is `pool`, if it is one.
     pub fn own_pool(&self, pool: &PoolRef) -> Option<Arc<crate::subsystem::Namespace>> {
         self.inner.devices.own_pool(pool)
+    }
+
+    /// Blocks extent `index` for its move: its cache entry goes and new operations on it
+    /// wait (at most `volume.translate_timeout_ms`, then Namespace Not Ready) until the
+    /// [`Hold`] is dropped; then [`Hold::drained`] waits for those in flight. None when a
+    /// move of it is blocked already.
+    pub fn block(&self, index: u64) -> Option<Hold> {
+        let mut t = self.inner.table.lock();
+        if t.moving.contains_key(&index) {
+            return None;
+        }
+        t.clock.remove(index);
+        let moving = Arc::new(Moving { ended: tokio::sync::Semaphore::new(0), drained: tokio::sync::Notify::new() });
+        t.moving.insert(index, moving.clone());
+        Some(Hold { table: self.inner.table.clone(), index, moving })
     }
 
     /// The synchronous face a namespace needs besides its device (shutdown flushes).
@@ -321,9 +444,15 @@ impl BlockDevice for Volume {
             let len = buf.len() as u64;
             let end = off.checked_add(len).filter(|&e| e <= self.inner.cfg.size);
             if len > 0 && end.is_some() && off / ext == (off + len - 1) / ext {
-                let hit = self.inner.cache.lock().get(off / ext);
-                if let Some(m) = hit {
+                let index = off / ext;
+                let table = &self.inner.table;
+                let hit = {
+                    let mut t = table.lock();
+                    t.clock.get(index).map(|m| (m, Ticket::enter(table, &mut t, index)))
+                };
+                if let Some((m, ticket)) = hit {
                     self.inner.stats.hits.fetch_add(1, Relaxed);
+                    ch.attach(tag, ticket);
                     return m.dev.submit(ch, at(op, m.offset + off % ext), buf, tag);
                 }
             }
@@ -370,7 +499,22 @@ fn unresolved(e: ResolveError) -> io::Error {
 /// what it found (an answer of "unallocated" does not serve a write, which allocates).
 #[derive(Default)]
 struct Flight {
-    answer: tokio::sync::Mutex<Option<Result<Option<Mapped>, io::Error>>>,
+    answer: tokio::sync::Mutex<Option<Result<Option<(Mapped, u64)>, io::Error>>>,
+}
+
+/// What a miss found: a mapping (with the count of moves ended when it was asked, and the
+/// operation's ticket), unallocated, or a move in the way (ask again).
+enum Resolved {
+    Mapped(Mapped, u64, Ticket),
+    Unallocated,
+    Moved,
+}
+
+/// Where an extent stands in the table.
+enum Found {
+    Hit(Mapped, Ticket),
+    Moving(Arc<Moving>),
+    Miss,
 }
 
 /// The same error again, for another waiter of a shared miss (its status kept).
@@ -432,61 +576,138 @@ impl Inner {
         Ok(Mapped { dev, offset: loc.offset, epoch: loc.epoch, pool: Arc::new(PoolRef { target: loc.target.clone(), nsid: loc.nsid }) })
     }
 
-    /// Where extent `index` lies: from the cache, else from the control plane (allocated
-    /// with `allocate` when it is not yet), or from a concurrent miss of the same extent.
-    /// None: unallocated, and not allocated.
-    async fn lookup(&self, index: u64, allocate: bool) -> io::Result<Option<Mapped>> {
-        if let Some(m) = self.cache.lock().get(index) {
-            self.stats.hits.fetch_add(1, Relaxed);
-            return Ok(Some(m));
+    /// The extent in the table: a hit (its ticket taken), a move, or a miss.
+    fn found(&self, index: u64) -> Found {
+        let mut t = self.table.lock();
+        if let Some(m) = t.moving.get(&index) {
+            return Found::Moving(m.clone());
         }
-        let flight = self.flights.lock().entry(index).or_default().clone();
-        let landing = Landing { flights: &self.flights, index, flight };
-        let mut answer = landing.flight.answer.lock().await;
-        // Another miss may have cached it meanwhile.
-        if let Some(m) = self.cache.lock().get(index) {
-            self.stats.hits.fetch_add(1, Relaxed);
-            return Ok(Some(m));
+        match t.clock.get(index) {
+            Some(m) => {
+                let ticket = Ticket::enter(&self.table, &mut t, index);
+                Found::Hit(m, ticket)
+            }
+            None => Found::Miss,
         }
-        match &*answer {
-            Some(Ok(Some(m))) => {
-                self.stats.coalesced.fetch_add(1, Relaxed);
-                return Ok(Some(m.clone()));
-            }
-            Some(Ok(None)) if !allocate => {
-                self.stats.coalesced.fetch_add(1, Relaxed);
-                return Ok(None);
-            }
-            Some(Err(e)) => {
-                self.stats.coalesced.fetch_add(1, Relaxed);
-                return Err(again(e));
-            }
-            // Not resolved yet (or its resolver was dropped), or a write behind a read that
-            // found it unallocated.
-            _ => {}
+    }
+
+    /// Waits for a move's end, until `deadline`.
+    async fn wait_move(&self, index: u64, m: Arc<Moving>, deadline: tokio::time::Instant) -> io::Result<()> {
+        // Closed (an error) when the move ends.
+        match tokio::time::timeout_at(deadline, m.ended.acquire()).await {
+            Ok(_) => Ok(()),
+            Err(_) => Err(status_error(
+                Status::NAMESPACE_NOT_READY,
+                format!("volume {}: extent {index} is still being moved after {} ms", self.cfg.name, self.cfg.timeout.as_millis()),
+            )),
         }
-        let r = self.resolve(index, allocate).await;
-        *answer = Some(match &r {
-            Ok(m) => Ok(m.clone()),
-            Err(e) => Err(again(e)),
-        });
-        r
+    }
+
+    /// Where extent `index` lies, with the operation's ticket: from the cache, else from the
+    /// control plane (allocated with `allocate` when it is not yet), or from a concurrent
+    /// miss of the same extent. None: unallocated, and not allocated. An extent being moved
+    /// is waited for (at most the control plane's wait), then translated again.
+    async fn lookup(&self, index: u64, allocate: bool) -> io::Result<Option<(Mapped, Ticket)>> {
+        let deadline = tokio::time::Instant::now() + self.cfg.timeout;
+        loop {
+            match self.found(index) {
+                Found::Hit(m, t) => {
+                    self.stats.hits.fetch_add(1, Relaxed);
+                    return Ok(Some((m, t)));
+                }
+                Found::Moving(m) => {
+                    self.wait_move(index, m, deadline).await?;
+                    continue;
+                }
+                Found::Miss => {}
+            }
+            let flight = self.flights.lock().entry(index).or_default().clone();
+            let landing = Landing { flights: &self.flights, index, flight };
+            let mut answer = landing.flight.answer.lock().await;
+            // Another miss may have cached it meanwhile, or a move begun.
+            match self.found(index) {
+                Found::Hit(m, t) => {
+                    self.stats.hits.fetch_add(1, Relaxed);
+                    return Ok(Some((m, t)));
+                }
+                Found::Moving(m) => {
+                    drop(answer);
+                    drop(landing);
+                    self.wait_move(index, m, deadline).await?;
+                    continue;
+                }
+                Found::Miss => {}
+            }
+            match &*answer {
+                Some(Ok(Some((m, asked)))) => {
+                    // Not cached (no cache, or evicted): still good unless a move ended since.
+                    let mut t = self.table.lock();
+                    if t.moves_ended == *asked && !t.moving.contains_key(&index) {
+                        self.stats.coalesced.fetch_add(1, Relaxed);
+                        let ticket = Ticket::enter(&self.table, &mut t, index);
+                        return Ok(Some((m.clone(), ticket)));
+                    }
+                }
+                Some(Ok(None)) if !allocate => {
+                    self.stats.coalesced.fetch_add(1, Relaxed);
+                    return Ok(None);
+                }
+                Some(Err(e)) => {
+                    self.stats.coalesced.fetch_add(1, Relaxed);
+                    return Err(again(e));
+                }
+                // Not resolved yet (or its resolver was dropped), or a write behind a read that
+                // found it unallocated.
+                _ => {}
+            }
+            match self.resolve(index, allocate).await {
+                Ok(Resolved::Mapped(m, asked, ticket)) => {
+                    *answer = Some(Ok(Some((m.clone(), asked))));
+                    return Ok(Some((m, ticket)));
+                }
+                Ok(Resolved::Unallocated) => {
+                    *answer = Some(Ok(None));
+                    return Ok(None);
+                }
+                Ok(Resolved::Moved) => {
+                    *answer = None;
+                    if tokio::time::Instant::now() >= deadline {
+                        return Err(status_error(
+                            Status::NAMESPACE_NOT_READY,
+                            format!("volume {}: extent {index} kept moving for {} ms", self.cfg.name, self.cfg.timeout.as_millis()),
+                        ));
+                    }
+                }
+                Err(e) => {
+                    *answer = Some(Err(again(&e)));
+                    return Err(e);
+                }
+            }
+        }
     }
 
     /// Asks the control plane where extent `index` lies (allocating and zeroing it with
-    /// `allocate`), in one of the volume's turns, and caches it.
-    async fn resolve(&self, index: u64, allocate: bool) -> io::Result<Option<Mapped>> {
+    /// `allocate`), in one of the volume's turns, and caches it, unless a move of the extent
+    /// began or any move ended meanwhile (the answer may name the old place: Moved).
+    async fn resolve(&self, index: u64, allocate: bool) -> io::Result<Resolved> {
         let _turn = self.turns.acquire().await.map_err(|_| io::Error::other("the volume's misses were closed"))?;
+        let asked = {
+            let t = self.table.lock();
+            if t.moving.contains_key(&index) {
+                return Ok(Resolved::Moved);
+            }
+            t.moves_ended
+        };
         self.stats.misses.fetch_add(1, Relaxed);
-        let asked = std::time::Instant::now();
+        let started = std::time::Instant::now();
         let translated = self.ask("translate", self.resolver.translate(index)).await;
-        self.stats.translate_latency.record(asked.elapsed());
+        self.stats.translate_latency.record(started.elapsed());
         let loc = match translated? {
             // Allocated by a data path that died before it zeroed the extent: its pool may
             // hold a deleted volume's bytes, so it reads as zeros and is not cached.
-            Lookup::Allocated(loc) if loc.unwritten && !allocate => return Ok(None),
+            Lookup::Allocated(loc) if loc.unwritten && !allocate => return Ok(Resolved::Unallocated),
             Lookup::Allocated(loc) => loc,
-            Lookup::Unallocated if !allocate => return Ok(None),
+            Lookup::Unallocated if !allocate => return Ok(Resolved::Unallocated),
             Lookup::Unallocated => {
                 let loc = self.ask("allocate", self.resolver.allocate(index)).await?;
                 self.stats.allocations.fetch_add(1, Relaxed);
@@ -500,6 +721,16 @@ impl Inner {
         let m = self.open(&loc).await.inspect_err(|_| {
             self.stats.failed_pool.fetch_add(1, Relaxed);
         })?;
+        // The ticket before the zeroing: a move of the extent waits for it. An answer from
+        // before a move ended, or an extent being moved, is asked again (an unwritten one
+        // stays unwritten through its move, and is zeroed where it lies then).
+        let ticket = {
+            let mut t = self.table.lock();
+            if t.moving.contains_key(&index) || t.moves_ended != asked {
+                return Ok(Resolved::Moved);
+            }
+            Ticket::enter(&self.table, &mut t, index)
+        };
         if fresh {
             let ext = self.cfg.extent_size;
             // Durable (FUA) before the control plane hears that it is written.
@@ -512,10 +743,14 @@ impl Inner {
             })?;
             self.ask("mark the extent written", self.resolver.written(index)).await?;
         }
-        if self.cache.lock().insert(index, m.clone()).is_some() {
+        let mut t = self.table.lock();
+        if t.moving.contains_key(&index) || t.moves_ended != asked {
+            return Ok(Resolved::Moved);
+        }
+        if t.clock.insert(index, m.clone()).is_some() {
             self.stats.evictions.fetch_add(1, Relaxed);
         }
-        Ok(Some(m))
+        Ok(Resolved::Mapped(m, asked, ticket))
     }
 
     /// The slow path of one operation.
@@ -537,13 +772,14 @@ impl Inner {
                 for (index, from, within, n) in pieces(off, len, ext) {
                     let range = from as usize..(from + n) as usize;
                     match self.lookup(index, write).await? {
-                        Some(m) => {
+                        Some((m, ticket)) => {
                             let mut b = AlignedBuf::new(n as usize);
                             b.set_len(n as usize);
                             if write {
                                 b.copy_from_slice(&buf[range.clone()]);
                             }
-                            plan.push(Piece { op: at(op, m.offset + within), buf: b, range, extent: Some((index, m.epoch)), dev: m.dev });
+                            let extent = Some((index, m.epoch));
+                            plan.push(Piece { op: at(op, m.offset + within), buf: b, range, extent, dev: m.dev, _ticket: Some(ticket) });
                         }
                         None => {
                             self.stats.zero_reads.fetch_add(1, Relaxed);
@@ -561,8 +797,10 @@ impl Inner {
             }
             Op::Flush => {
                 let devs = self.touched.lock().clone();
-                let plan =
-                    devs.into_iter().map(|dev| Piece { dev, op: Op::Flush, buf: AlignedBuf::new(0), range: 0..0, extent: None }).collect();
+                let plan = devs
+                    .into_iter()
+                    .map(|dev| Piece { dev, op: Op::Flush, buf: AlignedBuf::new(0), range: 0..0, extent: None, _ticket: None })
+                    .collect();
                 execute(&mut ch, plan, &stop).await.map(drop)
             }
             Op::WriteZeroes { off, len, deallocate, fua } => {
@@ -598,10 +836,11 @@ impl Inner {
             return Ok(());
         }
         let table = self.ask("list the extents", self.resolver.allocated()).await?;
-        for (index, loc) in table.into_iter().filter(|(i, _)| (first..last).contains(i)) {
+        for (index, _) in table.into_iter().filter(|(i, _)| (first..last).contains(i)) {
             let start = (index * ext).max(off);
             let end = ((index + 1) * ext).min(off + len);
-            let m = self.open(&loc).await?;
+            // Through the cache with a ticket, as a read: the table's place may be moving.
+            let Some((m, _ticket)) = self.lookup(index, false).await? else { continue };
             let c = ch.run(&*m.dev, make(m.offset + start - index * ext, end - start), AlignedBuf::new(0)).await;
             c.result.map_err(|e| in_extent(e, index, m.epoch))?;
         }
@@ -617,6 +856,8 @@ struct Piece {
     buf: AlignedBuf,
     range: std::ops::Range<usize>,
     extent: Option<(u64, u64)>,
+    /// Counts it in flight on its extent until the operation is done.
+    _ticket: Option<Ticket>,
 }
 
 /// A pool operation's error, naming the extent it was for.
