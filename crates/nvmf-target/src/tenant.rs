@@ -11,8 +11,9 @@
 //! Without `[[tenant]]` entries every host is in the built-in tenant `default`, which
 //! reaches whatever the subsystems' host lists allow. With entries, a host in none is
 //! refused at Connect (Connect Invalid Host), except on the discovery subsystem and a
-//! trusted cluster member connecting as itself (built-in tenant `cluster`: pools and
-//! peers' reads, whose host's tenant the reading target already checked).
+//! trusted cluster member connecting as itself (built-in tenant `cluster`, which reaches
+//! only the pool subsystem: a member reads a peer's ordinary subsystem only acting for a
+//! host, under that host's tenant).
 //!
 //! ```toml
 //! [[tenant]]
@@ -57,7 +58,7 @@ pub struct TenantId(pub u32);
 impl TenantId {
     /// Every host, when no `[[tenant]]` is configured; and the discovery controllers.
     pub const DEFAULT: TenantId = TenantId(0);
-    /// A trusted cluster member connecting as itself.
+    /// A trusted cluster member connecting as itself: it reaches only the pool subsystem.
     pub const CLUSTER: TenantId = TenantId(1);
 }
 
@@ -383,7 +384,13 @@ impl Default for Tenants {
         Tenants {
             table: Mutex::default(),
             default: Arc::new(TenantPolicy::unrestricted(TenantId::DEFAULT, "default", DEFAULT_WEIGHT, DEFAULT_WEIGHT)),
-            cluster: Arc::new(TenantPolicy::unrestricted(TenantId::CLUSTER, "cluster", DEFAULT_WEIGHT, DEFAULT_WEIGHT)),
+            // NQNs are self-asserted (an allow_any_host subsystem proves none): a host
+            // claiming a member's NQN must gain nothing beyond what a member reads for
+            // itself, the pool subsystem. A member acting for a host gets the host's tenant.
+            cluster: Arc::new(TenantPolicy {
+                reach: Some(vec![Grant { subsystem: crate::POOLS_NQN.into(), nsid: None, lbas: None, read_only: false }]),
+                ..TenantPolicy::unrestricted(TenantId::CLUSTER, "cluster", DEFAULT_WEIGHT, DEFAULT_WEIGHT)
+            }),
         }
     }
 }

@@ -36,13 +36,18 @@ fn config(alpha_hosts: &[&str]) -> Config {
 /// [`config`] with more settings: lines before the first table header go into tenant
 /// beta's entry, the rest (`[compute]`) after it.
 fn config_with(alpha_hosts: &[&str], more: &str) -> Config {
+    Config::from_toml(&config_text(alpha_hosts, more)).unwrap()
+}
+
+/// The text of [`config_with`].
+fn config_text(alpha_hosts: &[&str], more: &str) -> String {
     let (beta, more) = match more.split_once("\n[") {
         _ if more.starts_with('[') => (String::new(), more.to_string()),
         Some((b, m)) => (b.to_string(), format!("[{m}")),
         None => (more.to_string(), String::new()),
     };
     let hosts: Vec<String> = alpha_hosts.iter().map(|h| format!("\"{h}\"")).collect();
-    let text = format!(
+    format!(
         r#"
         [[listener]]
         address = "127.0.0.1:0"
@@ -89,8 +94,7 @@ fn config_with(alpha_hosts: &[&str], more: &str) -> Config {
         {more}
         "#,
         hosts = hosts.join(", ")
-    );
-    Config::from_toml(&text).unwrap()
+    )
 }
 
 async fn start() -> (Arc<Target>, SocketAddr) {
@@ -147,6 +151,30 @@ async fn connect_follows_the_tenants() {
                 assert_eq!(status, Status::CONNECT_INVALID_HOST.dnr(), "{host} to {sub}");
             }
             Err(e) => panic!("{host} to {sub}: {e}"),
+        }
+    }
+}
+
+/// NQNs are self-asserted: a host claiming a trusted member's NQN (connecting as the member
+/// itself) is in the built-in tenant `cluster`, which reaches the pool subsystem only: it is
+/// refused on every other subsystem.
+#[tokio::test]
+async fn a_member_connecting_as_itself_is_refused_outside_the_pools() {
+    common::init_logs();
+    const MEMBER: &str = "nqn.2026-11.io.nearstore:member-x";
+    let text = format!("[cluster]\ntrusted_members = [\"{MEMBER}\"]\n{}", config_text(&[ALPHA], ""));
+    let target = Target::from_config(&Config::from_toml(&text).unwrap()).unwrap();
+    let addr = target.listen("127.0.0.1:0".parse().unwrap(), false).await.unwrap();
+    // The pool subsystem (which it still reaches) exists only with pools and a control plane.
+    let cases: &[(&str, bool)] = &[(A, false), (B, false)];
+    for &(sub, admitted) in cases {
+        match Controller::connect(opts(addr, sub, MEMBER)).await {
+            Ok(_) => assert!(admitted, "member to {sub}: admitted"),
+            Err(Error::Status { status, .. }) => {
+                assert!(!admitted, "member to {sub}: refused with {status}");
+                assert_eq!(status, Status::CONNECT_INVALID_HOST.dnr(), "member to {sub}");
+            }
+            Err(e) => panic!("member to {sub}: {e}"),
         }
     }
 }
