@@ -553,6 +553,10 @@ fn set_reservation_feature(ctrl: &Controller, sqe: &Sqe) -> Outcome {
     let Some(ns) = ctrl.subsys.namespace(nsid) else {
         return fail(Status::INVALID_NAMESPACE.dnr());
     };
+    // It changes the namespace's reservation state, as Reservation Register does.
+    if ctrl.tenant.check(&ctrl.subsys.nqn, nsid, None, true).is_err() {
+        return fail(Status::ACCESS_DENIED.dnr());
+    }
     let on = v & 1 != 0;
     if v & !1 != 0 || (on && ns.reservations.file.is_none()) {
         return fail(Status::INVALID_FIELD.dnr());

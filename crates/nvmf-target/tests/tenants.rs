@@ -11,11 +11,14 @@ use std::time::Duration;
 use nearstore_initiator::{ConnectOptions, Controller, Error, IoQueue};
 use std::sync::atomic::Ordering::Relaxed;
 
+use nearstore_initiator::Data;
 use nearstore_target::config::Config;
 use nearstore_target::tenant::TenantStats;
 use nearstore_target::Target;
 use nearstore_wire::compute::{Descriptor, Extent, Object};
-use nearstore_wire::Status;
+use nearstore_wire::opcode::{admin, feature};
+use nearstore_wire::resv::{rrega, Cdw10, Keys};
+use nearstore_wire::{Sqe, Status};
 
 const A: &str = "nqn.2026-11.io.nearstore:tenant-a";
 const B: &str = "nqn.2026-11.io.nearstore:tenant-b";
@@ -26,8 +29,8 @@ const NOBODY: &str = "nqn.2014-08.org.nvmexpress:uuid:nobody";
 const BS: u64 = 512;
 const T: Duration = Duration::from_secs(20);
 
-/// Subsystem A (namespaces 1 and 2) and B (namespace 1), open to any host; tenant alpha
-/// reaches blocks [0, 1024) of A's namespace 1 and reads A's namespace 2, running sha256,
+/// Subsystem A (namespaces 1, 2 and 3) and B (namespace 1), open to any host; tenant alpha
+/// reaches blocks [0, 1024) of A's namespace 1 and reads A's namespace 2 (not 3), running sha256,
 /// wc and copy; tenant beta reaches all of B. `alpha_hosts`: alpha's hosts.
 fn config(alpha_hosts: &[&str]) -> Config {
     config_with(alpha_hosts, "")
@@ -59,6 +62,9 @@ fn config_text(alpha_hosts: &[&str], more: &str) -> String {
         memory = "4MiB"
         [[subsystem.namespace]]
         nsid = 2
+        memory = "4MiB"
+        [[subsystem.namespace]]
+        nsid = 3
         memory = "4MiB"
         [[subsystem]]
         nqn = "{B}"
@@ -211,6 +217,42 @@ async fn io_commands_are_checked_against_the_tenant() {
     // The queue serves on after every refusal.
     q.write(1, 11, &block, BS as u32, false).await.unwrap();
     assert_eq!(q.read(1, 11, 1, BS as u32).await.unwrap(), block);
+}
+
+/// Reservation commands and Set Features 83h (Reservation Persistence) of tenant alpha:
+/// those that change a namespace's reservation state need a grant that may write (all or
+/// part of the namespace), Reservation Report one that may read. Each line: what, and
+/// None (it runs) or its status.
+#[tokio::test]
+async fn reservation_commands_are_checked_against_the_tenant() {
+    let (_target, addr) = start().await;
+    let (c, mut q) = queue(addr, A, ALPHA).await;
+    let denied = Some(Status::ACCESS_DENIED.dnr());
+    let reg = Cdw10 { action: rrega::REGISTER, ..Default::default() };
+    let keys = Keys { current: 0, other: 7 };
+    let cases: &[(&str, u32, Option<Status>)] = &[
+        ("register on the granted range's namespace", 1, None),
+        ("register on the read-only namespace", 2, denied),
+        ("register on a namespace not granted", 3, denied),
+    ];
+    for &(what, nsid, want) in cases {
+        assert_eq!(status_of(q.resv_register(nsid, reg, keys).await), want, "{what}");
+    }
+    let cases: &[(&str, u32, Option<Status>)] = &[("report, read-only namespace", 2, None), ("report, namespace not granted", 3, denied)];
+    for &(what, nsid, want) in cases {
+        assert_eq!(status_of(q.resv_report(nsid).await.map(drop)), want, "{what}");
+    }
+    // Persist Through Power Loss off (the namespaces are in memory: on is Invalid Field).
+    let cases: &[(&str, u32, Option<Status>)] = &[
+        ("set feature 83h, granted namespace", 1, None),
+        ("set feature 83h, read-only namespace", 2, denied),
+        ("set feature 83h, namespace not granted", 3, denied),
+    ];
+    for &(what, nsid, want) in cases {
+        let mut s = Sqe::new(admin::SET_FEATURES, 0);
+        s.set_nsid(nsid).set_cdw(10, feature::RESERVATION_PERSISTENCE as u32).set_cdw(11, 0);
+        assert_eq!(status_of(c.admin(s, Data::None, "set features 83h").await.map(drop)), want, "{what}");
+    }
 }
 
 /// Compute descriptors of tenant alpha (sha256, wc and copy only; blocks [0, 1024) of
