@@ -494,3 +494,26 @@ async fn metrics_count_each_tenants_traffic() {
     }
     assert!(value("nearstore_tenant_compute_cpu_nanoseconds_total", "beta") > 0, "beta's CPU time was measured");
 }
+
+/// A reload that narrows a tenant's grant (blocks [0, 1024) of namespace 1 to [0, 512)),
+/// its hosts unchanged, tears its controllers down like a removal: a queue connected under
+/// the wider grant runs nothing more, and a new one runs under the narrower grant.
+#[tokio::test]
+async fn a_narrowed_grant_revokes_the_tenants_controllers() {
+    let (target, addr) = start().await;
+    let block = vec![3u8; BS as usize];
+    let (_a, mut qa) = queue(addr, A, ALPHA).await;
+    let (_b, mut qb) = queue(addr, B, BETA).await;
+    qa.write(1, 600, &block, BS as u32, false).await.unwrap();
+    let narrowed = config_text(&[ALPHA, ALPHA2], "").replace("lbas = [0, 1024]", "lbas = [0, 512]");
+    assert_eq!(target.reload_tenants(&Config::from_toml(&narrowed).unwrap()).unwrap(), 1, "alpha's controller torn down");
+    match qa.write(1, 600, &block, BS as u32, false).await {
+        Ok(()) => panic!("a command ran under the wider grant"),
+        Err(Error::Status { status, .. }) => assert_eq!(status, Status::ACCESS_DENIED.dnr()),
+        Err(_) => {} // the connection closed first
+    }
+    qb.write(1, 0, &block, BS as u32, false).await.expect("another tenant goes on");
+    let (_a, mut qa) = queue(addr, A, ALPHA).await;
+    assert_eq!(status_of(qa.write(1, 600, &block, BS as u32, false).await), Some(Status::ACCESS_DENIED.dnr()));
+    qa.write(1, 10, &block, BS as u32, false).await.expect("inside the narrower grant");
+}
