@@ -516,6 +516,7 @@ fn run(cli: Cli) -> Result<()> {
                         tag: None,
                         delay_us: 0,
                         inject: None,
+                        microtx: false,
                     };
                     if ns.path.is_none() && ns.memory.is_none() {
                         bail!("give --namespace PATH, --memory SIZE or --config FILE");

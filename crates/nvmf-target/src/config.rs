@@ -333,6 +333,11 @@ pub struct NamespaceConfig {
     pub delay_us: u64,
     /// For tests: fail chosen I/O operations (an error-inject device stacked on the storage).
     pub inject: Option<InjectConfig>,
+    /// Keep a MicroTx journal for fused write operations in `PATH.microtx` beside the
+    /// namespace's file (created, MICROTX_JOURNAL_BYTES), replayed at start-up
+    /// (docs/compute-protocol.md, "The MicroTx journal"). File namespaces only.
+    #[serde(default)]
+    pub microtx: bool,
 }
 
 /// `[subsystem.namespace.inject]`: which I/O operations of a namespace fail, and how.

@@ -210,7 +210,12 @@ impl Target {
                     Some(f) => NsReservations::load(f).map_err(|message| TargetError::Namespace { field: field.clone(), message })?,
                     None => NsReservations::new(None),
                 };
-                sub.add_namespace(Namespace { tag: n.tag, reservations, ..ns })
+                let journal = match (&n.path, n.microtx) {
+                    (Some(p), true) => Some(open_journal(p, &*ns.backend, n.block_size, &field)?),
+                    (None, true) => return Err(TargetError::Namespace { field, message: "microtx needs a file namespace (path)".into() }),
+                    (_, false) => None,
+                };
+                sub.add_namespace(Namespace { tag: n.tag, reservations, journal, ..ns })
                     .map_err(|message| TargetError::Namespace { field, message })?;
             }
             t.subsystems.write().insert(s.nqn.clone(), Arc::new(sub));
@@ -475,6 +480,26 @@ pub fn limit_malloc_arenas() -> Option<i32> {
 /// Where a namespace on `path` keeps reservations that persist through power loss: in the
 /// state directory by NGUID, else beside a regular file; a block device without a state
 /// directory has nowhere to keep them.
+/// Opens (creating it) a namespace's MicroTx journal beside its file and replays it onto the
+/// namespace, before the namespace serves.
+fn open_journal(path: &std::path::Path, data: &dyn Backend, block_size: u32, field: &str) -> Result<Arc<microtx::Journal>, TargetError> {
+    let mut jp = path.as_os_str().to_owned();
+    jp.push(".microtx");
+    let jp = std::path::PathBuf::from(jp);
+    let log = FileBackend::open(&jp, Some(limits::MICROTX_JOURNAL_BYTES)).map_err(|source| TargetError::Backend {
+        field: format!("{field}.microtx"),
+        path: jp.display().to_string(),
+        source,
+    })?;
+    let (journal, rec) = microtx::Journal::open(Arc::new(log), data, block_size as u64)
+        .map_err(|e| TargetError::Namespace { field: field.to_string(), message: format!("{}: {e}", jp.display()) })?;
+    if rec.checkpoint_corrupt || rec.torn_tail {
+        warn!(journal = %jp.display(), checkpoint_corrupt = rec.checkpoint_corrupt, torn_tail = rec.torn_tail, "MicroTx journal damaged where a crash leaves it: replayed what is whole");
+    }
+    info!(journal = %jp.display(), generation = rec.generation, records = rec.records, finished = ?rec.finished, result_recomputed = ?rec.result_recomputed, rolled_back = ?rec.rolled_back, "MicroTx journal replayed");
+    Ok(Arc::new(journal))
+}
+
 fn reservation_file(state_dir: Option<&std::path::Path>, path: &std::path::Path, nguid: &[u8; 16]) -> Option<std::path::PathBuf> {
     use std::os::unix::fs::FileTypeExt;
     if let Some(d) = state_dir {

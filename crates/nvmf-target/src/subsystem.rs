@@ -45,6 +45,8 @@ pub struct Namespace {
     /// An exported volume's translation, when the namespace is one: its compute commands run
     /// where their bytes lie (`offload/volume.rs`).
     pub placement: Option<crate::dev::volume::Volume>,
+    /// Its MicroTx journal, for fused write operations (`microtx = true`).
+    pub journal: Option<Arc<crate::microtx::Journal>>,
 }
 
 impl Namespace {
@@ -66,6 +68,7 @@ impl Namespace {
             reservations: NsReservations::new(None),
             volume: None,
             placement: None,
+            journal: None,
         }
     }
 
