@@ -630,7 +630,8 @@ fn a_queue_past_the_budget_waits_for_buffers_and_others_are_unaffected() {
 /// outstanding fill their send buffers only as far as the budget lets them, everything a
 /// connection holds is charged, and another queue of the same host still reads, and runs a
 /// compute command in what connections leave free. Closing them gives it all back. Before,
-/// 40 slow readers held 1.4 GiB with no total.
+/// 40 slow readers held 1.4 GiB with no total. The slow readers read a file namespace: large
+/// reads of memory leave from the namespace's memory and grow no send buffer.
 #[test]
 fn send_buffers_grow_within_the_memory_budget() {
     use nearstore_compute::by_name;
@@ -642,7 +643,9 @@ fn send_buffers_grow_within_the_memory_budget() {
     // a working queue, and room for one send buffer to grow 1.5 MiB, not three.
     let grow = 3u64 << 19;
     let budget = command + limits::RESULT_BYTES_MAX as u64 + fixed(32) + (slow as u64 + 1) * fixed(128) + grow;
-    let t = isolated(&format!("[limits]\nmemory = {budget}\n[compute]\nthreads = 2\nmemory_per_command = {command}"));
+    let dir = tempfile::tempdir().unwrap();
+    let file = format!("[[subsystem.namespace]]\nnsid = 2\npath = \"{}/slow.img\"\nsize = \"16MiB\"", dir.path().display());
+    let t = isolated(&format!("[limits]\nmemory = {budget}\n[compute]\nthreads = 2\nmemory_per_command = {command}\n{file}"));
     let memory = t.target.memory.clone();
     let stats = &t.target.stats;
     let t = &t;
@@ -656,7 +659,7 @@ fn send_buffers_grow_within_the_memory_budget() {
         let mut worker = c.io_queue(slow + 1).await.unwrap();
         for q in &mut readers {
             for i in 0..120u64 {
-                q.queue().submit(Sqe::rw(io::READ, 1, i * 256, 256, false), Data::In(128 * 1024), i).unwrap();
+                q.queue().submit(Sqe::rw(io::READ, 2, i * 256, 256, false), Data::In(128 * 1024), i).unwrap();
             }
             q.queue().flush().await.unwrap();
         }
