@@ -129,6 +129,10 @@ pub enum JournalError {
     CheckpointsCorrupt(String),
     #[error("journal {0} is smaller than its checkpoints and one transaction")]
     JournalTooSmall(String),
+    #[error("journal {0} is larger than MICROTX_JOURNAL_BYTES ({1} bytes): not a journal this target wrote")]
+    JournalTooLarge(String, u64),
+    #[error("journal {0} claims generation {1}: no next generation (corrupt)")]
+    GenerationExhausted(String, u64),
     #[error("journal failed earlier and is not used until the target restarts: {0}")]
     Poisoned(String),
     #[error("{what}: {source}")]
@@ -328,7 +332,10 @@ impl Replayed {
         match r.kind {
             Kind::Begin => {
                 let n = r.payload.get(0..4).map_or(0, |b| u32::from_le_bytes(b.try_into().expect("4 bytes")) as usize);
-                let extents: Vec<(u64, u64)> = r.payload[8..]
+                let extents: Vec<(u64, u64)> = r
+                    .payload
+                    .get(8..)
+                    .unwrap_or_default()
                     .chunks_exact(16)
                     .take(n)
                     .map(|c| (u64::from_le_bytes(c[0..8].try_into().expect("8")), u64::from_le_bytes(c[8..16].try_into().expect("8"))))
@@ -379,6 +386,10 @@ impl Journal {
         if size < smallest || !size.is_multiple_of(block) {
             return Err(JournalError::JournalTooSmall(log.describe()));
         }
+        // The whole journal is read into memory: only one of the size this target creates.
+        if size > MICROTX_JOURNAL_BYTES {
+            return Err(JournalError::JournalTooLarge(log.describe(), MICROTX_JOURNAL_BYTES));
+        }
         let mut image = vec![0u8; size as usize];
         log.read_at(&mut image, 0).map_err(io_err(format!("reading journal {}", log.describe())))?;
         let slots = [
@@ -389,6 +400,10 @@ impl Journal {
         let valid = slots.iter().filter_map(|s| s.as_ref().ok().and_then(|c| c.as_ref())).max_by_key(|c| c.0);
         let (generation, mut outcomes) = match valid {
             Some((g, o)) => (*g, o.clone()),
+            // Slot 0 never written and slot 1 torn: the first checkpoint of a new journal
+            // (generation 1, in slot 1) was cut. A generation's records are written only
+            // after its checkpoint is durable, so nothing was logged: a new journal.
+            None if rec.checkpoint_corrupt && matches!(slots[0], Ok(None)) => (0, VecDeque::new()),
             None if rec.checkpoint_corrupt => return Err(JournalError::CheckpointsCorrupt(log.describe())),
             None => (0, VecDeque::new()),
         };
@@ -522,8 +537,13 @@ impl Journal {
         let result = result_of(&tx.writes);
         if s.head + Self::tx_space(tx.writes.len(), tx.bytes()) > self.log.size() {
             // Full: every transaction of this generation is applied (durable in the
-            // namespace before its APPLIED record), so a new generation forgets them.
-            self.checkpoint_locked(s)?;
+            // namespace before its APPLIED record), so a new generation forgets them. A
+            // checkpoint that failed leaves records of a generation replay would not read:
+            // the journal is not used again.
+            if let Err(e) = self.checkpoint_locked(s) {
+                s.poisoned = Some(e.to_string());
+                return Err(e);
+            }
         }
         let g = s.generation;
         let mut buf = Vec::with_capacity(Self::tx_space(tx.writes.len(), tx.bytes()) as usize);
@@ -591,7 +611,7 @@ impl Journal {
 
     /// Starts a new generation: the outcomes into the next checkpoint slot, flushed.
     fn checkpoint_locked(&self, s: &mut State) -> Result<(), JournalError> {
-        let g = s.generation + 1;
+        let g = s.generation.checked_add(1).ok_or_else(|| JournalError::GenerationExhausted(self.log.describe(), s.generation))?;
         let slot = (g % 2) * MICROTX_CHECKPOINT_BYTES as u64;
         let b = encode_checkpoint(g, &s.outcomes);
         let r = self.log.write_at(&b, slot).and_then(|()| self.log.flush());
@@ -645,10 +665,10 @@ mod tests {
             let first = tx(3, &[(0, 4096, 0x11)]);
             Journal::open(log.clone(), &*data, BLOCK).unwrap().0.run(&*data, &first).unwrap();
             // The cut counts operations on both backends through one budget, from the run.
-            let left = Arc::new(AtomicUsize::new(usize::MAX));
-            let (clog, cdata) = (shared_cut(&log, &left), shared_cut(&data, &left));
-            let (j, _) = Journal::open(clog, &*data, BLOCK).unwrap();
-            left.store(cut, Ordering::SeqCst);
+            let clog = Faulty::cut(&log);
+            let cdata = clog.beside(&data);
+            let (j, _) = Journal::open(clog.clone(), &*data, BLOCK).unwrap();
+            clog.fail(cut, usize::MAX);
             let r = j.run(&*cdata, &t);
             assert_eq!(r.is_ok(), cut == 8, "cut {cut}: {r:?}");
             let (j, rec) = Journal::open(log.clone(), &*data, BLOCK).unwrap();
@@ -670,50 +690,6 @@ mod tests {
             // written: either outcome.
             let committed = matches!(j.outcome(7), Some(Outcome::Committed(_)));
             assert!(cut == 1 || committed == (cut >= 2), "cut {cut}: {rec:?}");
-        }
-    }
-
-    /// A backend that stops after `left` writes and flushes (counted with another one's):
-    /// every later one fails and changes nothing (the process died there; memory keeps
-    /// what was written).
-    struct Cut {
-        inner: Arc<MemoryBackend>,
-        left: Arc<AtomicUsize>,
-    }
-
-    fn shared_cut(inner: &Arc<MemoryBackend>, left: &Arc<AtomicUsize>) -> Arc<Cut> {
-        Arc::new(Cut { inner: inner.clone(), left: left.clone() })
-    }
-
-    impl Cut {
-        fn step(&self) -> io::Result<()> {
-            self.left
-                .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
-                .map(|_| ())
-                .map_err(|_| io::Error::other("cut"))
-        }
-    }
-
-    impl Backend for Cut {
-        fn describe(&self) -> String {
-            "cut".into()
-        }
-        fn size(&self) -> u64 {
-            self.inner.size()
-        }
-        fn read_at(&self, buf: &mut [u8], off: u64) -> io::Result<()> {
-            self.inner.read_at(buf, off)
-        }
-        fn write_at(&self, buf: &[u8], off: u64) -> io::Result<()> {
-            self.step()?;
-            self.inner.write_at(buf, off)
-        }
-        fn flush(&self) -> io::Result<()> {
-            self.step()
-        }
-        fn write_zeroes(&self, off: u64, len: u64, deallocate: bool) -> io::Result<()> {
-            self.step()?;
-            self.inner.write_zeroes(off, len, deallocate)
         }
     }
 
@@ -882,10 +858,9 @@ mod tests {
             let (log, data) = (mem(JOURNAL), mem(DATA));
             Journal::open(log.clone(), &*data, BLOCK).unwrap();
             // Fails the journal write (0) or its flush (1), then works again.
-            let flaky = Arc::new(Flaky { inner: log.clone(), fail_at: AtomicUsize::new(usize::MAX), ops: AtomicUsize::new(0) });
+            let flaky = Faulty::cut(&log);
             let (j, _) = Journal::open(flaky.clone(), &*data, BLOCK).unwrap();
-            flaky.ops.store(0, Ordering::SeqCst);
-            flaky.fail_at.store(cut, Ordering::SeqCst);
+            flaky.fail(cut, cut + 1);
             assert!(j.run(&*data, &tx(4, &[(0, 4096, 9)])).is_err(), "cut {cut}");
             assert_eq!(j.outcome(4), Some(Outcome::Failed));
             j.run(&*data, &tx(5, &[(4096, 4096, 10)])).unwrap();
@@ -896,25 +871,129 @@ mod tests {
         }
     }
 
-    /// Fails its operation number `fail_at` (writes and flushes counted), only that one.
-    struct Flaky {
-        inner: Arc<MemoryBackend>,
-        fail_at: AtomicUsize,
-        ops: AtomicUsize,
+    /// A checkpoint that fails when the journal is full stops the journal: otherwise the
+    /// next generation's records would follow a checkpoint replay never reads.
+    #[test]
+    fn a_failed_checkpoint_of_a_full_journal_stops_the_journal() {
+        let (log, data) = (mem(JOURNAL), mem(DATA));
+        let flaky = Faulty::cut(&log);
+        let (j, _) = Journal::open(flaky.clone(), &*data, BLOCK).unwrap();
+        let first = j.generation();
+        let fit = (JOURNAL - LOG_START) / Journal::tx_space(1, 65536);
+        for i in 1..=fit {
+            j.run(&*data, &tx(i, &[((i % 8) * 65536, 65536, i as u8)])).unwrap();
+        }
+        assert_eq!(j.generation(), first, "{fit} transactions fill one generation");
+        // The next one checkpoints first: its write fails.
+        flaky.fail(0, 1);
+        assert!(j.run(&*data, &tx(fit + 1, &[(0, 65536, 1)])).is_err());
+        let next = j.run(&*data, &tx(fit + 2, &[(0, 65536, 2)]));
+        assert!(matches!(next, Err(JournalError::Poisoned(_))), "{next:?}");
     }
 
-    impl Flaky {
+    /// Journals as a disk may hold them, each opened without a panic: refused with its
+    /// error, or replayed.
+    #[test]
+    fn crafted_journals_are_refused_or_replayed() {
+        // (what, journal size, opened once before it is crafted, crafted, expected: Ok(rolled
+        // back) or Err(error name))
+        type Craft = fn(&MemoryBackend);
+        let cases: [(&str, u64, bool, Craft, Result<Vec<u64>, &str>); 4] = [
+            ("larger than the limit", MICROTX_JOURNAL_BYTES + 4096, false, |_| {}, Err("JournalTooLarge")),
+            (
+                "a BEGIN shorter than its header",
+                JOURNAL,
+                true,
+                |log| {
+                    let mut b = Vec::new();
+                    put_record(&mut b, Kind::Begin, 0, 1, (1, 0), 77, &[&[1, 0, 0, 0]]);
+                    log.write_at(&b, LOG_START).unwrap();
+                },
+                Ok(vec![77]),
+            ),
+            (
+                "a checkpoint of the last generation",
+                JOURNAL,
+                true,
+                |log| {
+                    log.write_at(&encode_checkpoint(u64::MAX, &VecDeque::new()), (u64::MAX % 2) * MICROTX_CHECKPOINT_BYTES as u64).unwrap()
+                },
+                Err("GenerationExhausted"),
+            ),
+            (
+                "the first checkpoint torn",
+                JOURNAL,
+                false,
+                |log| {
+                    let mut b = encode_checkpoint(1, &VecDeque::new());
+                    b[CHECKPOINT_HEADER] ^= 0x10;
+                    log.write_at(&b, MICROTX_CHECKPOINT_BYTES as u64).unwrap();
+                },
+                Ok(vec![]),
+            ),
+        ];
+        for (what, size, opened, craft, want) in cases {
+            let (log, data) = (mem(size), mem(DATA));
+            if opened {
+                // Generation 1, its checkpoint in slot 1 and its log empty.
+                Journal::open(log.clone(), &*data, BLOCK).unwrap();
+            }
+            craft(&log);
+            match (Journal::open(log.clone(), &*data, BLOCK), want) {
+                (Ok((j, rec)), Ok(rolled_back)) => {
+                    assert_eq!(rec.rolled_back, rolled_back, "{what}: {rec:?}");
+                    // It goes on, and what it logs replays.
+                    j.run(&*data, &tx(5, &[(0, 4096, 0x42)])).unwrap();
+                    let (j, _) = Journal::open(log.clone(), &*data, BLOCK).unwrap();
+                    assert!(matches!(j.outcome(5), Some(Outcome::Committed(_))), "{what}");
+                }
+                (Err(e), Err(name)) => assert!(format!("{e:?}").starts_with(name), "{what}: {e:?}"),
+                (got, want) => panic!("{what}: got {:?}, want {want:?}", got.map(|(_, r)| r)),
+            }
+        }
+    }
+
+    /// A backend whose writes and flushes, counted from the last `fail` (through `ops`,
+    /// which two backends share when one process dies for both), fail from number `from`
+    /// to before `to`: from one on forever is the process dying there (memory keeps what
+    /// was written, later operations change nothing); one of them an injected error.
+    struct Faulty {
+        inner: Arc<MemoryBackend>,
+        ops: Arc<AtomicUsize>,
+        from: Arc<AtomicUsize>,
+        to: Arc<AtomicUsize>,
+    }
+
+    impl Faulty {
+        /// Over `inner`, failing nothing until `fail`.
+        fn cut(inner: &Arc<MemoryBackend>) -> Arc<Faulty> {
+            let n = |v| Arc::new(AtomicUsize::new(v));
+            Arc::new(Faulty { inner: inner.clone(), ops: n(0), from: n(usize::MAX), to: n(usize::MAX) })
+        }
+
+        /// Over `inner`, counting and failing with `self`.
+        fn beside(&self, inner: &Arc<MemoryBackend>) -> Arc<Faulty> {
+            Arc::new(Faulty { inner: inner.clone(), ops: self.ops.clone(), from: self.from.clone(), to: self.to.clone() })
+        }
+
+        fn fail(&self, from: usize, to: usize) {
+            self.ops.store(0, Ordering::SeqCst);
+            self.to.store(to, Ordering::SeqCst);
+            self.from.store(from, Ordering::SeqCst);
+        }
+
         fn step(&self) -> io::Result<()> {
-            match self.ops.fetch_add(1, Ordering::SeqCst) == self.fail_at.load(Ordering::SeqCst) {
+            let n = self.ops.fetch_add(1, Ordering::SeqCst);
+            match n >= self.from.load(Ordering::SeqCst) && n < self.to.load(Ordering::SeqCst) {
                 true => Err(io::Error::other("injected")),
                 false => Ok(()),
             }
         }
     }
 
-    impl Backend for Flaky {
+    impl Backend for Faulty {
         fn describe(&self) -> String {
-            "flaky".into()
+            "faulty".into()
         }
         fn size(&self) -> u64 {
             self.inner.size()
