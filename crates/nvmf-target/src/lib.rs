@@ -477,9 +477,6 @@ pub fn limit_malloc_arenas() -> Option<i32> {
     })
 }
 
-/// Where a namespace on `path` keeps reservations that persist through power loss: in the
-/// state directory by NGUID, else beside a regular file; a block device without a state
-/// directory has nowhere to keep them.
 /// Opens (creating it) a namespace's MicroTx journal beside its file and replays it onto the
 /// namespace, before the namespace serves.
 fn open_journal(path: &std::path::Path, data: &dyn Backend, block_size: u32, field: &str) -> Result<Arc<microtx::Journal>, TargetError> {
@@ -500,6 +497,9 @@ fn open_journal(path: &std::path::Path, data: &dyn Backend, block_size: u32, fie
     Ok(Arc::new(journal))
 }
 
+/// Where a namespace on `path` keeps reservations that persist through power loss: in the
+/// state directory by NGUID, else beside a regular file; a block device without a state
+/// directory has nowhere to keep them.
 fn reservation_file(state_dir: Option<&std::path::Path>, path: &std::path::Path, nguid: &[u8; 16]) -> Option<std::path::PathBuf> {
     use std::os::unix::fs::FileTypeExt;
     if let Some(d) = state_dir {
