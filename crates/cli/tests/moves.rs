@@ -11,14 +11,13 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use common::{Control, Target};
+use common::{member_target, Control, MemberConfig, Target, MEMBERS};
 use nearstore_control::client::Client;
 use nearstore_control::model::*;
 use nearstore_initiator::{ConnectOptions, Controller, IoQueue};
 
 const MIB: u64 = 1 << 20;
 const BLOCK: u32 = 4096;
-const MEMBERS: [&str; 3] = ["nqn.2026-11.io.nearstore:member1", "nqn.2026-11.io.nearstore:member2", "nqn.2026-11.io.nearstore:member3"];
 const HOST: &str = "nqn.2026-11.io.nearstore:host-a";
 
 fn rt() -> tokio::runtime::Runtime {
@@ -27,33 +26,8 @@ fn rt() -> tokio::runtime::Runtime {
 
 /// Target `i`: member `MEMBERS[i]` trusting all three, one pool of `pool_mib` MiB.
 fn target(dir: &Path, i: usize, control: &str, pool_mib: u64) -> Target {
-    let config = dir.join(format!("t{i}.toml"));
-    let members = MEMBERS.iter().map(|m| format!("\"{m}\"")).collect::<Vec<_>>().join(", ");
-    std::fs::write(
-        &config,
-        format!(
-            r#"
-            [[listener]]
-            address = "127.0.0.1:0"
-            [[subsystem]]
-            nqn = "nqn.2026-11.io.nearstore:t{i}"
-            allow_any_host = true
-            [[subsystem.namespace]]
-            nsid = 1
-            memory = "1MiB"
-            [cluster]
-            host_nqn = "{}"
-            trusted_members = [{members}]
-            timeout_secs = 3
-            [volume]
-            translate_timeout_ms = 5000
-            "#,
-            MEMBERS[i]
-        ),
-    )
-    .expect("config");
-    let pool = format!("{}:{pool_mib}MiB", dir.join(format!("p{i}")).display());
-    Target::start(&["--config", config.to_str().expect("path"), "--control", control, "--pool", &pool])
+    let more = MemberConfig { cluster: "timeout_secs = 3", tables: "[volume]\ntranslate_timeout_ms = 5000", ..Default::default() };
+    member_target(dir, &format!("t{i}"), i, control, pool_mib, more)
 }
 
 /// Connects once the target has learnt the export (10 s at most).

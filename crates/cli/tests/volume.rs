@@ -9,7 +9,7 @@ use std::net::SocketAddr;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use common::{fails, ok, Control, Target};
+use common::{fails, member_target, ok, Control, MemberConfig, Target, MEMBERS};
 use nearstore_control::client::Client;
 use nearstore_control::model::*;
 use nearstore_initiator::{ConnectOptions, Controller, Error as InitiatorError, IoQueue};
@@ -17,7 +17,6 @@ use nearstore_wire::Status;
 
 const MIB: u64 = 1 << 20;
 const BLOCK: u32 = 4096;
-const MEMBERS: [&str; 3] = ["nqn.2026-11.io.nearstore:member1", "nqn.2026-11.io.nearstore:member2", "nqn.2026-11.io.nearstore:member3"];
 const HOST: &str = "nqn.2026-11.io.nearstore:host-a";
 const STRANGER: &str = "nqn.2026-11.io.nearstore:host-b";
 const POOLS_NQN: &str = "nqn.2026-11.io.nearstore:pools";
@@ -29,32 +28,8 @@ fn rt() -> tokio::runtime::Runtime {
 /// Target `i` (0-based): member `MEMBERS[i]` trusting all three, a small memory namespace,
 /// one pool of 64 MiB, a control plane wait of 500 ms.
 fn target(dir: &Path, i: usize, control: &str) -> Target {
-    let config = dir.join(format!("t{i}.toml"));
-    let members = MEMBERS.iter().map(|m| format!("\"{m}\"")).collect::<Vec<_>>().join(", ");
-    std::fs::write(
-        &config,
-        format!(
-            r#"
-            [[listener]]
-            address = "127.0.0.1:0"
-            [[subsystem]]
-            nqn = "nqn.2026-11.io.nearstore:t{i}"
-            allow_any_host = true
-            [[subsystem.namespace]]
-            nsid = 1
-            memory = "1MiB"
-            [cluster]
-            host_nqn = "{}"
-            trusted_members = [{members}]
-            [volume]
-            translate_timeout_ms = 500
-            "#,
-            MEMBERS[i]
-        ),
-    )
-    .expect("config");
-    let pool = format!("{}:64MiB", dir.join(format!("p{i}")).display());
-    Target::start(&["--config", config.to_str().expect("path"), "--control", control, "--pool", &pool])
+    let more = MemberConfig { tables: "[volume]\ntranslate_timeout_ms = 500", ..Default::default() };
+    member_target(dir, &format!("t{i}"), i, control, 64, more)
 }
 
 fn connect_as(
@@ -248,31 +223,8 @@ fn free_port() -> u16 {
 
 /// Target `i` as [`target`], with its metrics endpoint at `metrics`.
 fn target_with_metrics(dir: &Path, i: usize, control: &str, metrics: SocketAddr) -> Target {
-    let config = dir.join(format!("m{i}.toml"));
-    let members = MEMBERS.iter().map(|m| format!("\"{m}\"")).collect::<Vec<_>>().join(", ");
-    std::fs::write(
-        &config,
-        format!(
-            r#"
-            metrics = "{metrics}"
-            [[listener]]
-            address = "127.0.0.1:0"
-            [[subsystem]]
-            nqn = "nqn.2026-11.io.nearstore:t{i}"
-            allow_any_host = true
-            [[subsystem.namespace]]
-            nsid = 1
-            memory = "1MiB"
-            [cluster]
-            host_nqn = "{}"
-            trusted_members = [{members}]
-            "#,
-            MEMBERS[i]
-        ),
-    )
-    .expect("config");
-    let pool = format!("{}:64MiB", dir.join(format!("p{i}")).display());
-    Target::start(&["--config", config.to_str().expect("path"), "--control", control, "--pool", &pool])
+    let top = format!("metrics = \"{metrics}\"");
+    member_target(dir, &format!("m{i}"), i, control, 64, MemberConfig { top: &top, ..Default::default() })
 }
 
 /// One counter of a target's metrics endpoint.

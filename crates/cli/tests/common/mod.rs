@@ -27,6 +27,54 @@ pub fn fails(args: &[&str]) -> (String, String) {
     (out, err)
 }
 
+/// The three cluster members of the volume tests (crates/cli/tests/volume.rs, moves.rs).
+pub const MEMBERS: [&str; 3] = ["nqn.2026-11.io.nearstore:member1", "nqn.2026-11.io.nearstore:member2", "nqn.2026-11.io.nearstore:member3"];
+
+/// Configuration a [`member_target`] adds to the common one.
+#[derive(Clone, Copy, Default)]
+pub struct MemberConfig<'a> {
+    /// Before the tables (e.g. `metrics = ".."`).
+    pub top: &'a str,
+    /// More lines of `[cluster]`.
+    pub cluster: &'a str,
+    /// More tables (e.g. `[volume]`).
+    pub tables: &'a str,
+}
+
+/// Target `i` (0-based) of the three-member cluster: member `MEMBERS[i]` trusting all three, a
+/// 1 MiB memory namespace in `nqn.2026-11.io.nearstore:t{i}` and one pool of `pool_mib` MiB,
+/// registered with `control`, with `more` configuration; `name` names its configuration file.
+pub fn member_target(dir: &Path, name: &str, i: usize, control: &str, pool_mib: u64, more: MemberConfig) -> Target {
+    let MemberConfig { top, cluster, tables } = more;
+    let config = dir.join(format!("{name}.toml"));
+    let members = MEMBERS.iter().map(|m| format!("\"{m}\"")).collect::<Vec<_>>().join(", ");
+    let member = MEMBERS[i];
+    std::fs::write(
+        &config,
+        format!(
+            r#"
+            {top}
+            [[listener]]
+            address = "127.0.0.1:0"
+            [[subsystem]]
+            nqn = "nqn.2026-11.io.nearstore:t{i}"
+            allow_any_host = true
+            [[subsystem.namespace]]
+            nsid = 1
+            memory = "1MiB"
+            [cluster]
+            host_nqn = "{member}"
+            trusted_members = [{members}]
+            {cluster}
+            {tables}
+            "#
+        ),
+    )
+    .expect("config");
+    let pool = format!("{}:{pool_mib}MiB", dir.join(format!("p{i}")).display());
+    Target::start(&["--config", config.to_str().expect("path"), "--control", control, "--pool", &pool])
+}
+
 /// A `nearstore target` process on a port the kernel chose (`--listen 127.0.0.1:0`), killed
 /// when dropped, passed or failed.
 pub struct Target {
