@@ -8,7 +8,7 @@ use std::path::PathBuf;
 use anyhow::{bail, Context, Result};
 use nearstore_compute::Outcome;
 use nearstore_host::device::{DeviceMap, Endpoint};
-use nearstore_host::{Host, HostError, How, Mode, Report};
+use nearstore_host::{csv_field, Host, HostError, How, Mode, Report};
 use nearstore_target::config::Config;
 
 use nearstore_wire::compute::status as cs;
@@ -625,16 +625,6 @@ fn print_report(r: &Report, common: &Common, failed: &[(PathBuf, String)]) -> Re
         }
     }
     Ok(())
-}
-
-/// A result value as a CSV field: NULL empty, text quoted where it must be.
-fn csv_field(v: &serde_json::Value) -> String {
-    match v {
-        serde_json::Value::Null => String::new(),
-        serde_json::Value::String(s) if s.is_empty() || s.contains([',', '"', '\n', '\r']) => format!("\"{}\"", s.replace('"', "\"\"")),
-        serde_json::Value::String(s) => s.clone(),
-        v => v.to_string(),
-    }
 }
 
 fn human(n: u64) -> String {

@@ -4,6 +4,7 @@
 //! rendered as the bytes a read returns.
 
 use nearstore_compute::{Build, Operation, Outcome};
+use nearstore_host::csv_field;
 
 use crate::limits::OP_SPEC_BYTES_MAX;
 
@@ -91,17 +92,6 @@ pub fn render(o: &Outcome) -> Vec<u8> {
         other => format!("{}\n", serde_json::to_string(other).unwrap_or_default()),
     };
     text.into_bytes()
-}
-
-/// A result value as a CSV field, as the CLI prints it: NULL empty, text quoted where it
-/// must be.
-fn csv_field(v: &serde_json::Value) -> String {
-    match v {
-        serde_json::Value::Null => String::new(),
-        serde_json::Value::String(s) if s.is_empty() || s.contains([',', '"', '\n', '\r']) => format!("\"{}\"", s.replace('"', "\"\"")),
-        serde_json::Value::String(s) => s.clone(),
-        v => v.to_string(),
-    }
 }
 
 #[cfg(test)]

@@ -850,3 +850,14 @@ pub(crate) fn finish_output(path: &Path, written: u64) -> Result<(), HostError> 
     f.sync_all().map_err(ioe)?;
     drop_cache()
 }
+
+/// A select result's value as a CSV field, as the CLI prints it and the FUSE mount reads it:
+/// NULL empty, text quoted where it must be.
+pub fn csv_field(v: &serde_json::Value) -> String {
+    match v {
+        serde_json::Value::Null => String::new(),
+        serde_json::Value::String(s) if s.is_empty() || s.contains([',', '"', '\n', '\r']) => format!("\"{}\"", s.replace('"', "\"\"")),
+        serde_json::Value::String(s) => s.clone(),
+        v => v.to_string(),
+    }
+}
