@@ -19,7 +19,7 @@ use crate::limits;
 use crate::log_limit::peer_warn;
 use crate::memory::Reservation;
 use crate::reply::Reply;
-use crate::subsystem::{Controller, ControllersFull};
+use crate::subsystem::{Controller, ControllersFull, Subsystem};
 use crate::tenant::Resolved;
 use crate::Target;
 
@@ -142,27 +142,7 @@ pub fn connect(
             return Err(invalid_param(true, IPO_CNTLID));
         }
         let kato = connect::kato(sqe.cdw(12));
-        // The tenant of the host whose access this is (the one a member acts for).
-        let member = d.acting_for.is_none() && target.offload.peers.trusts(&d.hostnqn);
-        let tenant = match target.tenants.resolve(host, sub.discovery, member) {
-            Resolved::Tenant(t) if sub.discovery || t.reaches(&sub.nqn) => t,
-            r => {
-                let why = if r == Resolved::Refused { "in no tenant" } else { "its tenant does not reach the subsystem" };
-                peer_warn!(target.log_limit, peer, "connect: host refused", hostnqn = %host, subnqn = %sub.nqn, why);
-                return Err(Reply::status(Status::CONNECT_INVALID_HOST.dnr()));
-            }
-        };
-        let per_host = target.limits.controllers_per_host;
-        let ctrl = match sub.add_controller(&d.hostnqn, d.hostid, d.acting_for.as_deref(), kato, per_host, tenant) {
-            Ok(c) => c,
-            Err(full) => {
-                if full == ControllersFull::Host {
-                    target.stats.controllers_refused.fetch_add(1, Relaxed);
-                }
-                debug!(peer, subnqn = %sub.nqn, hostnqn = %d.hostnqn, ?full, "connect: no controller");
-                return Err(Reply::status(Status::CONNECT_CONTROLLER_BUSY));
-            }
-        };
+        let ctrl = admit(target, &sub, &d, host, kato, peer)?;
         ctrl.touch();
         info!(peer, subnqn = %sub.nqn, hostnqn = %d.hostnqn, acting_for = ?d.acting_for, cntlid = ctrl.cntlid, kato_ms = kato, tenant = %ctrl.tenant.name, "controller created");
         return Ok(Connected { ctrl, qid, sqsize, sqflow_disabled, dw1, memory, slot, auth });
@@ -200,6 +180,49 @@ pub fn connect(
     drop(st);
     ctrl.touch();
     Ok(Connected { ctrl, qid, sqsize, sqflow_disabled, dw1, memory, slot, auth })
+}
+
+/// Adds the admin queue's controller under the tenant of `host` (the host whose access
+/// this is: the one a member acts for). A reload (SIGHUP) that installs its table between
+/// the resolution and the insertion sweeps before it can see the new controller: when the
+/// table's generation moved meanwhile, the Connect checks its tenant again and, if the
+/// reload changed it, takes the controller out and resolves once more under the new table.
+fn admit(target: &Target, sub: &Arc<Subsystem>, d: &ConnectData, host: &str, kato: u32, peer: &str) -> Result<Arc<Controller>, Reply> {
+    let member = d.acting_for.is_none() && target.offload.peers.trusts(&d.hostnqn);
+    for _ in 0..limits::CONNECT_TENANT_RESOLVES_MAX {
+        let generation = target.tenants.generation();
+        let tenant = match target.tenants.resolve(host, sub.discovery, member) {
+            Resolved::Tenant(t) if sub.discovery || t.reaches(&sub.nqn) => t,
+            r => {
+                let why = if r == Resolved::Refused { "in no tenant" } else { "its tenant does not reach the subsystem" };
+                peer_warn!(target.log_limit, peer, "connect: host refused", hostnqn = %host, subnqn = %sub.nqn, why);
+                return Err(Reply::status(Status::CONNECT_INVALID_HOST.dnr()));
+            }
+        };
+        #[cfg(test)]
+        if let Some(hook) = target.after_tenant_resolve.lock().take() {
+            hook(target);
+        }
+        let per_host = target.limits.controllers_per_host;
+        let ctrl = match sub.add_controller(&d.hostnqn, d.hostid, d.acting_for.as_deref(), kato, per_host, tenant) {
+            Ok(c) => c,
+            Err(full) => {
+                if full == ControllersFull::Host {
+                    target.stats.controllers_refused.fetch_add(1, Relaxed);
+                }
+                debug!(peer, subnqn = %sub.nqn, hostnqn = %d.hostnqn, ?full, "connect: no controller");
+                return Err(Reply::status(Status::CONNECT_CONTROLLER_BUSY));
+            }
+        };
+        if target.tenants.generation() == generation || target.tenants.keeps(&ctrl.tenant, host, sub.discovery, member) {
+            return Ok(ctrl);
+        }
+        debug!(peer, subnqn = %sub.nqn, hostnqn = %host, tenant = %ctrl.tenant.name, "connect: a reload changed the tenant meanwhile; resolving again");
+        ctrl.revoke();
+        sub.remove_this_controller(&ctrl);
+    }
+    warn!(peer, subnqn = %sub.nqn, hostnqn = %host, "connect: the tenants were reloaded on every try (limits::CONNECT_TENANT_RESOLVES_MAX)");
+    Err(Reply::status(Status::CONNECT_CONTROLLER_BUSY))
 }
 
 /// Reserves what a queue of `sqsize` (0's based) entries always holds
@@ -361,4 +384,78 @@ fn flush_for_shutdown(target: &Target, ctrl: Arc<Controller>) {
 /// Whether a fabrics command type may run before the queue is connected.
 pub fn is_connect(sqe: &Sqe) -> bool {
     sqe.fctype() == fctype::CONNECT
+}
+
+#[cfg(test)]
+mod tests {
+    use nearstore_wire::opcode::FABRICS;
+
+    use super::*;
+    use crate::config::Config;
+
+    const SUB: &str = "nqn.2026-11.io.nearstore:a";
+    const HOST: &str = "nqn.2014-08.org.example:h";
+
+    /// One subsystem, which tenant `t` reaches; `t` holds HOST (unless `with_host` is false) at `io_weight`,
+    /// tenant `u` another host when `other` is set.
+    fn config(with_host: bool, io_weight: u32, other: bool) -> Config {
+        let hosts = if with_host { format!("\"{HOST}\"") } else { String::new() };
+        let u = if other { "[[tenant]]\nname = \"u\"\nhosts = [\"nqn.2014-08.org.example:i\"]\n" } else { "" };
+        Config::from_toml(&format!(
+            "[[listener]]\naddress = \"127.0.0.1:0\"\n[[subsystem]]\nnqn = \"{SUB}\"\nallow_any_host = true\n\
+             [[subsystem.namespace]]\nnsid = 1\nmemory = \"1MiB\"\n\
+             [[tenant]]\nname = \"t\"\nhosts = [{hosts}]\nio_weight = {io_weight}\n[[tenant.reach]]\nsubsystem = \"{SUB}\"\n{u}"
+        ))
+        .unwrap()
+    }
+
+    fn connect_admin(target: &Target) -> Result<Connected, Reply> {
+        let mut sqe = Sqe::new(FABRICS, 0);
+        sqe.set_nsid(fctype::CONNECT as u32).set_cdw(10, 0).set_cdw(11, 31).set_cdw(12, 30_000);
+        let d = ConnectData { hostid: [1; 16], cntlid: 0xffff, subnqn: SUB.into(), hostnqn: HOST.into(), acting_for: None }.encode();
+        connect(target, &sqe, &d, false, "test", None)
+    }
+
+    /// A reload (its install and its sweep) lands between a Connect's tenant resolution
+    /// and its controller's insertion, the window a SIGHUP can hit: the Connect must end
+    /// under the new table, never holding the policy the reload revoked. Each line: the
+    /// reloaded configuration, then the io_weight of the controller's tenant (None: the
+    /// Connect is refused and leaves no controller).
+    #[test]
+    fn a_connect_racing_a_reload_takes_the_new_policy() {
+        let cases: &[(&str, Option<Config>, Option<u32>)] = &[
+            ("no reload", None, Some(100)),
+            ("the host removed from its tenant", Some(config(false, 100, false)), None),
+            ("its tenant's weight changed", Some(config(true, 300, false)), Some(300)),
+            ("another tenant added", Some(config(true, 100, true)), Some(100)),
+        ];
+        for (what, reload, want) in cases {
+            let target = Target::from_config(&config(true, 100, false)).unwrap();
+            let reloaded = Arc::new(std::sync::atomic::AtomicBool::new(false));
+            if let Some(cfg) = reload.clone() {
+                let done = reloaded.clone();
+                *target.after_tenant_resolve.lock() = Some(Box::new(move |t: &Target| {
+                    t.reload_tenants(&cfg).unwrap();
+                    done.store(true, Relaxed);
+                }));
+            }
+            let sub = target.subsystem(SUB).unwrap();
+            let got = connect_admin(&target);
+            assert_eq!(reloaded.load(Relaxed), reload.is_some(), "{what}: the reload ran in the window");
+            match (got, want) {
+                (Ok(c), Some(w)) => {
+                    assert_eq!(c.ctrl.tenant.io_weight, *w, "{what}");
+                    assert!(!c.ctrl.revoked(), "{what}");
+                    assert_eq!(sub.cntlids(), vec![c.ctrl.cntlid], "{what}: only its controller");
+                    assert!(target.tenants.keeps(&c.ctrl.tenant, HOST, false, false), "{what}: it holds the current policy");
+                }
+                (Err(r), None) => {
+                    assert_eq!(r.status, Status::CONNECT_INVALID_HOST.dnr(), "{what}");
+                    assert_eq!(sub.controller_count(), 0, "{what}: no controller left");
+                }
+                (Ok(c), None) => panic!("{what}: connected under {} (io_weight {})", c.ctrl.tenant.name, c.ctrl.tenant.io_weight),
+                (Err(r), Some(_)) => panic!("{what}: refused with {}", r.status),
+            }
+        }
+    }
 }

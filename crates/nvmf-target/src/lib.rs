@@ -104,6 +104,10 @@ pub struct Target {
     pub memory: Arc<memory::Memory>,
     /// The tenants controllers are resolved against at Connect (crate::tenant).
     pub tenants: tenant::Tenants,
+    /// Runs once between a Connect's tenant resolution and its controller's insertion
+    /// (tests drive a reload into that window).
+    #[cfg(test)]
+    pub(crate) after_tenant_resolve: parking_lot::Mutex<Option<Box<dyn FnOnce(&Target) + Send>>>,
 }
 
 impl Target {
@@ -136,6 +140,8 @@ impl Target {
             log_limit: log_limit::LogLimiter::default(),
             memory,
             tenants: tenant::Tenants::default(),
+            #[cfg(test)]
+            after_tenant_resolve: parking_lot::Mutex::default(),
         })
     }
 

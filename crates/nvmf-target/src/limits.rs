@@ -418,6 +418,11 @@ pub const TENANTS_MAX: usize = 256;
 pub const TENANT_HOSTS_MAX: usize = 1024;
 /// A tenant's name in bytes: it is a metrics label and a control-plane key.
 pub const TENANT_NAME_BYTES_MAX: usize = 64;
+/// Times one admin Connect resolves its host's tenant: a reload between the resolution and
+/// the new controller's insertion sends it round again under the new table. Each round
+/// needs another reload (SIGHUP) to land in that window; past this many the Connect is
+/// Controller Busy, which the host retries.
+pub const CONNECT_TENANT_RESOLVES_MAX: usize = 4;
 
 /// Connections to one peer target, busy and idle, for all hosts (`cluster.connections_per_peer`):
 /// four reads of a peer's extents run in parallel; more than 64 only add sockets.

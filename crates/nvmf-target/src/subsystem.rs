@@ -337,6 +337,17 @@ impl Subsystem {
             c.cancel.cancel();
         }
     }
+
+    /// Removes `ctrl` if it is still this subsystem's: its CNTLID may have gone to another
+    /// controller since (a reload's sweep removed it and a new Connect took the number).
+    pub fn remove_this_controller(&self, ctrl: &Arc<Controller>) {
+        let mut ctrls = self.controllers.lock();
+        if ctrls.get(&ctrl.cntlid).is_some_and(|c| Arc::ptr_eq(c, ctrl)) {
+            ctrls.remove(&ctrl.cntlid);
+        }
+        drop(ctrls);
+        ctrl.cancel.cancel();
+    }
 }
 
 /// Held by a command that a Preempt and Abort waits for; dropped when the command has

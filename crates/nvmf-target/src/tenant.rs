@@ -36,7 +36,7 @@
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::ops::Range;
-use std::sync::atomic::AtomicU64;
+use std::sync::atomic::{AtomicU64, Ordering::SeqCst};
 use std::sync::Arc;
 
 use nearstore_wire::compute::Descriptor;
@@ -356,6 +356,9 @@ pub fn resolve(tenants: &[TenantConfig], subsystems: &[&str], command_min: u64) 
 /// The tenant table a target resolves controllers against; replaced whole on reload.
 pub struct Tenants {
     table: Mutex<Table>,
+    /// Counts installs: a Connect compares it before resolving and after adding its
+    /// controller, to catch a reload whose sweep could not see that controller yet.
+    generation: AtomicU64,
     default: Arc<TenantPolicy>,
     cluster: Arc<TenantPolicy>,
 }
@@ -383,6 +386,7 @@ impl Default for Tenants {
     fn default() -> Self {
         Tenants {
             table: Mutex::default(),
+            generation: AtomicU64::new(0),
             default: Arc::new(TenantPolicy::unrestricted(TenantId::DEFAULT, "default", DEFAULT_WEIGHT, DEFAULT_WEIGHT)),
             // NQNs are self-asserted (an allow_any_host subsystem proves none): a host
             // claiming a member's NQN must gain nothing beyond what a member reads for
@@ -417,7 +421,16 @@ impl Tenants {
         }
         t.by_host = by_host;
         t.all = all.clone();
+        self.generation.fetch_add(1, SeqCst);
         all
+    }
+
+    /// How many times a table was installed. A Connect reads it before resolving its
+    /// host's tenant and again after adding its controller: when equal, any later reload
+    /// bumps it only after this point, so that reload's sweep (which follows its install)
+    /// sees the controller; when not, the Connect checks its tenant again itself.
+    pub fn generation(&self) -> u64 {
+        self.generation.load(SeqCst)
     }
 
     /// Every configured tenant.
