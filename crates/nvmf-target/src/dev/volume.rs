@@ -374,19 +374,23 @@ impl Volume {
         &self.inner.stats
     }
 
-    /// Where the bytes `off..off + len` lie, extent by extent: from the cache, else the
-    /// control plane (as a read would ask it; nothing is allocated).
-    pub async fn placement(&self, off: u64, len: u64) -> io::Result<Vec<Placed>> {
+    /// Where the bytes `off..off + len` lie, extent by extent, each piece handed to `visit`
+    /// in order as soon as it is known: from the cache, else the control plane (as a read
+    /// would ask it; nothing is allocated). Stops at the first piece `visit` refuses
+    /// (returns false), so a caller that wants all bytes on one pool asks the control plane
+    /// no further than the first extent elsewhere. Ok(true): every piece was taken.
+    pub async fn placement(&self, off: u64, len: u64, mut visit: impl FnMut(Placed) -> bool) -> io::Result<bool> {
         let i = &self.inner;
         if off.checked_add(len).is_none_or(|e| e > i.cfg.size) {
             return Err(status_error(Status::LBA_OUT_OF_RANGE, format!("bytes {off}+{len} are past volume {}", i.cfg.name)));
         }
-        let mut out = Vec::new();
         for (index, _, within, n) in pieces(off, len, i.cfg.extent_size) {
             let at = i.lookup(index, false).await?.map(|(m, _)| (m.pool.clone(), m.offset + within));
-            out.push(Placed { len: n, at });
+            if !visit(Placed { len: n, at }) {
+                return Ok(false);
+            }
         }
-        Ok(out)
+        Ok(true)
     }
 
     /// The pool namespace of this target that is `pool`, if it is one.

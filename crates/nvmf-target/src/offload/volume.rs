@@ -64,22 +64,29 @@ async fn translate(vol: &Volume, o: &Object, output: bool, holder: &mut Option<A
             push(&mut out, *e);
             continue;
         }
-        for p in vol.placement(e.offset, e.len).await.ok()? {
+        // Each piece is judged as soon as it is known: the first on another pool, or an
+        // unallocated output, ends the translation before the control plane is asked of
+        // the rest.
+        let whole = vol.placement(e.offset, e.len, |p| {
             match p.at {
-                None if output => return None,
+                None if output => return false,
                 None => push(&mut out, Extent::zeros(p.len)),
                 Some((pool, off)) => {
                     match holder {
-                        Some(h) if **h != *pool => return None,
+                        Some(h) if **h != *pool => return false,
                         Some(_) => {}
                         None => *holder = Some(pool),
                     }
                     push(&mut out, Extent::data(off, p.len));
                 }
             }
+            out.len() <= wl::EXTENTS_PER_OBJECT_MAX
+        });
+        if !whole.await.ok()? {
+            return None;
         }
     }
-    (out.len() <= wl::EXTENTS_PER_OBJECT_MAX).then(|| Object { len: o.len, extents: out })
+    Some(Object { len: o.len, extents: out })
 }
 
 /// Where the command `desc` on volume `vol` runs.

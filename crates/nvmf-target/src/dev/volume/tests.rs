@@ -322,6 +322,52 @@ async fn flush_zeroes_and_deallocate() {
     assert_eq!(error_status(&e), Some(Status::LBA_OUT_OF_RANGE));
 }
 
+/// `placement` hands each extent over as soon as it is known and stops where the caller
+/// does: a compute command looking for one pool that holds all its bytes asks the control
+/// plane no further than the first extent on another pool.
+#[tokio::test]
+async fn placement_stops_where_the_caller_does() {
+    let r = rig(64);
+    // Extents 0-5 on pools 1, 1, 2, 2, 3, 3 (extent 3 unallocated), looked up by no one yet.
+    for (index, nsid) in [(0, 1), (1, 1), (2, 2), (4, 3), (5, 3)] {
+        let loc = Location { target: "t".into(), nsid, offset: index * EXT, epoch: 1, unwritten: false };
+        r.books.placed.lock().insert(index, loc);
+    }
+    let translations = || r.books.translations.load(Relaxed);
+    // (first byte, length, pieces taken before a piece on a second pool is refused,
+    // translations asked, whether every piece was taken).
+    let cases = [
+        (0, EXTENTS * EXT, 2, 3, false),
+        (BLOCK, EXT, 2, 2, true),
+        (EXT, 2 * EXT, 1, 2, false),
+        (3 * EXT, 3 * EXT, 3, 3, true),
+        (5 * EXT + BLOCK, 1, 1, 1, true),
+    ];
+    for (off, len, taken, asked, whole) in cases {
+        // A fresh volume on the same books: nothing cached.
+        let vol = Volume::new(r.vol.inner.cfg.clone(), r.books.clone(), r.vol.inner.devices.clone(), r.vol.inner.pool.clone());
+        let before = translations();
+        let (mut pieces, mut first) = (Vec::new(), None);
+        let all = vol
+            .placement(off, len, |p| {
+                let pool = p.at.as_ref().map(|(pool, _)| pool.nsid);
+                if pool.is_some() && first.is_some_and(|f| Some(f) != pool) {
+                    return false;
+                }
+                first = first.or(pool);
+                pieces.push((p.len, p.at.map(|(pool, o)| (pool.nsid, o))));
+                true
+            })
+            .await
+            .expect("placement");
+        assert_eq!((pieces.len(), translations() - before, all), (taken, asked, whole), "{off}+{len}: {pieces:?}");
+        let bytes: u64 = pieces.iter().map(|p| p.0).sum();
+        assert!(whole == (bytes == len), "{off}+{len}: {bytes} bytes taken");
+    }
+    let e = r.vol.placement(EXTENTS * EXT - BLOCK, 2 * BLOCK, |_| true).await.expect_err("past the end");
+    assert_eq!(error_status(&e), Some(Status::LBA_OUT_OF_RANGE));
+}
+
 /// A pool's failure fails the operation, and the slow path names the extent and its epoch.
 #[tokio::test]
 async fn a_failing_pool_fails_the_operation_naming_its_extent() {
