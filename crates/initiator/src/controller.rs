@@ -474,6 +474,13 @@ impl IoQueue {
     /// descriptor, then FETCH of the whole result. A refused or failed command returns
     /// [`Error::Compute`] with the target's status and its message, fetched the same way.
     pub async fn compute(&mut self, nsid: u32, descriptor: &[u8], timeout: Duration) -> Result<Vec<u8>> {
+        self.compute_at_most(nsid, descriptor, timeout, FETCH_BYTES_MAX).await
+    }
+
+    /// [`compute`](Self::compute) taking a result of at most `max` bytes: a larger one is
+    /// RELEASEd unread and the call fails with [`Error::Protocol`] (a target forwarding a
+    /// command holds only its own result bound for the peer's answer).
+    pub async fn compute_at_most(&mut self, nsid: u32, descriptor: &[u8], timeout: Duration, max: usize) -> Result<Vec<u8>> {
         let mut s = Sqe::new(cop::EXEC, 0);
         s.set_nsid(nsid);
         let cqe = match run(&mut self.q, s, Data::Out(descriptor), "compute EXEC", timeout).await {
@@ -489,6 +496,15 @@ impl IoQueue {
             }
             Err(e) => return Err(e),
         };
+        if cqe.dw1 as usize > max.min(FETCH_BYTES_MAX) {
+            // The handle would hold the target's memory until it expires.
+            let _ = self.release(cqe.dw0).await;
+            return Err(Error::Protocol(format!(
+                "a result of {} bytes, more than the {} this call takes",
+                cqe.dw1,
+                max.min(FETCH_BYTES_MAX)
+            )));
+        }
         self.fetch(cqe.dw0, cqe.dw1).await
     }
 

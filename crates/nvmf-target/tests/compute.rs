@@ -421,6 +421,25 @@ async fn results_are_held_within_limits_and_expire() {
     }
 }
 
+/// A caller bounding the result (a target forwarding a command to a peer holds only its
+/// own result bound): a larger result is refused and its handle released, so refusals
+/// beyond the controller's 128 result slots never fill them; a result of exactly the
+/// bound is taken.
+#[tokio::test]
+async fn a_result_past_the_callers_bound_is_refused_and_released() {
+    let (_t, c) = start_small(60).await;
+    let mut q = c.io_queue(1).await.unwrap();
+    let d = crc_of(Object { len: 512, extents: vec![Extent::data(0, 512)] }).encode();
+    let whole = q.compute(1, &d, T).await.expect("unbounded");
+    for (i, max) in [0, 1, whole.len() - 1].into_iter().cycle().take(130).enumerate() {
+        match q.compute_at_most(1, &d, T, max).await {
+            Err(Error::Protocol(m)) => assert!(m.contains(&format!("more than the {max}")), "{i}: {m}"),
+            other => panic!("{i}: a result of {} bytes under a bound of {max}: {other:?}", whole.len()),
+        }
+    }
+    assert_eq!(q.compute_at_most(1, &d, T, whole.len()).await.expect("exactly the bound"), whole);
+}
+
 /// A FETCH's completion carries counts (valid bytes, bytes remaining): a C2HData with the
 /// SUCCESS flag, allowed when the host disabled SQ flow control, stands for a completion
 /// whose dw0 and dw1 are zero, so such a reply must still come with its CapsuleResp.

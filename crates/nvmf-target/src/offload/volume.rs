@@ -129,7 +129,8 @@ pub(super) async fn on_peer(
     let peer = PeerConfig { tag: 0, address, nqn: crate::POOLS_NQN.into(), nsid: pool.nsid };
     let mut conn =
         cluster::connect(&peer, &member, &member, connect).await.map_err(|e| Failure::new(e.status, format!("{name}: {}", e.message)))?;
-    conn.q.compute(pool.nsid, &desc.encode(), run).await.map_err(|e| match e {
+    // The peer's result takes the place of this command's, in the budget reserved for it.
+    conn.q.compute_at_most(pool.nsid, &desc.encode(), run, crate::limits::RESULT_BYTES_MAX).await.map_err(|e| match e {
         InitiatorError::Compute { status, message } => Failure::new(status, format!("on {name}: {message}")),
         e => Failure::new(cs::PEER_FAILED, format!("{name}: {e}")),
     })
