@@ -582,8 +582,9 @@ impl Engine {
                         // The peer computes: this thread only waits, without a turn.
                         turn.give_back();
                         let (connect, runs) = (self.peers.timeout(), Duration::from_secs(self.cfg.timeout_secs));
+                        let writes = !desc.outputs.is_empty();
                         let f = volume::on_peer(pool, desc, self.peers.member().to_string(), connect, runs);
-                        on_runtime(rt, &task.cancel, f).unwrap_or_else(|| Err(ComputeError::Cancelled.into()))
+                        wait_forwarded(rt, &task.cancel, writes, f).unwrap_or_else(|| Err(ComputeError::Cancelled.into()))
                     }
                 }
             }))
@@ -645,6 +646,25 @@ fn on_runtime<T: Send + 'static>(
         }
     });
     rx.blocking_recv().ok()
+}
+
+/// Waits on this (compute) thread for a command forwarded to a peer; None when `cancel`
+/// fired. A peer that only reads is let go at once (the connection to it is dropped). One
+/// that `writes` the command's outputs is not stopped by that at once: its writes could
+/// land after a Preempt and Abort waiting for this command went on, so it is waited for
+/// until it answers (within its own time limit, the command's `run`) and the command
+/// then ends cancelled.
+fn wait_forwarded<T: Send + 'static>(
+    rt: &tokio::runtime::Handle,
+    cancel: &CancellationToken,
+    writes: bool,
+    f: impl std::future::Future<Output = T> + Send + 'static,
+) -> Option<T> {
+    if !writes {
+        return on_runtime(rt, cancel, f);
+    }
+    let answer = on_runtime(rt, &CancellationToken::new(), f);
+    answer.filter(|_| !cancel.is_cancelled())
 }
 
 /// Sends a command's result back to its connection (which may be gone).

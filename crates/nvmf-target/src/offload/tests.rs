@@ -181,3 +181,34 @@ fn a_peer_input_is_read_ahead_within_read_ahead_bytes() {
         assert_eq!(peer.busy.load(SeqCst), 0, "{what}");
     }
 }
+
+/// A command forwarded to a peer and cancelled (a Preempt and Abort, its connection gone):
+/// a peer that only reads is let go at once; one writing the command's outputs is waited
+/// for until it answers, so nothing it writes lands after the command has ended.
+#[test]
+fn a_cancelled_forward_waits_for_a_peer_that_writes() {
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build().expect("runtime");
+    for writes in [false, true] {
+        let cancel = CancellationToken::new();
+        let (answer, answered) = tokio::sync::oneshot::channel::<u32>();
+        let (done, ended) = std::sync::mpsc::channel();
+        let (handle, token) = (rt.handle().clone(), cancel.clone());
+        let waiter = std::thread::spawn(move || {
+            let r = wait_forwarded(&handle, &token, writes, async move { answered.await.ok() });
+            done.send(()).expect("ended");
+            r
+        });
+        cancel.cancel();
+        if writes {
+            // Not before the peer answers, however long that takes.
+            assert!(ended.recv_timeout(Duration::from_millis(300)).is_err(), "let go of a peer still writing");
+            answer.send(5).expect("answer");
+        }
+        ended.recv_timeout(Duration::from_secs(30)).expect("the wait ends");
+        assert_eq!(waiter.join().expect("waiter"), None, "writes {writes}: a cancelled command ends cancelled");
+    }
+    // Not cancelled: the peer's answer is the command's.
+    let (answer, answered) = tokio::sync::oneshot::channel::<u32>();
+    answer.send(9).expect("answer");
+    assert_eq!(wait_forwarded(rt.handle(), &CancellationToken::new(), true, async move { answered.await.ok() }), Some(Some(9)));
+}
