@@ -1,10 +1,15 @@
 //! The file system: a passthrough of the source directory, plus operations attached to
 //! open files and the `.nearstore/SPEC/path` result files.
 //!
-//! Every regular file is opened with FOPEN_DIRECT_IO: a read of a descriptor with an
-//! operation returns the result while other descriptors of the same file return its bytes,
-//! which a page cache shared by the inode could not keep apart; and the targets write
-//! outputs into the source directory beside the mount, which no cache here would see.
+//! A regular file opened without O_DIRECT is passed through by the kernel (FUSE passthrough,
+//! FOPEN_PASSTHROUGH): its reads, writes and maps go to the source file itself, as fast as
+//! the source and always its current bytes (targets write outputs into the source
+//! directory beside the mount), and the mount keeps no page cache of it. A file opened
+//! with O_DIRECT gets FOPEN_DIRECT_IO: each of its reads reaches the mount, so an
+//! operation can be attached to it and its reads return the result while the other
+//! descriptors of the file return its bytes. The kind of a descriptor is fixed when it is
+//! opened, so no cache can ever hand one kind's bytes to the other. Without passthrough
+//! (an older kernel) every file is opened with FOPEN_DIRECT_IO.
 //! The kernel checks permissions (`default_permissions`) against the source's owners and
 //! modes, reported as they are.
 
@@ -15,13 +20,13 @@ use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::{DirBuilderExt, FileExt, MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Weak};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use fuser::{
-    Errno, FileAttr, FileHandle, FileType, Filesystem, FopenFlags, Generation, INodeNo, IoctlFlags, KernelConfig, OpenAccMode, OpenFlags,
-    RenameFlags, ReplyAttr, ReplyCreate, ReplyData, ReplyDirectory, ReplyEmpty, ReplyEntry, ReplyIoctl, ReplyOpen, ReplyStatfs, ReplyWrite,
-    ReplyXattr, Request, TimeOrNow,
+    BackingId, Errno, FileAttr, FileHandle, FileType, Filesystem, FopenFlags, Generation, INodeNo, InitFlags, IoctlFlags, KernelConfig,
+    OpenAccMode, OpenFlags, RenameFlags, ReplyAttr, ReplyCreate, ReplyData, ReplyDirectory, ReplyEmpty, ReplyEntry, ReplyIoctl, ReplyOpen,
+    ReplyStatfs, ReplyWrite, ReplyXattr, Request, TimeOrNow,
 };
 use nearstore_host::device::DeviceMap;
 use nearstore_host::{Host, HostError, How, Mode};
@@ -87,7 +92,13 @@ struct Computed {
 struct Handle {
     ino: u64,
     /// The source file (none for a result file).
-    file: Option<File>,
+    file: Option<Arc<File>>,
+    /// Its reads reach the mount (FOPEN_DIRECT_IO): only such a descriptor can carry an
+    /// operation.
+    direct: bool,
+    /// The inode's backing file of a passthrough open, held until the descriptor is
+    /// released: every open of an inode must name the same one.
+    backing: Option<Arc<BackingId>>,
     /// The source's path, for computing.
     path: PathBuf,
     /// The process (thread group) that opened it: `fsetxattr` names the inode and the
@@ -100,6 +111,10 @@ struct Handle {
 /// The compute-aware file system.
 pub struct NearFs {
     source: PathBuf,
+    /// The kernel passes plain opens through to the source file (set at init).
+    passthrough: bool,
+    /// Each inode's backing file while a passthrough descriptor of it is open.
+    backing: Mutex<HashMap<u64, Weak<BackingId>>>,
     computer: Arc<Computer>,
     inodes: Mutex<Inodes>,
     handles: Mutex<HashMap<u64, Handle>>,
@@ -186,6 +201,8 @@ impl NearFs {
         inodes.by_ino.insert(CONTROL_INO, Entry { node: Node::Control, lookups: 1 });
         Ok(NearFs {
             source,
+            passthrough: false,
+            backing: Mutex::new(HashMap::new()),
             computer: Arc::new(Computer { devices, op_timeout, rt }),
             inodes: Mutex::new(inodes),
             handles: Mutex::new(HashMap::new()),
@@ -338,9 +355,18 @@ impl NearFs {
             return Err(Errno::EBADF);
         }
         let mut readable = 0;
+        let mut passed_through = 0;
         for h in mine.into_iter().filter(|h| h.readable && h.file.is_some()) {
+            if !h.direct {
+                passed_through += 1;
+                continue;
+            }
             h.attached = spec.clone().map(|spec| Arc::new(Attached { spec, result: Mutex::new(None) }));
             readable += 1;
+        }
+        if readable == 0 && passed_through > 0 {
+            warn!(ino = ino.0, pid = req.pid(), "{XATTR_OP}: the caller's descriptors of this file are not open with O_DIRECT");
+            return Err(Errno::from_i32(libc::EBADFD));
         }
         if readable == 0 {
             warn!(ino = ino.0, pid = req.pid(), "{XATTR_OP}: the caller's descriptors of this file are not open for reading");
@@ -405,6 +431,15 @@ impl Filesystem for NearFs {
     fn init(&mut self, _req: &Request, config: &mut KernelConfig) -> std::io::Result<()> {
         if let Err(max) = config.set_max_write(IO_BYTES_MAX) {
             config.set_max_write(max).map_err(|_| std::io::Error::other("max_write"))?;
+        }
+        // Passthrough of plain opens, onto a source that is itself on no stacked file
+        // system (the mount then may be below an overlayfs).
+        self.passthrough = match config.add_capabilities(InitFlags::FUSE_PASSTHROUGH) {
+            Ok(()) => config.set_max_stack_depth(1).is_ok(),
+            Err(_) => false,
+        };
+        if !self.passthrough {
+            warn!("the kernel has no FUSE passthrough: every read and write of the mount is a request to it (docs/fuse.md)");
         }
         Ok(())
     }
@@ -484,7 +519,7 @@ impl Filesystem for NearFs {
     fn getattr(&self, _req: &Request, ino: INodeNo, fh: Option<FileHandle>, reply: ReplyAttr) {
         if let Some(fh) = fh {
             if let Some(h) = self.handles.lock().get(&fh.0) {
-                if let (Some(f), None) = (&h.file, &h.attached) {
+                if let (Some(f), None) = (h.file.as_deref(), &h.attached) {
                     return match f.metadata() {
                         Ok(m) => reply.attr(&ATTR_TTL, &attr_of(ino.0, &m)),
                         Err(e) => reply.error(errno(&e)),
@@ -531,7 +566,7 @@ impl Filesystem for NearFs {
             }
             if let Some(size) = size {
                 let handles = self.handles.lock();
-                match fh.and_then(|fh| handles.get(&fh.0)).and_then(|h| h.file.as_ref()) {
+                match fh.and_then(|fh| handles.get(&fh.0)).and_then(|h| h.file.as_deref()) {
                     Some(f) => f.set_len(size).map_err(|e| errno(&e))?,
                     None => {
                         drop(handles);
@@ -661,6 +696,8 @@ impl Filesystem for NearFs {
                 Handle {
                     ino: ino.0,
                     file: None,
+                    direct: true,
+                    backing: None,
                     path,
                     tgid,
                     readable,
@@ -674,10 +711,28 @@ impl Filesystem for NearFs {
                 let keep = libc::O_ACCMODE | libc::O_APPEND | libc::O_TRUNC | libc::O_SYNC | libc::O_DSYNC | libc::O_NOATIME;
                 let mut o = std::fs::OpenOptions::new();
                 o.read(readable).write(flags.acc_mode() != OpenAccMode::O_RDONLY).custom_flags(flags.0 & keep & !libc::O_ACCMODE);
-                match o.open(&path) {
-                    Ok(file) => Handle { ino: ino.0, file: Some(file), path, tgid, readable, attached: None },
+                let file = match o.open(&path) {
+                    Ok(file) => file,
                     Err(e) => return reply.error(errno(&e)),
-                }
+                };
+                let direct = flags.0 & libc::O_DIRECT != 0;
+                let backing = self.backing_of(ino.0, &file, |f| reply.open_backing(f));
+                let h = Handle {
+                    ino: ino.0,
+                    file: Some(Arc::new(file)),
+                    direct: direct || backing.is_none(),
+                    backing,
+                    path,
+                    tgid,
+                    readable,
+                    attached: None,
+                };
+                let (fopen, backing) = (h.fopen(), h.backing.clone());
+                let fh = FileHandle(self.new_fh(h));
+                return match backing {
+                    Some(b) => reply.opened_passthrough(fh, fopen, &b),
+                    None => reply.opened(fh, fopen),
+                };
             }
         };
         let fh = self.new_fh(h);
@@ -702,8 +757,11 @@ impl Filesystem for NearFs {
             match (&h.attached, &h.file) {
                 (Some(a), _) => (a.clone(), h.path.clone()),
                 (None, Some(f)) => {
+                    let f = f.clone();
+                    drop(handles);
                     // Into this thread's buffer, made once: no allocation (and no fresh
-                    // pages to fault in) per read.
+                    // pages to fault in) per read; the table unlocked, so that reads of
+                    // several descriptors run at once.
                     return READ_BUF.with_borrow_mut(|buf| {
                         buf.resize(IO_BYTES_MAX as usize, 0);
                         let buf = &mut buf[..size];
@@ -777,8 +835,7 @@ impl Filesystem for NearFs {
         _lock_owner: Option<fuser::LockOwner>,
         reply: ReplyWrite,
     ) {
-        let handles = self.handles.lock();
-        let Some(f) = handles.get(&fh.0).and_then(|h| h.file.as_ref()) else { return reply.error(Errno::EBADF) };
+        let Some(f) = self.handles.lock().get(&fh.0).and_then(|h| h.file.clone()) else { return reply.error(Errno::EBADF) };
         match f.write_all_at(data, offset) {
             Ok(()) => reply.written(data.len() as u32),
             Err(e) => reply.error(errno(&e)),
@@ -799,14 +856,21 @@ impl Filesystem for NearFs {
         _flush: bool,
         reply: ReplyEmpty,
     ) {
-        self.handles.lock().remove(&fh.0);
+        let h = self.handles.lock().remove(&fh.0);
+        if let Some(ino) = h.and_then(|h| h.backing.is_some().then_some(h.ino)) {
+            // The last passthrough descriptor of the inode gone: its backing file with it.
+            let mut backing = self.backing.lock();
+            if backing.get(&ino).is_some_and(|w| w.strong_count() == 0) {
+                backing.remove(&ino);
+            }
+        }
         reply.ok();
     }
 
     fn fsync(&self, _req: &Request, _ino: INodeNo, fh: FileHandle, datasync: bool, reply: ReplyEmpty) {
         let handles = self.handles.lock();
         let Some(h) = handles.get(&fh.0) else { return reply.error(Errno::EBADF) };
-        let r = match &h.file {
+        let r = match h.file.as_deref() {
             Some(f) if datasync => f.sync_data(),
             Some(f) => f.sync_all(),
             None => Ok(()),
@@ -1012,9 +1076,24 @@ impl Filesystem for NearFs {
         };
         let ino = self.remember_real(rel.clone(), &m);
         let readable = flags & libc::O_ACCMODE != libc::O_WRONLY;
-        let fh =
-            self.new_fh(Handle { ino, file: Some(file), path: self.source.join(rel), tgid: tgid_of(req.pid()), readable, attached: None });
-        reply.created(&ATTR_TTL, &attr_of(ino, &m), Generation(0), FileHandle(fh), FopenFlags::FOPEN_DIRECT_IO);
+        let backing = self.backing_of(ino, &file, |f| reply.open_backing(f));
+        let direct = flags & libc::O_DIRECT != 0 || backing.is_none();
+        let h = Handle {
+            ino,
+            file: Some(Arc::new(file)),
+            direct,
+            backing,
+            path: self.source.join(rel),
+            tgid: tgid_of(req.pid()),
+            readable,
+            attached: None,
+        };
+        let (fopen, backing) = (h.fopen(), h.backing.clone());
+        let fh = FileHandle(self.new_fh(h));
+        match backing {
+            Some(b) => reply.created_passthrough(&ATTR_TTL, &attr_of(ino, &m), Generation(0), fh, fopen, &b),
+            None => reply.created(&ATTR_TTL, &attr_of(ino, &m), Generation(0), fh, fopen),
+        }
     }
 
     fn ioctl(
@@ -1050,7 +1129,43 @@ impl Filesystem for NearFs {
     }
 }
 
+impl Handle {
+    /// What the kernel is told of the descriptor: reads through the mount (a direct one,
+    /// which FOPEN_DIRECT_IO keeps from the passthrough of the others) or passed through.
+    fn fopen(&self) -> FopenFlags {
+        if self.direct {
+            FopenFlags::FOPEN_DIRECT_IO
+        } else {
+            FopenFlags::empty()
+        }
+    }
+}
+
 impl NearFs {
+    /// The backing file of a passthrough open of `ino`: the one its open descriptors
+    /// share, else `file` registered with the kernel by `open_backing`. None without
+    /// passthrough, or when the kernel refuses the file (logged; the open is direct).
+    fn backing_of(&self, ino: u64, file: &File, open_backing: impl FnOnce(&File) -> std::io::Result<BackingId>) -> Option<Arc<BackingId>> {
+        if !self.passthrough {
+            return None;
+        }
+        let mut backing = self.backing.lock();
+        if let Some(b) = backing.get(&ino).and_then(Weak::upgrade) {
+            return Some(b);
+        }
+        match open_backing(file) {
+            Ok(b) => {
+                let b = Arc::new(b);
+                backing.insert(ino, Arc::downgrade(&b));
+                Some(b)
+            }
+            Err(e) => {
+                warn!(ino, "the kernel does not pass this file through ({e}): its reads and writes are requests to the mount");
+                None
+            }
+        }
+    }
+
     /// Attaches (or detaches) an operation to one descriptor, open for reading.
     fn attach_fh(&self, fh: FileHandle, spec: Option<Arc<OpSpec>>) -> Result<(), Errno> {
         let mut handles = self.handles.lock();
@@ -1062,6 +1177,10 @@ impl NearFs {
         if !h.readable {
             warn!(ino = h.ino, "NEARSTORE_IOC_ATTACH on a descriptor not open for reading");
             return Err(Errno::EBADF);
+        }
+        if !h.direct {
+            warn!(ino = h.ino, "NEARSTORE_IOC_ATTACH on a descriptor not open with O_DIRECT: the kernel reads the file itself");
+            return Err(Errno::from_i32(libc::EBADFD));
         }
         h.attached = spec.map(|spec| Arc::new(Attached { spec, result: Mutex::new(None) }));
         Ok(())

@@ -1,5 +1,6 @@
-//! Operations attached to open files of a real mount: through `fsetxattr` and the ioctl,
-//! only the descriptor they were attached to reads the result (equal to the operation run
+//! Operations attached to open files of a real mount: through `fsetxattr` and the ioctl on
+//! a descriptor opened with O_DIRECT, only the descriptor they were attached to reads the
+//! result, the others (passed through by the kernel) never see it (equal to the operation run
 //! on the file's bytes), others read the bytes; a file that cannot be offloaded is computed
 //! in the mount and says why; bad input, a caller without the right, a lost target each
 //! get a clear errno and a log line, never a hung mount. Needs root, loop devices,
@@ -10,7 +11,7 @@ mod common;
 use std::ffi::CString;
 use std::fs::File;
 use std::os::fd::AsRawFd;
-use std::os::unix::fs::{FileExt, PermissionsExt};
+use std::os::unix::fs::{FileExt, OpenOptionsExt, PermissionsExt};
 use std::path::Path;
 use std::sync::{Arc, Mutex, OnceLock};
 
@@ -93,6 +94,12 @@ fn ioc(f: &File, cmd: u32, data: &mut [u8]) -> Result<(), i32> {
     }
 }
 
+/// The file opened for reading with O_DIRECT: each read reaches the mount, so it can carry
+/// an operation.
+fn direct(p: &Path) -> File {
+    File::options().read(true).custom_flags(libc::O_DIRECT).open(p).unwrap()
+}
+
 /// All of a descriptor from offset 0.
 fn read_all(f: &File) -> Vec<u8> {
     let mut out = Vec::new();
@@ -119,7 +126,7 @@ fn an_operation_attached_to_a_descriptor_changes_only_its_reads() {
     let rig = Rig::new();
     let data = text((3 << 20) + 123, 5);
     std::fs::write(rig.m("app.log"), &data).unwrap();
-    let a = File::open(rig.m("app.log")).unwrap();
+    let a = direct(&rig.m("app.log"));
     // (how it is attached, spec)
     let cases = [("xattr", "sha256"), ("ioctl", "grep:^ERROR"), ("xattr", "wc"), ("ioctl", "search:needle"), ("xattr", "crc32c")];
     for (how, spec) in cases {
@@ -152,7 +159,7 @@ fn an_operation_attached_to_a_descriptor_changes_only_its_reads() {
     // A select over CSV, and the result path of the same.
     std::fs::write(rig.m("t.csv"), "id,city\n1,Oslo\n2,Lima\n3,Oslo\n").unwrap();
     let spec = "select:SELECT city, COUNT(*) FROM s3object GROUP BY city ORDER BY city";
-    let f = File::open(rig.m("t.csv")).unwrap();
+    let f = direct(&rig.m("t.csv"));
     fset(&f, "user.nearstore.op", spec.as_bytes()).unwrap();
     assert_eq!(String::from_utf8(read_all(&f)).unwrap(), "city,COUNT(*)\nLima,1\nOslo,2\n");
     let via_path = rig.m(".nearstore").join(spec).join("t.csv");
@@ -172,7 +179,7 @@ fn a_file_that_cannot_be_offloaded_is_computed_in_the_mount_and_says_why() {
     // No map: the source's device is no known namespace.
     let rig = Rig::with(|o| o.devices = nearstore_host::device::DeviceMap::default());
     std::fs::write(rig.m("f"), b"hello\n").unwrap();
-    let f = File::open(rig.m("f")).unwrap();
+    let f = direct(&rig.m("f"));
     fset(&f, "user.nearstore.op", b"sha256").unwrap();
     assert_eq!(String::from_utf8(read_all(&f)).unwrap(), expected("sha256", b"hello\n"));
     let why = fget(&f, "user.nearstore.offloaded").unwrap();
@@ -191,7 +198,8 @@ fn bad_input_gets_a_clear_errno_and_a_log_line() {
     // the mount after close returns).
     std::fs::write(rig.s("g"), b"not open\n").unwrap();
     std::fs::create_dir(rig.m("dir")).unwrap();
-    let f = File::open(rig.m("f")).unwrap();
+    let f = direct(&rig.m("f"));
+    let plain = File::open(rig.m("f")).unwrap();
     let dir = File::open(rig.m("dir")).unwrap();
     let wo = File::options().write(true).open(rig.m("f")).unwrap();
     let mut bad_version = ioctl::encode_op("sha256");
@@ -218,6 +226,12 @@ fn bad_input_gets_a_clear_errno_and_a_log_line() {
             Box::new(|| ioc(&dir, ioctl::ATTACH, &mut ioctl::encode_op("sha256"))),
             libc::EISDIR,
             "ioctl on a directory",
+        ),
+        (
+            "descriptor passed through",
+            Box::new(|| ioc(&plain, ioctl::ATTACH, &mut ioctl::encode_op("sha256"))),
+            libc::EBADFD,
+            "not open with O_DIRECT",
         ),
         ("unknown ioctl", Box::new(|| ioc(&f, 0x4E7F, &mut [])), libc::ENOTTY, ""),
         (
@@ -269,7 +283,7 @@ fn an_operation_attaches_only_where_the_caller_may_read() {
         let open_secret = File::open(&secret).map(|_| ()).map_err(|e| e.raw_os_error());
         let result_secret = std::fs::read(&result).map(|_| ()).map_err(|e| e.raw_os_error());
         // A reader attaches with the ioctl: it needs only a descriptor open for reading.
-        let f = File::open(&public).unwrap();
+        let f = direct(&public);
         let ioctl = ioc(&f, ioctl::ATTACH, &mut ioctl::encode_op("sha256"));
         let read = String::from_utf8(read_all(&f)).unwrap();
         // The attribute is a user.* attribute: the kernel wants write permission for it.
@@ -290,7 +304,7 @@ fn a_target_lost_under_an_open_file_fails_its_reads_not_the_mount() {
     let mut rig = Rig::new();
     let data = text(1 << 20, 9);
     std::fs::write(rig.m("f"), &data).unwrap();
-    let f = File::open(rig.m("f")).unwrap();
+    let f = direct(&rig.m("f"));
     fset(&f, "user.nearstore.op", b"sha256").unwrap();
     rig.lose_target();
     let r = within(60, "a read with the target gone", move || {
@@ -301,6 +315,61 @@ fn a_target_lost_under_an_open_file_fails_its_reads_not_the_mount() {
     assert!(logged("operation failed"), "the failure is logged");
     // The mount goes on serving the file's bytes.
     assert!(std::fs::read(rig.m("f")).unwrap() == data);
+}
+
+/// A descriptor opened without O_DIRECT is passed through to the source file (it maps, and
+/// sees bytes written beside the mount at once); one with O_DIRECT carries an operation.
+/// Neither ever reads the other's bytes, whatever was read before; and an operation
+/// attaches to no passed-through descriptor.
+#[test]
+fn passed_through_and_attached_descriptors_never_share_bytes() {
+    logs();
+    let rig = Rig::new();
+    let data = text((1 << 20) + 77, 11);
+    std::fs::write(rig.m("f"), &data).unwrap();
+    let a = File::open(rig.m("f")).unwrap();
+    assert!(read_all(&a) == data, "a plain descriptor reads the bytes");
+    let b = direct(&rig.m("f"));
+    ioc(&b, ioctl::ATTACH, &mut ioctl::encode_op("sha256")).unwrap();
+    let want = expected("sha256", &data);
+    // (descriptor, what it reads) in an order that would let a shared cache leak either way.
+    let plain_after = File::open(rig.m("f")).unwrap();
+    let unattached_direct = direct(&rig.m("f"));
+    let reads: [(&str, &File, &[u8]); 5] = [
+        ("attached", &b, want.as_bytes()),
+        ("plain, opened before", &a, &data),
+        ("attached, again", &b, want.as_bytes()),
+        ("plain, opened after", &plain_after, &data),
+        ("direct, nothing attached", &unattached_direct, &data),
+    ];
+    for (what, f, want) in reads {
+        let got = within(60, what, {
+            let f = f.try_clone().unwrap();
+            move || read_all(&f)
+        });
+        assert!(got == want, "{what}: {} bytes, want {}", got.len(), want.len());
+    }
+    // Passed through: a plain descriptor maps (a direct-I/O FUSE file cannot), and sees a
+    // write beside the mount at once, no stale cache in between.
+    // SAFETY: a read-only shared map of an open descriptor, unmapped below.
+    let map = unsafe { libc::mmap(std::ptr::null_mut(), data.len(), libc::PROT_READ, libc::MAP_SHARED, plain_after.as_raw_fd(), 0) };
+    assert_ne!(map, libc::MAP_FAILED, "mmap of a plain descriptor: {}", std::io::Error::last_os_error());
+    // SAFETY: the map is data.len() bytes long.
+    let mapped = unsafe { std::slice::from_raw_parts(map as *const u8, data.len()) } == &data[..];
+    // SAFETY: the map made above.
+    unsafe { libc::munmap(map, data.len()) };
+    assert!(mapped, "the map holds the file's bytes");
+    File::options().write(true).open(rig.s("f")).unwrap().write_all_at(b"CHANGED", 0).unwrap();
+    let mut head = [0u8; 7];
+    a.read_exact_at(&mut head, 0).unwrap();
+    assert_eq!(&head, b"CHANGED", "a plain descriptor reads the source's bytes now");
+    assert!(read_all(&b) == want.as_bytes(), "the attached descriptor keeps its result");
+    // The attribute through a process whose only descriptor is passed through.
+    std::fs::write(rig.m("g"), b"g\n").unwrap();
+    let g = File::open(rig.m("g")).unwrap();
+    assert_eq!(fset(&g, "user.nearstore.op", b"sha256"), Err(libc::EBADFD));
+    assert!(logged("not open with O_DIRECT"));
+    assert_eq!(read_all(&g), b"g\n");
 }
 
 /// docs/fuse.md's Python example, run as printed against a real mount.
