@@ -1,6 +1,6 @@
 //! `nearstore mount` as a user runs it: a process serving the mount until unmounted. A
 //! result read through `.nearstore/SPEC/file` is what the compute verb prints for the same
-//! file, computed on the target; unmounting waits while a file is open. Needs root, loop
+//! file, computed on the target, and so is the verb run on the mount's path; unmounting waits while a file is open. Needs root, loop
 //! devices, mkfs.ext4 and /dev/fuse; fails naming what is missing.
 
 mod common;
@@ -117,6 +117,11 @@ fn results_through_the_mount_are_the_clis_and_unmount_waits_for_open_files() {
         let path = fs.mnt.join(file);
         let args: Vec<&str> = verb.iter().copied().chain(["--offload-only", "--map", p(&map), p(&path)]).collect();
         let want = cut(&ok(&args));
+        // The verb on the mount's path: the mount names the file's extents (its ioctl,
+        // docs/fuse.md "FIEMAP"), and the verb offloads as on the source.
+        let through = mnt.join(file);
+        let on_mount: Vec<&str> = verb.iter().copied().chain(["--offload-only", "--map", p(&map), p(&through)]).collect();
+        assert_eq!(cut(&ok(&on_mount)), want, "{spec} over {file}: the verb on the mount's path and on the source's");
         let result = mnt.join(".nearstore").join(spec).join(file);
         let got = std::fs::read_to_string(&result).unwrap_or_else(|e| panic!("{spec}: {e}: {}", mount.log()));
         assert_eq!(got, want, "{spec} over {file}: the mount's result and the CLI's");

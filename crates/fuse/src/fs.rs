@@ -29,6 +29,7 @@ use fuser::{
     ReplyStatfs, ReplyWrite, ReplyXattr, Request, TimeOrNow,
 };
 use nearstore_host::device::DeviceMap;
+use nearstore_host::mount;
 use nearstore_host::{Host, HostError, How, Mode};
 use parking_lot::Mutex;
 use tracing::{info, warn};
@@ -1120,6 +1121,12 @@ impl Filesystem for NearFs {
                 }
             },
             ioctl::DETACH => self.attach_fh(fh, None),
+            mount::IOC_EXTENTS => {
+                return match self.extents_of(fh, in_data) {
+                    Ok(out) => reply.ioctl(0, &out),
+                    Err(e) => reply.error(e),
+                };
+            }
             _ => Err(Errno::ENOTTY),
         };
         match r {
@@ -1142,6 +1149,39 @@ impl Handle {
 }
 
 impl NearFs {
+    /// `NEARSTORE_IOC_EXTENTS`: the extents of a descriptor's source file (FIEMAP, which
+    /// writes its dirty pages back first) as global addresses of the namespace that holds
+    /// them, which the kernel will not ask a FUSE file system for with FS_IOC_FIEMAP.
+    fn extents_of(&self, fh: FileHandle, in_data: &[u8]) -> Result<Vec<u8>, Errno> {
+        let start = mount::decode_request(in_data).map_err(|e| {
+            warn!("NEARSTORE_IOC_EXTENTS: {e}");
+            Errno::EINVAL
+        })?;
+        let (file, path) = {
+            let handles = self.handles.lock();
+            let h = handles.get(&fh.0).ok_or(Errno::EBADF)?;
+            match &h.file {
+                Some(f) => (f.clone(), h.path.clone()),
+                None => {
+                    warn!(path = %h.path.display(), "NEARSTORE_IOC_EXTENTS on a result file: it has no extents");
+                    return Err(Errno::EINVAL);
+                }
+            }
+        };
+        let fail = |what: &str, e: Errno| {
+            warn!(path = %path.display(), "NEARSTORE_IOC_EXTENTS: {what}");
+            e
+        };
+        let m = file.metadata().map_err(|e| fail(&e.to_string(), errno(&e)))?;
+        let devices = &self.computer.devices;
+        let location = devices.locate(m.dev()).map_err(|reason| fail(&format!("on no exported namespace: {reason}"), Errno::ENODEV))?;
+        let fs = nearstore_host::fiemap::extents(&file).map_err(|e| fail(&format!("FIEMAP of the source: {e}"), errno(&e)))?;
+        let tag = devices.tag_of(&location.endpoint).unwrap_or(0);
+        let extents = mount::translate(&fs, location.offset, tag).map_err(|e| fail(&e, Errno::EOVERFLOW))?;
+        mount::encode_reply(&mount::MountMap { size: m.len(), endpoint: location.endpoint, tag, extents }, start)
+            .map_err(|e| fail(&e, Errno::EINVAL))
+    }
+
     /// The backing file of a passthrough open of `ino`: the one its open descriptors
     /// share, else `file` registered with the kernel by `open_backing`. None without
     /// passthrough, or when the kernel refuses the file (logged; the open is direct).

@@ -87,7 +87,9 @@ pub fn spawn(opts: Options) -> Result<Mounted, MountError> {
     let mut config = fuser::Config::default();
     config.mount_options = vec![
         fuser::MountOption::FSName(source.display().to_string()),
-        fuser::MountOption::Subtype("nearstore".into()),
+        // As a kernel option (fuser passes Subtype only to fusermount): the type reads
+        // `fuse.nearstore` in /proc/self/mountinfo, which the host library looks for.
+        fuser::MountOption::CUSTOM("subtype=nearstore".into()),
         fuser::MountOption::DefaultPermissions,
         fuser::MountOption::NoDev,
         fuser::MountOption::NoSuid,

@@ -391,9 +391,81 @@ fn the_python_example_of_the_docs_runs() {
     assert_eq!(String::from_utf8_lossy(&out.stdout), want);
 }
 
+/// NEARSTORE_IOC_EXTENTS on files of every layout (one block, large, sparse, more extents
+/// than one reply holds) is the source's FIEMAP as global addresses of the namespace's tag,
+/// with the namespace named; the host library maps a file of the mount to the same object
+/// as the source's file.
+#[test]
+fn the_mounts_extents_are_the_sources_fiemap_as_global_addresses() {
+    logs();
+    let rig = Rig::tagged(9);
+    // (name, (offset, bytes) written)
+    let many: Vec<(u64, usize)> = (0..300u64).map(|i| (i * 8192, 4096)).collect();
+    let cases: [(&str, Vec<(u64, usize)>); 4] =
+        [("small", vec![(0, 100)]), ("large", vec![(0, 3 << 20)]), ("sparse", vec![(0, 65536), (10 << 20, 5000)]), ("fragmented", many)];
+    for (name, writes) in cases {
+        let f = File::create(rig.m(name)).unwrap();
+        for (i, (at, len)) in writes.iter().enumerate() {
+            f.write_all_at(&text(*len, i as u64 + 1), *at).unwrap();
+        }
+        drop(f);
+        let got = nearstore_host::mount::extents(&File::open(rig.m(name)).unwrap()).unwrap();
+        let source = File::open(rig.s(name)).unwrap();
+        let want = nearstore_host::mount::translate(&nearstore_host::fiemap::extents(&source).unwrap(), 0, 9).unwrap();
+        assert_eq!((got.size, &got.endpoint, got.tag), (source.metadata().unwrap().len(), &rig.ep, 9), "{name}");
+        assert_eq!(got.extents, want, "{name}");
+        assert!(!want.is_empty(), "{name}");
+        let (on_mount, on_source) = (
+            nearstore_host::object::map_file(&rig.m(name), &rig.devices).unwrap(),
+            nearstore_host::object::map_file(&rig.s(name), &rig.devices).unwrap(),
+        );
+        match (on_mount, on_source) {
+            (nearstore_host::object::Mapped::Offload(m), nearstore_host::object::Mapped::Offload(s)) => {
+                assert_eq!((&m.object, &m.location.endpoint), (&s.object, &s.location.endpoint), "{name}");
+                m.verify().unwrap();
+            }
+            other => panic!("{name}: {other:?}"),
+        }
+    }
+    assert!(nearstore_host::mount::extents(&File::open(rig.m("fragmented")).unwrap()).unwrap().extents.len() > 119, "paged");
+}
+
+/// NEARSTORE_IOC_EXTENTS where there are no extents to give: a clear errno and a log line.
+#[test]
+fn the_extents_ioctl_refuses_what_has_no_extents_on_a_namespace() {
+    logs();
+    let rig = Rig::new();
+    std::fs::write(rig.m("f"), b"data\n").unwrap();
+    std::fs::create_dir(rig.m("dir")).unwrap();
+    let unmapped = Rig::with(|o| o.devices = nearstore_host::device::DeviceMap::default());
+    std::fs::write(unmapped.m("f"), b"data\n").unwrap();
+    let extents = |p: &Path| {
+        let f = File::open(p).map_err(|e| e.raw_os_error().unwrap())?;
+        nearstore_host::mount::extents(&f).map(|_| ()).map_err(|e| e.raw_os_error().unwrap_or(0))
+    };
+    let mut bad_version = nearstore_host::mount::encode_request(0);
+    bad_version[0] = 3;
+    let f = File::open(rig.m("f")).unwrap();
+    // (what, result, errno, what the log says)
+    let cases: [(&str, Result<(), i32>, i32, &str); 4] = [
+        ("a directory", extents(&rig.m("dir")), libc::EISDIR, "ioctl on a directory"),
+        ("a file on no exported namespace", extents(&unmapped.m("f")), libc::ENODEV, "on no exported namespace"),
+        ("a result file", extents(&rig.m(".nearstore/sha256/f")), libc::EINVAL, "on a result file"),
+        ("a bad version", ioc(&f, nearstore_host::mount::IOC_EXTENTS, &mut bad_version), libc::EINVAL, "version 3"),
+    ];
+    for (what, got, want, words) in cases {
+        assert_eq!(got, Err(want), "{what}");
+        assert!(logged(words), "{what}: no log line with {words:?}");
+    }
+    // The host library computes such a file itself and says why.
+    match nearstore_host::object::map_file(&unmapped.m("f"), &unmapped.devices).unwrap() {
+        nearstore_host::object::Mapped::Local { reason, .. } => assert!(reason.contains("nearstore mount does not map it"), "{reason}"),
+        other => panic!("{other:?}"),
+    }
+}
+
 /// Linux answers FIEMAP in the VFS from the inode's fiemap operation, which FUSE lacks: the
-/// mount cannot answer it (docs/fuse.md, "FIEMAP"), and the host library maps the source's
-/// file instead.
+/// mount answers NEARSTORE_IOC_EXTENTS instead (docs/fuse.md, "FIEMAP").
 #[test]
 fn fiemap_on_the_mount_is_refused_by_the_kernel() {
     let rig = Rig::new();

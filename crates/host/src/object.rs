@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 use nearstore_wire::compute::{limits, Extent, Object};
 
 use crate::device::{DeviceMap, Location};
-use crate::fiemap::{self, flags, FsExtent, UNUSABLE};
+use crate::fiemap::{flags, FsExtent, UNUSABLE};
 
 /// Zero runs past the last extent are rounded up to this many bytes, a multiple of every
 /// block size a namespace can have; the object's exact length cuts them.
@@ -31,7 +31,7 @@ impl Snapshot {
         // FIEMAP with its sync flag writes dirty pages back (delayed allocation gets its
         // blocks) before it maps; fsync first makes the metadata durable too.
         file.sync_all()?;
-        let extents = fiemap::extents(file)?;
+        let extents = crate::mount::fs_extents(file)?;
         Ok(Snapshot {
             dev: m.dev(),
             ino: m.ino(),
@@ -97,6 +97,11 @@ fn map_with(path: &Path, devices: &DeviceMap, unwritten_is_data: bool) -> Result
     let local = |reason: String| Ok(Mapped::Local { path: path.into(), reason });
     let location = match devices.locate(m.dev()) {
         Ok(l) => l,
+        // A file of a nearstore mount: the mount names its namespace (docs/fuse.md).
+        Err(_) if crate::mount::is_mount(m.dev()) => match crate::mount::extents(&file) {
+            Ok(map) => Location { endpoint: map.endpoint, offset: 0, device: crate::mount::FSTYPE.into(), kernel_device: None },
+            Err(e) => return local(format!("the nearstore mount does not map it: {e}")),
+        },
         Err(reason) => return local(reason),
     };
     let snapshot = match Snapshot::take(&file) {

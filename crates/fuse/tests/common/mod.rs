@@ -35,13 +35,25 @@ impl Rig {
     }
 
     pub fn with(adjust: impl FnOnce(&mut nearstore_fuse::Options)) -> Rig {
+        Rig::build(None, "", adjust)
+    }
+
+    /// A rig whose namespace has device tag `tag` in the mount's device map.
+    pub fn tagged(tag: u16) -> Rig {
+        Rig::build(Some(tag), "", |_| {})
+    }
+
+    fn build(tag: Option<u16>, extra: &str, adjust: impl FnOnce(&mut nearstore_fuse::Options)) -> Rig {
         assert!(Path::new("/dev/fuse").exists(), "this test needs /dev/fuse (the fuse kernel module)");
         let fs = Fs::new(96);
         std::fs::set_permissions(&fs.mnt, std::fs::Permissions::from_mode(0o777)).unwrap();
         let target = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
-        let ep = target.block_on(start_target(&fs.image));
+        let ep = target.block_on(start_target(&fs.image, extra));
         let mut devices = DeviceMap::default();
         devices.add_file(&fs.image, ep.clone()).unwrap();
+        if let Some(tag) = tag {
+            devices.set_tag(&ep, tag).unwrap();
+        }
         let dir = tempfile::tempdir().unwrap();
         std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
         let mnt = dir.path().join("mnt");
@@ -79,9 +91,9 @@ impl Drop for Rig {
     }
 }
 
-async fn start_target(image: &Path) -> Endpoint {
+async fn start_target(image: &Path, extra: &str) -> Endpoint {
     let cfg = Config::from_toml(&format!(
-        "[[listener]]\naddress = \"127.0.0.1:0\"\n[[subsystem]]\nnqn = \"{NQN}\"\nallow_any_host = true\n[[subsystem.namespace]]\nnsid = 1\npath = \"{}\"\n",
+        "[[listener]]\naddress = \"127.0.0.1:0\"\n[[subsystem]]\nnqn = \"{NQN}\"\nallow_any_host = true\n[[subsystem.namespace]]\nnsid = 1\npath = \"{}\"\n{extra}",
         image.display()
     ))
     .unwrap();
