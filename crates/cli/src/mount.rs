@@ -23,6 +23,17 @@ pub struct MountArgs {
     /// Seconds one operation may take on its target before the read fails (EIO).
     #[arg(long, default_value_t = nearstore_fuse::limits::OP_TIMEOUT_DEFAULT.as_secs())]
     pub op_timeout: u64,
+    /// The mount's host NQN toward the targets, whose tenant they apply to every operation
+    /// (default: /etc/nvme/hostnqn or one derived from the machine id).
+    #[arg(long)]
+    pub hostnqn: Option<String>,
+    /// The mount's DH-HMAC-CHAP secret for targets that ask the host to authenticate (as
+    /// nvme-cli's --dhchap-secret).
+    #[arg(long, value_parser = crate::dhchap_secret)]
+    pub dhchap_secret: Option<nearstore_dhchap::Secret>,
+    /// The controller's DH-HMAC-CHAP secret: the targets must prove they hold it.
+    #[arg(long, value_parser = crate::dhchap_secret, requires = "dhchap_secret")]
+    pub dhchap_ctrl_secret: Option<nearstore_dhchap::Secret>,
 }
 
 /// Mounts and serves until unmounted (`umount MOUNTPOINT`, or SIGINT/SIGTERM: unmounted
@@ -32,6 +43,7 @@ pub fn run(a: MountArgs) -> Result<()> {
     let mut opts = nearstore_fuse::Options::new(&a.source, &a.mountpoint, devices);
     opts.threads = a.threads;
     opts.op_timeout = std::time::Duration::from_secs(a.op_timeout);
+    (opts.hostnqn, opts.dhchap_secret, opts.dhchap_ctrl_secret) = (a.hostnqn, a.dhchap_secret, a.dhchap_ctrl_secret);
     let mounted = nearstore_fuse::spawn(opts).with_context(|| format!("mounting {} at {}", a.source.display(), a.mountpoint.display()))?;
     info!(source = %a.source.display(), mountpoint = %a.mountpoint.display(), "mounted");
     let mp = a.mountpoint.clone();

@@ -193,7 +193,7 @@ fn host_errno(e: &HostError) -> Errno {
 }
 
 impl NearFs {
-    pub fn new(source: PathBuf, devices: DeviceMap, op_timeout: Duration) -> std::io::Result<NearFs> {
+    pub fn new(source: PathBuf, devices: DeviceMap, op_timeout: Duration, identity: Identity) -> std::io::Result<NearFs> {
         let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).thread_name("nearstore-fuse-host").enable_all().build()?;
         let root = std::fs::metadata(&source)?;
         let mut inodes = Inodes { next_real: 2, next_result: CONTROL_INO + 1, ..Default::default() };
@@ -204,7 +204,7 @@ impl NearFs {
             source,
             passthrough: false,
             backing: Mutex::new(HashMap::new()),
-            computer: Arc::new(Computer { devices, op_timeout, rt }),
+            computer: Arc::new(Computer { devices, op_timeout, identity, rt }),
             inodes: Mutex::new(inodes),
             handles: Mutex::new(HashMap::new()),
             next_fh: AtomicU64::new(1),
@@ -377,10 +377,19 @@ impl NearFs {
     }
 }
 
+/// Who the mount is to the targets (`nearstore mount --hostnqn --dhchap-secret`).
+#[derive(Clone, Debug, Default)]
+pub struct Identity {
+    pub hostnqn: Option<String>,
+    pub dhchap_secret: Option<nearstore_dhchap::Secret>,
+    pub dhchap_ctrl_secret: Option<nearstore_dhchap::Secret>,
+}
+
 /// What computing needs, shared with the compute threads.
 struct Computer {
     devices: DeviceMap,
     op_timeout: Duration,
+    identity: Identity,
     rt: tokio::runtime::Runtime,
 }
 
@@ -392,8 +401,17 @@ impl Computer {
         let mut host = Host::new(self.devices.clone());
         host.timeout = self.op_timeout;
         host.parallel = 1;
+        host.hostnqn = self.identity.hostnqn.clone();
+        host.dhchap_secret = self.identity.dhchap_secret.clone();
+        host.dhchap_ctrl_secret = self.identity.dhchap_ctrl_secret.clone();
         let r = self.rt.block_on(host.run(spec.op, &spec.args, &[path.to_path_buf()], Mode::Offload));
         let report = r.map_err(|e| {
+            if e.is_refused() {
+                // The mount's host may not reach these blocks: the caller gets no result,
+                // never one the mount computed from the bytes with its own rights.
+                warn!(path = %path.display(), op = %spec.text, "operation refused by the target to this mount's host: {e}");
+                return Errno::EACCES;
+            }
             warn!(path = %path.display(), op = %spec.text, "operation failed: {e}");
             host_errno(&e)
         })?;

@@ -35,6 +35,12 @@ pub struct Options {
     pub threads: usize,
     /// How long one operation may take on its target.
     pub op_timeout: Duration,
+    /// Who the mount is to the targets: its host NQN (else the machine's) and its
+    /// DH-HMAC-CHAP secrets, as the compute verbs take them; the targets apply that host's
+    /// tenant to every operation of the mount, whichever user caused it.
+    pub hostnqn: Option<String>,
+    pub dhchap_secret: Option<nearstore_dhchap::Secret>,
+    pub dhchap_ctrl_secret: Option<nearstore_dhchap::Secret>,
 }
 
 impl Options {
@@ -45,6 +51,9 @@ impl Options {
             devices,
             threads: limits::THREADS_DEFAULT,
             op_timeout: limits::OP_TIMEOUT_DEFAULT,
+            hostnqn: None,
+            dhchap_secret: None,
+            dhchap_ctrl_secret: None,
         }
     }
 }
@@ -83,7 +92,8 @@ pub fn spawn(opts: Options) -> Result<Mounted, MountError> {
     }
     let source = std::fs::canonicalize(&opts.source).map_err(|source| MountError::Io { path: opts.source.clone(), source })?;
     let io = |source| MountError::Io { path: opts.mountpoint.clone(), source };
-    let fs = fs::NearFs::new(source.clone(), opts.devices, opts.op_timeout).map_err(io)?;
+    let identity = fs::Identity { hostnqn: opts.hostnqn, dhchap_secret: opts.dhchap_secret, dhchap_ctrl_secret: opts.dhchap_ctrl_secret };
+    let fs = fs::NearFs::new(source.clone(), opts.devices, opts.op_timeout, identity).map_err(io)?;
     let mut config = fuser::Config::default();
     config.mount_options = vec![
         fuser::MountOption::FSName(source.display().to_string()),

@@ -372,6 +372,46 @@ fn passed_through_and_attached_descriptors_never_share_bytes() {
     assert_eq!(read_all(&g), b"g\n");
 }
 
+/// The mount is one tenant (`--hostnqn`): the target applies that host's reach to every
+/// operation, whichever user caused it. Beyond its reach, or for a host in no tenant, a
+/// result read fails with EACCES and a log line; the mount never computes it from the bytes
+/// with its own rights instead.
+#[test]
+fn the_mount_is_one_tenant_and_gets_no_result_beyond_its_reach() {
+    logs();
+    let host = |name: &str| format!("nqn.2026-11.io.nearstore:fusetest-{name}");
+    let tenants = format!(
+        "[[tenant]]\nname = \"wide\"\nhosts = [\"{}\"]\n[[tenant.reach]]\nsubsystem = \"{}\"\n\
+         [[tenant]]\nname = \"narrow\"\nhosts = [\"{}\"]\n[[tenant.reach]]\nsubsystem = \"{}\"\nnsid = 1\nlbas = [0, 8]\n",
+        host("wide"),
+        common::NQN,
+        host("narrow"),
+        common::NQN
+    );
+    let rig = Rig::with_target(&tenants, |o| o.hostnqn = Some(host("wide")));
+    let data = text(200_000, 4);
+    std::fs::write(rig.m("f"), &data).unwrap();
+    let want = expected("sha256", &data);
+    // (host NQN of the mount, what a result read gives)
+    let cases: [(&str, Result<&str, i32>); 3] =
+        [("wide", Ok(want.as_str())), ("narrow", Err(libc::EACCES)), ("stranger", Err(libc::EACCES))];
+    for (name, want) in cases {
+        let mnt = rig.dir.path().join(format!("as-{name}"));
+        std::fs::create_dir(&mnt).unwrap();
+        let mut opts = nearstore_fuse::Options::new(&rig.fs.mnt, &mnt, rig.devices.clone());
+        opts.hostnqn = Some(host(name));
+        opts.op_timeout = std::time::Duration::from_secs(10);
+        let mounted = nearstore_fuse::spawn(opts).unwrap();
+        let result = mnt.join(".nearstore/sha256/f");
+        let got = within(60, name, move || std::fs::read_to_string(result).map_err(|e| e.raw_os_error().unwrap_or(0)));
+        assert_eq!(got.as_deref().map_err(|e| *e), want, "{name}");
+        // The file's bytes still read as ever: the kernel checks the caller's rights.
+        assert!(std::fs::read(mnt.join("f")).unwrap() == data, "{name}");
+        drop(mounted);
+    }
+    assert!(logged("operation refused by the target to this mount's host"));
+}
+
 /// docs/fuse.md's Python example, run as printed against a real mount.
 #[test]
 fn the_python_example_of_the_docs_runs() {

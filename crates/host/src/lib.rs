@@ -102,6 +102,23 @@ pub enum HostError {
     NotOffloaded(Vec<Cause>),
 }
 
+impl HostError {
+    /// True when a target refused this host: not admitted at Connect, not authenticated,
+    /// or a command beyond its tenant's reach (ACCESS_DENIED).
+    pub fn is_refused(&self) -> bool {
+        use nearstore_initiator::Error as E;
+        let denied = |s: &nearstore_wire::Status| {
+            let s = nearstore_wire::Status { dnr: false, ..*s };
+            s == nearstore_wire::Status::ACCESS_DENIED || s == nearstore_wire::Status::CONNECT_INVALID_HOST
+        };
+        match self {
+            HostError::Target { source: E::Status { status, .. } | E::Compute { status, .. }, .. } => denied(status),
+            HostError::Target { source: E::AuthRequired { .. } | E::AuthRefused { .. }, .. } => true,
+            _ => false,
+        }
+    }
+}
+
 /// Why some files were computed on the host, not offloaded: one reason and the files
 /// that share it.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -162,6 +179,9 @@ pub struct Host {
     /// `--dhchap-ctrl-secret`): used where a target asks the host to authenticate.
     pub dhchap_secret: Option<nearstore_dhchap::Secret>,
     pub dhchap_ctrl_secret: Option<nearstore_dhchap::Secret>,
+    /// The host NQN of this host's own connections (`--hostnqn`, its Host ID derived from
+    /// it), else the machine's (`nearstore_initiator::host`): whose tenant the targets apply.
+    pub hostnqn: Option<String>,
     conns: HashMap<Endpoint, Conn>,
     kernel: HashMap<Endpoint, Arc<KernelNamespace>>,
 }
@@ -177,6 +197,7 @@ impl Host {
             offload_only: false,
             dhchap_secret: None,
             dhchap_ctrl_secret: None,
+            hostnqn: None,
             conns: HashMap::new(),
             kernel: HashMap::new(),
         }
@@ -237,6 +258,11 @@ impl Host {
         let mut o = ConnectOptions::new(ep.address, &ep.nqn);
         o.dhchap_secret = self.dhchap_secret.clone();
         o.dhchap_ctrl_secret = self.dhchap_ctrl_secret.clone();
+        if let Some(nqn) = &self.hostnqn {
+            let ids =
+                nearstore_initiator::host::resolve(Some(nqn), None).map_err(|e| HostError::Invalid(format!("host NQN {nqn}: {e}")))?;
+            (o.hostnqn, o.hostid) = (ids.hostnqn, ids.hostid);
+        }
         let ctrl = Controller::connect(o).await.map_err(err)?;
         let block = ctrl.identify_namespace(ep.nsid).await.map_err(err)?.block_size() as u64;
         let mut queues = Vec::new();

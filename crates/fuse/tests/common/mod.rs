@@ -38,6 +38,11 @@ impl Rig {
         Rig::build(None, "", adjust)
     }
 
+    /// A rig whose target's configuration has `extra` too (`[[tenant]]` entries).
+    pub fn with_target(extra: &str, adjust: impl FnOnce(&mut nearstore_fuse::Options)) -> Rig {
+        Rig::build(None, extra, adjust)
+    }
+
     /// A rig whose namespace has device tag `tag` in the mount's device map.
     pub fn tagged(tag: u16) -> Rig {
         Rig::build(Some(tag), "", |_| {})
