@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The FUSE mount's figures (docs/benchmarks.md, "The FUSE mount"): 1 MiB sequential reads and
-# writes through the mount against the source directory, and an operation through the mount
+# writes through the mount against the source directory (plain descriptors, passed through;
+# and reads of a direct one), and an operation through the mount
 # against the CLI on the same file, in one run (ratios of the same run: the machine is shared).
 # Usage (root): scripts/bench-fuse.sh [NEARSTORE_BINARY] [MIB]
 set -euo pipefail
@@ -45,6 +46,10 @@ cat "$src/big" > /dev/null
 for r in 1 2 3; do
     echo "read source run $r: $(rate if="$src/big" of=/dev/null bs=1M)"
     echo "read mount  run $r: $(rate if="$mnt/big" of=/dev/null bs=1M)"
+done
+# A direct descriptor (O_DIRECT: each read a request to the mount, as one with an operation).
+for r in 1 2 3; do
+    echo "read mount O_DIRECT run $r: $(rate if="$mnt/big" of=/dev/null bs=1M iflag=direct)"
 done
 
 echo "# sha256 of the same file: the CLI (a process, a connection) against a read of the mount's result path; seconds, 5 runs each"
