@@ -127,6 +127,36 @@ fn results_through_the_mount_are_the_clis_and_unmount_waits_for_open_files() {
         assert_eq!(got, want, "{spec} over {file}: the mount's result and the CLI's");
         assert_eq!(xattr(&result, "user.nearstore.offloaded").as_deref(), Some("1"), "{spec}: computed on the target");
     }
+    // Transforms: the output the mount writes beside the file is the CLI verb's output of
+    // the same file. (spec, file, the verb with IN and OUT, the output's name beside the file)
+    let into = format!("select-into:{query}");
+    let transforms: &[(&str, &str, &[&str], &str)] = &[
+        ("compress", "app.log", &["compress", "IN", "OUT"], "app.log.zst"),
+        ("sort", "app.log", &["sort", "IN", "--into", "OUT"], "app.log.sorted"),
+        (into.as_str(), "orders.csv", &["select", query, "IN", "--into", "OUT"], "orders.csv.select.csv"),
+    ];
+    for (spec, file, verb, output) in transforms {
+        let (input, out) = (fs.mnt.join(file), fs.mnt.join(format!("cli-{output}")));
+        let args: Vec<&str> = verb
+            .iter()
+            .map(|a| {
+                if *a == "IN" {
+                    p(&input)
+                } else if *a == "OUT" {
+                    p(&out)
+                } else {
+                    *a
+                }
+            })
+            .collect();
+        ok(&args);
+        let result = mnt.join(".nearstore").join(spec).join(file);
+        let report = std::fs::read_to_string(&result).unwrap_or_else(|e| panic!("{spec}: {e}: {}", mount.log()));
+        let got = std::fs::read(mnt.join(output)).unwrap();
+        assert_eq!(report, format!("{output} {}\n", got.len()), "{spec}");
+        assert!(got == std::fs::read(&out).unwrap(), "{spec} over {file}: the mount's output and the CLI's");
+        assert_eq!(xattr(&result, "user.nearstore.offloaded").as_deref(), Some("1"), "{spec}: computed on the target");
+    }
     // The file itself still reads as its bytes.
     assert_eq!(std::fs::read_to_string(mnt.join("app.log")).unwrap(), lines);
 

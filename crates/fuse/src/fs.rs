@@ -385,6 +385,47 @@ pub struct Identity {
     pub dhchap_ctrl_secret: Option<nearstore_dhchap::Secret>,
 }
 
+/// Who asked for an operation (a read's caller): a transform writes its output only where
+/// the caller may, as the kernel would decide.
+#[derive(Clone, Copy, Debug)]
+struct Caller {
+    uid: u32,
+    gid: u32,
+    pid: u32,
+}
+
+impl Caller {
+    fn of(req: &Request) -> Caller {
+        Caller { uid: req.uid(), gid: req.gid(), pid: req.pid() }
+    }
+
+    /// The calling process's supplementary groups (/proc/PID/status).
+    fn groups(&self) -> Vec<u32> {
+        std::fs::read_to_string(format!("/proc/{}/status", self.pid))
+            .ok()
+            .and_then(|s| {
+                s.lines().find_map(|l| l.strip_prefix("Groups:").map(|g| g.split_whitespace().filter_map(|n| n.parse().ok()).collect()))
+            })
+            .unwrap_or_default()
+    }
+
+    /// May the caller do `want` (permission bits: 2 write, 1 search) to a file, by its
+    /// owner, group and mode as the kernel's generic permission check decides (root may).
+    fn may(&self, m: &std::fs::Metadata, want: u32) -> bool {
+        if self.uid == 0 {
+            return true;
+        }
+        let shift = if m.uid() == self.uid {
+            6
+        } else if m.gid() == self.gid || self.groups().contains(&m.gid()) {
+            3
+        } else {
+            0
+        };
+        (m.mode() >> shift) & want == want
+    }
+}
+
 /// What computing needs, shared with the compute threads.
 struct Computer {
     devices: DeviceMap,
@@ -397,24 +438,13 @@ impl Computer {
     /// Computes a spec over a source file through the host library, as the CLI does:
     /// offloaded to the target that holds it, or on this host when it cannot be (the
     /// reason kept for `user.nearstore.offloaded`).
-    fn compute(&self, spec: &OpSpec, path: &Path) -> Result<Computed, Errno> {
-        let mut host = Host::new(self.devices.clone());
-        host.timeout = self.op_timeout;
-        host.parallel = 1;
-        host.hostnqn = self.identity.hostnqn.clone();
-        host.dhchap_secret = self.identity.dhchap_secret.clone();
-        host.dhchap_ctrl_secret = self.identity.dhchap_ctrl_secret.clone();
+    fn compute(&self, spec: &OpSpec, path: &Path, caller: Caller) -> Result<Computed, Errno> {
+        if let Some(suffix) = spec.output {
+            return self.transform(spec, path, suffix, caller);
+        }
+        let mut host = self.host();
         let r = self.rt.block_on(host.run(spec.op, &spec.args, &[path.to_path_buf()], Mode::Offload));
-        let report = r.map_err(|e| {
-            if e.is_refused() {
-                // The mount's host may not reach these blocks: the caller gets no result,
-                // never one the mount computed from the bytes with its own rights.
-                warn!(path = %path.display(), op = %spec.text, "operation refused by the target to this mount's host: {e}");
-                return Errno::EACCES;
-            }
-            warn!(path = %path.display(), op = %spec.text, "operation failed: {e}");
-            host_errno(&e)
-        })?;
+        let report = r.map_err(|e| failed(e, spec, path))?;
         let file = report.files.into_iter().next().ok_or(Errno::EIO)?;
         let bytes = op::render(&file.outcome);
         if bytes.len() > RESULT_BYTES_MAX {
@@ -426,6 +456,70 @@ impl Computer {
         }
         Ok(Computed { bytes, how: file.how })
     }
+
+    /// Runs a transform into the file beside `path` named with `suffix`, as the CLI's verb
+    /// does (offloaded where input and output share a namespace), where the caller may
+    /// write: the directory (write and search), and a file it replaces (write; in a sticky
+    /// directory, the caller's own or in its own directory). The output is the caller's.
+    fn transform(&self, spec: &OpSpec, path: &Path, suffix: &str, caller: Caller) -> Result<Computed, Errno> {
+        let (Some(dir), Some(name)) = (path.parent(), path.file_name()) else { return Err(Errno::EINVAL) };
+        let mut out_name = name.to_os_string();
+        out_name.push(suffix);
+        let output = dir.join(&out_name);
+        let refuse = |why: &str| {
+            warn!(output = %output.display(), uid = caller.uid, gid = caller.gid, op = %spec.text, "output refused: {why}");
+            Errno::EACCES
+        };
+        let d = std::fs::metadata(dir).map_err(|e| errno(&e))?;
+        if !caller.may(&d, 3) {
+            return Err(refuse("the caller may not write its directory"));
+        }
+        match std::fs::symlink_metadata(&output) {
+            Ok(o) if o.is_dir() => return Err(Errno::EISDIR),
+            Ok(o) if !caller.may(&o, 2) => return Err(refuse("the caller may not write the file it would replace")),
+            Ok(o) if d.mode() & libc::S_ISVTX != 0 && caller.uid != 0 && o.uid() != caller.uid && d.uid() != caller.uid => {
+                return Err(refuse("another user's file in a sticky directory"));
+            }
+            Ok(_) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => return Err(errno(&e)),
+        }
+        let inputs = [path.to_path_buf()];
+        let cap = nearstore_host::output_capacity(spec.op, &inputs).map_err(|e| failed(e, spec, path))?;
+        let mut host = self.host();
+        let r = self.rt.block_on(host.transform(spec.op, &spec.args, &inputs, &output, cap, Mode::Offload));
+        let report = r.map_err(|e| failed(e, spec, path))?;
+        let file = report.files.into_iter().next().ok_or(Errno::EIO)?;
+        std::os::unix::fs::lchown(&output, Some(caller.uid), Some(caller.gid)).map_err(|e| errno(&e))?;
+        if let How::Local(reason) = &file.how {
+            info!(path = %path.display(), op = %spec.text, "computed in the mount, not offloaded: {reason}");
+        }
+        let bytes = op::render_output(&out_name.to_string_lossy(), file.outcome.output_bytes().unwrap_or(0));
+        Ok(Computed { bytes, how: file.how })
+    }
+
+    /// A host library acting as the mount's host.
+    fn host(&self) -> Host {
+        let mut host = Host::new(self.devices.clone());
+        host.timeout = self.op_timeout;
+        host.parallel = 1;
+        host.hostnqn = self.identity.hostnqn.clone();
+        host.dhchap_secret = self.identity.dhchap_secret.clone();
+        host.dhchap_ctrl_secret = self.identity.dhchap_ctrl_secret.clone();
+        host
+    }
+}
+
+/// The errno of a failed operation, logged.
+fn failed(e: HostError, spec: &OpSpec, path: &Path) -> Errno {
+    if e.is_refused() {
+        // The mount's host may not reach these blocks: the caller gets no result, never
+        // one the mount computed from the bytes with its own rights.
+        warn!(path = %path.display(), op = %spec.text, "operation refused by the target to this mount's host: {e}");
+        return Errno::EACCES;
+    }
+    warn!(path = %path.display(), op = %spec.text, "operation failed: {e}");
+    host_errno(&e)
 }
 
 fn offloaded_text(how: &How) -> String {
@@ -760,7 +854,7 @@ impl Filesystem for NearFs {
 
     fn read(
         &self,
-        _req: &Request,
+        req: &Request,
         ino: INodeNo,
         fh: FileHandle,
         offset: u64,
@@ -815,6 +909,7 @@ impl Filesystem for NearFs {
         }
         let computer = self.computer.clone();
         let computing = self.computing.clone();
+        let caller = Caller::of(req);
         let last = matches!(self.node(ino), Ok(Node::Result(..))).then(|| self.last.clone());
         std::thread::Builder::new()
             .name("nearstore-fuse-op".into())
@@ -822,7 +917,7 @@ impl Filesystem for NearFs {
                 let mut result = attached.result.lock();
                 let r = match result.as_ref() {
                     Some(c) => Ok(slice(c)),
-                    None => computer.compute(&attached.spec, &path).map(|c| {
+                    None => computer.compute(&attached.spec, &path, caller).map(|c| {
                         let (s, c) = (slice(&c), Arc::new(c));
                         if let Some(last) = last {
                             last.lock().insert(ino.0, c.clone());

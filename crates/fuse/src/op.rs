@@ -13,6 +13,8 @@ pub struct OpSpec {
     pub text: String,
     pub op: &'static Operation,
     pub args: Vec<u8>,
+    /// A transform's output: the file's name with this appended, beside it.
+    pub output: Option<&'static str>,
 }
 
 impl std::fmt::Debug for OpSpec {
@@ -23,8 +25,11 @@ impl std::fmt::Debug for OpSpec {
 
 /// Parses a spec: `NAME` (an operation without arguments: `sha256`, `crc32c`, `wc`, ...),
 /// `grep:REGEX` (matching lines, as `nearstore grep -c`), `search:LITERAL` (as `grep -F`),
-/// `select:QUERY` (CSV with a header line) or `select-jsonl:QUERY`. Errors say what is
-/// wrong in the user's terms; the operation's own check has run.
+/// `select:QUERY` (CSV with a header line) or `select-jsonl:QUERY`; and the transforms,
+/// whose output is a file beside the input: `compress` or `compress:LEVEL` (`FILE.zst`, as
+/// `nearstore compress`), `sort` (lines, `FILE.sorted`, as `nearstore sort --into`) and
+/// `select-into:QUERY` (the rows as CSV, `FILE.select.csv`, as `nearstore select --into`).
+/// Errors say what is wrong in the user's terms; the operation's own check has run.
 pub fn parse(text: &str) -> Result<OpSpec, String> {
     if text.len() > OP_SPEC_BYTES_MAX {
         return Err(format!("operation spec of {} bytes, more than {OP_SPEC_BYTES_MAX}", text.len()));
@@ -36,22 +41,39 @@ pub fn parse(text: &str) -> Result<OpSpec, String> {
         None => (text, None),
         Some((name, arg)) => (name, Some(arg)),
     };
+    let mut output = None;
     let (op_name, args) = match (name, args) {
+        ("compress", level) => {
+            let level: i32 =
+                level.map_or(Ok(3), str::parse).map_err(|_| format!("'compress:{}': the level is a number", level.unwrap_or("")))?;
+            output = Some(".zst");
+            ("compress", serde_json::json!({ "level": level }))
+        }
+        ("sort", None) => {
+            output = Some(".sorted");
+            ("sort", serde_json::json!({}))
+        }
+        ("select-into", Some(q)) => {
+            output = Some(".select.csv");
+            ("select", select_args(q, "csv"))
+        }
         ("grep", Some(p)) => ("grep-count", serde_json::json!({ "pattern": p })),
         ("search", Some(p)) => ("search", serde_json::json!({ "pattern": p, "max_offsets": 10 })),
         ("select", Some(q)) => ("select", select_args(q, "csv")),
         ("select-jsonl", Some(q)) => ("select", select_args(q, "jsonl")),
-        ("grep" | "search" | "select" | "select-jsonl", None) => return Err(format!("'{name}' needs an argument: '{name}:...'")),
+        ("grep" | "search" | "select" | "select-jsonl" | "select-into", None) => {
+            return Err(format!("'{name}' needs an argument: '{name}:...'"))
+        }
         (other, Some(_)) => return Err(format!("'{other}' takes no argument after ':' (or is no operation)")),
         (other, None) => (other, serde_json::Value::Null),
     };
     let op = nearstore_compute::by_name(op_name).map_err(|_| format!("unknown operation '{op_name}' (docs/fuse.md lists them)"))?;
-    if matches!(op.build, Build::Transform { .. }) {
-        return Err(format!("'{op_name}' writes an output file: it cannot be read through a descriptor"));
+    if output.is_none() && matches!(op.build, Build::Transform { .. }) {
+        return Err(format!("'{op_name}' writes an output file the mount does not name (compress, sort and select-into do)"));
     }
     let args = if args.is_null() { Vec::new() } else { serde_json::to_vec(&args).map_err(|e| e.to_string())? };
-    op.check(&args, 1, 0).map_err(|e| format!("{op_name}: {e}"))?;
-    Ok(OpSpec { text: text.into(), op, args })
+    op.check(&args, 1, output.is_some() as usize).map_err(|e| format!("{op_name}: {e}"))?;
+    Ok(OpSpec { text: text.into(), op, args, output })
 }
 
 /// The arguments `nearstore select` gives a query over one file, with its defaults.
@@ -69,7 +91,8 @@ fn select_args(query: &str, format: &str) -> serde_json::Value {
 
 /// The bytes a read of a descriptor with an operation returns: what the CLI prints for the
 /// file, without the file's name (a digest's hex, a count, `lines words bytes`, a query's
-/// rows as CSV), one line each, newline-terminated.
+/// rows as CSV), one line each, newline-terminated. A transform's is rendered by the
+/// caller, which knows the output's name ([`render_output`]).
 pub fn render(o: &Outcome) -> Vec<u8> {
     let text = match o {
         Outcome::Digest { hex, .. } => format!("{hex}\n"),
@@ -94,6 +117,12 @@ pub fn render(o: &Outcome) -> Vec<u8> {
     text.into_bytes()
 }
 
+/// What a read of a descriptor with a transform returns: the output's name (beside the
+/// input) and its bytes.
+pub fn render_output(name: &str, bytes: u64) -> Vec<u8> {
+    format!("{name} {bytes}\n").into_bytes()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -116,8 +145,13 @@ mod tests {
             ("grep", Err("needs an argument")),
             ("grep:(", Err("grep-count")),
             ("select:SELEC nothing", Err("select")),
-            ("compress", Err("writes an output file")),
-            ("copy", Err("writes an output file")),
+            ("compress", Ok("compress")),
+            ("compress:19", Ok("compress")),
+            ("compress:x", Err("the level is a number")),
+            ("sort", Ok("sort")),
+            ("select-into:SELECT * FROM s3object", Ok("select")),
+            ("select-into", Err("needs an argument")),
+            ("copy", Err("writes an output file the mount does not name")),
         ];
         for (spec, want) in cases {
             match (parse(spec), want) {

@@ -11,7 +11,7 @@ mod common;
 use std::ffi::CString;
 use std::fs::File;
 use std::os::fd::AsRawFd;
-use std::os::unix::fs::{FileExt, OpenOptionsExt, PermissionsExt};
+use std::os::unix::fs::{FileExt, MetadataExt, OpenOptionsExt, PermissionsExt};
 use std::path::Path;
 use std::sync::{Arc, Mutex, OnceLock};
 
@@ -210,7 +210,7 @@ fn bad_input_gets_a_clear_errno_and_a_log_line() {
         ("not UTF-8", Box::new(|| fset(&f, "user.nearstore.op", &[0xff, 0xfe])), libc::EINVAL, "not UTF-8"),
         ("bad regex", Box::new(|| fset(&f, "user.nearstore.op", b"grep:(")), libc::EINVAL, "grep-count"),
         ("bad SQL", Box::new(|| fset(&f, "user.nearstore.op", b"select:SELEKT 1")), libc::EINVAL, "select"),
-        ("a transform", Box::new(|| fset(&f, "user.nearstore.op", b"compress")), libc::EINVAL, "writes an output file"),
+        ("an unnamed output", Box::new(|| fset(&f, "user.nearstore.op", b"copy")), libc::EINVAL, "writes an output file"),
         ("xattr on a directory", Box::new(|| fset(&dir, "user.nearstore.op", b"sha256")), libc::EISDIR, "on a directory"),
         ("by path, no descriptor", Box::new(|| set_path(&rig.m("g"), "user.nearstore.op", b"sha256")), libc::EBADF, "no descriptor"),
         (
@@ -410,6 +410,89 @@ fn the_mount_is_one_tenant_and_gets_no_result_beyond_its_reach() {
         drop(mounted);
     }
     assert!(logged("operation refused by the target to this mount's host"));
+}
+
+/// The output of `FILE` through the host library on this host, as `nearstore` writes it
+/// (`Host::transform`), into `out`.
+fn transform_here(spec: &str, file: &Path, out: &Path) -> Vec<u8> {
+    let s = nearstore_fuse::op::parse(spec).unwrap();
+    let inputs = [file.to_path_buf()];
+    let cap = nearstore_host::output_capacity(s.op, &inputs).unwrap();
+    let mut host = nearstore_host::Host::new(nearstore_host::device::DeviceMap::default());
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    rt.block_on(host.transform(s.op, &s.args, &inputs, out, cap, nearstore_host::Mode::Local)).unwrap();
+    std::fs::read(out).unwrap()
+}
+
+/// Transforms (compress, sort, select-into) through a result path or attached to a
+/// descriptor write their output beside the file, offloaded, equal to the host library's
+/// output of the same operation, owned by the caller; where the caller may not write
+/// (a directory of root's as the user nobody, a file of root's it would replace) the read
+/// fails with EACCES and a log line, and nothing is written.
+#[test]
+fn transform_outputs_appear_as_files_where_the_caller_may_write() {
+    logs();
+    let rig = Rig::new();
+    for d in ["open", "closed"] {
+        std::fs::create_dir(rig.m(d)).unwrap();
+    }
+    std::fs::set_permissions(rig.m("open"), std::fs::Permissions::from_mode(0o777)).unwrap();
+    std::fs::set_permissions(rig.m("closed"), std::fs::Permissions::from_mode(0o755)).unwrap();
+    let data = text(300_000, 8);
+    let rows: String = (0..2000).map(|i| format!("{i},{}\n", ["Oslo", "Lima", "Kyiv"][i % 3])).collect();
+    for d in ["open", "closed"] {
+        std::fs::write(rig.m(&format!("{d}/app.log")), &data).unwrap();
+        std::fs::write(rig.m(&format!("{d}/t.csv")), format!("id,city\n{rows}")).unwrap();
+    }
+    let query = "SELECT city, COUNT(*) FROM s3object GROUP BY city ORDER BY city";
+    // (spec, file, its output beside it) through the result path, as root
+    let cases = [("compress", "open/app.log", "open/app.log.zst"), ("sort", "open/app.log", "open/app.log.sorted")];
+    let into = format!("select-into:{query}");
+    let cases = cases.iter().copied().chain([(into.as_str(), "open/t.csv", "open/t.csv.select.csv")]);
+    for (spec, file, output) in cases {
+        let report = within(60, spec, {
+            let p = rig.m(".nearstore").join(spec).join(file);
+            move || std::fs::read_to_string(p)
+        })
+        .unwrap();
+        let got = std::fs::read(rig.m(output)).unwrap();
+        assert_eq!(report, format!("{} {}\n", Path::new(output).file_name().unwrap().to_str().unwrap(), got.len()), "{spec}");
+        let want = transform_here(spec, &rig.s(file), &rig.s("here.out"));
+        assert!(got == want, "{spec}: the mount's output ({} bytes) is the host library's ({} bytes)", got.len(), want.len());
+        assert_eq!(fget(&File::open(rig.m(".nearstore").join(spec).join(file)).unwrap(), "user.nearstore.offloaded"), Ok("1".into()));
+    }
+    // Attached to a descriptor, read as the user nobody: an output where nobody may write is
+    // nobody's; where it may not, EACCES.
+    let (open_log, closed_log, closed_csv) = (rig.m("open/t.csv"), rig.m("closed/app.log"), rig.m(".nearstore/compress/closed/t.csv"));
+    std::fs::write(rig.s("open/t.csv.sorted"), b"root's\n").unwrap();
+    let got = as_nobody_thread(move || {
+        let read = |f: &File| {
+            let mut buf = vec![0u8; 4096];
+            f.read_at(&mut buf, 0).map(|n| String::from_utf8_lossy(&buf[..n]).into_owned()).map_err(|e| e.raw_os_error())
+        };
+        let f = direct(&open_log);
+        ioc(&f, ioctl::ATTACH, &mut ioctl::encode_op("compress:5")).unwrap();
+        let compressed = read(&f);
+        // A file of root's it would replace.
+        ioc(&f, ioctl::ATTACH, &mut ioctl::encode_op("sort")).unwrap();
+        let sorted = read(&f);
+        let g = direct(&closed_log);
+        ioc(&g, ioctl::ATTACH, &mut ioctl::encode_op("sort")).unwrap();
+        let closed = read(&g);
+        let by_path = std::fs::read(closed_csv).map(|_| ()).map_err(|e| e.raw_os_error());
+        (compressed, sorted, closed, by_path)
+    });
+    let out = std::fs::metadata(rig.s("open/t.csv.zst")).unwrap();
+    assert_eq!(got.0, Ok(format!("t.csv.zst {}\n", out.len())));
+    assert_eq!((out.uid(), out.gid()), (65534, 65534), "the output is the caller's");
+    assert_eq!(std::fs::read(rig.s("open/t.csv.zst")).unwrap(), transform_here("compress:5", &rig.s("open/t.csv"), &rig.s("here.out")));
+    assert_eq!(got.1, Err(Some(libc::EACCES)), "replacing root's file");
+    assert_eq!(std::fs::read(rig.s("open/t.csv.sorted")).unwrap(), b"root's\n", "untouched");
+    assert_eq!(got.2, Err(Some(libc::EACCES)), "in root's directory");
+    assert_eq!(got.3, Err(Some(libc::EACCES)), "in root's directory, by path");
+    assert!(!rig.s("closed/app.log.sorted").exists() && !rig.s("closed/t.csv.zst").exists());
+    assert!(logged("output refused: the caller may not write its directory"));
+    assert!(logged("output refused: the caller may not write the file it would replace"));
 }
 
 /// docs/fuse.md's Python example, run as printed against a real mount.
