@@ -74,7 +74,7 @@ async fn engine_seconds(
     pool: nearstore_target::io_pool::IoPool,
     descs: Vec<Vec<u8>>,
 ) -> Result<f64> {
-    let io = nearstore_target::offload::IoContext { rt: tokio::runtime::Handle::current(), engine, pool };
+    let io = nearstore_target::offload::IoContext::new(tokio::runtime::Handle::current(), engine, pool);
     tokio::task::spawn_blocking(move || {
         let next = std::sync::atomic::AtomicUsize::new(0);
         let t = Instant::now();

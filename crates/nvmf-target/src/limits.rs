@@ -316,6 +316,11 @@ pub const COMPUTE_READ_DRAIN_SECS: u64 = 10;
 /// 1,088 on the command's ring; more wait on the command's side (`offload::read`). A
 /// device takes no more of them than its declared queue depth.
 pub const COMPUTE_OPS_IN_FLIGHT_MAX: usize = 64;
+/// Idle io_urings of ended compute commands a target keeps for the next ones
+/// (`uring::RingPool`), each RING_BYTES of kernel memory and two descriptors: making one
+/// per command costs io_uring_setup, its mmaps and an eventfd registration. Four serve
+/// commands that follow one another and a few at once; more at once make their own.
+pub const COMPUTE_RINGS_IDLE_MAX: usize = 4;
 /// The most `compute.readahead` accepts: past 16, more reads in flight only hold memory.
 pub const COMPUTE_READAHEAD_CHUNKS_MAX: usize = 16;
 /// Memory one compute command may use (`compute.memory_per_command`), in bytes: its chunk

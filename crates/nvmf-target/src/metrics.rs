@@ -237,6 +237,13 @@ pub fn render(t: &Target) -> String {
             "Device reads of running compute commands not yet completed.",
             c.reads_in_flight.load(Relaxed),
         ),
+        (
+            "nearstore_compute_rings_created_total",
+            "counter",
+            "io_urings made for compute commands' I/O (idle ones are reused, limits::COMPUTE_RINGS_IDLE_MAX).",
+            t.offload.rings.created(),
+        ),
+        ("nearstore_compute_rings_idle", "gauge", "io_urings of ended compute commands kept for the next.", t.offload.rings.idle() as u64),
     ] {
         family(&mut o, name, kind, help);
         let _ = writeln!(o, "{name} {v}");

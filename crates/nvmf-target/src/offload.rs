@@ -36,6 +36,7 @@ use crate::memory::{Memory, Reservation};
 use crate::sched::{Cpu, FairQueue, Turn};
 use crate::subsystem::{Controller, Namespace};
 use crate::tenant::{TenantId, TenantPolicy};
+use crate::uring::RingPool;
 
 mod read;
 mod volume;
@@ -410,6 +411,8 @@ pub struct Offload {
     pub stats: Arc<ComputeStats>,
     /// The cluster map's peers, read from by the workers.
     pub peers: Arc<Peers>,
+    /// The io_urings of ended commands, kept for the next ones.
+    pub rings: Arc<RingPool>,
 }
 
 struct Engine {
@@ -425,6 +428,8 @@ struct Engine {
     engine: IoEngine,
     pool: IoPool,
     rt: std::sync::OnceLock<tokio::runtime::Handle>,
+    /// Idle io_urings of the commands' I/O tasks, all on `rt`.
+    rings: Arc<RingPool>,
 }
 
 #[derive(Default)]
@@ -451,6 +456,7 @@ impl Offload {
     pub fn new(cfg: ComputeConfig, cluster: &ClusterConfig, memory: Arc<Memory>, (engine, pool): (IoEngine, IoPool)) -> Offload {
         let stats = Arc::new(ComputeStats::default());
         let peers = Arc::new(Peers::new(cluster));
+        let rings = Arc::new(RingPool::new(limits::COMPUTE_RINGS_IDLE_MAX));
         let engine = Arc::new(Engine {
             pending: parking_lot::Mutex::new(Pending::default()),
             cpu: Cpu::new(cfg.threads),
@@ -461,8 +467,9 @@ impl Offload {
             engine,
             pool,
             rt: std::sync::OnceLock::new(),
+            rings: rings.clone(),
         });
-        Offload { engine, cfg, stats, peers }
+        Offload { engine, cfg, stats, peers, rings }
     }
 
     /// Queues a command; called on the network runtime, whose tasks run its I/O.
@@ -556,7 +563,7 @@ impl Engine {
                 let Some(rt) = self.rt.get() else {
                     return Err(Failure::new(Status::INTERNAL_ERROR, "the offload engine has no network runtime for its I/O"));
                 };
-                let io = IoContext { rt: rt.clone(), engine: self.engine, pool: self.pool.clone() };
+                let io = IoContext { rt: rt.clone(), engine: self.engine, pool: self.pool.clone(), rings: self.rings.clone() };
                 let place = match &task.ns.placement {
                     // Translating waits on the network: the turn goes to others meanwhile.
                     Some(v) => {

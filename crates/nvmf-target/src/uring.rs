@@ -13,6 +13,7 @@
 
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::Arc;
 
 use io_uring::{opcode, squeue, types, IoUring};
@@ -143,6 +144,58 @@ impl Ring {
             let _ = self.ring.submit_and_wait(1);
             self.reap(usize::MAX, |_, _| {});
         }
+    }
+}
+
+/// Idle io_urings of ended compute commands, kept for the next ones of the same target
+/// (`offload::IoContext`): making a ring costs io_uring_setup, its mmaps and an eventfd
+/// registered with the runtime. A ring's eventfd belongs to the runtime it was made on, so
+/// a pool serves one runtime: it goes with that runtime in the `IoContext`. At most
+/// [`limits::COMPUTE_RINGS_IDLE_MAX`](crate::limits::COMPUTE_RINGS_IDLE_MAX) wait; one
+/// comes back only idle, every entry reaped (`dev::Channel::recycle`).
+pub struct RingPool {
+    idle: parking_lot::Mutex<Vec<Ring>>,
+    max: usize,
+    created: AtomicU64,
+}
+
+impl RingPool {
+    pub fn new(max: usize) -> RingPool {
+        RingPool { idle: parking_lot::Mutex::new(Vec::with_capacity(max)), max, created: AtomicU64::new(0) }
+    }
+
+    /// An idle ring, or a new one of `entries` entries, counted ([`created`](Self::created)).
+    pub fn take(&self, entries: u32) -> io::Result<Box<Ring>> {
+        if let Some(r) = self.idle.lock().pop() {
+            return Ok(Box::new(r));
+        }
+        let r = Box::new(Ring::new(entries)?);
+        self.created.fetch_add(1, Relaxed);
+        Ok(r)
+    }
+
+    /// Keeps `ring` for another command when it is idle and fewer than the pool's most
+    /// wait; else it is closed (after its entries, if any). Returns whether it was kept.
+    pub fn give(&self, ring: Box<Ring>) -> bool {
+        if ring.in_flight > 0 || ring.unsubmitted > 0 {
+            return false;
+        }
+        let mut idle = self.idle.lock();
+        if idle.len() >= self.max {
+            return false;
+        }
+        idle.push(*ring);
+        true
+    }
+
+    /// Rings this pool has made.
+    pub fn created(&self) -> u64 {
+        self.created.load(Relaxed)
+    }
+
+    /// Rings waiting for a command.
+    pub fn idle(&self) -> usize {
+        self.idle.lock().len()
     }
 }
 

@@ -32,7 +32,7 @@ use crate::config::IoEngine;
 use crate::io_pool::{IoPool, Job, PoolHolds};
 use crate::limits;
 use crate::subsystem::AbortGuard;
-use crate::uring::{self, Ring, Sub};
+use crate::uring::{self, Ring, RingPool, Sub};
 
 pub mod delay;
 pub mod inject;
@@ -222,6 +222,8 @@ pub struct Channel {
     cancel: CancellationToken,
     /// Its ring hands every operation to the kernel's workers ([`Channel::punt`]).
     punt: bool,
+    /// Where its ring comes from and may go back to ([`Channel::pooled`]).
+    rings: Option<Arc<RingPool>>,
     /// Operations of a volume's extents in flight, by tag ([`attach`](Self::attach)):
     /// each ticket is dropped when `poll` returns its completion, or after the ring has
     /// drained when the channel goes (declared after it).
@@ -246,7 +248,32 @@ impl Channel {
             holds: Arc::default(),
             cancel: CancellationToken::new(),
             punt: false,
+            rings: None,
             tickets: Vec::new(),
+        }
+    }
+
+    /// Takes its io_uring from `rings` (an idle one, or a new one counted there), so that
+    /// [`recycle`](Self::recycle) can give it back for another user on the same runtime.
+    pub fn pooled(mut self, rings: Arc<RingPool>) -> Channel {
+        self.rings = Some(rings);
+        self
+    }
+
+    /// Gives its io_uring back to its pool when nothing is outstanding on it (every
+    /// completion returned by `poll`); the channel makes or takes another if used again.
+    /// Returns whether the ring went back.
+    pub fn recycle(&mut self) -> bool {
+        let Some(rings) = &self.rings else { return false };
+        if self.busy() || !self.ring_ops.is_empty() {
+            return false;
+        }
+        match std::mem::replace(&mut self.ring, RingState::NotYet) {
+            RingState::Ready(ring) => rings.give(ring),
+            other => {
+                self.ring = other;
+                false
+            }
         }
     }
 
@@ -510,10 +537,15 @@ impl Channel {
                 self.ring = RingState::Unavailable;
                 return false;
             }
-            self.ring = match Ring::new(limits::QUEUE_DEPTH_MAX as u32) {
+            let entries = limits::QUEUE_DEPTH_MAX as u32;
+            let made = match &self.rings {
+                Some(rings) => rings.take(entries),
+                None => Ring::new(entries).map(Box::new),
+            };
+            self.ring = match made {
                 Ok(mut r) => {
                     r.set_punt(self.punt);
-                    RingState::Ready(Box::new(r))
+                    RingState::Ready(r)
                 }
                 Err(e) => {
                     // Once per process: it is the machine's setting, and a host reconnecting

@@ -31,6 +31,7 @@ use nearstore_compute::{ComputeError, Source};
 use nearstore_transport::AlignedBuf;
 use nearstore_wire::compute::{global, status as cs, Extent, Object};
 use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver, UnboundedSender};
+use tokio_util::sync::CancellationToken;
 use tracing::warn;
 
 use super::{ComputeStats, Failure, Limits};
@@ -39,13 +40,23 @@ use crate::config::IoEngine;
 use crate::dev::{BlockDevice, Channel, Completion, Op};
 use crate::io_pool::IoPool;
 use crate::limits;
+use crate::uring::RingPool;
 
-/// Where the engine's I/O runs: the target's network runtime and its device settings.
+/// Where the engine's I/O runs: the target's network runtime, its device settings, and the
+/// io_urings of ended commands kept for the next ([`RingPool`]: they belong to `rt`).
 #[derive(Clone)]
 pub struct IoContext {
     pub rt: tokio::runtime::Handle,
     pub engine: IoEngine,
     pub pool: IoPool,
+    pub rings: Arc<RingPool>,
+}
+
+impl IoContext {
+    /// With a pool of at most [`limits::COMPUTE_RINGS_IDLE_MAX`] idle rings of its own.
+    pub fn new(rt: tokio::runtime::Handle, engine: IoEngine, pool: IoPool) -> IoContext {
+        IoContext { rt, engine, pool, rings: Arc::new(RingPool::new(limits::COMPUTE_RINGS_IDLE_MAX)) }
+    }
 }
 
 /// What the command's thread asks its I/O task to start.
@@ -67,8 +78,16 @@ enum Event {
 }
 
 /// The I/O task of one command: opens `tags` of `peers` for `host`, then starts what comes
-/// on `rx` until the command closes it and every operation has completed.
-async fn serve(mut rx: UnboundedReceiver<Start>, tx: Sender<Event>, mut ch: Channel, peers: Arc<Peers>, tags: Vec<u16>, host: String) {
+/// on `rx` until the command closes it and every operation has completed; then its ring
+/// goes back to the pool, unless the command was cancelled (its connection closed, or the
+/// target stops): what a cancellation tore down is not handed to the next command.
+async fn serve(
+    mut rx: UnboundedReceiver<Start>,
+    tx: Sender<Event>,
+    mut ch: Channel,
+    (peers, tags, host): (Arc<Peers>, Vec<u16>, String),
+    cancel: CancellationToken,
+) {
     let mut opened = Remotes::with_capacity(tags.len());
     let mut refused = None;
     for tag in tags {
@@ -93,6 +112,9 @@ async fn serve(mut rx: UnboundedReceiver<Start>, tx: Sender<Event>, mut ch: Chan
             }
         }
         if !open && !ch.busy() {
+            if !cancel.is_cancelled() {
+                ch.recycle();
+            }
             return;
         }
         tokio::select! {
@@ -156,8 +178,9 @@ impl<'a> Io<'a> {
         let (tx_event, rx) = crossbeam_channel::unbounded();
         // Chunks are large: a page-cache hit is copied on a kernel worker, not inside the
         // submit on the network thread.
-        let ch = Channel::new(ctx.engine, ctx.pool.clone()).punt();
-        ctx.rt.spawn(serve(rx_start, tx_event, ch, peers.clone(), tags, host.to_string()));
+        let ch = Channel::new(ctx.engine, ctx.pool.clone()).punt().pooled(ctx.rings.clone());
+        let who = (peers.clone(), tags, host.to_string());
+        ctx.rt.spawn(serve(rx_start, tx_event, ch, who, limits.cancel.clone()));
         let io = Io {
             tx: Some(tx),
             rx,
@@ -264,8 +287,9 @@ impl<'a> Io<'a> {
 
 impl Drop for Io<'_> {
     /// Drops the operations not started, cancels every one still running and waits for
-    /// them (their buffers come back and are dropped), at most
-    /// [`limits::COMPUTE_READ_DRAIN_SECS`]; then lets the I/O task end.
+    /// them (their buffers come back and are dropped), then for the I/O task to end (its
+    /// ring back in the pool before the next command), at most
+    /// [`limits::COMPUTE_READ_DRAIN_SECS`] in all.
     fn drop(&mut self) {
         self.queued.clear();
         self.tx = None;
@@ -291,6 +315,8 @@ impl Drop for Io<'_> {
                 }
             }
         }
+        // The task drops its sender as it ends.
+        while let Ok(Event::Opened(_) | Event::Done(_)) = self.rx.recv_deadline(until) {}
     }
 }
 

@@ -11,7 +11,7 @@ use nearstore_wire::compute::{global, Descriptor, Extent, Object};
 
 use super::read::{Io, NsSource, Shared};
 use super::*;
-use crate::backend::MemoryBackend;
+use crate::backend::{Backend, FileBackend, MemoryBackend};
 use crate::dev::{BlockDevice, Channel, Completion, Geometry};
 
 /// A device that completes each read `delay` after it is submitted (other operations at
@@ -72,7 +72,7 @@ fn runtime() -> tokio::runtime::Runtime {
 }
 
 fn io_context(rt: &tokio::runtime::Runtime) -> IoContext {
-    IoContext { rt: rt.handle().clone(), engine: IoEngine::Uring, pool: IoPool::new(1) }
+    IoContext::new(rt.handle().clone(), IoEngine::Uring, IoPool::new(1))
 }
 
 /// A merge of 63 inputs of 24 chunks each at read-ahead 16: the inputs run out of a chunk
@@ -211,4 +211,53 @@ fn a_cancelled_forward_waits_for_a_peer_that_writes() {
     let (answer, answered) = tokio::sync::oneshot::channel::<u32>();
     answer.send(9).expect("answer");
     assert_eq!(wait_forwarded(rt.handle(), &CancellationToken::new(), true, async move { answered.await.ok() }), Some(Some(9)));
+}
+
+/// Compute commands on a file namespace, one after another, take their I/O task's io_uring
+/// from the target's pool: many commands make one ring (each made its own before), counted
+/// where rings are made. A command cancelled while its reads ran does not give its ring
+/// back: the next command makes a new one.
+#[test]
+fn sequential_compute_commands_reuse_a_ring_but_not_a_cancelled_ones() {
+    const CHUNK: u64 = 64 << 10;
+    const LEN: u64 = 16 * CHUNK;
+    let rt = runtime();
+    let io = io_context(&rt);
+    let dir = tempfile::tempdir().unwrap();
+    let file = Arc::new(FileBackend::open(&dir.path().join("ns"), Some(LEN)).unwrap());
+    let data = bytes(LEN as usize);
+    file.write_at(&data, 0).unwrap();
+    let ns = Namespace::new("nqn.2026-11.io.nearstore:t", 1, file, 512);
+    let cfg = ComputeConfig { chunk: ByteSize(CHUNK), readahead: 4, ..ComputeConfig::default() };
+    let input = Object { len: LEN, extents: vec![Extent::data(0, LEN)] };
+    let d =
+        Descriptor { op: nearstore_compute::by_name("crc32c").unwrap().id, args: vec![], inputs: vec![input], outputs: vec![] }.encode();
+    let want = format!("{:08x}", crc32c::crc32c(&data));
+    let command = |what: &str| {
+        let got = execute_here(&ns, &d, &cfg, &io).unwrap_or_else(|f| panic!("{what}: {}", f.message));
+        assert!(String::from_utf8_lossy(&got).contains(&want), "{what}: {}", String::from_utf8_lossy(&got));
+    };
+    let commands = 2 * limits::COMPUTE_RINGS_IDLE_MAX + 1;
+    for i in 0..commands {
+        command(&format!("command {i}"));
+    }
+    assert_eq!((io.rings.created(), io.rings.idle()), (1, 1), "rings made and idle after {commands} commands in a row");
+
+    // A command reads, then its connection goes: its ring (the idle one) is not kept.
+    let cancel = CancellationToken::new();
+    let stats = ComputeStats::default();
+    let peers = Arc::new(Peers::new(&ClusterConfig::default()));
+    let limits = Limits { deadline: Instant::now() + Duration::from_secs(60), timeout_secs: 60, cancel: &cancel, turn: None };
+    let (mut reads, _) = Io::start(&io, &peers, vec![], "", &stats, &limits).unwrap_or_else(|f| panic!("{}", f.message));
+    let mut buf = AlignedBuf::new(CHUNK as usize);
+    buf.set_len(CHUNK as usize);
+    let tag = reads.submit(&ns.dev, Op::Read { off: 0 }, buf).unwrap();
+    let c = reads.take(tag, Duration::from_secs(10)).unwrap().expect("the read completes");
+    assert!(c.result.is_ok() && c.buf[..] == data[..CHUNK as usize], "the cancelled command's read");
+    assert_eq!(io.rings.idle(), 0, "the cancelled command took the idle ring");
+    cancel.cancel();
+    drop(reads);
+    assert_eq!((io.rings.created(), io.rings.idle()), (1, 0), "the cancelled command's ring is not kept");
+    command("the command after the cancelled one");
+    assert_eq!((io.rings.created(), io.rings.idle()), (2, 1), "the next command made a ring");
 }
