@@ -396,20 +396,81 @@ fn the_mount_is_one_tenant_and_gets_no_result_beyond_its_reach() {
     let cases: [(&str, Result<&str, i32>); 3] =
         [("wide", Ok(want.as_str())), ("narrow", Err(libc::EACCES)), ("stranger", Err(libc::EACCES))];
     for (name, want) in cases {
-        let mnt = rig.dir.path().join(format!("as-{name}"));
-        std::fs::create_dir(&mnt).unwrap();
-        let mut opts = nearstore_fuse::Options::new(&rig.fs.mnt, &mnt, rig.devices.clone());
-        opts.hostnqn = Some(host(name));
-        opts.op_timeout = std::time::Duration::from_secs(10);
-        let mounted = nearstore_fuse::spawn(opts).unwrap();
-        let result = mnt.join(".nearstore/sha256/f");
-        let got = within(60, name, move || std::fs::read_to_string(result).map_err(|e| e.raw_os_error().unwrap_or(0)));
+        let got = sha256_through_another_mount(&rig, name, |o| o.hostnqn = Some(host(name)));
         assert_eq!(got.as_deref().map_err(|e| *e), want, "{name}");
-        // The file's bytes still read as ever: the kernel checks the caller's rights.
-        assert!(std::fs::read(mnt.join("f")).unwrap() == data, "{name}");
-        drop(mounted);
     }
     assert!(logged("operation refused by the target to this mount's host"));
+}
+
+/// Reads `.nearstore/sha256/f` through a second mount of the rig's source, made as
+/// `adjust` says; the file's bytes read as ever through it (the kernel checks the caller).
+fn sha256_through_another_mount(rig: &Rig, name: &str, adjust: impl FnOnce(&mut nearstore_fuse::Options)) -> Result<String, i32> {
+    let mnt = rig.dir.path().join(format!("as-{name}"));
+    std::fs::create_dir(&mnt).unwrap();
+    let mut opts = nearstore_fuse::Options::new(&rig.fs.mnt, &mnt, rig.devices.clone());
+    opts.op_timeout = std::time::Duration::from_secs(10);
+    adjust(&mut opts);
+    let _mounted = nearstore_fuse::spawn(opts).unwrap();
+    let result = mnt.join(".nearstore/sha256/f");
+    let got = within(60, name, move || std::fs::read_to_string(result).map_err(|e| e.raw_os_error().unwrap_or(0)));
+    assert!(std::fs::read(mnt.join("f")).unwrap() == std::fs::read(rig.s("f")).unwrap(), "{name}: the bytes");
+    got
+}
+
+/// The mount authenticates as its host (`--dhchap-secret`) where the target asks: with the
+/// host's key it gets the result; without one, or with another, the read fails with EACCES
+/// and a log line.
+#[test]
+fn the_mount_authenticates_as_its_host() {
+    logs();
+    const KEY: &str = "DHHC-1:00:ia6zGodOr4SEG0Zzaw398rpY0wqipUWj4jWjUh4HWUz6aQ2n:";
+    const OTHER_KEY: &str = "DHHC-1:00:9wCYVQqDvADjGIZo6q/v2SfmXZqqkNa9TcvYu97Ly3Q/gajh:";
+    let keyed = "nqn.2026-11.io.nearstore:fusetest-keyed";
+    let rig = Rig::with_target(&format!("[[subsystem.host]]\nnqn = \"{keyed}\"\ndhchap_key = \"{KEY}\"\n"), |_| {});
+    let data = text(100_000, 6);
+    std::fs::write(rig.m("f"), &data).unwrap();
+    let want = expected("sha256", &data);
+    // (name, the mount's secret, what a result read gives)
+    let cases: [(&str, Option<&str>, Result<&str, i32>); 3] = [
+        ("right-key", Some(KEY), Ok(want.as_str())),
+        ("no-key", None, Err(libc::EACCES)),
+        ("wrong-key", Some(OTHER_KEY), Err(libc::EACCES)),
+    ];
+    for (name, secret, want) in cases {
+        let got = sha256_through_another_mount(&rig, name, |o| {
+            o.hostnqn = Some(keyed.into());
+            o.dhchap_secret = secret.map(|k| k.parse().unwrap());
+        });
+        assert_eq!(got.as_deref().map_err(|e| *e), want, "{name}");
+    }
+    assert!(logged("operation refused by the target to this mount's host"));
+}
+
+/// docs/fuse.md's Python example of NEARSTORE_IOC_EXTENTS, run as printed against a real
+/// mount, gives the extents the host library reads.
+#[test]
+fn the_extents_python_example_of_the_docs_runs() {
+    logs();
+    let rig = Rig::tagged(3);
+    let f = File::create(rig.m("f")).unwrap();
+    for i in 0..200u64 {
+        f.write_all_at(&text(4096, i + 1), i * 8192).unwrap();
+    }
+    drop(f);
+    let doc = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../../docs/fuse.md")).unwrap();
+    let at = doc.find("NEARSTORE_IOC_EXTENTS = 0xD0004E03").expect("docs/fuse.md has the extents example");
+    let start = doc[..at].rfind("```python\n").unwrap() + "```python\n".len();
+    let script =
+        format!("{}\nfor e in extents({:?}):\n    print(*e)\n", &doc[start..start + doc[start..].find("```").unwrap()], rig.m("f"));
+    let out = std::process::Command::new("python3")
+        .args(["-c", &script])
+        .output()
+        .unwrap_or_else(|e| panic!("cannot run python3 (needed by this test): {e}"));
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let map = nearstore_host::mount::extents(&File::open(rig.m("f")).unwrap()).unwrap();
+    let want: String = map.extents.iter().map(|e| format!("{} 3 {} {}\n", e.logical, e.address & ((1 << 48) - 1), e.length)).collect();
+    assert!(map.extents.len() > 119, "more than one reply");
+    assert_eq!(String::from_utf8_lossy(&out.stdout), want);
 }
 
 /// The output of `FILE` through the host library on this host, as `nearstore` writes it
