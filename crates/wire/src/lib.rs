@@ -10,6 +10,7 @@
 pub mod bytes;
 pub mod compute;
 pub mod fabrics;
+pub mod fused;
 pub mod identify;
 pub mod log;
 pub mod opcode;

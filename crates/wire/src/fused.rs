@@ -1,0 +1,364 @@
+//! The fused write operations (seed 004, FusionFS's CISCops) as vendor NVM I/O commands:
+//! FUSED WRITE carries a descriptor and its data in one transfer and is one transaction of
+//! the namespace's MicroTx journal; READ CHECKSUM reads and returns the checksum of the
+//! bytes it read; OUTCOME tells what became of a transaction id. The layout, byte by byte,
+//! is docs/compute-protocol.md ("Fused write operations"); this file and that section
+//! change together. Also LevelDB's log record framing, which append-crc-write computes on
+//! the target and the host's log writer and tests read back.
+
+use thiserror::Error;
+
+/// The commands' opcodes (vendor-specific I/O, their low two bits the data direction).
+pub mod opcode {
+    /// Descriptor and data, host to controller.
+    pub const FUSED_WRITE: u8 = 0x85;
+    /// Logical blocks, controller to host; the checksum in DW0.
+    pub const READ_CHECKSUM: u8 = 0x86;
+    /// A transaction's result (RESULT_BYTES), controller to host; its state in DW0.
+    pub const OUTCOME: u8 = 0x8a;
+}
+
+/// The fused operations (byte 6 of the descriptor; the journal's BEGIN `op`).
+pub mod op {
+    /// Appends a LevelDB log record (its data framed with masked crc32c, length, type).
+    pub const APPEND_CRC_WRITE: u8 = 1;
+    /// Writes the data at an object offset; returns the crc32c of exactly those bytes.
+    pub const WRITE_CHECKSUM: u8 = 2;
+}
+
+/// OUTCOME's DW0.
+pub mod state {
+    pub const UNKNOWN: u32 = 0;
+    pub const COMMITTED: u32 = 1;
+    pub const ROLLED_BACK: u32 = 2;
+    pub const FAILED: u32 = 3;
+}
+
+pub const MAGIC: [u8; 4] = *b"NSFW";
+pub const VERSION: u16 = 1;
+pub const HEADER_BYTES: usize = 48;
+pub const EXTENT_BYTES: usize = 16;
+/// Extents one descriptor may name: each is one write of the transaction, whose journal
+/// takes at most 16 (the target's MICROTX_TX_WRITES_MAX).
+pub const EXTENTS_MAX: usize = 16;
+/// A transaction's result: crc32c of the bytes written (u32), their count (u32), the
+/// object's end after them (u64). OUTCOME's data.
+pub const RESULT_BYTES: usize = 16;
+
+/// A FUSED WRITE's descriptor, followed by its data in the same transfer.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Fused {
+    pub op: u8,
+    /// Chosen by the host, nonzero, unique among the namespace's recent transactions.
+    pub txid: u64,
+    /// The object byte where the operation's bytes go (append-crc-write: the object's
+    /// length before it).
+    pub offset: u64,
+    /// append-crc-write: where `offset` lies in its 32 KiB log block (LevelDB's
+    /// `block_offset_`); else 0.
+    pub block_offset: u32,
+    /// The object from the logical block holding `offset` on: (namespace byte, bytes).
+    pub extents: Vec<(u64, u64)>,
+}
+
+#[derive(Debug, Error, PartialEq, Eq)]
+pub enum FusedError {
+    /// Malformed: names the field.
+    #[error("fused descriptor: {0}")]
+    Invalid(String),
+    /// Beyond a limit of the layout.
+    #[error("fused descriptor: {0}")]
+    Limit(String),
+}
+
+impl Fused {
+    /// The descriptor and `data` as one transfer.
+    pub fn encode(&self, data: &[u8]) -> Vec<u8> {
+        let mut b = Vec::with_capacity(HEADER_BYTES + EXTENT_BYTES * self.extents.len() + data.len());
+        b.extend_from_slice(&MAGIC);
+        b.extend_from_slice(&VERSION.to_le_bytes());
+        b.push(self.op);
+        b.push(0);
+        b.extend_from_slice(&self.txid.to_le_bytes());
+        b.extend_from_slice(&self.offset.to_le_bytes());
+        b.extend_from_slice(&[0; 8]);
+        b.extend_from_slice(&self.block_offset.to_le_bytes());
+        b.extend_from_slice(&(data.len() as u32).to_le_bytes());
+        b.extend_from_slice(&(self.extents.len() as u16).to_le_bytes());
+        b.extend_from_slice(&[0; 6]);
+        for (off, len) in &self.extents {
+            b.extend_from_slice(&off.to_le_bytes());
+            b.extend_from_slice(&len.to_le_bytes());
+        }
+        b.extend_from_slice(data);
+        b
+    }
+
+    /// The descriptor of a transfer and where its data starts. Checks the layout only;
+    /// the target checks extents against its namespace.
+    pub fn decode(b: &[u8]) -> Result<(Fused, usize), FusedError> {
+        let bad = |s: &str| Err(FusedError::Invalid(s.to_string()));
+        if b.len() < HEADER_BYTES {
+            return Err(FusedError::Invalid(format!("{} bytes: shorter than its {HEADER_BYTES}-byte header", b.len())));
+        }
+        let u16_at = |o: usize| u16::from_le_bytes([b[o], b[o + 1]]);
+        let u32_at = |o: usize| u32::from_le_bytes(b[o..o + 4].try_into().expect("4 bytes"));
+        let u64_at = |o: usize| u64::from_le_bytes(b[o..o + 8].try_into().expect("8 bytes"));
+        if b[0..4] != MAGIC {
+            return bad("byte 0: magic is not NSFW");
+        }
+        if u16_at(4) != VERSION {
+            return Err(FusedError::Invalid(format!("byte 4: version {} (this target speaks {VERSION})", u16_at(4))));
+        }
+        let op = b[6];
+        if op != op::APPEND_CRC_WRITE && op != op::WRITE_CHECKSUM {
+            return Err(FusedError::Invalid(format!("byte 6: unknown operation {op}")));
+        }
+        if b[7] != 0 || u64_at(24) != 0 || b[42..48].iter().any(|&x| x != 0) {
+            return bad("bytes 7, 24-31, 42-47: reserved bytes are not zero");
+        }
+        let txid = u64_at(8);
+        if txid == 0 {
+            return bad("byte 8: transaction id 0");
+        }
+        let (offset, block_offset, data_len, n) = (u64_at(16), u32_at(32), u32_at(36) as usize, u16_at(40) as usize);
+        if op == op::APPEND_CRC_WRITE && block_offset as usize >= LOG_BLOCK_BYTES {
+            return Err(FusedError::Invalid(format!("byte 32: block offset {block_offset} is not inside a {LOG_BLOCK_BYTES}-byte block")));
+        }
+        if op != op::APPEND_CRC_WRITE && block_offset != 0 {
+            return bad("byte 32: block offset is for append-crc-write only");
+        }
+        if n == 0 {
+            return bad("byte 40: no extents");
+        }
+        if n > EXTENTS_MAX {
+            return Err(FusedError::Limit(format!("byte 40: {n} extents, at most {EXTENTS_MAX}")));
+        }
+        let data_at = HEADER_BYTES + n * EXTENT_BYTES;
+        if b.len() != data_at + data_len {
+            return Err(FusedError::Invalid(format!(
+                "byte 36: {data_len} bytes of data after {n} extents make {} bytes, the transfer is {}",
+                data_at + data_len,
+                b.len()
+            )));
+        }
+        if op == op::WRITE_CHECKSUM && data_len == 0 {
+            return bad("byte 36: write-checksum of no bytes");
+        }
+        let mut extents = Vec::with_capacity(n);
+        for i in 0..n {
+            let at = HEADER_BYTES + i * EXTENT_BYTES;
+            let (off, len) = (u64_at(at), u64_at(at + 8));
+            if len == 0 || off.checked_add(len).is_none() {
+                return Err(FusedError::Invalid(format!("extent {i}: {len} bytes at {off}: empty or overflowing")));
+            }
+            extents.push((off, len));
+        }
+        Ok((Fused { op, txid, offset, block_offset, extents }, data_at))
+    }
+}
+
+/// What a fused operation writes: `data` as it lands in the object at `f.offset`.
+/// append-crc-write: the record framed; write-checksum: the data itself.
+pub fn bytes_written(f: &Fused, data: &[u8]) -> Vec<u8> {
+    match f.op {
+        op::APPEND_CRC_WRITE => {
+            let mut out = Vec::with_capacity(framed_len(f.block_offset, data.len()));
+            frame_record(f.block_offset, data, &mut out);
+            out
+        }
+        _ => data.to_vec(),
+    }
+}
+
+/// A result as OUTCOME returns it and the journal keeps it.
+pub fn result(crc: u32, count: u32, end: u64) -> [u8; RESULT_BYTES] {
+    let mut r = [0u8; RESULT_BYTES];
+    r[0..4].copy_from_slice(&crc.to_le_bytes());
+    r[4..8].copy_from_slice(&count.to_le_bytes());
+    r[8..16].copy_from_slice(&end.to_le_bytes());
+    r
+}
+
+/// (crc32c, count, end) of a result.
+pub fn parse_result(r: &[u8; RESULT_BYTES]) -> (u32, u32, u64) {
+    let u32_at = |o: usize| u32::from_le_bytes(r[o..o + 4].try_into().expect("4 bytes"));
+    (u32_at(0), u32_at(4), u64::from_le_bytes(r[8..16].try_into().expect("8 bytes")))
+}
+
+/// LevelDB's log (`db/log_format.h`): 32 KiB blocks of physical records, each a 7-byte
+/// header (masked crc32c of the type byte and the data, length u16, type) and its data.
+pub const LOG_BLOCK_BYTES: usize = 32768;
+pub const LOG_HEADER_BYTES: usize = 7;
+
+/// Physical record types.
+pub mod record {
+    pub const ZERO: u8 = 0;
+    pub const FULL: u8 = 1;
+    pub const FIRST: u8 = 2;
+    pub const MIDDLE: u8 = 3;
+    pub const LAST: u8 = 4;
+}
+
+const MASK_DELTA: u32 = 0xa282_ead8;
+
+/// LevelDB's masked crc (`crc32c::Mask`): a crc stored beside the data it covers is
+/// rotated and offset, so that the crc of a string with crcs in it stays well distributed.
+pub fn mask(crc: u32) -> u32 {
+    crc.rotate_right(15).wrapping_add(MASK_DELTA)
+}
+
+pub fn unmask(masked: u32) -> u32 {
+    masked.wrapping_sub(MASK_DELTA).rotate_left(15)
+}
+
+/// Appends one logical record of `data` to `out` as LevelDB's `log::Writer::AddRecord`
+/// does from `block_offset`: a block's tail shorter than a header is zero-filled, and the
+/// data cut into FULL or FIRST, MIDDLE.., LAST fragments at block boundaries (an empty
+/// record is one empty FULL). Returns the block offset after it.
+pub fn frame_record(mut block_offset: u32, data: &[u8], out: &mut Vec<u8>) -> u32 {
+    let mut left = data;
+    let mut begin = true;
+    loop {
+        let leftover = LOG_BLOCK_BYTES - block_offset as usize;
+        if leftover < LOG_HEADER_BYTES {
+            out.resize(out.len() + leftover, 0);
+            block_offset = 0;
+        }
+        let avail = LOG_BLOCK_BYTES - block_offset as usize - LOG_HEADER_BYTES;
+        let n = left.len().min(avail);
+        let end = n == left.len();
+        let kind = match (begin, end) {
+            (true, true) => record::FULL,
+            (true, false) => record::FIRST,
+            (false, true) => record::LAST,
+            (false, false) => record::MIDDLE,
+        };
+        let crc = mask(crc32c::crc32c_append(crc32c::crc32c(&[kind]), &left[..n]));
+        out.extend_from_slice(&crc.to_le_bytes());
+        out.extend_from_slice(&(n as u16).to_le_bytes());
+        out.push(kind);
+        out.extend_from_slice(&left[..n]);
+        block_offset += (LOG_HEADER_BYTES + n) as u32;
+        left = &left[n..];
+        begin = false;
+        if end {
+            return block_offset;
+        }
+    }
+}
+
+/// Bytes [`frame_record`] appends for `len` bytes of data from `block_offset`.
+pub fn framed_len(block_offset: u32, len: usize) -> usize {
+    let (mut at, mut left, mut total) = (block_offset as usize, len, 0);
+    loop {
+        if LOG_BLOCK_BYTES - at < LOG_HEADER_BYTES {
+            total += LOG_BLOCK_BYTES - at;
+            at = 0;
+        }
+        let n = left.min(LOG_BLOCK_BYTES - at - LOG_HEADER_BYTES);
+        total += LOG_HEADER_BYTES + n;
+        at += LOG_HEADER_BYTES + n;
+        left -= n;
+        if left == 0 {
+            return total;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn desc() -> Fused {
+        Fused { op: op::APPEND_CRC_WRITE, txid: 7, offset: 5000, block_offset: 5000, extents: vec![(4096, 8192), (65536, 4096)] }
+    }
+
+    #[test]
+    fn a_descriptor_round_trips() {
+        let d = desc();
+        let b = d.encode(b"hello");
+        assert_eq!(Fused::decode(&b), Ok((d, HEADER_BYTES + 2 * EXTENT_BYTES)));
+        assert_eq!(&b[HEADER_BYTES + 2 * EXTENT_BYTES..], b"hello");
+    }
+
+    /// Every malformed field is refused, naming it.
+    #[test]
+    fn malformed_descriptors_name_the_field() {
+        type Craft = fn(&mut Vec<u8>);
+        // (what, change, error starts with)
+        let cases: [(&str, Craft, &str); 13] = [
+            ("short", |b| b.truncate(40), "40 bytes"),
+            ("magic", |b| b[0] = b'X', "byte 0"),
+            ("version", |b| b[4] = 2, "byte 4"),
+            ("operation", |b| b[6] = 9, "byte 6"),
+            ("reserved 7", |b| b[7] = 1, "bytes 7"),
+            ("reserved 24", |b| b[24] = 1, "bytes 7"),
+            ("reserved 42", |b| b[47] = 1, "bytes 7"),
+            ("txid 0", |b| b[8..16].fill(0), "byte 8"),
+            ("block offset", |b| b[32..36].copy_from_slice(&32768u32.to_le_bytes()), "byte 32"),
+            ("no extents", |b| b[40] = 0, "byte 40"),
+            ("data longer than the transfer", |b| b[36] = 9, "byte 36"),
+            ("empty extent", |b| b[56..64].fill(0), "extent 0"),
+            ("overflowing extent", |b| b[48..56].copy_from_slice(&u64::MAX.to_le_bytes()), "extent 0"),
+        ];
+        for (what, craft, want) in cases {
+            let mut b = desc().encode(b"hello");
+            craft(&mut b);
+            let e = Fused::decode(&b).expect_err(what);
+            assert!(e.to_string().starts_with(&format!("fused descriptor: {want}")), "{what}: {e}");
+        }
+        let mut many = desc();
+        many.extents = vec![(0, 512); EXTENTS_MAX + 1];
+        assert!(matches!(Fused::decode(&many.encode(b"")), Err(FusedError::Limit(_))));
+        let mut w = desc();
+        w.op = op::WRITE_CHECKSUM;
+        assert!(Fused::decode(&w.encode(b"x")).is_err(), "a block offset outside append-crc-write");
+        w.block_offset = 0;
+        assert!(Fused::decode(&w.encode(b"")).is_err(), "write-checksum of nothing");
+        assert!(Fused::decode(&w.encode(b"x")).is_ok());
+    }
+
+    /// Framing as LevelDB's writer does, record by record: (block offset, length) to the
+    /// fragments' (type, length) and the block offset after.
+    #[test]
+    fn records_split_at_blocks_as_leveldb_writes_them() {
+        use record::*;
+        let b = LOG_BLOCK_BYTES as u32;
+        // (block offset, data length, fragments, zero-filled tail first, block offset after)
+        type Case = (u32, usize, &'static [(u8, usize)], usize, u32);
+        let cases: [Case; 8] = [
+            (0, 0, &[(FULL, 0)], 0, 7),
+            (0, 100, &[(FULL, 100)], 0, 107),
+            (0, 32761, &[(FULL, 32761)], 0, 0),
+            (0, 32762, &[(FIRST, 32761), (LAST, 1)], 0, 8),
+            (b - 7, 1, &[(FIRST, 0), (LAST, 1)], 0, 8),
+            (b - 6, 1, &[(FULL, 1)], 6, 8),
+            (b, 1, &[(FULL, 1)], 0, 8),
+            (100, 70000, &[(FIRST, 32661), (MIDDLE, 32761), (LAST, 4578)], 0, 4585),
+        ];
+        for (at, len, frags, zeros, after) in cases {
+            let data: Vec<u8> = (0..len).map(|i| (i * 7 + 3) as u8).collect();
+            let mut out = Vec::new();
+            let next = frame_record(at.min(b), &data, &mut out);
+            let case = format!("at {at} len {len}");
+            assert_eq!(out.len(), framed_len(at.min(b), len), "{case}");
+            assert_eq!(next % b, after, "{case}");
+            assert!(out[..zeros].iter().all(|&x| x == 0), "{case}");
+            let (mut p, mut got, mut joined) = (zeros, Vec::new(), Vec::new());
+            while p < out.len() {
+                let h = &out[p..p + 7];
+                let n = u16::from_le_bytes([h[4], h[5]]) as usize;
+                let body = &out[p + 7..p + 7 + n];
+                let crc = crc32c::crc32c_append(crc32c::crc32c(&[h[6]]), body);
+                assert_eq!(unmask(u32::from_le_bytes(h[0..4].try_into().unwrap())), crc, "{case}");
+                got.push((h[6], n));
+                joined.extend_from_slice(body);
+                p += 7 + n;
+            }
+            assert_eq!(got, frags, "{case}");
+            assert_eq!(joined, data, "{case}");
+        }
+        assert_eq!(unmask(mask(0x1234_5678)), 0x1234_5678);
+    }
+}
