@@ -19,6 +19,7 @@ pub mod dev;
 pub mod discovery;
 pub mod exec;
 pub mod fabrics;
+pub mod fused;
 pub mod io_cmd;
 pub mod io_pool;
 pub mod limits;
@@ -499,7 +500,7 @@ fn open_journal(path: &std::path::Path, data: &dyn Backend, block_size: u32, fie
     if rec.checkpoint_corrupt || rec.torn_tail {
         warn!(journal = %jp.display(), checkpoint_corrupt = rec.checkpoint_corrupt, torn_tail = rec.torn_tail, "MicroTx journal damaged where a crash leaves it: replayed what is whole");
     }
-    info!(journal = %jp.display(), generation = rec.generation, records = rec.records, finished = ?rec.finished, result_recomputed = ?rec.result_recomputed, rolled_back = ?rec.rolled_back, "MicroTx journal replayed");
+    info!(journal = %jp.display(), generation = rec.generation, records = rec.records, finished = ?rec.finished, rolled_back = ?rec.rolled_back, "MicroTx journal replayed");
     Ok(Arc::new(journal))
 }
 

@@ -2,9 +2,8 @@
 //! transaction whose micro-operations (each block image it writes, the result it computed)
 //! are logged with their results, committed in order with the flushes that make them
 //! durable, applied in place, and marked applied. At start-up [`Journal::open`] replays the
-//! log: a transaction whose writes are all logged is finished from its logged results (its
-//! result recomputed from them when only that is missing), any other is rolled back (nothing
-//! of it reached the namespace); the outcome of every transaction id stays known to the
+//! log: a transaction whose writes and result are all logged is finished from its logged
+//! results, any other is rolled back (nothing of it reached the namespace); the outcome of every transaction id stays known to the
 //! host (a bounded table, kept in the checkpoints). The format, byte by byte, and the order
 //! of flushes are in docs/compute-protocol.md ("The MicroTx journal").
 //!
@@ -104,8 +103,9 @@ impl Outcome {
     }
 }
 
-/// The result of a transaction from its writes: what recovery recomputes when the logged
-/// result was lost (a micro-operation finished from the logged results of the others).
+/// The result of a transaction from its writes, for transactions whose operation computes
+/// none of its own ([`Journal::run`]): crc32c of the block images, their bytes, the end of
+/// the last.
 pub fn result_of(writes: &[(u64, Vec<u8>)]) -> [u8; RESULT_BYTES] {
     let crc = writes.iter().fold(0u32, |c, (_, d)| crc32c::crc32c_append(c, d));
     let bytes: u64 = writes.iter().map(|(_, d)| d.len() as u64).sum();
@@ -157,8 +157,6 @@ pub struct Recovery {
     pub torn_tail: bool,
     /// Transactions finished from their logged results (written in place again).
     pub finished: Vec<u64>,
-    /// Of those, the ones whose result was recomputed from their logged writes.
-    pub result_recomputed: Vec<u64>,
     /// Transactions rolled back.
     pub rolled_back: Vec<u64>,
 }
@@ -199,6 +197,9 @@ impl State {
 pub struct Journal {
     log: Arc<dyn Backend>,
     state: Mutex<State>,
+    /// Held by a fused operation from reading the blocks it changes to its transaction's
+    /// end ([`Journal::exclusive`]).
+    serial: Mutex<()>,
     bug: Option<FlushBug>,
     /// The namespace's logical block: every write is whole ones.
     block_bytes: u64,
@@ -435,11 +436,7 @@ impl Journal {
         for t in txs {
             let outcome = if t.aborted {
                 Outcome::Failed
-            } else if let Some(writes) = t.whole() {
-                let result = result_of(&writes);
-                if t.result != Some(result) {
-                    rec.result_recomputed.push(t.txid);
-                }
+            } else if let (Some(writes), Some(result)) = (t.whole(), t.result) {
                 if !t.applied {
                     for (off, d) in &writes {
                         data.write_at(d, *off).map_err(io_err(format!("recovery: writing transaction {} at {off}", t.txid)))?;
@@ -470,6 +467,7 @@ impl Journal {
         let journal = Journal {
             log,
             state: Mutex::new(State { generation: next, head: LOG_START, lsn: 0, outcomes, poisoned: None }),
+            serial: Mutex::new(()),
             bug,
             block_bytes,
         };
@@ -487,6 +485,12 @@ impl Journal {
         (begin + each + result).div_ceil(block) * block + block
     }
 
+    /// Held while a fused operation reads the blocks it merges its bytes into and runs its
+    /// transaction: no other fused operation of the namespace changes them meanwhile.
+    pub fn exclusive(&self) -> parking_lot::MutexGuard<'_, ()> {
+        self.serial.lock()
+    }
+
     /// The outcome of a transaction id, while the journal holds it (the newest
     /// MICROTX_OUTCOMES_MAX).
     pub fn outcome(&self, txid: u64) -> Option<Outcome> {
@@ -494,8 +498,17 @@ impl Journal {
     }
 
     /// Runs one transaction: log, flush the journal, write in place, flush those blocks,
-    /// log APPLIED, flush the journal. Returns its result once all of that is durable.
+    /// log APPLIED, flush the journal. Returns its result ([`result_of`] its writes) once
+    /// all of that is durable.
     pub fn run(&self, data: &dyn Backend, tx: &Tx) -> Result<[u8; RESULT_BYTES], JournalError> {
+        // Checked first: a refused transaction's writes may not even have an end.
+        self.check(data, tx)?;
+        self.run_with(data, tx, result_of(&tx.writes))
+    }
+
+    /// [`Journal::run`] with the result the fused operation computed (its checksum
+    /// micro-operation), logged in its RESULT record and kept as its outcome.
+    pub fn run_with(&self, data: &dyn Backend, tx: &Tx, result: [u8; RESULT_BYTES]) -> Result<[u8; RESULT_BYTES], JournalError> {
         self.check(data, tx)?;
         let mut s = self.state.lock();
         if let Some(p) = &s.poisoned {
@@ -504,7 +517,7 @@ impl Journal {
         if tx.txid == 0 || s.outcomes.iter().any(|(id, _)| *id == tx.txid) {
             return Err(JournalError::TxidInUse(tx.txid));
         }
-        let r = self.run_locked(&mut s, data, tx);
+        let r = self.run_locked(&mut s, data, tx, result);
         if let Ok(result) = &r {
             s.note(tx.txid, Outcome::Committed(*result));
         } else if !s.outcomes.iter().any(|(id, _)| *id == tx.txid) {
@@ -533,8 +546,13 @@ impl Journal {
         Ok(())
     }
 
-    fn run_locked(&self, s: &mut State, data: &dyn Backend, tx: &Tx) -> Result<[u8; RESULT_BYTES], JournalError> {
-        let result = result_of(&tx.writes);
+    fn run_locked(
+        &self,
+        s: &mut State,
+        data: &dyn Backend,
+        tx: &Tx,
+        result: [u8; RESULT_BYTES],
+    ) -> Result<[u8; RESULT_BYTES], JournalError> {
         if s.head + Self::tx_space(tx.writes.len(), tx.bytes()) > self.log.size() {
             // Full: every transaction of this generation is applied (durable in the
             // namespace before its APPLIED record), so a new generation forgets them. A
@@ -729,23 +747,25 @@ mod tests {
     }
 
     /// What replay does with each prefix of a logged, unapplied transaction: finished from
-    /// the logged writes (the result recomputed when its record is missing), or rolled back.
+    /// its logged writes and result, or rolled back. Without its RESULT record (written
+    /// and flushed with its WRITEs, before anything in place) it was never applied, and
+    /// the result a fused operation computed is not recomputed from block images.
     #[test]
     fn replay_finishes_from_logged_results_or_rolls_back() {
         let t = tx(9, &[(8192, 4096, 0x77), (16384, 8192, 0x88)]);
-        // (records kept, a torn record after them, committed, result recomputed)
+        // (records kept, a torn record after them, committed)
         let cases = [
-            (0, false, None, false),
-            (0, true, None, false),
-            (1, false, Some(false), false),
-            (1, true, Some(false), false),
-            (2, false, Some(false), false),
-            (2, true, Some(false), false),
-            (3, false, Some(true), true),
-            (3, true, Some(true), true),
-            (4, false, Some(true), false),
+            (0, false, None),
+            (0, true, None),
+            (1, false, Some(false)),
+            (1, true, Some(false)),
+            (2, false, Some(false)),
+            (2, true, Some(false)),
+            (3, false, Some(false)),
+            (3, true, Some(false)),
+            (4, false, Some(true)),
         ];
-        for (keep, torn, committed, recomputed) in cases {
+        for (keep, torn, committed) in cases {
             let (log, data) = (mem(JOURNAL), mem(DATA));
             let (j, _) = Journal::open(log.clone(), &*data, BLOCK).unwrap();
             log_only(&*log, j.generation(), &t, keep, torn);
@@ -760,7 +780,6 @@ mod tests {
             let whole = committed == Some(true);
             assert_eq!(read(&*data, 8192, 4096), vec![if whole { 0x77 } else { 0 }; 4096], "{case}");
             assert_eq!(read(&*data, 16384, 8192), vec![if whole { 0x88 } else { 0 }; 8192], "{case}");
-            assert_eq!(rec.result_recomputed.contains(&9), recomputed, "{case}");
             assert_eq!(rec.finished.contains(&9), whole, "{case}");
             // Replayed once: a second start finds a new generation with nothing to do.
             let (_, again) = Journal::open(log.clone(), &*data, BLOCK).unwrap();
