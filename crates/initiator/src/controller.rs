@@ -1,11 +1,13 @@
 //! A connected controller: admin queue, keep-alive, I/O queues.
 
 use std::net::SocketAddr;
+use std::ops::Range;
 use std::sync::Arc;
 use std::time::Duration;
 
 use nearstore_wire::compute::opcode as cop;
 use nearstore_wire::fabrics::{cap, cc, connect, csts, prop, ConnectData};
+use nearstore_wire::fused;
 use nearstore_wire::identify::{self, IdentifyController, IdentifyNamespace, IDENTIFY_LEN};
 use nearstore_wire::log::{self, get_log, DiscoveryEntry};
 use nearstore_wire::opcode::{admin, cns, fctype, feature, io, lid, FABRICS};
@@ -537,6 +539,37 @@ impl IoQueue {
                 return Ok(out);
             }
         }
+    }
+
+    /// FUSED WRITE (docs/compute-protocol.md, "Fused write operations"): `transfer` is the
+    /// encoded descriptor and its data (`nearstore_wire::fused::Fused::encode`). Returns
+    /// the completion's DW0 (crc32c of the bytes written) and DW1 (their count), once the
+    /// target's journal made them durable.
+    pub async fn fused_write(&mut self, nsid: u32, transfer: &[u8]) -> Result<(u32, u32)> {
+        let mut s = Sqe::new(fused::opcode::FUSED_WRITE, 0);
+        s.set_nsid(nsid);
+        let (cqe, _) = run(&mut self.q, s, Data::Out(transfer), "FUSED WRITE", self.timeout).await?;
+        Ok((cqe.dw0, cqe.dw1))
+    }
+
+    /// READ CHECKSUM of `nlb` blocks at `slba`: the blocks, and the crc32c the target
+    /// computed of `sum` (byte range) of them.
+    pub async fn read_checksum(&mut self, nsid: u32, slba: u64, nlb: u32, block_size: u32, sum: Range<u32>) -> Result<(Vec<u8>, u32)> {
+        let len = nlb as usize * block_size as usize;
+        let mut s = Sqe::rw(fused::opcode::READ_CHECKSUM, nsid, slba, nlb, false);
+        s.set_cdw(13, sum.start).set_cdw(14, sum.end.saturating_sub(sum.start));
+        let (cqe, d) = run(&mut self.q, s, Data::In(len), &format!("READ CHECKSUM LBA {slba}+{nlb}"), self.timeout).await?;
+        Ok((d, cqe.dw0))
+    }
+
+    /// OUTCOME of transaction `txid`: its state (`nearstore_wire::fused::state`) and
+    /// result (crc32c, count, end; zero unless committed).
+    pub async fn outcome(&mut self, nsid: u32, txid: u64) -> Result<(u32, [u8; fused::RESULT_BYTES])> {
+        let mut s = Sqe::new(fused::opcode::OUTCOME, 0);
+        s.set_nsid(nsid).set_cdw(10, txid as u32).set_cdw(11, (txid >> 32) as u32);
+        let (cqe, d) = run(&mut self.q, s, Data::In(fused::RESULT_BYTES), "OUTCOME", self.timeout).await?;
+        let r = d.as_slice().try_into().map_err(|_| Error::Protocol(format!("OUTCOME returned {} bytes", d.len())))?;
+        Ok((cqe.dw0, r))
     }
 
     /// RELEASEs a held result before it expires.

@@ -115,6 +115,11 @@ pub enum Done {
     Auth {
         auth: Box<crate::auth::QueueAuth>,
     },
+    /// A fused command's blocking work (journal transaction, checksummed read) ended.
+    Fused {
+        token: u32,
+        finished: Box<crate::exec::Finished>,
+    },
 }
 
 impl Done {

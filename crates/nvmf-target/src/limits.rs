@@ -592,6 +592,19 @@ pub const MICROTX_TX_BYTES_MAX: usize = 2 * TRANSFER_BYTES_MAX;
 /// operations of docs/compute-protocol.md (at most 2) with room.
 pub const MICROTX_TX_WRITES_MAX: usize = 16;
 
+// A fused write's descriptor names at most as many extents as a transaction has writes
+// (each extent one write); its data, one transfer, framed as a LevelDB log record (a
+// header per 32 KiB block and a block's zero-filled tail) and widened to whole logical
+// blocks at both ends, fits one transaction.
+const _: () = assert!(nearstore_wire::fused::EXTENTS_MAX <= MICROTX_TX_WRITES_MAX);
+const _: () = assert!(
+    TRANSFER_BYTES_MAX
+        + (TRANSFER_BYTES_MAX / (nearstore_wire::fused::LOG_BLOCK_BYTES - nearstore_wire::fused::LOG_HEADER_BYTES) + 2)
+            * nearstore_wire::fused::LOG_HEADER_BYTES
+        + 2 * MICROTX_JOURNAL_BLOCK_BYTES
+        <= MICROTX_TX_BYTES_MAX
+);
+
 #[cfg(test)]
 mod tests {
     use super::*;

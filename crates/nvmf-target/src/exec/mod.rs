@@ -50,9 +50,11 @@ use crate::{Port, Target};
 mod auth;
 mod buffers;
 mod compute;
+mod fused;
 mod reservation;
 
 pub use compute::is_compute;
+pub use fused::Finished;
 
 /// What a transport does for the execution core (Linux nvmet's `nvmet_fabrics_ops`): it
 /// moves a command's data and its completion, and nothing else. The core is generic over
@@ -908,6 +910,7 @@ impl<T: Transport> Core<T> {
             Done::Persisted { token, result } => self.on_persisted(token, result),
             Done::Abort { nsid, guard } => self.abort_commands(nsid, guard),
             Done::Auth { auth } => self.on_auth(auth),
+            Done::Fused { token, finished } => self.on_fused(token, *finished),
         }
     }
 

@@ -1,0 +1,304 @@
+//! The fused write operations over NVMe/TCP (docs/compute-protocol.md, "Fused write
+//! operations"): append-crc-write frames LevelDB log records on the target, through the
+//! namespace's MicroTx journal, and an independent reader of LevelDB's log format gets
+//! every record back; write-checksum and read-checksum return the checksum of exactly the
+//! bytes they moved; OUTCOME answers for a transaction id, also on another connection;
+//! every refusal with its standard status, nothing written.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use nearstore_initiator::{ConnectOptions, Controller, Error, IoQueue};
+use nearstore_target::config::Config;
+use nearstore_target::Target;
+use nearstore_wire::compute::status as cs;
+use nearstore_wire::fused::{self, op, state, Fused};
+use nearstore_wire::Status;
+
+const NQN: &str = "nqn.2026-11.io.nearstore:fused";
+const HOST: &str = "nqn.2014-08.org.nvmexpress:uuid:00000000-0000-0000-0000-0000000000f1";
+/// In a tenant that may write only the namespace's first MiB.
+const NARROW: &str = "nqn.2014-08.org.nvmexpress:uuid:00000000-0000-0000-0000-0000000000f2";
+const BS: u64 = 512;
+const NS_BYTES: u64 = 8 << 20;
+/// The test object: two extents of the journaled namespace (1), the second not after the
+/// first, so that records cross from one to the other.
+const OBJECT: [(u64, u64); 2] = [(3 << 20, 96 << 10), (1 << 20, 1 << 20)];
+
+struct Env {
+    _target: Arc<Target>,
+    addr: SocketAddr,
+    _dir: tempfile::TempDir,
+}
+
+async fn start() -> Env {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = format!(
+        r#"
+        [[listener]]
+        address = "127.0.0.1:0"
+        [[subsystem]]
+        nqn = "{NQN}"
+        allow_any_host = true
+        [[subsystem.namespace]]
+        nsid = 1
+        path = "{d}/journaled.img"
+        size = "8MiB"
+        block_size = {BS}
+        microtx = true
+        [[subsystem.namespace]]
+        nsid = 2
+        path = "{d}/plain.img"
+        size = "1MiB"
+        [[tenant]]
+        name = "wide"
+        hosts = ["{HOST}"]
+        [[tenant.reach]]
+        subsystem = "{NQN}"
+        [[tenant]]
+        name = "narrow"
+        hosts = ["{NARROW}"]
+        [[tenant.reach]]
+        subsystem = "{NQN}"
+        nsid = 1
+        lbas = [0, 2048]
+        "#,
+        d = dir.path().display()
+    );
+    let target = Target::from_config(&Config::from_toml(&cfg).unwrap()).unwrap();
+    let addr = target.listen("127.0.0.1:0".parse().unwrap(), false).await.unwrap();
+    Env { _target: target, addr, _dir: dir }
+}
+
+async fn connect(env: &Env, host: &str) -> (Controller, IoQueue) {
+    let mut o = ConnectOptions::new(env.addr, NQN);
+    o.hostnqn = host.into();
+    let c = Controller::connect(o).await.unwrap();
+    let q = c.io_queue(1).await.unwrap();
+    (c, q)
+}
+
+/// The namespace pieces holding object bytes [from, to) of an object laid out on `extents`.
+fn pieces(extents: &[(u64, u64)], mut from: u64, to: u64) -> Vec<(u64, u64)> {
+    let mut out = Vec::new();
+    let mut at = 0;
+    for &(off, len) in extents {
+        if from < at + len && from < to {
+            let n = (at + len).min(to) - from;
+            out.push((off + (from - at), n));
+            from += n;
+        }
+        at += len;
+    }
+    out
+}
+
+/// A FUSED WRITE's transfer for `data` at object offset `offset` of OBJECT.
+fn transfer(opcode: u8, txid: u64, offset: u64, data: &[u8]) -> Vec<u8> {
+    let block_offset = if opcode == op::APPEND_CRC_WRITE { (offset % fused::LOG_BLOCK_BYTES as u64) as u32 } else { 0 };
+    let n = if opcode == op::APPEND_CRC_WRITE { fused::framed_len(block_offset, data.len()) } else { data.len() } as u64;
+    let (from, to) = (offset / BS * BS, (offset + n).div_ceil(BS) * BS);
+    Fused { op: opcode, txid, offset, block_offset, extents: pieces(&OBJECT, from, to) }.encode(data)
+}
+
+async fn read_object(q: &mut IoQueue, len: u64) -> Vec<u8> {
+    let mut out = Vec::new();
+    for (off, n) in pieces(&OBJECT, 0, len.div_ceil(BS) * BS) {
+        let mut at = 0;
+        while at < n {
+            let k = (n - at).min(64 << 10);
+            out.extend(q.read(1, (off + at) / BS, (k / BS) as u32, BS as u32).await.unwrap());
+            at += k;
+        }
+    }
+    out.truncate(len as usize);
+    out
+}
+
+/// LevelDB's log format read from its description (db/log_format.md), apart from the
+/// target's code: 32 KiB blocks of records (crc u32: masked crc32c of the type byte and
+/// the data; length u16; type), FULL or FIRST, MIDDLE.., LAST; a block's tail shorter than
+/// a header, and a zero header (a preallocated region), end the block.
+fn leveldb_records(log: &[u8]) -> Result<Vec<Vec<u8>>, String> {
+    let unmask = |m: u32| m.wrapping_sub(0xa282_ead8).rotate_left(15);
+    let (mut records, mut partial): (Vec<Vec<u8>>, Option<Vec<u8>>) = (Vec::new(), None);
+    for (b, block) in log.chunks(32768).enumerate() {
+        let mut p = 0;
+        while p + 7 <= block.len() {
+            let crc = u32::from_le_bytes(block[p..p + 4].try_into().unwrap());
+            let len = u16::from_le_bytes([block[p + 4], block[p + 5]]) as usize;
+            let kind = block[p + 6];
+            if kind == 0 && len == 0 {
+                break;
+            }
+            let data = block.get(p + 7..p + 7 + len).ok_or(format!("block {b} byte {p}: record past its block"))?;
+            let mut typed = vec![kind];
+            typed.extend_from_slice(data);
+            if unmask(crc) != crc32c::crc32c(&typed) {
+                return Err(format!("block {b} byte {p}: checksum"));
+            }
+            match (kind, partial.take()) {
+                (1, None) => records.push(data.to_vec()),
+                (2, None) => partial = Some(data.to_vec()),
+                (3, Some(mut r)) => {
+                    r.extend_from_slice(data);
+                    partial = Some(r);
+                }
+                (4, Some(mut r)) => {
+                    r.extend_from_slice(data);
+                    records.push(r);
+                }
+                (k, _) => return Err(format!("block {b} byte {p}: record type {k} out of place")),
+            }
+            p += 7 + len;
+        }
+    }
+    match partial {
+        None => Ok(records),
+        Some(_) => Err("the log ends inside a record".into()),
+    }
+}
+
+fn status(r: Result<impl std::fmt::Debug, Error>) -> Status {
+    match r {
+        Err(Error::Status { status, .. }) => status,
+        other => panic!("expected a status, got {other:?}"),
+    }
+}
+
+fn bytes(len: usize, seed: u8) -> Vec<u8> {
+    (0..len).map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed)).collect()
+}
+
+/// Records of every shape LevelDB's writer makes (empty, small, exactly a block's room,
+/// across one and two block boundaries, a header that just fits a block's end), appended
+/// one command each: each completion is the crc32c and count of the framed bytes; OUTCOME
+/// (on another connection too) has the object's new length; the object reads back as a
+/// LevelDB log holding every record.
+#[tokio::test]
+async fn append_crc_write_makes_a_log_leveldb_reads() {
+    let env = start().await;
+    let (_c, mut q) = connect(&env, HOST).await;
+    let sizes = [0usize, 100, 32761 - 107, 7, 40_000, 1, 32768 - 7 - 1, 100_000, 3, 65_000];
+    let (mut len, mut sent) = (0u64, Vec::new());
+    for (i, n) in sizes.into_iter().enumerate() {
+        let data = bytes(n, i as u8);
+        let mut framed = Vec::new();
+        fused::frame_record((len % 32768) as u32, &data, &mut framed);
+        let txid = 1000 + i as u64;
+        let (crc, count) = q.fused_write(1, &transfer(op::APPEND_CRC_WRITE, txid, len, &data)).await.unwrap();
+        assert_eq!((crc, count as usize), (crc32c::crc32c(&framed), framed.len()), "record {i} of {n} bytes");
+        len += count as u64;
+        let (st, r) = q.outcome(1, txid).await.unwrap();
+        assert_eq!((st, fused::parse_result(&r)), (state::COMMITTED, (crc, count, len)), "record {i}");
+        sent.push(data);
+    }
+    let object = read_object(&mut q, len).await;
+    assert_eq!(leveldb_records(&object), Ok(sent.clone()));
+    // Zeros after the log (a preallocated tail) read as its end.
+    let mut padded = object.clone();
+    padded.resize(object.len() + 5000, 0);
+    assert_eq!(leveldb_records(&padded), Ok(sent));
+    // Another connection (a host back after a reconnect) learns the same outcomes.
+    let (_c2, mut q2) = connect(&env, HOST).await;
+    assert_eq!(q2.outcome(1, 1000).await.unwrap().0, state::COMMITTED);
+    assert_eq!(q2.outcome(1, 999).await.unwrap(), (state::UNKNOWN, [0; fused::RESULT_BYTES]));
+}
+
+/// write-checksum at unaligned offsets inside and across blocks and extents keeps the
+/// bytes around it, returns the crc32c of exactly its data; read-checksum returns the
+/// blocks and the crc32c of the byte range asked for.
+#[tokio::test]
+async fn write_and_read_checksum_cover_exactly_their_bytes() {
+    let env = start().await;
+    let (_c, mut q) = connect(&env, HOST).await;
+    let base = bytes(200_000, 9);
+    let mut model = base.clone();
+    // The object's first 200000 bytes written plainly.
+    let mut at = 0u64;
+    for (off, n) in pieces(&OBJECT, 0, 200_192) {
+        let mut k = 0;
+        while k < n {
+            let m = (n - k).min(64 << 10);
+            let mut blk = vec![0u8; m as usize];
+            let lo = (at + k) as usize;
+            let hi = (lo + m as usize).min(base.len());
+            if lo < hi {
+                blk[..hi - lo].copy_from_slice(&base[lo..hi]);
+            }
+            q.write(1, (off + k) / BS, &blk, BS as u32, false).await.unwrap();
+            k += m;
+        }
+        at += n;
+    }
+    // (object offset, length): inside a block, across blocks, across the two extents.
+    let cases = [(1000u64, 10usize), (511, 2), (4000, 9000), (98_000, 1000), (96 * 1024 - 3, 6), (0, 512)];
+    for (i, (off, n)) in cases.into_iter().enumerate() {
+        let data = bytes(n, 100 + i as u8);
+        let (crc, count) = q.fused_write(1, &transfer(op::WRITE_CHECKSUM, 2000 + i as u64, off, &data)).await.unwrap();
+        assert_eq!((crc, count as usize), (crc32c::crc32c(&data), n), "case {i}");
+        model[off as usize..off as usize + n].copy_from_slice(&data);
+    }
+    assert_eq!(read_object(&mut q, model.len() as u64).await, model);
+    // read-checksum of 8 blocks of the second extent, ranges of them checksummed.
+    let (ns_off, obj_off) = (OBJECT[1].0, OBJECT[0].1 as usize);
+    for (lo, hi) in [(0u32, 4096u32), (7, 8), (100, 3000), (5, 5)] {
+        let (d, crc) = q.read_checksum(1, ns_off / BS, 8, BS as u32, lo..hi).await.unwrap();
+        assert_eq!(d, model[obj_off..obj_off + 4096], "{lo}..{hi}");
+        assert_eq!(crc, crc32c::crc32c(&model[obj_off + lo as usize..obj_off + hi as usize]), "{lo}..{hi}");
+    }
+}
+
+/// Each refusal's status; none writes a byte, and a refused transaction id stays free.
+#[tokio::test]
+async fn refusals_have_the_standard_statuses_and_write_nothing() {
+    let env = start().await;
+    let (_c, mut q) = connect(&env, HOST).await;
+    let (_n, mut narrow) = connect(&env, NARROW).await;
+    let good = |txid| transfer(op::APPEND_CRC_WRITE, txid, 0, b"record");
+    let desc = |extents: Vec<(u64, u64)>| Fused { op: op::WRITE_CHECKSUM, txid: 9, offset: 0, block_offset: 0, extents }.encode(&[7; 600]);
+    let mut magic = good(9);
+    magic[0] = b'X';
+    let mut short = good(9);
+    short.truncate(30);
+    q.fused_write(1, &good(5)).await.unwrap();
+    // (what, namespace, transfer, the narrow tenant's host, status)
+    let cases: Vec<(&str, u32, Vec<u8>, bool, Status)> = vec![
+        ("a namespace without a journal", 2, good(9), false, Status::INVALID_OPCODE.dnr()),
+        ("no such namespace", 7, good(9), false, Status::INVALID_NAMESPACE.dnr()),
+        ("bad magic", 1, magic, false, cs::DESCRIPTOR_INVALID),
+        ("shorter than the header", 1, short, false, cs::DESCRIPTOR_INVALID),
+        ("too many extents", 1, desc(vec![(0, 512); 17]), false, cs::LIMIT_EXCEEDED),
+        ("an extent past the namespace", 1, desc(vec![(NS_BYTES - 512, 1024)]), false, Status::LBA_OUT_OF_RANGE.dnr()),
+        ("an extent not whole blocks", 1, desc(vec![(0, 1000)]), false, cs::DESCRIPTOR_INVALID),
+        ("an extent off a block boundary", 1, desc(vec![(100, 1024)]), false, cs::DESCRIPTOR_INVALID),
+        ("extents short of the data", 1, desc(vec![(0, 512)]), false, cs::DESCRIPTOR_INVALID),
+        ("an extent wholly past the data", 1, desc(vec![(0, 1024), (4096, 512)]), false, cs::DESCRIPTOR_INVALID),
+        ("a transaction id in use", 1, good(5), false, Status::INVALID_FIELD.dnr()),
+        ("beyond the tenant's blocks", 1, desc(vec![(1 << 20, 1024)]), true, Status::ACCESS_DENIED.dnr()),
+    ];
+    for (what, nsid, t, in_narrow, want) in cases {
+        let qq = if in_narrow { &mut narrow } else { &mut q };
+        assert_eq!(status(qq.fused_write(nsid, &t).await), want, "{what}");
+    }
+    // Nothing of them written: the object holds only the first append's record, the
+    // namespace's blocks the refused ones named are zeros.
+    let mut rec = Vec::new();
+    fused::frame_record(0, b"record", &mut rec);
+    let head = read_object(&mut q, 1024).await;
+    assert_eq!(&head[..rec.len()], &rec[..]);
+    assert!(head[rec.len()..].iter().all(|&b| b == 0));
+    for lba in [0, 8, 2048, NS_BYTES / BS - 2] {
+        assert!(q.read(1, lba, 2, BS as u32).await.unwrap().iter().all(|&b| b == 0), "LBA {lba}");
+    }
+    // The refused id 9 is free: it runs now, within the narrow tenant's blocks.
+    assert!(narrow.fused_write(1, &desc(vec![(8192, 1024)])).await.is_ok());
+    assert_eq!(q.outcome(1, 9).await.unwrap().0, state::COMMITTED);
+
+    // READ CHECKSUM and OUTCOME refusals.
+    assert_eq!(status(q.read_checksum(1, NS_BYTES / BS - 1, 2, BS as u32, 0..1).await), Status::LBA_OUT_OF_RANGE.dnr());
+    assert_eq!(status(q.read_checksum(1, 0, 1, BS as u32, 500..513).await), Status::INVALID_FIELD.dnr());
+    assert_eq!(status(q.read_checksum(9, 0, 1, BS as u32, 0..1).await), Status::INVALID_NAMESPACE.dnr());
+    assert_eq!(status(narrow.read_checksum(1, 2048, 1, BS as u32, 0..1).await), Status::ACCESS_DENIED.dnr());
+    assert_eq!(status(q.outcome(2, 5).await), Status::INVALID_OPCODE.dnr());
+}
