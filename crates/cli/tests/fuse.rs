@@ -185,3 +185,50 @@ fn results_through_the_mount_are_the_clis_and_unmount_waits_for_open_files() {
     assert!(status.success(), "{status}: {}", mount.log());
     assert!(mount.log().contains("unmounted"), "{}", mount.log());
 }
+
+/// `nearstore mount --hostnqn --dhchap-secret`: the mount connects as that host, with its
+/// key, so a target that admits only that keyed host serves its operations; a mount as
+/// another host gets EACCES for the result and says why in its log.
+#[test]
+fn the_mount_connects_as_its_host_with_its_secret() {
+    const KEY: &str = "DHHC-1:00:ia6zGodOr4SEG0Zzaw398rpY0wqipUWj4jWjUh4HWUz6aQ2n:";
+    const HOST: &str = "nqn.2026-11.io.nearstore:fuse-mount-host";
+    const SUB: &str = "nqn.2026-11.io.nearstore:disk0";
+    let fs = Fs::new(64);
+    let lines: String = (0..5000).map(|i| format!("line {i}\n")).collect();
+    std::fs::write(fs.mnt.join("app.log"), &lines).unwrap();
+    let cfg = fs.dir.path().join("t.toml");
+    std::fs::write(
+        &cfg,
+        format!(
+            "[[listener]]\naddress = \"127.0.0.1:0\"\n[[subsystem]]\nnqn = \"{SUB}\"\n[[subsystem.host]]\nnqn = \"{HOST}\"\n\
+             dhchap_key = \"{KEY}\"\n[[subsystem.namespace]]\nnsid = 1\npath = \"{}\"\n",
+            p(&fs.image)
+        ),
+    )
+    .unwrap();
+    let t = Target::start(&["--config", p(&cfg)]);
+    let map = fs.dir.path().join("map.toml");
+    std::fs::write(&map, format!("[[namespace]]\naddress = \"{}\"\nnqn = \"{SUB}\"\nnsid = 1\nfile = \"{}\"\n", t.addr, p(&fs.image)))
+        .unwrap();
+    let want = ok(&["checksum", "-a", "sha256", "--local", p(&fs.mnt.join("app.log"))]);
+    let want = format!("{}\n", want.split_whitespace().next().unwrap());
+    // (name, the mount's identity, what reading the result gives)
+    let cases: [(&str, &[&str], Result<&str, std::io::ErrorKind>); 2] = [
+        ("keyed", &["--hostnqn", HOST, "--dhchap-secret", KEY], Ok(want.as_str())),
+        ("stranger", &["--hostnqn", "nqn.2026-11.io.nearstore:stranger"], Err(std::io::ErrorKind::PermissionDenied)),
+    ];
+    for (name, identity, want) in cases {
+        let mnt = fs.dir.path().join(name);
+        std::fs::create_dir(&mnt).unwrap();
+        let args: Vec<&str> = ["--map", p(&map)].into_iter().chain(identity.iter().copied()).collect();
+        let mount = Mount::start(&args, &fs.mnt, &mnt, fs.dir.path().join(format!("{name}.log")));
+        let got = std::fs::read_to_string(mnt.join(".nearstore/sha256/app.log")).map_err(|e| e.kind());
+        assert_eq!(got.as_deref().map_err(|e| *e), want, "{name}: {}", mount.log());
+        if want.is_err() {
+            wait_for(30, "the refusal in the log", || mount.log().contains("refused by the target to this mount's host"));
+        } else {
+            assert_eq!(xattr(&mnt.join(".nearstore/sha256/app.log"), "user.nearstore.offloaded").as_deref(), Some("1"), "{name}");
+        }
+    }
+}
