@@ -12,9 +12,8 @@ use nearstore_control::model::{ErrorCode, Export, ExportVolume, ExtentInfo, Move
 use nearstore_control::server::{self, Service};
 use nearstore_control::store::RedbStore;
 
-use nearstore_target::dev::volume::{
-    BoxFuture, Devices, Hold, Location, Lookup, PoolDevices, ResolveError, Resolver, Volume, VolumeConfig,
-};
+use nearstore_target::dev::volume::mover::{MoveControl, MoveOrder, Mover, MoverConfig, Served};
+use nearstore_target::dev::volume::{BoxFuture, Location, Lookup, PoolDevices, ResolveError, Resolver, Volume, VolumeConfig};
 use nearstore_target::subsystem::{Namespace, Subsystem};
 
 use crate::{size, Output, Plain};
@@ -232,15 +231,14 @@ impl Exporter {
     /// export is retried at the next answer (at most EXPORTS_WAIT_MS later).
     pub async fn run(self) {
         let devices = Arc::new(PoolDevices::new(&self.target, self.addr.clone(), &self.cluster));
-        let local = Arc::new(Local::default());
-        let mover = Arc::new(Mover {
-            client: self.client.clone(),
-            addr: self.addr.clone(),
-            devices: devices.clone(),
-            local: local.clone(),
-            pool: self.target.pool.clone(),
-            active: Default::default(),
-        });
+        let local = Arc::new(Served::default());
+        let ctl = Arc::new(ControlMoves { client: self.client.clone(), addr: self.addr.clone() });
+        let cfg = MoverConfig {
+            report_every: std::time::Duration::from_millis(nearstore_control::limits::MOVE_REPORT_MS),
+            retry_max: std::time::Duration::from_millis(nearstore_control::limits::AGENT_RETRY_MS_MAX),
+            bug: None,
+        };
+        let mover = Arc::new(Mover::new(ctl, devices.clone(), local.clone(), self.target.pool.clone(), cfg));
         tokio::spawn(mover.run());
         let mut served: std::collections::BTreeMap<String, Export> = Default::default();
         let (mut since, mut wait) = (0, 100);
@@ -278,7 +276,7 @@ impl Exporter {
         }
     }
 
-    async fn serve(&self, x: &Export, devices: Arc<PoolDevices>, local: &Local) -> Result<()> {
+    async fn serve(&self, x: &Export, devices: Arc<PoolDevices>, local: &Served) -> Result<()> {
         let info = self.client.volume(&x.volume).await?;
         let v = &info.volume;
         let cfg = VolumeConfig {
@@ -305,172 +303,60 @@ impl Exporter {
     }
 }
 
-/// The volumes this target serves and the moves it runs, shared by its exports and its
-/// mover: a move blocks its extent on the volume served (and on one served while it runs).
-#[derive(Default)]
-struct Local {
-    volumes: parking_lot::Mutex<std::collections::HashMap<String, Arc<Volume>>>,
-    /// Moves under way by (volume, index): the holds of their extent on the volumes served.
-    running: parking_lot::Mutex<std::collections::HashMap<(String, u64), Vec<Arc<Hold>>>>,
-}
-
-impl Local {
-    /// Serves `vol` as `name`, blocking the extents this target is moving.
-    fn serve(&self, name: &str, vol: Arc<Volume>) {
-        let mut running = self.running.lock();
-        for ((v, index), holds) in running.iter_mut() {
-            if v == name {
-                holds.extend(vol.block(*index).map(Arc::new));
-            }
-        }
-        self.volumes.lock().insert(name.to_string(), vol);
-    }
-
-    fn unserve(&self, name: &str) {
-        let _running = self.running.lock();
-        self.volumes.lock().remove(name);
-    }
-
-    /// A move of extent `index` of `name` begins: blocked on the volume if it is served
-    /// here; its holds, to drain. None: that extent is being moved here already.
-    fn start(&self, name: &str, index: u64) -> Option<Vec<Arc<Hold>>> {
-        let mut running = self.running.lock();
-        let key = (name.to_string(), index);
-        if running.contains_key(&key) {
-            return None;
-        }
-        let holds: Vec<Arc<Hold>> = match self.volumes.lock().get(name) {
-            Some(v) => vec![Arc::new(v.block(index)?)],
-            None => Vec::new(),
-        };
-        running.insert(key, holds.clone());
-        Some(holds)
-    }
-
-    /// The move ended (published or given up): the extent's operations go on, translated
-    /// again.
-    fn finish(&self, name: &str, index: u64) {
-        self.running.lock().remove(&(name.to_string(), index));
-    }
-}
-
-/// A target's mover: runs the moves it copies (docs/control-plane.md, "Moving an extent"):
-/// block and drain the extent where this target serves its volume, acknowledge, copy at
-/// most `max_bps`, flush, publish; the extent's operations then translate again.
-struct Mover {
+/// The copier's words, through the API: the control plane's side of [`Mover`].
+struct ControlMoves {
     client: Client,
+    /// This target's address, as registered.
     addr: String,
-    devices: Arc<PoolDevices>,
-    local: Arc<Local>,
-    pool: nearstore_target::io_pool::IoPool,
-    /// Moves running here, by (volume, index, epoch).
-    active: parking_lot::Mutex<std::collections::HashSet<(String, u64, u64)>>,
 }
 
-impl Mover {
-    /// Runs forever: long-polls this target's moves and starts each new one.
-    async fn run(self: Arc<Self>) {
-        let (mut since, mut wait) = (0, 100);
-        loop {
-            let list = match self.client.moves(Some(&self.addr), since).await {
-                Ok(l) => l,
-                Err(e) => {
-                    tracing::warn!(control = %self.client.addr, error = %e, "cannot list this target's moves; retrying");
-                    tokio::time::sleep(std::time::Duration::from_millis(wait)).await;
-                    wait = (wait * 2).min(nearstore_control::limits::AGENT_RETRY_MS_MAX);
-                    continue;
-                }
-            };
-            (since, wait) = (list.version, 100);
-            for m in list.moves {
-                let key = (m.volume.clone(), m.index, m.epoch);
-                if self.active.lock().contains(&key) {
-                    continue;
-                }
-                if m.state == MoveState::Aborted {
-                    // Given up while this target was silent: it stopped (it runs nothing of
-                    // it), so the destination may be freed.
-                    let r = MoveReport { epoch: m.epoch, copied: 0, reason: "its copier stopped".into() };
-                    if let Err(e) = self.client.abort_move(&m.volume, m.index, &r).await {
-                        tracing::warn!(volume = %m.volume, extent = m.index, error = %e, "cannot confirm an aborted move");
-                    }
-                    continue;
-                }
-                self.active.lock().insert(key.clone());
-                let me = self.clone();
-                tokio::spawn(async move {
-                    me.run_move(&m).await;
-                    me.active.lock().remove(&key);
-                });
-            }
-        }
+fn order(m: &Move) -> MoveOrder {
+    let at = |target: &str, nsid, offset| Location { target: target.to_string(), nsid, offset, epoch: m.epoch, unwritten: false };
+    MoveOrder {
+        volume: m.volume.clone(),
+        index: m.index,
+        epoch: m.epoch,
+        from_name: m.from.to_string(),
+        to_name: m.to.to_string(),
+        from: at(&m.from.target, m.from_nsid, m.from_offset),
+        to: at(&m.to.target, m.to_nsid, m.to_offset),
+        extent_size: m.extent_size,
+        max_bps: m.max_bps,
+        aborted: m.state == MoveState::Aborted,
+    }
+}
+
+fn io_error(e: ClientError) -> std::io::Error {
+    std::io::Error::other(e.to_string())
+}
+
+impl MoveControl for ControlMoves {
+    fn moves(&self, since: u64) -> BoxFuture<'_, std::io::Result<(u64, Vec<MoveOrder>)>> {
+        Box::pin(async move {
+            let l = self.client.moves(Some(&self.addr), since).await.map_err(io_error)?;
+            Ok((l.version, l.moves.iter().map(order).collect()))
+        })
     }
 
-    async fn run_move(&self, m: &Move) {
-        let Some(holds) = self.local.start(&m.volume, m.index) else { return };
-        let r = self.copy(m, &holds).await;
-        drop(holds);
-        let (what, end) = match &r {
-            Ok(_) => ("published", Ok(())),
-            Err(e) => {
-                let r = MoveReport { epoch: m.epoch, copied: 0, reason: format!("{e:#}") };
-                ("aborted", self.client.abort_move(&m.volume, m.index, &r).await)
-            }
-        };
-        // Only now may the extent's operations go on: they translate again, to the new
-        // place once published.
-        self.local.finish(&m.volume, m.index);
-        match (r, end) {
-            (Ok(e), _) => tracing::info!(volume = %m.volume, extent = m.index, to = %m.to, epoch = e.epoch, "extent moved"),
-            (Err(e), Ok(())) => tracing::warn!(volume = %m.volume, extent = m.index, error = %format!("{e:#}"), "move {what}"),
-            (Err(e), Err(a)) => {
-                tracing::warn!(volume = %m.volume, extent = m.index, error = %format!("{e:#}"), abort = %a, "move failed; abort not confirmed")
-            }
-        }
+    fn report<'a>(&'a self, m: &'a MoveOrder, ack: bool, copied: u64) -> BoxFuture<'a, std::io::Result<()>> {
+        Box::pin(async move {
+            let r = MoveReport { epoch: m.epoch, copied, reason: String::new() };
+            self.client.report_move(&m.volume, m.index, if ack { "ack" } else { "progress" }, &r).await.map(drop).map_err(io_error)
+        })
     }
 
-    /// Drains, acknowledges, copies, flushes and publishes one move.
-    async fn copy(&self, m: &Move, holds: &[Arc<Hold>]) -> Result<ExtentInfo> {
-        use nearstore_target::dev::{Channel, Op};
-        use nearstore_target::limits::{MOVE_COPY_CHUNK_BYTES, MOVE_DRAIN_MS};
-        for h in holds {
-            h.drained(std::time::Duration::from_millis(MOVE_DRAIN_MS)).await.context("draining the extent's operations")?;
-        }
-        let report = |copied| MoveReport { epoch: m.epoch, copied, reason: String::new() };
-        self.client.report_move(&m.volume, m.index, "ack", &report(0)).await.context("acknowledging")?;
-        let at = |target: &str, nsid, offset| Location { target: target.to_string(), nsid, offset, epoch: m.epoch, unwritten: false };
-        let from = at(&m.from.target, m.from_nsid, m.from_offset);
-        let to = at(&m.to.target, m.to_nsid, m.to_offset);
-        let src = self.devices.open(&from).await.with_context(|| format!("opening the source pool {}", m.from))?;
-        let dst = self.devices.open(&to).await.with_context(|| format!("opening the destination pool {}", m.to))?;
-        let mut ch = Channel::new(nearstore_target::config::IoEngine::Threads, self.pool.clone());
-        let mut buf = nearstore_transport::AlignedBuf::new(MOVE_COPY_CHUNK_BYTES);
-        let started = tokio::time::Instant::now();
-        let mut reported = started;
-        let mut copied = 0u64;
-        while copied < m.extent_size {
-            let n = (m.extent_size - copied).min(MOVE_COPY_CHUNK_BYTES as u64) as usize;
-            buf.set_len(n);
-            let c = ch.run(&*src, Op::Read { off: m.from_offset + copied }, buf).await;
-            c.result.with_context(|| format!("reading {} at {}", m.from, m.from_offset + copied))?;
-            let c = ch.run(&*dst, Op::Write { off: m.to_offset + copied, fua: false }, c.buf).await;
-            c.result.with_context(|| format!("writing {} at {}", m.to, m.to_offset + copied))?;
-            buf = c.buf;
-            copied += n as u64;
-            if m.max_bps > 0 {
-                // The bandwidth cap: no byte before its time.
-                let due = started + std::time::Duration::from_secs_f64(copied as f64 / m.max_bps as f64);
-                tokio::time::sleep_until(due).await;
-            }
-            if reported.elapsed() >= std::time::Duration::from_millis(nearstore_control::limits::MOVE_REPORT_MS) {
-                self.client.report_move(&m.volume, m.index, "progress", &report(copied)).await.context("reporting progress")?;
-                reported = tokio::time::Instant::now();
-            }
-        }
-        let c = ch.run(&*dst, Op::Flush, nearstore_transport::AlignedBuf::new(0)).await;
-        c.result.with_context(|| format!("flushing {}", m.to))?;
-        self.client.report_move(&m.volume, m.index, "progress", &report(copied)).await.context("reporting progress")?;
-        self.client.publish_move(&m.volume, m.index, &report(copied)).await.context("publishing")
+    fn publish<'a>(&'a self, m: &'a MoveOrder, copied: u64) -> BoxFuture<'a, std::io::Result<()>> {
+        Box::pin(async move {
+            let r = MoveReport { epoch: m.epoch, copied, reason: String::new() };
+            self.client.publish_move(&m.volume, m.index, &r).await.map(drop).map_err(io_error)
+        })
+    }
+
+    fn abort<'a>(&'a self, m: &'a MoveOrder, reason: &'a str) -> BoxFuture<'a, std::io::Result<()>> {
+        Box::pin(async move {
+            let r = MoveReport { epoch: m.epoch, copied: 0, reason: reason.to_string() };
+            self.client.abort_move(&m.volume, m.index, &r).await.map_err(io_error)
+        })
     }
 }
 

@@ -43,6 +43,8 @@ use parking_lot::Mutex;
 use tokio_util::sync::CancellationToken;
 
 use super::{status_error, BlockDevice, Channel, Geometry, Op, Reply};
+
+pub mod mover;
 use crate::backend::Backend;
 use crate::config::IoEngine;
 use crate::io_pool::IoPool;

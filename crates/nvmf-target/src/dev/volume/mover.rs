@@ -1,0 +1,254 @@
+//! A target's mover: the copier's side of an extent's move (docs/control-plane.md, "Moving
+//! an extent"). It blocks the extent where this target serves its volume (the cache entry
+//! goes, new I/O waits), drains the I/O in flight, acknowledges, copies at most `max_bps`,
+//! flushes the destination, publishes, and only then lets the waiting I/O translate again.
+//!
+//! The control plane is behind [`MoveControl`], so the same code runs in the target (over
+//! the HTTP API, `nearstore target --control`) and in the deterministic simulation
+//! (crates/sim, `moves.rs`), where [`MoveBug`] breaks the protocol on purpose to show that
+//! its checker sees it.
+
+use std::collections::{HashMap, HashSet};
+use std::io;
+use std::sync::Arc;
+use std::time::Duration;
+
+use nearstore_transport::AlignedBuf;
+use parking_lot::Mutex;
+
+use super::{BoxFuture, Devices, Hold, Location, Volume};
+use crate::config::IoEngine;
+use crate::dev::{Channel, Op};
+use crate::io_pool::IoPool;
+use crate::limits::{MOVE_COPY_CHUNK_BYTES, MOVE_DRAIN_MS};
+
+/// One move as its copier sees it: the extent, the epoch the move began at, its source and
+/// its reserved destination.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct MoveOrder {
+    pub volume: String,
+    pub index: u64,
+    pub epoch: u64,
+    /// The pools' names, as errors name them (`NAME@TARGET`).
+    pub from_name: String,
+    pub to_name: String,
+    pub from: Location,
+    pub to: Location,
+    pub extent_size: u64,
+    /// Bytes per second at most (0: no cap).
+    pub max_bps: u64,
+    /// Given up by the control plane while its copier was silent: the copier confirms.
+    pub aborted: bool,
+}
+
+/// The copier's words to the control plane.
+pub trait MoveControl: Send + Sync {
+    /// The moves this target copies once the control plane's version passed `since` (a
+    /// long poll, held a while when nothing changed): the new version and the moves.
+    fn moves(&self, since: u64) -> BoxFuture<'_, io::Result<(u64, Vec<MoveOrder>)>>;
+    /// `ack` (nothing reaches the extent any more) or progress: bytes copied so far.
+    fn report<'a>(&'a self, m: &'a MoveOrder, ack: bool, copied: u64) -> BoxFuture<'a, io::Result<()>>;
+    /// The extent at its destination, with the next epoch.
+    fn publish<'a>(&'a self, m: &'a MoveOrder, copied: u64) -> BoxFuture<'a, io::Result<()>>;
+    /// Given up (or confirmed stopped): the destination is free again.
+    fn abort<'a>(&'a self, m: &'a MoveOrder, reason: &'a str) -> BoxFuture<'a, io::Result<()>>;
+}
+
+/// A deliberately broken protocol (the simulation shows its checker catches each).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum MoveBug {
+    /// The extent is not blocked in the volume: its cache entry stays, I/O goes on.
+    NoInvalidation,
+    /// Blocked, but the copy starts without waiting for the I/O in flight.
+    NoDrain,
+    /// The I/O waiting is let go once the copy is done, before the publication.
+    UnblockBeforePublish,
+}
+
+/// A move's blocks of its extent on the volumes served.
+type Holds = Vec<Arc<Hold>>;
+
+/// The volumes this target serves and the moves it runs, shared by its exports and its
+/// mover: a move blocks its extent on the volume served (and on one served while it runs).
+#[derive(Default)]
+pub struct Served {
+    volumes: Mutex<HashMap<String, Arc<Volume>>>,
+    /// Moves under way by (volume, index): the holds of their extent on the volumes served.
+    running: Mutex<HashMap<(String, u64), Holds>>,
+}
+
+impl Served {
+    /// Serves `vol` as `name`, blocking the extents this target is moving.
+    pub fn serve(&self, name: &str, vol: Arc<Volume>) {
+        let mut running = self.running.lock();
+        for ((v, index), holds) in running.iter_mut() {
+            if v == name {
+                holds.extend(vol.block(*index).map(Arc::new));
+            }
+        }
+        self.volumes.lock().insert(name.to_string(), vol);
+    }
+
+    pub fn unserve(&self, name: &str) {
+        let _running = self.running.lock();
+        self.volumes.lock().remove(name);
+    }
+
+    /// A move of extent `index` of `name` begins: blocked on the volume if it is served
+    /// here; its holds, to drain. None: that extent is being moved here already.
+    fn start(&self, name: &str, index: u64, block: bool) -> Option<Vec<Arc<Hold>>> {
+        let mut running = self.running.lock();
+        let key = (name.to_string(), index);
+        if running.contains_key(&key) {
+            return None;
+        }
+        let holds: Vec<Arc<Hold>> = match self.volumes.lock().get(name) {
+            Some(v) if block => vec![Arc::new(v.block(index)?)],
+            _ => Vec::new(),
+        };
+        running.insert(key, holds.clone());
+        Some(holds)
+    }
+
+    /// The move ended (published or given up): the extent's operations go on, translated
+    /// again.
+    fn finish(&self, name: &str, index: u64) {
+        self.running.lock().remove(&(name.to_string(), index));
+    }
+}
+
+/// How a mover paces itself.
+#[derive(Clone, Debug)]
+pub struct MoverConfig {
+    /// The longest a copier stays silent while it copies (nearstore-control's MOVE_REPORT_MS).
+    pub report_every: Duration,
+    /// The longest wait between two failed polls of the control plane.
+    pub retry_max: Duration,
+    pub bug: Option<MoveBug>,
+}
+
+/// A target's mover: runs the moves it copies.
+pub struct Mover {
+    ctl: Arc<dyn MoveControl>,
+    devices: Arc<dyn Devices>,
+    served: Arc<Served>,
+    pool: IoPool,
+    cfg: MoverConfig,
+    /// Moves running here, by (volume, index, epoch).
+    active: Mutex<HashSet<(String, u64, u64)>>,
+}
+
+fn context(what: String) -> impl FnOnce(io::Error) -> io::Error {
+    move |e| io::Error::new(e.kind(), format!("{what}: {e}"))
+}
+
+impl Mover {
+    pub fn new(ctl: Arc<dyn MoveControl>, devices: Arc<dyn Devices>, served: Arc<Served>, pool: IoPool, cfg: MoverConfig) -> Mover {
+        Mover { ctl, devices, served, pool, cfg, active: Mutex::default() }
+    }
+
+    /// Runs forever: long-polls this target's moves and starts each new one as a task.
+    pub async fn run(self: Arc<Self>) {
+        let retry_min = Duration::from_millis(100);
+        let (mut since, mut wait) = (0, retry_min);
+        loop {
+            let list = match self.ctl.moves(since).await {
+                Ok(l) => l,
+                Err(e) => {
+                    tracing::warn!(error = %e, "cannot list this target's moves; retrying");
+                    tokio::time::sleep(wait).await;
+                    wait = (wait * 2).min(self.cfg.retry_max);
+                    continue;
+                }
+            };
+            (since, wait) = (list.0, retry_min);
+            for m in list.1 {
+                let key = (m.volume.clone(), m.index, m.epoch);
+                if self.active.lock().contains(&key) {
+                    continue;
+                }
+                if m.aborted {
+                    // Given up while this target was silent: it stopped (it runs nothing of
+                    // it), so the destination may be freed.
+                    if let Err(e) = self.ctl.abort(&m, "its copier stopped").await {
+                        tracing::warn!(volume = %m.volume, extent = m.index, error = %e, "cannot confirm an aborted move");
+                    }
+                    continue;
+                }
+                self.active.lock().insert(key.clone());
+                let me = self.clone();
+                tokio::spawn(async move {
+                    me.run_move(&m).await;
+                    me.active.lock().remove(&key);
+                });
+            }
+        }
+    }
+
+    /// One move, from its block to its end: published, or aborted with the extent where it
+    /// was.
+    pub async fn run_move(&self, m: &MoveOrder) {
+        let block = self.cfg.bug != Some(MoveBug::NoInvalidation);
+        let Some(holds) = self.served.start(&m.volume, m.index, block) else { return };
+        let r = self.copy(m, holds).await;
+        let end = match &r {
+            Ok(()) => Ok(()),
+            Err(e) => self.ctl.abort(m, &e.to_string()).await,
+        };
+        // Only now may the extent's operations go on: they translate again, to the new
+        // place once published.
+        self.served.finish(&m.volume, m.index);
+        match (r, end) {
+            (Ok(()), _) => tracing::info!(volume = %m.volume, extent = m.index, to = %m.to_name, "extent moved"),
+            (Err(e), Ok(())) => tracing::warn!(volume = %m.volume, extent = m.index, error = %e, "move aborted"),
+            (Err(e), Err(a)) => {
+                tracing::warn!(volume = %m.volume, extent = m.index, error = %e, abort = %a, "move failed; abort not confirmed")
+            }
+        }
+    }
+
+    /// Drains, acknowledges, copies, flushes and publishes one move; `holds` are the
+    /// extent's blocks on the volumes served here.
+    async fn copy(&self, m: &MoveOrder, holds: Vec<Arc<Hold>>) -> io::Result<()> {
+        if self.cfg.bug != Some(MoveBug::NoDrain) {
+            for h in &holds {
+                h.drained(Duration::from_millis(MOVE_DRAIN_MS)).await.map_err(context("draining the extent's operations".into()))?;
+            }
+        }
+        self.ctl.report(m, true, 0).await.map_err(context("acknowledging".into()))?;
+        let src = self.devices.open(&m.from).await.map_err(context(format!("opening the source pool {}", m.from_name)))?;
+        let dst = self.devices.open(&m.to).await.map_err(context(format!("opening the destination pool {}", m.to_name)))?;
+        let mut ch = Channel::new(IoEngine::Threads, self.pool.clone());
+        let mut buf = AlignedBuf::new(MOVE_COPY_CHUNK_BYTES);
+        let started = tokio::time::Instant::now();
+        let mut reported = started;
+        let mut copied = 0u64;
+        while copied < m.extent_size {
+            let n = (m.extent_size - copied).min(MOVE_COPY_CHUNK_BYTES as u64) as usize;
+            buf.set_len(n);
+            let (from, to) = (m.from.offset + copied, m.to.offset + copied);
+            let c = ch.run(&*src, Op::Read { off: from }, buf).await;
+            c.result.map_err(context(format!("reading {} at {from}", m.from_name)))?;
+            let c = ch.run(&*dst, Op::Write { off: to, fua: false }, c.buf).await;
+            c.result.map_err(context(format!("writing {} at {to}", m.to_name)))?;
+            buf = c.buf;
+            copied += n as u64;
+            if m.max_bps > 0 {
+                // The bandwidth cap: no byte before its time.
+                tokio::time::sleep_until(started + Duration::from_secs_f64(copied as f64 / m.max_bps as f64)).await;
+            }
+            if reported.elapsed() >= self.cfg.report_every {
+                self.ctl.report(m, false, copied).await.map_err(context("reporting progress".into()))?;
+                reported = tokio::time::Instant::now();
+            }
+        }
+        let c = ch.run(&*dst, Op::Flush, AlignedBuf::new(0)).await;
+        c.result.map_err(context(format!("flushing {}", m.to_name)))?;
+        self.ctl.report(m, false, copied).await.map_err(context("reporting progress".into()))?;
+        if self.cfg.bug == Some(MoveBug::UnblockBeforePublish) {
+            drop(holds);
+            self.served.finish(&m.volume, m.index);
+        }
+        self.ctl.publish(m, copied).await.map_err(context("publishing".into()))
+    }
+}
