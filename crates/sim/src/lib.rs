@@ -15,6 +15,7 @@ mod host;
 pub mod latency;
 pub mod microtx;
 pub mod model;
+pub mod moves;
 pub mod net;
 pub mod trace;
 

@@ -17,6 +17,12 @@ enum Bug {
     DuplicateCompletion,
     /// One completion in 50 is never sent.
     DropCompletion,
+    /// With --moves: the copier does not block the extent in the volume's cache.
+    NoInvalidation,
+    /// With --moves: the copier copies without waiting for the I/O in flight.
+    NoDrain,
+    /// With --moves: the copier lets the waiting I/O go before it publishes.
+    UnblockBeforePublish,
 }
 
 /// Runs the deterministic simulation of the target over many seeds.
@@ -43,21 +49,103 @@ struct Args {
     /// Goes on after a failing seed.
     #[arg(long)]
     keep_going: bool,
+    /// Runs the simulation of extents moved under I/O and faults instead (--ops is then
+    /// per client).
+    #[arg(long)]
+    moves: bool,
+}
+
+/// `--moves`: the move simulation over the seeds asked.
+fn moves(args: &Args, seeds: std::ops::Range<u64>) -> ExitCode {
+    use nearstore_sim::moves;
+    use nearstore_target::dev::volume::mover::MoveBug;
+    let bug = match args.bug {
+        Some(Bug::NoInvalidation) => Some(MoveBug::NoInvalidation),
+        Some(Bug::NoDrain) => Some(MoveBug::NoDrain),
+        Some(Bug::UnblockBeforePublish) => Some(MoveBug::UnblockBeforePublish),
+        Some(b) => {
+            eprintln!("--bug {b:?} breaks the target, not a move: run it without --moves");
+            return ExitCode::FAILURE;
+        }
+        None => None,
+    };
+    let ops = if args.ops == Options::default().ops { moves::Options::default().ops } else { args.ops };
+    let opts = moves::Options { ops, bug, keep_trace: args.trace };
+    let started = Instant::now();
+    let (mut passed, mut failed, mut all) = (0u64, Vec::new(), moves::Stats::default());
+    for seed in seeds {
+        match moves::run(seed, &opts) {
+            Ok(s) => {
+                s.trace.iter().for_each(|l| println!("{l}"));
+                if args.seed.is_some() {
+                    println!("seed {seed}: passed, trace hash {:016x} over {} events", s.trace_hash, s.events);
+                }
+                passed += 1;
+                (all.reads, all.writes, all.failed) = (all.reads + s.reads, all.writes + s.writes, all.failed + s.failed);
+                (all.moves_begun, all.published, all.expired) =
+                    (all.moves_begun + s.moves_begun, all.published + s.published, all.expired + s.expired);
+                (all.crashes, all.crashes_mid_move) = (all.crashes + s.crashes, all.crashes_mid_move + s.crashes_mid_move);
+                (all.cuts, all.outages, all.lost_calls) = (all.cuts + s.cuts, all.outages + s.outages, all.lost_calls + s.lost_calls);
+                all.simulated += s.simulated;
+            }
+            Err(f) => {
+                f.trace.iter().for_each(|l| println!("{l}"));
+                eprintln!("{f}");
+                failed.push(seed);
+                if !args.keep_going {
+                    break;
+                }
+            }
+        }
+        if (passed + failed.len() as u64).is_multiple_of(1000) {
+            eprintln!("{} seeds, {} failed, {:.0?}", passed + failed.len() as u64, failed.len(), started.elapsed());
+        }
+    }
+    println!(
+        "{passed} seeds passed, {} failed {failed:?}; {} reads and {} writes checked, {} failed; {} moves begun, {} published, \
+         {} expired; {} crashes ({} mid-move), {} cuts, {} pool outages, {} calls lost; {:.1?} simulated in {:.1?}",
+        failed.len(),
+        all.reads,
+        all.writes,
+        all.failed,
+        all.moves_begun,
+        all.published,
+        all.expired,
+        all.crashes,
+        all.crashes_mid_move,
+        all.cuts,
+        all.outages,
+        all.lost_calls,
+        all.simulated,
+        started.elapsed()
+    );
+    if failed.is_empty() {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    }
 }
 
 fn main() -> ExitCode {
     let args = Args::parse();
+    let seeds = match args.seed {
+        Some(s) => s..s + 1,
+        None => args.from..args.from + args.seeds,
+    };
+    if args.moves {
+        return moves(&args, seeds);
+    }
     let mut opts = Options { ops: args.ops, keep_trace: args.trace, ..Options::default() };
     match args.bug {
         Some(Bug::FlushIgnored) => opts.disk_bug = Some(DiskBug::FlushIgnored),
         Some(Bug::DuplicateCompletion) => opts.reply_bug = Some(ReplyBug::DuplicateCompletion(50)),
         Some(Bug::DropCompletion) => opts.reply_bug = Some(ReplyBug::DropCompletion(50)),
+        Some(b) => {
+            eprintln!("--bug {b:?} breaks a move: run it with --moves");
+            return ExitCode::FAILURE;
+        }
         None => {}
     }
-    let seeds = match args.seed {
-        Some(s) => s..s + 1,
-        None => args.from..args.from + args.seeds,
-    };
     let started = Instant::now();
     let (mut passed, mut failed) = (0u64, Vec::new());
     let (mut completed, mut lost, mut faults, mut cuts, mut crashes) = (0, 0, 0, 0, 0);
