@@ -15,6 +15,7 @@
 pub mod device;
 pub mod dsort;
 pub mod fiemap;
+pub mod fused;
 pub mod mount;
 pub mod object;
 pub mod orchestrator;

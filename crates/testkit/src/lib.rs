@@ -118,6 +118,49 @@ pub fn without_help(mut cmd: clap::Command, name: &str) -> Vec<String> {
     missing
 }
 
+/// The records of a LevelDB log (`db/log_format.md`), read from the format's description
+/// apart from the code that writes it: 32 KiB blocks of records (crc u32: masked crc32c of
+/// the type byte and the data; length u16; type), FULL, or FIRST, MIDDLE.., LAST; a block's
+/// tail shorter than a header, and a zero header (a preallocated region), end the block.
+/// An error names the block and byte of the first record that fails.
+pub fn leveldb_log_records(log: &[u8]) -> Result<Vec<Vec<u8>>, String> {
+    let unmask = |m: u32| m.wrapping_sub(0xa282_ead8).rotate_left(15);
+    let (mut records, mut partial): (Vec<Vec<u8>>, Option<Vec<u8>>) = (Vec::new(), None);
+    for (b, block) in log.chunks(32768).enumerate() {
+        let mut p = 0;
+        while p + 7 <= block.len() {
+            let crc = u32::from_le_bytes([block[p], block[p + 1], block[p + 2], block[p + 3]]);
+            let len = u16::from_le_bytes([block[p + 4], block[p + 5]]) as usize;
+            let kind = block[p + 6];
+            if kind == 0 && len == 0 {
+                break;
+            }
+            let data = block.get(p + 7..p + 7 + len).ok_or(format!("block {b} byte {p}: record past its block"))?;
+            if unmask(crc) != crc32c::crc32c_append(crc32c::crc32c(&[kind]), data) {
+                return Err(format!("block {b} byte {p}: checksum"));
+            }
+            partial = match (kind, partial.take()) {
+                (1, None) => {
+                    records.push(data.to_vec());
+                    None
+                }
+                (2, None) => Some(data.to_vec()),
+                (3, Some(r)) => Some([r, data.to_vec()].concat()),
+                (4, Some(r)) => {
+                    records.push([r, data.to_vec()].concat());
+                    None
+                }
+                (k, _) => return Err(format!("block {b} byte {p}: record type {k} out of place")),
+            };
+            p += 7 + len;
+        }
+    }
+    match partial {
+        None => Ok(records),
+        Some(_) => Err("the log ends inside a record".into()),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use clap::{Arg, Command};

@@ -1,0 +1,315 @@
+//! The fused write operations from the host (docs/compute-protocol.md, "Fused write
+//! operations"; docs/compute.md, "Fused writes"): a file mapped to its namespace's extents,
+//! each operation one FUSED WRITE (or READ CHECKSUM) on our own NVMe/TCP connection, and
+//! [`LogWriter`], shaped like LevelDB's `log::Writer`, appending each record with
+//! append-crc-write.
+//!
+//! Growing a file: an fallocated extent is unwritten, and the file system reads it as
+//! zeros whatever the target writes into it (no system call marks it written without
+//! writing it), so the host preallocates by writing zeros (through the page cache,
+//! synced), maps the file, sends the operation, and only after its completion sets the
+//! file's size to the log's end (dropping its cached pages first, as an output's). A crash
+//! between the two leaves the file longer than its log by zeros, or by the whole record
+//! when the target committed it: LevelDB's reader takes zeros after the last record as the
+//! end of the log (the type-0 records of preallocated regions), and [`log_end`] finds the
+//! end the next append starts from; the zeros are space to reclaim. Nothing is torn: the
+//! record is whole or absent (its transaction).
+
+use std::fs::{File, OpenOptions};
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use nearstore_wire::fused::{self, op, Fused, LOG_BLOCK_BYTES, LOG_HEADER_BYTES};
+
+use crate::object::{self, FileObject, Mapped};
+use crate::{causes, ep_name, finish_output, Host, HostError};
+
+/// Bytes a [`LogWriter`] preallocates at a time: one zero fill and one mapping (fsync,
+/// FIEMAP) serve the appends of a MiB of log.
+pub const LOG_PREALLOC_BYTES: u64 = 1 << 20;
+
+/// Bytes one READ CHECKSUM reads: half a transfer (MDTS, 128 KiB), whole blocks of any
+/// block size.
+const READ_PIECE_BYTES: u64 = 64 << 10;
+
+/// What an append did.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Appended {
+    /// Its transaction id, for OUTCOME when the completion was lost.
+    pub txid: u64,
+    /// crc32c of the framed bytes written (computed by the target).
+    pub crc: u32,
+    /// Bytes written: the record framed (headers, a block's zero-filled tail).
+    pub count: u32,
+    /// The log's length after it.
+    pub len: u64,
+}
+
+/// A transaction id no other call of this process, nor of another process at another
+/// time, is likely to reuse: the clock and the process id, then a counter.
+fn next_txid() -> u64 {
+    static NEXT: AtomicU64 = AtomicU64::new(0);
+    let _ = NEXT.compare_exchange(0, seed(), Ordering::SeqCst, Ordering::SeqCst);
+    NEXT.fetch_add(1, Ordering::SeqCst).max(1)
+}
+
+fn seed() -> u64 {
+    let t = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(1, |d| d.as_nanos() as u64);
+    (t ^ (std::process::id() as u64).rotate_left(40)) | 1
+}
+
+fn ioe(path: &Path) -> impl FnOnce(std::io::Error) -> HostError + '_ {
+    move |source| HostError::Io { path: path.into(), source }
+}
+
+/// Where a LevelDB log in `path` ends: after its last record, before zeros a crash left
+/// after it (a preallocation whose size was not set back). Every 32 KiB block starts with
+/// a record header, so the last block's headers are walked from its start; a block that
+/// starts with a zero header is not part of the log.
+pub fn log_end(path: &Path) -> Result<u64, HostError> {
+    let f = File::open(path).map_err(ioe(path))?;
+    let size = f.metadata().map_err(ioe(path))?.len();
+    let mut start = size / LOG_BLOCK_BYTES as u64 * LOG_BLOCK_BYTES as u64;
+    let mut block = vec![0u8; LOG_BLOCK_BYTES];
+    loop {
+        let n = (size - start).min(LOG_BLOCK_BYTES as u64) as usize;
+        f.read_exact_at(&mut block[..n], start).map_err(ioe(path))?;
+        let mut p = 0;
+        while p + LOG_HEADER_BYTES <= n {
+            let len = u16::from_le_bytes([block[p + 4], block[p + 5]]) as usize;
+            if block[p + 6] == fused::record::ZERO && len == 0 {
+                break;
+            }
+            p = (p + LOG_HEADER_BYTES + len).min(n);
+        }
+        if p > 0 || start == 0 {
+            // A tail shorter than a header is the block's zero-filled trailer: the log
+            // goes on in the next block.
+            let end = if n - p < LOG_HEADER_BYTES && n == LOG_BLOCK_BYTES { n } else { p };
+            return Ok(start + end as u64);
+        }
+        start -= LOG_BLOCK_BYTES as u64;
+    }
+}
+
+/// Zero-fills `path` from its size to `to` (rounded up to 4 KiB), synced: allocated,
+/// written blocks a target may write into and the file system reads back.
+fn preallocate(path: &Path, to: u64) -> Result<(), HostError> {
+    let f = OpenOptions::new().write(true).open(path).map_err(ioe(path))?;
+    let size = f.metadata().map_err(ioe(path))?.len();
+    let to = to.div_ceil(4096) * 4096;
+    if size >= to {
+        return Ok(());
+    }
+    let zeros = vec![0u8; 64 << 10];
+    let mut at = size;
+    while at < to {
+        let n = (to - at).min(zeros.len() as u64) as usize;
+        f.write_all_at(&zeros[..n], at).map_err(ioe(path))?;
+        at += n as u64;
+    }
+    f.sync_all().map_err(ioe(path))
+}
+
+/// The namespace pieces (byte offset, length) of object bytes [from, to).
+fn pieces(fo: &FileObject, mut from: u64, to: u64) -> Result<Vec<(u64, u64)>, HostError> {
+    let mut out = Vec::new();
+    let mut at = 0u64;
+    for e in &fo.object.extents {
+        if from < at + e.len && from < to {
+            if e.is_zeros() || e.is_remote() {
+                return Err(HostError::Invalid(format!("{}: bytes {from}..{to} are not allocated, written blocks", fo.path.display())));
+            }
+            let n = (at + e.len).min(to) - from;
+            out.push((nearstore_wire::compute::global::offset(e.offset) + (from - at), n));
+            from += n;
+        }
+        at += e.len;
+    }
+    if from < to {
+        return Err(HostError::Invalid(format!("{}: bytes {from}..{to} lie past its extents", fo.path.display())));
+    }
+    if out.len() > fused::EXTENTS_MAX {
+        return Err(HostError::Invalid(format!(
+            "{}: {} extents for one operation, at most {}",
+            fo.path.display(),
+            out.len(),
+            fused::EXTENTS_MAX
+        )));
+    }
+    Ok(out)
+}
+
+impl Host {
+    /// Maps `path` and connects to its namespace: our own connection, which the fused
+    /// commands take (not the kernel's passthrough).
+    async fn fused_object(&mut self, path: &Path) -> Result<(FileObject, u64), HostError> {
+        match object::map_file(path, &self.devices)? {
+            Mapped::Offload(fo) => {
+                let ep = fo.location.endpoint.clone();
+                self.connect(&ep).await?;
+                let block = self.conns[&ep].block;
+                Ok((fo, block))
+            }
+            Mapped::Local { path, reason } => Err(HostError::NotOffloaded(causes([(path.as_path(), reason.as_str())]))),
+        }
+    }
+
+    /// One FUSED WRITE of `data` at object byte `offset` of the mapped file, `n` bytes
+    /// written. Returns DW0 and DW1.
+    async fn fused(&mut self, fo: &FileObject, block: u64, f: Fused, n: u64, data: &[u8]) -> Result<(u32, u32), HostError> {
+        let from = f.offset / block * block;
+        let to = (f.offset + n).div_ceil(block) * block;
+        let f = Fused { extents: pieces(fo, from, to)?, ..f };
+        let ep = fo.location.endpoint.clone();
+        let conn = self.conns.get_mut(&ep).expect("connected by fused_object");
+        let r = conn.queues[0].fused_write(ep.nsid, &f.encode(data)).await;
+        r.map_err(|source| HostError::Target { endpoint: ep_name(&ep), source })
+    }
+
+    /// Appends `data` as one LevelDB log record to the log in `path` at its end
+    /// ([`log_end`]): preallocated, appended by the target (framed, checksummed,
+    /// journaled), then the file's size set to the log's new end.
+    pub async fn append_crc_write(&mut self, path: &Path, data: &[u8]) -> Result<Appended, HostError> {
+        let len = log_end(path)?;
+        let need = fused::framed_len((len % LOG_BLOCK_BYTES as u64) as u32, data.len()) as u64;
+        preallocate(path, len + need)?;
+        let (fo, block) = self.fused_object(path).await?;
+        let a = self.append_mapped(&fo, block, len, data).await?;
+        finish_output(path, a.len)?;
+        Ok(a)
+    }
+
+    async fn append_mapped(&mut self, fo: &FileObject, block: u64, len: u64, data: &[u8]) -> Result<Appended, HostError> {
+        let block_offset = (len % LOG_BLOCK_BYTES as u64) as u32;
+        let need = fused::framed_len(block_offset, data.len()) as u64;
+        let txid = next_txid();
+        let f = Fused { op: op::APPEND_CRC_WRITE, txid, offset: len, block_offset, extents: Vec::new() };
+        let (crc, count) = self.fused(fo, block, f, need, data).await?;
+        if count as u64 != need {
+            return Err(HostError::Invalid(format!("the target appended {count} bytes, the record takes {need}")));
+        }
+        Ok(Appended { txid, crc, count, len: len + need })
+    }
+
+    /// Writes `data` at byte `offset` inside the file (not past its end) with
+    /// write-checksum; returns the crc32c of the bytes the target wrote.
+    pub async fn write_checksum(&mut self, path: &Path, offset: u64, data: &[u8]) -> Result<u32, HostError> {
+        let (fo, block) = self.fused_object(path).await?;
+        if offset.checked_add(data.len() as u64).is_none_or(|end| end > fo.object.len) || data.is_empty() {
+            return Err(HostError::Invalid(format!(
+                "{}: {} bytes at {offset} are not inside its {} bytes",
+                path.display(),
+                data.len(),
+                fo.object.len
+            )));
+        }
+        let f = Fused { op: op::WRITE_CHECKSUM, txid: next_txid(), offset, block_offset: 0, extents: Vec::new() };
+        let (crc, _) = self.fused(&fo, block, f, data.len() as u64, data).await?;
+        // Cached pages of it are stale now.
+        finish_output(path, fo.object.len)?;
+        Ok(crc)
+    }
+
+    /// Reads `len` bytes at `offset` of the file with READ CHECKSUM: the bytes and the
+    /// crc32c of them the target computed (one command per extent piece, the checksums
+    /// combined).
+    pub async fn read_checksum(&mut self, path: &Path, offset: u64, len: u64) -> Result<(Vec<u8>, u32), HostError> {
+        let (fo, block) = self.fused_object(path).await?;
+        if offset.checked_add(len).is_none_or(|end| end > fo.object.len) {
+            return Err(HostError::Invalid(format!(
+                "{}: {len} bytes at {offset} are not inside its {} bytes",
+                path.display(),
+                fo.object.len
+            )));
+        }
+        let ep = fo.location.endpoint.clone();
+        let (from, to) = (offset / block * block, (offset + len).div_ceil(block) * block);
+        let (mut out, mut crc) = (Vec::with_capacity(len as usize), 0u32);
+        let mut at = from;
+        for (off, n) in pieces(&fo, from, to)? {
+            let mut k = 0;
+            while k < n {
+                let m = (n - k).min(READ_PIECE_BYTES);
+                // The part of these blocks inside [offset, offset + len).
+                let lo = offset.max(at + k) - (at + k);
+                let hi = (offset + len).min(at + k + m) - (at + k);
+                let conn = self.conns.get_mut(&ep).expect("connected by fused_object");
+                let (d, c) = conn.queues[0]
+                    .read_checksum(ep.nsid, (off + k) / block, (m / block) as u32, block as u32, lo as u32..hi as u32)
+                    .await
+                    .map_err(|source| HostError::Target { endpoint: ep_name(&ep), source })?;
+                out.extend_from_slice(&d[lo as usize..hi as usize]);
+                crc = crc32c::crc32c_combine(crc, c, (hi - lo) as usize);
+                k += m;
+            }
+            at += n;
+        }
+        Ok((out, crc))
+    }
+
+    /// What became of transaction `txid` on the namespace holding `path`:
+    /// `nearstore_wire::fused::state` and its result.
+    pub async fn outcome(&mut self, path: &Path, txid: u64) -> Result<(u32, [u8; fused::RESULT_BYTES]), HostError> {
+        let (fo, _) = self.fused_object(path).await?;
+        let ep = fo.location.endpoint.clone();
+        let conn = self.conns.get_mut(&ep).expect("connected by fused_object");
+        conn.queues[0].outcome(ep.nsid, txid).await.map_err(|source| HostError::Target { endpoint: ep_name(&ep), source })
+    }
+}
+
+/// A LevelDB log writer (`log::Writer`: records in 32 KiB blocks, FULL or FIRST, MIDDLE..,
+/// LAST fragments, masked crc32c) whose records the target frames and checksums:
+/// one append-crc-write each. The file is preallocated LOG_PREALLOC_BYTES at a time and
+/// mapped once per preallocation; [`LogWriter::finish`] sets its size to the log's end.
+pub struct LogWriter<'h> {
+    host: &'h mut Host,
+    path: PathBuf,
+    len: u64,
+    mapped: Option<(FileObject, u64)>,
+}
+
+impl<'h> LogWriter<'h> {
+    /// A new, empty log in `path` (created or truncated).
+    pub fn create(host: &'h mut Host, path: &Path) -> Result<LogWriter<'h>, HostError> {
+        File::create(path).map_err(ioe(path))?;
+        Ok(LogWriter { host, path: path.into(), len: 0, mapped: None })
+    }
+
+    /// Appends to the log in `path` from its end ([`log_end`]), as LevelDB's writer does
+    /// given the file's length.
+    pub fn open(host: &'h mut Host, path: &Path) -> Result<LogWriter<'h>, HostError> {
+        let len = log_end(path)?;
+        Ok(LogWriter { host, path: path.into(), len, mapped: None })
+    }
+
+    /// The log's length so far.
+    pub fn len(&self) -> u64 {
+        self.len
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// `AddRecord`: appends `data` as one logical record.
+    pub async fn add_record(&mut self, data: &[u8]) -> Result<Appended, HostError> {
+        let need = fused::framed_len((self.len % LOG_BLOCK_BYTES as u64) as u32, data.len()) as u64;
+        if self.mapped.as_ref().is_none_or(|(fo, _)| fo.object.len < self.len + need) {
+            preallocate(&self.path, (self.len + need).div_ceil(LOG_PREALLOC_BYTES) * LOG_PREALLOC_BYTES)?;
+            self.mapped = Some(self.host.fused_object(&self.path).await?);
+        }
+        let (fo, block) = self.mapped.as_ref().expect("mapped above");
+        let a = self.host.append_mapped(fo, *block, self.len, data).await?;
+        self.len = a.len;
+        Ok(a)
+    }
+
+    /// Sets the file's size to the log's end (the preallocated zeros after it go) and
+    /// drops its stale cached pages; returns the length.
+    pub fn finish(self) -> Result<u64, HostError> {
+        finish_output(&self.path, self.len)?;
+        Ok(self.len)
+    }
+}
