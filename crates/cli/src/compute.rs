@@ -68,7 +68,7 @@ impl Common {
         }
     }
 
-    fn host(&self) -> Result<Host> {
+    pub(crate) fn host(&self) -> Result<Host> {
         let mut devices = DeviceMap::default();
         if let Some(p) = &self.map {
             let text = std::fs::read_to_string(p).with_context(|| format!("--map {}", p.display()))?;

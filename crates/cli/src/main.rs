@@ -2,6 +2,7 @@
 
 mod compute;
 mod control;
+mod fused;
 mod mount;
 mod perf;
 mod resv;
@@ -326,6 +327,13 @@ enum Cmd {
     },
     /// Checksum files where they lie (crc32c, sha256, blake3, ...), like sha256sum.
     Checksum(compute::ChecksumArgs),
+    /// Append LevelDB log records to a file, framed and checksummed on its target
+    /// (one journaled fused write each); prints each one's crc32c and the new length.
+    AppendCrcWrite(fused::AppendArgs),
+    /// Write bytes into a file on its target and print the crc32c of exactly them.
+    WriteChecksum(fused::WriteChecksumArgs),
+    /// Read a file's bytes from its target with the crc32c the target computed of them.
+    ReadChecksum(fused::ReadChecksumArgs),
     /// Count lines matching a regular expression (grep -c), matches, or literal hits.
     Grep(compute::GrepArgs),
     /// Count bytes, lines and words (wc).
@@ -575,6 +583,9 @@ fn run(cli: Cli) -> Result<()> {
         Cmd::Read { b, data_size, data } => runtime(Some(1))?.block_on(tools::read(&b.t, b.nsid, b.start_block, data_size, &data)),
         Cmd::Write { b, data, fua } => runtime(Some(1))?.block_on(tools::write(&b.t, b.nsid, b.start_block, &data, fua)),
         Cmd::Checksum(a) => compute::checksum(a),
+        Cmd::AppendCrcWrite(a) => fused::append(a),
+        Cmd::WriteChecksum(a) => fused::write_checksum(a),
+        Cmd::ReadChecksum(a) => fused::read_checksum(a),
         Cmd::Grep(a) => compute::grep(a),
         Cmd::Wc(a) => compute::wc(a),
         Cmd::Select(a) => compute::select(a),

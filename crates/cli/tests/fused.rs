@@ -1,0 +1,210 @@
+//! The fused write operations with real target processes: the CLI verbs on a file of ext4
+//! on a loop device whose image a target exports with a MicroTx journal (needs root, loop
+//! devices and mkfs.ext4, and says which is missing); and targets SIGKILLed at random
+//! points during append-crc-writes, restarted: every acknowledged append is whole, none is
+//! torn, and OUTCOME answers for the one in flight.
+
+mod common;
+
+use std::net::{SocketAddr, TcpListener};
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use common::{ok, Fs};
+use nearstore_initiator::{ConnectOptions, Controller, IoQueue};
+use nearstore_testkit::leveldb_log_records;
+use nearstore_wire::fused::{self, op, state, Fused};
+
+const NQN: &str = "nqn.2026-11.io.nearstore:fusedcli";
+
+struct Target(Child);
+
+impl Drop for Target {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// Starts `nearstore target --config` with a journaled namespace on `disk` on a free port,
+/// the configuration written to `config`. A port counts only when the target says it
+/// listens there (another test may take it between the probe and the bind).
+fn start(disk: &Path, size: &str, config: &Path) -> (Target, SocketAddr) {
+    use std::io::BufRead;
+    for _ in 0..5 {
+        let addr = TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap();
+        let size = if size.is_empty() { String::new() } else { format!("size = \"{size}\"\n") };
+        std::fs::write(
+            config,
+            format!(
+                "[[listener]]\naddress = \"{addr}\"\n[[subsystem]]\nnqn = \"{NQN}\"\nallow_any_host = true\n[[subsystem.namespace]]\nnsid = 1\npath = \"{}\"\n{size}block_size = 4096\nmicrotx = true\n",
+                disk.display()
+            ),
+        )
+        .unwrap();
+        let mut child = Command::new(env!("CARGO_BIN_EXE_nearstore"))
+            .args(["target", "--discovery", "none", "--config"])
+            .arg(config)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("starting the target binary");
+        let out = child.stdout.take().expect("piped stdout");
+        let t = Target(child);
+        let (tx, rx) = std::sync::mpsc::channel();
+        let want = format!("listening on {addr}");
+        std::thread::spawn(move || {
+            let mut lines = std::io::BufReader::new(out).lines();
+            let listening = lines.by_ref().map_while(Result::ok).any(|l| l.contains(&want));
+            let _ = tx.send(listening);
+            lines.for_each(drop);
+        });
+        match rx.recv_timeout(Duration::from_secs(30)) {
+            Ok(true) => return (t, addr),
+            Ok(false) => continue,
+            Err(_) => panic!("target did not listen on {addr} within 30 s"),
+        }
+    }
+    panic!("the target could not listen on any of 5 free ports");
+}
+
+fn p(path: &Path) -> &str {
+    path.to_str().unwrap()
+}
+
+/// append-crc-write, write-checksum and read-checksum as a user runs them: the log reads
+/// back with LevelDB's format, the printed checksums are those of the bytes in the file.
+#[test]
+fn the_verbs_append_records_and_print_their_checksums() {
+    let fs = Fs::new(64);
+    let config = fs.dir.path().join("target.toml");
+    let (_t, _) = start(&fs.image, "", &config);
+    let (cfg, log) = (p(&config).to_string(), fs.mnt.join("000005.log"));
+    std::fs::File::create(&log).unwrap();
+    let input = fs.dir.path().join("input");
+    std::fs::write(&input, b"first record").unwrap();
+    let out = ok(&["append-crc-write", "--target-config", &cfg, p(&log), "--input", p(&input)]);
+    let bytes = std::fs::read(&log).unwrap();
+    assert_eq!(out.trim(), format!("crc32c {:08x}  bytes {}  length {}", crc32c::crc32c(&bytes), bytes.len(), bytes.len()));
+    // --lines, as JSON: a record per line.
+    std::fs::write(&input, b"two\nthree\n").unwrap();
+    let out = ok(&["append-crc-write", "--target-config", &cfg, p(&log), "--input", p(&input), "--lines", "-o", "json"]);
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    let bytes = std::fs::read(&log).unwrap();
+    assert_eq!(v.as_array().map(Vec::len), Some(2), "{out}");
+    assert_eq!(v[1]["length"], bytes.len() as u64, "{out}");
+    let start = bytes.len() - v[1]["bytes"].as_u64().unwrap() as usize;
+    assert_eq!(v[1]["crc32c"], format!("{:08x}", crc32c::crc32c(&bytes[start..])), "{out}");
+    assert_eq!(leveldb_log_records(&bytes), Ok(vec![b"first record".to_vec(), b"two".to_vec(), b"three".to_vec()]));
+
+    let data = fs.mnt.join("data");
+    std::fs::write(&data, vec![7u8; 20_000]).unwrap();
+    std::fs::write(&input, b"0123456789").unwrap();
+    let out = ok(&["write-checksum", "--target-config", &cfg, p(&data), "--offset", "4090", "--input", p(&input)]);
+    assert_eq!(out.trim(), format!("crc32c {:08x}  offset 4090  bytes 10", crc32c::crc32c(b"0123456789")));
+    let back = fs.dir.path().join("back");
+    let out = ok(&["read-checksum", "--target-config", &cfg, p(&data), "--offset", "4000", "--length", "200", "--output", p(&back)]);
+    let want = std::fs::read(&data).unwrap()[4000..4200].to_vec();
+    assert_eq!(&want[90..100], b"0123456789");
+    assert_eq!(std::fs::read(&back).unwrap(), want);
+    assert_eq!(out.trim(), format!("crc32c {:08x}  offset 4000  bytes 200", crc32c::crc32c(&want)));
+}
+
+/// A record of `i`: sizes of db_bench's values, across blocks too.
+fn record(i: u64) -> Vec<u8> {
+    let len = [100usize, 4096, 0, 9000, 40_000, 7][(i % 6) as usize];
+    (0..len).map(|k| (k as u64 * 31 + i * 7) as u8).collect()
+}
+
+/// Appends `data` at `len` of a log laid out from namespace byte 0 (one extent).
+async fn append(q: &mut IoQueue, txid: u64, len: u64, data: &[u8]) -> Result<(u32, u32), nearstore_initiator::Error> {
+    let block_offset = (len % fused::LOG_BLOCK_BYTES as u64) as u32;
+    let need = fused::framed_len(block_offset, data.len()) as u64;
+    let (from, to) = (len / 4096 * 4096, (len + need).div_ceil(4096) * 4096);
+    q.fused_write(1, &Fused { op: op::APPEND_CRC_WRITE, txid, offset: len, block_offset, extents: vec![(from, to - from)] }.encode(data))
+        .await
+}
+
+async fn read_log(q: &mut IoQueue, len: u64) -> Vec<u8> {
+    let mut out = Vec::new();
+    let mut at = 0;
+    while at < len.div_ceil(4096) * 4096 {
+        out.extend(q.read(1, at / 4096, 16, 4096).await.unwrap());
+        at += 16 * 4096;
+    }
+    out.truncate(len as usize);
+    out
+}
+
+/// 50 rounds: a target appends records (one fused write each, QD 1) until it is SIGKILLed
+/// after a random delay; restarted, it replays its journal. Every acknowledged record is
+/// in the log, whole; the one in flight is committed (then whole, at the end) or rolled
+/// back or unknown (then nothing of it: zeros after the log), as OUTCOME says; the log
+/// reads back as LevelDB's, record by record.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn killed_targets_leave_every_acknowledged_append_whole() {
+    let dir = tempfile::tempdir().unwrap();
+    let (disk, config) = (dir.path().join("disk.img"), dir.path().join("target.toml"));
+    let mut rng = 0x2545_f491_4f6c_dd1du64;
+    let mut next = move || {
+        rng ^= rng << 13;
+        rng ^= rng >> 7;
+        rng ^= rng << 17;
+        rng
+    };
+    let (mut len, mut records, mut txid) = (0u64, Vec::<Vec<u8>>::new(), 1u64);
+    let (mut committed_in_flight, mut lost_in_flight) = (0, 0);
+    for round in 0..50 {
+        let (mut t, addr) = start(&disk, "64MiB", &config);
+        let c = Controller::connect(ConnectOptions::new(addr, NQN)).await.unwrap();
+        let mut q = c.io_queue(1).await.unwrap();
+        // Where the last round left off: the log is what was acknowledged, and the record
+        // in flight if OUTCOME says it committed.
+        let log = read_log(&mut q, len + 200_000).await;
+        assert_eq!(leveldb_log_records(&log[..len as usize]), Ok(records.clone()), "round {round}");
+        let (st, result) = q.outcome(1, txid).await.unwrap();
+        let in_flight = record(txid);
+        if st == state::COMMITTED {
+            let (_, count, end) = fused::parse_result(&result);
+            assert_eq!(end, len + count as u64, "round {round}");
+            len = end;
+            records.push(in_flight);
+            committed_in_flight += 1;
+        } else {
+            assert!(st == state::ROLLED_BACK || st == state::UNKNOWN, "round {round}: state {st}");
+            lost_in_flight += 1;
+        }
+        // Nothing after the log: no torn record of the one in flight.
+        let log = read_log(&mut q, len + 200_000).await;
+        assert_eq!(leveldb_log_records(&log), Ok(records.clone()), "round {round}");
+        assert!(log[len as usize..].iter().all(|&b| b == 0), "round {round}: bytes after the log");
+        txid += 1;
+
+        // Append until killed, after 5 to 60 ms.
+        let kill_after = Duration::from_millis(5 + next() % 55);
+        let pid = t.0.id() as i32;
+        let killer = tokio::spawn(async move {
+            tokio::time::sleep(kill_after).await;
+            // SAFETY: a signal to the child this test started.
+            unsafe { libc::kill(pid, libc::SIGKILL) };
+        });
+        loop {
+            let r = record(txid);
+            match append(&mut q, txid, len, &r).await {
+                Ok((_, count)) => {
+                    len += count as u64;
+                    records.push(r);
+                    txid += 1;
+                }
+                Err(_) => break,
+            }
+        }
+        killer.await.unwrap();
+        let _ = t.0.wait();
+        drop(q);
+        drop(c);
+    }
+    assert!(records.len() > 50, "{} records in 50 rounds", records.len());
+    eprintln!("{} records; in flight at the kill: {committed_in_flight} committed, {lost_in_flight} not", records.len());
+}
