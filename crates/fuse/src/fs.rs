@@ -426,6 +426,67 @@ impl Caller {
     }
 }
 
+/// The calling thread's file-system credentials (fsuid, fsgid, supplementary groups) made
+/// the caller's until dropped, when the mount's own come back. The raw system calls
+/// change this thread's only (glibc's setgroups would change every thread's). A mount
+/// that is not root acts only for its own user.
+struct AsCaller {
+    /// The thread's groups before, when they were changed.
+    saved: Option<Vec<libc::gid_t>>,
+    switched: bool,
+}
+
+impl AsCaller {
+    fn enter(caller: &Caller) -> std::io::Result<AsCaller> {
+        // SAFETY: reads the process's effective ids.
+        let (euid, egid) = unsafe { (libc::geteuid(), libc::getegid()) };
+        if caller.uid == euid && caller.gid == egid {
+            return Ok(AsCaller { saved: None, switched: false });
+        }
+        if euid != 0 {
+            return Err(std::io::Error::new(std::io::ErrorKind::PermissionDenied, "the mount is not root and the caller is another user"));
+        }
+        // SAFETY: getgroups with a zero size only counts; then fills a buffer of that size.
+        let mut saved = vec![0 as libc::gid_t; unsafe { libc::getgroups(0, std::ptr::null_mut()) }.max(0) as usize];
+        // SAFETY: the buffer holds saved.len() ids.
+        let n = unsafe { libc::getgroups(saved.len() as libc::c_int, saved.as_mut_ptr()) };
+        if n < 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        saved.truncate(n as usize);
+        let groups: Vec<libc::gid_t> = caller.groups();
+        // SAFETY: raw syscalls changing only this thread's credentials; the pointer is valid
+        // for groups.len() ids.
+        unsafe {
+            if libc::syscall(libc::SYS_setgroups, groups.len(), groups.as_ptr()) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            let guard = AsCaller { saved: Some(saved), switched: true };
+            libc::syscall(libc::SYS_setfsgid, caller.gid);
+            libc::syscall(libc::SYS_setfsuid, caller.uid);
+            // setfs[ug]id return the id before and never fail loudly: an invalid id (-1)
+            // changes nothing and says which one is in force.
+            let (u, g) = (libc::syscall(libc::SYS_setfsuid, u32::MAX), libc::syscall(libc::SYS_setfsgid, u32::MAX));
+            if (u as u32, g as u32) != (caller.uid, caller.gid) {
+                return Err(std::io::Error::new(std::io::ErrorKind::PermissionDenied, "setfsuid/setfsgid did not take"));
+            }
+            Ok(guard)
+        }
+    }
+}
+
+impl Drop for AsCaller {
+    fn drop(&mut self) {
+        let Some(saved) = self.saved.take() else { return };
+        // SAFETY: raw syscalls restoring this thread's credentials to the process's.
+        unsafe {
+            libc::syscall(libc::SYS_setfsuid, libc::geteuid());
+            libc::syscall(libc::SYS_setfsgid, libc::getegid());
+            libc::syscall(libc::SYS_setgroups, saved.len(), saved.as_ptr());
+        }
+    }
+}
+
 /// What computing needs, shared with the compute threads.
 struct Computer {
     devices: DeviceMap,
@@ -438,11 +499,22 @@ impl Computer {
     /// Computes a spec over a source file through the host library, as the CLI does:
     /// offloaded to the target that holds it, or on this host when it cannot be (the
     /// reason kept for `user.nearstore.offloaded`).
+    /// Every file the operation opens, creates, renames or cuts (its input by path, the
+    /// output and its temporary file) is reached with the caller's file-system
+    /// credentials ([`AsCaller`]): the kernel decides, so a symbolic link or a file swapped
+    /// in while the target computes gets the caller no more than its own rights.
     fn compute(&self, spec: &OpSpec, path: &Path, caller: Caller) -> Result<Computed, Errno> {
-        if let Some(suffix) = spec.output {
-            return self.transform(spec, path, suffix, caller);
-        }
+        let as_caller = AsCaller::enter(&caller).map_err(|e| {
+            warn!(path = %path.display(), uid = caller.uid, op = %spec.text, "cannot act as the caller: {e}");
+            Errno::EACCES
+        })?;
         let mut host = self.host();
+        // A kernel-attached namespace's device is root's: as another caller the mount
+        // offloads over its own connection.
+        host.passthrough = !as_caller.switched;
+        if let Some(suffix) = spec.output {
+            return self.transform(host, spec, path, suffix, caller);
+        }
         let r = self.rt.block_on(host.run(spec.op, &spec.args, &[path.to_path_buf()], Mode::Offload));
         let report = r.map_err(|e| failed(e, spec, path))?;
         let file = report.files.into_iter().next().ok_or(Errno::EIO)?;
@@ -461,7 +533,7 @@ impl Computer {
     /// does (offloaded where input and output share a namespace), where the caller may
     /// write: the directory (write and search), and a file it replaces (write; in a sticky
     /// directory, the caller's own or in its own directory). The output is the caller's.
-    fn transform(&self, spec: &OpSpec, path: &Path, suffix: &str, caller: Caller) -> Result<Computed, Errno> {
+    fn transform(&self, mut host: Host, spec: &OpSpec, path: &Path, suffix: &str, caller: Caller) -> Result<Computed, Errno> {
         let (Some(dir), Some(name)) = (path.parent(), path.file_name()) else { return Err(Errno::EINVAL) };
         let mut out_name = name.to_os_string();
         out_name.push(suffix);
@@ -476,21 +548,19 @@ impl Computer {
         }
         match std::fs::symlink_metadata(&output) {
             Ok(o) if o.is_dir() => return Err(Errno::EISDIR),
+            Ok(o) if o.file_type().is_symlink() => return Err(refuse("a symbolic link at the output's name")),
+            Ok(o) if !o.is_file() => return Err(refuse("not a regular file at the output's name")),
             Ok(o) if !caller.may(&o, 2) => return Err(refuse("the caller may not write the file it would replace")),
-            Ok(o) if d.mode() & libc::S_ISVTX != 0 && caller.uid != 0 && o.uid() != caller.uid && d.uid() != caller.uid => {
-                return Err(refuse("another user's file in a sticky directory"));
-            }
+            Ok(o) if caller.uid != 0 && o.uid() != caller.uid => return Err(refuse("another user's file at the output's name")),
             Ok(_) => {}
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
             Err(e) => return Err(errno(&e)),
         }
         let inputs = [path.to_path_buf()];
         let cap = nearstore_host::output_capacity(spec.op, &inputs).map_err(|e| failed(e, spec, path))?;
-        let mut host = self.host();
         let r = self.rt.block_on(host.transform(spec.op, &spec.args, &inputs, &output, cap, Mode::Offload));
         let report = r.map_err(|e| failed(e, spec, path))?;
         let file = report.files.into_iter().next().ok_or(Errno::EIO)?;
-        std::os::unix::fs::lchown(&output, Some(caller.uid), Some(caller.gid)).map_err(|e| errno(&e))?;
         if let How::Local(reason) = &file.how {
             info!(path = %path.display(), op = %spec.text, "computed in the mount, not offloaded: {reason}");
         }

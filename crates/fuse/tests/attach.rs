@@ -556,6 +556,56 @@ fn transform_outputs_appear_as_files_where_the_caller_may_write() {
     assert!(logged("output refused: the caller may not write the file it would replace"));
 }
 
+/// The mount runs as root for unprivileged callers: whatever names a caller swaps in (a
+/// symbolic link at the output's name, the source itself replaced by a link after the
+/// open), the operation reaches files with the caller's rights only. Each case, as the user
+/// nobody in its own directory: (what nobody does before attaching, the operation, what
+/// nobody does between attaching and reading); the read fails with EACCES and root's files
+/// keep their bytes.
+#[test]
+fn a_caller_reaches_no_file_of_roots_through_swapped_names() {
+    logs();
+    let rig = Rig::new();
+    std::fs::create_dir(rig.s("mine")).unwrap();
+    std::os::unix::fs::chown(rig.s("mine"), Some(65534), Some(65534)).unwrap();
+    std::fs::write(rig.s("crontab"), b"root's crontab\n").unwrap();
+    std::fs::set_permissions(rig.s("crontab"), std::fs::Permissions::from_mode(0o644)).unwrap();
+    std::fs::write(rig.s("shadow"), b"root's secret\n").unwrap();
+    std::fs::set_permissions(rig.s("shadow"), std::fs::Permissions::from_mode(0o600)).unwrap();
+    let (crontab, shadow) = (rig.s("crontab"), rig.s("shadow"));
+    // (file, operation, its link made before attaching, the file replaced after attaching)
+    let cases = [
+        ("a", "sort", Some(("mine/a.sorted", crontab.clone())), None),
+        ("b", "compress", Some(("mine/b.zst", crontab.clone())), None),
+        ("c", "sha256", None, Some(shadow.clone())),
+        ("d", "sort", None, Some(shadow.clone())),
+    ];
+    for (name, spec, link, swap) in cases {
+        let (file, mounted) = (rig.s(&format!("mine/{name}")), rig.m(&format!("mine/{name}")));
+        let link = link.map(|(l, to)| (rig.s(l), to));
+        let got = as_nobody_thread(move || {
+            std::fs::write(&file, b"b\na\n").unwrap();
+            if let Some((l, to)) = &link {
+                std::os::unix::fs::symlink(to, l).unwrap();
+            }
+            let f = direct(&mounted);
+            ioc(&f, ioctl::ATTACH, &mut ioctl::encode_op(spec)).unwrap();
+            if let Some(to) = &swap {
+                std::fs::remove_file(&file).unwrap();
+                std::os::unix::fs::symlink(to, &file).unwrap();
+            }
+            let mut buf = vec![0u8; 4096];
+            f.read_at(&mut buf, 0).map(|n| String::from_utf8_lossy(&buf[..n]).into_owned()).map_err(|e| e.raw_os_error())
+        });
+        assert_eq!(got, Err(Some(libc::EACCES)), "{name}: {spec}");
+        assert_eq!(std::fs::read(&crontab).unwrap(), b"root's crontab\n", "{name}: {spec}");
+        assert_eq!(std::fs::read(&shadow).unwrap(), b"root's secret\n", "{name}: {spec}");
+        let m = std::fs::metadata(&crontab).unwrap();
+        assert_eq!((m.uid(), m.mode() & 0o777), (0, 0o644), "{name}: {spec}");
+    }
+    assert!(logged("output refused: a symbolic link at the output's name"));
+}
+
 /// docs/fuse.md's Python example, run as printed against a real mount.
 #[test]
 fn the_python_example_of_the_docs_runs() {
