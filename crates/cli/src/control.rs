@@ -366,7 +366,13 @@ pub fn pool_arg(s: &str) -> Result<nearstore_target::config::PoolConfig, String>
     if path.is_empty() {
         return Err(format!("'{s}' names no file"));
     }
-    Ok(nearstore_target::config::PoolConfig { name: None, path: path.into(), size: nearstore_target::config::ByteSize(size(sz)?) })
+    Ok(nearstore_target::config::PoolConfig {
+        name: None,
+        path: path.into(),
+        size: nearstore_target::config::ByteSize(size(sz)?),
+        rate_limit: None,
+        fair: None,
+    })
 }
 
 /// Where `nearstore control` keeps its state.

@@ -525,6 +525,8 @@ fn run(cli: Cli) -> Result<()> {
                         delay_us: 0,
                         inject: None,
                         microtx: false,
+                        rate_limit: None,
+                        fair: None,
                     };
                     if ns.path.is_none() && ns.memory.is_none() {
                         bail!("give --namespace PATH, --memory SIZE or --config FILE");

@@ -148,6 +148,10 @@ pub struct PoolConfig {
     pub name: Option<String>,
     pub path: PathBuf,
     pub size: ByteSize,
+    /// For tests and experiments: a rate device under the pool's namespace.
+    pub rate_limit: Option<ByteSize>,
+    /// Share the pool's bandwidth among tenants; the control plane's arbiter grants it.
+    pub fair: Option<FairConfig>,
 }
 
 impl PoolConfig {
@@ -338,6 +342,57 @@ pub struct NamespaceConfig {
     /// (docs/compute-protocol.md, "The MicroTx journal"). File namespaces only.
     #[serde(default)]
     pub microtx: bool,
+    /// For tests and experiments: serve reads and writes at this many bytes per second (a
+    /// rate device stacked on the storage, docs/fair-io.md).
+    pub rate_limit: Option<ByteSize>,
+    /// Share the namespace's bandwidth among tenants (docs/fair-io.md).
+    pub fair: Option<FairConfig>,
+}
+
+/// `fair = { bandwidth = "200MiB" }` of a namespace or a pool: the fair I/O scheduler.
+#[derive(Debug, Clone, Copy, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FairConfig {
+    /// Bytes per second the device serves, shared among its tenants by weight.
+    pub bandwidth: ByteSize,
+    /// What a written byte costs against a read one (1 to 64; default 1); the control
+    /// plane's arbiter replaces it with the pool's measured write cost.
+    #[serde(default = "one")]
+    pub write_cost: f64,
+}
+
+fn one() -> f64 {
+    1.0
+}
+
+impl FairConfig {
+    fn validate(&self, f: &str) -> Result<(), ConfigError> {
+        if !(limits::FAIR_BANDWIDTH_MIN..=limits::FAIR_BANDWIDTH_MAX).contains(&self.bandwidth.0) {
+            let m = format!("must be between {} and {} bytes per second", limits::FAIR_BANDWIDTH_MIN, limits::FAIR_BANDWIDTH_MAX);
+            return Err(invalid(format!("{f}.fair.bandwidth"), m));
+        }
+        if !(1.0..=limits::FAIR_WRITE_COST_MAX).contains(&self.write_cost) {
+            return Err(invalid(format!("{f}.fair.write_cost"), format!("must be between 1 and {}", limits::FAIR_WRITE_COST_MAX)));
+        }
+        Ok(())
+    }
+}
+
+/// The rate device and fair scheduler of a namespace or pool, checked.
+pub fn sharing(rate_limit: Option<ByteSize>, fair: Option<FairConfig>) -> crate::dev::Sharing {
+    crate::dev::Sharing {
+        rate_limit: rate_limit.map(|r| r.0),
+        fair_bandwidth: fair.map(|f| f.bandwidth.0),
+        fair_write_cost: fair.map_or(1.0, |f| f.write_cost),
+    }
+}
+
+fn check_rate_limit(f: &str, r: Option<ByteSize>) -> Result<(), ConfigError> {
+    if r.is_some_and(|r| !(limits::FAIR_BANDWIDTH_MIN..=limits::FAIR_BANDWIDTH_MAX).contains(&r.0)) {
+        let m = format!("must be between {} and {} bytes per second", limits::FAIR_BANDWIDTH_MIN, limits::FAIR_BANDWIDTH_MAX);
+        return Err(invalid(format!("{f}.rate_limit"), m));
+    }
+    Ok(())
 }
 
 /// `[subsystem.namespace.inject]`: which I/O operations of a namespace fail, and how.
@@ -490,6 +545,10 @@ impl Config {
             if !names.insert(p.name()) {
                 return Err(invalid(format!("pool[{i}].name"), format!("pool '{}' is named twice", p.name())));
             }
+            check_rate_limit(&format!("pool[{i}]"), p.rate_limit)?;
+            if let Some(fair) = &p.fair {
+                fair.validate(&format!("pool[{i}]"))?;
+            }
         }
         if let Some(m) = self.limits.memory {
             let plan = self.memory_plan(None);
@@ -581,6 +640,10 @@ impl Config {
                     if i.lbas.is_some_and(|[a, b]| a >= b) {
                         return Err(invalid(format!("{nf}.inject.lbas"), "must be [first, end) with first < end"));
                     }
+                }
+                check_rate_limit(&nf, n.rate_limit)?;
+                if let Some(fair) = &n.fair {
+                    fair.validate(&nf)?;
                 }
             }
         }
@@ -820,6 +883,17 @@ mod tests {
             ("memory = \"1MiB\"", &host("dhchap_secret = \"x\""), "unknown field `dhchap_secret`"),
             ("memory = \"1MiB\"", "memory = \"1MiB\"\n[[subsystem.host]]\nnqn = \"bad\"", "subsystem[0].host[0].nqn"),
             ("memory = \"1MiB\"", &format!("{}\n{}", host(""), &host("")["memory = \"1MiB\"\n".len()..]), "host[1].nqn: host nqn.2014-08.org.example:h has two entries"),
+            ("memory = \"1MiB\"", "memory = \"1MiB\"\nfair = { bandwidth = \"1KiB\" }", "namespace[0].fair.bandwidth: must be between 1048576"),
+            ("memory = \"1MiB\"", "memory = \"1MiB\"\nfair = { bandwidth = \"2TiB\" }", "namespace[0].fair.bandwidth"),
+            ("memory = \"1MiB\"", "memory = \"1MiB\"\nfair = { bandwidth = \"1GiB\", write_cost = 0.5 }", "namespace[0].fair.write_cost"),
+            ("memory = \"1MiB\"", "memory = \"1MiB\"\nfair = { bandwidth = \"1GiB\", write_cost = 65 }", "namespace[0].fair.write_cost"),
+            ("memory = \"1MiB\"", "memory = \"1MiB\"\nfair = { rate = 1 }", "unknown field `rate`"),
+            ("memory = \"1MiB\"", "memory = \"1MiB\"\nrate_limit = \"1KiB\"", "namespace[0].rate_limit"),
+            (
+                "[[listener]]",
+                "control = \"127.0.0.1:9470\"\n[[pool]]\npath = \"/a/p0\"\nsize = \"1GiB\"\nfair = { bandwidth = 0 }\n[[listener]]",
+                "pool[0].fair.bandwidth",
+            ),
         ];
         for (from, to, want) in cases {
             let text = GOOD.replacen(from, to, 1);

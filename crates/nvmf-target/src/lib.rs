@@ -207,6 +207,7 @@ impl Target {
                 info!(subnqn = %s.nqn, nsid = n.nsid, "namespace on {}", backend.describe());
                 let mut ns = Namespace::new(&s.nqn, n.nsid, backend, n.block_size);
                 ns.dev = dev::stack(ns.dev, n.inject.as_ref().map(|i| i.rule(n.block_size)), n.delay_us);
+                ns.dev = dev::share(ns.dev, config::sharing(n.rate_limit, n.fair));
                 let device_block = ns.dev.geometry().block_size;
                 if n.block_size % device_block != 0 {
                     let message =
@@ -415,7 +416,8 @@ fn pool_subsystem(cfg: &Config) -> Result<Subsystem, TargetError> {
         })?;
         let nsid = i as u32 + 1;
         info!(subnqn = POOLS_NQN, nsid, pool = %p.name(), "pool on {}", backend.describe());
-        let ns = Namespace::new(POOLS_NQN, nsid, Arc::new(backend), limits::VOLUME_BLOCK_BYTES);
+        let mut ns = Namespace::new(POOLS_NQN, nsid, Arc::new(backend), limits::VOLUME_BLOCK_BYTES);
+        ns.dev = dev::share(ns.dev, config::sharing(p.rate_limit, p.fair));
         sub.add_namespace(ns).map_err(|message| TargetError::Namespace { field, message })?;
     }
     Ok(sub)

@@ -482,6 +482,51 @@ pub const MOVE_DRAIN_MS: u64 = 5000;
 /// the control plane; more misses wait for a turn (within their own bounded wait).
 pub const VOLUME_MISSES_IN_FLIGHT_MAX: usize = 16;
 
+/// The fair I/O scheduler's epoch (`dev::fair`), in microseconds: waiting operations are
+/// offered again once per epoch, and the budget holds at most an epoch's bytes beyond one
+/// transfer. 1 ms is the runtime's timer resolution (a shorter epoch would not be kept)
+/// and short against the latency of a disk under load: what a busy device holds ahead of
+/// a light tenant is about one epoch of bytes.
+pub const FAIR_EPOCH_US: u64 = 1000;
+
+/// The bandwidth a fair-scheduled device serves (`fair_bandwidth` of a namespace or a pool),
+/// in bytes per second: at least 1 MiB/s (an epoch's budget of about a KiB; an operation
+/// larger than the budget holds goes when the budget is full), at most 1 TiB/s (an epoch's
+/// budget stays far within i64 arithmetic).
+pub const FAIR_BANDWIDTH_MIN: u64 = 1 << 20;
+pub const FAIR_BANDWIDTH_MAX: u64 = 1 << 40;
+
+/// Epochs after which the fair scheduler forgets a tenant that neither offered an
+/// operation nor had one waiting (its share goes to the others; back, it starts afresh),
+/// and stops counting operations that waited but were never offered again (their
+/// connection closed): 16 ms, several times how late a timer fires on a loaded machine,
+/// so that a backlogged tenant whose retries come late keeps its deficit and its turn.
+pub const FAIR_IDLE_EPOCHS: u64 = 16;
+
+/// Tenants one fair-scheduled device tracks at once, in tenants (about 80 bytes each): each
+/// connected host is one, and one idle for FAIR_IDLE_EPOCHS is forgotten; beyond this the newest
+/// share one catch-all entry rather than growing the table a host can make it grow.
+pub const FAIR_TENANTS_MAX: usize = 256;
+
+/// The smallest quantum of the fair I/O scheduler (`dev::fair`), in bytes: one 4 KiB block.
+/// A tenant's quantum is the largest operation of the tenants a device tracks (at least
+/// this) times its weight over the smallest weight, so that every tenant with operations
+/// waiting moves at least one each round while rounds stay short: two tenants of weight
+/// 100 reading 128 KiB at 100 MiB/s take turns every 2.5 ms.
+pub const FAIR_QUANTUM_MIN_BYTES: u64 = 4096;
+
+/// What a written byte costs against a read one in the fair scheduler (`fair_write_cost`),
+/// dimensionless: 1 (default: the device costs the same) to 64 (flash writes cost a few
+/// times reads, a shingled disk's more; beyond 64 a 4 KiB write outweighs a 128 KiB read
+/// pair many times over, which no device we know does).
+pub const FAIR_WRITE_COST_MAX: f64 = 64.0;
+
+/// Operations waiting in the fair scheduler for one queue, in operations: a waiting
+/// operation is a command of that queue holding its own slot and data buffer, so a queue
+/// never has more waiting than its depth, and a host that keeps submitting meets the queue
+/// being full (the command waits at the transport, in the socket), never a growing list.
+pub const FAIR_WAITING_PER_QUEUE_MAX: usize = QUEUE_DEPTH_MAX as usize;
+
 // How the limits bound one another. Each line fails the build when a change breaks it.
 
 // Queues: CAP.MQES is QUEUE_DEPTH_MAX - 1 (0's based, at least 1); an admin queue must take
@@ -568,6 +613,15 @@ const _: () =
 const _: () = assert!(PEER_TIMEOUT_SECS_DEFAULT >= 1 && PEER_TIMEOUT_SECS_DEFAULT <= PEER_TIMEOUT_SECS_MAX);
 const _: () = assert!(VOLUME_CACHE_ENTRIES_DEFAULT <= VOLUME_CACHE_ENTRIES_MAX);
 const _: () = assert!(VOLUME_TRANSLATE_TIMEOUT_MS_DEFAULT >= 1 && VOLUME_TRANSLATE_TIMEOUT_MS_DEFAULT <= VOLUME_TRANSLATE_TIMEOUT_MS_MAX);
+// Fair I/O: an epoch's budget at the largest bandwidth stays far within i64; a queue's
+// waiting operations are its commands (at most its depth).
+const _: () = assert!(
+    FAIR_BANDWIDTH_MIN <= FAIR_BANDWIDTH_MAX && (FAIR_BANDWIDTH_MAX as u128 * FAIR_EPOCH_US as u128 / 1_000_000) < (i64::MAX as u128) >> 16
+);
+const _: () = assert!(FAIR_WAITING_PER_QUEUE_MAX == QUEUE_DEPTH_MAX as usize && FAIR_TENANTS_MAX >= 2);
+// A quantum (the largest operation, an offload chunk at most) at the largest weight ratio
+// stays far within i64.
+const _: () = assert!(COMPUTE_CHUNK_BYTES_MAX as u128 * TENANT_WEIGHT_MAX as u128 * 4 < i64::MAX as u128);
 
 /// A namespace's MicroTx journal (microtx.rs, docs/compute-protocol.md "The MicroTx
 /// journal"), in bytes: 16 MiB holds about 60 transactions of the largest size between

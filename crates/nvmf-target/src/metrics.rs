@@ -447,6 +447,8 @@ mod tests {
             delay_us: 0,
             inject: None,
             microtx: false,
+            rate_limit: None,
+            fair: None,
         };
         let cfg = Config::single("127.0.0.1:0".parse().unwrap(), None, "nqn.2026-11.io.nearstore:metrics", ns);
         let text = render(&Target::from_config(&cfg).unwrap());

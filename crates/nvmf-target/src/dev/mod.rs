@@ -12,8 +12,9 @@
 //! and writes inline (and lends memory to the caller for the zero-copy send,
 //! [`BlockDevice::read_now`]), puts file and block-device I/O on the channel's io_uring,
 //! and hands what is not bounded by MDTS (write zeroes, deallocate) and everything under
-//! `io_engine = "threads"` to the worker pool. Devices stack: [`delay::Delay`] and
-//! [`inject::Inject`] claim the device below them and pass operations on.
+//! `io_engine = "threads"` to the worker pool. Devices stack: [`delay::Delay`],
+//! [`inject::Inject`], [`rate::Rate`] and [`fair::Fair`] claim the device below them and
+//! pass operations on.
 
 use std::collections::VecDeque;
 use std::io;
@@ -35,8 +36,10 @@ use crate::subsystem::AbortGuard;
 use crate::uring::{self, Ring, RingPool, Sub};
 
 pub mod delay;
+pub mod fair;
 pub mod inject;
 pub mod local;
+pub mod rate;
 pub mod remote;
 pub mod volume;
 
@@ -162,6 +165,30 @@ pub fn stack(base: Arc<dyn BlockDevice>, inject: Option<inject::Rule>, delay_us:
     dev
 }
 
+/// What a namespace's or a pool's configuration asks of its bandwidth: a bandwidth-limited
+/// device (tests and experiments) and the fair scheduler over it.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct Sharing {
+    /// Bytes per second the rate device serves; None: no rate device.
+    pub rate_limit: Option<u64>,
+    /// Bytes per second the fair scheduler shares among tenants; None: no scheduler.
+    pub fair_bandwidth: Option<u64>,
+    /// A written byte's cost against a read one, for the scheduler.
+    pub fair_write_cost: f64,
+}
+
+/// Stacks the rate device and the fair scheduler `sharing` asks for on `dev`.
+pub fn share(dev: Arc<dyn BlockDevice>, sharing: Sharing) -> Arc<dyn BlockDevice> {
+    let mut dev = dev;
+    if let Some(bps) = sharing.rate_limit {
+        dev = Arc::new(rate::Rate::new(dev, bps));
+    }
+    if let Some(bw) = sharing.fair_bandwidth {
+        dev = fair::Fair::new(dev, bw, sharing.fair_write_cost);
+    }
+    dev
+}
+
 enum RingState {
     NotYet,
     Ready(Box<Ring>),
@@ -228,6 +255,8 @@ pub struct Channel {
     /// each ticket is dropped when `poll` returns its completion, or after the ring has
     /// drained when the channel goes (declared after it).
     tickets: Vec<(u64, volume::Ticket)>,
+    /// Whom its operations are for, for the fair scheduler ([`fair::Fair`]).
+    tenant: Option<Arc<fair::Tenant>>,
 }
 
 impl Channel {
@@ -250,6 +279,7 @@ impl Channel {
             punt: false,
             rings: None,
             tickets: Vec::new(),
+            tenant: None,
         }
     }
 
@@ -275,6 +305,16 @@ impl Channel {
                 false
             }
         }
+    }
+
+    /// Charges this channel's operations to `tenant` in fair-scheduled devices.
+    pub fn set_tenant(&mut self, tenant: Arc<fair::Tenant>) {
+        self.tenant = Some(tenant);
+    }
+
+    /// Whom this channel's operations are for; None: the target's own work.
+    pub fn tenant(&self) -> Option<&fair::Tenant> {
+        self.tenant.as_deref()
     }
 
     /// Hands every ring operation to the kernel's io-wq workers (IOSQE_ASYNC) instead of

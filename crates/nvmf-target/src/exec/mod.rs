@@ -674,6 +674,9 @@ impl<T: Transport> Core<T> {
                         if c.qid == 0 {
                             spawn_keep_alive_watchdog(self.target.clone(), c.ctrl.clone());
                         }
+                        // Its I/O is its tenant's in fair-scheduled devices (for a cluster
+                        // member, the tenant of the host it acts for).
+                        self.chan.set_tenant(Arc::new(crate::dev::fair::Tenant::of(&c.ctrl.tenant, c.ctrl.requester())));
                         self.sqhd = 1 % (c.sqsize + 1);
                         c.ctrl.attach_queue(c.qid, self.abort_tx.clone());
                         // From Connect on, the queue lives as long as its controller, over

@@ -504,6 +504,8 @@ async fn the_metrics_count_hits_misses_evictions_and_failures() {
         delay_us: 0,
         inject: None,
         microtx: false,
+        rate_limit: None,
+        fair: None,
     };
     let cfg = crate::config::Config::single("127.0.0.1:0".parse().expect("address"), None, "nqn.2026-11.io.nearstore:m", cfg);
     let target = crate::Target::from_config(&cfg).expect("target");
