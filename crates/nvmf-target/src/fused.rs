@@ -14,7 +14,7 @@ use nearstore_wire::{Sqe, Status};
 
 use crate::microtx::{Journal, JournalError, Outcome, Tx};
 use crate::reservation::Access;
-use crate::subsystem::{Controller, Namespace};
+use crate::subsystem::{AbortGuard, Controller, Namespace};
 
 /// Why a fused command was refused or failed: its status and what to log.
 #[derive(Debug)]
@@ -130,16 +130,60 @@ pub fn check(ctrl: &Controller, sqe: &Sqe, transfer: &[u8]) -> Result<Planned, R
     Ok(Planned { ns, journal, txid: f.txid, op: f.op, bytes, head: head as usize, pieces, result })
 }
 
+/// A FUSED WRITE's standing against a Preempt and Abort of its host (docs/protocol.md,
+/// "Preempt and Abort"), shared by its queue entry and its blocking work: asked to abort
+/// before its transaction starts, it does not run (Command Aborted due to Preempt and
+/// Abort); asked later, the Acquire's guards are held until the transaction has ended.
+#[derive(Default)]
+pub struct AbortHold(parking_lot::Mutex<HoldState>);
+
+#[derive(Default)]
+struct HoldState {
+    aborted: bool,
+    ended: bool,
+    guards: Vec<AbortGuard>,
+}
+
+impl AbortHold {
+    /// Requests the abort; `guard` is held until the work has ended (dropped at once when
+    /// it has).
+    pub fn abort(&self, guard: AbortGuard) {
+        let mut s = self.0.lock();
+        if !s.ended {
+            s.aborted = true;
+            s.guards.push(guard);
+        }
+    }
+
+    fn aborted(&self) -> bool {
+        self.0.lock().aborted
+    }
+
+    /// The work has ended: the guards go (outside the lock).
+    pub fn ended(&self) {
+        let guards = {
+            let mut s = self.0.lock();
+            s.ended = true;
+            std::mem::take(&mut s.guards)
+        };
+        drop(guards);
+    }
+}
+
 /// Runs a checked FUSED WRITE on a blocking thread: reads the blocks it only partly
 /// covers, merges its bytes, and runs the block images as one journal transaction.
-/// Returns its result (crc32c, count, end) once durable.
-pub fn run(p: &Planned) -> Result<[u8; RESULT_BYTES], Refusal> {
+/// Returns its result (crc32c, count, end) once durable. Asked to abort (`hold`) before it
+/// has the namespace's journal, it writes nothing.
+pub fn run(p: &Planned, hold: &AbortHold) -> Result<[u8; RESULT_BYTES], Refusal> {
     let bs = p.ns.block_size as usize;
     let total: u64 = p.pieces.iter().map(|&(_, l)| l).sum();
     let mut image = vec![0u8; total as usize];
     // One operation at a time on the namespace's journal, so that the blocks read here
     // are not changed by another fused operation before this one's are written.
     let _serial = p.journal.exclusive();
+    if hold.aborted() {
+        return Err(refuse(Status::ABORTED_PREEMPT, format!("transaction {}: its host was preempted and aborted", p.txid)));
+    }
     let tail = p.head + p.bytes.len();
     let (first, last) = (0..bs, (tail / bs) * bs..(tail.div_ceil(bs) * bs));
     let partial = [(p.head != 0).then_some(first), (!tail.is_multiple_of(bs)).then_some(last)];

@@ -6,19 +6,28 @@
 //! every refusal with its standard status, nothing written.
 
 use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering::Relaxed};
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use nearstore_initiator::{ConnectOptions, Controller, Error, IoQueue};
+use nearstore_target::backend::{Backend, FileBackend};
 use nearstore_target::config::Config;
+use nearstore_target::limits::MICROTX_JOURNAL_BYTES;
+use nearstore_target::microtx::Journal;
+use nearstore_target::subsystem::Namespace;
 use nearstore_target::Target;
 use nearstore_wire::compute::status as cs;
 use nearstore_wire::fused::{self, op, state, Fused};
+use nearstore_wire::resv::{racqa, rrega, Cdw10, Keys, Rtype};
 use nearstore_wire::Status;
 
 const NQN: &str = "nqn.2026-11.io.nearstore:fused";
 const HOST: &str = "nqn.2014-08.org.nvmexpress:uuid:00000000-0000-0000-0000-0000000000f1";
 /// In a tenant that may write only the namespace's first MiB.
 const NARROW: &str = "nqn.2014-08.org.nvmexpress:uuid:00000000-0000-0000-0000-0000000000f2";
+/// In the wide tenant too, with its own Host Identifier.
+const OTHER: &str = "nqn.2014-08.org.nvmexpress:uuid:00000000-0000-0000-0000-0000000000f3";
 const BS: u64 = 512;
 const NS_BYTES: u64 = 8 << 20;
 /// The test object: two extents of the journaled namespace (1), the second not after the
@@ -52,7 +61,7 @@ async fn start() -> Env {
         size = "1MiB"
         [[tenant]]
         name = "wide"
-        hosts = ["{HOST}"]
+        hosts = ["{HOST}", "{OTHER}"]
         [[tenant.reach]]
         subsystem = "{NQN}"
         [[tenant]]
@@ -301,4 +310,145 @@ async fn refusals_have_the_standard_statuses_and_write_nothing() {
     assert_eq!(status(q.read_checksum(9, 0, 1, BS as u32, 0..1).await), Status::INVALID_NAMESPACE.dnr());
     assert_eq!(status(narrow.read_checksum(1, 2048, 1, BS as u32, 0..1).await), Status::ACCESS_DENIED.dnr());
     assert_eq!(status(q.outcome(2, 5).await), Status::INVALID_OPCODE.dnr());
+}
+
+/// A namespace file whose in-place writes wait at a gate the test opens (its journal's
+/// file is not gated), counting the writes that reached it.
+struct Gated {
+    file: FileBackend,
+    open: AtomicBool,
+    arrived: AtomicUsize,
+}
+
+impl Backend for Gated {
+    fn describe(&self) -> String {
+        "gated file".into()
+    }
+    fn size(&self) -> u64 {
+        self.file.size()
+    }
+    fn read_at(&self, buf: &mut [u8], off: u64) -> std::io::Result<()> {
+        self.file.read_at(buf, off)
+    }
+    fn write_at(&self, buf: &[u8], off: u64) -> std::io::Result<()> {
+        self.arrived.fetch_add(1, Relaxed);
+        while !self.open.load(Relaxed) {
+            std::thread::sleep(Duration::from_millis(2));
+        }
+        self.file.write_at(buf, off)
+    }
+    fn flush(&self) -> std::io::Result<()> {
+        self.file.flush()
+    }
+    fn write_zeroes(&self, off: u64, len: u64, deallocate: bool) -> std::io::Result<()> {
+        self.file.write_zeroes(off, len, deallocate)
+    }
+}
+
+/// Opens the gate when dropped: a failed test's runtime does not wait for ever on the
+/// blocking threads held at it.
+struct OpenOnDrop(Arc<Gated>);
+
+impl Drop for OpenOnDrop {
+    fn drop(&mut self) {
+        self.0.open.store(true, Relaxed);
+    }
+}
+
+/// Namespace GATED of `env`: a gated 1 MiB file with its MicroTx journal.
+const GATED: u32 = 3;
+fn add_gated(env: &Env) -> Arc<Gated> {
+    let file = FileBackend::open(&env._dir.path().join("gated.img"), Some(1 << 20)).unwrap();
+    let gated = Arc::new(Gated { file, open: AtomicBool::new(false), arrived: AtomicUsize::new(0) });
+    let log = FileBackend::open(&env._dir.path().join("gated.img.microtx"), Some(MICROTX_JOURNAL_BYTES)).unwrap();
+    let (journal, _) = Journal::open(Arc::new(log), &*gated, BS).unwrap();
+    let mut ns = Namespace::new(NQN, GATED, gated.clone(), BS as u32);
+    ns.journal = Some(Arc::new(journal));
+    env._target.subsystem(NQN).unwrap().add_namespace(ns).unwrap();
+    gated
+}
+
+/// A write-checksum transfer of `data` at namespace byte `at` (one block-aligned extent).
+fn plain_transfer(txid: u64, at: u64, data: &[u8]) -> Vec<u8> {
+    Fused { op: op::WRITE_CHECKSUM, txid, offset: 0, block_offset: 0, extents: vec![(at, data.len() as u64)] }.encode(data)
+}
+
+async fn wait_for(what: &str, cond: impl Fn() -> bool) {
+    let start = Instant::now();
+    while !cond() {
+        assert!(start.elapsed() < Duration::from_secs(20), "waited 20 s for {what}");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
+/// A host's connection with its own Host Identifier (reservations are the identifier's).
+async fn connect_as(env: &Env, host: &str, id: u8) -> (Controller, IoQueue) {
+    let mut o = ConnectOptions::new(env.addr, NQN);
+    o.hostnqn = host.into();
+    o.hostid = [id; 16];
+    let c = Controller::connect(o).await.unwrap();
+    let q = c.io_queue(1).await.unwrap();
+    (c, q)
+}
+
+/// Preempt and Abort against a host with FUSED WRITEs queued behind a slow one (held at
+/// the storage, the namespace's journal taken): A's Acquire completes only after B's
+/// running transaction has ended, and none of B's queued ones writes a byte, then or
+/// later; they complete Command Aborted due to Preempt and Abort. Before, the fused
+/// writes had nothing that held the Acquire: it completed at once and B's queued writes
+/// landed after it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn preempt_and_abort_stops_queued_fused_writes() {
+    let env = start().await;
+    let gated = add_gated(&env);
+    let _open = OpenOnDrop(gated.clone());
+    let (_ac, mut a) = connect_as(&env, OTHER, 0xa).await;
+    let (_bc, mut b) = connect_as(&env, HOST, 0xb).await;
+    let reg = |k| (Cdw10 { action: rrega::REGISTER, ..Default::default() }, Keys { current: 0, other: k });
+    let (c, k) = reg(0xa1);
+    a.resv_register(GATED, c, k).await.unwrap();
+    let (c, k) = reg(0xb2);
+    b.resv_register(GATED, c, k).await.unwrap();
+    let rtype = Rtype::ExclusiveAccessRegistrantsOnly as u8;
+    a.resv_acquire(GATED, Cdw10 { action: racqa::ACQUIRE, rtype, ..Default::default() }, Keys { current: 0xa1, other: 0 }).await.unwrap();
+
+    // B: one fused write held at the storage, three queued behind it (the journal's lock).
+    let running = tokio::spawn(async move {
+        let r = b.fused_write(GATED, &plain_transfer(1, 0, &[1; 512])).await;
+        (b, r)
+    });
+    wait_for("B's first fused write at the storage", || gated.arrived.load(Relaxed) == 1).await;
+    let mut queued = Vec::new();
+    for (i, at) in [4096u64, 8192, 12288].into_iter().enumerate() {
+        let (c, mut q) = connect_as(&env, HOST, 0xb).await;
+        queued.push(tokio::spawn(async move {
+            let r = q.fused_write(GATED, &plain_transfer(10 + i as u64, at, &[2; 512])).await;
+            (c, r)
+        }));
+    }
+    // The queued ones reach the target (and wait for the journal) before the preempt;
+    // one that came after it would be refused, Reservation Conflict.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(gated.arrived.load(Relaxed), 1);
+    let cdw10 = Cdw10 { action: racqa::PREEMPT_AND_ABORT, rtype, ..Default::default() };
+    let acquire = tokio::spawn(async move { a.resv_acquire(GATED, cdw10, Keys { current: 0xa1, other: 0xb2 }).await.map(|_| a) });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(!acquire.is_finished(), "the Acquire completed while B's fused write was at the storage");
+    gated.open.store(true, Relaxed);
+    let mut a = tokio::time::timeout(Duration::from_secs(20), acquire).await.expect("the Acquire completes").unwrap().unwrap();
+    // After the Acquire: B's queued writes completed aborted, and stay unwritten.
+    for (i, h) in queued.into_iter().enumerate() {
+        let (_c, r) = tokio::time::timeout(Duration::from_secs(20), h).await.expect("B's queued write completes").unwrap();
+        let st = Status { dnr: false, ..status(r) };
+        assert!(st == Status::ABORTED_PREEMPT || st == Status::RESERVATION_CONFLICT, "queued write {i}: {st}");
+    }
+    let (_b, first) = running.await.unwrap();
+    assert!(first.is_ok(), "B's first fused write ran before the preempt: {first:?}");
+    assert_eq!(gated.arrived.load(Relaxed), 1, "only B's first fused write reached the storage");
+    let blocks = a.read(GATED, 0, 32, BS as u32).await.unwrap();
+    assert!(blocks[..512].iter().all(|&x| x == 1));
+    assert!(blocks[512..].iter().all(|&x| x == 0), "a queued fused write of B's landed");
+    for txid in 10..13 {
+        assert_eq!(a.outcome(GATED, txid).await.unwrap().0, state::UNKNOWN, "transaction {txid} never ran");
+    }
 }

@@ -47,8 +47,14 @@ impl<T: Transport> Core<T> {
                 if self.outstanding() >= self.outstanding_limit() {
                     return Err(self.overflow(req));
                 }
-                let token = self.inflight.insert(Inflight::new(req, p.ns.clone(), IoKind::Write, p.len(), 0)) as u32;
-                self.blocking(token, move || Finished { result: fused::run(&p).map(|r| fused_reply(&r)), buf: None });
+                let hold = Arc::new(fused::AbortHold::default());
+                let x = Inflight { fused: Some(hold.clone()), ..Inflight::new(req, p.ns.clone(), IoKind::Write, p.len(), 0) };
+                let token = self.inflight.insert(x) as u32;
+                self.blocking(token, move || {
+                    let result = fused::run(&p, &hold).map(|r| fused_reply(&r));
+                    hold.ended();
+                    Finished { result, buf: None }
+                });
             }
             fop::READ_CHECKSUM => {
                 let p = match fused::check_read(ctrl, &sqe) {

@@ -199,11 +199,13 @@ struct Inflight {
     /// A compute command's task, which a Preempt and Abort stops and whose end lets the
     /// Acquire go on (a device operation's wait goes with the operation, [`Channel::hold`]).
     task: Option<Arc<TaskAbort>>,
+    /// A FUSED WRITE's standing against a Preempt and Abort, shared with its blocking work.
+    fused: Option<Arc<crate::fused::AbortHold>>,
 }
 
 impl Inflight {
     fn new(req: Request, ns: Arc<Namespace>, kind: IoKind, len: usize, lba: u64) -> Inflight {
-        Inflight { req, ns, kind, len, lba, task: None }
+        Inflight { req, ns, kind, len, lba, task: None, fused: None }
     }
 }
 
@@ -957,6 +959,11 @@ impl<T: Transport> Core<T> {
                 // Held by the task until it has ended, not until its completion is taken.
                 t.abort(guard.clone());
                 stopped = true;
+                continue;
+            }
+            if let Some(f) = &x.fused {
+                // Not started: it will not run; running: held until its transaction ends.
+                f.abort(guard.clone());
                 continue;
             }
             // A device operation: the guard goes with it to whoever runs it, and is
