@@ -120,6 +120,153 @@ pub enum VolumeCmd {
         #[command(flatten)]
         c: ControlArgs,
     },
+    /// Spread a volume's extents over the targets: one extent at a time, from the target
+    /// holding most of them while another holds two fewer, to the pool the placement prefers.
+    Rebalance {
+        /// The volume's name.
+        name: String,
+        #[command(flatten)]
+        m: MoveArgs,
+    },
+}
+
+/// How `volume rebalance` and `pool drain` move extents.
+#[derive(clap::Args)]
+pub struct MoveArgs {
+    /// Copy at most this many bytes per second per extent (default: no cap).
+    #[arg(long, value_parser = size)]
+    pub max_bps: Option<u64>,
+    /// Move one extent after another until done, printing progress (else only the first
+    /// move of a rebalance, or every move of a drain at once, is begun).
+    #[arg(long)]
+    pub wait: bool,
+    #[command(flatten)]
+    pub c: ControlArgs,
+}
+
+#[derive(clap::Subcommand)]
+pub enum PoolCmd {
+    /// Move every extent off a pool (NAME@TARGET), each to the pool the placement prefers.
+    Drain {
+        /// The pool, as `nearstore view` names it: NAME@TARGET.
+        pool: String,
+        #[command(flatten)]
+        m: MoveArgs,
+    },
+}
+
+/// One extent moved (or begun) by `volume rebalance` or `pool drain`.
+#[derive(serde::Serialize)]
+struct Moved {
+    volume: String,
+    index: u64,
+    from: String,
+    to: String,
+    /// Published (with --wait); false: begun only.
+    published: bool,
+    seconds: f64,
+}
+
+/// Moves extent `index` of `volume` where the placement prefers; with `wait`, until its
+/// move ends (progress printed unless `json`). A move that ended without its publication
+/// is an error naming where the extent stayed.
+async fn move_one(client: &Client, volume: &str, index: u64, m: &MoveArgs) -> Result<Moved> {
+    let json = m.c.output_format == Output::Json;
+    let req = nearstore_control::model::MoveRequest { to: None, max_bps: m.max_bps.unwrap_or(0) };
+    let mv = client.begin_move(volume, index, &req).await.map_err(plain)?;
+    if !json {
+        println!("extent {index} of {volume}: {} -> {}", mv.from, mv.to);
+    }
+    let started = std::time::Instant::now();
+    let mut moved =
+        Moved { volume: volume.into(), index, from: mv.from.to_string(), to: mv.to.to_string(), published: false, seconds: 0.0 };
+    if !m.wait {
+        return Ok(moved);
+    }
+    let mut copied = 0;
+    loop {
+        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+        match client.get_move(volume, index).await {
+            Ok(now) if now.state == MoveState::Aborted => {
+                anyhow::bail!(
+                    "the move of extent {index} of '{volume}' to {} was aborted ({}): the extent stays in {}",
+                    now.to,
+                    now.reason,
+                    now.from
+                );
+            }
+            Ok(now) => {
+                if !json && now.copied != copied {
+                    copied = now.copied;
+                    println!("  {} of {} copied", bytes(copied), bytes(now.extent_size));
+                }
+            }
+            Err(e) if e.code() == Some(ErrorCode::MoveNotFound) => break,
+            Err(e) => return Err(plain(e)),
+        }
+    }
+    let info = client.volume(volume).await.map_err(plain)?;
+    let at = info.extents.iter().find(|e| e.index == index);
+    if !at.is_some_and(|e| e.epoch > mv.epoch) {
+        anyhow::bail!(
+            "the move of extent {index} of '{volume}' to {} was aborted: the extent stays in {} (the copier's log says why)",
+            mv.to,
+            mv.from
+        );
+    }
+    (moved.published, moved.seconds) = (true, started.elapsed().as_secs_f64());
+    if !json {
+        println!("  published in {:.1} s", moved.seconds);
+    }
+    Ok(moved)
+}
+
+fn moved_summary(what: &str, moved: &[Moved], json_out: bool) -> Result<()> {
+    if json_out {
+        return json(&serde_json::json!({ "what": what, "moves": moved }));
+    }
+    let published = moved.iter().filter(|m| m.published).count();
+    println!("{what}: {published} extents moved, {} moves begun", moved.len() - published);
+    Ok(())
+}
+
+/// `nearstore volume rebalance`.
+async fn rebalance(name: String, m: MoveArgs) -> Result<()> {
+    let client = m.c.client()?;
+    let mut moved = Vec::new();
+    let total = client.volume(&name).await.map_err(plain)?.extents_total;
+    for _ in 0..total {
+        let info = client.volume(&name).await.map_err(plain)?;
+        let view = client.view(0).await.map_err(plain)?;
+        let Some(index) = nearstore_control::rebalance::rebalance_next(&info, &view) else { break };
+        moved.push(move_one(&client, &name, index, &m).await?);
+        if !m.wait {
+            break;
+        }
+    }
+    moved_summary(&format!("volume {name}"), &moved, m.c.output_format == Output::Json)
+}
+
+/// `nearstore pool drain`.
+pub async fn pool(cmd: PoolCmd) -> Result<()> {
+    let PoolCmd::Drain { pool, m } = cmd;
+    let client = m.c.client()?;
+    let id = nearstore_control::state::parse_pool(&pool).map_err(|e| anyhow::anyhow!(e.message))?;
+    let view = client.view(0).await.map_err(plain)?;
+    if !view.pools.iter().any(|p| p.pool == id.name && p.target == id.target) {
+        anyhow::bail!("no pool {id}: `nearstore view` lists them");
+    }
+    let mut infos = Vec::new();
+    for v in client.volumes().await.map_err(plain)? {
+        infos.push(client.volume(&v.name).await.map_err(plain)?);
+    }
+    let list = nearstore_control::rebalance::drain_list(&id, &infos);
+    nearstore_control::rebalance::drain_room(&id, &list, &view).map_err(anyhow::Error::msg)?;
+    let mut moved = Vec::new();
+    for (volume, index, _) in list {
+        moved.push(move_one(&client, &volume, index, &m).await?);
+    }
+    moved_summary(&format!("pool {id}"), &moved, m.c.output_format == Output::Json)
 }
 
 /// An API error in the user's terms, its code in the detail (-v, and in JSON errors).
@@ -488,6 +635,7 @@ fn extent_lines(info: &VolumeInfo) -> Vec<String> {
 
 pub async fn volume(cmd: VolumeCmd) -> Result<()> {
     match cmd {
+        VolumeCmd::Rebalance { name, m } => rebalance(name, m).await?,
         VolumeCmd::Create { name, size, extent_size, c } => {
             let v = c.client()?.create_volume(&nearstore_control::model::CreateVolume { name, size, extent_size }).await.map_err(plain)?;
             if c.output_format == Output::Json {

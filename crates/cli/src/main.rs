@@ -246,10 +246,15 @@ enum Cmd {
     },
     /// Show the control plane's live view of the pools (capacity, bandwidth, IOPS, latency).
     View(control::ControlArgs),
-    /// Create, list, show, grow and delete volumes.
+    /// Create, list, show, grow, rebalance and delete volumes.
     Volume {
         #[command(subcommand)]
         cmd: control::VolumeCmd,
+    },
+    /// Drain the control plane's pools.
+    Pool {
+        #[command(subcommand)]
+        cmd: control::PoolCmd,
     },
     /// Print a target's discovery log.
     Discover {
@@ -575,6 +580,7 @@ fn run(cli: Cli) -> Result<()> {
         }
         Cmd::View(c) => runtime(Some(1))?.block_on(control::view(c)),
         Cmd::Volume { cmd } => runtime(Some(1))?.block_on(control::volume(cmd)),
+        Cmd::Pool { cmd } => runtime(Some(1))?.block_on(control::pool(cmd)),
         Cmd::Discover { transport: _, traddr, trsvcid, hostnqn, dhchap_secret, dhchap_ctrl_secret, output_format } => {
             let secrets = (dhchap_secret, dhchap_ctrl_secret);
             runtime(Some(1))?.block_on(tools::discover(address(&traddr, trsvcid, 8009)?, hostnqn, secrets, output_format))

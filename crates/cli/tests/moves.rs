@@ -1,7 +1,7 @@
 //! Moving extents as real processes (docs/control-plane.md, "Moving an extent"): a control
 //! plane and three targets with a pool each; a volume exported by the first, its extents
 //! moved between the pools (the exporter's own and its peers') while hosts write and read
-//! them; the moves of an unexported volume; copiers and pools killed mid-copy.
+//! them; `volume rebalance` onto a fourth target and `pool drain` under I/O.
 
 mod common;
 
@@ -11,7 +11,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use common::{member_target, Control, MemberConfig, Target};
+use common::{fails, member_target, ok, Control, MemberConfig, Target};
 use nearstore_control::client::Client;
 use nearstore_control::model::*;
 use nearstore_initiator::{ConnectOptions, Controller, IoQueue};
@@ -178,5 +178,122 @@ fn moves_under_io_never_read_stale_nor_lose_a_write() {
     for b in 0..4 * per_extent {
         let got = rt.block_on(q1.read(1, b, 1, BLOCK)).expect("read");
         assert!(got == stamp(b, last.get(&b).copied().unwrap_or(0)), "block {b} after the moves");
+    }
+}
+
+/// Where each extent of `volume` lies: its target's address, by index.
+fn targets_of(rt: &tokio::runtime::Runtime, c: &Client, volume: &str) -> Vec<String> {
+    rt.block_on(c.volume(volume)).expect("volume").extents.iter().map(|e| e.target.clone()).collect()
+}
+
+/// The moves a `-o json` run of `volume rebalance` or `pool drain --wait` made: every one
+/// published, each no faster than `max_bps` allows (loosely: half its extent's time).
+fn published(out: &str, max_bps: u64) -> usize {
+    let v: serde_json::Value = serde_json::from_str(out).unwrap_or_else(|e| panic!("{e}: {out}"));
+    let moves = v["moves"].as_array().expect("moves");
+    for m in moves {
+        assert_eq!(m["published"], true, "{m}");
+        let least = MIB as f64 / max_bps as f64 / 2.0;
+        assert!(m["seconds"].as_f64().expect("seconds") >= least, "faster than the cap: {m}");
+    }
+    moves.len()
+}
+
+#[test]
+fn rebalance_and_drain_move_extents_under_io() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let cp = Control::start(&dir.path().join("store"));
+    let mut targets: Vec<Target> = (0..3).map(|i| target(dir.path(), i, &cp.a(), 64)).collect();
+    let c = cp.client();
+    wait_for_views(&c, 3);
+    let rt = rt();
+    let a = cp.a();
+    // Errors, before anything moves: (arguments, what stderr says).
+    #[rustfmt::skip]
+    let cases: &[(&[&str], &str)] = &[
+        (&["volume", "rebalance", "nope"], "no volume 'nope'"),
+        (&["pool", "drain", "p9@127.0.0.1:1"], "no pool p9@127.0.0.1:1"),
+        (&["pool", "drain", "p0"], "pool 'p0' is not NAME@TARGET"),
+    ];
+    for (args, said) in cases {
+        let (_, err) = fails(&[args, &["--control", &a][..]].concat());
+        assert!(err.contains(said), "{args:?}: {err}");
+    }
+    rt.block_on(c.create_volume(&CreateVolume { name: "vol".into(), size: 8 * MIB, extent_size: Some(MIB) })).expect("create");
+    let t0 = targets[0].addr.to_string();
+    let x = rt.block_on(c.export("vol", &ExportVolume { target: t0, hosts: vec![HOST.into()], allow_any_host: false })).expect("export");
+    let (_c0, mut q0) = connect(&rt, targets[0].addr, &x.nqn);
+    let per_extent = MIB / BLOCK as u64;
+    for b in 0..8 * per_extent {
+        rt.block_on(q0.write(1, b, &stamp(b, 0), BLOCK, false)).expect("first write");
+    }
+    // A host writes and reads back its blocks of every extent all along.
+    let blocks: Vec<u64> = (0..8).flat_map(|e| [0, per_extent / 2, per_extent - 1].map(|o| e * per_extent + o)).collect();
+    let (stop, ops) = (Arc::new(AtomicBool::new(false)), Arc::new(AtomicU64::new(0)));
+    let host = {
+        let (addr, nqn, stop, ops, mine) = (targets[0].addr, x.nqn.clone(), stop.clone(), ops.clone(), blocks.clone());
+        std::thread::spawn(move || hammer(addr, nqn, mine, stop, ops))
+    };
+    // A fourth target joins: the rebalance moves extents onto it, at most 8 MiB/s each.
+    targets.push(target(dir.path(), 3, &a, 64));
+    wait_for_views(&c, 4);
+    let t3 = targets[3].addr.to_string();
+    let before = targets_of(&rt, &c, "vol");
+    assert!(!before.contains(&t3));
+    let out = ok(&["volume", "rebalance", "vol", "--wait", "--max-bps", "8MiB", "-o", "json", "--control", &a]);
+    assert!(published(&out, 8 * MIB) >= 1, "{out}");
+    let after = targets_of(&rt, &c, "vol");
+    let on = |t: &str| after.iter().filter(|x| *x == t).count();
+    assert!(on(&t3) >= 1, "nothing moved onto the new target: {after:?}");
+    let counts: Vec<usize> = targets.iter().map(|t| on(&t.addr.to_string())).collect();
+    assert!(counts.iter().max().expect("max") - counts.iter().min().expect("min") <= 1, "not balanced: {counts:?}");
+    // Balanced: a second rebalance moves nothing.
+    let out = ok(&["volume", "rebalance", "vol", "--wait", "-o", "json", "--control", &a]);
+    assert_eq!(published(&out, u64::MAX), 0, "{out}");
+    // Drained: nothing left on the second target's pool.
+    let t1 = targets[1].addr.to_string();
+    let had = on(&t1);
+    let out = ok(&["pool", "drain", &format!("p1@{t1}"), "--wait", "--max-bps", "16MiB", "-o", "json", "--control", &a]);
+    assert_eq!(published(&out, 16 * MIB), had, "{out}");
+    assert!(!targets_of(&rt, &c, "vol").contains(&t1), "the pool still holds extents");
+    stop.store(true, Ordering::Relaxed);
+    let versions = host.join().expect("the host saw a stale read or a lost write");
+    assert!(ops.load(Ordering::Relaxed) > 30, "too little I/O raced the moves");
+    let last: std::collections::HashMap<u64, u64> = blocks.into_iter().zip(versions).collect();
+    let (_c1, mut q1) = connect(&rt, targets[0].addr, &x.nqn);
+    for b in 0..8 * per_extent {
+        let got = rt.block_on(q1.read(1, b, 1, BLOCK)).expect("read");
+        assert!(got == stamp(b, last.get(&b).copied().unwrap_or(0)), "block {b} after the moves");
+    }
+    // A drain whose destination's target is killed (SIGKILL) mid-copy: the move is aborted,
+    // the drain fails saying so, and the extent stays where it was, its data whole.
+    let t2 = targets[2].addr.to_string();
+    let mut drain = std::process::Command::new(env!("CARGO_BIN_EXE_nearstore"))
+        .args(["pool", "drain", &format!("p2@{t2}"), "--wait", "--max-bps", "1MiB", "--control", &a])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("drain");
+    let mut first = String::new();
+    std::io::BufRead::read_line(&mut std::io::BufReader::new(drain.stdout.take().expect("stdout")), &mut first).expect("first line");
+    // "extent I of vol: p2@T2 -> pK@TK"
+    let (index, to) = first.trim().strip_prefix("extent ").and_then(|l| l.split_once(" of vol: ")).expect(&first);
+    let index: u64 = index.parse().expect("index");
+    let to = to.rsplit_once('@').map(|(_, t)| t.to_string()).expect(&first);
+    let k = targets.iter().position(|t| t.addr.to_string() == to).expect("a known target");
+    assert_ne!(k, 0, "the placement chose the exporter's pool: this test kills a peer's");
+    std::thread::sleep(Duration::from_millis(300));
+    let victim = targets.remove(k);
+    let pid = victim.pid();
+    drop(victim); // SIGKILL by its PID, and reaped
+    let out = drain.wait_with_output().expect("drain ends");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "pid {pid} killed: {err}");
+    assert!(err.contains(&format!("the move of extent {index} of 'vol'")) && err.contains("aborted"), "{err}");
+    let e = extent(&rt, &c, "vol", index);
+    assert_eq!(e.target, t2, "half-published: {e:?}");
+    for b in index * per_extent..(index + 1) * per_extent {
+        let got = rt.block_on(q1.read(1, b, 1, BLOCK)).expect("read after the abort");
+        assert!(got == stamp(b, last.get(&b).copied().unwrap_or(0)), "block {b} after the aborted move");
     }
 }

@@ -11,6 +11,7 @@ pub mod etcd;
 pub mod limits;
 pub mod model;
 pub mod placement;
+pub mod rebalance;
 pub mod server;
 pub mod state;
 pub mod store;

@@ -27,8 +27,14 @@ pub fn fails(args: &[&str]) -> (String, String) {
     (out, err)
 }
 
-/// The three cluster members of the volume tests (crates/cli/tests/volume.rs, moves.rs).
-pub const MEMBERS: [&str; 3] = ["nqn.2026-11.io.nearstore:member1", "nqn.2026-11.io.nearstore:member2", "nqn.2026-11.io.nearstore:member3"];
+/// The cluster members of the volume tests (crates/cli/tests/volume.rs, moves.rs): three, and
+/// a fourth that joins later (moves.rs, the rebalance).
+pub const MEMBERS: [&str; 4] = [
+    "nqn.2026-11.io.nearstore:member1",
+    "nqn.2026-11.io.nearstore:member2",
+    "nqn.2026-11.io.nearstore:member3",
+    "nqn.2026-11.io.nearstore:member4",
+];
 
 /// Configuration a [`member_target`] adds to the common one.
 #[derive(Clone, Copy, Default)]
