@@ -36,6 +36,7 @@ use std::os::fd::AsRawFd;
 use std::os::unix::fs::MetadataExt;
 
 use nearstore_wire::compute::global;
+use nearstore_wire::compute::limits::EXTENTS_PER_OBJECT_MAX;
 
 use crate::device::Endpoint;
 use crate::fiemap::FsExtent;
@@ -212,25 +213,51 @@ pub fn is_mount(st_dev: u64) -> bool {
 /// The extents of an open file of a nearstore mount, through `NEARSTORE_IOC_EXTENTS`
 /// (the mount writes the file's dirty pages back before it maps, as FIEMAP's sync flag).
 pub fn extents(file: &File) -> io::Result<MountMap> {
-    let mut map: Option<MountMap> = None;
-    loop {
-        let start = map.as_ref().map_or(0, |m| m.extents.len() as u32);
+    page_through(|start| {
         let mut buf = encode_request(start);
         // SAFETY: an open descriptor and a buffer of the size the command encodes, which
         // the kernel copies in and out.
         if unsafe { libc::ioctl(file.as_raw_fd(), IOC_EXTENTS as _, buf.as_mut_ptr()) } != 0 {
             return Err(io::Error::last_os_error());
         }
-        let (page, total) = decode_reply(&buf).map_err(io::Error::other)?;
-        let done = page.extents.is_empty();
+        Ok(buf)
+    })
+}
+
+/// A file's extents from the mount's replies (`ask`: the reply from a start index), page
+/// after page, into one map. A `total` above what one descriptor carries
+/// (EXTENTS_PER_OBJECT_MAX), an empty page before `total`, more extents than `total`, or
+/// pages of a file that changed between them: an error, never a partial map.
+fn page_through(mut ask: impl FnMut(u32) -> io::Result<Vec<u8>>) -> io::Result<MountMap> {
+    let mut map: Option<(MountMap, u32)> = None;
+    loop {
+        let start = map.as_ref().map_or(0, |(m, _)| m.extents.len());
+        let (page, total) = decode_reply(&ask(start as u32)?).map_err(io::Error::other)?;
+        if total as usize > EXTENTS_PER_OBJECT_MAX {
+            return Err(io::Error::other(format!(
+                "the mount says {total} extents, more than the {EXTENTS_PER_OBJECT_MAX} of a descriptor"
+            )));
+        }
         match map.as_mut() {
-            None => map = Some(page),
-            Some(m) if (m.size, &m.endpoint, m.tag) == (page.size, &page.endpoint, page.tag) => m.extents.extend(page.extents),
+            None => map = Some((page, total)),
+            Some((m, t)) if (m.size, &m.endpoint, m.tag, *t) == (page.size, &page.endpoint, page.tag, total) => {
+                if page.extents.is_empty() {
+                    return Err(io::Error::other(format!("the mount's reply from extent {start} is empty, before its total of {total}")));
+                }
+                m.extents.extend(page.extents)
+            }
             Some(_) => return Err(io::Error::other("the file changed while its extents were read")),
         }
-        let m = map.as_ref().expect("set above");
-        if done || m.extents.len() >= total as usize {
-            return map.ok_or_else(|| io::Error::other("no reply"));
+        let (m, total) = map.as_ref().expect("set above");
+        match m.extents.len().cmp(&(*total as usize)) {
+            std::cmp::Ordering::Less if m.extents.is_empty() => {
+                return Err(io::Error::other(format!("the mount's first reply is empty, before its total of {total}")));
+            }
+            std::cmp::Ordering::Less => {}
+            std::cmp::Ordering::Equal => return Ok(map.expect("set above").0),
+            std::cmp::Ordering::Greater => {
+                return Err(io::Error::other(format!("the mount sent {} extents, more than its total of {total}", m.extents.len())))
+            }
         }
     }
 }
@@ -282,6 +309,62 @@ mod tests {
         assert!(other.fs_extents().unwrap_err().contains("device tag 7"));
         other.endpoint.nqn = "n".repeat(224);
         assert!(encode_reply(&other, 0).unwrap_err().contains("NQN"));
+    }
+
+    /// Replies a mount (or another file system answering the ioctl's number) might give, paged
+    /// into a map or refused: the bound on `total` is the descriptor's, an empty page or one
+    /// past `total` ends nothing silently.
+    #[test]
+    fn extents_are_paged_whole_within_the_descriptors_bound_or_refused() {
+        let ep = Endpoint { address: "127.0.0.1:4420".parse().unwrap(), nqn: "nqn.2026-11.io.nearstore:x".into(), nsid: 3 };
+        let map = |n: usize, size: u64| MountMap {
+            size,
+            endpoint: ep.clone(),
+            tag: 7,
+            extents: (0..n as u64)
+                .map(|i| MountExtent { logical: i * 4096, address: global::address(7, i * 4096), length: 4096, flags: 0 })
+                .collect(),
+        };
+        let set = |mut v: Vec<u8>, at: usize, x: u32| {
+            v[at..at + 4].copy_from_slice(&x.to_ne_bytes());
+            v
+        };
+        let honest = |m: MountMap| move |start: u32| encode_reply(&m, start).map_err(io::Error::other);
+        type Ask<'a> = Box<dyn FnMut(u32) -> io::Result<Vec<u8>> + 'a>;
+        // (what the mount answers, extents of the map or the words of the error)
+        let cases: Vec<(&str, Ask<'_>, Result<usize, &str>)> = vec![
+            ("none", Box::new(honest(map(0, 0))), Ok(0)),
+            ("one page", Box::new(honest(map(119, 1 << 20))), Ok(119)),
+            ("many pages", Box::new(honest(map(300, 1 << 21))), Ok(300)),
+            ("at the bound", Box::new(honest(map(EXTENTS_PER_OBJECT_MAX, 1 << 30))), Ok(EXTENTS_PER_OBJECT_MAX)),
+            ("past the bound", Box::new(honest(map(EXTENTS_PER_OBJECT_MAX + 1, 1 << 30))), Err("more than the 4096")),
+            ("a total of u32::MAX", Box::new(|s| Ok(set(encode_reply(&map(3, 9), s).unwrap(), 12, u32::MAX))), Err("more than the 4096")),
+            ("a first page empty", Box::new(|s| Ok(set(encode_reply(&map(3, 9), s).unwrap(), 8, 0))), Err("first reply is empty")),
+            (
+                "a later page empty",
+                Box::new(|s| Ok(set(encode_reply(&map(300, 9), s).unwrap(), 8, if s > 0 { 0 } else { 119 }))),
+                Err("from extent 119 is empty"),
+            ),
+            ("a count above its total", Box::new(|s| Ok(set(encode_reply(&map(100, 9), s).unwrap(), 12, 50))), Err("reply of 100 extents")),
+            (
+                "pages past its total",
+                Box::new(|_| encode_reply(&map(150, 9), 0).map_err(io::Error::other)),
+                Err("238 extents, more than its total of 150"),
+            ),
+            (
+                "the file changed",
+                Box::new(|s| encode_reply(&map(300, if s > 0 { 8 } else { 9 }), s).map_err(io::Error::other)),
+                Err("changed"),
+            ),
+            ("the ioctl fails", Box::new(|_| Err(io::Error::from_raw_os_error(libc::ENOTTY))), Err("os error 25")),
+        ];
+        for (what, ask, want) in cases {
+            match (page_through(ask), want) {
+                (Ok(m), Ok(n)) => assert_eq!(m.extents.len(), n, "{what}"),
+                (Err(e), Err(w)) => assert!(e.to_string().contains(w), "{what}: {e}"),
+                (got, want) => panic!("{what}: got {:?}, want {want:?}", got.map(|m| m.extents.len())),
+            }
+        }
     }
 
     #[test]
