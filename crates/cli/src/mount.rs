@@ -28,12 +28,26 @@ pub struct MountArgs {
     #[arg(long)]
     pub hostnqn: Option<String>,
     /// The mount's DH-HMAC-CHAP secret for targets that ask the host to authenticate (as
-    /// nvme-cli's --dhchap-secret).
-    #[arg(long, value_parser = crate::dhchap_secret)]
+    /// nvme-cli's --dhchap-secret). On the command line every user of the machine reads it
+    /// in /proc/PID/cmdline for as long as the mount runs: prefer --dhchap-secret-file.
+    #[arg(long, value_parser = crate::dhchap_secret, conflicts_with = "dhchap_secret_file")]
     pub dhchap_secret: Option<nearstore_dhchap::Secret>,
+    /// A file holding the mount's DH-HMAC-CHAP secret (its first line), readable by root only.
+    #[arg(long, value_parser = secret_file)]
+    pub dhchap_secret_file: Option<nearstore_dhchap::Secret>,
     /// The controller's DH-HMAC-CHAP secret: the targets must prove they hold it.
-    #[arg(long, value_parser = crate::dhchap_secret, requires = "dhchap_secret")]
+    #[arg(long, value_parser = crate::dhchap_secret, conflicts_with = "dhchap_ctrl_secret_file")]
     pub dhchap_ctrl_secret: Option<nearstore_dhchap::Secret>,
+    /// A file holding the controller's DH-HMAC-CHAP secret (its first line).
+    #[arg(long, value_parser = secret_file)]
+    pub dhchap_ctrl_secret_file: Option<nearstore_dhchap::Secret>,
+}
+
+/// A DH-HMAC-CHAP secret from the first line of a file (clap's value parser); the error
+/// names the file, never its bytes.
+fn secret_file(path: &str) -> Result<nearstore_dhchap::Secret, String> {
+    let text = std::fs::read_to_string(path).map_err(|e| format!("{path}: {e}"))?;
+    crate::dhchap_secret(text.lines().next().unwrap_or("").trim()).map_err(|e| format!("{path}: {e}"))
 }
 
 /// Mounts and serves until unmounted (`umount MOUNTPOINT`, or SIGINT/SIGTERM: unmounted
@@ -43,7 +57,13 @@ pub fn run(a: MountArgs) -> Result<()> {
     let mut opts = nearstore_fuse::Options::new(&a.source, &a.mountpoint, devices);
     opts.threads = a.threads;
     opts.op_timeout = std::time::Duration::from_secs(a.op_timeout);
-    (opts.hostnqn, opts.dhchap_secret, opts.dhchap_ctrl_secret) = (a.hostnqn, a.dhchap_secret, a.dhchap_ctrl_secret);
+    if a.dhchap_secret.is_some() || a.dhchap_ctrl_secret.is_some() {
+        warn!("a DH-HMAC-CHAP secret on the command line: every user reads it in /proc/PID/cmdline; use --dhchap-secret-file");
+    }
+    let secret = a.dhchap_secret.or(a.dhchap_secret_file);
+    let ctrl = a.dhchap_ctrl_secret.or(a.dhchap_ctrl_secret_file);
+    anyhow::ensure!(secret.is_some() || ctrl.is_none(), "a controller's DH-HMAC-CHAP secret needs the host's (--dhchap-secret-file)");
+    (opts.hostnqn, opts.dhchap_secret, opts.dhchap_ctrl_secret) = (a.hostnqn, secret, ctrl);
     let mounted = nearstore_fuse::spawn(opts).with_context(|| format!("mounting {} at {}", a.source.display(), a.mountpoint.display()))?;
     info!(source = %a.source.display(), mountpoint = %a.mountpoint.display(), "mounted");
     let mp = a.mountpoint.clone();

@@ -213,9 +213,12 @@ fn the_mount_connects_as_its_host_with_its_secret() {
         .unwrap();
     let want = ok(&["checksum", "-a", "sha256", "--local", p(&fs.mnt.join("app.log"))]);
     let want = format!("{}\n", want.split_whitespace().next().unwrap());
+    let key_file = fs.dir.path().join("host.key");
+    std::fs::write(&key_file, format!("{KEY}\n")).unwrap();
     // (name, the mount's identity, what reading the result gives)
-    let cases: [(&str, &[&str], Result<&str, std::io::ErrorKind>); 2] = [
+    let cases: [(&str, &[&str], Result<&str, std::io::ErrorKind>); 3] = [
         ("keyed", &["--hostnqn", HOST, "--dhchap-secret", KEY], Ok(want.as_str())),
+        ("keyed-from-a-file", &["--hostnqn", HOST, "--dhchap-secret-file", p(&key_file)], Ok(want.as_str())),
         ("stranger", &["--hostnqn", "nqn.2026-11.io.nearstore:stranger"], Err(std::io::ErrorKind::PermissionDenied)),
     ];
     for (name, identity, want) in cases {
@@ -225,6 +228,8 @@ fn the_mount_connects_as_its_host_with_its_secret() {
         let mount = Mount::start(&args, &fs.mnt, &mnt, fs.dir.path().join(format!("{name}.log")));
         let got = std::fs::read_to_string(mnt.join(".nearstore/sha256/app.log")).map_err(|e| e.kind());
         assert_eq!(got.as_deref().map_err(|e| *e), want, "{name}: {}", mount.log());
+        // A secret on the command line is warned about; from a file it is not on it.
+        assert_eq!(mount.log().contains("secret on the command line"), identity.contains(&"--dhchap-secret"), "{name}: {}", mount.log());
         if want.is_err() {
             wait_for(30, "the refusal in the log", || mount.log().contains("refused by the target to this mount's host"));
         } else {
