@@ -199,14 +199,25 @@ pub fn decode_reply(d: &[u8]) -> Result<(MountMap, u32), String> {
 }
 
 /// True when the file system of device `st_dev` is a nearstore mount (its type in
-/// /proc/self/mountinfo): only such a file is asked the mount's ioctl, whose number
-/// another FUSE file system may use for something else.
+/// /proc/self/mountinfo) mounted by root or by this process's user: only such a file is
+/// asked the mount's ioctl, whose number another FUSE file system may use for something
+/// else, and whose answers (the places of a file's blocks) are trusted.
 pub fn is_mount(st_dev: u64) -> bool {
     let Ok(info) = std::fs::read_to_string("/proc/self/mountinfo") else { return false };
-    let dev = format!("{}:{}", libc::major(st_dev), libc::minor(st_dev));
-    info.lines().any(|l| {
-        let mut f = l.split(' ');
-        f.nth(2) == Some(dev.as_str()) && l.split(" - ").nth(1).and_then(|t| t.split(' ').next()) == Some(FSTYPE)
+    // SAFETY: reads the process's effective uid.
+    trusted_mount(&info, &format!("{}:{}", libc::major(st_dev), libc::minor(st_dev)), unsafe { libc::geteuid() })
+}
+
+/// Whether mountinfo's line of device `dev` ("MAJOR:MINOR") is a nearstore mount whose
+/// FUSE daemon is root's or `uid`'s (the super block's `user_id=` option): any user may
+/// mount a FUSE file system typed `fuse.nearstore`.
+fn trusted_mount(mountinfo: &str, dev: &str, uid: u32) -> bool {
+    mountinfo.lines().any(|l| {
+        let Some((mine, theirs)) = l.split_once(" - ") else { return false };
+        let mut t = theirs.split(' ');
+        let (fstype, options) = (t.next(), t.nth(1).unwrap_or(""));
+        let owner = options.split(',').find_map(|o| o.strip_prefix("user_id=")).and_then(|n| n.parse::<u32>().ok());
+        mine.split(' ').nth(2) == Some(dev) && fstype == Some(FSTYPE) && matches!(owner, Some(o) if o == 0 || o == uid)
     })
 }
 
@@ -364,6 +375,30 @@ mod tests {
                 (Err(e), Err(w)) => assert!(e.to_string().contains(w), "{what}: {e}"),
                 (got, want) => panic!("{what}: got {:?}, want {want:?}", got.map(|m| m.extents.len())),
             }
+        }
+    }
+
+    /// Only a nearstore mount of root or of this user is trusted: another user may mount a
+    /// FUSE file system of that type that answers the ioctl with any places.
+    #[test]
+    fn only_a_nearstore_mount_of_root_or_the_user_is_trusted() {
+        let line = |dev: &str, fstype: &str, options: &str| {
+            format!("36 35 {dev} / /mnt/view rw,nosuid,nodev,relatime shared:1 - {fstype} /src {options}\n")
+        };
+        // (mountinfo, device, this user, trusted)
+        let cases = [
+            (line("0:50", "fuse.nearstore", "rw,user_id=0,group_id=0,allow_other"), "0:50", 1000, true),
+            (line("0:50", "fuse.nearstore", "rw,user_id=1000,group_id=1000"), "0:50", 1000, true),
+            (line("0:50", "fuse.nearstore", "rw,user_id=1001,group_id=1001,allow_other"), "0:50", 1000, false),
+            (line("0:50", "fuse.nearstore", "rw,user_id=1001,group_id=1001,allow_other"), "0:50", 0, false),
+            (line("0:50", "fuse.nearstore", "rw,group_id=0,allow_other"), "0:50", 0, false),
+            (line("0:50", "fuse.nearstore", "rw,user_id=x"), "0:50", 0, false),
+            (line("0:50", "fuse.other", "rw,user_id=0,group_id=0"), "0:50", 0, false),
+            (line("0:51", "fuse.nearstore", "rw,user_id=0,group_id=0"), "0:50", 0, false),
+            ("a line without a separator 0:50\n".to_string(), "0:50", 0, false),
+        ];
+        for (info, dev, uid, want) in cases {
+            assert_eq!(trusted_mount(&info, dev, uid), want, "{info} as {uid}");
         }
     }
 
