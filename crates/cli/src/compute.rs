@@ -48,6 +48,10 @@ pub struct Common {
     /// Output format: normal (text) or json.
     #[arg(short = 'o', long, value_enum, default_value = "normal")]
     pub output_format: Output,
+    /// The host NQN of the host's own connections to targets (default: /etc/nvme/hostnqn
+    /// or one derived from the machine id): whose tenant and rights the targets apply.
+    #[arg(long)]
+    pub hostnqn: Option<String>,
     /// The host's DH-HMAC-CHAP secret for its own connections to targets that ask for
     /// authentication (as nvme-cli's --dhchap-secret).
     #[arg(long, value_parser = crate::dhchap_secret)]
@@ -92,8 +96,11 @@ impl Common {
         host.parallel = self.parallel as usize;
         host.passthrough = !self.no_passthrough;
         host.offload_only = self.offload_only;
-        host.dhchap_secret = self.dhchap_secret.clone();
-        host.dhchap_ctrl_secret = self.dhchap_ctrl_secret.clone();
+        host.identity = nearstore_host::Identity {
+            hostnqn: self.hostnqn.clone(),
+            dhchap_secret: self.dhchap_secret.clone(),
+            dhchap_ctrl_secret: self.dhchap_ctrl_secret.clone(),
+        };
         if self.output_format == Output::Normal && std::io::IsTerminal::is_terminal(&std::io::stderr()) {
             let bar = indicatif::ProgressBar::new(0);
             bar.set_style(
@@ -417,7 +424,11 @@ fn sort_across(args: serde_json::Map<String, serde_json::Value>, a: SortArgs) ->
         },
         transfer: if a.transfer == "host" { Transfer::HostMediated } else { Transfer::DeviceToDevice },
     };
-    let opts = nearstore_host::orchestrator::Options { lock_timeout: std::time::Duration::from_secs(a.lock_timeout), ..Default::default() };
+    let opts = nearstore_host::orchestrator::Options {
+        lock_timeout: std::time::Duration::from_secs(a.lock_timeout),
+        identity: host.identity.clone(),
+        ..Default::default()
+    };
     let quiet = a.common.output_format == Output::Json;
     let progress = move |m: &str| {
         if !quiet {

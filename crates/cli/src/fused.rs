@@ -39,6 +39,7 @@ impl Where {
             offload_only: true,
             parallel: 1,
             output_format: Output::Json,
+            hostnqn: None,
             dhchap_secret: None,
             dhchap_ctrl_secret: None,
         };

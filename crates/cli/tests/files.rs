@@ -154,3 +154,47 @@ fn a_host_fallback_is_said_once_per_cause_and_offload_only_refuses() {
     ok(&["select", "--map", p(&map), "--into", p(&rows_out), "SELECT * FROM s3object", p(&big)]);
     assert_eq!(std::fs::read_to_string(&rows_out).unwrap().lines().count(), 40_001);
 }
+
+/// The compute verbs connect as `--hostnqn` (with tenants on the target, the one that
+/// decides what a host reaches): the tenant's host gets the offloaded result, which equals
+/// the host's own; another host, or none given (the machine's, in no tenant), is refused.
+#[test]
+fn the_compute_verbs_connect_as_hostnqn() {
+    const HOST: &str = "nqn.2026-11.io.nearstore:files-tenant-host";
+    const SUB: &str = "nqn.2026-11.io.nearstore:disk0";
+    let fs = Fs::new(64);
+    let f = fs.mnt.join("app.log");
+    std::fs::write(&f, "line\nERROR\n".repeat(5000)).unwrap();
+    let cfg = fs.dir.path().join("t.toml");
+    std::fs::write(
+        &cfg,
+        format!(
+            "[[listener]]\naddress = \"127.0.0.1:0\"\n[[subsystem]]\nnqn = \"{SUB}\"\nallow_any_host = true\n\
+             [[subsystem.namespace]]\nnsid = 1\npath = \"{}\"\n\
+             [[tenant]]\nname = \"logs\"\nhosts = [\"{HOST}\"]\n[[tenant.reach]]\nsubsystem = \"{SUB}\"\n",
+            p(&fs.image)
+        ),
+    )
+    .unwrap();
+    let t = Target::start(&["--config", p(&cfg)]);
+    let map = fs.dir.path().join("map.toml");
+    std::fs::write(&map, format!("[[namespace]]\naddress = \"{}\"\nnqn = \"{SUB}\"\nnsid = 1\nfile = \"{}\"\n", t.addr, p(&fs.image)))
+        .unwrap();
+    let want = ok(&["checksum", "--local", p(&f)]);
+    // (who, the arguments naming it, offloaded or refused)
+    let cases: [(&str, &[&str], bool); 3] = [
+        ("the tenant's host", &["--hostnqn", HOST], true),
+        ("another host", &["--hostnqn", "nqn.2026-11.io.nearstore:files-stranger"], false),
+        ("the machine's host", &[], false),
+    ];
+    for (who, identity, offloaded) in cases {
+        let args: Vec<&str> =
+            ["checksum", "--offload-only", "--map", p(&map)].into_iter().chain(identity.iter().copied()).chain([p(&f)]).collect();
+        if offloaded {
+            assert_eq!(ok(&args), want, "{who}");
+        } else {
+            let (out, err) = fails(&args);
+            assert!(out.is_empty() && err.contains(SUB), "{who}: {err}");
+        }
+    }
+}

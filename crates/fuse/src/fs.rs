@@ -378,12 +378,7 @@ impl NearFs {
 }
 
 /// Who the mount is to the targets (`nearstore mount --hostnqn --dhchap-secret`).
-#[derive(Clone, Debug, Default)]
-pub struct Identity {
-    pub hostnqn: Option<String>,
-    pub dhchap_secret: Option<nearstore_dhchap::Secret>,
-    pub dhchap_ctrl_secret: Option<nearstore_dhchap::Secret>,
-}
+pub use nearstore_host::Identity;
 
 /// Who asked for an operation (a read's caller): a transform writes its output only where
 /// the caller may, as the kernel would decide.
@@ -573,9 +568,7 @@ impl Computer {
         let mut host = Host::new(self.devices.clone());
         host.timeout = self.op_timeout;
         host.parallel = 1;
-        host.hostnqn = self.identity.hostnqn.clone();
-        host.dhchap_secret = self.identity.dhchap_secret.clone();
-        host.dhchap_ctrl_secret = self.identity.dhchap_ctrl_secret.clone();
+        host.identity = self.identity.clone();
         host
     }
 }

@@ -160,6 +160,34 @@ struct Conn {
     block: u64,
 }
 
+/// Who a host is to the targets, on every connection the host library makes for it (a
+/// file's commands, the orchestrator's steps): the tenant and the authority the targets
+/// apply are the requesting host's, never the machine's by accident.
+#[derive(Clone, Debug, Default)]
+pub struct Identity {
+    /// The host NQN (`--hostnqn`, its Host ID derived from it), else the machine's
+    /// (`nearstore_initiator::host`).
+    pub hostnqn: Option<String>,
+    /// The DH-HMAC-CHAP secrets (`--dhchap-secret`, `--dhchap-ctrl-secret`): used where a
+    /// target asks the host to authenticate.
+    pub dhchap_secret: Option<nearstore_dhchap::Secret>,
+    pub dhchap_ctrl_secret: Option<nearstore_dhchap::Secret>,
+}
+
+impl Identity {
+    /// The options of a connection to `ep` as this host; Err says why the host NQN is not one.
+    pub fn connect_options(&self, ep: &Endpoint) -> Result<ConnectOptions, String> {
+        let mut o = ConnectOptions::new(ep.address, &ep.nqn);
+        o.dhchap_secret = self.dhchap_secret.clone();
+        o.dhchap_ctrl_secret = self.dhchap_ctrl_secret.clone();
+        if let Some(nqn) = &self.hostnqn {
+            let ids = nearstore_initiator::host::resolve(Some(nqn), None).map_err(|e| format!("host NQN {nqn}: {e}"))?;
+            (o.hostnqn, o.hostid) = (ids.hostnqn, ids.hostid);
+        }
+        Ok(o)
+    }
+}
+
 /// Runs operations over files. Connections to targets are made on first use and kept.
 pub struct Host {
     pub devices: DeviceMap,
@@ -176,13 +204,8 @@ pub struct Host {
     /// Refuse (`HostError::NotOffloaded`, before computing anything) rather than compute
     /// on the host what cannot be offloaded; `Mode::Local` is unaffected.
     pub offload_only: bool,
-    /// The DH-HMAC-CHAP secrets of this host's own connections (`--dhchap-secret`,
-    /// `--dhchap-ctrl-secret`): used where a target asks the host to authenticate.
-    pub dhchap_secret: Option<nearstore_dhchap::Secret>,
-    pub dhchap_ctrl_secret: Option<nearstore_dhchap::Secret>,
-    /// The host NQN of this host's own connections (`--hostnqn`, its Host ID derived from
-    /// it), else the machine's (`nearstore_initiator::host`): whose tenant the targets apply.
-    pub hostnqn: Option<String>,
+    /// Who this host is on every connection it makes.
+    pub identity: Identity,
     conns: HashMap<Endpoint, Conn>,
     kernel: HashMap<Endpoint, Arc<KernelNamespace>>,
 }
@@ -196,9 +219,7 @@ impl Host {
             progress: None,
             passthrough: true,
             offload_only: false,
-            dhchap_secret: None,
-            dhchap_ctrl_secret: None,
-            hostnqn: None,
+            identity: Identity::default(),
             conns: HashMap::new(),
             kernel: HashMap::new(),
         }
@@ -256,14 +277,7 @@ impl Host {
             return Ok(());
         }
         let err = |source| HostError::Target { endpoint: ep_name(ep), source };
-        let mut o = ConnectOptions::new(ep.address, &ep.nqn);
-        o.dhchap_secret = self.dhchap_secret.clone();
-        o.dhchap_ctrl_secret = self.dhchap_ctrl_secret.clone();
-        if let Some(nqn) = &self.hostnqn {
-            let ids =
-                nearstore_initiator::host::resolve(Some(nqn), None).map_err(|e| HostError::Invalid(format!("host NQN {nqn}: {e}")))?;
-            (o.hostnqn, o.hostid) = (ids.hostnqn, ids.hostid);
-        }
+        let o = self.identity.connect_options(ep).map_err(HostError::Invalid)?;
         let ctrl = Controller::connect(o).await.map_err(err)?;
         let block = ctrl.identify_namespace(ep.nsid).await.map_err(err)?.block_size() as u64;
         let mut queues = Vec::new();

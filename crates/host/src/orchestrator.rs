@@ -23,7 +23,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use nearstore_compute::Outcome;
-use nearstore_initiator::{ConnectOptions, Controller, PieceReader, PieceWriter};
+use nearstore_initiator::{Controller, PieceReader, PieceWriter};
 use nearstore_wire::compute::{global, Descriptor, Extent, Object};
 use parking_lot::Mutex;
 use std::sync::atomic::{AtomicU8, Ordering::SeqCst};
@@ -36,6 +36,7 @@ const EXECUTING: u8 = 1;
 const STOPPED: u8 = 2;
 
 use crate::device::Endpoint;
+use crate::Identity;
 
 /// A byte range of a device's namespace, by its tag.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -177,11 +178,13 @@ pub struct Options {
     pub lock_timeout: Duration,
     /// How long one command may take.
     pub command_timeout: Duration,
+    /// Who the steps' connections are to the targets: the requesting host.
+    pub identity: Identity,
 }
 
 impl Default for Options {
     fn default() -> Self {
-        Options { lock_timeout: Duration::from_secs(600), command_timeout: Duration::from_secs(3600) }
+        Options { lock_timeout: Duration::from_secs(600), command_timeout: Duration::from_secs(3600), identity: Identity::default() }
     }
 }
 
@@ -304,8 +307,8 @@ pub async fn run(
     }
 }
 
-async fn connect(ep: &Endpoint) -> Result<(Controller, nearstore_initiator::IoQueue, u64), String> {
-    let c = Controller::connect(ConnectOptions::new(ep.address, &ep.nqn)).await.map_err(|e| format!("connecting: {e}"))?;
+async fn connect(ep: &Endpoint, who: &Identity) -> Result<(Controller, nearstore_initiator::IoQueue, u64), String> {
+    let c = Controller::connect(who.connect_options(ep)?).await.map_err(|e| format!("connecting: {e}"))?;
     let block = c.identify_namespace(ep.nsid).await.map_err(|e| format!("identifying the namespace: {e}"))?.block_size() as u64;
     let q = c.io_queue(1).await.map_err(|e| format!("opening a queue: {e}"))?;
     Ok((c, q, block))
@@ -314,7 +317,7 @@ async fn connect(ep: &Endpoint) -> Result<(Controller, nearstore_initiator::IoQu
 async fn execute(s: &Step, opts: &Options) -> Result<(Option<Outcome>, u64), String> {
     match &s.action {
         Action::Exec { desc } => {
-            let (_c, mut q, _) = connect(&s.device).await?;
+            let (_c, mut q, _) = connect(&s.device, &opts.identity).await?;
             let json = q.compute(s.device.nsid, &desc.encode(), opts.command_timeout).await.map_err(|e| e.to_string())?;
             let mut outs: Vec<Outcome> = serde_json::from_slice(&json).map_err(|e| format!("the target's result: {e}"))?;
             if outs.is_empty() {
@@ -324,7 +327,8 @@ async fn execute(s: &Step, opts: &Options) -> Result<(Option<Outcome>, u64), Str
             Ok((Some(outs.remove(0)), bytes))
         }
         Action::Copy { from_ep, from, skip, to } => {
-            let ((_fc, mut fq, fblock), (_tc, mut tq, tblock)) = tokio::try_join!(connect(from_ep), connect(&s.device))?;
+            let ((_fc, mut fq, fblock), (_tc, mut tq, tblock)) =
+                tokio::try_join!(connect(from_ep, &opts.identity), connect(&s.device, &opts.identity))?;
             let mut r = PieceReader::new(fq.queue(), from_ep.nsid, fblock, from.pieces());
             let mut w = PieceWriter::new(
                 tq.queue(),

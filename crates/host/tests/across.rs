@@ -20,7 +20,7 @@ use common::Fs;
 use nearstore_host::device::{DeviceMap, Endpoint};
 use nearstore_host::dsort::{sort_across, SortAcross, SortOutput, Transfer};
 use nearstore_host::orchestrator::{self, Action, Locks, Options, Range, Step};
-use nearstore_host::HostError;
+use nearstore_host::{HostError, Identity};
 use nearstore_target::config::Config;
 use nearstore_target::Target;
 use nearstore_wire::compute::{Descriptor, Extent, Object};
@@ -40,8 +40,9 @@ struct Cluster {
 const NQN: &str = "nqn.2026-11.io.nearstore:across";
 
 /// Three targets, tags 1 to 3; each lists the others as peers. Device 3 is reached
-/// (by the host and by its peers) through a proxy.
-async fn cluster() -> Cluster {
+/// (by the host and by its peers) through a proxy. `more(i)` is added to target i's
+/// configuration (tenants).
+async fn cluster(more: &dyn Fn(usize) -> String) -> Cluster {
     let fs: Vec<Fs> = (0..3).map(|_| Fs::new(128)).collect();
     let listeners: Vec<TcpListener> = futures_listeners(3).await;
     let real: Vec<SocketAddr> = listeners.iter().map(|l| l.local_addr().unwrap()).collect();
@@ -58,6 +59,7 @@ async fn cluster() -> Cluster {
             fs[i].image.display(),
             i + 1
         );
+        cfg += &more(i);
         for j in (0..3).filter(|j| *j != i) {
             cfg += &format!("[[cluster.peer]]\ntag = {}\naddress = \"{}\"\nnqn = \"{NQN}{j}\"\n", j + 1, seen[j]);
         }
@@ -104,24 +106,29 @@ fn spread(c: &Cluster, parts: [Vec<u8>; 4], args: &[u8]) -> (Vec<PathBuf>, Vec<u
         write(&c.fs[1].mnt.join("c.in"), &parts[2]),
         write(&c.fs[2].mnt.join("d.in"), &parts[3]),
     ];
+    (files, sorted(&parts, args))
+}
+
+/// The sort of `parts` in memory.
+fn sorted(parts: &[Vec<u8>], args: &[u8]) -> Vec<u8> {
     let refs: Vec<&[u8]> = parts.iter().map(|p| &p[..]).collect();
     let mut srcs: Vec<nearstore_compute::SliceSource> =
         refs.iter().map(|d| nearstore_compute::SliceSource::new(d.chunks(1 << 20))).collect();
     let mut ins: Vec<&mut dyn nearstore_compute::Source> = srcs.iter_mut().map(|s| s as &mut dyn nearstore_compute::Source).collect();
     let mut out = nearstore_compute::VecSink::new(1 << 30);
     nearstore_compute::by_name("sort").unwrap().execute(args, &mut ins, &mut [&mut out], &Default::default()).unwrap();
-    (files, out.data)
+    out.data
 }
 
 fn quiet(_: &str) {}
 
 fn opts(lock_secs: u64) -> Options {
-    Options { lock_timeout: Duration::from_secs(lock_secs), command_timeout: Duration::from_secs(120) }
+    Options { lock_timeout: Duration::from_secs(lock_secs), command_timeout: Duration::from_secs(120), ..Options::default() }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sorts_across_three_targets_into_one_output_or_ranges_in_both_modes() {
-    let c = cluster().await;
+    let c = cluster(&|_| String::new()).await;
     let locks = Arc::new(Locks::default());
     let layouts: [(serde_json::Value, [Vec<u8>; 4]); 3] = [
         (
@@ -181,6 +188,57 @@ async fn sorts_across_three_targets_into_one_output_or_ranges_in_both_modes() {
     assert!(locks.held().is_empty());
 }
 
+/// With tenants on the targets, every connection of the sort (its steps', and the peers'
+/// reads acting for it) is the requesting host's (`Options::identity`): a host whose
+/// tenant reaches devices 1 and 2 sorts files there, in both transfer modes; with an input
+/// on device 3, which its tenant does not reach, the plan fails naming device 3; the
+/// machine's own host NQN, in no tenant, is refused where the sorter succeeds.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_sort_connects_as_the_requesting_host_and_reaches_what_its_tenant_does() {
+    const SORTER: &str = "nqn.2026-11.io.nearstore:across-sorter";
+    let c = cluster(&|i| {
+        let host = if i < 2 { SORTER } else { "nqn.2026-11.io.nearstore:across-other" };
+        format!("[[tenant]]\nname = \"sorting\"\nhosts = [\"{host}\"]\n[[tenant.reach]]\nsubsystem = \"{NQN}{i}\"\n")
+    })
+    .await;
+    let locks = Arc::new(Locks::default());
+    let args = serde_json::json!({"record_size": 100, "key_length": 10});
+    let parts = [records(300, 0), records(200, 300), records(500, 500), records(400, 1000)];
+    let args_bytes = serde_json::to_vec(&args).unwrap();
+    let (inputs, _) = spread(&c, parts.clone(), &args_bytes);
+    let want = sorted(&parts[..3], &args_bytes);
+    let out = c.fs[1].mnt.join("sorted.out");
+    // (what, host NQN, inputs, transfer, Ok or the device named in the failure)
+    let cases: [(&str, Option<&str>, usize, Transfer, Result<(), &str>); 5] = [
+        ("sorter, devices 1 and 2", Some(SORTER), 3, Transfer::DeviceToDevice, Ok(())),
+        ("sorter, devices 1 and 2, host-mediated", Some(SORTER), 3, Transfer::HostMediated, Ok(())),
+        ("sorter, an input on device 3", Some(SORTER), 4, Transfer::DeviceToDevice, Err("device 3")),
+        ("sorter, an input on device 3, host-mediated", Some(SORTER), 4, Transfer::HostMediated, Err("device 3")),
+        ("the machine's host", None, 3, Transfer::DeviceToDevice, Err("device ")),
+    ];
+    for (what, host, n, transfer, expect) in cases {
+        let _ = std::fs::remove_file(&out);
+        let req = SortAcross { inputs: inputs[..n].to_vec(), args: args.clone(), output: SortOutput::One(out.clone()), transfer };
+        let o = Options { identity: Identity { hostnqn: host.map(String::from), ..Identity::default() }, ..opts(60) };
+        let r = sort_across(&c.map, locks.clone(), &req, &o, &quiet).await;
+        match expect {
+            Ok(()) => {
+                r.unwrap_or_else(|e| panic!("{what}: {e}"));
+                assert!(std::fs::read(&out).unwrap() == want, "{what}: the output differs from the sort in memory");
+            }
+            Err(device) => {
+                expect_step_error(r, "", device, &["connecting"]);
+                assert!(!out.exists(), "{what}: an output was written");
+            }
+        }
+        for fs in &c.fs {
+            let keep: &[&str] = &["a.in", "b.in", "c.in", "d.in", "sorted.out"];
+            assert!(fs.leftovers(keep).is_empty(), "{what}: left {:?}", fs.leftovers(keep));
+        }
+    }
+    assert!(locks.held().is_empty());
+}
+
 fn expect_step_error(r: Result<impl std::fmt::Debug, HostError>, step: &str, device: &str, needles: &[&str]) {
     match r {
         Err(HostError::Step(e)) => {
@@ -195,7 +253,7 @@ fn expect_step_error(r: Result<impl std::fmt::Debug, HostError>, step: &str, dev
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn faults_fail_the_request_naming_step_and_device_and_leave_nothing_behind() {
-    let c = cluster().await;
+    let c = cluster(&|_| String::new()).await;
     let locks = Arc::new(Locks::default());
     let args = serde_json::json!({"record_size": 100, "key_length": 10});
     let (inputs, _) = spread(
