@@ -226,6 +226,38 @@ impl NearFs {
         }
     }
 
+    /// Answers an extended attribute read of the source file behind `ino` (`call`: `lgetxattr`
+    /// or `llistxattr` of its path into `len` bytes, at most `XATTR_BYTES_MAX`) as FUSE asks:
+    /// the size when `size` is 0, else the bytes. A node under `.nearstore` has no attributes
+    /// of its own: it answers `absent`, an errno (a value: ENODATA), else empty (a list).
+    fn source_xattr(
+        &self,
+        ino: INodeNo,
+        size: u32,
+        reply: ReplyXattr,
+        absent: Option<Errno>,
+        call: impl FnOnce(*const libc::c_char, *mut libc::c_void, usize) -> isize,
+    ) {
+        let r = match self.node(ino) {
+            Ok(Node::Real(p)) => cstr(&self.source.join(p)).and_then(|c| {
+                let mut buf = vec![0u8; (size as usize).min(XATTR_BYTES_MAX)];
+                let r = call(c.as_ptr(), buf.as_mut_ptr().cast(), buf.len());
+                if r < 0 {
+                    return Err(errno(&std::io::Error::last_os_error()));
+                }
+                buf.truncate(r as usize);
+                Ok((r as u32, buf))
+            }),
+            Ok(_) => absent.map_or(Ok((0, Vec::new())), Err),
+            Err(e) => Err(e),
+        };
+        match r {
+            Ok((n, _)) if size == 0 => reply.size(n),
+            Ok((_, buf)) => reply.data(&buf),
+            Err(e) => reply.error(e),
+        }
+    }
+
     /// The relative path of a real directory's entry.
     fn child(&self, parent: INodeNo, name: &OsStr) -> Result<PathBuf, Errno> {
         let name = plain(name)?;
@@ -1171,43 +1203,16 @@ impl Filesystem for NearFs {
                 None => reply.error(Errno::from_i32(libc::ENODATA)),
             };
         }
-        let r = self.real(ino).and_then(|p| {
-            let (c, n) = (cstr(&p)?, CString::new(name.as_bytes()).map_err(|_| Errno::EINVAL)?);
-            let mut buf = vec![0u8; (size as usize).min(XATTR_BYTES_MAX)];
-            // SAFETY: valid C strings and a buffer of buf.len() bytes.
-            let r = unsafe { libc::lgetxattr(c.as_ptr(), n.as_ptr(), buf.as_mut_ptr().cast(), buf.len()) };
-            if r < 0 {
-                return Err(errno(&std::io::Error::last_os_error()));
-            }
-            buf.truncate(r as usize);
-            Ok((r as u32, buf))
+        let Ok(n) = CString::new(name.as_bytes()) else { return reply.error(Errno::EINVAL) };
+        // SAFETY: valid C strings and a buffer of len bytes.
+        self.source_xattr(ino, size, reply, Some(Errno::from_i32(libc::ENODATA)), |c, buf, len| unsafe {
+            libc::lgetxattr(c, n.as_ptr(), buf, len)
         });
-        match r {
-            Ok((n, _)) if size == 0 => reply.size(n),
-            Ok((_, buf)) => reply.data(&buf),
-            Err(e) => reply.error(e),
-        }
     }
 
     fn listxattr(&self, _req: &Request, ino: INodeNo, size: u32, reply: ReplyXattr) {
-        let r = self.real(ino).and_then(|p| {
-            let c = cstr(&p)?;
-            let mut buf = vec![0u8; (size as usize).min(XATTR_BYTES_MAX)];
-            // SAFETY: a valid C string and a buffer of buf.len() bytes.
-            let r = unsafe { libc::llistxattr(c.as_ptr(), buf.as_mut_ptr().cast(), buf.len()) };
-            if r < 0 {
-                return Err(errno(&std::io::Error::last_os_error()));
-            }
-            buf.truncate(r as usize);
-            Ok((r as u32, buf))
-        });
-        match r {
-            Ok((n, _)) if size == 0 => reply.size(n),
-            Ok((_, buf)) => reply.data(&buf),
-            Err(Errno::EROFS) if size == 0 => reply.size(0),
-            Err(Errno::EROFS) => reply.data(&[]),
-            Err(e) => reply.error(e),
-        }
+        // SAFETY: a valid C string and a buffer of len bytes.
+        self.source_xattr(ino, size, reply, None, |c, buf, len| unsafe { libc::llistxattr(c, buf.cast(), len) });
     }
 
     fn removexattr(&self, req: &Request, ino: INodeNo, name: &OsStr, reply: ReplyEmpty) {

@@ -166,3 +166,55 @@ fn several_readers_at_once_each_get_their_file() {
         }
     });
 }
+
+/// `getxattr(2)` (len 0 asks for the size) and `listxattr(2)` of a path in the mount: what
+/// they return, or the errno.
+fn xattr_call(path: &std::path::Path, name: Option<&str>, len: usize) -> Result<Vec<u8>, i32> {
+    let c = std::ffi::CString::new(path.to_str().unwrap()).unwrap();
+    let mut buf = vec![0u8; len];
+    let r = match name {
+        Some(name) => {
+            let n = std::ffi::CString::new(name).unwrap();
+            // SAFETY: C strings and a buffer of buf.len() bytes.
+            unsafe { libc::getxattr(c.as_ptr(), n.as_ptr(), buf.as_mut_ptr().cast(), buf.len()) }
+        }
+        // SAFETY: a C string and a buffer of buf.len() bytes.
+        None => unsafe { libc::listxattr(c.as_ptr(), buf.as_mut_ptr().cast(), buf.len()) },
+    };
+    if r < 0 {
+        return Err(std::io::Error::last_os_error().raw_os_error().unwrap_or(0));
+    }
+    buf.truncate(if len == 0 { 0 } else { r as usize });
+    Ok(if len == 0 { (r as u64).to_string().into_bytes() } else { buf })
+}
+
+/// A source file's own extended attributes read through the mount as on the source (a
+/// value, its size, a list, a buffer too small, one that is absent); a result path under
+/// `.nearstore` has none of its own: an empty list, ENODATA for a value.
+#[test]
+fn a_source_files_attributes_read_through_the_mount() {
+    let rig = Rig::new();
+    std::fs::write(rig.s("f"), text(10_000, 3)).unwrap();
+    let (c, n) = (std::ffi::CString::new(rig.s("f").to_str().unwrap()).unwrap(), std::ffi::CString::new("user.color").unwrap());
+    // SAFETY: C strings and a buffer of 4 bytes.
+    assert_eq!(unsafe { libc::setxattr(c.as_ptr(), n.as_ptr(), b"blue".as_ptr().cast(), 4, 0) }, 0, "setxattr on the source");
+    let (f, result) = (rig.m("f"), rig.m(".nearstore/sha256/f"));
+    // (what, path, attribute or None for the list, buffer length (0: the size), what comes back)
+    let cases: [(&str, &std::path::Path, Option<&str>, usize, Result<&[u8], i32>); 9] = [
+        ("a value", &f, Some("user.color"), 64, Ok(b"blue")),
+        ("a value's size", &f, Some("user.color"), 0, Ok(b"4")),
+        ("a buffer too small", &f, Some("user.color"), 2, Err(libc::ERANGE)),
+        ("an absent value", &f, Some("user.shape"), 64, Err(libc::ENODATA)),
+        ("the list", &f, None, 64, Ok(b"user.color\0")),
+        ("the list's size", &f, None, 0, Ok(b"11")),
+        ("a result's value", &result, Some("user.color"), 64, Err(libc::ENODATA)),
+        ("a result's list", &result, None, 64, Ok(b"")),
+        ("a result's list's size", &result, None, 0, Ok(b"0")),
+    ];
+    for (what, path, name, len, want) in cases {
+        let path = path.to_path_buf();
+        let name = name.map(String::from);
+        let got = within(30, what, move || xattr_call(&path, name.as_deref(), len));
+        assert_eq!(got.as_deref().map_err(|e| *e), want, "{what}");
+    }
+}
