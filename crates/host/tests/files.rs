@@ -18,6 +18,7 @@ use nearstore_host::object::{map_file, MapError, Mapped};
 use nearstore_host::{Host, How, Mode};
 use nearstore_target::config::Config;
 use nearstore_target::Target;
+use nearstore_testkit::text;
 
 const NQN: &str = "nqn.2026-11.io.nearstore:hosttest";
 
@@ -31,20 +32,6 @@ async fn start_target(image: &Path) -> Endpoint {
     let addr = t.listen("127.0.0.1:0".parse().unwrap(), false).await.unwrap();
     std::mem::forget(t);
     Endpoint { address: addr, nqn: NQN.into(), nsid: 1 }
-}
-
-fn text(len: usize, seed: u64) -> Vec<u8> {
-    let words: [&[u8]; 5] = [b"lorem ", b"ipsum\n", b"needle ", b"ERROR disk\n", b"\tdolor "];
-    let mut s = seed | 1;
-    let mut out = Vec::with_capacity(len + 16);
-    while out.len() < len {
-        s ^= s << 13;
-        s ^= s >> 7;
-        s ^= s << 17;
-        out.extend_from_slice(words[(s % 5) as usize]);
-    }
-    out.truncate(len);
-    out
 }
 
 /// Files of every shape the issue names.

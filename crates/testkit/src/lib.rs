@@ -1,6 +1,6 @@
 //! Set-up shared by the workspace's tests (a dev-dependency only): running a command that
 //! a test needs, an ext4 file system on a loop device, the check that every verb and
-//! argument of a binary has help, and a real etcd cluster (`etcd`).
+//! argument of a binary has help, test text (`text`), and a real etcd cluster (`etcd`).
 
 pub mod etcd;
 
@@ -211,4 +211,20 @@ mod tests {
         // clap's own `help` verb repeats each verb's about.
         assert_eq!(got, ["x help sub: the verb", "x ok inner: x", "x sub: the verb", "x: bare"]);
     }
+}
+
+/// `len` bytes of text from `seed` (xorshift over a few words), with lines that match
+/// `ERROR` and `needle`: the same bytes for the same seed, different ones for another.
+pub fn text(len: usize, seed: u64) -> Vec<u8> {
+    let words: [&[u8]; 5] = [b"lorem ", b"ipsum\n", b"needle ", b"ERROR disk\n", b"\tdolor "];
+    let mut s = seed | 1;
+    let mut out = Vec::with_capacity(len + 16);
+    while out.len() < len {
+        s ^= s << 13;
+        s ^= s >> 7;
+        s ^= s << 17;
+        out.extend_from_slice(words[(s % 5) as usize]);
+    }
+    out.truncate(len);
+    out
 }

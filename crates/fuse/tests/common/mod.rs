@@ -13,6 +13,7 @@ use std::time::Duration;
 use nearstore_host::device::{DeviceMap, Endpoint};
 use nearstore_target::config::Config;
 use nearstore_target::Target;
+pub use nearstore_testkit::text;
 use nearstore_testkit::Fs;
 
 pub const NQN: &str = "nqn.2026-11.io.nearstore:fusetest";
@@ -128,19 +129,4 @@ pub fn as_nobody(cmd: &str, args: &[&str]) -> Output {
         .args(args)
         .output()
         .unwrap_or_else(|e| panic!("cannot run setpriv (util-linux, needed by this test): {e}"))
-}
-
-/// Text with some lines that match `ERROR`.
-pub fn text(len: usize, seed: u64) -> Vec<u8> {
-    let words: [&[u8]; 5] = [b"lorem ", b"ipsum\n", b"needle ", b"ERROR disk\n", b"\tdolor "];
-    let mut s = seed | 1;
-    let mut out = Vec::with_capacity(len + 16);
-    while out.len() < len {
-        s ^= s << 13;
-        s ^= s >> 7;
-        s ^= s << 17;
-        out.extend_from_slice(words[(s % 5) as usize]);
-    }
-    out.truncate(len);
-    out
 }
