@@ -66,9 +66,12 @@ fn ioe(path: &Path) -> impl FnOnce(std::io::Error) -> HostError + '_ {
 /// Where a LevelDB log in `path` ends: after its last record, before zeros a crash left
 /// after it (a preallocation whose size was not set back). Every 32 KiB block starts with
 /// a record header, so the last block's headers are walked from its start; a block that
-/// starts with a zero header is not part of the log.
+/// starts with a zero header is not part of the log. The host's cached pages of the file go
+/// first: records a target appended lie under the zeros cached when they were
+/// preallocated.
 pub fn log_end(path: &Path) -> Result<u64, HostError> {
     let f = File::open(path).map_err(ioe(path))?;
+    crate::drop_cached(&f, path)?;
     let size = f.metadata().map_err(ioe(path))?.len();
     let mut start = size / LOG_BLOCK_BYTES as u64 * LOG_BLOCK_BYTES as u64;
     let mut block = vec![0u8; LOG_BLOCK_BYTES];
@@ -93,8 +96,9 @@ pub fn log_end(path: &Path) -> Result<u64, HostError> {
     }
 }
 
-/// Zero-fills `path` from its size to `to` (rounded up to 4 KiB), synced: allocated,
-/// written blocks a target may write into and the file system reads back.
+/// Zero-fills `path` from its size to `to` (rounded up to 4 KiB), synced and dropped from
+/// the host's page cache: allocated, written blocks a target may write into and the file
+/// system reads back from the device (the cached zeros would hide every record appended).
 fn preallocate(path: &Path, to: u64) -> Result<(), HostError> {
     let f = OpenOptions::new().write(true).open(path).map_err(ioe(path))?;
     let size = f.metadata().map_err(ioe(path))?.len();
@@ -109,7 +113,8 @@ fn preallocate(path: &Path, to: u64) -> Result<(), HostError> {
         f.write_all_at(&zeros[..n], at).map_err(ioe(path))?;
         at += n as u64;
     }
-    f.sync_all().map_err(ioe(path))
+    f.sync_all().map_err(ioe(path))?;
+    crate::drop_cached(&f, path)
 }
 
 /// The namespace pieces (byte offset, length) of object bytes [from, to).

@@ -879,18 +879,22 @@ fn prepare(path: &Path, capacity: u64, devices: &DeviceMap, scratch: bool) -> Re
 pub(crate) fn finish_output(path: &Path, written: u64) -> Result<(), HostError> {
     let ioe = |source| HostError::Io { path: path.into(), source };
     let f = std::fs::OpenOptions::new().write(true).open(path).map_err(ioe)?;
-    let drop_cache = || {
-        // SAFETY: plain syscall on an open descriptor.
-        let r = unsafe { libc::posix_fadvise(f.as_raw_fd(), 0, 0, libc::POSIX_FADV_DONTNEED) };
-        if r != 0 {
-            return Err(ioe(std::io::Error::from_raw_os_error(r)));
-        }
-        Ok(())
-    };
-    drop_cache()?;
+    drop_cached(&f, path)?;
     f.set_len(written).map_err(ioe)?;
     f.sync_all().map_err(ioe)?;
-    drop_cache()
+    drop_cached(&f, path)
+}
+
+/// Drops the host's clean cached pages of `f` (at `path`): a target writes the file's
+/// blocks underneath the host's page cache, so what was cached before (a zero fill) is
+/// stale and a read must reach the device.
+pub(crate) fn drop_cached(f: &File, path: &Path) -> Result<(), HostError> {
+    // SAFETY: plain syscall on an open descriptor.
+    let r = unsafe { libc::posix_fadvise(f.as_raw_fd(), 0, 0, libc::POSIX_FADV_DONTNEED) };
+    if r != 0 {
+        return Err(HostError::Io { path: path.into(), source: std::io::Error::from_raw_os_error(r) });
+    }
+    Ok(())
 }
 
 /// A select result's value as a CSV field, as the CLI prints it and the FUSE mount reads it:

@@ -124,3 +124,32 @@ async fn write_and_read_checksum_of_file_ranges() {
     assert!(host.write_checksum(&path, 299_999, b"ab").await.is_err());
     assert!(host.read_checksum(&path, 299_999, 2).await.is_err());
 }
+
+/// A writer that dies before `finish` (the application crashed, the host's kernel did not):
+/// the records the target acknowledged lie under the zeros the host wrote to preallocate.
+/// Reopening the log finds its end after them, LevelDB's reader on this host reads them,
+/// and appending goes on after them rather than over them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn records_acknowledged_before_a_crash_are_found_after_it() {
+    let fs = Fs::new(64);
+    let mut host = start(&fs).await;
+    let path = fs.mnt.join("000005.log");
+    let mut w = LogWriter::create(&mut host, &path).unwrap();
+    let mut sent = Vec::new();
+    for i in 0..12 {
+        w.add_record(&record(i)).await.unwrap();
+        sent.push(record(i));
+    }
+    let end = w.len();
+    // The crash: no finish, the preallocated zeros stay cached and past the log.
+    drop(w);
+    assert!(std::fs::metadata(&path).unwrap().len() > end, "the preallocation is past the log");
+    assert_eq!(log_end(&path).unwrap(), end, "the log's end after its acknowledged records");
+    assert_eq!(leveldb_records(&read(&path)), Ok(sent.clone()));
+    let mut w = LogWriter::open(&mut host, &path).unwrap();
+    assert_eq!(w.len(), end);
+    w.add_record(b"after the crash").await.unwrap();
+    w.finish().unwrap();
+    sent.push(b"after the crash".to_vec());
+    assert_eq!(leveldb_records(&read(&path)), Ok(sent));
+}
