@@ -539,6 +539,9 @@ impl Computer {
         // A kernel-attached namespace's device is root's: as another caller the mount
         // offloads over its own connection.
         host.passthrough = !as_caller.switched;
+        // A file computed here is opened on this thread, which holds the caller's
+        // credentials; a blocking thread of the runtime would open it as the mount's user.
+        host.local_on_caller = as_caller.switched;
         if let Some(suffix) = spec.output {
             return self.transform(host, spec, path, suffix, caller);
         }

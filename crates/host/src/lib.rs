@@ -206,6 +206,11 @@ pub struct Host {
     pub offload_only: bool,
     /// Who this host is on every connection it makes.
     pub identity: Identity,
+    /// Compute what cannot be offloaded on the calling thread (after the offloaded work
+    /// is sent) rather than on a blocking thread of the runtime: a caller acting with
+    /// per-thread file-system credentials (the FUSE mount, as its user) keeps them for
+    /// every file it opens.
+    pub local_on_caller: bool,
     conns: HashMap<Endpoint, Conn>,
     kernel: HashMap<Endpoint, Arc<KernelNamespace>>,
 }
@@ -220,6 +225,7 @@ impl Host {
             passthrough: true,
             offload_only: false,
             identity: Identity::default(),
+            local_on_caller: false,
             conns: HashMap::new(),
             kernel: HashMap::new(),
         }
@@ -386,11 +392,11 @@ impl Host {
                 }));
             }
         }
-        // Local work meanwhile, on blocking threads.
-        let local_task = {
+        // Local work meanwhile, on a blocking thread or this one.
+        let local_work = {
             let args = args.to_vec();
             let (done, progress) = (done.clone(), progress.clone());
-            tokio::task::spawn_blocking(move || -> Result<Vec<(usize, FileResult)>, HostError> {
+            move || -> Result<Vec<(usize, FileResult)>, HostError> {
                 let mut out = Vec::new();
                 for (i, path, reason) in local {
                     let outcome = compute_file(op, &args, &path)?;
@@ -399,8 +405,10 @@ impl Host {
                     out.push((i, FileResult { path, outcome, how: How::Local(reason) }));
                 }
                 Ok(out)
-            })
+            }
         };
+        let (local_task, local_here) =
+            if self.local_on_caller { (None, Some(local_work())) } else { (Some(tokio::task::spawn_blocking(local_work)), None) };
         let mut first_err = None;
         for t in tasks {
             let (ep, mut q, r) = t.await.expect("compute task");
@@ -424,7 +432,11 @@ impl Host {
                 }
             }
         }
-        for (i, fr) in local_task.await.expect("local task")? {
+        let local_done = match (local_task, local_here) {
+            (Some(t), _) => t.await.expect("local task"),
+            (None, here) => here.expect("computed here"),
+        };
+        for (i, fr) in local_done? {
             results[i] = Some(fr);
         }
         self.progress = std::sync::Arc::try_unwrap(progress).ok().flatten();

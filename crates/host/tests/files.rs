@@ -374,3 +374,39 @@ async fn a_failed_transform_leaves_no_output_and_keeps_an_existing_one() {
         }
     }
 }
+
+/// A caller acting with its own file-system credentials on one thread (the FUSE mount,
+/// for its user) has the files that cannot be offloaded computed on that thread: a file
+/// only root may read is refused to it. On a blocking thread of the runtime, as the CLI
+/// computes them, the same file is read with the process's credentials.
+#[test]
+fn local_files_are_computed_with_the_calling_threads_credentials() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    let secret = dir.path().join("secret");
+    std::fs::write(&secret, b"root's only\n").unwrap();
+    std::fs::set_permissions(&secret, std::fs::Permissions::from_mode(0o600)).unwrap();
+    let op = by_name("sha256").unwrap();
+    // (computed on the calling thread, whether the file is read).
+    for (on_caller, read) in [(false, true), (true, false)] {
+        let secret = secret.clone();
+        let r = std::thread::spawn(move || {
+            // SAFETY: raw syscalls changing only this thread's file-system credentials.
+            unsafe {
+                libc::syscall(libc::SYS_setfsgid, 65534);
+                libc::syscall(libc::SYS_setfsuid, 65534);
+            }
+            let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+            let mut host = Host::new(DeviceMap::default());
+            host.local_on_caller = on_caller;
+            rt.block_on(host.run(op, &[], &[secret], Mode::Local)).map(|r| r.files.len())
+        })
+        .join()
+        .unwrap();
+        assert_eq!(r.is_ok(), read, "computed on the calling thread {on_caller}: {r:?}");
+        if let Err(e) = r {
+            assert!(e.to_string().contains("ermission denied"), "{e}");
+        }
+    }
+}
