@@ -150,7 +150,8 @@ pub struct PoolConfig {
     pub size: ByteSize,
     /// For tests and experiments: a rate device under the pool's namespace.
     pub rate_limit: Option<ByteSize>,
-    /// Share the pool's bandwidth among tenants; the control plane's arbiter grants it.
+    /// Share the pool's bandwidth among tenants by weight, on this target (docs/fair-io.md;
+    /// no arbiter of the control plane divides it yet).
     pub fair: Option<FairConfig>,
 }
 
@@ -355,8 +356,8 @@ pub struct NamespaceConfig {
 pub struct FairConfig {
     /// Bytes per second the device serves, shared among its tenants by weight.
     pub bandwidth: ByteSize,
-    /// What a written byte costs against a read one (1 to 64; default 1); the control
-    /// plane's arbiter replaces it with the pool's measured write cost.
+    /// What a written byte costs against a read one (1 to 64; default 1), as configured
+    /// (the pool's measured write cost does not replace it yet).
     #[serde(default = "one")]
     pub write_cost: f64,
 }
