@@ -153,7 +153,10 @@ impl Drr {
         let cost = cost.min(i64::MAX as u64 >> 2) as i64;
         let f = &mut self.flows[i];
         f.seen = epoch;
-        f.weight = tenant.weight;
+        // The catch-all share keeps its own weight, whoever overflowed into it last.
+        if f.key != Key::Others {
+            f.weight = tenant.weight;
+        }
         if again {
             f.waiting = f.waiting.saturating_sub(1);
         }

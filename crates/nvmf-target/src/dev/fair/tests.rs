@@ -161,6 +161,17 @@ fn tenants_tracked_are_bounded_and_forgotten_when_idle() {
 }
 
 #[test]
+fn the_catch_all_share_keeps_its_weight_whoever_overflows_into_it() {
+    let mut d = Drr::new(100 * MIB, 1.0);
+    for i in 0..limits::FAIR_TENANTS_MAX + 3 {
+        let weight = if i + 2 >= limits::FAIR_TENANTS_MAX { 10_000 } else { 1 };
+        let _ = d.offer(1, &tenant(&format!("t{i}"), weight), 4096, false);
+    }
+    let others = d.flows.iter().filter(|f| f.key == Key::Others).map(|f| f.weight).collect::<Vec<_>>();
+    assert_eq!(others, [limits::TENANT_WEIGHT_DEFAULT], "one catch-all share, at the default weight");
+}
+
+#[test]
 fn retries_an_epoch_late_lose_no_bandwidth() {
     // On a loaded machine the timer that offers waiting operations again fires an epoch
     // late: here every other epoch passes with no offer at all. Backlogged tenants still
