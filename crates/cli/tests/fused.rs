@@ -11,7 +11,7 @@ use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
-use common::{ok, Fs};
+use common::{fails, ok, Fs};
 use nearstore_initiator::{ConnectOptions, Controller, IoQueue};
 use nearstore_testkit::leveldb_log_records;
 use nearstore_wire::fused::{self, op, state, Fused};
@@ -31,6 +31,11 @@ impl Drop for Target {
 /// the configuration written to `config`. A port counts only when the target says it
 /// listens there (another test may take it between the probe and the bind).
 fn start(disk: &Path, size: &str, config: &Path) -> (Target, SocketAddr) {
+    start_for(disk, size, config, "allow_any_host = true\n")
+}
+
+/// [`start`] with the subsystem's `hosts` lines (who may connect).
+fn start_for(disk: &Path, size: &str, config: &Path, hosts: &str) -> (Target, SocketAddr) {
     use std::io::BufRead;
     for _ in 0..5 {
         let addr = TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap();
@@ -38,7 +43,7 @@ fn start(disk: &Path, size: &str, config: &Path) -> (Target, SocketAddr) {
         std::fs::write(
             config,
             format!(
-                "[[listener]]\naddress = \"{addr}\"\n[[subsystem]]\nnqn = \"{NQN}\"\nallow_any_host = true\n[[subsystem.namespace]]\nnsid = 1\npath = \"{}\"\n{size}block_size = 4096\nmicrotx = true\n",
+                "[[listener]]\naddress = \"{addr}\"\n[[subsystem]]\nnqn = \"{NQN}\"\n{hosts}[[subsystem.namespace]]\nnsid = 1\npath = \"{}\"\n{size}block_size = 4096\nmicrotx = true\n",
                 disk.display()
             ),
         )
@@ -109,6 +114,37 @@ fn the_verbs_append_records_and_print_their_checksums() {
     assert_eq!(&want[90..100], b"0123456789");
     assert_eq!(std::fs::read(&back).unwrap(), want);
     assert_eq!(out.trim(), format!("crc32c {:08x}  offset 4000  bytes 200", crc32c::crc32c(&want)));
+}
+
+/// The verbs connect as `--hostnqn`: a target that admits only that host lets them write
+/// and read, and refuses them without it (as the machine's own host NQN).
+#[test]
+fn the_verbs_connect_as_hostnqn() {
+    const HOST: &str = "nqn.2026-11.io.nearstore:fused-writer";
+    let fs = Fs::new(64);
+    let config = fs.dir.path().join("target.toml");
+    let (_t, _) = start_for(&fs.image, "", &config, &format!("[[subsystem.host]]\nnqn = \"{HOST}\"\n"));
+    let (cfg, log) = (p(&config).to_string(), fs.mnt.join("000007.log"));
+    std::fs::File::create(&log).unwrap();
+    let input = fs.dir.path().join("input");
+    std::fs::write(&input, b"a record").unwrap();
+    let data = fs.mnt.join("data");
+    std::fs::write(&data, vec![7u8; 8192]).unwrap();
+    let verbs: [&[&str]; 3] = [
+        &["append-crc-write", &cfg, p(&log), "--input", p(&input)],
+        &["write-checksum", &cfg, p(&data), "--offset", "100", "--input", p(&input)],
+        &["read-checksum", &cfg, p(&data), "--offset", "0", "--length", "4096", "--output", "/dev/null"],
+    ];
+    for verb in verbs {
+        let mut args = vec![verb[0], "--target-config"];
+        args.extend_from_slice(&verb[1..]);
+        let (_, err) = fails(&args);
+        assert!(err.contains("refused") || err.contains("not allowed") || err.contains("Connect"), "{}: {err}", verb[0]);
+        args.extend_from_slice(&["--hostnqn", HOST]);
+        let out = ok(&args);
+        assert!(out.contains("crc32c"), "{}: {out}", verb[0]);
+    }
+    assert_eq!(leveldb_log_records(&std::fs::read(&log).unwrap()), Ok(vec![b"a record".to_vec()]));
 }
 
 /// A record of `i`: sizes of db_bench's values, across blocks too.
