@@ -388,16 +388,19 @@ fn local_files_are_computed_with_the_calling_threads_credentials() {
     std::fs::write(&secret, b"root's only\n").unwrap();
     std::fs::set_permissions(&secret, std::fs::Permissions::from_mode(0o600)).unwrap();
     let op = by_name("sha256").unwrap();
+    // A runtime whose blocking thread this (root) thread made, as the mount's runtime has
+    // them: a thread made by the caller's would inherit the caller's credentials.
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build().unwrap();
+    rt.block_on(async { tokio::task::spawn_blocking(|| ()).await }).unwrap();
     // (computed on the calling thread, whether the file is read).
     for (on_caller, read) in [(false, true), (true, false)] {
-        let secret = secret.clone();
+        let (secret, rt) = (secret.clone(), rt.handle().clone());
         let r = std::thread::spawn(move || {
             // SAFETY: raw syscalls changing only this thread's file-system credentials.
             unsafe {
                 libc::syscall(libc::SYS_setfsgid, 65534);
                 libc::syscall(libc::SYS_setfsuid, 65534);
             }
-            let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
             let mut host = Host::new(DeviceMap::default());
             host.local_on_caller = on_caller;
             rt.block_on(host.run(op, &[], &[secret], Mode::Local)).map(|r| r.files.len())
