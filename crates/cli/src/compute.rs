@@ -48,6 +48,13 @@ pub struct Common {
     /// Output format: normal (text) or json.
     #[arg(short = 'o', long, value_enum, default_value = "normal")]
     pub output_format: Output,
+    #[command(flatten)]
+    pub id: HostId,
+}
+
+/// Who the host is on its own connections to targets (the compute and fused verbs).
+#[derive(clap::Args, Clone, Default)]
+pub struct HostId {
     /// The host NQN of the host's own connections to targets (default: /etc/nvme/hostnqn
     /// or one derived from the machine id): whose tenant and rights the targets apply.
     #[arg(long)]
@@ -59,6 +66,16 @@ pub struct Common {
     /// The controller's DH-HMAC-CHAP secret: the targets must prove they hold it.
     #[arg(long, value_parser = crate::dhchap_secret, requires = "dhchap_secret")]
     pub dhchap_ctrl_secret: Option<nearstore_dhchap::Secret>,
+}
+
+impl HostId {
+    pub fn identity(&self) -> nearstore_host::Identity {
+        nearstore_host::Identity {
+            hostnqn: self.hostnqn.clone(),
+            dhchap_secret: self.dhchap_secret.clone(),
+            dhchap_ctrl_secret: self.dhchap_ctrl_secret.clone(),
+        }
+    }
 }
 
 impl Common {
@@ -96,11 +113,7 @@ impl Common {
         host.parallel = self.parallel as usize;
         host.passthrough = !self.no_passthrough;
         host.offload_only = self.offload_only;
-        host.identity = nearstore_host::Identity {
-            hostnqn: self.hostnqn.clone(),
-            dhchap_secret: self.dhchap_secret.clone(),
-            dhchap_ctrl_secret: self.dhchap_ctrl_secret.clone(),
-        };
+        host.identity = self.id.identity();
         if self.output_format == Output::Normal && std::io::IsTerminal::is_terminal(&std::io::stderr()) {
             let bar = indicatif::ProgressBar::new(0);
             bar.set_style(

@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 use anyhow::{bail, Context, Result};
 use nearstore_host::Host;
 
-use crate::compute::Common;
+use crate::compute::{Common, HostId};
 use crate::Output;
 
 /// Where the file's target is, and how to print.
@@ -25,17 +25,8 @@ pub struct Where {
     /// Output format: normal (text) or json.
     #[arg(short = 'o', long, value_enum, default_value = "normal")]
     pub output_format: Output,
-    /// The host NQN of the connection to the target (default: /etc/nvme/hostnqn or one
-    /// derived from the machine id): whose tenant and rights the target applies.
-    #[arg(long)]
-    pub hostnqn: Option<String>,
-    /// The host's DH-HMAC-CHAP secret, for a target that asks for authentication (as
-    /// nvme-cli's --dhchap-secret).
-    #[arg(long, value_parser = crate::dhchap_secret)]
-    pub dhchap_secret: Option<nearstore_dhchap::Secret>,
-    /// The controller's DH-HMAC-CHAP secret: the target must prove it holds it.
-    #[arg(long, value_parser = crate::dhchap_secret, requires = "dhchap_secret")]
-    pub dhchap_ctrl_secret: Option<nearstore_dhchap::Secret>,
+    #[command(flatten)]
+    pub id: HostId,
 }
 
 impl Where {
@@ -50,9 +41,7 @@ impl Where {
             offload_only: true,
             parallel: 1,
             output_format: Output::Json,
-            hostnqn: self.hostnqn.clone(),
-            dhchap_secret: self.dhchap_secret.clone(),
-            dhchap_ctrl_secret: self.dhchap_ctrl_secret.clone(),
+            id: self.id.clone(),
         };
         common.host()
     }
