@@ -174,8 +174,6 @@ struct State {
     head: u64,
     /// Next record's number in this generation.
     lsn: u64,
-    /// Newest last.
-    outcomes: VecDeque<(u64, Outcome)>,
     poisoned: Option<String>,
 }
 
@@ -188,15 +186,12 @@ fn note(outcomes: &mut VecDeque<(u64, Outcome)>, txid: u64, outcome: Outcome) {
     }
 }
 
-impl State {
-    fn note(&mut self, txid: u64, outcome: Outcome) {
-        note(&mut self.outcomes, txid, outcome);
-    }
-}
-
 pub struct Journal {
     log: Arc<dyn Backend>,
     state: Mutex<State>,
+    /// The outcomes, newest last: under their own lock, taken only briefly (after `state`
+    /// when both), so that OUTCOME is answered while a transaction's I/O holds `state`.
+    outcomes: Mutex<VecDeque<(u64, Outcome)>>,
     /// Held by a fused operation from reading the blocks it changes to its transaction's
     /// end ([`Journal::exclusive`]).
     serial: Mutex<()>,
@@ -466,7 +461,8 @@ impl Journal {
         }
         let journal = Journal {
             log,
-            state: Mutex::new(State { generation: next, head: LOG_START, lsn: 0, outcomes, poisoned: None }),
+            state: Mutex::new(State { generation: next, head: LOG_START, lsn: 0, poisoned: None }),
+            outcomes: Mutex::new(outcomes),
             serial: Mutex::new(()),
             bug,
             block_bytes,
@@ -492,9 +488,9 @@ impl Journal {
     }
 
     /// The outcome of a transaction id, while the journal holds it (the newest
-    /// MICROTX_OUTCOMES_MAX).
+    /// MICROTX_OUTCOMES_MAX); None also while it runs. Never waits for a transaction's I/O.
     pub fn outcome(&self, txid: u64) -> Option<Outcome> {
-        self.state.lock().outcomes.iter().rev().find(|(id, _)| *id == txid).map(|(_, o)| o.clone())
+        self.outcomes.lock().iter().rev().find(|(id, _)| *id == txid).map(|(_, o)| o.clone())
     }
 
     /// Runs one transaction: log, flush the journal, write in place, flush those blocks,
@@ -514,16 +510,24 @@ impl Journal {
         if let Some(p) = &s.poisoned {
             return Err(JournalError::Poisoned(p.clone()));
         }
-        if tx.txid == 0 || s.outcomes.iter().any(|(id, _)| *id == tx.txid) {
+        if tx.txid == 0 || self.known(tx.txid) {
             return Err(JournalError::TxidInUse(tx.txid));
         }
         let r = self.run_locked(&mut s, data, tx, result);
         if let Ok(result) = &r {
-            s.note(tx.txid, Outcome::Committed(*result));
-        } else if !s.outcomes.iter().any(|(id, _)| *id == tx.txid) {
-            s.note(tx.txid, Outcome::Failed);
+            self.note(tx.txid, Outcome::Committed(*result));
+        } else if !self.known(tx.txid) {
+            self.note(tx.txid, Outcome::Failed);
         }
         r
+    }
+
+    fn known(&self, txid: u64) -> bool {
+        self.outcomes.lock().iter().any(|(id, _)| *id == txid)
+    }
+
+    fn note(&self, txid: u64, outcome: Outcome) {
+        note(&mut self.outcomes.lock(), txid, outcome);
     }
 
     fn check(&self, data: &dyn Backend, tx: &Tx) -> Result<(), JournalError> {
@@ -620,7 +624,7 @@ impl Journal {
     fn drop_failed(&self, s: &mut State, e: io::Error, txid: u64, what: &str) -> JournalError {
         let err = JournalError::Io { what: format!("transaction {txid}: {what} it in the journal"), source: e };
         // Known as failed from the checkpoint on.
-        s.note(txid, Outcome::Failed);
+        self.note(txid, Outcome::Failed);
         if let Err(c) = self.checkpoint_locked(s) {
             s.poisoned = Some(c.to_string());
         }
@@ -631,7 +635,7 @@ impl Journal {
     fn checkpoint_locked(&self, s: &mut State) -> Result<(), JournalError> {
         let g = s.generation.checked_add(1).ok_or_else(|| JournalError::GenerationExhausted(self.log.describe(), s.generation))?;
         let slot = (g % 2) * MICROTX_CHECKPOINT_BYTES as u64;
-        let b = encode_checkpoint(g, &s.outcomes);
+        let b = encode_checkpoint(g, &self.outcomes.lock());
         let r = self.log.write_at(&b, slot).and_then(|()| self.log.flush());
         // Whatever happened, the old generation's log is not appended to again.
         s.generation = g;

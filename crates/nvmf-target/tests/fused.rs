@@ -452,3 +452,36 @@ async fn preempt_and_abort_stops_queued_fused_writes() {
         assert_eq!(a.outcome(GATED, txid).await.unwrap().0, state::UNKNOWN, "transaction {txid} never ran");
     }
 }
+
+/// OUTCOME is answered while another FUSED WRITE of the namespace is stuck at the storage
+/// (its transaction holding the journal): a transaction that committed before is COMMITTED,
+/// the one still running UNKNOWN; after it ends, COMMITTED. Before, OUTCOME waited on the
+/// network thread for the journal's lock, held across the stuck write: no answer until the
+/// gate opened.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn outcome_is_answered_while_a_fused_write_is_stuck() {
+    let env = start().await;
+    let gated = add_gated(&env);
+    let _open = OpenOnDrop(gated.clone());
+    let (_c, mut q) = connect(&env, HOST).await;
+    gated.open.store(true, Relaxed);
+    q.fused_write(GATED, &plain_transfer(1, 0, &[1; 512])).await.unwrap();
+    gated.open.store(false, Relaxed);
+    let stuck = tokio::spawn(async move {
+        let r = q.fused_write(GATED, &plain_transfer(2, 4096, &[2; 512])).await;
+        (q, r)
+    });
+    wait_for("the second fused write at the storage", || gated.arrived.load(Relaxed) == 2).await;
+    let (_c2, mut q2) = connect(&env, HOST).await;
+    // (transaction, its state while the second one is stuck)
+    for (txid, want) in [(1u64, state::COMMITTED), (2, state::UNKNOWN), (3, state::UNKNOWN)] {
+        let answer = tokio::time::timeout(Duration::from_secs(10), q2.outcome(GATED, txid)).await;
+        let (st, _) = answer.unwrap_or_else(|_| panic!("OUTCOME of {txid} waited for the stuck fused write")).unwrap();
+        assert_eq!(st, want, "transaction {txid}");
+    }
+    assert!(!stuck.is_finished());
+    gated.open.store(true, Relaxed);
+    let (_q, r) = tokio::time::timeout(Duration::from_secs(20), stuck).await.expect("the stuck write ends").unwrap();
+    assert!(r.is_ok(), "{r:?}");
+    assert_eq!(q2.outcome(GATED, 2).await.unwrap().0, state::COMMITTED);
+}
