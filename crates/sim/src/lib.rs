@@ -96,6 +96,7 @@ pub struct Outcome {
 /// last events before.
 #[derive(Debug)]
 pub struct Failure {
+    pub which: Which,
     pub seed: u64,
     pub message: String,
     pub tail: Vec<String>,
@@ -103,33 +104,51 @@ pub struct Failure {
     pub trace: Vec<String>,
 }
 
+/// Which simulation a [`Failure`] is of: how to replay it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Which {
+    /// The target's ([`run`]).
+    Target,
+    /// Extent moves ([`moves::run`]).
+    Moves,
+}
+
 impl fmt::Display for Failure {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        writeln!(f, "simulation seed {} failed: {}", self.seed, self.message)?;
+        let (name, test, flag) = match self.which {
+            Which::Target => ("simulation", "seeds", ""),
+            Which::Moves => ("move simulation", "moves", "--moves "),
+        };
+        writeln!(f, "{name} seed {} failed: {}", self.seed, self.message)?;
         writeln!(f, "last events:")?;
         for l in &self.tail {
             writeln!(f, "  {l}")?;
         }
         write!(
             f,
-            "replay: NEARSTORE_SIM_SEED={} cargo test -p nearstore-sim --test seeds -- --nocapture\n    or: cargo run -p nearstore-sim --release -- --seed {} --trace",
+            "replay: NEARSTORE_SIM_SEED={} cargo test -p nearstore-sim --test {test} -- --nocapture\n    or: cargo run -p nearstore-sim --release -- {flag}--seed {} --trace",
             self.seed, self.seed
         )
     }
 }
 
-/// Runs the simulation of `seed`.
-pub fn run(seed: u64, opts: &Options) -> Result<Outcome, Failure> {
-    let rt = tokio::runtime::Builder::new_current_thread().enable_time().start_paused(true).build().map_err(|e| Failure {
+/// The paused single-threaded runtime a simulation of `seed` runs on.
+fn paused_runtime(which: Which, seed: u64) -> Result<tokio::runtime::Runtime, Failure> {
+    tokio::runtime::Builder::new_current_thread().enable_time().start_paused(true).build().map_err(|e| Failure {
+        which,
         seed,
         message: format!("building the runtime: {e}"),
         tail: Vec::new(),
         trace: Vec::new(),
-    })?;
-    rt.block_on(async {
+    })
+}
+
+/// Runs the simulation of `seed`.
+pub fn run(seed: u64, opts: &Options) -> Result<Outcome, Failure> {
+    paused_runtime(Which::Target, seed)?.block_on(async {
         let mut sim = Sim::new(seed, opts.clone());
         let r = sim.run().await;
-        r.map_err(|message| Failure { seed, message, tail: sim.trace.tail(), trace: sim.trace.all() })
+        r.map_err(|message| Failure { which: Which::Target, seed, message, tail: sim.trace.tail(), trace: sim.trace.all() })
     })
 }
 

@@ -21,6 +21,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::{Failure, Which};
 use nearstore_control::model::*;
 use nearstore_control::state::Cluster;
 use nearstore_target::backend::MemoryBackend;
@@ -101,39 +102,9 @@ pub struct Stats {
     pub simulated: Duration,
 }
 
-/// A run that found a bug: the seed, what the checker saw, the last events.
-#[derive(Debug)]
-pub struct Failure {
-    pub seed: u64,
-    pub message: String,
-    pub tail: Vec<String>,
-    pub trace: Vec<String>,
-}
-
-impl std::fmt::Display for Failure {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        writeln!(f, "move simulation seed {} failed: {}", self.seed, self.message)?;
-        writeln!(f, "last events:")?;
-        for l in &self.tail {
-            writeln!(f, "  {l}")?;
-        }
-        write!(
-            f,
-            "replay: NEARSTORE_SIM_SEED={} cargo test -p nearstore-sim --test moves -- --nocapture\n    or: cargo run -p nearstore-sim --release -- --moves --seed {} --trace",
-            self.seed, self.seed
-        )
-    }
-}
-
 /// Runs the move simulation of `seed`.
 pub fn run(seed: u64, opts: &Options) -> Result<Stats, Failure> {
-    let rt = tokio::runtime::Builder::new_current_thread().enable_time().start_paused(true).build().map_err(|e| Failure {
-        seed,
-        message: format!("building the runtime: {e}"),
-        tail: Vec::new(),
-        trace: Vec::new(),
-    })?;
-    rt.block_on(async {
+    crate::paused_runtime(Which::Moves, seed)?.block_on(async {
         let trace = Trace::new(opts.keep_trace);
         let sim = Sim::new(seed, opts.clone(), trace.clone());
         let started = Instant::now();
@@ -146,7 +117,7 @@ pub fn run(seed: u64, opts: &Options) -> Result<Stats, Failure> {
                 (s.trace, s.simulated, s.lost_calls) = (trace.all(), started.elapsed(), sim.ctl.lost.load(Relaxed));
                 Ok(s)
             }
-            Err(message) => Err(Failure { seed, message, tail: trace.tail(), trace: trace.all() }),
+            Err(message) => Err(Failure { which: Which::Moves, seed, message, tail: trace.tail(), trace: trace.all() }),
         }
     })
 }
