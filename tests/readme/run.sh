@@ -7,12 +7,28 @@
 # Afterwards, passed or failed, it stops what the README left running (processes whose
 # working directory is in its TMPDIR, by PID), unmounts and detaches the loop devices under
 # it, takes down a testbed the README brought up, and removes it.
-# Usage: tests/readme/run.sh [README.md]   (needs a release build of nearstore and nearstore-lab: cargo build --release)
+# The README's first block builds the binaries and puts them on PATH; it is marked no-test,
+# and the test puts DIR's binaries (--bin, default target/release) first on PATH instead, so
+# that the suite, which compiled the workspace once already, does not compile it again.
+# Usage: tests/readme/run.sh [--bin DIR] [README.md]   (DIR holds nearstore and nearstore-lab)
+#   or another page of sh blocks instead of README.md: docs/fuse.md (nearstore-lab only if it names it)
 set -euo pipefail
 
 root=$(cd "$(dirname "$0")/../.." && pwd)
-readme=${1:-$root/README.md}
 fail() { echo "README test: FAIL: $*" >&2; exit 1; }
+bin=$root/target/release
+if [ "${1:-}" = --bin ]; then
+    [ $# -ge 2 ] || fail "--bin needs a directory"
+    bin=$2
+    shift 2
+fi
+readme=$(realpath "${1:-$root/README.md}")
+name=$(basename "$readme")
+for b in nearstore nearstore-lab; do
+    [ "$b" = nearstore ] || grep -q "$b" "$readme" || continue
+    [ -x "$bin/$b" ] || fail "no $b in $bin (cargo build --release, or --bin DIR)"
+done
+bin=$(cd "$bin" && pwd)
 [ -z "${NEARSTORE_README_TEST:-}" ] || fail "a README block runs the suite, which runs this test again: mark it \`\`\`sh no-test"
 export NEARSTORE_README_TEST=1
 [ "$(id -u)" = 0 ] || fail "needs root (loop devices, mounts, network namespaces)"
@@ -35,7 +51,7 @@ cleanup() {
     sleep 0.5
     findmnt -rn -o TARGET | grep "^$work/" | sort -r | while read -r m; do umount -l "$m" || true; done
     losetup -n -l -O NAME,BACK-FILE | awk -v w="$work/" 'index($2, w) == 1 { print $1 }' | while read -r d; do losetup -d "$d" || true; done
-    if [ -e "$testbed_state" ]; then "$root/target/release/nearstore-lab" testbed down || true; fi
+    if [ -e "$testbed_state" ]; then "$bin/nearstore-lab" testbed down || true; fi
     rm -rf "$work"
 }
 trap cleanup EXIT
@@ -54,22 +70,22 @@ script=$work/readme.sh
     echo 'set -euo pipefail'
     echo 'trap '\''for j in $(jobs -p); do kill "$j" 2>/dev/null || true; done; wait'\'' EXIT'
     echo 'trap "exit 143" TERM INT'
-    awk '
-        /^```sh( |$)/ { inside = 1; skip = ($2 ~ /^no-test/); n++; if (!skip) printf "echo \"== README.md block %d (line %d)\" >&2\n", n, NR; next }
+    awk -v name="$name" '
+        /^```sh( |$)/ { inside = 1; skip = ($2 ~ /^no-test/); n++; if (!skip) printf "echo \"== %s block %d (line %d)\" >&2\n", name, n, NR; next }
         /^```/ && inside { inside = 0; next }
         inside && !skip { print }
     ' "$readme"
 } > "$script"
 blocks=$(grep -c '^```sh' "$readme" || true)
-run=$(grep -c '^== README.md block' <(grep -o '== README.md block [0-9]*' "$script") || true)
+run=$(grep -c "^== $name block" <(grep -o "== $name block [0-9]*" "$script") || true)
 [ "$run" -gt 0 ] || fail "no \`\`\`sh block to run in $readme"
 echo "README test: $run of $blocks sh blocks of $readme run (the others are marked no-test)" >&2
 
 cd "$root"
-if PATH="$work/bin:$PATH" TMPDIR="$work/tmp" timeout 1800 bash "$script"; then
+if PATH="$work/bin:$bin:$PATH" TMPDIR="$work/tmp" timeout 1800 bash "$script"; then
     echo "README test: 1 passed, 0 failed"
 else
     status=$?
     echo "README test: 0 passed, 1 failed"
-    fail "a command of README.md failed (exit status $status; the last block announced above holds it)"
+    fail "a command of $name failed (exit status $status; the last block announced above holds it)"
 fi

@@ -1,62 +1,24 @@
 //! Durability across a crash of the target process: `kill -9` after completed writes and
 //! a completed Flush loses nothing, with either I/O engine.
 
-use std::net::{SocketAddr, TcpListener};
-use std::path::Path;
-use std::process::{Child, Command, Stdio};
-use std::time::Duration;
+mod common;
 
+use std::net::SocketAddr;
+use std::path::Path;
+
+use common::{target_on_free_port, Proc};
 use nearstore_initiator::{ConnectOptions, Controller};
 
 const NQN: &str = "nqn.2026-11.io.nearstore:crash";
 
-struct Target(Child);
-
-impl Drop for Target {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-fn free_port() -> SocketAddr {
-    TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap()
-}
-
-/// Starts a target on a free port. Tests run in parallel: another target may take the
-/// port between our probe and its bind, and then ours exits; so a port counts only when our
-/// own process says it listens there (its stdout), else it starts again on another.
-async fn start(disk: &Path, engine: &str) -> (Target, SocketAddr) {
-    use std::io::BufRead;
-    for _ in 0..5 {
-        let addr = free_port();
-        let mut child = Command::new(env!("CARGO_BIN_EXE_nearstore"))
-            .args(["target", "--listen", &addr.to_string(), "--discovery", "none", "--nqn", NQN, "--size", "64MiB"])
-            .args(["--block-size", "4096", "--io-engine", engine, "--namespace"])
-            .arg(disk)
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("starting the target binary");
-        let out = child.stdout.take().expect("piped stdout");
-        let t = Target(child);
-        let (tx, rx) = std::sync::mpsc::channel();
-        let want = format!("listening on {addr}");
-        std::thread::spawn(move || {
-            let mut lines = std::io::BufReader::new(out).lines();
-            // true when it listens; false when it exits first (its stdout closes).
-            let listening = lines.by_ref().map_while(Result::ok).any(|l| l.contains(&want));
-            let _ = tx.send(listening);
-            // Keep draining so the target never blocks on a full pipe.
-            lines.for_each(drop);
-        });
-        match rx.recv_timeout(Duration::from_secs(20)) {
-            Ok(true) => return (t, addr),
-            Ok(false) => continue,
-            Err(_) => panic!("target did not listen on {addr} within 20 s"),
-        }
-    }
-    panic!("the target could not listen on any of 5 free ports");
+/// Starts a target on a free port (common::target_on_free_port: a port counts only when
+/// our own process says it listens there).
+async fn start(disk: &Path, engine: &str) -> (Proc, SocketAddr) {
+    let disk = disk.to_str().expect("path").to_string();
+    target_on_free_port(|addr| {
+        let args = ["--listen", &addr.to_string(), "--discovery", "none", "--nqn", NQN, "--size", "64MiB", "--block-size", "4096"];
+        args.iter().map(|a| a.to_string()).chain(["--io-engine".into(), engine.into(), "--namespace".into(), disk.clone()]).collect()
+    })
 }
 
 fn block(seed: u64) -> Vec<u8> {

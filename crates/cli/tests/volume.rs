@@ -9,7 +9,7 @@ use std::net::SocketAddr;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use common::{fails, member_target, ok, Control, MemberConfig, Target, MEMBERS};
+use common::{fails, free_port, member_target, metric, ok, Control, MemberConfig, Target, MEMBERS};
 use nearstore_control::client::Client;
 use nearstore_control::model::*;
 use nearstore_initiator::{ConnectOptions, Controller, Error as InitiatorError, IoQueue};
@@ -217,25 +217,10 @@ fn a_volume_over_three_targets() {
 }
 
 /// A free port on 127.0.0.1 for a target's metrics endpoint.
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).expect("a free port").port()
-}
-
 /// Target `i` as [`target`], with its metrics endpoint at `metrics`.
 fn target_with_metrics(dir: &Path, i: usize, control: &str, metrics: SocketAddr) -> Target {
     let top = format!("metrics = \"{metrics}\"");
     member_target(dir, &format!("m{i}"), i, control, 64, MemberConfig { top: &top, ..Default::default() })
-}
-
-/// One counter of a target's metrics endpoint.
-fn metric(at: SocketAddr, name: &str) -> u64 {
-    use std::io::{Read, Write};
-    let mut s = std::net::TcpStream::connect(at).expect("metrics endpoint");
-    s.write_all(b"GET /metrics HTTP/1.0\r\nHost: x\r\n\r\n").expect("request");
-    let mut body = String::new();
-    s.read_to_string(&mut body).expect("metrics");
-    let line = body.lines().find(|l| l.split_whitespace().next() == Some(name)).unwrap_or_else(|| panic!("no {name} in the metrics"));
-    line.split_whitespace().nth(1).and_then(|v| v.parse().ok()).unwrap_or_else(|| panic!("{line}"))
 }
 
 /// A byte range of the volume as an object (block-aligned extent, exact length), as a file's

@@ -144,6 +144,52 @@ impl Drop for Target {
     }
 }
 
+/// A child process, killed (SIGKILL) and reaped when dropped.
+pub struct Proc(pub Child);
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// `nearstore target` on a free port of 127.0.0.1, for a target whose address must be known
+/// before it starts (a configuration its clients read too): `args(address)` writes what it
+/// needs and gives the arguments after `target`. Tests run in parallel, so another process may
+/// take the port between the probe and the bind and ours exits: a port counts only when the
+/// target says it listens there (its stdout), else it starts again on another (5 tries).
+pub fn target_on_free_port(args: impl Fn(SocketAddr) -> Vec<String>) -> (Proc, SocketAddr) {
+    for _ in 0..5 {
+        let addr = std::net::TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).expect("a free port");
+        let mut child = Command::new(env!("CARGO_BIN_EXE_nearstore"))
+            .arg("target")
+            .args(args(addr))
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("starting nearstore target");
+        let out = child.stdout.take().expect("piped stdout");
+        let t = Proc(child);
+        let (tx, rx) = std::sync::mpsc::channel();
+        let want = format!("listening on {addr}");
+        std::thread::spawn(move || {
+            let mut lines = std::io::BufReader::new(out).lines();
+            // true when it listens; false when it exits first (its stdout closes).
+            let listening = lines.by_ref().map_while(Result::ok).any(|l| l.contains(&want));
+            let _ = tx.send(listening);
+            // Keep draining so the target never blocks on a full pipe.
+            lines.for_each(drop);
+        });
+        match rx.recv_timeout(std::time::Duration::from_secs(30)) {
+            Ok(true) => return (t, addr),
+            Ok(false) => continue,
+            Err(_) => panic!("the target did not listen on {addr} within 30 s"),
+        }
+    }
+    panic!("the target could not listen on any of 5 free ports");
+}
+
 pub use nearstore_testkit::Fs;
 
 /// A `nearstore control` process; killed (SIGKILL) when dropped.
@@ -205,4 +251,20 @@ impl Drop for Control {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
+}
+
+/// A port of 127.0.0.1 free now (for a metrics endpoint).
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).expect("a free port").port()
+}
+
+/// One counter or gauge of a target's metrics endpoint.
+pub fn metric(at: SocketAddr, name: &str) -> u64 {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(at).expect("metrics endpoint");
+    s.write_all(b"GET /metrics HTTP/1.0\r\nHost: x\r\n\r\n").expect("request");
+    let mut body = String::new();
+    s.read_to_string(&mut body).expect("metrics");
+    let line = body.lines().find(|l| l.split_whitespace().next() == Some(name)).unwrap_or_else(|| panic!("no {name} in the metrics"));
+    line.split_whitespace().nth(1).and_then(|v| v.parse().ok()).unwrap_or_else(|| panic!("{line}"))
 }
