@@ -251,7 +251,13 @@ enum Cmd {
         #[command(subcommand)]
         cmd: control::VolumeCmd,
     },
-    /// Drain the control plane's pools.
+    /// Create, list, show and delete the control plane's tenants, which every registered
+    /// target applies beside its configured ones.
+    Tenant {
+        #[command(subcommand)]
+        cmd: control::TenantCmd,
+    },
+    /// List, drain and uncordon the control plane's pools.
     Pool {
         #[command(subcommand)]
         cmd: control::PoolCmd,
@@ -324,6 +330,22 @@ enum Cmd {
         #[command(flatten)]
         b: Blocks,
         /// Input file.
+        #[arg(short = 'd', long)]
+        data: PathBuf,
+        /// Force unit access: durable when the command completes.
+        #[arg(long)]
+        fua: bool,
+    },
+    /// Write a file's bytes to blocks only if they hold another file's bytes, atomically
+    /// against every other writer (NVMe Compare and Write, one fused pair); fails, writing
+    /// nothing, when they differ. Both are padded with zeros to whole blocks.
+    CompareAndWrite {
+        #[command(flatten)]
+        b: Blocks,
+        /// The bytes the blocks must hold.
+        #[arg(short = 'c', long)]
+        compare: PathBuf,
+        /// The bytes written if they do (as long as --compare).
         #[arg(short = 'd', long)]
         data: PathBuf,
         /// Force unit access: durable when the command completes.
@@ -581,6 +603,7 @@ fn run(cli: Cli) -> Result<()> {
         Cmd::View(c) => runtime(Some(1))?.block_on(control::view(c)),
         Cmd::Volume { cmd } => runtime(Some(1))?.block_on(control::volume(cmd)),
         Cmd::Pool { cmd } => runtime(Some(1))?.block_on(control::pool(cmd)),
+        Cmd::Tenant { cmd } => runtime(Some(1))?.block_on(control::tenant(cmd)),
         Cmd::Discover { transport: _, traddr, trsvcid, hostnqn, dhchap_secret, dhchap_ctrl_secret, output_format } => {
             let secrets = (dhchap_secret, dhchap_ctrl_secret);
             runtime(Some(1))?.block_on(tools::discover(address(&traddr, trsvcid, 8009)?, hostnqn, secrets, output_format))
@@ -590,6 +613,9 @@ fn run(cli: Cli) -> Result<()> {
         Cmd::IdNs { t, nsid, output_format } => runtime(Some(1))?.block_on(tools::id_ns(&t, nsid, output_format)),
         Cmd::Read { b, data_size, data } => runtime(Some(1))?.block_on(tools::read(&b.t, b.nsid, b.start_block, data_size, &data)),
         Cmd::Write { b, data, fua } => runtime(Some(1))?.block_on(tools::write(&b.t, b.nsid, b.start_block, &data, fua)),
+        Cmd::CompareAndWrite { b, compare, data, fua } => {
+            runtime(Some(1))?.block_on(tools::compare_and_write(&b.t, b.nsid, b.start_block, &compare, &data, fua))
+        }
         Cmd::Checksum(a) => compute::checksum(a),
         Cmd::AppendCrcWrite(a) => fused::append(a),
         Cmd::WriteChecksum(a) => fused::write_checksum(a),

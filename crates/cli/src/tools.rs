@@ -36,8 +36,10 @@ pub async fn run_target(cfg: Config, file: Option<std::path::PathBuf>) -> Result
             cluster: cfg.cluster.clone(),
             volume: cfg.volume,
         };
+        let tenants = crate::control::TenantWatch { target: target.clone(), client: agent.client.clone() };
         tokio::spawn(agent.run());
         tokio::spawn(exporter.run());
+        tokio::spawn(tenants.run());
     }
     if let Some(m) = cfg.metrics {
         let l = tokio::net::TcpListener::bind(m).await.with_context(|| format!("metrics: cannot listen on {m}"))?;
@@ -277,6 +279,34 @@ pub async fn write(t: &TargetArgs, nsid: u32, slba: u64, input: &Path, fua: bool
     }
     q.flush(nsid).await.map_err(|e| conflict(e, nsid))?;
     eprintln!("wrote {} bytes at LBA {slba} of namespace {nsid}", data.len());
+    Ok(())
+}
+
+/// Compare and Write of one command's blocks at `slba`: `data`'s bytes written only if the
+/// blocks hold `compare`'s (both padded with zeros to whole blocks).
+pub async fn compare_and_write(t: &TargetArgs, nsid: u32, slba: u64, compare: &Path, data: &Path, fua: bool) -> Result<()> {
+    let read = |p: &Path| std::fs::read(p).with_context(|| format!("reading {}", p.display()));
+    let (mut cmp, mut new) = (read(compare)?, read(data)?);
+    if cmp.is_empty() || cmp.len() != new.len() {
+        bail!("--compare has {} bytes and --data {}: both must have the same, more than none", cmp.len(), new.len());
+    }
+    let c = connect(t).await?;
+    let bs = block_size(&c, nsid).await? as usize;
+    let mut q = c.io_queue(1).await?;
+    let len = cmp.len().div_ceil(bs) * bs;
+    if len > q.queue().options().max_transfer {
+        bail!("{len} bytes of blocks: more than one command carries ({} bytes)", q.queue().options().max_transfer);
+    }
+    cmp.resize(len, 0);
+    new.resize(len, 0);
+    let r = q.compare_and_write(nsid, slba, &cmp, &new, bs as u32, fua).await.map_err(|e| conflict(e, nsid))?;
+    if r.differed() {
+        bail!("the blocks at LBA {slba} of namespace {nsid} differ from {}: nothing written", compare.display());
+    }
+    if !r.written() {
+        bail!("Compare and Write at LBA {slba} of namespace {nsid} failed: Compare {}, Write {}", r.compare, r.write);
+    }
+    eprintln!("compared and wrote {len} bytes at LBA {slba} of namespace {nsid}");
     Ok(())
 }
 

@@ -153,3 +153,42 @@ fn target_logs_without_colours_at_a_level_as_text_or_json() {
         assert!(check(&err), "{args:?} RUST_LOG={rust_log:?}: {err}");
     }
 }
+
+/// `compare-and-write`: each line the bytes compared, the bytes to write, and what happens
+/// (the error's words, or None: written); the blocks are read back after each.
+#[test]
+fn compare_and_write_writes_only_over_what_it_compared() {
+    let t = Target::start(&["--memory", "64MiB"]);
+    let dir = tempfile::tempdir().unwrap();
+    let file = |name: &str, bytes: &[u8]| {
+        let p = dir.path().join(name);
+        std::fs::write(&p, bytes).unwrap();
+        p.to_str().unwrap().to_string()
+    };
+    let a = t.addr.to_string();
+    let back = dir.path().join("back");
+    let start = file("start", b"first\n");
+    ok(&["write", "-a", &a, "-n", NQN, "-d", &start]);
+    type Case<'a> = (&'a [u8], &'a [u8], Option<&'a str>, &'a [u8]);
+    let cases: [Case; 4] = [
+        (b"first\n", b"second", None, b"second"),
+        (b"first\n", b"third!", Some("differ from"), b"second"),
+        (b"second", b"3", Some("must have the same"), b"second"),
+        (b"second", b"third!", None, b"third!"),
+    ];
+    for (i, (cmp, new, fails_with, after)) in cases.into_iter().enumerate() {
+        let (c, d) = (file(&format!("c{i}"), cmp), file(&format!("d{i}"), new));
+        let args = ["compare-and-write", "-a", &a, "-n", NQN, "-c", &c, "-d", &d];
+        match fails_with {
+            None => drop(ok(&args)),
+            Some(needle) => {
+                let (_, err) = fails(&args);
+                assert!(err.contains(needle), "case {i}: {err:?} lacks {needle:?}");
+            }
+        }
+        ok(&["read", "-a", &a, "-n", NQN, "-z", "512", "-d", back.to_str().unwrap()]);
+        let got = std::fs::read(&back).unwrap();
+        assert_eq!(&got[..after.len()], after, "case {i}: the blocks after it");
+        assert!(got[after.len()..].iter().all(|&b| b == 0), "case {i}: the block's padding");
+    }
+}

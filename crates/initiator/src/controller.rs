@@ -12,7 +12,8 @@ use nearstore_wire::identify::{self, IdentifyController, IdentifyNamespace, IDEN
 use nearstore_wire::log::{self, get_log, DiscoveryEntry};
 use nearstore_wire::opcode::{admin, cns, fctype, feature, io, lid, FABRICS};
 use nearstore_wire::resv;
-use nearstore_wire::{Cqe, Sqe};
+use nearstore_wire::sqe::fuse;
+use nearstore_wire::{Cqe, Sqe, Status};
 use tokio::net::TcpStream;
 use tokio::sync::Mutex;
 use tokio::task::JoinHandle;
@@ -124,7 +125,12 @@ fn connect_sqe(opts: &ConnectOptions, qid: u16, sqsize: u16) -> Sqe {
 }
 
 async fn connect_queue(opts: &ConnectOptions, qid: u16, depth: u16, cntlid: u16, qo: QueueOptions) -> Result<(QueuePair<TcpStream>, u16)> {
-    let mut q = QueuePair::connect(tcp(opts.addr).await?, qo).await?;
+    // A target that stopped answering still completes the TCP handshake (its listen
+    // backlog): the ICReq/ICResp exchange is bounded like every command.
+    let connected = async { QueuePair::connect(tcp(opts.addr).await?, qo).await };
+    let mut q = tokio::time::timeout(opts.timeout, connected)
+        .await
+        .map_err(|_| Error::Timeout(format!("connecting to {} (no ICResp within {:?})", opts.addr, opts.timeout)))??;
     let data = ConnectData {
         hostid: opts.hostid,
         cntlid,
@@ -362,6 +368,36 @@ pub fn prop_set(ofst: u32, value: u32) -> Sqe {
     s
 }
 
+/// The completions of a Compare and Write pair.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub struct CompareAndWrite {
+    /// The Compare's: success, Compare Failure, or why the pair did not run.
+    pub compare: Status,
+    /// The Write's: success, or Command Aborted due to Failed Fused Command when the
+    /// Compare failed.
+    pub write: Status,
+}
+
+impl CompareAndWrite {
+    /// The blocks were equal and are written.
+    pub fn written(&self) -> bool {
+        self.compare.is_success() && self.write.is_success()
+    }
+
+    /// The Compare found the blocks different (nothing written).
+    pub fn differed(&self) -> bool {
+        self.compare.sct == Status::COMPARE_FAILURE.sct && self.compare.sc == Status::COMPARE_FAILURE.sc
+    }
+}
+
+/// Blocks in `data`, a non-empty whole number of `block_size`-byte blocks.
+fn whole_blocks(data: &[u8], block_size: u32) -> Result<u32> {
+    if data.is_empty() || !data.len().is_multiple_of(block_size as usize) {
+        return Err(Error::Invalid(format!("{} bytes are not a whole number of {block_size}-byte blocks", data.len())));
+    }
+    u32::try_from(data.len() / block_size as usize).map_err(|_| Error::Invalid(format!("{} bytes: too many blocks", data.len())))
+}
+
 /// An I/O queue with one-command-at-a-time helpers; [`IoQueue::queue`] gives the
 /// [`QueuePair`] for pipelined use.
 pub struct IoQueue {
@@ -395,6 +431,86 @@ impl IoQueue {
         run(&mut self.q, Sqe::rw(io::WRITE, nsid, slba, nlb, fua), Data::Out(data), &format!("Write LBA {slba}+{nlb}"), self.timeout)
             .await?;
         Ok(())
+    }
+
+    /// Compare (05h): true when the `data.len()` bytes of blocks at `slba` equal `data`,
+    /// false on Compare Failure; any other status is an error.
+    pub async fn compare(&mut self, nsid: u32, slba: u64, data: &[u8], block_size: u32) -> Result<bool> {
+        let nlb = whole_blocks(data, block_size)?;
+        let what = format!("Compare LBA {slba}+{nlb}");
+        match run(&mut self.q, Sqe::rw(io::COMPARE, nsid, slba, nlb, false), Data::Out(data), &what, self.timeout).await {
+            Ok(_) => Ok(true),
+            Err(Error::Status { status, .. }) if status.sct == Status::COMPARE_FAILURE.sct && status.sc == Status::COMPARE_FAILURE.sc => {
+                Ok(false)
+            }
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Compare and Write, the fused pair (docs/protocol.md, "Compare and Write"): a
+    /// Compare of `compare` (FUSE first) and right after it a Write of `write` (FUSE
+    /// second) over the same blocks at `slba`, sent together. The target writes only if
+    /// the blocks equal `compare`, atomically against its other writers. Both completions'
+    /// statuses come back, whatever they are ([`CompareAndWrite::written`]).
+    pub async fn compare_and_write(
+        &mut self,
+        nsid: u32,
+        slba: u64,
+        compare: &[u8],
+        write: &[u8],
+        block_size: u32,
+        fua: bool,
+    ) -> Result<CompareAndWrite> {
+        let nlb = whole_blocks(compare, block_size)?;
+        if write.len() != compare.len() {
+            return Err(Error::Invalid(format!(
+                "a Compare of {} bytes and a Write of {} name different blocks",
+                compare.len(),
+                write.len()
+            )));
+        }
+        let mut first = Sqe::rw(io::COMPARE, nsid, slba, nlb, false);
+        first.set_fuse(fuse::FIRST);
+        let mut second = Sqe::rw(io::WRITE, nsid, slba, nlb, fua);
+        second.set_fuse(fuse::SECOND);
+        self.fused_pair(first, compare, second, write, &format!("Compare and Write LBA {slba}+{nlb}")).await
+    }
+
+    /// Sends `first` and `second` (their FUSE bits already set) back to back, with their
+    /// data, and waits for both completions. Nothing else may be in flight on the queue
+    /// between them: the two are queued together.
+    pub async fn fused_pair(
+        &mut self,
+        first: Sqe,
+        first_data: &[u8],
+        second: Sqe,
+        second_data: &[u8],
+        what: &str,
+    ) -> Result<CompareAndWrite> {
+        if self.q.depth() < self.q.in_flight() + 2 {
+            return Err(Error::QueueFull(self.q.in_flight()));
+        }
+        const TAGS: [u64; 2] = [u64::MAX - 2, u64::MAX - 1];
+        let c1 = self.q.submit(first, Data::Out(first_data), TAGS[0])?;
+        let c2 = self.q.submit(second, Data::Out(second_data), TAGS[1])?;
+        let mut got: [Option<Status>; 2] = [None, None];
+        let q = &mut self.q;
+        let wait = async {
+            while got.iter().any(Option::is_none) {
+                q.poll(|tag, cqe, _| {
+                    for (i, (cid, t)) in [(c1, TAGS[0]), (c2, TAGS[1])].into_iter().enumerate() {
+                        if cqe.cid == cid && tag == t {
+                            got[i] = Some(cqe.status);
+                        }
+                    }
+                })
+                .await?;
+            }
+            Ok::<_, Error>(())
+        };
+        tokio::time::timeout(self.timeout, wait).await.map_err(|_| Error::Timeout(what.into()))??;
+        let [Some(compare), Some(write)] = got else { return Err(Error::Protocol(format!("{what}: a completion is missing"))) };
+        Ok(CompareAndWrite { compare, write })
     }
 
     pub async fn flush(&mut self, nsid: u32) -> Result<()> {

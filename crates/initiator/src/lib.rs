@@ -12,7 +12,7 @@ pub mod limits;
 mod queue;
 pub mod stream;
 
-pub use controller::{prop_get, prop_set, ConnectOptions, Controller, IoQueue};
+pub use controller::{prop_get, prop_set, CompareAndWrite, ConnectOptions, Controller, IoQueue};
 pub use host::default_hostnqn;
 pub use queue::{Data, QueueOptions, QueuePair};
 pub use stream::{PieceReader, PieceWriter};

@@ -6,7 +6,7 @@ use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
 
 use nearstore_wire::identify::{
-    self, cntrltype, ctratt, oncs, rescap, IdentifyController, IdentifyNamespace, IndependentNamespace, IDENTIFY_LEN,
+    self, cntrltype, ctratt, fuses, oncs, rescap, IdentifyController, IdentifyNamespace, IndependentNamespace, IDENTIFY_LEN,
 };
 use nearstore_wire::log::{self, get_log, Smart};
 use nearstore_wire::opcode::{admin, cns, csi, feature, lid};
@@ -115,7 +115,9 @@ pub fn identify_controller(ctrl: &Controller) -> IdentifyController {
         cqes: 0x44,
         maxcmd: limits::QUEUE_DEPTH_MAX,
         nn: if disc { 0 } else { limits::NSID_MAX },
-        oncs: if disc { 0 } else { oncs::DSM | oncs::WRITE_ZEROES | oncs::SAVE_SELECT | oncs::RESERVATIONS },
+        oncs: if disc { 0 } else { oncs::COMPARE | oncs::DSM | oncs::WRITE_ZEROES | oncs::SAVE_SELECT | oncs::RESERVATIONS },
+        // Compare and Write, atomic against every other writer (exec/compare.rs).
+        fuses: if disc { 0 } else { fuses::COMPARE_AND_WRITE },
         // Bit 0: a volatile write cache is present (the page cache); bits 2:1 = 10b:
         // Flush with NSID FFFFFFFFh is not supported.
         vwc: if disc { 0 } else { 0x1 | 0x4 },

@@ -1,12 +1,14 @@
-//! NVM I/O commands: Read, Write, Flush, Write Zeroes, Dataset Management, and the
-//! reservation commands. Parsing and validation only; the connection runs the resulting
+//! NVM I/O commands: Read, Write, Compare (alone or as the first half of Compare and
+//! Write), Flush, Write Zeroes, Dataset Management, and the reservation commands. Parsing and validation only; the connection runs the resulting
 //! [`IoPlan`].
 
 use std::sync::Arc;
 
 use nearstore_transport::AlignedBuf;
+use nearstore_wire::fused::opcode as fop;
 use nearstore_wire::opcode::io;
 use nearstore_wire::resv::{racqa, Cdw10, Keys, KEYS_LEN, RELEASE_DATA_LEN, REPORT_EDS};
+use nearstore_wire::sqe::fuse;
 use nearstore_wire::{Sqe, Status};
 
 use crate::dev::Op;
@@ -20,6 +22,8 @@ use crate::tenant::TenantPolicy;
 pub enum IoKind {
     Read,
     Write,
+    /// A Compare, alone or the first half of a Compare and Write (exec/compare.rs).
+    Compare,
     Other,
     /// A compute command (runs on the offload engine).
     Compute,
@@ -63,18 +67,20 @@ fn rw_range(ns: &Namespace, sqe: &Sqe) -> Result<(u64, usize), Status> {
 /// when off, writes are FUA. DSM ranges are checked later, in [`dsm_ranges`], once the
 /// data is in.
 pub fn plan(sub: &Subsystem, host: &HostId, tenant: &TenantPolicy, sqe: &Sqe, write_cache: bool) -> Result<IoPlan, Status> {
-    if sqe.fuse() != 0 {
-        return Err(Status::INVALID_FIELD.dnr());
+    // The one fused operation: Compare (first) and Write (second).
+    match (sqe.opcode(), sqe.fuse()) {
+        (_, fuse::NORMAL) | (io::COMPARE, fuse::FIRST) | (io::WRITE, fuse::SECOND) => {}
+        _ => return Err(Status::INVALID_FIELD.dnr()),
     }
     let (ns, access) = match sqe.opcode() {
-        io::READ => (namespace(sub, sqe)?, Access::Read),
+        io::READ | io::COMPARE | fop::READ_CHECKSUM => (namespace(sub, sqe)?, Access::Read),
         io::WRITE | io::FLUSH | io::WRITE_ZEROES | io::DATASET_MANAGEMENT => (namespace(sub, sqe)?, Access::Write),
         _ => return Err(Status::INVALID_OPCODE.dnr()),
     };
     // Its blocks as the tenant sees them: Flush and Dataset Management (whose ranges
     // dsm_ranges checks) any part of the namespace.
-    let lbas =
-        matches!(sqe.opcode(), io::READ | io::WRITE | io::WRITE_ZEROES).then(|| sqe.slba()..sqe.slba().saturating_add(sqe.nlb() as u64));
+    let lbas = matches!(sqe.opcode(), io::READ | io::COMPARE | fop::READ_CHECKSUM | io::WRITE | io::WRITE_ZEROES)
+        .then(|| sqe.slba()..sqe.slba().saturating_add(sqe.nlb() as u64));
     let write = access == Access::Write && sqe.opcode() != io::FLUSH;
     tenant.check(&sub.nqn, ns.nsid, lbas, write).map_err(|_| Status::ACCESS_DENIED.dnr())?;
     if !ns.reservations.allows(host, access) {
@@ -82,9 +88,15 @@ pub fn plan(sub: &Subsystem, host: &HostId, tenant: &TenantPolicy, sqe: &Sqe, wr
     }
     let lba = sqe.slba();
     let (kind, op, len) = match sqe.opcode() {
-        io::READ => {
+        // READ CHECKSUM (docs/compute-protocol.md) reads as Read does.
+        io::READ | fop::READ_CHECKSUM => {
             let (off, len) = rw_range(&ns, sqe)?;
             (IoKind::Read, Op::Read { off }, len)
+        }
+        io::COMPARE => {
+            // Its data is the host's copy of the blocks, as long as a Write's.
+            let (off, len) = rw_range(&ns, sqe)?;
+            (IoKind::Compare, Op::Read { off }, len)
         }
         io::WRITE => {
             let (off, len) = rw_range(&ns, sqe)?;

@@ -120,6 +120,13 @@ pub enum Done {
         token: u32,
         finished: Box<crate::exec::Finished>,
     },
+    /// A Compare or a Compare and Write pair ended on the blocking pool.
+    Compared {
+        token: u32,
+        compared: Box<crate::exec::Compared>,
+    },
+    /// A Compare and Write's range went: writes this queue parked try again.
+    Unblocked,
 }
 
 impl Done {

@@ -124,6 +124,12 @@ pub const CHANGED_NS_LIST_MAX: usize = 1024;
 /// Internal Error (the specification has no status for it).
 pub const RESERVATION_REGISTRANTS_MAX: usize = CONTROLLERS_PER_SUBSYSTEM_MAX;
 
+/// Compare and Write ranges held or waited for per namespace (range_lock.rs): each holds a
+/// few dozen bytes and every writer of the namespace looks through them while any is there.
+/// One per I/O queue entry of 16 queues is far more than the blocks a host serializes on at
+/// once; a pair past it waits on its blocking thread for one to go, never on the network.
+pub const RANGE_LOCKS_MAX: usize = 16 * QUEUE_DEPTH_MAX as usize;
+
 /// Reservation Notification log pages kept per controller until read (64 bytes each). A
 /// notice beyond it drops the oldest; the host sees the gap in the Log Page Count.
 pub const RESERVATION_NOTICES_MAX: usize = 64;
@@ -645,6 +651,14 @@ pub const MICROTX_TX_BYTES_MAX: usize = 2 * TRANSFER_BYTES_MAX;
 /// Separate writes in one fused operation: each is a record of its own; 16 covers the
 /// operations of docs/compute-protocol.md (at most 2) with room.
 pub const MICROTX_TX_WRITES_MAX: usize = 16;
+/// FUSED WRITEs admitted per namespace, waiting for their turn on its journal or running:
+/// 256, one host's full queue (QUEUE_DEPTH_MAX). Each holds its transfer's pooled buffer,
+/// charged to its queue's memory, and waits as a task, not on a thread. The journal runs
+/// one transaction at a time, two flushes each: past a full queue of them, several hosts'
+/// commands would wait behind hundreds of flushes, holding their buffers, where a retry
+/// costs a round trip. One more is refused with Command Interrupted (DNR clear), which the
+/// host retries.
+pub const FUSED_WAITING_PER_NAMESPACE_MAX: usize = QUEUE_DEPTH_MAX as usize;
 
 // A fused write's descriptor names at most as many extents as a transaction has writes
 // (each extent one write); its data, one transfer, framed as a LevelDB log record (a
@@ -749,6 +763,7 @@ mod tests {
             (protocol, "ready timeout (CAP.TO)", format!("{READY_TIMEOUT_500MS} ({} s)", READY_TIMEOUT_500MS as f64 / 2.0)),
             (protocol, "a TermReq's time to leave before the socket closes", format!("{TERM_FLUSH_TIMEOUT_MS} ms")),
             (protocol, "Authentication Send data (TL)", format!("{AUTH_SEND_BYTES_MAX} bytes")),
+            (protocol, "Compare and Write ranges held or waited for per namespace", RANGE_LOCKS_MAX.to_string()),
             (compute, "descriptor size", format!("{} (one transfer, MDTS)", kib(nearstore_wire::compute::limits::DESCRIPTOR_BYTES_MAX))),
             (compute, "arguments", kib(nearstore_wire::compute::limits::ARGS_BYTES_MAX)),
             (compute, "objects (inputs + outputs)", nearstore_wire::compute::limits::OBJECTS_MAX.to_string()),

@@ -47,6 +47,9 @@ pub struct Namespace {
     pub placement: Option<crate::dev::volume::Volume>,
     /// Its MicroTx journal, for fused write operations (`microtx = true`).
     pub journal: Option<Arc<crate::microtx::Journal>>,
+    /// Its range locks: Compare and Write exclusive, every other writer shared
+    /// (range_lock.rs).
+    pub ranges: Arc<crate::range_lock::RangeLocks>,
 }
 
 impl Namespace {
@@ -69,6 +72,7 @@ impl Namespace {
             volume: None,
             placement: None,
             journal: None,
+            ranges: Arc::default(),
         }
     }
 

@@ -13,11 +13,17 @@ pub mod cntrltype {
 
 /// Optional NVM Command Support bits (ONCS).
 pub mod oncs {
+    pub const COMPARE: u16 = 1 << 0;
     pub const DSM: u16 = 1 << 2;
     pub const WRITE_ZEROES: u16 = 1 << 3;
     /// The Save field of Set Features and the Select field of Get Features.
     pub const SAVE_SELECT: u16 = 1 << 4;
     pub const RESERVATIONS: u16 = 1 << 5;
+}
+
+/// Fused Operation Support bits (FUSES, Identify Controller bytes 523:522).
+pub mod fuses {
+    pub const COMPARE_AND_WRITE: u16 = 1 << 0;
 }
 
 /// Controller Attributes bits (CTRATT, Identify Controller bytes 99:96).
@@ -79,6 +85,8 @@ pub struct IdentifyController {
     pub maxcmd: u16,
     pub nn: u32,
     pub oncs: u16,
+    /// Fused operations supported ([`fuses`]).
+    pub fuses: u16,
     pub vwc: u8,
     pub sgls: u32,
     pub subnqn: String,
@@ -122,6 +130,7 @@ impl IdentifyController {
         put_u16(&mut b, 514, self.maxcmd);
         put_u32(&mut b, 516, self.nn);
         put_u16(&mut b, 520, self.oncs);
+        put_u16(&mut b, 522, self.fuses);
         b[525] = self.vwc;
         put_u32(&mut b, 536, self.sgls);
         put_str(&mut b, 768, 256, &self.subnqn, 0);
@@ -170,6 +179,7 @@ impl IdentifyController {
             maxcmd: u16_at(b, 514),
             nn: u32_at(b, 516),
             oncs: u16_at(b, 520),
+            fuses: u16_at(b, 522),
             vwc: b[525],
             sgls: u32_at(b, 536),
             subnqn: str_at(b, 768, 256),
@@ -357,6 +367,8 @@ mod tests {
             maxcmd: 128,
             nn: 4,
             ctratt: ctratt::HOST_ID_128 | ctratt::RHII,
+            oncs: oncs::COMPARE | oncs::DSM,
+            fuses: fuses::COMPARE_AND_WRITE,
             ..Default::default()
         };
         let d = IdentifyController::decode(&c.encode()).unwrap();

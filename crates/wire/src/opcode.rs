@@ -16,6 +16,7 @@ pub mod io {
     pub const FLUSH: u8 = 0x00;
     pub const WRITE: u8 = 0x01;
     pub const READ: u8 = 0x02;
+    pub const COMPARE: u8 = 0x05;
     pub const WRITE_ZEROES: u8 = 0x08;
     pub const DATASET_MANAGEMENT: u8 = 0x09;
     pub const RESERVATION_REGISTER: u8 = 0x0d;

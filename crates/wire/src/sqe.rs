@@ -45,6 +45,15 @@ pub struct Sgl {
     pub id: u8,
 }
 
+/// The FUSE field of CDW0 (bits 9:8).
+pub mod fuse {
+    pub const NORMAL: u8 = 0b00;
+    /// The first command of a fused operation (Compare and Write: the Compare).
+    pub const FIRST: u8 = 0b01;
+    /// The second command of a fused operation (Compare and Write: the Write).
+    pub const SECOND: u8 = 0b10;
+}
+
 /// PSDT bits in CDW0: SGLs for data (fabrics commands always use SGLs).
 pub const PSDT_SGL: u32 = 0b01 << 14;
 
@@ -72,9 +81,13 @@ impl Sqe {
     pub fn opcode(&self) -> u8 {
         self.dw[0] as u8
     }
-    /// FUSE bits (9:8): nearstore supports no fused commands at this level.
+    /// FUSE bits (9:8): [`fuse::NORMAL`], or a half of a fused operation.
     pub fn fuse(&self) -> u8 {
         ((self.dw[0] >> 8) & 0x3) as u8
+    }
+    pub fn set_fuse(&mut self, fuse: u8) -> &mut Self {
+        self.dw[0] = (self.dw[0] & !(0x3 << 8)) | ((fuse as u32 & 0x3) << 8);
+        self
     }
     pub fn psdt(&self) -> u8 {
         ((self.dw[0] >> 14) & 0x3) as u8

@@ -37,6 +37,12 @@ statuses! {
     DATA_TRANSFER_ERROR = (0, 0x04);
     INTERNAL_ERROR = (0, 0x06);
     ABORT_REQUESTED = (0, 0x07);
+    /// Command Aborted due to Failed Fused Command: the other command of its fused
+    /// operation failed (a Compare and Write's Write when the Compare failed).
+    ABORTED_FAILED_FUSED = (0, 0x09);
+    /// Command Aborted due to Missing Fused Command: a fused operation's first command not
+    /// followed by its second, or a second without a first.
+    ABORTED_MISSING_FUSED = (0, 0x0a);
     INVALID_NAMESPACE = (0, 0x0b);
     COMMAND_SEQUENCE_ERROR = (0, 0x0c);
     DATA_SGL_LENGTH_INVALID = (0, 0x0f);
@@ -48,6 +54,9 @@ statuses! {
     KEEP_ALIVE_INVALID = (0, 0x1a);
     /// A Reservation Acquire with Preempt and Abort (RACQA 010b) of another host aborted it.
     ABORTED_PREEMPT = (0, 0x1b);
+    /// The controller could not take the command now: the host should retry it (NVMe
+    /// 1.4's Command Interrupted; a namespace's fused writes waiting beyond their limit).
+    COMMAND_INTERRUPTED = (0, 0x21);
     /// A data digest error: the host may retry (NVMe/TCP "Data Digest Error").
     TRANSIENT_TRANSPORT_ERROR = (0, 0x22);
     /// A reservation command from a host whose Host Identifier is zero (CTRATT.RHII set).
@@ -77,6 +86,8 @@ statuses! {
     AUTH_REQUIRED = (1, 0x91);
     WRITE_FAULT = (2, 0x80);
     UNRECOVERED_READ_ERROR = (2, 0x81);
+    /// Compare Failure: the blocks differ from the Compare command's data.
+    COMPARE_FAILURE = (2, 0x85);
     /// Access Denied (Media and Data Integrity Errors, 86h): the host's tenant may not
     /// reach these blocks or run this operation, or its credentials were removed.
     ACCESS_DENIED = (2, 0x86);

@@ -42,6 +42,7 @@ use crate::limits;
 use crate::log_limit::peer_warn;
 use crate::memory::{Reservation, Waiting as MemoryWait};
 use crate::offload::TaskAbort;
+use crate::range_lock::WriteGuard;
 use crate::reply::Reply;
 use crate::request::{QueueRequests, Request};
 use crate::subsystem::{AbortGuard, Controller, Namespace};
@@ -49,10 +50,12 @@ use crate::{Port, Target};
 
 mod auth;
 mod buffers;
+mod compare;
 mod compute;
 mod fused;
 mod reservation;
 
+pub use compare::Compared;
 pub use compute::is_compute;
 pub use fused::Finished;
 
@@ -199,13 +202,20 @@ struct Inflight {
     /// A compute command's task, which a Preempt and Abort stops and whose end lets the
     /// Acquire go on (a device operation's wait goes with the operation, [`Channel::hold`]).
     task: Option<Arc<TaskAbort>>,
-    /// A FUSED WRITE's standing against a Preempt and Abort, shared with its blocking work.
+    /// A FUSED WRITE's or a Compare and Write's standing against a Preempt and Abort,
+    /// shared with its blocking work.
     fused: Option<Arc<crate::fused::AbortHold>>,
+    /// A READ CHECKSUM's checksummed bytes of its data (start, end).
+    sum: Option<(u32, u32)>,
+    /// A Compare and Write's second half (`req` is its Compare).
+    second: Option<Request>,
+    /// A write's shared range (range_lock.rs), held until its operation completes.
+    write: Option<WriteGuard>,
 }
 
 impl Inflight {
     fn new(req: Request, ns: Arc<Namespace>, kind: IoKind, len: usize, lba: u64) -> Inflight {
-        Inflight { req, ns, kind, len, lba, task: None, fused: None }
+        Inflight { req, ns, kind, len, lba, task: None, fused: None, sum: None, second: None, write: None }
     }
 }
 
@@ -267,6 +277,15 @@ pub struct Core<T> {
     auth: Option<Box<QueueAuth>>,
     /// The Authentication Send handled on the blocking pool.
     auth_busy: Option<Request>,
+    /// Compare and Write pairs whose halves are arriving (exec/compare.rs).
+    pairs: Vec<compare::Pair>,
+    /// The first half of the last command parsed, whose second is the next command.
+    open_pair: Option<u16>,
+    /// Writes waiting for a Compare and Write's range to go.
+    parked: VecDeque<compare::Parked>,
+    /// The ranges of device operations still running when their queue closed: dropped
+    /// after `chan`, which waits for them.
+    abandoned_writes: Vec<WriteGuard>,
 }
 
 /// What comes back to a queue from elsewhere, for its transport's task to wait on and hand
@@ -312,6 +331,10 @@ impl<T: Transport> Core<T> {
             auth_ok: false,
             auth: None,
             auth_busy: None,
+            pairs: Vec::new(),
+            open_pair: None,
+            parked: VecDeque::new(),
+            abandoned_writes: Vec::new(),
         };
         (core, Replies { done, abort })
     }
@@ -353,6 +376,9 @@ impl<T: Transport> Core<T> {
             if let Some(q) = &self.queue {
                 debug!(peer = %self.peer, qid = q.qid, cid, %status, "command failed");
             }
+            if !self.pairs.is_empty() {
+                self.pair_half_completed(cid);
+            }
         }
     }
 
@@ -390,6 +416,20 @@ impl<T: Transport> Core<T> {
         for x in self.inflight.slots.iter_mut().filter_map(Option::take) {
             x.req.abandon();
             n += 1;
+            if let Some(r) = x.second {
+                r.abandon();
+                n += 1;
+            }
+            self.abandoned_writes.extend(x.write);
+        }
+        for p in self.parked.drain(..) {
+            p.req.abandon();
+            n += 1;
+        }
+        self.open_pair = None;
+        for p in self.pairs.drain(..) {
+            n += p.ready();
+            p.abandon();
         }
         for r in self.aers.drain(..) {
             r.abandon();
@@ -426,7 +466,11 @@ impl<T: Transport> Core<T> {
     /// Commands of this queue not yet completed: waiting for their data or a buffer, or
     /// running.
     fn outstanding(&self) -> usize {
-        self.waiting.live + self.inflight.live + self.deferred.len()
+        self.waiting.live
+            + self.inflight.live
+            + self.deferred.len()
+            + self.parked.len()
+            + self.pairs.iter().map(|p| p.ready()).sum::<usize>()
     }
 
     fn outstanding_limit(&self) -> usize {
@@ -444,6 +488,9 @@ impl<T: Transport> Core<T> {
         if let Some(q) = &self.queue {
             self.sqhd = (self.sqhd + 1) % (q.sqsize + 1);
             q.ctrl.touch();
+            if q.qid > 0 {
+                self.pair_on_capsule(&sqe);
+            }
         }
         if !data_ok {
             self.complete(req, Status::TRANSIENT_TRANSPORT_ERROR, 0, 0);
@@ -546,6 +593,10 @@ impl<T: Transport> Core<T> {
         if let Some(q) = self.queue.as_ref().filter(|q| q.qid > 0 && sqe.opcode() != FABRICS && !compute::is_compute(sqe.opcode())) {
             let checked = if io_cmd::is_reservation(sqe.opcode()) {
                 io_cmd::check_reservation(&q.ctrl.subsys, &q.ctrl.hostid, &q.ctrl.tenant, &sqe).map(drop)
+            } else if self.lone_second(&sqe) {
+                Err(Status::ABORTED_MISSING_FUSED.dnr())
+            } else if self.first_failed(&sqe) {
+                Err(Status::ABORTED_FAILED_FUSED)
             } else {
                 io_cmd::plan(&q.ctrl.subsys, &q.ctrl.hostid, &q.ctrl.tenant, &sqe, true).map(drop)
             };
@@ -554,6 +605,10 @@ impl<T: Transport> Core<T> {
                 self.fail_io(&ctrl, &sqe, req, s);
                 return Ok(());
             }
+        }
+        if let Some((ctrl, r)) = self.fused_refused_before_data(&sqe) {
+            self.refuse_fused(&ctrl, &sqe, req, r);
+            return Ok(());
         }
         if self.outstanding() >= self.outstanding_limit() {
             return Err(self.overflow(req));
@@ -739,6 +794,9 @@ impl<T: Transport> Core<T> {
     /// buffer) or `buf` (fetched from the host).
     fn execute_io(&mut self, sqe: Sqe, data: &[u8], buf: Option<AlignedBuf>, req: Request) -> Result<(), Overflow> {
         let ctrl = self.queue.as_ref().expect("I/O queue").ctrl.clone();
+        if fused::is_fused(sqe.opcode()) {
+            return self.execute_fused(&ctrl, sqe, data, buf, req);
+        }
         if compute::is_compute(sqe.opcode()) {
             let r = self.execute_compute(&ctrl, sqe, buf.as_deref().unwrap_or(data), req);
             if let Some(b) = buf {
@@ -753,6 +811,9 @@ impl<T: Transport> Core<T> {
             }
             return r;
         }
+        if compare::is_compare(&sqe) {
+            return self.execute_compare(&ctrl, sqe, data, buf, req);
+        }
         let plan = match io_cmd::plan(&ctrl.subsys, &ctrl.hostid, &ctrl.tenant, &sqe, ctrl.write_cache.load(Relaxed)) {
             Ok(p) => p,
             Err(s) => {
@@ -764,6 +825,32 @@ impl<T: Transport> Core<T> {
             }
         };
         let IoPlan { ns, kind, op, len, lba } = plan;
+        // A writer holds its blocks shared while its operation runs; one a Compare and
+        // Write holds waits, parked, for them (Deallocate: the whole namespace, its
+        // ranges still in the host's data).
+        let blocks = match op {
+            Op::Write { off, .. } => Some(off..off + len as u64),
+            Op::WriteZeroes { off, len, .. } => Some(off..off + len),
+            Op::Deallocate if sqe.cdw(11) & (1 << 2) != 0 => Some(0..u64::MAX),
+            _ => None,
+        };
+        let write = match blocks {
+            None => None,
+            Some(r) => {
+                let done = &self.done_tx;
+                let wake = || {
+                    let tx = done.clone();
+                    Box::new(move || drop(tx.send(Done::Unblocked))) as crate::range_lock::Wake
+                };
+                match ns.ranges.try_write(r, wake) {
+                    Some(g) => Some(g),
+                    None => {
+                        self.park(sqe, data, buf, req);
+                        return Ok(());
+                    }
+                }
+            }
+        };
         // Deallocate: turn the host's ranges into byte ranges before anything runs.
         let (op, buf) = if let Op::Deallocate = op {
             let src = buf.as_deref().unwrap_or(data).to_vec();
@@ -792,6 +879,7 @@ impl<T: Transport> Core<T> {
             }
             Op::Write { off, fua } => {
                 if let Some(r) = ns.dev.write_now(buf.as_deref().unwrap_or(data), off, fua) {
+                    drop(write);
                     if let Some(b) = buf {
                         self.put_buf(b);
                     }
@@ -821,7 +909,7 @@ impl<T: Transport> Core<T> {
                 b
             }
         };
-        let token = self.inflight.insert(Inflight::new(req, ns.clone(), kind, len, lba));
+        let token = self.inflight.insert(Inflight { write, ..Inflight::new(req, ns.clone(), kind, len, lba) });
         ns.dev.submit(&mut self.chan, op, buf, token as u64);
         Ok(())
     }
@@ -883,7 +971,7 @@ impl<T: Transport> Core<T> {
                     t.written_bytes.fetch_add(len as u64, Relaxed);
                 }
             }
-            IoKind::Other | IoKind::Compute | IoKind::Reservation => {
+            IoKind::Other | IoKind::Compare | IoKind::Compute | IoKind::Reservation => {
                 ns.stats.other.fetch_add(1, Relaxed);
             }
         }
@@ -916,6 +1004,8 @@ impl<T: Transport> Core<T> {
             Done::Abort { nsid, guard } => self.abort_commands(nsid, guard),
             Done::Auth { auth } => self.on_auth(auth),
             Done::Fused { token, finished } => self.on_fused(token, *finished),
+            Done::Compared { token, compared } => self.on_compared(token, *compared),
+            Done::Unblocked => self.unpark(),
         }
     }
 
@@ -931,6 +1021,11 @@ impl<T: Transport> Core<T> {
             self.put_buf(buf);
             return;
         };
+        if let Some((start, end)) = x.sum {
+            self.on_read_checksum(&ctrl, x, start as usize..end as usize, result, &buf);
+            self.put_buf(buf);
+            return;
+        }
         match result {
             Ok(()) if x.kind == IoKind::Read => {
                 let success = self.success_flag();
@@ -979,6 +1074,12 @@ impl<T: Transport> Core<T> {
             }
             for w in self.deferred.iter_mut().filter(|w| w.sqe.nsid() == nsid && !io_cmd::is_reservation(w.sqe.opcode())) {
                 w.aborted = true;
+            }
+            for w in self.parked.iter_mut().filter(|w| w.sqe.nsid() == nsid) {
+                w.aborted = true;
+            }
+            for p in self.pairs.iter_mut().filter(|p| p.nsid() == nsid) {
+                p.aborted = true;
             }
         }
         if stopped {

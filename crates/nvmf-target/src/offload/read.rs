@@ -37,7 +37,7 @@ use tracing::warn;
 use super::{ComputeStats, Failure, Limits};
 use crate::cluster::{PeerError, Peers};
 use crate::config::IoEngine;
-use crate::dev::{BlockDevice, Channel, Completion, Op};
+use crate::dev::{fair, BlockDevice, Channel, Completion, Op};
 use crate::io_pool::IoPool;
 use crate::limits;
 use crate::uring::RingPool;
@@ -50,12 +50,15 @@ pub struct IoContext {
     pub engine: IoEngine,
     pub pool: IoPool,
     pub rings: Arc<RingPool>,
+    /// Whom the command's reads and writes are charged to in fair-scheduled devices: its
+    /// controller's tenant (None: the target's own work, as a benchmark's).
+    pub tenant: Option<Arc<fair::Tenant>>,
 }
 
 impl IoContext {
     /// With a pool of at most [`limits::COMPUTE_RINGS_IDLE_MAX`] idle rings of its own.
     pub fn new(rt: tokio::runtime::Handle, engine: IoEngine, pool: IoPool) -> IoContext {
-        IoContext { rt, engine, pool, rings: Arc::new(RingPool::new(limits::COMPUTE_RINGS_IDLE_MAX)) }
+        IoContext { rt, engine, pool, rings: Arc::new(RingPool::new(limits::COMPUTE_RINGS_IDLE_MAX)), tenant: None }
     }
 }
 
@@ -178,7 +181,7 @@ impl<'a> Io<'a> {
         let (tx_event, rx) = crossbeam_channel::unbounded();
         // Chunks are large: a page-cache hit is copied on a kernel worker, not inside the
         // submit on the network thread.
-        let ch = Channel::new(ctx.engine, ctx.pool.clone()).punt().pooled(ctx.rings.clone());
+        let ch = Channel::new(ctx.engine, ctx.pool.clone()).punt().pooled(ctx.rings.clone()).same_tenant(ctx.tenant.clone());
         let who = (peers.clone(), tags, host.to_string());
         ctx.rt.spawn(serve(rx_start, tx_event, ch, who, limits.cancel.clone()));
         let io = Io {
@@ -338,6 +341,9 @@ enum Pending {
 pub(super) struct Shared<'a> {
     pub io: RefCell<Io<'a>>,
     pub local: Arc<dyn BlockDevice>,
+    /// The namespace's range locks: an output write holds its blocks shared against
+    /// Compare and Write (range_lock.rs).
+    pub ranges: Arc<crate::range_lock::RangeLocks>,
     pub block: u64,
     pub remotes: Remotes,
     pub peers: &'a Peers,

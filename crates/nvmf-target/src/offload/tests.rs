@@ -164,6 +164,7 @@ fn a_peer_input_is_read_ahead_within_read_ahead_bytes() {
         let shared = Shared {
             io: std::cell::RefCell::new(reads),
             local: Arc::new(crate::dev::local::Local::new(Arc::new(MemoryBackend::new(1 << 20)))),
+            ranges: Arc::default(),
             block: 512,
             remotes: [(2u16, peer.clone() as Arc<dyn BlockDevice>)].into_iter().collect(),
             peers: &peers,

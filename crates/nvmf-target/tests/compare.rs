@@ -1,0 +1,393 @@
+//! Compare and the fused Compare and Write (docs/protocol.md, "Compare and Write"), with our
+//! initiator: each case's statuses and blocks, pairs whose halves are missing or differ,
+//! pairs raced by other pairs and plain writers, a connection closed between the halves.
+
+mod common;
+
+use std::sync::atomic::Ordering::Relaxed;
+use std::sync::Arc;
+use std::time::Duration;
+
+use nearstore_initiator::{CompareAndWrite, Controller, Data, IoQueue};
+use nearstore_wire::identify::{fuses, oncs};
+use nearstore_wire::opcode::io;
+use nearstore_wire::sqe::fuse;
+use nearstore_wire::{Sqe, Status};
+
+/// Namespaces of the common target: memory (512-byte blocks) and file (4096).
+const NAMESPACES: [u32; 2] = [1, 2];
+const MDTS_BYTES: usize = 128 * 1024;
+
+fn pattern(len: usize, seed: u8) -> Vec<u8> {
+    (0..len).map(|i| (i as u8).wrapping_mul(13).wrapping_add(seed)).collect()
+}
+
+async fn queue(c: &Controller, nsid: u32) -> (IoQueue, u32, u64) {
+    let ns = c.identify_namespace(nsid).await.unwrap();
+    (c.io_queue(1).await.unwrap(), ns.block_size(), ns.nsze)
+}
+
+/// What a Compare (or a pair) ends with.
+fn same(a: Status, b: Status) -> bool {
+    (a.sct, a.sc, a.dnr) == (b.sct, b.sc, b.dnr)
+}
+
+#[tokio::test]
+async fn identify_advertises_compare_and_the_fused_pair() {
+    let env = common::start().await;
+    let c = env.connect().await;
+    assert_ne!(c.id.oncs & oncs::COMPARE, 0, "ONCS bit 0 (Compare)");
+    assert_ne!(c.id.fuses & fuses::COMPARE_AND_WRITE, 0, "FUSES bit 0 (Compare and Write)");
+}
+
+#[tokio::test]
+async fn compare_per_case() {
+    let env = common::start().await;
+    let c = env.connect().await;
+    for nsid in NAMESPACES {
+        let (mut q, bs, nsze) = queue(&c, nsid).await;
+        let bsz = bs as usize;
+        // (what, first block, bytes on the namespace there, bytes compared: None = the same,
+        // Some(i) = the same but byte i flipped; expected status)
+        type Case = (&'static str, u64, usize, Option<usize>, Result<bool, Status>);
+        let cases: Vec<Case> = vec![
+            ("one block, equal", 0, bsz, None, Ok(true)),
+            ("one block, the first byte differs", 0, bsz, Some(0), Ok(false)),
+            ("one block, the last byte differs", 3, bsz, Some(bsz - 1), Ok(false)),
+            ("MDTS (in R2T data), equal", 16, MDTS_BYTES, None, Ok(true)),
+            ("MDTS, the last byte differs", 16, MDTS_BYTES, Some(MDTS_BYTES - 1), Ok(false)),
+            ("the namespace's last block", nsze - 1, bsz, None, Ok(true)),
+            ("across the namespace's end", nsze - 1, 2 * bsz, None, Err(Status::LBA_OUT_OF_RANGE.dnr())),
+            ("more than MDTS", 0, MDTS_BYTES + bsz, None, Err(Status::INVALID_FIELD.dnr())),
+        ];
+        for (what, slba, len, flip, want) in cases {
+            let what = format!("nsid {nsid}: {what}");
+            let data = pattern(len, slba as u8);
+            let blocks_in_ns = (nsze - slba) as usize * bsz;
+            if len <= blocks_in_ns && len <= MDTS_BYTES {
+                q.write(nsid, slba, &data, bs, false).await.unwrap();
+            }
+            let mut cmp = data.clone();
+            if let Some(i) = flip {
+                cmp[i] ^= 0x80;
+            }
+            if len > MDTS_BYTES {
+                // Past our initiator's own limit: the raw command with an SGL of its size.
+                let nlb = (len / bsz) as u32;
+                let s = Sqe::rw(io::COMPARE, nsid, slba, nlb, false);
+                let mut qp = c.io_queue(2).await.unwrap();
+                let cid = qp.queue().submit(s, Data::Out(&cmp[..MDTS_BYTES]), 0).unwrap();
+                let cqe = qp.queue().wait(cid, |_, _, _| {}).await.unwrap();
+                assert!(same(cqe.status, want.unwrap_err()), "{what}: {}", cqe.status);
+                continue;
+            }
+            let got = q.compare(nsid, slba, &cmp, bs).await;
+            match (got, want) {
+                (Ok(g), Ok(w)) => assert_eq!(g, w, "{what}"),
+                (Err(nearstore_initiator::Error::Status { status, .. }), Err(w)) => assert!(same(status, w), "{what}: {status}"),
+                (g, w) => panic!("{what}: got {g:?}, want {w:?}"),
+            }
+        }
+    }
+    assert_eq!(env.target.stats.requests_lost.load(Relaxed), 0);
+}
+
+/// A pair's halves as sent: (opcode, FUSE, nsid, first block, blocks) each, the Compare's
+/// data, the Write's.
+struct Pair {
+    first: Sqe,
+    second: Sqe,
+}
+
+fn half(opcode: u8, fuse: u8, nsid: u32, slba: u64, nlb: u32) -> Sqe {
+    let mut s = Sqe::rw(opcode, nsid, slba, nlb, false);
+    s.set_fuse(fuse);
+    s
+}
+
+#[tokio::test]
+async fn compare_and_write_per_case() {
+    let env = common::start().await;
+    let c = env.connect().await;
+    for nsid in NAMESPACES {
+        let (mut q, bs, nsze) = queue(&c, nsid).await;
+        let bsz = bs as usize;
+        let fail = Status::ABORTED_FAILED_FUSED;
+        let ok = Status::SUCCESS;
+        // (what, the pair, its data's length (both halves), the Compare's data equal to the
+        // blocks, (Compare's status, Write's status), written)
+        type Case = (&'static str, Pair, usize, bool, (Status, Status), bool);
+        let p = |s1: Sqe, s2: Sqe| Pair { first: s1, second: s2 };
+        let cw = |slba: u64, nlb: u32| p(half(io::COMPARE, fuse::FIRST, nsid, slba, nlb), half(io::WRITE, fuse::SECOND, nsid, slba, nlb));
+        let mdts_blocks = (MDTS_BYTES / bsz) as u32;
+        let cases: Vec<Case> = vec![
+            ("one block, equal: written", cw(10, 1), bsz, true, (ok, ok), true),
+            ("one block, different: nothing written", cw(10, 1), bsz, false, (Status::COMPARE_FAILURE.dnr(), fail), false),
+            ("MDTS in R2T data, equal: written", cw(32, mdts_blocks), MDTS_BYTES, true, (ok, ok), true),
+            ("MDTS, different: nothing written", cw(32, mdts_blocks), MDTS_BYTES, false, (Status::COMPARE_FAILURE.dnr(), fail), false),
+            ("the namespace's last block", cw(nsze - 1, 1), bsz, true, (ok, ok), true),
+            (
+                "the Write one block further",
+                p(half(io::COMPARE, fuse::FIRST, nsid, 10, 1), half(io::WRITE, fuse::SECOND, nsid, 11, 1)),
+                bsz,
+                true,
+                (fail, Status::INVALID_FIELD.dnr()),
+                false,
+            ),
+            (
+                "the Write one block longer",
+                p(half(io::COMPARE, fuse::FIRST, nsid, 10, 1), half(io::WRITE, fuse::SECOND, nsid, 10, 2)),
+                bsz,
+                true,
+                (fail, Status::INVALID_FIELD.dnr()),
+                false,
+            ),
+            (
+                "the Write on the other namespace (other blocks, its data not their size)",
+                p(half(io::COMPARE, fuse::FIRST, nsid, 10, 1), half(io::WRITE, fuse::SECOND, 3 - nsid, 10, 1)),
+                bsz,
+                true,
+                (fail, Status::DATA_SGL_LENGTH_INVALID.dnr()),
+                false,
+            ),
+            ("across the namespace's end", cw(nsze - 1, 2), 2 * bsz, true, (Status::LBA_OUT_OF_RANGE.dnr(), fail), false),
+            (
+                "a Read (with data) as the first half",
+                p(half(io::READ, fuse::FIRST, nsid, 10, 1), half(io::WRITE, fuse::SECOND, nsid, 10, 1)),
+                bsz,
+                true,
+                (Status::DATA_SGL_LENGTH_INVALID.dnr(), Status::ABORTED_MISSING_FUSED.dnr()),
+                false,
+            ),
+            (
+                "a Compare as the second half",
+                p(half(io::COMPARE, fuse::FIRST, nsid, 10, 1), half(io::COMPARE, fuse::SECOND, nsid, 10, 1)),
+                bsz,
+                true,
+                (fail, Status::INVALID_FIELD.dnr()),
+                false,
+            ),
+        ];
+        for (what, pair, len, equal, (s1, s2), written) in cases {
+            let what = format!("nsid {nsid}: {what}");
+            let slba = pair.first.slba();
+            let inside = slba + (len / bsz) as u64 <= nsze;
+            let before = pattern(len, 1);
+            if inside {
+                q.write(nsid, slba, &before, bs, false).await.unwrap();
+            }
+            let cmp = if equal { before.clone() } else { pattern(len, 2) };
+            let new = pattern(len, 3);
+            let second_len = (pair.second.nlb() as usize * bsz).min(MDTS_BYTES);
+            let second_data = pattern(second_len, 3);
+            let got = q.fused_pair(pair.first, &cmp, pair.second, &second_data, &what).await.unwrap();
+            assert!(same(got.compare, s1) && same(got.write, s2), "{what}: got {got:?}, want ({s1}, {s2})");
+            if inside {
+                let back = q.read(nsid, slba, (len / bsz) as u32, bs).await.unwrap();
+                let want = if written { &new } else { &before };
+                assert!(back == *want, "{what}: the blocks are {}", if back == before { "as before" } else { "changed" });
+            }
+        }
+        // The Write next to a mismatched one was never written there either.
+        let back = q.read(nsid, 11, 1, bs).await.unwrap();
+        assert!(back != pattern(bsz, 3), "nsid {nsid}: a refused Write reached block 11");
+    }
+    assert_eq!(env.target.stats.requests_lost.load(Relaxed), 0);
+}
+
+/// Submits `cmds` back to back on a fresh queue and returns their statuses in order.
+async fn back_to_back(q: &mut IoQueue, cmds: Vec<(Sqe, Vec<u8>)>) -> Vec<Status> {
+    let qp = q.queue();
+    let mut cids = Vec::new();
+    for (i, (s, d)) in cmds.iter().enumerate() {
+        cids.push(qp.submit(*s, if d.is_empty() { Data::None } else { Data::Out(d) }, i as u64).unwrap());
+    }
+    let mut got = vec![None; cids.len()];
+    while got.iter().any(Option::is_none) {
+        qp.poll(|tag, cqe, _| got[tag as usize] = Some(cqe.status)).await.unwrap();
+    }
+    got.into_iter().map(Option::unwrap).collect()
+}
+
+#[tokio::test]
+async fn halves_out_of_order_are_missing_their_partner() {
+    let env = common::start().await;
+    let c = env.connect().await;
+    let (mut q, bs, _) = queue(&c, 1).await;
+    let bsz = bs as usize;
+    let missing = Status::ABORTED_MISSING_FUSED.dnr();
+    let ok = Status::SUCCESS;
+    let data = pattern(bsz, 5);
+    q.write(1, 40, &data, bs, false).await.unwrap();
+    let cmp = |slba| (half(io::COMPARE, fuse::FIRST, 1, slba, 1), data.clone());
+    let wr = |slba, f| (half(io::WRITE, f, 1, slba, 1), pattern(bsz, 6));
+    let mut flush = Sqe::new(io::FLUSH, 0);
+    flush.set_nsid(1);
+    let flush = (flush, Vec::new());
+    // (what, commands in submission order, their statuses)
+    type Case = (&'static str, Vec<(Sqe, Vec<u8>)>, Vec<Status>);
+    let cases: Vec<Case> = vec![
+        ("a second alone", vec![wr(40, fuse::SECOND)], vec![missing]),
+        ("a plain Write between the halves", vec![cmp(40), wr(41, fuse::NORMAL), wr(40, fuse::SECOND)], vec![missing, ok, missing]),
+        ("a Flush after the first", vec![cmp(40), flush], vec![missing, ok]),
+        ("two firsts, then a second", vec![cmp(40), cmp(40), wr(40, fuse::SECOND)], vec![missing, ok, ok]),
+        ("a second after a whole pair", vec![cmp(40), wr(40, fuse::SECOND), wr(40, fuse::SECOND)], vec![ok, ok, missing]),
+    ];
+    for (what, cmds, want) in cases {
+        // Each case starts from the blocks `data` (a pair that wrote changed them).
+        q.write(1, 40, &data, bs, false).await.unwrap();
+        let got = back_to_back(&mut q, cmds).await;
+        assert_eq!(got.len(), want.len(), "{what}");
+        for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+            assert!(same(*g, *w), "{what}: command {i} got {g}, want {w}");
+        }
+    }
+    assert_eq!(env.target.stats.requests_lost.load(Relaxed), 0);
+}
+
+/// `k` hosts each add one, `n` times, to the counter in the first 8 bytes of block 200
+/// through `step`; `writers` more hosts write block 201 (inside the pairs' two blocks, with
+/// the zeros it holds, so that pairs still find their blocks equal) meanwhile, waiting for
+/// the pairs' ranges when they meet them. Returns (the counter, the increments that reported success).
+async fn count_up<F>(env: &common::Env, k: usize, n: usize, writers: usize, step: F) -> (u64, u64)
+where
+    F: Fn(IoQueue, usize) -> tokio::task::JoinHandle<(IoQueue, u64)>,
+{
+    let c = env.connect().await;
+    let (mut q, bs, _) = queue(&c, 2).await;
+    let bsz = bs as usize;
+    q.write(2, 200, &vec![0u8; 2 * bsz], bs, false).await.unwrap();
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let mut plain = Vec::new();
+    for w in 0..writers {
+        let c = env.connect().await;
+        let stop = stop.clone();
+        plain.push(tokio::spawn(async move {
+            let (mut q, bs, _) = queue(&c, 2).await;
+            let mut writes = 0u64;
+            while !stop.load(Relaxed) {
+                q.write(2, 201, &vec![0; bs as usize], bs, false).await.unwrap_or_else(|e| panic!("writer {w}: {e}"));
+                writes += 1;
+            }
+            assert!(writes > 0, "writer {w} wrote nothing");
+        }));
+    }
+    let mut hosts = Vec::new();
+    let mut conns = Vec::new();
+    for _ in 0..k {
+        let c = env.connect().await;
+        let (q, _, _) = queue(&c, 2).await;
+        hosts.push(step(q, n));
+        conns.push(c);
+    }
+    let mut successes = 0;
+    for h in hosts {
+        successes += h.await.unwrap().1;
+    }
+    stop.store(true, Relaxed);
+    for p in plain {
+        p.await.unwrap();
+    }
+    let back = q.read(2, 200, 1, bs).await.unwrap();
+    (u64::from_le_bytes(back[..8].try_into().unwrap()), successes)
+}
+
+/// One increment with the fused pair: read both blocks, Compare them and Write them with
+/// the counter plus one; again while the Compare finds them changed.
+fn fused_increments(mut q: IoQueue, n: usize) -> tokio::task::JoinHandle<(IoQueue, u64)> {
+    tokio::spawn(async move {
+        let mut done = 0;
+        while done < n as u64 {
+            let old = q.read(2, 200, 2, 4096).await.unwrap();
+            let mut new = old.clone();
+            let v = u64::from_le_bytes(old[..8].try_into().unwrap());
+            new[..8].copy_from_slice(&(v + 1).to_le_bytes());
+            let r: CompareAndWrite = q.compare_and_write(2, 200, &old, &new, 4096, false).await.unwrap();
+            if r.written() {
+                done += 1;
+            } else {
+                assert!(r.differed(), "a pair failed otherwise: {r:?}");
+            }
+        }
+        (q, done)
+    })
+}
+
+#[tokio::test]
+async fn concurrent_pairs_and_writers_lose_no_increment() {
+    let env = common::start().await;
+    // (hosts adding, increments each, plain writers)
+    for (k, n, writers) in [(4, 50, 0), (4, 50, 2), (8, 20, 4)] {
+        let (count, successes) = count_up(&env, k, n, writers, fused_increments).await;
+        assert_eq!(successes, (k * n) as u64, "{k} hosts, {writers} writers: every host made its increments");
+        assert_eq!(count, successes, "{k} hosts, {writers} writers: the counter lost increments");
+    }
+    let ns = env.target.subsystem(common::NQN).unwrap().namespace(2).unwrap();
+    assert_eq!(ns.ranges.counts(), (0, 0, 0), "no range held or waited for at the end");
+    assert_eq!(env.target.stats.requests_lost.load(Relaxed), 0);
+}
+
+#[tokio::test]
+async fn the_counter_check_catches_a_compare_then_write_that_is_not_atomic() {
+    // The check above against a host doing Compare, then Write, as two commands: two hosts
+    // that both compare before either writes both succeed, and one increment is lost.
+    let env = common::start().await;
+    let c = env.connect().await;
+    let (mut a, bs, _) = queue(&c, 2).await;
+    let c2 = env.connect().await;
+    let (mut b, _, _) = queue(&c2, 2).await;
+    a.write(2, 200, &vec![0u8; bs as usize], bs, false).await.unwrap();
+    let old = a.read(2, 200, 1, bs).await.unwrap();
+    let mut new = old.clone();
+    new[..8].copy_from_slice(&1u64.to_le_bytes());
+    assert!(a.compare(2, 200, &old, bs).await.unwrap());
+    assert!(b.compare(2, 200, &old, bs).await.unwrap());
+    a.write(2, 200, &new, bs, false).await.unwrap();
+    b.write(2, 200, &new, bs, false).await.unwrap();
+    let back = a.read(2, 200, 1, bs).await.unwrap();
+    assert_eq!(u64::from_le_bytes(back[..8].try_into().unwrap()), 1, "two successes, one increment: the check fails it");
+    // The same interleaving with the pair: the second finds the blocks changed.
+    let mut two = new.clone();
+    two[..8].copy_from_slice(&2u64.to_le_bytes());
+    assert!(a.compare_and_write(2, 200, &new, &two, bs, false).await.unwrap().written());
+    assert!(b.compare_and_write(2, 200, &new, &two, bs, false).await.unwrap().differed());
+}
+
+#[tokio::test]
+async fn a_connection_closed_between_the_halves_leaves_nothing_half_done() {
+    let env = common::start().await;
+    let ns = env.target.subsystem(common::NQN).unwrap().namespace(1).unwrap();
+    for len in [512usize, 64 * 1024] {
+        let unfinished = env.target.stats.requests_unfinished.load(Relaxed);
+        let c = env.connect().await;
+        let (mut q, bs, _) = queue(&c, 1).await;
+        let before = pattern(len, 7);
+        q.write(1, 300, &before, bs, false).await.unwrap();
+        // The first half alone, its data in the capsule or waiting for its R2T, then the
+        // connection goes.
+        let first = half(io::COMPARE, fuse::FIRST, 1, 300, (len / 512) as u32);
+        q.queue().submit(first, Data::Out(&before), 0).unwrap();
+        q.queue().flush().await.unwrap();
+        drop(q);
+        drop(c);
+        // Another host finds the blocks as they were, writes them plainly and pairs on
+        // them: nothing holds them.
+        let c = env.connect().await;
+        let (mut q, bs, _) = queue(&c, 1).await;
+        // The target ends the abandoned first half with its queue.
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+        while env.target.stats.requests_unfinished.load(Relaxed) == unfinished && tokio::time::Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        assert!(
+            env.target.stats.requests_unfinished.load(Relaxed) > unfinished,
+            "{len} bytes: the first half was not ended with its queue"
+        );
+        assert_eq!(q.read(1, 300, (len / 512) as u32, bs).await.unwrap(), before, "{len} bytes: the blocks changed");
+        q.write(1, 300, &pattern(len, 8), bs, false).await.unwrap();
+        let r = q.compare_and_write(1, 300, &pattern(len, 8), &pattern(len, 9), bs, false).await.unwrap();
+        assert!(r.written(), "{len} bytes: {r:?}");
+        assert_eq!(ns.ranges.counts(), (0, 0, 0), "{len} bytes: a range is still held");
+    }
+    assert_eq!(env.target.stats.requests_lost.load(Relaxed), 0);
+}
