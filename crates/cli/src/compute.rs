@@ -11,9 +11,6 @@ use nearstore_host::device::{DeviceMap, Endpoint};
 use nearstore_host::{csv_field, Host, HostError, How, Mode, Report};
 use nearstore_target::config::Config;
 
-use nearstore_wire::compute::status as cs;
-use nearstore_wire::Status;
-
 use crate::{Output, Plain};
 
 #[derive(clap::Args, Clone)]
@@ -554,14 +551,7 @@ fn file_error(e: anyhow::Error, f: &std::path::Path) -> String {
 /// An error in the user's terms where the target's are the protocol's: a result too big to
 /// return inline names --into. The first words stay in the detail (-v).
 fn in_user_terms(e: HostError) -> anyhow::Error {
-    let too_big = match &e {
-        HostError::Compute(nearstore_compute::ComputeError::ResultTooLarge { .. }) => true,
-        HostError::Target { source: nearstore_initiator::Error::Compute { status, message }, .. } => {
-            (Status { dnr: true, ..*status }) == cs::LIMIT_EXCEEDED && (message.contains(" inline") || message.starts_with("result of"))
-        }
-        _ => false,
-    };
-    if too_big {
+    if e.is_result_too_large() {
         let said = "the result is too big to return inline (docs/protocol.md gives the limit): write the rows into a file with --into FILE";
         return Plain { said: said.into(), detail: e.to_string() }.into();
     }

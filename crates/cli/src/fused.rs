@@ -54,7 +54,8 @@ pub struct AppendArgs {
     /// The data to append (`-`: standard input).
     #[arg(long)]
     pub input: PathBuf,
-    /// One record per line of the input (without its newline), instead of one record.
+    /// One record per line of the input (without its newline; an empty line an empty
+    /// record), instead of one record.
     #[arg(long)]
     pub lines: bool,
     #[command(flatten)]
@@ -106,28 +107,56 @@ fn runtime() -> Result<tokio::runtime::Runtime> {
     Ok(tokio::runtime::Builder::new_current_thread().enable_all().build()?)
 }
 
+/// The lines of `data` without their newlines, empty ones included (LevelDB writes empty
+/// records too): the newline ending the input ends its last line, none follows it.
+fn lines(data: &[u8]) -> Vec<&[u8]> {
+    if data.is_empty() {
+        return Vec::new();
+    }
+    data.strip_suffix(b"\n").unwrap_or(data).split(|&b| b == b'\n').collect()
+}
+
 /// `append-crc-write`: prints, per record, its crc32c, the bytes appended and the log's
 /// new length.
 pub fn append(a: AppendArgs) -> Result<()> {
     let data = input(&a.input)?;
-    let records: Vec<&[u8]> = if a.lines { data.split(|&b| b == b'\n').filter(|l| !l.is_empty()).collect() } else { vec![&data] };
+    let records: Vec<&[u8]> = if a.lines { lines(&data) } else { vec![&data] };
     let mut host = a.at.host()?;
     let done = runtime()?.block_on(async {
         let mut done = Vec::with_capacity(records.len());
         for r in &records {
-            done.push(host.append_crc_write(&a.file, r).await.with_context(|| format!("appending to {}", a.file.display()))?);
+            match host.append_crc_write(&a.file, r).await {
+                Ok(d) => done.push(d),
+                // The message names the transaction (HostError::Fused), and the records
+                // appended before it are printed: the operator can ask for its outcome.
+                Err(e) => {
+                    let txid = e.txid();
+                    print_appended(a.at.output_format, &done)?;
+                    let e = anyhow::Error::new(e).context(format!("appending to {}", a.file.display()));
+                    return Err(match txid {
+                        Some(t) => e.context(format!("transaction {t} did not complete; ask the target for its outcome")),
+                        None => e,
+                    });
+                }
+            }
         }
         anyhow::Ok(done)
     })?;
+    print_appended(a.at.output_format, &done)
+}
+
+/// Per appended record: its crc32c, the bytes appended and the log's new length (and, in
+/// JSON, its transaction id).
+fn print_appended(format: Output, done: &[nearstore_host::fused::Appended]) -> Result<()> {
     let mut out = std::io::stdout().lock();
-    if a.at.output_format == Output::Json {
+    if format == Output::Json {
         let v: Vec<_> = done
             .iter()
             .map(|d| serde_json::json!({ "txid": d.txid, "crc32c": format!("{:08x}", d.crc), "bytes": d.count, "length": d.len }))
             .collect();
         writeln!(out, "{}", serde_json::to_string(&v)?)?;
     } else {
-        for d in &done {
+        for d in done {
             writeln!(out, "crc32c {:08x}  bytes {}  length {}", d.crc, d.count, d.len)?;
         }
     }
@@ -163,4 +192,28 @@ fn print_crc(format: Output, crc: u32, offset: u64, len: u64) -> Result<()> {
         Output::Normal => println!("crc32c {crc:08x}  offset {offset}  bytes {len}"),
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    /// `--lines`: one record per line, an empty line an empty record. Before, empty lines
+    /// were dropped.
+    #[test]
+    fn every_line_is_a_record() {
+        // (input, records)
+        let cases: [(&str, &[&str]); 7] = [
+            ("", &[]),
+            ("\n", &[""]),
+            ("a", &["a"]),
+            ("a\n", &["a"]),
+            ("a\n\nb\n", &["a", "", "b"]),
+            ("a\n\n", &["a", ""]),
+            ("\n\na", &["", "", "a"]),
+        ];
+        for (input, want) in cases {
+            let got: Vec<&[u8]> = super::lines(input.as_bytes());
+            let want: Vec<&[u8]> = want.iter().map(|l| l.as_bytes()).collect();
+            assert_eq!(got, want, "{input:?}");
+        }
+    }
 }

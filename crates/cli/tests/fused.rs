@@ -6,40 +6,28 @@
 
 mod common;
 
-use std::net::{SocketAddr, TcpListener};
+use std::net::SocketAddr;
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
-use common::{fails, ok, Fs};
+use common::{fails, ok, target_on_free_port, Fs, Proc};
 use nearstore_initiator::{ConnectOptions, Controller, IoQueue};
 use nearstore_testkit::leveldb_log_records;
 use nearstore_wire::fused::{self, op, state, Fused};
 
 const NQN: &str = "nqn.2026-11.io.nearstore:fusedcli";
 
-struct Target(Child);
-
-impl Drop for Target {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
 /// Starts `nearstore target --config` with a journaled namespace on `disk` on a free port,
 /// the configuration written to `config`. A port counts only when the target says it
 /// listens there (another test may take it between the probe and the bind).
-fn start(disk: &Path, size: &str, config: &Path) -> (Target, SocketAddr) {
+fn start(disk: &Path, size: &str, config: &Path) -> (Proc, SocketAddr) {
     start_for(disk, size, config, "allow_any_host = true\n")
 }
 
 /// [`start`] with the subsystem's `hosts` lines (who may connect).
-fn start_for(disk: &Path, size: &str, config: &Path, hosts: &str) -> (Target, SocketAddr) {
-    use std::io::BufRead;
-    for _ in 0..5 {
-        let addr = TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap();
-        let size = if size.is_empty() { String::new() } else { format!("size = \"{size}\"\n") };
+fn start_for(disk: &Path, size: &str, config: &Path, hosts: &str) -> (Proc, SocketAddr) {
+    let size = if size.is_empty() { String::new() } else { format!("size = \"{size}\"\n") };
+    target_on_free_port(|addr| {
         std::fs::write(
             config,
             format!(
@@ -48,30 +36,8 @@ fn start_for(disk: &Path, size: &str, config: &Path, hosts: &str) -> (Target, So
             ),
         )
         .unwrap();
-        let mut child = Command::new(env!("CARGO_BIN_EXE_nearstore"))
-            .args(["target", "--discovery", "none", "--config"])
-            .arg(config)
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("starting the target binary");
-        let out = child.stdout.take().expect("piped stdout");
-        let t = Target(child);
-        let (tx, rx) = std::sync::mpsc::channel();
-        let want = format!("listening on {addr}");
-        std::thread::spawn(move || {
-            let mut lines = std::io::BufReader::new(out).lines();
-            let listening = lines.by_ref().map_while(Result::ok).any(|l| l.contains(&want));
-            let _ = tx.send(listening);
-            lines.for_each(drop);
-        });
-        match rx.recv_timeout(Duration::from_secs(30)) {
-            Ok(true) => return (t, addr),
-            Ok(false) => continue,
-            Err(_) => panic!("target did not listen on {addr} within 30 s"),
-        }
-    }
-    panic!("the target could not listen on any of 5 free ports");
+        vec!["--discovery".into(), "none".into(), "--config".into(), p(config).into()]
+    })
 }
 
 fn p(path: &Path) -> &str {
@@ -243,4 +209,32 @@ async fn killed_targets_leave_every_acknowledged_append_whole() {
     }
     assert!(records.len() > 50, "{} records in 50 rounds", records.len());
     eprintln!("{} records; in flight at the kill: {committed_in_flight} committed, {lost_in_flight} not", records.len());
+}
+
+/// An append the target refuses after it was sent (the file system the map names is larger
+/// than the namespace, and the log's end lies past it) fails printing its transaction id,
+/// for OUTCOME. Before, the message had no id.
+#[test]
+fn a_failed_append_prints_its_transaction_id() {
+    let fs = Fs::new(64);
+    let small = fs.dir.path().join("small.img");
+    std::fs::write(&small, vec![0u8; 1 << 20]).unwrap();
+    let config = fs.dir.path().join("target.toml");
+    let (_t, addr) = start(&small, "", &config);
+    let map = fs.dir.path().join("map.toml");
+    std::fs::write(&map, format!("[[namespace]]\naddress = \"{addr}\"\nnqn = \"{NQN}\"\nnsid = 1\nfile = \"{}\"\n", p(&fs.image))).unwrap();
+    // 7 MiB of log (each block one record header and its bytes): the append goes after it.
+    let log = fs.mnt.join("000009.log");
+    std::fs::write(&log, vec![0xffu8; 7 << 20]).unwrap();
+    let input = fs.dir.path().join("input");
+    std::fs::write(&input, b"a record").unwrap();
+    let (_, err) = fails(&["append-crc-write", "--map", p(&map), p(&log), "--input", p(&input)]);
+    let txid = err
+        .split("transaction ")
+        .nth(1)
+        .and_then(|s| s.split(' ').next())
+        .and_then(|s| s.parse::<u64>().ok())
+        .unwrap_or_else(|| panic!("no transaction id in: {err}"));
+    assert_ne!(txid, 0, "{err}");
+    assert!(err.contains("did not complete"), "{err}");
 }

@@ -16,9 +16,8 @@
 //! record is whole or absent (its transaction).
 
 use std::fs::{File, OpenOptions};
-use std::os::unix::fs::FileExt;
+use std::os::unix::fs::{FileExt, MetadataExt};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
 
 use nearstore_wire::fused::{self, op, Fused, LOG_BLOCK_BYTES, LOG_HEADER_BYTES};
 
@@ -46,17 +45,18 @@ pub struct Appended {
     pub len: u64,
 }
 
-/// A transaction id no other call of this process, nor of another process at another
-/// time, is likely to reuse: the clock and the process id, then a counter.
-fn next_txid() -> u64 {
-    static NEXT: AtomicU64 = AtomicU64::new(0);
-    let _ = NEXT.compare_exchange(0, seed(), Ordering::SeqCst, Ordering::SeqCst);
-    NEXT.fetch_add(1, Ordering::SeqCst).max(1)
-}
-
-fn seed() -> u64 {
-    let t = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(1, |d| d.as_nanos() as u64);
-    (t ^ (std::process::id() as u64).rotate_left(40)) | 1
+/// A fresh transaction id: 64 bits from the operating system's random source (getrandom),
+/// nothing derived from the clock or the process id, so writers in other containers or on
+/// other hosts (same pid, same instant) draw independent ids; two of them collide with
+/// probability 2^-64 per pair, and a target refuses a txid it already knows (INVALID FIELD)
+/// rather than confuse two transactions. 0 is not a transaction id.
+fn next_txid() -> Result<u64, HostError> {
+    loop {
+        let t = getrandom::u64().map_err(|e| HostError::Invalid(format!("drawing a transaction id: {e}")))?;
+        if t != 0 {
+            return Ok(t);
+        }
+    }
 }
 
 fn ioe(path: &Path) -> impl FnOnce(std::io::Error) -> HostError + '_ {
@@ -170,7 +170,8 @@ impl Host {
         let ep = fo.location.endpoint.clone();
         let conn = self.conns.get_mut(&ep).expect("connected by fused_object");
         let r = conn.queues[0].fused_write(ep.nsid, &f.encode(data)).await;
-        r.map_err(|source| HostError::Target { endpoint: ep_name(&ep), source })
+        // Sent (or maybe sent: a lost connection): its txid goes with the error, for OUTCOME.
+        r.map_err(|source| HostError::Fused { txid: f.txid, source: Box::new(HostError::Target { endpoint: ep_name(&ep), source }) })
     }
 
     /// Appends `data` as one LevelDB log record to the log in `path` at its end
@@ -189,11 +190,12 @@ impl Host {
     async fn append_mapped(&mut self, fo: &FileObject, block: u64, len: u64, data: &[u8]) -> Result<Appended, HostError> {
         let block_offset = (len % LOG_BLOCK_BYTES as u64) as u32;
         let need = fused::framed_len(block_offset, data.len()) as u64;
-        let txid = next_txid();
+        let txid = next_txid()?;
         let f = Fused { op: op::APPEND_CRC_WRITE, txid, offset: len, block_offset, extents: Vec::new() };
         let (crc, count) = self.fused(fo, block, f, need, data).await?;
         if count as u64 != need {
-            return Err(HostError::Invalid(format!("the target appended {count} bytes, the record takes {need}")));
+            let e = HostError::Invalid(format!("the target appended {count} bytes, the record takes {need}"));
+            return Err(HostError::Fused { txid, source: Box::new(e) });
         }
         Ok(Appended { txid, crc, count, len: len + need })
     }
@@ -210,10 +212,13 @@ impl Host {
                 fo.object.len
             )));
         }
-        let f = Fused { op: op::WRITE_CHECKSUM, txid: next_txid(), offset, block_offset: 0, extents: Vec::new() };
+        let f = Fused { op: op::WRITE_CHECKSUM, txid: next_txid()?, offset, block_offset: 0, extents: Vec::new() };
         let (crc, _) = self.fused(&fo, block, f, data.len() as u64, data).await?;
-        // Cached pages of it are stale now.
-        finish_output(path, fo.object.len)?;
+        // Cached pages of it are stale now. The size stays as it is: the bytes were inside
+        // the file, and setting the size mapped would cut what another writer appended
+        // since.
+        let f = File::open(path).map_err(ioe(path))?;
+        crate::drop_cached(&f, path)?;
         Ok(crc)
     }
 
@@ -268,25 +273,38 @@ impl Host {
 /// LAST fragments, masked crc32c) whose records the target frames and checksums:
 /// one append-crc-write each. The file is preallocated LOG_PREALLOC_BYTES at a time and
 /// mapped once per preallocation; [`LogWriter::finish`] sets its size to the log's end.
+///
+/// The writer is the log's only writer: before each append it checks that `path` is still
+/// the file it opened (device, inode) and that its size is the one it left, and fails
+/// naming what changed (replaced by a rename, truncated or grown by another writer) rather
+/// than append through a stale extent map into blocks the file no longer owns.
 pub struct LogWriter<'h> {
     host: &'h mut Host,
     path: PathBuf,
     len: u64,
     mapped: Option<(FileObject, u64)>,
+    /// (device, inode, size) of the file as this writer last left it.
+    seen: (u64, u64, u64),
+}
+
+/// (device, inode, size) of `path`.
+fn identity(path: &Path) -> Result<(u64, u64, u64), HostError> {
+    let m = std::fs::metadata(path).map_err(ioe(path))?;
+    Ok((m.dev(), m.ino(), m.len()))
 }
 
 impl<'h> LogWriter<'h> {
     /// A new, empty log in `path` (created or truncated).
     pub fn create(host: &'h mut Host, path: &Path) -> Result<LogWriter<'h>, HostError> {
         File::create(path).map_err(ioe(path))?;
-        Ok(LogWriter { host, path: path.into(), len: 0, mapped: None })
+        Ok(LogWriter { host, path: path.into(), len: 0, mapped: None, seen: identity(path)? })
     }
 
     /// Appends to the log in `path` from its end ([`log_end`]), as LevelDB's writer does
     /// given the file's length.
     pub fn open(host: &'h mut Host, path: &Path) -> Result<LogWriter<'h>, HostError> {
         let len = log_end(path)?;
-        Ok(LogWriter { host, path: path.into(), len, mapped: None })
+        Ok(LogWriter { host, path: path.into(), len, mapped: None, seen: identity(path)? })
     }
 
     /// The log's length so far.
@@ -300,10 +318,12 @@ impl<'h> LogWriter<'h> {
 
     /// `AddRecord`: appends `data` as one logical record.
     pub async fn add_record(&mut self, data: &[u8]) -> Result<Appended, HostError> {
+        self.check_unchanged()?;
         let need = fused::framed_len((self.len % LOG_BLOCK_BYTES as u64) as u32, data.len()) as u64;
         if self.mapped.as_ref().is_none_or(|(fo, _)| fo.object.len < self.len + need) {
             preallocate(&self.path, (self.len + need).div_ceil(LOG_PREALLOC_BYTES) * LOG_PREALLOC_BYTES)?;
             self.mapped = Some(self.host.fused_object(&self.path).await?);
+            self.seen = identity(&self.path)?;
         }
         let (fo, block) = self.mapped.as_ref().expect("mapped above");
         let a = self.host.append_mapped(fo, *block, self.len, data).await?;
@@ -311,10 +331,48 @@ impl<'h> LogWriter<'h> {
         Ok(a)
     }
 
+    /// Fails when `path` is no longer the file as this writer left it.
+    fn check_unchanged(&self) -> Result<(), HostError> {
+        let (dev, ino, size) = identity(&self.path)?;
+        if (dev, ino) != (self.seen.0, self.seen.1) {
+            return Err(self.changed(&format!(
+                "was replaced (device {dev:#x} inode {ino}, the log was device {:#x} inode {})",
+                self.seen.0, self.seen.1
+            )));
+        }
+        if size != self.seen.2 {
+            return Err(self.changed(&format!("is {size} bytes, its writer left it {} bytes", self.seen.2)));
+        }
+        Ok(())
+    }
+
+    fn changed(&self, what: &str) -> HostError {
+        HostError::Invalid(format!("{}: {what}: another writer changed the log; reopen it (LogWriter::open)", self.path.display()))
+    }
+
     /// Sets the file's size to the log's end (the preallocated zeros after it go) and
     /// drops its stale cached pages; returns the length.
     pub fn finish(self) -> Result<u64, HostError> {
         finish_output(&self.path, self.len)?;
         Ok(self.len)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    /// Transaction ids are drawn, not derived: no clock or pid goes into them, so two
+    /// writers started at the same instant with the same pid (containers, hosts) draw
+    /// independent ids by construction (see [`super::next_txid`]); what a unit test can
+    /// check is that they are drawn afresh each time: nonzero, distinct, and not a counter
+    /// (the former clock ^ pid seed then +1 gave consecutive ids).
+    #[test]
+    fn transaction_ids_are_drawn_not_counted() {
+        let ids: Vec<u64> = (0..1000).map(|_| super::next_txid().unwrap()).collect();
+        let mut sorted = ids.clone();
+        sorted.sort_unstable();
+        sorted.dedup();
+        assert_eq!(sorted.len(), ids.len(), "distinct");
+        assert!(!ids.contains(&0));
+        assert!(ids.windows(2).all(|w| w[1].wrapping_sub(w[0]) != 1), "not consecutive");
     }
 }

@@ -101,6 +101,11 @@ pub enum HostError {
     /// With `Host::offload_only`: files that would have been computed on the host.
     #[error("not offloaded (--offload-only): {}", .0.iter().map(Cause::to_string).collect::<Vec<_>>().join("; "))]
     NotOffloaded(Vec<Cause>),
+    /// A fused write operation sent to its target that did not complete as asked (refused,
+    /// failed, or its completion lost): `txid` names its transaction for
+    /// [`Host::outcome`](crate::Host::outcome).
+    #[error("transaction {txid:#018x}: {source}")]
+    Fused { txid: u64, source: Box<HostError> },
 }
 
 impl HostError {
@@ -108,6 +113,9 @@ impl HostError {
     /// or a command beyond its tenant's reach (ACCESS_DENIED).
     pub fn is_refused(&self) -> bool {
         use nearstore_initiator::Error as E;
+        if let HostError::Fused { source, .. } = self {
+            return source.is_refused();
+        }
         let denied = |s: &nearstore_wire::Status| {
             let s = nearstore_wire::Status { dnr: false, ..*s };
             s == nearstore_wire::Status::ACCESS_DENIED || s == nearstore_wire::Status::CONNECT_INVALID_HOST
@@ -115,6 +123,29 @@ impl HostError {
         match self {
             HostError::Target { source: E::Status { status, .. } | E::Compute { status, .. }, .. } => denied(status),
             HostError::Target { source: E::AuthRequired { .. } | E::AuthRefused { .. }, .. } => true,
+            _ => false,
+        }
+    }
+
+    /// The transaction id of a fused write operation this error ended after it was sent:
+    /// the id to ask OUTCOME about.
+    pub fn txid(&self) -> Option<u64> {
+        match self {
+            HostError::Fused { txid, .. } => Some(*txid),
+            _ => None,
+        }
+    }
+
+    /// True when the result was too big to return inline (a select's rows; [`ComputeError::ResultTooLarge`]
+    /// on this host, LIMIT_EXCEEDED saying so from a target): it belongs in an output file.
+    pub fn is_result_too_large(&self) -> bool {
+        match self {
+            HostError::Compute(ComputeError::ResultTooLarge { .. }) => true,
+            HostError::Target { source: nearstore_initiator::Error::Compute { status, message }, .. } => {
+                let limit = nearstore_wire::compute::status::LIMIT_EXCEEDED;
+                nearstore_wire::Status { dnr: true, ..*status } == limit
+                    && (message.contains(" inline") || message.starts_with("result of"))
+            }
             _ => false,
         }
     }
@@ -283,7 +314,9 @@ impl Host {
             return Ok(());
         }
         let err = |source| HostError::Target { endpoint: ep_name(ep), source };
-        let o = self.identity.connect_options(ep).map_err(HostError::Invalid)?;
+        let mut o = self.identity.connect_options(ep).map_err(HostError::Invalid)?;
+        // Each step of connecting waits no longer than a command may take.
+        o.timeout = o.timeout.min(self.timeout);
         let ctrl = Controller::connect(o).await.map_err(err)?;
         let block = ctrl.identify_namespace(ep.nsid).await.map_err(err)?.block_size() as u64;
         let mut queues = Vec::new();

@@ -21,9 +21,14 @@ use nearstore_wire::fused::state;
 const NQN: &str = "nqn.2026-11.io.nearstore:fusedhost";
 
 async fn start(fs: &Fs) -> Host {
+    start_exporting(fs, &fs.image).await
+}
+
+/// A target whose namespace 1 is `export`, and a host that takes it for `fs`'s image.
+async fn start_exporting(fs: &Fs, export: &Path) -> Host {
     let cfg = Config::from_toml(&format!(
         "[[listener]]\naddress = \"127.0.0.1:0\"\n[[subsystem]]\nnqn = \"{NQN}\"\nallow_any_host = true\n[[subsystem.namespace]]\nnsid = 1\npath = \"{}\"\nmicrotx = true\n",
-        fs.image.display()
+        export.display()
     ))
     .unwrap();
     let t = Target::from_config(&cfg).unwrap();
@@ -152,4 +157,100 @@ async fn records_acknowledged_before_a_crash_are_found_after_it() {
     w.finish().unwrap();
     sent.push(b"after the crash".to_vec());
     assert_eq!(leveldb_records(&read(&path)), Ok(sent));
+}
+
+/// An append the target refuses after it was sent (here: its extents lie past the end of
+/// a namespace smaller than the file system the host mapped) fails carrying its
+/// transaction id, which the host can ask OUTCOME about. Before, the error had no id.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_append_names_its_transaction_for_outcome() {
+    let fs = Fs::new(64);
+    let small = fs.dir.path().join("small.img");
+    std::fs::write(&small, vec![0u8; 1 << 20]).unwrap();
+    let mut host = start_exporting(&fs, &small).await;
+    let path = fs.mnt.join("000007.log");
+    // Past the namespace's first MiB of the file system.
+    std::fs::write(&path, vec![1u8; 8 << 20]).unwrap();
+    let e = host.write_checksum(&path, 7 << 20, b"x").await.unwrap_err();
+    let txid = e.txid().unwrap_or_else(|| panic!("no txid in {e}"));
+    assert!(e.to_string().contains(&format!("{txid:#018x}")), "{e}");
+    assert_eq!(host.outcome(&path, txid).await.unwrap().0, state::UNKNOWN, "refused before its journal");
+    let log = fs.mnt.join("000009.log");
+    // 7 MiB of log (each block one record header and its bytes, as log_end reads them):
+    // the append goes after them, outside the namespace.
+    std::fs::write(&log, vec![0xffu8; 7 << 20]).unwrap();
+    let e = host.append_crc_write(&log, b"record").await.unwrap_err();
+    let txid = e.txid().unwrap_or_else(|| panic!("no txid in {e}"));
+    assert_eq!(host.outcome(&log, txid).await.unwrap().0, state::UNKNOWN);
+    // An error before anything was sent carries none.
+    let e = host.write_checksum(&path, 9 << 20, b"x").await.unwrap_err();
+    assert_eq!(e.txid(), None, "{e}");
+}
+
+/// A LogWriter whose file another writer replaced (a rename over it) or truncated fails
+/// its next append naming what changed, instead of appending through its stale extent
+/// map into blocks the file no longer owns. Before, the append went through.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_log_changed_under_its_writer_fails_the_next_append() {
+    let fs = Fs::new(64);
+    let mut host = start(&fs).await;
+    // (case, what changes the file, what the error says)
+    type Change = fn(&Path);
+    let cases: [(&str, Change, &str); 3] = [
+        (
+            "renamed over",
+            |p| {
+                let other = p.with_extension("new");
+                std::fs::write(&other, b"").unwrap();
+                std::fs::rename(&other, p).unwrap();
+            },
+            "was replaced",
+        ),
+        ("truncated", |p| std::fs::OpenOptions::new().write(true).open(p).unwrap().set_len(0).unwrap(), "is 0 bytes"),
+        (
+            "appended to",
+            |p| std::io::Write::write_all(&mut std::fs::OpenOptions::new().append(true).open(p).unwrap(), b"x").unwrap(),
+            "bytes, its writer left it",
+        ),
+    ];
+    for (i, (case, change, says)) in cases.into_iter().enumerate() {
+        let path = fs.mnt.join(format!("{i}.log"));
+        let mut w = LogWriter::create(&mut host, &path).unwrap();
+        w.add_record(&record(0)).await.unwrap();
+        change(&path);
+        let e = w.add_record(&record(1)).await.unwrap_err();
+        assert!(e.to_string().contains(says), "{case}: {e}");
+    }
+}
+
+/// write-checksum inside a file while another writer appends to it: the file keeps every
+/// appended byte. Before, write-checksum set the size it had mapped, cutting the appends
+/// made during its round trip.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn write_checksum_never_cuts_a_concurrent_append() {
+    let fs = Fs::new(64);
+    let mut host = start(&fs).await;
+    let path = fs.mnt.join("grown");
+    std::fs::write(&path, vec![7u8; 64 << 10]).unwrap();
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let appender = {
+        let (path, stop) = (path.clone(), stop.clone());
+        std::thread::spawn(move || {
+            let mut f = std::fs::OpenOptions::new().append(true).open(&path).unwrap();
+            let mut n = 0u64;
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                std::io::Write::write_all(&mut f, &[9u8; 512]).unwrap();
+                n += 512;
+                std::thread::sleep(std::time::Duration::from_micros(50));
+            }
+            n
+        })
+    };
+    for i in 0..20u8 {
+        host.write_checksum(&path, 4096 * i as u64, &[i; 100]).await.unwrap();
+    }
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let appended = appender.join().unwrap();
+    assert!(appended > 0);
+    assert_eq!(std::fs::metadata(&path).unwrap().len(), (64 << 10) + appended);
 }

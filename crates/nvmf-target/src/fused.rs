@@ -1,9 +1,11 @@
 //! The fused write operations (docs/compute-protocol.md, "Fused write operations"): a FUSED
-//! WRITE is checked here before anything is read or written ([`check`]), then runs on a
-//! blocking thread ([`run`]): the blocks it touches are read, the operation's bytes
+//! WRITE is checked here before its data moves ([`check_before_data`]) and before anything
+//! is read or written ([`check`]), then runs on a blocking thread in its turn on the
+//! namespace's journal ([`run`]): the blocks it touches are read, the operation's bytes
 //! (append-crc-write: the LevelDB log record framed, its checksums computed here) merged
 //! into them, and the block images and the result are one transaction of the namespace's
-//! MicroTx journal. READ CHECKSUM ([`read_checksum`]) reads and checksums in one command.
+//! MicroTx journal. READ CHECKSUM is a Read (io_cmd::plan, the namespace's device) whose
+//! completion carries the checksum of [`checksum_range`].
 
 use std::ops::Range;
 use std::sync::Arc;
@@ -12,7 +14,7 @@ use nearstore_wire::compute::status as cs;
 use nearstore_wire::fused::{self, Fused, FusedError, RESULT_BYTES};
 use nearstore_wire::{Sqe, Status};
 
-use crate::microtx::{Journal, JournalError, Outcome, Tx};
+use crate::microtx::{Journal, JournalError, Outcome, Turn, Tx};
 use crate::reservation::Access;
 use crate::subsystem::{AbortGuard, Controller, Namespace};
 
@@ -27,30 +29,31 @@ fn refuse(status: Status, message: impl Into<String>) -> Refusal {
     Refusal { status, message: message.into() }
 }
 
-/// A checked FUSED WRITE, ready to run.
+/// A checked FUSED WRITE, ready to run on its transfer (left in the queue's pooled buffer,
+/// charged to its memory, until it has run).
 pub struct Planned {
     pub ns: Arc<Namespace>,
-    journal: Arc<Journal>,
-    txid: u64,
-    op: u8,
-    /// The bytes the operation puts into the object, from `head` bytes into the first
-    /// block of `pieces`.
-    bytes: Vec<u8>,
+    pub journal: Arc<Journal>,
+    f: Fused,
+    /// Where the data starts in the transfer.
+    data_at: usize,
+    /// Bytes the operation puts into the object, from `head` bytes into the first block of
+    /// `pieces`.
+    count: usize,
     head: usize,
     /// The namespace ranges (byte offset, length) of the blocks it touches, in object
     /// order: whole blocks, one journal write each.
     pieces: Vec<(u64, u64)>,
-    result: [u8; RESULT_BYTES],
 }
 
 impl Planned {
     /// Bytes the operation writes into the object.
     pub fn len(&self) -> usize {
-        self.bytes.len()
+        self.count
     }
 
     pub fn is_empty(&self) -> bool {
-        self.bytes.is_empty()
+        self.count == 0
     }
 }
 
@@ -80,6 +83,22 @@ fn allowed(ctrl: &Controller, ns: &Namespace, lbas: Option<Range<u64>>, access: 
     Ok(())
 }
 
+/// What a FUSED WRITE is checked for before its data moves (before the R2T): its namespace
+/// and journal, and that its host may write some of the namespace (the tenant's grants,
+/// the reservations); [`check`] checks its blocks once the descriptor is in.
+pub fn check_before_data(ctrl: &Controller, sqe: &Sqe) -> Result<(), Refusal> {
+    let (ns, _) = journal_of(ctrl, sqe.nsid())?;
+    allowed(ctrl, &ns, None, Access::Write)
+}
+
+/// The object bytes `n` bytes written at `offset` touch, widened to whole `bs`-byte blocks:
+/// (the first block's object byte, the bytes). None when their end passes u64::MAX.
+fn blocks_touched(offset: u64, n: u64, bs: u64) -> Option<(u64, u64)> {
+    let from = offset / bs * bs;
+    let to = offset.checked_add(n)?.div_ceil(bs).checked_mul(bs)?;
+    Some((from, to - from))
+}
+
 /// Checks a FUSED WRITE (`transfer`: its descriptor and data) before anything is read or
 /// written: the namespace and its journal, the layout, the extents (whole blocks, inside
 /// the namespace, covering exactly the blocks the operation touches), the tenant's write
@@ -90,16 +109,14 @@ pub fn check(ctrl: &Controller, sqe: &Sqe, transfer: &[u8]) -> Result<Planned, R
         FusedError::Invalid(_) => refuse(cs::DESCRIPTOR_INVALID, e.to_string()),
         FusedError::Limit(_) => refuse(cs::LIMIT_EXCEEDED, e.to_string()),
     })?;
-    let bytes = fused::bytes_written(&f, &transfer[data_at..]);
+    let count = fused::written_len(&f, transfer.len() - data_at);
     let bs = ns.block_size as u64;
     let size = ns.blocks * bs;
     let head = f.offset % bs;
-    let end = f
-        .offset
-        .checked_add(bytes.len() as u64)
-        .ok_or_else(|| refuse(cs::DESCRIPTOR_INVALID, format!("fused descriptor: byte 16: offset {} overflows", f.offset)))?;
     // The object's blocks the operation touches, from the one holding `offset`.
-    let mut want = (end.div_ceil(bs) * bs) - (f.offset - head);
+    let (_, mut want) = blocks_touched(f.offset, count as u64, bs).ok_or_else(|| {
+        refuse(cs::DESCRIPTOR_INVALID, format!("fused descriptor: byte 16: {count} bytes at offset {} pass the largest offset", f.offset))
+    })?;
     let mut pieces = Vec::with_capacity(f.extents.len());
     for (i, &(off, len)) in f.extents.iter().enumerate() {
         if !off.is_multiple_of(bs) || !len.is_multiple_of(bs) {
@@ -125,17 +142,20 @@ pub fn check(ctrl: &Controller, sqe: &Sqe, transfer: &[u8]) -> Result<Planned, R
     if want > 0 {
         return Err(refuse(cs::DESCRIPTOR_INVALID, format!("fused descriptor: the extents end {want} bytes before the bytes written")));
     }
-    let crc = crc32c::crc32c(&bytes);
-    let result = fused::result(crc, bytes.len() as u32, end);
-    Ok(Planned { ns, journal, txid: f.txid, op: f.op, bytes, head: head as usize, pieces, result })
+    Ok(Planned { ns, journal, f, data_at, count, head: head as usize, pieces })
 }
 
 /// A FUSED WRITE's standing against a Preempt and Abort of its host (docs/protocol.md,
-/// "Preempt and Abort"), shared by its queue entry and its blocking work: asked to abort
-/// before its transaction starts, it does not run (Command Aborted due to Preempt and
-/// Abort); asked later, the Acquire's guards are held until the transaction has ended.
+/// "Preempt and Abort"), shared by its queue entry and its work: asked to abort before its
+/// transaction starts, it does not run (Command Aborted due to Preempt and Abort), and one
+/// waiting for its turn leaves at once; asked later, the Acquire's guards are held until
+/// the transaction has ended.
 #[derive(Default)]
-pub struct AbortHold(parking_lot::Mutex<HoldState>);
+pub struct AbortHold {
+    state: parking_lot::Mutex<HoldState>,
+    /// Wakes the work waiting for its turn when the abort comes.
+    abort: tokio::sync::Notify,
+}
 
 #[derive(Default)]
 struct HoldState {
@@ -148,21 +168,30 @@ impl AbortHold {
     /// Requests the abort; `guard` is held until the work has ended (dropped at once when
     /// it has).
     pub fn abort(&self, guard: AbortGuard) {
-        let mut s = self.0.lock();
+        let mut s = self.state.lock();
         if !s.ended {
             s.aborted = true;
             s.guards.push(guard);
+            // One waiter at most; kept for it if it is not waiting yet.
+            self.abort.notify_one();
         }
     }
 
-    fn aborted(&self) -> bool {
-        self.0.lock().aborted
+    pub(crate) fn aborted(&self) -> bool {
+        self.state.lock().aborted
+    }
+
+    /// Returns once the abort is requested.
+    pub async fn aborted_wait(&self) {
+        if !self.aborted() {
+            self.abort.notified().await;
+        }
     }
 
     /// The work has ended: the guards go (outside the lock).
     pub fn ended(&self) {
         let guards = {
-            let mut s = self.0.lock();
+            let mut s = self.state.lock();
             s.ended = true;
             std::mem::take(&mut s.guards)
         };
@@ -170,41 +199,47 @@ impl AbortHold {
     }
 }
 
-/// Runs a checked FUSED WRITE on a blocking thread: reads the blocks it only partly
-/// covers, merges its bytes, and runs the block images as one journal transaction.
-/// Returns its result (crc32c, count, end) once durable. Asked to abort (`hold`) before it
-/// has the namespace's journal, it writes nothing.
-pub fn run(p: &Planned, hold: &AbortHold) -> Result<[u8; RESULT_BYTES], Refusal> {
+/// Runs a checked FUSED WRITE on its `transfer` on a blocking thread, in its `turn` on the
+/// namespace's journal: frames its bytes (append-crc-write) and checksums them, reads the
+/// blocks it only partly covers, merges its bytes, and runs the block images as one
+/// journal transaction. Returns its result (crc32c, count, end) once durable. Asked to
+/// abort (`hold`) before it started, it writes nothing.
+pub fn run(p: &Planned, transfer: &[u8], hold: &AbortHold, _turn: &Turn) -> Result<[u8; RESULT_BYTES], Refusal> {
+    let txid = p.f.txid;
+    if hold.aborted() {
+        return Err(refuse(Status::ABORTED_PREEMPT, format!("transaction {txid}: its host was preempted and aborted")));
+    }
+    let bytes = fused::bytes_written(&p.f, &transfer[p.data_at..]);
+    debug_assert_eq!(bytes.len(), p.count);
+    let result = fused::result(crc32c::crc32c(&bytes), bytes.len() as u32, p.f.offset + bytes.len() as u64);
     let bs = p.ns.block_size as usize;
     let total: u64 = p.pieces.iter().map(|&(_, l)| l).sum();
     let mut image = vec![0u8; total as usize];
-    // One operation at a time on the namespace's journal, so that the blocks read here
-    // are not changed by another fused operation before this one's are written.
-    let _serial = p.journal.exclusive();
-    if hold.aborted() {
-        return Err(refuse(Status::ABORTED_PREEMPT, format!("transaction {}: its host was preempted and aborted", p.txid)));
-    }
-    let tail = p.head + p.bytes.len();
+    // Its blocks shared against Compare and Write (range_lock.rs), taken in its journal
+    // turn, which no Compare and Write takes.
+    let start = p.pieces.iter().map(|&(off, _)| off).min().unwrap_or(0);
+    let end = p.pieces.iter().map(|&(off, len)| off + len).max().unwrap_or(0);
+    let _range = p.ns.ranges.write(start..end);
+    let tail = p.head + bytes.len();
     let (first, last) = (0..bs, (tail / bs) * bs..(tail.div_ceil(bs) * bs));
     let partial = [(p.head != 0).then_some(first), (!tail.is_multiple_of(bs)).then_some(last)];
     for r in partial.into_iter().flatten() {
-        let at = namespace_byte(&p.pieces, r.start as u64).ok_or_else(|| {
-            refuse(Status::INTERNAL_ERROR.dnr(), format!("transaction {}: block {} outside its extents", p.txid, r.start))
-        })?;
+        let at = namespace_byte(&p.pieces, r.start as u64)
+            .ok_or_else(|| refuse(Status::INTERNAL_ERROR.dnr(), format!("transaction {txid}: block {} outside its extents", r.start)))?;
         let block = &mut image[r.clone()];
         p.ns.backend.read_at(block, at).map_err(|e| {
-            refuse(Status::UNRECOVERED_READ_ERROR.dnr(), format!("transaction {}: reading the block at namespace byte {at}: {e}", p.txid))
+            refuse(Status::UNRECOVERED_READ_ERROR.dnr(), format!("transaction {txid}: reading the block at namespace byte {at}: {e}"))
         })?;
     }
-    image[p.head..tail].copy_from_slice(&p.bytes);
+    image[p.head..tail].copy_from_slice(&bytes);
     let mut writes = Vec::with_capacity(p.pieces.len());
     let mut at = 0usize;
     for &(off, len) in &p.pieces {
         writes.push((off, image[at..at + len as usize].to_vec()));
         at += len as usize;
     }
-    let tx = Tx { txid: p.txid, op: p.op, writes };
-    p.journal.run_with(&*p.ns.backend, &tx, p.result).map_err(|e| match e {
+    let tx = Tx { txid, op: p.f.op, writes };
+    p.journal.run_with(&*p.ns.backend, &tx, result).map_err(|e| match e {
         JournalError::TxidInUse(_) => refuse(Status::INVALID_FIELD.dnr(), e.to_string()),
         JournalError::TooLarge { .. } => refuse(cs::LIMIT_EXCEEDED, e.to_string()),
         JournalError::OutOfRange { .. } => refuse(Status::LBA_OUT_OF_RANGE.dnr(), e.to_string()),
@@ -223,48 +258,14 @@ fn namespace_byte(pieces: &[(u64, u64)], mut at: u64) -> Option<u64> {
     None
 }
 
-/// A checked READ CHECKSUM: the namespace bytes to read, and the part of them to checksum.
-pub struct ReadPlan {
-    pub ns: Arc<Namespace>,
-    pub off: u64,
-    pub len: usize,
-    pub sum: Range<usize>,
-}
-
-/// Checks a READ CHECKSUM: SLBA (CDW10-11) and NLB (CDW12, 0's based) as a Read, the
-/// transfer exactly their bytes, at most one transfer; CDW13 the first byte checksummed
-/// and CDW14 how many, inside the transfer. Read access as for a Read.
-pub fn check_read(ctrl: &Controller, sqe: &Sqe) -> Result<ReadPlan, Refusal> {
-    let nsid = sqe.nsid();
-    let ns = ctrl
-        .subsys
-        .namespace(nsid)
-        .ok_or_else(|| refuse(Status::INVALID_NAMESPACE.dnr(), format!("namespace {nsid} is not in {}", ctrl.subsys.nqn)))?;
-    let (slba, nlb) = (sqe.slba(), sqe.nlb() as u64);
-    allowed(ctrl, &ns, Some(slba..slba.saturating_add(nlb)), Access::Read)?;
-    let (off, len) = ns.range(slba, nlb).ok_or_else(|| {
-        refuse(Status::LBA_OUT_OF_RANGE.dnr(), format!("blocks {slba}+{nlb} lie outside namespace {nsid} of {} blocks", ns.blocks))
-    })?;
-    if len > crate::limits::TRANSFER_BYTES_MAX as u64 {
-        return Err(refuse(Status::INVALID_FIELD.dnr(), format!("{len} bytes: more than one transfer")));
-    }
-    if sqe.sgl().len as u64 != len {
-        return Err(refuse(Status::DATA_SGL_LENGTH_INVALID.dnr(), format!("SGL of {} bytes for {len} bytes of blocks", sqe.sgl().len)));
-    }
+/// READ CHECKSUM's checksummed range: CDW13 the first byte of its transfer of `len` bytes
+/// (io_cmd::plan checked it as a Read), CDW14 how many, inside the transfer.
+pub fn checksum_range(sqe: &Sqe, len: usize) -> Result<Range<usize>, Refusal> {
     let (start, count) = (sqe.cdw(13) as u64, sqe.cdw(14) as u64);
-    if start + count > len {
+    if start + count > len as u64 {
         return Err(refuse(Status::INVALID_FIELD.dnr(), format!("checksum of bytes {start}+{count} of a {len}-byte transfer")));
     }
-    Ok(ReadPlan { ns, off, len: len as usize, sum: start as usize..(start + count) as usize })
-}
-
-/// Reads a checked READ CHECKSUM's blocks into `buf` (its length) on a blocking thread
-/// and returns the crc32c of the part asked for.
-pub fn read_checksum(p: &ReadPlan, buf: &mut [u8]) -> Result<u32, Refusal> {
-    p.ns.backend.read_at(buf, p.off).map_err(|e| {
-        refuse(Status::UNRECOVERED_READ_ERROR.dnr(), format!("reading {} bytes at namespace byte {}: {e}", buf.len(), p.off))
-    })?;
-    Ok(crc32c::crc32c(&buf[p.sum.clone()]))
+    Ok(start as usize..(start + count) as usize)
 }
 
 /// OUTCOME: a transaction's state (DW0) and result (the data, exactly RESULT_BYTES),
@@ -286,4 +287,30 @@ pub fn outcome(ctrl: &Controller, sqe: &Sqe) -> Result<(u32, [u8; RESULT_BYTES])
         Some(Outcome::RolledBack) => (fused::state::ROLLED_BACK, [0; RESULT_BYTES]),
         Some(Outcome::Failed) => (fused::state::FAILED, [0; RESULT_BYTES]),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The blocks a fused operation touches, near u64::MAX too: None where their end would
+    /// pass it (before, the rounding overflowed).
+    #[test]
+    fn blocks_touched_never_overflow() {
+        let m = u64::MAX;
+        // (offset, bytes, block size, (first block's byte, bytes) or None)
+        let cases = [
+            (0, 1, 512, Some((0, 512))),
+            (511, 2, 512, Some((0, 1024))),
+            (1000, 24, 512, Some((512, 512))),
+            (4096, 4096, 4096, Some((4096, 4096))),
+            (m - 700, 600, 512, None),
+            (m - 100, 200, 512, None),
+            (m / 512 * 512 - 512, 512, 512, Some((m / 512 * 512 - 512, 512))),
+            (m / 512 * 512 - 512, 513, 512, None),
+        ];
+        for (offset, n, bs, want) in cases {
+            assert_eq!(blocks_touched(offset, n, bs), want, "{n} bytes at {offset} in {bs}-byte blocks");
+        }
+    }
 }

@@ -4,15 +4,19 @@
 //! durable, applied in place, and marked applied. At start-up [`Journal::open`] replays the
 //! log: a transaction whose writes and result are all logged is finished from its logged
 //! results, any other is rolled back (nothing of it reached the namespace); the outcome of every transaction id stays known to the
-//! host (a bounded table, kept in the checkpoints). The format, byte by byte, and the order
+//! host (a bounded table, kept in the checkpoints). A transaction whose in-place writes
+//! failed is finished the same way at the next start: the journal takes no other one
+//! until then. The format, byte by byte, and the order
 //! of flushes are in docs/compute-protocol.md ("The MicroTx journal").
 //!
 //! Synchronous, over two [`Backend`]s (the journal, the namespace's data): it flushes, so it
 //! runs on a blocking thread, never on a network task. One transaction runs at a time per
-//! journal.
+//! journal: the fused commands take turns ([`Journal::turn`], awaited on the runtime, not
+//! on a thread), at most as many waiting as the target admits ([`Journal::admit`]).
 
 use std::collections::VecDeque;
 use std::io;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use parking_lot::Mutex;
@@ -47,6 +51,8 @@ enum Kind {
     Write = 2,
     Result = 3,
     Applied = 4,
+    /// Written by earlier versions when an in-place write failed; replay now finishes
+    /// such a transaction like one without its APPLIED record.
     Abort = 5,
 }
 
@@ -88,8 +94,9 @@ pub enum Outcome {
     Committed([u8; RESULT_BYTES]),
     /// Nothing of it is in the namespace: it was not wholly logged when the target stopped.
     RolledBack,
-    /// It failed (an I/O error): the blocks it writes may hold anything, as after a failed
-    /// write.
+    /// Logging it or marking it applied failed (a journal write or flush): replay does not
+    /// finish it; its blocks hold what they held before it, or it whole when only its
+    /// APPLIED record failed.
     Failed,
 }
 
@@ -135,6 +142,10 @@ pub enum JournalError {
     GenerationExhausted(String, u64),
     #[error("journal failed earlier and is not used until the target restarts: {0}")]
     Poisoned(String),
+    /// Logged and durable, its in-place writes failed: finished from the log at the next
+    /// start, and the journal takes no other transaction until then.
+    #[error("transaction {txid}: writing in place failed, finished from the journal at the next start: {source}")]
+    InPlace { txid: u64, source: io::Error },
     #[error("{what}: {source}")]
     Io { what: String, source: io::Error },
 }
@@ -193,8 +204,10 @@ pub struct Journal {
     /// when both), so that OUTCOME is answered while a transaction's I/O holds `state`.
     outcomes: Mutex<VecDeque<(u64, Outcome)>>,
     /// Held by a fused operation from reading the blocks it changes to its transaction's
-    /// end ([`Journal::exclusive`]).
-    serial: Mutex<()>,
+    /// end ([`Journal::turn`]): FIFO, awaited as a task.
+    serial: Arc<tokio::sync::Mutex<()>>,
+    /// Fused commands admitted ([`Journal::admit`]): waiting for their turn or running.
+    admitted: AtomicUsize,
     bug: Option<FlushBug>,
     /// The namespace's logical block: every write is whole ones.
     block_bytes: u64,
@@ -320,7 +333,6 @@ struct Replayed {
     writes: Vec<Option<Vec<u8>>>,
     result: Option<[u8; RESULT_BYTES]>,
     applied: bool,
-    aborted: bool,
 }
 
 impl Replayed {
@@ -350,7 +362,7 @@ impl Replayed {
             }
             Kind::Result => self.result = r.payload.as_slice().try_into().ok(),
             Kind::Applied => self.applied = true,
-            Kind::Abort => self.aborted = true,
+            Kind::Abort => {}
         }
     }
 
@@ -429,9 +441,7 @@ impl Journal {
         }
 
         for t in txs {
-            let outcome = if t.aborted {
-                Outcome::Failed
-            } else if let (Some(writes), Some(result)) = (t.whole(), t.result) {
+            let outcome = if let (Some(writes), Some(result)) = (t.whole(), t.result) {
                 if !t.applied {
                     for (off, d) in &writes {
                         data.write_at(d, *off).map_err(io_err(format!("recovery: writing transaction {} at {off}", t.txid)))?;
@@ -463,7 +473,8 @@ impl Journal {
             log,
             state: Mutex::new(State { generation: next, head: LOG_START, lsn: 0, poisoned: None }),
             outcomes: Mutex::new(outcomes),
-            serial: Mutex::new(()),
+            serial: Arc::new(tokio::sync::Mutex::new(())),
+            admitted: AtomicUsize::new(0),
             bug,
             block_bytes,
         };
@@ -481,10 +492,23 @@ impl Journal {
         (begin + each + result).div_ceil(block) * block + block
     }
 
-    /// Held while a fused operation reads the blocks it merges its bytes into and runs its
-    /// transaction: no other fused operation of the namespace changes them meanwhile.
-    pub fn exclusive(&self) -> parking_lot::MutexGuard<'_, ()> {
-        self.serial.lock()
+    /// A fused operation's turn, held while it reads the blocks it merges its bytes into
+    /// and runs its transaction: no other fused operation of the namespace changes them
+    /// meanwhile. Turns are given in the order asked; waiting for one holds no thread.
+    pub async fn turn(&self) -> Turn {
+        Turn { _serial: self.serial.clone().lock_owned().await }
+    }
+
+    /// Admits one more fused command to wait for a turn, while fewer than `max` are
+    /// admitted (waiting or running); None beyond. Admitted until the [`Admitted`] drops.
+    pub fn admit(self: &Arc<Self>, max: usize) -> Option<Admitted> {
+        self.admitted.fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| (n < max).then_some(n + 1)).ok()?;
+        Some(Admitted(self.clone()))
+    }
+
+    /// Fused commands admitted now: waiting for their turn or running.
+    pub fn admitted(&self) -> usize {
+        self.admitted.load(Ordering::SeqCst)
     }
 
     /// The outcome of a transaction id, while the journal holds it (the newest
@@ -514,10 +538,12 @@ impl Journal {
             return Err(JournalError::TxidInUse(tx.txid));
         }
         let r = self.run_locked(&mut s, data, tx, result);
-        if let Ok(result) = &r {
-            self.note(tx.txid, Outcome::Committed(*result));
-        } else if !self.known(tx.txid) {
-            self.note(tx.txid, Outcome::Failed);
+        match &r {
+            Ok(result) => self.note(tx.txid, Outcome::Committed(*result)),
+            // In doubt until the next start finishes it: no outcome yet, as while it runs.
+            Err(JournalError::InPlace { .. }) => {}
+            Err(_) if !self.known(tx.txid) => self.note(tx.txid, Outcome::Failed),
+            Err(_) => {}
         }
         r
     }
@@ -603,11 +629,18 @@ impl Journal {
             Some(FlushBug::DataNotFlushedBeforeApplied) => Ok(()),
             None => tx.writes.iter().try_for_each(|(off, d)| data.flush_range(*off, d.len() as u64)),
         });
-        // 3. APPLIED, or ABORT when the namespace failed it (recovery must not finish it).
-        let kind = if applied.is_ok() { Kind::Applied } else { Kind::Abort };
+        if let Err(source) = applied {
+            // Some of its writes may be in place, others not: it stays logged without its
+            // APPLIED record, so the next start writes it whole again (roll forward). Until
+            // then no other transaction runs: one of them, or a replay of this one, would
+            // change blocks the other relies on.
+            s.poisoned = Some(format!("transaction {}: writing in place failed: {source}", tx.txid));
+            return Err(JournalError::InPlace { txid: tx.txid, source });
+        }
+        // 3. APPLIED.
         let mut mark = Vec::with_capacity(MICROTX_JOURNAL_BLOCK_BYTES);
         let lsn = s.lsn;
-        put_record(&mut mark, kind, 0, 0, (g, lsn), tx.txid, &[]);
+        put_record(&mut mark, Kind::Applied, 0, 0, (g, lsn), tx.txid, &[]);
         mark.resize(MICROTX_JOURNAL_BLOCK_BYTES, 0);
         let marked = self.log.write_at(&mark, s.head).and_then(|()| self.log.flush());
         s.head += mark.len() as u64;
@@ -615,7 +648,6 @@ impl Journal {
         if let Err(e) = marked {
             return Err(self.drop_failed(s, e, tx.txid, "marking"));
         }
-        applied.map_err(io_err(format!("transaction {}: writing in place", tx.txid)))?;
         Ok(result)
     }
 
@@ -647,6 +679,20 @@ impl Journal {
     /// The generation the journal writes (tests).
     pub fn generation(&self) -> u64 {
         self.state.lock().generation
+    }
+}
+
+/// A fused operation's turn on its namespace's journal ([`Journal::turn`]).
+pub struct Turn {
+    _serial: tokio::sync::OwnedMutexGuard<()>,
+}
+
+/// A fused command admitted to wait for its turn ([`Journal::admit`]), until dropped.
+pub struct Admitted(Arc<Journal>);
+
+impl Drop for Admitted {
+    fn drop(&mut self) {
+        self.0.admitted.fetch_sub(1, Ordering::SeqCst);
     }
 }
 
@@ -891,6 +937,38 @@ mod tests {
             assert_eq!(read(&*data, 0, 4096), vec![0; 4096], "cut {cut}: {rec:?}");
             assert_eq!(read(&*data, 4096, 4096), vec![10; 4096], "cut {cut}");
             assert_eq!(j.outcome(4), Some(Outcome::Failed), "cut {cut}");
+        }
+    }
+
+    /// An in-place write or flush that fails (the device's error, the process lives on):
+    /// the transaction is logged, so it is neither failed nor rolled back but finished
+    /// whole from the log at the next start, and until then the journal takes no other
+    /// transaction (no later one lands on blocks the replay writes again). Before, a failed
+    /// second write was marked ABORT: its first write stayed in place, the second not, and
+    /// replay left it torn.
+    #[test]
+    fn a_failed_in_place_write_is_finished_from_the_log_at_the_next_start() {
+        let t = tx(7, &[(4096, 8192, 0xAB), (65536, 4096, 0xCD)]);
+        // (operation failing, counted from the run: log 0, flush 1, writes 2 and 3,
+        // flushes 4 and 5)
+        let cases = [(2, "first write"), (3, "second write"), (4, "first flush"), (5, "second flush")];
+        for (op, what) in cases {
+            let (log, data) = (mem(JOURNAL), mem(DATA));
+            let clog = Faulty::cut(&log);
+            let cdata = clog.beside(&data);
+            let (j, _) = Journal::open(clog.clone(), &*data, BLOCK).unwrap();
+            clog.fail(op, op + 1);
+            let r = j.run(&*cdata, &t);
+            assert!(matches!(r, Err(JournalError::InPlace { txid: 7, .. })), "{what}: {r:?}");
+            assert_eq!(j.outcome(7), None, "{what}: in doubt until the next start");
+            let next = j.run(&*cdata, &tx(8, &[(0, 4096, 1)]));
+            assert!(matches!(next, Err(JournalError::Poisoned(_))), "{what}: {next:?}");
+            assert_eq!(read(&*data, 0, 4096), vec![0; 4096], "{what}: the refused one wrote nothing");
+            let (j, rec) = Journal::open(log.clone(), &*data, BLOCK).unwrap();
+            assert_eq!(rec.finished, vec![7], "{what}: {rec:?}");
+            assert_eq!(j.outcome(7), Some(Outcome::Committed(result_of(&t.writes))), "{what}");
+            assert_eq!((read(&*data, 4096, 8192), read(&*data, 65536, 4096)), (vec![0xAB; 8192], vec![0xCD; 4096]), "{what}");
+            j.run(&*data, &tx(8, &[(0, 4096, 1)])).unwrap();
         }
     }
 

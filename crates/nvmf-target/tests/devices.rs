@@ -16,6 +16,7 @@ use nearstore_target::dev::{BlockDevice, Channel, Geometry, Op};
 use nearstore_target::subsystem::Namespace;
 use nearstore_target::Target;
 use nearstore_transport::AlignedBuf;
+use nearstore_wire::fused::opcode as fop;
 use nearstore_wire::log::ErrorEntry;
 use nearstore_wire::opcode::{io, lid};
 use nearstore_wire::{Sqe, Status};
@@ -75,6 +76,11 @@ async fn a_failed_read_or_write_reaches_the_host_and_the_error_log() {
         ("in-capsule write inside", io::WRITE, 20, 1, Status::WRITE_FAULT),
         ("large write (R2T) across the start", io::WRITE, 0, 17, Status::WRITE_FAULT),
         ("write after", io::WRITE, 32, 2, Status::SUCCESS),
+        // READ CHECKSUM reads through the device stack like Read (before, it read the
+        // backend beneath the stack: the failing device passed it by).
+        ("read checksum inside", fop::READ_CHECKSUM, 16, 1, Status::UNRECOVERED_READ_ERROR),
+        ("read checksum across the end", fop::READ_CHECKSUM, 31, 2, Status::UNRECOVERED_READ_ERROR),
+        ("read checksum after", fop::READ_CHECKSUM, 32, 2, Status::SUCCESS),
     ];
     for engine in ["uring", "threads"] {
         let dir = tempfile::tempdir().unwrap();
@@ -87,7 +93,8 @@ async fn a_failed_read_or_write_reaches_the_host_and_the_error_log() {
                 let len = blocks as usize * BLOCK as usize;
                 let data = vec![0x5a; len];
                 let sqe = Sqe::rw(opcode, nsid, slba, blocks, false);
-                let d = if opcode == io::READ { Data::In(len) } else { Data::Out(&data) };
+                // Bits 1:0 of the opcode: 10b controller to host.
+                let d = if opcode & 3 == 2 { Data::In(len) } else { Data::Out(&data) };
                 let q = ioq.queue();
                 let cid = q.submit(sqe, d, 0).unwrap_or_else(|e| panic!("{what}: {e}"));
                 let cqe = q.wait(cid, |_, _, _| {}).await.unwrap();

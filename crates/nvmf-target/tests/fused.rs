@@ -10,17 +10,19 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering::Relaxed};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use nearstore_initiator::{ConnectOptions, Controller, Error, IoQueue};
+use nearstore_initiator::{ConnectOptions, Controller, Data, Error, IoQueue};
 use nearstore_target::backend::{Backend, FileBackend};
 use nearstore_target::config::Config;
-use nearstore_target::limits::MICROTX_JOURNAL_BYTES;
+use nearstore_target::limits::{FUSED_WAITING_PER_NAMESPACE_MAX, MICROTX_JOURNAL_BYTES, QUEUE_BUFFERS_FIXED, TRANSFER_BYTES_MAX};
 use nearstore_target::microtx::Journal;
 use nearstore_target::subsystem::Namespace;
 use nearstore_target::Target;
 use nearstore_wire::compute::status as cs;
-use nearstore_wire::fused::{self, op, state, Fused};
+use nearstore_wire::fused::{self, op, opcode, state, Fused};
+use nearstore_wire::pdu::{self, PduType};
 use nearstore_wire::resv::{racqa, rrega, Cdw10, Keys, Rtype};
-use nearstore_wire::Status;
+use nearstore_wire::sqe::sgl_id;
+use nearstore_wire::{Sgl, Sqe, Status};
 
 const NQN: &str = "nqn.2026-11.io.nearstore:fused";
 const HOST: &str = "nqn.2014-08.org.nvmexpress:uuid:00000000-0000-0000-0000-0000000000f1";
@@ -270,6 +272,10 @@ async fn refusals_have_the_standard_statuses_and_write_nothing() {
     magic[0] = b'X';
     let mut short = good(9);
     short.truncate(30);
+    // The bytes written end 100 bytes before u64::MAX: their last block's end passes it.
+    let near_end =
+        Fused { op: op::WRITE_CHECKSUM, txid: 9, offset: u64::MAX - 700, block_offset: 0, extents: vec![(0, 1024)] }.encode(&[7; 600]);
+    let misplaced = Fused { op: op::APPEND_CRC_WRITE, txid: 9, offset: 0, block_offset: 100, extents: vec![(0, 512)] }.encode(b"record");
     q.fused_write(1, &good(5)).await.unwrap();
     // (what, namespace, transfer, the narrow tenant's host, status)
     let cases: Vec<(&str, u32, Vec<u8>, bool, Status)> = vec![
@@ -282,6 +288,8 @@ async fn refusals_have_the_standard_statuses_and_write_nothing() {
         ("an extent not whole blocks", 1, desc(vec![(0, 1000)]), false, cs::DESCRIPTOR_INVALID),
         ("an extent off a block boundary", 1, desc(vec![(100, 1024)]), false, cs::DESCRIPTOR_INVALID),
         ("extents short of the data", 1, desc(vec![(0, 512)]), false, cs::DESCRIPTOR_INVALID),
+        ("blocks ending past u64::MAX", 1, near_end, false, cs::DESCRIPTOR_INVALID),
+        ("a block offset not the offset's", 1, misplaced, false, cs::DESCRIPTOR_INVALID),
         ("an extent wholly past the data", 1, desc(vec![(0, 1024), (4096, 512)]), false, cs::DESCRIPTOR_INVALID),
         ("a transaction id in use", 1, good(5), false, Status::INVALID_FIELD.dnr()),
         ("beyond the tenant's blocks", 1, desc(vec![(1 << 20, 1024)]), true, Status::ACCESS_DENIED.dnr()),
@@ -357,15 +365,16 @@ impl Drop for OpenOnDrop {
 
 /// Namespace GATED of `env`: a gated 1 MiB file with its MicroTx journal.
 const GATED: u32 = 3;
-fn add_gated(env: &Env) -> Arc<Gated> {
+fn add_gated(env: &Env) -> (Arc<Gated>, Arc<Journal>) {
     let file = FileBackend::open(&env._dir.path().join("gated.img"), Some(1 << 20)).unwrap();
     let gated = Arc::new(Gated { file, open: AtomicBool::new(false), arrived: AtomicUsize::new(0) });
     let log = FileBackend::open(&env._dir.path().join("gated.img.microtx"), Some(MICROTX_JOURNAL_BYTES)).unwrap();
     let (journal, _) = Journal::open(Arc::new(log), &*gated, BS).unwrap();
+    let journal = Arc::new(journal);
     let mut ns = Namespace::new(NQN, GATED, gated.clone(), BS as u32);
-    ns.journal = Some(Arc::new(journal));
+    ns.journal = Some(journal.clone());
     env._target.subsystem(NQN).unwrap().add_namespace(ns).unwrap();
-    gated
+    (gated, journal)
 }
 
 /// A write-checksum transfer of `data` at namespace byte `at` (one block-aligned extent).
@@ -392,15 +401,15 @@ async fn connect_as(env: &Env, host: &str, id: u8) -> (Controller, IoQueue) {
 }
 
 /// Preempt and Abort against a host with FUSED WRITEs queued behind a slow one (held at
-/// the storage, the namespace's journal taken): A's Acquire completes only after B's
-/// running transaction has ended, and none of B's queued ones writes a byte, then or
-/// later; they complete Command Aborted due to Preempt and Abort. Before, the fused
-/// writes had nothing that held the Acquire: it completed at once and B's queued writes
-/// landed after it.
+/// the storage, its turn on the namespace's journal taken): B's queued ones complete at
+/// once with Command Aborted due to Preempt and Abort and never write a byte; A's Acquire
+/// completes only after B's running transaction has ended. Before, the queued ones waited
+/// on blocking threads for the running one and the test slept 300 ms and accepted
+/// Reservation Conflict for a queued write that had not reached the target yet.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn preempt_and_abort_stops_queued_fused_writes() {
     let env = start().await;
-    let gated = add_gated(&env);
+    let (gated, journal) = add_gated(&env);
     let _open = OpenOnDrop(gated.clone());
     let (_ac, mut a) = connect_as(&env, OTHER, 0xa).await;
     let (_bc, mut b) = connect_as(&env, HOST, 0xb).await;
@@ -412,7 +421,7 @@ async fn preempt_and_abort_stops_queued_fused_writes() {
     let rtype = Rtype::ExclusiveAccessRegistrantsOnly as u8;
     a.resv_acquire(GATED, Cdw10 { action: racqa::ACQUIRE, rtype, ..Default::default() }, Keys { current: 0xa1, other: 0 }).await.unwrap();
 
-    // B: one fused write held at the storage, three queued behind it (the journal's lock).
+    // B: one fused write held at the storage, three queued behind it (the journal's turn).
     let running = tokio::spawn(async move {
         let r = b.fused_write(GATED, &plain_transfer(1, 0, &[1; 512])).await;
         (b, r)
@@ -426,22 +435,18 @@ async fn preempt_and_abort_stops_queued_fused_writes() {
             (c, r)
         }));
     }
-    // The queued ones reach the target (and wait for the journal) before the preempt;
-    // one that came after it would be refused, Reservation Conflict.
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    assert_eq!(gated.arrived.load(Relaxed), 1);
+    wait_for("B's three queued fused writes admitted", || journal.admitted() == 4).await;
     let cdw10 = Cdw10 { action: racqa::PREEMPT_AND_ABORT, rtype, ..Default::default() };
     let acquire = tokio::spawn(async move { a.resv_acquire(GATED, cdw10, Keys { current: 0xa1, other: 0xb2 }).await.map(|_| a) });
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    assert!(!acquire.is_finished(), "the Acquire completed while B's fused write was at the storage");
-    gated.open.store(true, Relaxed);
-    let mut a = tokio::time::timeout(Duration::from_secs(20), acquire).await.expect("the Acquire completes").unwrap().unwrap();
-    // After the Acquire: B's queued writes completed aborted, and stay unwritten.
+    // The queued ones leave at once, the gate still shut.
     for (i, h) in queued.into_iter().enumerate() {
         let (_c, r) = tokio::time::timeout(Duration::from_secs(20), h).await.expect("B's queued write completes").unwrap();
-        let st = Status { dnr: false, ..status(r) };
-        assert!(st == Status::ABORTED_PREEMPT || st == Status::RESERVATION_CONFLICT, "queued write {i}: {st}");
+        assert_eq!(Status { dnr: false, ..status(r) }, Status::ABORTED_PREEMPT, "queued write {i}");
     }
+    assert!(!acquire.is_finished(), "the Acquire completed while B's fused write was at the storage");
+    assert_eq!(gated.arrived.load(Relaxed), 1);
+    gated.open.store(true, Relaxed);
+    let mut a = tokio::time::timeout(Duration::from_secs(20), acquire).await.expect("the Acquire completes").unwrap().unwrap();
     let (_b, first) = running.await.unwrap();
     assert!(first.is_ok(), "B's first fused write ran before the preempt: {first:?}");
     assert_eq!(gated.arrived.load(Relaxed), 1, "only B's first fused write reached the storage");
@@ -450,6 +455,134 @@ async fn preempt_and_abort_stops_queued_fused_writes() {
     assert!(blocks[512..].iter().all(|&x| x == 0), "a queued fused write of B's landed");
     for txid in 10..13 {
         assert_eq!(a.outcome(GATED, txid).await.unwrap().0, state::UNKNOWN, "transaction {txid} never ran");
+    }
+    assert_eq!(journal.admitted(), 0);
+}
+
+/// Queues `n` FUSED WRITEs of 512 bytes on `q` (tags and transaction ids from `first`, at
+/// GATED's blocks `first`..), sent at once.
+async fn queue_fused(q: &mut IoQueue, first: u64, n: u64) {
+    let qp = q.queue();
+    for i in first..first + n {
+        let mut s = Sqe::new(opcode::FUSED_WRITE, 0);
+        s.set_nsid(GATED);
+        qp.submit(s, Data::Out(&plain_transfer(i, i * BS, &[i as u8; 512])), i).unwrap();
+    }
+    qp.flush().await.unwrap();
+}
+
+/// Takes `n` completions of `q`: (tag, status).
+async fn completions(q: &mut IoQueue, n: usize) -> Vec<(u64, Status)> {
+    let mut got = Vec::new();
+    while got.len() < n {
+        let poll = q.queue().poll(|tag, c, _| got.push((tag, c.status)));
+        tokio::time::timeout(Duration::from_secs(60), poll).await.expect("completions within 60 s").unwrap();
+    }
+    got
+}
+
+/// FUSED WRITEs waiting for their turn keep their transfer in the queue's pooled buffers,
+/// charged to the target's memory budget. Before, each kept a copy of its own, charged to
+/// nothing, and gave its buffer back: a host could make the target hold 33 MiB per queue
+/// the budget did not see.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn queued_fused_writes_are_charged_to_the_memory_budget() {
+    let env = start().await;
+    let (gated, journal) = add_gated(&env);
+    let _open = OpenOnDrop(gated.clone());
+    let (_c, mut q) = connect(&env, HOST).await;
+    let before = env._target.memory.used();
+    let n = 12;
+    queue_fused(&mut q, 1, n).await;
+    wait_for("the fused writes admitted", || journal.admitted() == n as usize).await;
+    let charged = env._target.memory.used() - before;
+    let held = (n as usize - QUEUE_BUFFERS_FIXED) * TRANSFER_BYTES_MAX;
+    assert!(charged >= held as u64, "{n} fused writes outstanding: {charged} bytes charged, at least {held} held");
+    gated.open.store(true, Relaxed);
+    let done = completions(&mut q, n as usize).await;
+    assert!(done.iter().all(|(_, s)| s.is_success()), "{done:?}");
+}
+
+/// A namespace's FUSED WRITEs waiting for their turn hold no blocking thread: with two
+/// blocking threads, one held at the storage by GATED's running transaction and twenty
+/// more waiting behind it, a fused write on another namespace still runs. Before, each
+/// waiting one held a thread on the journal's lock, and the pool's last thread (its
+/// reservations' state files, DH-HMAC-CHAP, other namespaces' fused writes) never came.
+#[test]
+fn waiting_fused_writes_hold_no_blocking_thread() {
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).max_blocking_threads(2).enable_all().build().unwrap();
+    rt.block_on(async {
+        let env = start().await;
+        let (gated, journal) = add_gated(&env);
+        let _open = OpenOnDrop(gated.clone());
+        let (_c, mut q) = connect(&env, HOST).await;
+        queue_fused(&mut q, 1, 21).await;
+        wait_for("the fused writes admitted", || journal.admitted() == 21).await;
+        wait_for("the first one at the storage", || gated.arrived.load(Relaxed) == 1).await;
+        let (_c2, mut other) = connect(&env, HOST).await;
+        let r = tokio::time::timeout(Duration::from_secs(20), other.fused_write(1, &transfer(op::APPEND_CRC_WRITE, 500, 0, b"x"))).await;
+        assert!(matches!(r, Ok(Ok(_))), "namespace 1's fused write: {r:?}");
+        gated.open.store(true, Relaxed);
+        let done = completions(&mut q, 21).await;
+        assert!(done.iter().all(|(_, s)| s.is_success()), "{done:?}");
+    });
+}
+
+/// FUSED_WAITING_PER_NAMESPACE_MAX fused writes admitted on a namespace (one running, the
+/// rest waiting for their turn, from three connections): one more is refused with Command
+/// Interrupted, which a host retries (DNR clear), and runs when retried after the others.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fused_writes_beyond_the_namespaces_limit_are_refused_for_a_retry() {
+    let env = start().await;
+    let (gated, journal) = add_gated(&env);
+    let _open = OpenOnDrop(gated.clone());
+    let max = FUSED_WAITING_PER_NAMESPACE_MAX as u64;
+    let mut queues = Vec::new();
+    for k in 0..3 {
+        let (c, mut q) = connect(&env, HOST).await;
+        let (first, end) = (1 + k * max / 3, if k == 2 { max + 1 } else { 1 + (k + 1) * max / 3 });
+        queue_fused(&mut q, first, end - first).await;
+        queues.push((c, q, end - first));
+    }
+    wait_for("the limit's fused writes admitted", || journal.admitted() == max as usize).await;
+    let (_c, mut late) = connect(&env, HOST).await;
+    let r = late.fused_write(GATED, &plain_transfer(max + 1, 0, &[9; 512])).await;
+    assert_eq!(status(r), Status::COMMAND_INTERRUPTED, "one more than FUSED_WAITING_PER_NAMESPACE_MAX (DNR clear)");
+    gated.open.store(true, Relaxed);
+    for (_c, q, n) in &mut queues {
+        let done = completions(q, *n as usize).await;
+        assert!(done.iter().all(|(_, s)| s.is_success()), "{done:?}");
+    }
+    late.fused_write(GATED, &plain_transfer(max + 1, 0, &[9; 512])).await.unwrap();
+}
+
+/// A FUSED WRITE its host may not run is refused before its data moves: the completion
+/// comes without an R2T. Before, the target asked for the whole transfer first.
+#[tokio::test]
+async fn a_fused_write_is_refused_before_its_r2t() {
+    let env = start().await;
+    let (_ac, mut a) = connect_as(&env, OTHER, 0xa).await;
+    let (_bc, mut b) = connect_as(&env, HOST, 0xb).await;
+    a.resv_register(1, Cdw10 { action: rrega::REGISTER, ..Default::default() }, Keys { current: 0, other: 0xa1 }).await.unwrap();
+    let acquire = Cdw10 { action: racqa::ACQUIRE, rtype: Rtype::WriteExclusive as u8, ..Default::default() };
+    a.resv_acquire(1, acquire, Keys { current: 0xa1, other: 0 }).await.unwrap();
+    // (what, namespace, status)
+    let cases = [
+        ("a namespace without a journal", 2, Status::INVALID_OPCODE.dnr()),
+        ("no such namespace", 7, Status::INVALID_NAMESPACE.dnr()),
+        ("another host's reservation", 1, Status::RESERVATION_CONFLICT.dnr()),
+    ];
+    for (what, nsid, want) in cases {
+        let mut s = Sqe::new(opcode::FUSED_WRITE, 0x77);
+        s.set_nsid(nsid);
+        s.set_sgl(Sgl { addr: 0, len: 64 << 10, id: sgl_id::TRANSPORT });
+        let mut capsule = Vec::new();
+        pdu::put_capsule_cmd(&mut capsule, &s, &[], false, false);
+        let qp = b.queue();
+        qp.send_raw(&capsule).await.unwrap();
+        let (t, h) = tokio::time::timeout(Duration::from_secs(10), qp.recv_raw()).await.expect("a reply within 10 s").unwrap();
+        assert_eq!(t, PduType::CapsuleResp, "{what}: the target asked for the data first");
+        assert_eq!(pdu::capsule_cqe(&h).status, want, "{what}");
     }
 }
 
@@ -461,7 +594,7 @@ async fn preempt_and_abort_stops_queued_fused_writes() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn outcome_is_answered_while_a_fused_write_is_stuck() {
     let env = start().await;
-    let gated = add_gated(&env);
+    let (gated, _) = add_gated(&env);
     let _open = OpenOnDrop(gated.clone());
     let (_c, mut q) = connect(&env, HOST).await;
     gated.open.store(true, Relaxed);

@@ -496,7 +496,7 @@ async fn a_state_file_that_cannot_be_written_fails_the_command() {
     assert_eq!(status(r), Status::INTERNAL_ERROR);
 }
 
-/// A file namespace whose writes and write zeroes wait at a gate the test opens, and
+/// A file namespace whose reads, writes and write zeroes wait at a gate the test opens, and
 /// say when they started and finished on the storage. Without an io_uring descriptor
 /// every operation runs on the I/O pool, as with `io_engine = "threads"`.
 struct Gated {
@@ -523,7 +523,10 @@ impl Backend for Gated {
         self.file.size()
     }
     fn read_at(&self, buf: &mut [u8], off: u64) -> std::io::Result<()> {
-        self.file.read_at(buf, off)
+        self.pass();
+        let r = self.file.read_at(buf, off);
+        self.finished.store(true, Relaxed);
+        r
     }
     fn write_at(&self, buf: &[u8], off: u64) -> std::io::Result<()> {
         self.pass();
@@ -544,8 +547,8 @@ impl Backend for Gated {
 
 /// Preempt and Abort when the preempted host's connection closes while its command still
 /// runs on the storage (the usual fencing case: the host was reset or its keep-alive
-/// expired). B's Write Zeroes (always on the I/O pool) or plain write (on the pool, as
-/// with `io_engine = "threads"`) is held at the storage; A preempts and aborts B, then
+/// expired). B's Write Zeroes (always on the I/O pool), plain write or READ CHECKSUM (on
+/// the pool, as with `io_engine = "threads"`) is held at the storage; A preempts and aborts B, then
 /// B's connection closes. The Acquire completes only once the storage has finished B's
 /// operation: before, the wait was dropped with the closed connection's record of the
 /// command and the Acquire completed while B's operation still wrote the namespace.
@@ -554,7 +557,7 @@ async fn preempt_and_abort_waits_for_the_storage_after_the_preempted_host_closes
     const GATED: u32 = 3;
     // (what B starts, how)
     type Start = fn(IoQueue) -> tokio::task::JoinHandle<()>;
-    let cases: [(&str, Start); 2] = [
+    let cases: [(&str, Start); 3] = [
         ("write zeroes", |mut q| {
             tokio::spawn(async move {
                 let _ = q.write_zeroes(GATED, 0, 2048, false).await;
@@ -563,6 +566,12 @@ async fn preempt_and_abort_waits_for_the_storage_after_the_preempted_host_closes
         ("write", |mut q| {
             tokio::spawn(async move {
                 let _ = q.write(GATED, 0, &[3u8; 128 << 10], 4096, false).await;
+            })
+        }),
+        // Read on the device like Read (before, on a blocking thread nothing held).
+        ("read checksum", |mut q| {
+            tokio::spawn(async move {
+                let _ = q.read_checksum(GATED, 0, 32, 4096, 0..100).await;
             })
         }),
     ];

@@ -55,7 +55,7 @@ pub struct Fused {
     /// length before it).
     pub offset: u64,
     /// append-crc-write: where `offset` lies in its 32 KiB log block (LevelDB's
-    /// `block_offset_`); else 0.
+    /// `block_offset_`), `offset` modulo 32768; else 0.
     pub block_offset: u32,
     /// The object from the logical block holding `offset` on: (namespace byte, bytes).
     pub extents: Vec<(u64, u64)>,
@@ -122,8 +122,13 @@ impl Fused {
             return bad("byte 8: transaction id 0");
         }
         let (offset, block_offset, data_len, n) = (u64_at(16), u32_at(32), u32_at(36) as usize, u16_at(40) as usize);
-        if op == op::APPEND_CRC_WRITE && block_offset as usize >= LOG_BLOCK_BYTES {
-            return Err(FusedError::Invalid(format!("byte 32: block offset {block_offset} is not inside a {LOG_BLOCK_BYTES}-byte block")));
+        // A log's blocks start at the object's start: the record's place in its block is
+        // the offset's (a block offset that disagreed would frame a record LevelDB's
+        // reader cannot read).
+        if op == op::APPEND_CRC_WRITE && block_offset as u64 != offset % LOG_BLOCK_BYTES as u64 {
+            return Err(FusedError::Invalid(format!(
+                "byte 32: block offset {block_offset} is not offset {offset} modulo {LOG_BLOCK_BYTES}"
+            )));
         }
         if op != op::APPEND_CRC_WRITE && block_offset != 0 {
             return bad("byte 32: block offset is for append-crc-write only");
@@ -168,6 +173,14 @@ pub fn bytes_written(f: &Fused, data: &[u8]) -> Vec<u8> {
             out
         }
         _ => data.to_vec(),
+    }
+}
+
+/// How many bytes [`bytes_written`] makes of `data_len` bytes of data.
+pub fn written_len(f: &Fused, data_len: usize) -> usize {
+    match f.op {
+        op::APPEND_CRC_WRITE => framed_len(f.block_offset, data_len),
+        _ => data_len,
     }
 }
 
@@ -287,7 +300,7 @@ mod tests {
     fn malformed_descriptors_name_the_field() {
         type Craft = fn(&mut Vec<u8>);
         // (what, change, error starts with)
-        let cases: [(&str, Craft, &str); 13] = [
+        let cases: [(&str, Craft, &str); 15] = [
             ("short", |b| b.truncate(40), "40 bytes"),
             ("magic", |b| b[0] = b'X', "byte 0"),
             ("version", |b| b[4] = 2, "byte 4"),
@@ -296,7 +309,9 @@ mod tests {
             ("reserved 24", |b| b[24] = 1, "bytes 7"),
             ("reserved 42", |b| b[47] = 1, "bytes 7"),
             ("txid 0", |b| b[8..16].fill(0), "byte 8"),
-            ("block offset", |b| b[32..36].copy_from_slice(&32768u32.to_le_bytes()), "byte 32"),
+            ("block offset past a block", |b| b[32..36].copy_from_slice(&32768u32.to_le_bytes()), "byte 32"),
+            ("block offset not the offset's", |b| b[32..36].copy_from_slice(&5001u32.to_le_bytes()), "byte 32"),
+            ("the offset moved, not its block offset", |b| b[16..24].copy_from_slice(&5001u64.to_le_bytes()), "byte 32"),
             ("no extents", |b| b[40] = 0, "byte 40"),
             ("data longer than the transfer", |b| b[36] = 9, "byte 36"),
             ("empty extent", |b| b[56..64].fill(0), "extent 0"),

@@ -27,7 +27,6 @@ pub fn is_compute(opcode: u8) -> bool {
 impl<T: Transport> Core<T> {
     pub(super) fn execute_compute(&mut self, ctrl: &Arc<Controller>, sqe: Sqe, data: &[u8], req: Request) -> Result<(), Overflow> {
         match sqe.opcode() {
-            op if super::fused::is_fused(op) => return self.execute_fused(ctrl, sqe, data, req),
             cop::EXEC => {
                 let Some(slot) = Slot::claim(ctrl, &self.target.memory, self.target.offload.cfg.command_bytes()) else {
                     self.fail_io(ctrl, &sqe, req, cs::RESULTS_FULL);
