@@ -159,3 +159,19 @@ const _: () = assert!((ETCD_LOAD_PAGE_KEYS as usize) * (PATH_BYTES_MAX + NAME_BY
 const _: () = assert!(LEASE_TTL_S_MIN <= LEASE_TTL_S_DEFAULT && LEASE_TTL_S_DEFAULT <= LEASE_TTL_S_MAX);
 const _: () = assert!(ETCD_REQUEST_MS * 2 <= LEASE_TTL_S_MIN * 1000);
 const _: () = assert!(FAILOVER_MS > LEASE_TTL_S_DEFAULT * 1000 + LEADER_POLL_MS && FAILOVER_ROUND_MS < FAILOVER_MS);
+
+/// Tenants the control plane keeps: the targets' own bound (nearstore_target's TENANTS_MAX,
+/// which a target's configured tenants share with the pushed ones).
+pub const TENANTS_MAX: usize = 256;
+/// Host NQNs of one tenant, and what it reaches: a tenant record stays under the size the
+/// etcd store's load pages are sized for (ETCD_LOAD_PAGE_KEYS). A tenant of more hosts is
+/// configured on the targets (`[[tenant]]`, 1024 hosts).
+pub const TENANT_HOSTS_MAX: usize = 12;
+pub const TENANT_REACH_MAX: usize = 8;
+/// A tenant's name: the targets' bound (TENANT_NAME_BYTES_MAX there).
+pub const TENANT_NAME_BYTES_MAX: usize = 64;
+/// The largest weight: the targets' (TENANT_WEIGHT_MAX there); 0 would never be scheduled.
+pub const TENANT_WEIGHT_MAX: u32 = 10_000;
+const _: () = assert!(
+    (TENANT_HOSTS_MAX + TENANT_REACH_MAX) * (NQN_BYTES_MAX + 3) + TENANT_NAME_BYTES_MAX + 256 <= PATH_BYTES_MAX + NAME_BYTES_MAX * 2 + 512
+);

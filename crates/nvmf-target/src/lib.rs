@@ -29,6 +29,7 @@ pub mod memory;
 pub mod metrics;
 pub mod microtx;
 pub mod offload;
+pub mod range_lock;
 pub mod reply;
 pub mod request;
 pub mod reservation;
@@ -172,7 +173,7 @@ impl Target {
             );
         }
         let t = Target::new(cfg, connections, nofile);
-        t.tenants.install(cfg.tenants()?);
+        t.tenants.configure(cfg)?;
         if let Some(d) = &cfg.state_dir {
             std::fs::create_dir_all(d).map_err(|source| TargetError::Backend {
                 field: "state_dir".into(),
@@ -242,7 +243,26 @@ impl Target {
     /// again under its new tenant, if it has one. Other controllers are untouched.
     /// Returns the controllers torn down.
     pub fn reload_tenants(&self, cfg: &Config) -> Result<usize, config::ConfigError> {
-        self.tenants.install(cfg.tenants()?);
+        for why in self.tenants.configure(cfg)? {
+            warn!("tenant reload: {why}");
+        }
+        Ok(self.sweep_tenants())
+    }
+
+    /// Takes the tenants the control plane pushed (`target --control`) in place of those it
+    /// pushed before, beside the configured ones, as a reload does: returns the controllers
+    /// torn down and why pushed tenants were refused (docs/operations.md, "Tenants from the
+    /// control plane").
+    pub fn push_tenants(&self, pushed: Vec<tenant::TenantConfig>) -> (usize, Vec<String>) {
+        let refused = self.tenants.push(pushed);
+        for why in &refused {
+            warn!("tenants pushed by the control plane: {why}");
+        }
+        (self.sweep_tenants(), refused)
+    }
+
+    /// Revokes and tears down every controller whose tenant changed. Returns how many.
+    fn sweep_tenants(&self) -> usize {
         let mut gone = 0;
         for sub in std::iter::once(self.discovery.clone()).chain(self.subsystems()) {
             for cntlid in sub.cntlids() {
@@ -258,7 +278,7 @@ impl Target {
             }
         }
         info!(tenants = self.tenants.all().len(), controllers_torn_down = gone, "tenants reloaded");
-        Ok(gone)
+        gone
     }
 
     /// Removes a subsystem added at run time: its controllers go (their queues close) and

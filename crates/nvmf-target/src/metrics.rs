@@ -365,7 +365,7 @@ fn volumes(o: &mut String, subsystems: &[Arc<crate::subsystem::Subsystem>]) {
 fn tenant_metrics(o: &mut String, t: &Target) {
     type TenantCounter = (&'static str, &'static str, &'static str, fn(&crate::tenant::TenantStats) -> &AtomicU64);
     let tenants = t.tenants.stats();
-    let families: [TenantCounter; 10] = [
+    let families: [TenantCounter; 17] = [
         ("nearstore_tenant_reads_total", "counter", "Read commands the tenant's controllers completed.", |s| &s.reads),
         ("nearstore_tenant_writes_total", "counter", "Write commands the tenant's controllers completed.", |s| &s.writes),
         ("nearstore_tenant_read_bytes_total", "counter", "Bytes the tenant's controllers read.", |s| &s.read_bytes),
@@ -400,6 +400,30 @@ fn tenant_metrics(o: &mut String, t: &Target) {
             "Compute commands of the tenant that waited to start because it held its offload_memory.",
             |s| &s.offload_memory_waits,
         ),
+        ("nearstore_tenant_compute_read_bytes_total", "counter", "Bytes the tenant's compute commands read.", |s| &s.compute_read_bytes),
+        ("nearstore_tenant_compute_written_bytes_total", "counter", "Bytes the tenant's compute commands wrote.", |s| {
+            &s.compute_written_bytes
+        }),
+        (
+            "nearstore_tenant_io_scheduled_bytes_total",
+            "counter",
+            "Bytes of the tenant's reads and writes fair-scheduled devices let go: its controllers', its compute commands', its volume operations'.",
+            |s| &s.io_scheduled_bytes,
+        ),
+        (
+            "nearstore_tenant_io_waits_total",
+            "counter",
+            "Times a fair-scheduled device held one of the tenant's reads or writes back for a later epoch.",
+            |s| &s.io_waits,
+        ),
+        (
+            "nearstore_tenant_io_queued_nanoseconds_total",
+            "counter",
+            "Time fair-scheduled devices held the tenant's reads and writes back, until the epoch each was offered again in (nanoseconds).",
+            |s| &s.io_queued_ns,
+        ),
+        ("nearstore_tenant_io_weight", "gauge", "The tenant's io_weight as installed (0: removed).", |s| &s.io_weight),
+        ("nearstore_tenant_compute_weight", "gauge", "The tenant's compute_weight as installed (0: removed).", |s| &s.compute_weight),
     ];
     for (name, kind, help, get) in families {
         family(o, name, kind, help);
@@ -407,6 +431,13 @@ fn tenant_metrics(o: &mut String, t: &Target) {
             let _ = writeln!(o, "{name}{{tenant=\"{tenant}\"}} {}", get(st).load(Relaxed));
         }
     }
+    family(
+        o,
+        "nearstore_tenants_refused",
+        "gauge",
+        "Tenants the control plane pushed that this target refused (a conflict with its configured tenants, or not valid here; the log says why).",
+    );
+    let _ = writeln!(o, "nearstore_tenants_refused {}", t.tenants.refused.load(Relaxed));
 }
 
 /// Serves `GET /metrics` (any path, in fact) over plain HTTP/1.0 until the listener fails.

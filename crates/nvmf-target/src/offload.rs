@@ -563,7 +563,16 @@ impl Engine {
                 let Some(rt) = self.rt.get() else {
                     return Err(Failure::new(Status::INTERNAL_ERROR, "the offload engine has no network runtime for its I/O"));
                 };
-                let io = IoContext { rt: rt.clone(), engine: self.engine, pool: self.pool.clone(), rings: self.rings.clone() };
+                // Its reads and writes are its tenant's share in fair-scheduled devices, as
+                // its controller's I/O is (the tenant of the host it runs for).
+                let share = Arc::new(crate::dev::fair::Tenant::of(&tenant, &task.host));
+                let io = IoContext {
+                    rt: rt.clone(),
+                    engine: self.engine,
+                    pool: self.pool.clone(),
+                    rings: self.rings.clone(),
+                    tenant: Some(share),
+                };
                 let place = match &task.ns.placement {
                     // Translating waits on the network: the turn goes to others meanwhile.
                     Some(v) => {
@@ -580,11 +589,13 @@ impl Engine {
                 let peers = (&self.peers, task.host.as_str(), &io);
                 match place {
                     volume::Place::Here => run(&task.ns, task.op, &task.desc, &task.cancel, Some(&turn), &self.cfg, &self.stats, peers),
-                    volume::Place::Pool(ns, desc) => {
+                    // The extents' tickets are held until the command is done with them: a
+                    // move of one waits for it (offload/volume.rs).
+                    volume::Place::Pool(ns, desc, _held) => {
                         self.stats.on_pool.fetch_add(1, Relaxed);
                         run(&ns, task.op, &desc, &task.cancel, Some(&turn), &self.cfg, &self.stats, peers)
                     }
-                    volume::Place::Peer(pool, desc) => {
+                    volume::Place::Peer(pool, desc, _held) => {
                         self.stats.forwarded.fetch_add(1, Relaxed);
                         // The peer computes: this thread only waits, without a turn.
                         turn.give_back();
@@ -607,9 +618,11 @@ impl Engine {
         }
         tenant.stats.compute_commands.fetch_add(1, Relaxed);
         drop(turn);
+        // Its tenant's offload memory is given back before the host hears of the end, so
+        // that the host's next look at the metrics never sees an ended command's memory.
+        self.stopped(key, &tenant);
         finish(task, result);
         drop(memory);
-        self.stopped(key, &tenant);
         self.dispatch();
     }
 
@@ -724,6 +737,7 @@ fn run(
     let shared = Shared {
         io: std::cell::RefCell::new(reads),
         local: ns.dev.clone(),
+        ranges: ns.ranges.clone(),
         block,
         remotes,
         peers,
@@ -740,10 +754,17 @@ fn run(
         let read: u64 = sources.iter().map(|s| s.read).sum();
         drop(sources);
         stats.bytes_read.fetch_add(read, Relaxed);
+        let tenant = io.tenant.as_ref().map(|t| &t.stats);
+        if let Some(t) = tenant {
+            t.compute_read_bytes.fetch_add(read, Relaxed);
+        }
         r.and_then(|o| {
             for s in &mut sinks {
                 s.finish()?;
                 stats.bytes_written.fetch_add(s.written, Relaxed);
+                if let Some(t) = tenant {
+                    t.compute_written_bytes.fetch_add(s.written, Relaxed);
+                }
             }
             Ok(o)
         })
@@ -841,6 +862,8 @@ impl<'s, 'a> NsSink<'s, 'a> {
     /// Writes the first `n` buffered bytes at namespace byte `off`.
     fn write_piece(&mut self, off: u64, n: usize) -> Result<(), ComputeError> {
         let place = |e: std::io::Error| ComputeError::WriteIo(format!("writing {n} bytes at namespace byte {off}: {e}"));
+        // On the command's thread, which may wait for a Compare and Write on these blocks.
+        let _range = self.shared.ranges.write(off..off + n as u64);
         let dev = self.shared.local.clone();
         if dev.completes_now() {
             let buf = self.buf()?;

@@ -114,6 +114,21 @@ pub struct TenantStats {
     pub offload_memory_bytes: AtomicU64,
     /// Commands that waited to start because the tenant held its `offload_memory`.
     pub offload_memory_waits: AtomicU64,
+    /// Bytes its compute commands read from their inputs and wrote to their outputs.
+    pub compute_read_bytes: AtomicU64,
+    pub compute_written_bytes: AtomicU64,
+    /// Bytes of reads and writes fair-scheduled devices let go for it (docs/fair-io.md):
+    /// of its controllers' commands, its compute commands' reads and writes, its volume
+    /// operations' slow paths.
+    pub io_scheduled_bytes: AtomicU64,
+    /// Times a fair-scheduled device held one of its reads or writes back for a later epoch.
+    pub io_waits: AtomicU64,
+    /// Nanoseconds fair-scheduled devices held its reads and writes back (until the epoch
+    /// each was offered again in).
+    pub io_queued_ns: AtomicU64,
+    /// Its weights as installed (0 once a reload or a push removed it).
+    pub io_weight: AtomicU64,
+    pub compute_weight: AtomicU64,
 }
 /// One `[[tenant.reach]]` entry, resolved.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -356,9 +371,13 @@ pub fn resolve(tenants: &[TenantConfig], subsystems: &[&str], command_min: u64) 
 /// The tenant table a target resolves controllers against; replaced whole on reload.
 pub struct Tenants {
     table: Mutex<Table>,
+    /// What the table is made of: the configured tenants and the control plane's.
+    sources: Mutex<Sources>,
     /// Counts installs: a Connect compares it before resolving and after adding its
     /// controller, to catch a reload whose sweep could not see that controller yet.
     generation: AtomicU64,
+    /// Pushed tenants the last install refused (a conflict with the configured ones).
+    pub refused: AtomicU64,
     default: Arc<TenantPolicy>,
     cluster: Arc<TenantPolicy>,
 }
@@ -382,11 +401,59 @@ pub enum Resolved {
     Refused,
 }
 
+/// The tenants of the configuration file and those the control plane pushed
+/// (docs/operations.md, "Tenants from the control plane").
+#[derive(Default)]
+struct Sources {
+    configured: Vec<TenantConfig>,
+    /// The configured subsystems' NQNs, which a pushed tenant's reach is cut to.
+    subsystems: Vec<String>,
+    /// The least memory one compute command needs, bytes.
+    command_min: u64,
+    pushed: Vec<TenantConfig>,
+}
+
+impl Sources {
+    /// The configured tenants (checked already) and every pushed one that agrees with them:
+    /// a pushed tenant named as a configured one, holding a configured tenant's host, or
+    /// not valid here is refused (its reason in the second list), never merged. A pushed
+    /// tenant reaches the subsystems of this target among those it names, and its volumes.
+    fn combine(&self) -> (Vec<TenantPolicy>, Vec<String>) {
+        let subs: Vec<&str> = self.subsystems.iter().map(String::as_str).collect();
+        let mut list = self.configured.clone();
+        let mut refused = Vec::new();
+        for p in &self.pushed {
+            let clash = self.configured.iter().find_map(|c| {
+                if c.name == p.name {
+                    return Some(format!("tenant {} is configured on this target too ([[tenant]])", p.name));
+                }
+                let h = p.hosts.iter().find(|h| c.hosts.contains(*h))?;
+                Some(format!("host {h} of tenant {} is in configured tenant {}", p.name, c.name))
+            });
+            let mut here = p.clone();
+            here.reach.retain(|r| r.volume.is_some() || r.subsystem.as_deref().is_some_and(|s| subs.contains(&s)));
+            let mut trial = list.clone();
+            trial.push(here);
+            match clash.map_or_else(|| resolve(&trial, &subs, self.command_min).map(drop).map_err(|e| e.to_string()), Err) {
+                Ok(()) => list = trial,
+                Err(why) => refused.push(format!("pushed tenant {}: {why}", p.name)),
+            }
+        }
+        match resolve(&list, &subs, self.command_min) {
+            Ok(policies) => (policies, refused),
+            // Each was accepted beside the ones before it: not reached.
+            Err(e) => (resolve(&self.configured, &subs, self.command_min).unwrap_or_default(), vec![e.to_string()]),
+        }
+    }
+}
+
 impl Default for Tenants {
     fn default() -> Self {
-        Tenants {
+        let t = Tenants {
             table: Mutex::default(),
+            sources: Mutex::default(),
             generation: AtomicU64::new(0),
+            refused: AtomicU64::new(0),
             default: Arc::new(TenantPolicy::unrestricted(TenantId::DEFAULT, "default", DEFAULT_WEIGHT, DEFAULT_WEIGHT)),
             // NQNs are self-asserted (an allow_any_host subsystem proves none): a host
             // claiming a member's NQN must gain nothing beyond what a member reads for
@@ -395,11 +462,42 @@ impl Default for Tenants {
                 reach: Some(vec![Grant { subsystem: crate::POOLS_NQN.into(), nsid: None, lbas: None, read_only: false }]),
                 ..TenantPolicy::unrestricted(TenantId::CLUSTER, "cluster", DEFAULT_WEIGHT, DEFAULT_WEIGHT)
             }),
+        };
+        for p in [&t.default, &t.cluster] {
+            p.stats.io_weight.store(p.io_weight.into(), SeqCst);
+            p.stats.compute_weight.store(p.compute_weight.into(), SeqCst);
         }
+        t
     }
 }
 
 impl Tenants {
+    /// Takes the configuration's `[[tenant]]` entries (at start-up and on SIGHUP): checked
+    /// alone first (an error changes nothing), then installed with the pushed tenants that
+    /// agree with them. Returns why pushed ones were refused.
+    pub fn configure(&self, cfg: &crate::config::Config) -> Result<Vec<String>, ConfigError> {
+        cfg.tenants()?;
+        let mut s = self.sources.lock();
+        s.configured = cfg.tenant.clone();
+        s.subsystems = cfg.subsystem.iter().map(|x| x.nqn.clone()).collect();
+        s.command_min = cfg.compute.chunk_bytes();
+        let (policies, refused) = s.combine();
+        self.install(policies);
+        self.refused.store(refused.len() as u64, SeqCst);
+        Ok(refused)
+    }
+
+    /// Takes the control plane's tenants in place of those it pushed before, with the
+    /// configured ones. Returns why pushed ones were refused.
+    pub fn push(&self, pushed: Vec<TenantConfig>) -> Vec<String> {
+        let mut s = self.sources.lock();
+        s.pushed = pushed;
+        let (policies, refused) = s.combine();
+        self.install(policies);
+        self.refused.store(refused.len() as u64, SeqCst);
+        refused
+    }
+
     /// Replaces the table with `policies` (from [`resolve`]); a name seen before keeps its
     /// id. Returns the policies as installed.
     pub fn install(&self, policies: Vec<TenantPolicy>) -> Vec<Arc<TenantPolicy>> {
@@ -418,6 +516,14 @@ impl Tenants {
                 by_host.insert(h.clone(), p.clone());
             }
             all.push(p);
+        }
+        for st in t.stats.values() {
+            st.io_weight.store(0, SeqCst);
+            st.compute_weight.store(0, SeqCst);
+        }
+        for p in &all {
+            p.stats.io_weight.store(p.io_weight.into(), SeqCst);
+            p.stats.compute_weight.store(p.compute_weight.into(), SeqCst);
         }
         t.by_host = by_host;
         t.all = all.clone();
@@ -568,5 +674,66 @@ mod tests {
         assert_eq!(name(tenants.resolve(&host("i"), false, false)), Some(("u".into(), TenantId(3))));
         assert_eq!(name(tenants.resolve(&host("j"), false, false)), Some(("v".into(), TenantId(4))));
         assert_eq!(name(tenants.resolve(&host("h"), false, false)), None);
+    }
+
+    /// Tenants pushed by the control plane beside the configured ones: each line a pushed
+    /// tenant (name, host, offload memory, reaches) and why it is refused (None: installed);
+    /// an accepted one reaches only this target's subsystems among those it names, and its
+    /// volumes. A SIGHUP reload keeps the pushed tenants.
+    #[test]
+    fn pushed_tenants_join_the_configured_ones_or_are_refused() {
+        let host = |h: &str| format!("nqn.2014-08.org.example:{h}");
+        let pushed = |name: &str, h: &str, memory: Option<u64>, reach: &[&str]| TenantConfig {
+            name: name.into(),
+            hosts: vec![host(h)],
+            io_weight: 300,
+            compute_weight: 100,
+            offload_memory: memory.map(ByteSize),
+            operations: None,
+            reach: reach
+                .iter()
+                .map(|r| match r.strip_prefix("volume:") {
+                    Some(v) => ReachConfig { subsystem: None, volume: Some(v.into()), nsid: None, lbas: None, read_only: false },
+                    None => ReachConfig { subsystem: Some(r.to_string()), volume: None, nsid: None, lbas: None, read_only: false },
+                })
+                .collect(),
+        };
+        let other = "nqn.2026-11.io.nearstore:elsewhere";
+        let cases: Vec<(TenantConfig, Option<&str>)> = vec![
+            (pushed("p", "p1", None, &[SUB, other, "volume:v"]), None),
+            (pushed("t", "p2", None, &[SUB]), Some("tenant t is configured on this target too")),
+            (pushed("q", "h", None, &[SUB]), Some("host nqn.2014-08.org.example:h of tenant q is in configured tenant t")),
+            (pushed("r", "p3", Some(4096), &[SUB]), Some("offload_memory")),
+            (pushed("s", "p4", None, &[other]), None),
+        ];
+        let cfg = config(&tenant("t", "h", &format!("[[tenant.reach]]\nsubsystem = \"{SUB}\""))).unwrap();
+        let tenants = Tenants::default();
+        assert!(tenants.configure(&cfg).unwrap().is_empty());
+        let refused = tenants.push(cases.iter().map(|(t, _)| t.clone()).collect());
+        assert_eq!(tenants.refused.load(SeqCst), refused.len() as u64);
+        for (t, want) in &cases {
+            let mine: Vec<&String> = refused.iter().filter(|r| r.starts_with(&format!("pushed tenant {}:", t.name))).collect();
+            match want {
+                None => assert!(mine.is_empty(), "{}: {mine:?}", t.name),
+                Some(w) => assert!(mine.len() == 1 && mine[0].contains(w), "{}: {mine:?} should say {w:?}", t.name),
+            }
+        }
+        let names: Vec<String> = tenants.all().iter().map(|p| p.name.clone()).collect();
+        assert_eq!(names, ["t", "p", "s"]);
+        // The configured tenant keeps its host; the pushed one reaches what this target has.
+        let Resolved::Tenant(p) = tenants.resolve(&host("p1"), false, false) else { panic!("p1 refused") };
+        assert_eq!((p.name.as_str(), p.io_weight), ("p", 300));
+        assert!(p.reaches(SUB) && p.reaches(&format!("{VOLUME_NQN_PREFIX}v")) && !p.reaches(other));
+        let Resolved::Tenant(s) = tenants.resolve(&host("p4"), false, false) else { panic!("p4 refused") };
+        assert!(!s.reaches(SUB), "a tenant of another target's subsystem reaches nothing here");
+        assert_eq!(tenants.resolve(&host("h"), false, false), Resolved::Tenant(tenants.all()[0].clone()));
+        assert_eq!(tenants.resolve(&host("p2"), false, false), Resolved::Refused);
+        // A reload of the configuration keeps what was pushed.
+        tenants.configure(&cfg).unwrap();
+        assert_eq!(tenants.all().len(), 3);
+        // A push of nothing leaves the configured tenants alone.
+        assert!(tenants.push(Vec::new()).is_empty());
+        assert_eq!(tenants.all().iter().map(|p| p.name.as_str()).collect::<Vec<_>>(), ["t"]);
+        assert_eq!(tenants.refused.load(SeqCst), 0);
     }
 }

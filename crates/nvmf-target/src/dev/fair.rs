@@ -26,6 +26,7 @@
 //! queues, holding their own slots and buffers ([`limits::FAIR_WAITING_PER_QUEUE_MAX`]):
 //! nothing here grows with what a host sends.
 
+use std::sync::atomic::Ordering::Relaxed;
 use std::sync::{Arc, Weak};
 
 use nearstore_transport::AlignedBuf;
@@ -34,7 +35,7 @@ use tokio::time::Instant;
 
 use super::{BlockDevice, Channel, Geometry, Op};
 use crate::limits;
-use crate::tenant::{TenantId, TenantPolicy};
+use crate::tenant::{TenantId, TenantPolicy, TenantStats};
 
 const EPOCH_NS: u64 = limits::FAIR_EPOCH_US * 1000;
 const NS_PER_S: i128 = 1_000_000_000;
@@ -52,21 +53,32 @@ pub enum Key {
     Others,
 }
 
-/// Who an operation is for, and its weight: set on a queue's channel at Connect
-/// ([`Channel::set_tenant`]).
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// Who an operation is for, and its weight: set at Connect on a queue's channel
+/// ([`Channel::set_tenant`]), and on the channels that work for its commands (a volume's
+/// slow path, the offload engine's reads).
+#[derive(Debug, Clone)]
 pub struct Tenant {
     pub key: Key,
     /// Checked by the configuration: 1 to [`limits::TENANT_WEIGHT_MAX`].
     pub weight: u32,
+    /// Its tenant's counters: what the scheduler let go for it and how long it held it back.
+    pub stats: Arc<TenantStats>,
 }
+
+impl PartialEq for Tenant {
+    fn eq(&self, o: &Tenant) -> bool {
+        (&self.key, self.weight) == (&o.key, o.weight)
+    }
+}
+
+impl Eq for Tenant {}
 
 impl Tenant {
     /// The share of a controller of `host` (the host it serves) in `policy`: the tenant's
     /// `io_weight`, each host apart in the built-in `default`.
     pub fn of(policy: &TenantPolicy, host: &str) -> Tenant {
         let key = if policy.id == TenantId::DEFAULT { Key::Host(host.into()) } else { Key::Tenant(policy.id) };
-        Tenant { key, weight: policy.io_weight.clamp(1, limits::TENANT_WEIGHT_MAX) }
+        Tenant { key, weight: policy.io_weight.clamp(1, limits::TENANT_WEIGHT_MAX), stats: policy.stats.clone() }
     }
 }
 
@@ -276,7 +288,7 @@ impl Fair {
             drr: Mutex::new(Drr::new(bandwidth, write_cost)),
             start: Instant::now(),
             again: Arc::new(Again(me.clone())),
-            untagged: Tenant { key: Key::Target, weight: limits::TENANT_WEIGHT_DEFAULT },
+            untagged: Tenant { key: Key::Target, weight: limits::TENANT_WEIGHT_DEFAULT, stats: Arc::default() },
         })
     }
 
@@ -289,7 +301,18 @@ impl Fair {
                 None => Turn::Go,
                 Some(cost) => {
                     let now = Instant::now().saturating_duration_since(self.start).as_nanos() as u64;
-                    d.offer(now, ch.tenant().unwrap_or(&self.untagged), cost, again)
+                    let tenant = ch.tenant().unwrap_or(&self.untagged);
+                    let turn = d.offer(now, tenant, cost, again);
+                    match turn {
+                        Turn::Go => tenant.stats.io_scheduled_bytes.fetch_add(buf.len() as u64, Relaxed),
+                        // Held back until the epoch it is offered again in (its timer may
+                        // fire later on a loaded machine).
+                        Turn::Wait(at) => {
+                            tenant.stats.io_waits.fetch_add(1, Relaxed);
+                            tenant.stats.io_queued_ns.fetch_add(at.saturating_sub(now), Relaxed)
+                        }
+                    };
+                    turn
                 }
             }
         };

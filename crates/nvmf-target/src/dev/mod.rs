@@ -317,6 +317,18 @@ impl Channel {
         self.tenant.as_deref()
     }
 
+    /// Charges this channel's operations to whom `other`'s are for: a channel that works
+    /// for another's operation (a volume's slow path) is that operation's tenant's.
+    pub fn same_tenant(mut self, other: Option<Arc<fair::Tenant>>) -> Channel {
+        self.tenant = other;
+        self
+    }
+
+    /// Whom this channel's operations are for, to hand on ([`same_tenant`](Self::same_tenant)).
+    pub fn tenant_shared(&self) -> Option<Arc<fair::Tenant>> {
+        self.tenant.clone()
+    }
+
     /// Hands every ring operation to the kernel's io-wq workers (IOSQE_ASYNC) instead of
     /// trying it inside the submit: for a channel on a network thread whose operations
     /// are large (the offload engine's chunks), so that a page-cache hit is copied on a

@@ -19,6 +19,13 @@
 //!
 //! A host never names a pool: the exporting target derives every pool address from the
 //! volume's own extent table, so a command reaches only that volume's blocks.
+//!
+//! A command run on a pool (here or on a peer) holds a ticket of every extent it reaches
+//! there, taken with the translation as a read's is, until it ends: a move of one of those
+//! extents waits for it as for I/O in flight (docs/control-plane.md, "Moving an extent"),
+//! so the copy never misses its output and the old place is never freed under it. One that
+//! outlives the move's drain (`MOVE_DRAIN_MS`) makes the move abort; the extent stays.
+//! A command placed after a move blocked its extent waits for the move's end, as I/O does.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -28,17 +35,19 @@ use nearstore_wire::compute::{limits as wl, status as cs, Descriptor, Extent, Ob
 
 use super::Failure;
 use crate::cluster::{self, PeerConfig};
-use crate::dev::volume::{PoolRef, Volume};
+use crate::dev::volume::{PoolRef, Ticket, Volume};
 use crate::subsystem::Namespace;
 
 /// Where a command on a volume runs.
 pub(super) enum Place {
     /// Here, through the volume's device, as the host sent it.
     Here,
-    /// On this target's pool namespace, with the descriptor in its addresses.
-    Pool(Arc<Namespace>, Descriptor),
-    /// On a peer's pool namespace, with the descriptor in its addresses.
-    Peer(Arc<PoolRef>, Descriptor),
+    /// On this target's pool namespace, with the descriptor in its addresses and the
+    /// tickets of its extents, held until the command ends.
+    Pool(Arc<Namespace>, Descriptor, Vec<Ticket>),
+    /// On a peer's pool namespace, with the descriptor in its addresses and the tickets of
+    /// its extents, held until the peer answered.
+    Peer(Arc<PoolRef>, Descriptor, Vec<Ticket>),
 }
 
 /// Appends an extent, merged with the last when they continue each other.
@@ -54,10 +63,10 @@ fn push(out: &mut Vec<Extent>, e: Extent) {
 }
 
 /// `o`'s extents in the addresses of the one pool that holds all of them (`holder`, set by
-/// the first allocated extent met). None: they do not all lie in one pool, an output
-/// extent is not allocated, or the translation failed (the command then runs here, where
-/// the volume's device says why).
-async fn translate(vol: &Volume, o: &Object, output: bool, holder: &mut Option<Arc<PoolRef>>) -> Option<Object> {
+/// the first allocated extent met), their tickets in `held`. None: they do not all lie in
+/// one pool, an output extent is not allocated, or the translation failed (the command then
+/// runs here, where the volume's device says why).
+async fn translate(vol: &Volume, o: &Object, output: bool, holder: &mut Option<Arc<PoolRef>>, held: &mut Vec<Ticket>) -> Option<Object> {
     let mut out = Vec::new();
     for e in &o.extents {
         if e.is_zeros() {
@@ -67,7 +76,7 @@ async fn translate(vol: &Volume, o: &Object, output: bool, holder: &mut Option<A
         // Each piece is judged as soon as it is known: the first on another pool, or an
         // unallocated output, ends the translation before the control plane is asked of
         // the rest.
-        let whole = vol.placement(e.offset, e.len, |p| {
+        let whole = vol.placement(e.offset, e.len, held, |p| {
             match p.at {
                 None if output => return false,
                 None => push(&mut out, Extent::zeros(p.len)),
@@ -95,23 +104,24 @@ pub(super) async fn place(vol: Volume, desc: Descriptor) -> Place {
     if !desc.remote_tags().is_empty() {
         return Place::Here;
     }
-    let mut holder = None;
+    // Run here, the tickets taken so far go: the volume's device takes one per operation.
+    let (mut holder, mut held) = (None, Vec::new());
     let mut inputs = Vec::with_capacity(desc.inputs.len());
     for o in &desc.inputs {
-        let Some(t) = translate(vol, o, false, &mut holder).await else { return Place::Here };
+        let Some(t) = translate(vol, o, false, &mut holder, &mut held).await else { return Place::Here };
         inputs.push(t);
     }
     let mut outputs = Vec::with_capacity(desc.outputs.len());
     for o in &desc.outputs {
-        let Some(t) = translate(vol, o, true, &mut holder).await else { return Place::Here };
+        let Some(t) = translate(vol, o, true, &mut holder, &mut held).await else { return Place::Here };
         outputs.push(t);
     }
     // Nothing allocated at all: zeros, computed here without a pool.
     let Some(pool) = holder else { return Place::Here };
     let d = Descriptor { inputs, outputs, ..desc };
     match vol.own_pool(&pool) {
-        Some(ns) => Place::Pool(ns, d),
-        None => Place::Peer(pool, d),
+        Some(ns) => Place::Pool(ns, d, held),
+        None => Place::Peer(pool, d, held),
     }
 }
 
