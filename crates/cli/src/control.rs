@@ -1,5 +1,6 @@
-//! The control plane's verbs: `control` (the daemon), `view`, and `volume create|list|info|
-//! grow|delete`, all through the API's client (docs/control-plane.md).
+//! The control plane's verbs: `control` (the daemon), `view`, `volume create|list|info|
+//! grow|delete` and `tenant create|list|info|delete`, all through the API's client
+//! (docs/control-plane.md).
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -8,7 +9,7 @@ use std::sync::Arc;
 use anyhow::{Context, Result};
 use nearstore_control::agent::{Agent, AgentPool};
 use nearstore_control::client::{Client, ClientError};
-use nearstore_control::model::{ErrorCode, Export, ExportVolume, ExtentInfo, Move, MoveReport, MoveState, VolumeInfo};
+use nearstore_control::model::{ErrorCode, Export, ExportVolume, ExtentInfo, Move, MoveReport, MoveState, Tenant, VolumeInfo};
 use nearstore_control::server::{self, Service};
 use nearstore_control::store::RedbStore;
 
@@ -121,7 +122,7 @@ pub enum VolumeCmd {
         c: ControlArgs,
     },
     /// Spread a volume's extents over the targets: one extent at a time, from the target
-    /// holding most of them while another holds two fewer, to the pool the placement prefers.
+    /// holding most of them to a pool of the one holding fewest, while that is two fewer.
     Rebalance {
         /// The volume's name.
         name: String,
@@ -145,13 +146,184 @@ pub struct MoveArgs {
 }
 
 #[derive(clap::Subcommand)]
+pub enum TenantCmd {
+    /// Create a tenant: hosts, what they reach and their shares; pushed to every registered
+    /// target (docs/operations.md, "Tenants from the control plane").
+    Create {
+        /// The tenant's name: letters, digits, '.', '_', '-' (not default or cluster).
+        name: String,
+        /// A host NQN of the tenant (repeatable; each in no other tenant).
+        #[arg(long = "host", value_name = "NQN", required = true)]
+        hosts: Vec<String>,
+        /// Its share of I/O against other tenants, 1 to 10000.
+        #[arg(long, default_value_t = nearstore_control::model::TENANT_WEIGHT_DEFAULT)]
+        io_weight: u32,
+        /// Its share of the offload engine's CPU time, 1 to 10000.
+        #[arg(long, default_value_t = nearstore_control::model::TENANT_WEIGHT_DEFAULT)]
+        compute_weight: u32,
+        /// Memory its compute commands may hold together on a target (default: only the
+        /// target's budget).
+        #[arg(long, value_parser = size)]
+        memory: Option<u64>,
+        /// What it may reach: a subsystem NQN, or volume:NAME (repeatable; none: nothing).
+        #[arg(long, value_name = "SUBSYS|volume:NAME")]
+        reach: Vec<String>,
+        #[command(flatten)]
+        c: ControlArgs,
+    },
+    /// List the tenants.
+    List {
+        #[command(flatten)]
+        c: ControlArgs,
+    },
+    /// Show a tenant.
+    Info {
+        /// The tenant's name.
+        name: String,
+        #[command(flatten)]
+        c: ControlArgs,
+    },
+    /// Delete a tenant: its hosts' controllers are torn down on every target.
+    Delete {
+        /// The tenant's name.
+        name: String,
+        #[command(flatten)]
+        c: ControlArgs,
+    },
+}
+
+/// One tenant in a line.
+fn tenant_line(t: &Tenant) -> String {
+    let memory = t.offload_memory.map_or("-".into(), bytes);
+    let reach = if t.reach.is_empty() { "nothing".into() } else { t.reach.join(",") };
+    format!("{:<20} {:>9} {:>9} {:>9}  {:<40} {}", t.name, t.io_weight, t.compute_weight, memory, reach, t.hosts.join(","))
+}
+
+pub async fn tenant(cmd: TenantCmd) -> Result<()> {
+    let header = format!("{:<20} {:>9} {:>9} {:>9}  {:<40} hosts", "name", "io_weight", "cpu_weight", "memory", "reach");
+    match cmd {
+        TenantCmd::Create { name, hosts, io_weight, compute_weight, memory, reach, c } => {
+            let req = Tenant { name, hosts, io_weight, compute_weight, offload_memory: memory, reach };
+            let t = c.client()?.create_tenant(&req).await.map_err(plain)?;
+            if c.output_format == Output::Json {
+                return json(&t);
+            }
+            println!("tenant {}: {} hosts, io_weight {}, compute_weight {}", t.name, t.hosts.len(), t.io_weight, t.compute_weight);
+        }
+        TenantCmd::List { c } => {
+            let ts = c.client()?.tenants(0).await.map_err(plain)?.tenants;
+            if c.output_format == Output::Json {
+                return json(&ts);
+            }
+            println!("{header}");
+            for t in &ts {
+                println!("{}", tenant_line(t));
+            }
+        }
+        TenantCmd::Info { name, c } => {
+            let t = c.client()?.tenant(&name).await.map_err(plain)?;
+            if c.output_format == Output::Json {
+                return json(&t);
+            }
+            println!("{header}\n{}", tenant_line(&t));
+        }
+        TenantCmd::Delete { name, c } => {
+            c.client()?.delete_tenant(&name).await.map_err(plain)?;
+            if c.output_format == Output::Json {
+                return json(&serde_json::json!({ "deleted": name }));
+            }
+            println!("tenant {name} deleted");
+        }
+    }
+    Ok(())
+}
+
+/// A tenant of the control plane as a target's `[[tenant]]` entry.
+pub fn tenant_config(t: &Tenant) -> nearstore_target::tenant::TenantConfig {
+    use nearstore_target::tenant::ReachConfig;
+    let reach = t
+        .reach
+        .iter()
+        .map(|r| {
+            let (subsystem, volume) = match r.strip_prefix(nearstore_control::model::VOLUME_REACH_PREFIX) {
+                Some(v) => (None, Some(v.to_string())),
+                None => (Some(r.clone()), None),
+            };
+            ReachConfig { subsystem, volume, nsid: None, lbas: None, read_only: false }
+        })
+        .collect();
+    nearstore_target::tenant::TenantConfig {
+        name: t.name.clone(),
+        hosts: t.hosts.clone(),
+        io_weight: t.io_weight,
+        compute_weight: t.compute_weight,
+        offload_memory: t.offload_memory.map(nearstore_target::config::ByteSize),
+        operations: None,
+        reach,
+    }
+}
+
+/// A target's side of the control plane's tenants (`target --control`).
+pub struct TenantWatch {
+    pub target: Arc<nearstore_target::Target>,
+    pub client: Client,
+}
+
+impl TenantWatch {
+    /// Runs forever: asks the control plane for the tenants (a long poll by version) and
+    /// applies each new list beside the configured tenants, as a reload does. While the
+    /// control plane is away, the tenants last applied stay.
+    pub async fn run(self) {
+        let (mut since, mut wait) = (0, 100);
+        let mut applied: Option<Vec<Tenant>> = None;
+        loop {
+            let list = match self.client.tenants(since).await {
+                Ok(l) => l,
+                Err(e) => {
+                    tracing::warn!(control = %self.client.addr, error = %e, "cannot list the tenants; retrying");
+                    tokio::time::sleep(std::time::Duration::from_millis(wait)).await;
+                    wait = (wait * 2).min(nearstore_control::limits::AGENT_RETRY_MS_MAX);
+                    continue;
+                }
+            };
+            wait = 100;
+            since = list.version;
+            if applied.as_ref() == Some(&list.tenants) {
+                continue;
+            }
+            let (gone, refused) = self.target.push_tenants(list.tenants.iter().map(tenant_config).collect());
+            tracing::info!(
+                tenants = list.tenants.len(),
+                refused = refused.len(),
+                controllers_torn_down = gone,
+                "tenants of the control plane applied"
+            );
+            applied = Some(list.tenants);
+        }
+    }
+}
+
+#[derive(clap::Subcommand)]
 pub enum PoolCmd {
-    /// Move every extent off a pool (NAME@TARGET), each to the pool the placement prefers.
+    /// The pools: their target, size, extents and whether they are cordoned or stale.
+    List {
+        #[command(flatten)]
+        c: ControlArgs,
+    },
+    /// Move every extent off a pool (NAME@TARGET), each to the pool the placement prefers;
+    /// the pool is cordoned first (it takes no new extents until `pool uncordon`).
     Drain {
         /// The pool, as `nearstore view` names it: NAME@TARGET.
         pool: String,
         #[command(flatten)]
         m: MoveArgs,
+    },
+    /// Let a cordoned (drained) pool take new extents again.
+    Uncordon {
+        /// The pool: NAME@TARGET.
+        pool: String,
+        #[command(flatten)]
+        c: ControlArgs,
     },
 }
 
@@ -167,12 +339,12 @@ struct Moved {
     seconds: f64,
 }
 
-/// Moves extent `index` of `volume` where the placement prefers; with `wait`, until its
-/// move ends (progress printed unless `json`). A move that ended without its publication
-/// is an error naming where the extent stayed.
-async fn move_one(client: &Client, volume: &str, index: u64, m: &MoveArgs) -> Result<Moved> {
+/// Moves extent `index` of `volume` to pool `to`, or where the placement prefers; with
+/// `wait`, until its move ends (progress printed unless `json`). A move that ended without
+/// its publication is an error naming where the extent stayed.
+async fn move_one(client: &Client, volume: &str, index: u64, to: Option<String>, m: &MoveArgs) -> Result<Moved> {
     let json = m.c.output_format == Output::Json;
-    let req = nearstore_control::model::MoveRequest { to: None, max_bps: m.max_bps.unwrap_or(0) };
+    let req = nearstore_control::model::MoveRequest { to, max_bps: m.max_bps.unwrap_or(0) };
     let mv = client.begin_move(volume, index, &req).await.map_err(plain)?;
     if !json {
         println!("extent {index} of {volume}: {} -> {}", mv.from, mv.to);
@@ -238,8 +410,8 @@ async fn rebalance(name: String, m: MoveArgs) -> Result<()> {
     for _ in 0..total {
         let info = client.volume(&name).await.map_err(plain)?;
         let view = client.view(0).await.map_err(plain)?;
-        let Some(index) = nearstore_control::rebalance::rebalance_next(&info, &view) else { break };
-        moved.push(move_one(&client, &name, index, &m).await?);
+        let Some((index, to)) = nearstore_control::rebalance::rebalance_next(&info, &view) else { break };
+        moved.push(move_one(&client, &name, index, Some(to.to_string()), &m).await?);
         if !m.wait {
             break;
         }
@@ -247,9 +419,21 @@ async fn rebalance(name: String, m: MoveArgs) -> Result<()> {
     moved_summary(&format!("volume {name}"), &moved, m.c.output_format == Output::Json)
 }
 
-/// `nearstore pool drain`.
+/// `nearstore pool list|drain|uncordon`.
 pub async fn pool(cmd: PoolCmd) -> Result<()> {
-    let PoolCmd::Drain { pool, m } = cmd;
+    let (pool, m) = match cmd {
+        PoolCmd::List { c } => return pool_list(c).await,
+        PoolCmd::Uncordon { pool, c } => {
+            let id = nearstore_control::state::parse_pool(&pool).map_err(|e| anyhow::anyhow!(e.message))?;
+            let p = c.client()?.cordon(&id, false).await.map_err(plain)?;
+            if c.output_format == Output::Json {
+                return json(&p);
+            }
+            println!("pool {id} takes new extents");
+            return Ok(());
+        }
+        PoolCmd::Drain { pool, m } => (pool, m),
+    };
     let client = m.c.client()?;
     let id = nearstore_control::state::parse_pool(&pool).map_err(|e| anyhow::anyhow!(e.message))?;
     let view = client.view(0).await.map_err(plain)?;
@@ -262,9 +446,15 @@ pub async fn pool(cmd: PoolCmd) -> Result<()> {
     }
     let list = nearstore_control::rebalance::drain_list(&id, &infos);
     nearstore_control::rebalance::drain_room(&id, &list, &view).map_err(anyhow::Error::msg)?;
+    if !m.wait {
+        let under_way = client.moves(None, 0).await.map_err(plain)?.moves.len();
+        nearstore_control::rebalance::drain_fits_moves(&id, list.len(), under_way).map_err(anyhow::Error::msg)?;
+    }
+    // Cordoned first: nothing new is placed there while its extents leave.
+    client.cordon(&id, true).await.map_err(plain)?;
     let mut moved = Vec::new();
     for (volume, index, _) in list {
-        moved.push(move_one(&client, &volume, index, &m).await?);
+        moved.push(move_one(&client, &volume, index, None, &m).await?);
     }
     moved_summary(&format!("pool {id}"), &moved, m.c.output_format == Output::Json)
 }
@@ -460,6 +650,7 @@ struct ControlMoves {
 fn order(m: &Move) -> MoveOrder {
     let at = |target: &str, nsid, offset| Location { target: target.to_string(), nsid, offset, epoch: m.epoch, unwritten: false };
     MoveOrder {
+        id: m.id,
         volume: m.volume.clone(),
         index: m.index,
         epoch: m.epoch,
@@ -473,8 +664,11 @@ fn order(m: &Move) -> MoveOrder {
     }
 }
 
+/// A call's error; `NotFound` when the control plane has no such move (the mover's sign that
+/// it ended).
 fn io_error(e: ClientError) -> std::io::Error {
-    std::io::Error::other(e.to_string())
+    let kind = if e.code() == Some(ErrorCode::MoveNotFound) { std::io::ErrorKind::NotFound } else { std::io::ErrorKind::Other };
+    std::io::Error::new(kind, e.to_string())
 }
 
 impl MoveControl for ControlMoves {
@@ -487,21 +681,21 @@ impl MoveControl for ControlMoves {
 
     fn report<'a>(&'a self, m: &'a MoveOrder, ack: bool, copied: u64) -> BoxFuture<'a, std::io::Result<()>> {
         Box::pin(async move {
-            let r = MoveReport { epoch: m.epoch, copied, reason: String::new() };
+            let r = MoveReport { id: m.id, epoch: m.epoch, copied, reason: String::new() };
             self.client.report_move(&m.volume, m.index, if ack { "ack" } else { "progress" }, &r).await.map(drop).map_err(io_error)
         })
     }
 
     fn publish<'a>(&'a self, m: &'a MoveOrder, copied: u64) -> BoxFuture<'a, std::io::Result<()>> {
         Box::pin(async move {
-            let r = MoveReport { epoch: m.epoch, copied, reason: String::new() };
+            let r = MoveReport { id: m.id, epoch: m.epoch, copied, reason: String::new() };
             self.client.publish_move(&m.volume, m.index, &r).await.map(drop).map_err(io_error)
         })
     }
 
     fn abort<'a>(&'a self, m: &'a MoveOrder, reason: &'a str) -> BoxFuture<'a, std::io::Result<()>> {
         Box::pin(async move {
-            let r = MoveReport { epoch: m.epoch, copied: 0, reason: reason.to_string() };
+            let r = MoveReport { id: m.id, epoch: m.epoch, copied: 0, reason: reason.to_string() };
             self.client.abort_move(&m.volume, m.index, &r).await.map_err(io_error)
         })
     }
@@ -608,8 +802,27 @@ pub async fn view(c: ControlArgs) -> Result<()> {
             g(f.map(|f| f.queue_depth), 1.0),
             p.view.as_ref().map_or("-".into(), |w| w.version.to_string()),
             p.path,
-            if p.stale { " (stale)" } else { "" },
+            marks(p),
         );
+    }
+    Ok(())
+}
+
+/// " (stale)", " (cordoned)", both or nothing.
+fn marks(p: &nearstore_control::model::PoolView) -> String {
+    format!("{}{}", if p.stale { " (stale)" } else { "" }, if p.cordoned { " (cordoned)" } else { "" })
+}
+
+/// `nearstore pool list`.
+async fn pool_list(c: ControlArgs) -> Result<()> {
+    let v = c.client()?.view(0).await.map_err(plain)?;
+    if c.output_format == Output::Json {
+        return json(&v.pools);
+    }
+    println!("{:<28} {:>9} {:>9} {:>7}  path", "pool", "size", "alloc", "extents");
+    for p in &v.pools {
+        let name = format!("{}@{}", p.pool, p.target);
+        println!("{name:<28} {:>9} {:>9} {:>7}  {}{}", bytes(p.size), bytes(p.allocated), p.extents, p.path, marks(p));
     }
     Ok(())
 }

@@ -11,7 +11,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use common::{fails, member_target, ok, Control, MemberConfig, Target};
+use common::{fails, free_port, member_target, metric, ok, Control, MemberConfig, Target};
 use nearstore_control::client::Client;
 use nearstore_control::model::*;
 use nearstore_initiator::{ConnectOptions, Controller, IoQueue};
@@ -266,8 +266,11 @@ fn rebalance_and_drain_move_extents_under_io() {
         assert!(got == stamp(b, last.get(&b).copied().unwrap_or(0)), "block {b} after the moves");
     }
     // A drain whose destination's target is killed (SIGKILL) mid-copy: the move is aborted,
-    // the drain fails saying so, and the extent stays where it was, its data whole.
+    // the drain fails saying so, and the extent stays where it was, its data whole. The
+    // exporter's pool is cordoned first, so the only destination is the fourth target's.
     let t2 = targets[2].addr.to_string();
+    let p0 = PoolId { target: targets[0].addr.to_string(), name: "p0".into() };
+    assert!(rt.block_on(c.cordon(&p0, true)).expect("cordon p0").cordoned);
     let mut drain = std::process::Command::new(env!("CARGO_BIN_EXE_nearstore"))
         .args(["pool", "drain", &format!("p2@{t2}"), "--wait", "--max-bps", "1MiB", "--control", &a])
         .stdout(std::process::Stdio::piped())
@@ -281,7 +284,7 @@ fn rebalance_and_drain_move_extents_under_io() {
     let index: u64 = index.parse().expect("index");
     let to = to.rsplit_once('@').map(|(_, t)| t.to_string()).expect(&first);
     let k = targets.iter().position(|t| t.addr.to_string() == to).expect("a known target");
-    assert_ne!(k, 0, "the placement chose the exporter's pool: this test kills a peer's");
+    assert_eq!(k, 3, "the placement chose a cordoned pool");
     std::thread::sleep(Duration::from_millis(300));
     let victim = targets.remove(k);
     let pid = victim.pid();
@@ -295,5 +298,106 @@ fn rebalance_and_drain_move_extents_under_io() {
     for b in index * per_extent..(index + 1) * per_extent {
         let got = rt.block_on(q1.read(1, b, 1, BLOCK)).expect("read after the abort");
         assert!(got == stamp(b, last.get(&b).copied().unwrap_or(0)), "block {b} after the aborted move");
+    }
+}
+
+/// A compute command on a volume's extent while that extent moves (docs/control-plane.md,
+/// "Moving an extent"): a sort runs on the exporter's own pool, slowed to 512 KiB/s (a rate
+/// device under the pool, 1 MiB/s), reading the extent's second half and writing its output
+/// into the first; the extent's move to a peer begins while it reads. The move
+/// waits for the command (its placement's ticket, about 1 s, within the move's 5 s drain) and
+/// then copies its output: the command's result is the local sort's, the move is published,
+/// and the output reads back from the new place. (Before compute commands took tickets the
+/// copy ran under the sort, and its output, written to the old place after the copy had
+/// read that part, was lost.)
+#[test]
+fn a_move_waits_for_a_compute_command_on_its_extent() {
+    use nearstore_compute::{by_name, Context, Outcome, SliceSource, VecSink};
+    use nearstore_wire::compute::{Descriptor, Extent, Object};
+    let dir = tempfile::tempdir().expect("tempdir");
+    let cp = Control::start(&dir.path().join("store"));
+    let metrics = SocketAddr::from(([127, 0, 0, 1], free_port()));
+    // The slow pool is in the configuration, which then names the control plane too.
+    let top = format!("metrics = \"{metrics}\"\ncontrol = \"{}\"", cp.a());
+    let slow = dir.path().join("slow");
+    let tables = format!(
+        "[volume]\ntranslate_timeout_ms = 5000\n[[pool]]\nname = \"slow\"\npath = \"{}\"\nsize = \"8MiB\"\nrate_limit = \"1MiB\"",
+        slow.display()
+    );
+    let more = MemberConfig { top: &top, cluster: "timeout_secs = 3", tables: &tables };
+    let mut targets = vec![member_target(dir.path(), "t0", 0, &cp.a(), 64, more)];
+    targets.extend((1..3).map(|i| target(dir.path(), i, &cp.a(), 64)));
+    let c = cp.client();
+    wait_for_views(&c, 4);
+    let rt = rt();
+    rt.block_on(c.create_volume(&CreateVolume { name: "cv".into(), size: 4 * MIB, extent_size: Some(MIB) })).expect("create");
+    let t0 = targets[0].addr.to_string();
+    let x =
+        rt.block_on(c.export("cv", &ExportVolume { target: t0.clone(), hosts: vec![HOST.into()], allow_any_host: false })).expect("export");
+    // Extent 0: text lines, then moved onto the slow pool.
+    let mut text = Vec::new();
+    for i in 0u64.. {
+        if text.len() as u64 >= MIB {
+            break;
+        }
+        text.extend_from_slice(format!("{:08}\n", (i * 7919) % 100_003).as_bytes());
+    }
+    text.truncate(MIB as usize);
+    let (_c0, mut q) = connect(&rt, targets[0].addr, &x.nqn);
+    for (i, chunk) in text.chunks(128 << 10).enumerate() {
+        rt.block_on(q.write(1, (i as u64 * (128 << 10)) / BLOCK as u64, chunk, BLOCK, false)).expect("write");
+    }
+    let slow_pool = format!("slow@{t0}");
+    if format!("{}@{}", extent(&rt, &c, "cv", 0).pool, t0) != slow_pool {
+        rt.block_on(c.begin_move("cv", 0, &MoveRequest { to: Some(slow_pool.clone()), max_bps: 0 })).expect("move to the slow pool");
+        wait_move(&rt, &c, "cv", 0);
+    }
+    let before = extent(&rt, &c, "cv", 0);
+    assert_eq!(format!("{}@{}", before.pool, before.target), slow_pool);
+
+    // The sort, on a connection of its own.
+    // The input may end mid-line: its sorted output is a newline longer, so the output
+    // object has a block more.
+    let (input, out_off, n, out_n) = (512u64 << 10, 0, 512u64 << 10, (512u64 << 10) - 4096);
+    let n = n - 4096 - 4096;
+    let sort = by_name("sort").expect("sort");
+    let object = |off: u64, len: u64| Object { len, extents: vec![Extent::data(off, len)] };
+    let d = Descriptor { op: sort.id, args: b"{}".to_vec(), inputs: vec![object(input, n)], outputs: vec![object(out_off, out_n)] };
+    let on_pool = metric(metrics, "nearstore_compute_on_pool_total");
+    let (addr, nqn) = (targets[0].addr, x.nqn.clone());
+    let sorting = std::thread::spawn(move || {
+        let own = crate::rt();
+        let (_c, mut q) = connect(&own, addr, &nqn);
+        own.block_on(q.compute(1, &d.encode(), Duration::from_secs(60)))
+    });
+    // Once it reads, the extent moves to a peer's pool.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while metric(metrics, "nearstore_compute_reads_in_flight") == 0 {
+        assert!(!sorting.is_finished() && Instant::now() < deadline, "the sort was never seen reading");
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    let to = format!("p1@{}", targets[1].addr);
+    let m = rt.block_on(c.begin_move("cv", 0, &MoveRequest { to: Some(to.clone()), max_bps: 0 })).expect("move");
+    let json = sorting.join().expect("the sort's thread").expect("the sort");
+    wait_move(&rt, &c, "cv", 0);
+    let after = extent(&rt, &c, "cv", 0);
+    assert_eq!((format!("{}@{}", after.pool, after.target), after.epoch), (to, m.epoch + 1), "the move was not published");
+    assert_eq!(metric(metrics, "nearstore_compute_on_pool_total"), on_pool + 1, "the sort did not run on the pool");
+    // Its result and its output, read from the extent's new place, are the local sort's.
+    let mut src = SliceSource::new([&text[input as usize..(input + n) as usize]]);
+    let mut sink = VecSink::new(out_n);
+    let want = sort.execute(b"{}", &mut [&mut src], &mut [&mut sink], &Context::default()).expect("local sort");
+    let got: Vec<Outcome> = serde_json::from_slice(&json).expect("outcomes");
+    assert_eq!(got.iter().map(Outcome::result).collect::<Vec<_>>(), want.iter().map(Outcome::result).collect::<Vec<_>>());
+    let mut back = Vec::new();
+    for at in (out_off..out_off + out_n).step_by(128 << 10) {
+        let blocks = (128u64 << 10).min(out_off + out_n - at) / BLOCK as u64;
+        back.extend(rt.block_on(q.read(1, at / BLOCK as u64, blocks as u32, BLOCK)).expect("read the output"));
+    }
+    assert!(back[..sink.data.len()] == sink.data[..], "the sort's output was lost by the move");
+    // The input's extent half moved whole.
+    for at in (input..MIB).step_by(128 << 10) {
+        let rest = rt.block_on(q.read(1, at / BLOCK as u64, (128 << 10) / BLOCK, BLOCK)).expect("read");
+        assert!(rest[..] == text[at as usize..at as usize + (128 << 10)], "the extent's text at {at} after the move");
     }
 }

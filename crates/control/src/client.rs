@@ -226,6 +226,12 @@ impl Client {
         self.call(Method::PUT, &format!("/v1/pools/{}/{}/view", segment(&pool.target), segment(&pool.name)), Some(push)).await
     }
 
+    /// Cordons a pool (`true`: no new extents there) or ends its cordon.
+    pub async fn cordon(&self, pool: &PoolId, cordoned: bool) -> Result<Pool, ClientError> {
+        let what = if cordoned { "cordon" } else { "uncordon" };
+        self.call::<(), _>(Method::POST, &format!("/v1/pools/{}/{}/{what}", segment(&pool.target), segment(&pool.name)), None).await
+    }
+
     pub async fn view(&self, since: u64) -> Result<ClusterView, ClientError> {
         self.call::<(), _>(Method::GET, &format!("/v1/view?since={since}"), None).await
     }
@@ -306,5 +312,23 @@ impl Client {
 
     pub async fn abort_move(&self, name: &str, index: u64, r: &MoveReport) -> Result<(), ClientError> {
         self.call::<_, ()>(Method::POST, &format!("/v1/moves/{}/{index}/abort", segment(name)), Some(r)).await
+    }
+
+    pub async fn create_tenant(&self, t: &Tenant) -> Result<Tenant, ClientError> {
+        self.call(Method::POST, "/v1/tenants", Some(t)).await
+    }
+
+    pub async fn tenant(&self, name: &str) -> Result<Tenant, ClientError> {
+        self.call::<(), _>(Method::GET, &format!("/v1/tenants/{}", segment(name)), None).await
+    }
+
+    pub async fn delete_tenant(&self, name: &str) -> Result<(), ClientError> {
+        self.call::<(), ()>(Method::DELETE, &format!("/v1/tenants/{}", segment(name)), None).await
+    }
+
+    /// Every tenant; held by the control plane while `since` is the current version (at
+    /// most EXPORTS_WAIT_MS; 0 answers at once).
+    pub async fn tenants(&self, since: u64) -> Result<TenantList, ClientError> {
+        self.call::<(), _>(Method::GET, &format!("/v1/tenants?since={since}"), None).await
     }
 }

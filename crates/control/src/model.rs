@@ -39,6 +39,10 @@ pub struct Pool {
     /// exporting targets read and write its extents; 0 from a target that predates it.
     #[serde(default)]
     pub nsid: u32,
+    /// Takes no new extents (`pool drain` cordons it; `pool uncordon` ends it): neither
+    /// allocations nor moves are placed there. Its extents stay and serve.
+    #[serde(default)]
+    pub cordoned: bool,
 }
 
 /// A volume: a logical block space cut into extents of one size.
@@ -112,6 +116,12 @@ pub enum MoveState {
 /// and deletes this record.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Move {
+    /// Unique among every move this control plane began (its store's `moves` counter, one
+    /// more each move): every copier's word names it, so that a late word of an ended move
+    /// never reaches a later move of the same extent at the same epoch. 0: a move stored
+    /// before moves had ids.
+    #[serde(default)]
+    pub id: u64,
     pub volume: String,
     pub index: u64,
     /// The extent's epoch when the move began; publishing makes it epoch + 1.
@@ -142,6 +152,48 @@ pub struct Move {
     /// Why it was aborted.
     #[serde(default)]
     pub reason: String,
+}
+
+/// A tenant: host NQNs with what they may reach and their shares, kept by the control plane
+/// and pushed to every registered target, which applies it as a `[[tenant]]` entry of its
+/// configuration (docs/operations.md, "Tenants"). Also the body of `POST /v1/tenants`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Tenant {
+    pub name: String,
+    /// Its host NQNs: each in no other tenant.
+    pub hosts: Vec<String>,
+    /// Its share of I/O against the other tenants active on a device (1 to 10000).
+    #[serde(default = "default_weight")]
+    pub io_weight: u32,
+    /// Its share of the offload engine's CPU time (1 to 10000).
+    #[serde(default = "default_weight")]
+    pub compute_weight: u32,
+    /// Bytes its compute commands may hold together on a target; none: only the target's budget.
+    #[serde(default)]
+    pub offload_memory: Option<u64>,
+    /// What it may reach: subsystem NQNs, and `volume:NAME` for exported volumes. A target
+    /// takes the subsystems it has and every volume.
+    #[serde(default)]
+    pub reach: Vec<String>,
+}
+
+/// A weight not given: the targets' default.
+pub const TENANT_WEIGHT_DEFAULT: u32 = 100;
+
+fn default_weight() -> u32 {
+    TENANT_WEIGHT_DEFAULT
+}
+
+/// How a reach of a volume is spelt: `volume:NAME`.
+pub const VOLUME_REACH_PREFIX: &str = "volume:";
+
+/// `GET /v1/tenants[?since=V]`: every tenant, and the version of the tenants (one counter;
+/// it starts again at 1 when the control plane restarts, so a target compares the lists).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct TenantList {
+    pub version: u64,
+    pub tenants: Vec<Tenant>,
 }
 
 /// The NQN prefix of an exported volume's subsystem; the volume's name follows.
@@ -187,6 +239,16 @@ pub struct View {
     pub figures: Figures,
 }
 
+/// A counter kept in the store: `moves` ([`MOVES_COUNTER`]) is the last move id handed out.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Counter {
+    pub name: String,
+    pub value: u64,
+}
+
+/// The counter of move ids.
+pub const MOVES_COUNTER: &str = "moves";
+
 /// Everything the store keeps, one record a key.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "kind", rename_all = "snake_case")]
@@ -198,6 +260,8 @@ pub enum Record {
     View(View),
     Export(Export),
     Move(Move),
+    Tenant(Tenant),
+    Counter(Counter),
 }
 
 /// The store's tables: one a record kind.
@@ -210,11 +274,23 @@ pub enum Table {
     Views,
     Exports,
     Moves,
+    Tenants,
+    Counters,
 }
 
 impl Table {
     /// In loading order: a move's reservation needs its volume's extent size.
-    pub const ALL: [Table; 7] = [Table::Targets, Table::Pools, Table::Volumes, Table::Extents, Table::Views, Table::Exports, Table::Moves];
+    pub const ALL: [Table; 9] = [
+        Table::Targets,
+        Table::Pools,
+        Table::Volumes,
+        Table::Extents,
+        Table::Views,
+        Table::Exports,
+        Table::Moves,
+        Table::Tenants,
+        Table::Counters,
+    ];
 
     pub fn name(self) -> &'static str {
         match self {
@@ -225,6 +301,8 @@ impl Table {
             Table::Views => "views",
             Table::Exports => "exports",
             Table::Moves => "moves",
+            Table::Tenants => "tenants",
+            Table::Counters => "counters",
         }
     }
 }
@@ -250,6 +328,8 @@ impl Record {
             Record::View(_) => Table::Views,
             Record::Export(_) => Table::Exports,
             Record::Move(_) => Table::Moves,
+            Record::Tenant(_) => Table::Tenants,
+            Record::Counter(_) => Table::Counters,
         }
     }
 
@@ -262,6 +342,8 @@ impl Record {
             Record::View(v) => pool_key(&v.pool),
             Record::Export(x) => x.volume.clone(),
             Record::Move(m) => extent_key(&m.volume, m.index),
+            Record::Tenant(t) => t.name.clone(),
+            Record::Counter(c) => c.name.clone(),
         }
     }
 }
@@ -388,7 +470,9 @@ pub struct MoveRequest {
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct MoveReport {
-    /// The epoch the move began at (a report of an older move of the extent is refused).
+    /// The move's id: a word naming another move of the extent (an ended one) is refused.
+    pub id: u64,
+    /// The epoch the move began at.
     pub epoch: u64,
     /// Bytes copied so far.
     #[serde(default)]
@@ -429,6 +513,9 @@ pub struct PoolView {
     pub view: Option<View>,
     /// No view, or none for VIEW_STALE_MS.
     pub stale: bool,
+    /// Takes no new extents (see [`Pool::cordoned`]).
+    #[serde(default)]
+    pub cordoned: bool,
 }
 
 /// `GET /v1/view[?since=V]`.
@@ -488,6 +575,13 @@ pub enum ErrorCode {
     MoveNotFound,
     /// The extent is unallocated: there is nothing to move.
     ExtentNotAllocated,
+    TenantNotFound,
+    /// A tenant of that name exists already.
+    TenantExists,
+    /// A host named is in another tenant already (the message names it).
+    HostInTenant,
+    /// A move to a cordoned pool (being drained): uncordon it first.
+    PoolCordoned,
 }
 
 impl ErrorCode {
@@ -499,8 +593,9 @@ impl ErrorCode {
             ErrorCode::BodyTooLarge => 413,
             ErrorCode::NoSuchEndpoint | ErrorCode::VolumeNotFound | ErrorCode::TargetNotFound | ErrorCode::PoolNotFound => 404,
             ErrorCode::VolumeExists | ErrorCode::PoolConflict | ErrorCode::StaleView | ErrorCode::VolumeExported => 409,
-            ErrorCode::MoveInProgress | ErrorCode::ExtentNotAllocated => 409,
-            ErrorCode::MoveNotFound => 404,
+            ErrorCode::MoveInProgress | ErrorCode::ExtentNotAllocated | ErrorCode::PoolCordoned => 409,
+            ErrorCode::MoveNotFound | ErrorCode::TenantNotFound => 404,
+            ErrorCode::TenantExists | ErrorCode::HostInTenant => 409,
             ErrorCode::NoSpace => 507,
             ErrorCode::StoreFailed => 500,
             ErrorCode::NotLeader => 503,

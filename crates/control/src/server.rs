@@ -29,6 +29,8 @@ pub struct Service {
     exports: tokio::sync::watch::Sender<u64>,
     /// The moves' version: bumped at every move change, watched by the copiers' long polls.
     moves: tokio::sync::watch::Sender<u64>,
+    /// The tenants' version: bumped at every tenant change, watched by the targets.
+    tenants: tokio::sync::watch::Sender<u64>,
 }
 
 pub fn now_ms() -> u64 {
@@ -46,6 +48,7 @@ impl Service {
             store,
             exports: tokio::sync::watch::Sender::new(1),
             moves: tokio::sync::watch::Sender::new(1),
+            tenants: tokio::sync::watch::Sender::new(1),
         })
     }
 
@@ -157,6 +160,17 @@ async fn push_view(
     let now = now_ms();
     let id = PoolId { target, name: pool };
     Ok(Json(change(s, move |c| c.push_view(&id, &push, now)).await?))
+}
+
+/// `pool drain` cordons a pool: it takes no new extent until uncordoned.
+async fn cordon(State(s): Svc, Path((target, pool)): Path<(String, String)>) -> Result<Json<Pool>, ApiError> {
+    let id = PoolId { target, name: pool };
+    Ok(Json(change(s, move |c| c.cordon(&id, true)).await?))
+}
+
+async fn uncordon(State(s): Svc, Path((target, pool)): Path<(String, String)>) -> Result<Json<Pool>, ApiError> {
+    let id = PoolId { target, name: pool };
+    Ok(Json(change(s, move |c| c.cordon(&id, false)).await?))
 }
 
 #[derive(Deserialize)]
@@ -332,6 +346,37 @@ async fn moves(State(s): Svc, q: Result<Query<MovesQuery>, axum::extract::reject
     Ok(Json(MoveList { version, moves: s.read(|c| c.moves_of(q.target.as_deref())) }))
 }
 
+async fn create_tenant(State(s): Svc, Body(req): Body<Tenant>) -> Result<(StatusCode, Json<Tenant>), ApiError> {
+    let t = change(s.clone(), move |c| c.create_tenant(&req)).await?;
+    s.tenants.send_modify(|v| *v += 1);
+    info!(tenant = %t.name, hosts = t.hosts.len(), io_weight = t.io_weight, compute_weight = t.compute_weight, "tenant created");
+    Ok((StatusCode::CREATED, Json(t)))
+}
+
+async fn tenant_info(State(s): Svc, Path(name): Path<String>) -> Result<Json<Tenant>, ApiError> {
+    s.read(|c| c.tenant(&name).cloned()).map(Json)
+}
+
+async fn delete_tenant(State(s): Svc, Path(name): Path<String>) -> Result<StatusCode, ApiError> {
+    let n = name.clone();
+    change(s.clone(), move |c| c.delete_tenant(&n)).await?;
+    s.tenants.send_modify(|v| *v += 1);
+    info!(tenant = %name, "tenant deleted");
+    Ok(StatusCode::NO_CONTENT)
+}
+
+/// Every tenant; with `since` equal to the current version, held until they change or
+/// EXPORTS_WAIT_MS pass (the targets' long poll, as for exports).
+async fn tenants(State(s): Svc, q: Result<Query<Since>, axum::extract::rejection::QueryRejection>) -> Result<Json<TenantList>, ApiError> {
+    let Query(q) = q.map_err(|e| ApiError::new(ErrorCode::InvalidArgument, e.body_text()))?;
+    let mut rx = s.tenants.subscribe();
+    if *rx.borrow_and_update() == q.since {
+        let _ = tokio::time::timeout(std::time::Duration::from_millis(crate::limits::EXPORTS_WAIT_MS), rx.changed()).await;
+    }
+    let version = *rx.borrow();
+    Ok(Json(TenantList { version, tenants: s.read(|c| c.tenants.values().cloned().collect()) }))
+}
+
 /// Looks for silent moves every MOVE_SWEEP_MS while the service lives.
 async fn sweep(svc: std::sync::Weak<Service>) {
     loop {
@@ -358,6 +403,8 @@ pub fn router(svc: Arc<Service>) -> Router {
         .route("/v1/health", get(health))
         .route("/v1/targets", post(register).get(targets))
         .route("/v1/pools/{target}/{pool}/view", put(push_view))
+        .route("/v1/pools/{target}/{pool}/cordon", post(cordon))
+        .route("/v1/pools/{target}/{pool}/uncordon", post(uncordon))
         .route("/v1/view", get(view))
         .route("/v1/volumes", post(create_volume).get(list_volumes))
         .route("/v1/volumes/{name}", get(volume_info).delete(delete_volume))
@@ -370,6 +417,8 @@ pub fn router(svc: Arc<Service>) -> Router {
         .route("/v1/volumes/{name}/extents/{index}/move", post(begin_move).get(get_move))
         .route("/v1/moves/{name}/{index}/{what}", post(report_move))
         .route("/v1/moves", get(moves))
+        .route("/v1/tenants", post(create_tenant).get(tenants))
+        .route("/v1/tenants/{name}", get(tenant_info).delete(delete_tenant))
         .fallback(no_such_endpoint)
         .method_not_allowed_fallback(no_such_endpoint)
         .layer(DefaultBodyLimit::max(BODY_BYTES_MAX))

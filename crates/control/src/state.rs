@@ -25,6 +25,10 @@ pub struct Cluster {
     pub moves: BTreeMap<(String, u64), Move>,
     /// What each pool holds: offset to (length, volume, index). Derived from `extents`.
     pub placed: HashMap<PoolId, BTreeMap<u64, (u64, String, u64)>>,
+    /// Tenants by name, pushed to every target.
+    pub tenants: BTreeMap<String, Tenant>,
+    /// The store's counters by name (`MOVES_COUNTER`: the last move id handed out).
+    pub counters: BTreeMap<String, u64>,
 }
 
 type Planned<T> = Result<(Vec<Write>, T), ApiError>;
@@ -127,6 +131,18 @@ impl Cluster {
                 self.placed.entry(m.to.clone()).or_default().insert(m.to_offset, (len, m.volume.clone(), m.index));
                 self.moves.insert((m.volume.clone(), m.index), m.clone());
             }
+            Write::Put(Record::Tenant(t)) => {
+                self.tenants.insert(t.name.clone(), t.clone());
+            }
+            Write::Delete(Table::Tenants, k) => {
+                self.tenants.remove(k);
+            }
+            Write::Put(Record::Counter(c)) => {
+                self.counters.insert(c.name.clone(), c.value);
+            }
+            Write::Delete(Table::Counters, k) => {
+                self.counters.remove(k);
+            }
             Write::Delete(Table::Moves, k) => {
                 let key = k.rsplit_once('/').and_then(|(v, i)| Some((v.to_string(), i.parse::<u64>().ok()?)));
                 if let Some(m) = key.and_then(|key| self.moves.remove(&key)) {
@@ -226,7 +242,9 @@ impl Cluster {
                     ));
                 }
             }
-            writes.push(Write::Put(Record::Pool(Pool { id: id.clone(), path: p.path.clone(), size: p.size, nsid: p.nsid })));
+            // A cordon outlives the target's restarts.
+            let cordoned = self.pools.get(&id).is_some_and(|old| old.cordoned);
+            writes.push(Write::Put(Record::Pool(Pool { id: id.clone(), path: p.path.clone(), size: p.size, nsid: p.nsid, cordoned })));
             pools.push(RegisteredPool { name: p.name.clone(), seq: self.views.get(&id).map_or(0, |v| v.seq) });
         }
         // A target registers when it starts: the moves it copied before died with it.
@@ -276,10 +294,21 @@ impl Cluster {
                     extents: self.placed.get(&p.id).map_or(0, |m| m.len() as u64),
                     view,
                     stale,
+                    cordoned: p.cordoned,
                 }
             })
             .collect();
         ClusterView { version: self.view_version(), targets: self.targets.values().cloned().collect(), pools }
+    }
+
+    /// Cordons a pool (no new extents placed there) or ends its cordon.
+    pub fn cordon(&self, id: &PoolId, cordoned: bool) -> Planned<Pool> {
+        let p = self.pools.get(id).ok_or_else(|| err(ErrorCode::PoolNotFound, format!("no pool {id}")))?;
+        if p.cordoned == cordoned {
+            return Ok((Vec::new(), p.clone()));
+        }
+        let p = Pool { cordoned, ..p.clone() };
+        Ok((vec![Write::Put(Record::Pool(p.clone()))], p))
     }
 
     // ---- volumes ----
@@ -433,6 +462,70 @@ impl Cluster {
         self.exports.values().filter(|x| x.target == target).cloned().collect()
     }
 
+    // ---- tenants (docs/operations.md, "Tenants") ----
+
+    pub fn tenant(&self, name: &str) -> Result<&Tenant, ApiError> {
+        self.tenants.get(name).ok_or_else(|| err(ErrorCode::TenantNotFound, format!("no tenant '{name}'")))
+    }
+
+    /// Creates a tenant, checked as a target checks a `[[tenant]]` entry, so that every
+    /// target takes it: a name not built in, weights in range, host NQNs in no other
+    /// tenant, reaches that are NQNs or `volume:NAME`.
+    pub fn create_tenant(&self, t: &Tenant) -> Planned<Tenant> {
+        check_name("tenant", &t.name)?;
+        if t.name.len() > TENANT_NAME_BYTES_MAX || t.name == "default" || t.name == "cluster" {
+            return Err(err(
+                ErrorCode::InvalidArgument,
+                format!("tenant name '{}': built in, or over {TENANT_NAME_BYTES_MAX} bytes", t.name),
+            ));
+        }
+        if self.tenants.contains_key(&t.name) {
+            return Err(err(ErrorCode::TenantExists, format!("tenant '{}' exists", t.name)));
+        }
+        if self.tenants.len() >= TENANTS_MAX {
+            return Err(err(ErrorCode::LimitExceeded, format!("{TENANTS_MAX} tenants exist already")));
+        }
+        for (what, w) in [("io_weight", t.io_weight), ("compute_weight", t.compute_weight)] {
+            if w == 0 || w > TENANT_WEIGHT_MAX {
+                return Err(err(ErrorCode::InvalidArgument, format!("{what} {w}: a weight must be between 1 and {TENANT_WEIGHT_MAX}")));
+            }
+        }
+        if t.offload_memory == Some(0) {
+            return Err(err(ErrorCode::InvalidArgument, "offload_memory 0 holds no compute command"));
+        }
+        if t.hosts.is_empty() || t.hosts.len() > TENANT_HOSTS_MAX {
+            return Err(err(ErrorCode::LimitExceeded, format!("{} hosts: a tenant has 1 to {TENANT_HOSTS_MAX}", t.hosts.len())));
+        }
+        if t.reach.len() > TENANT_REACH_MAX {
+            return Err(err(ErrorCode::LimitExceeded, format!("{} reaches: a tenant has at most {TENANT_REACH_MAX}", t.reach.len())));
+        }
+        let nqn = |h: &str| h.starts_with("nqn.") && h.len() <= NQN_BYTES_MAX && h.bytes().all(|b| b.is_ascii_graphic());
+        for (i, h) in t.hosts.iter().enumerate() {
+            if !nqn(h) {
+                return Err(err(ErrorCode::InvalidArgument, format!("host '{h}' is not an NQN (nqn., at most {NQN_BYTES_MAX} bytes)")));
+            }
+            if t.hosts[..i].contains(h) {
+                return Err(err(ErrorCode::InvalidArgument, format!("host {h} is named twice")));
+            }
+            if let Some(o) = self.tenants.values().find(|o| o.hosts.contains(h)) {
+                return Err(err(ErrorCode::HostInTenant, format!("host {h} is in tenant '{}' already", o.name)));
+            }
+        }
+        for r in &t.reach {
+            match r.strip_prefix(VOLUME_REACH_PREFIX) {
+                Some(v) => check_name("volume", v)?,
+                None if nqn(r) => {}
+                None => return Err(err(ErrorCode::InvalidArgument, format!("reach '{r}' is neither a subsystem NQN nor volume:NAME"))),
+            }
+        }
+        Ok((vec![Write::Put(Record::Tenant(t.clone()))], t.clone()))
+    }
+
+    pub fn delete_tenant(&self, name: &str) -> Planned<()> {
+        self.tenant(name)?;
+        Ok((vec![Write::Delete(Table::Tenants, name.to_string())], ()))
+    }
+
     // ---- moves (docs/control-plane.md, "Moving an extent") ----
 
     fn no_moves(&self, name: &str) -> Result<(), ApiError> {
@@ -472,6 +565,12 @@ impl Cluster {
                 if id == e.pool {
                     return Err(err(ErrorCode::InvalidArgument, format!("extent {index} of volume '{name}' is in {id} already")));
                 }
+                if pool.cordoned {
+                    return Err(err(
+                        ErrorCode::PoolCordoned,
+                        format!("pool {id} is cordoned (drained): it takes no extent until uncordoned"),
+                    ));
+                }
                 let offset = self.hole(pool, v.extent_size).ok_or_else(|| {
                     err(ErrorCode::NoSpace, format!("pool {id} has no free {} bytes for extent {index} of '{name}'", v.extent_size))
                 })?;
@@ -487,7 +586,9 @@ impl Cluster {
             }
         };
         let copier = self.exports.get(name).map_or_else(|| to.0.target.clone(), |x| x.target.clone());
+        let id = self.counters.get(MOVES_COUNTER).copied().unwrap_or(0) + 1;
         let m = Move {
+            id,
             volume: name.to_string(),
             index,
             epoch: e.epoch,
@@ -506,22 +607,23 @@ impl Cluster {
             deadline_ms: now_ms + MOVE_SILENCE_MS,
             reason: String::new(),
         };
-        Ok((vec![Write::Put(Record::Move(m.clone()))], m))
+        let counter = Counter { name: MOVES_COUNTER.into(), value: id };
+        Ok((vec![Write::Put(Record::Counter(counter)), Write::Put(Record::Move(m.clone()))], m))
     }
 
-    /// The move a copier reports on, at the epoch it began with.
-    fn reported(&self, name: &str, index: u64, epoch: u64) -> Result<&Move, ApiError> {
-        self.moves
-            .get(&(name.to_string(), index))
-            .filter(|m| m.epoch == epoch)
-            .ok_or_else(|| err(ErrorCode::MoveNotFound, format!("no move of extent {index} of volume '{name}' from epoch {epoch}")))
+    /// The move a copier reports on: the one under way with the report's id (and epoch). A
+    /// word of a move that ended is refused, whatever move of the extent is under way now.
+    fn reported(&self, name: &str, index: u64, r: &MoveReport) -> Result<&Move, ApiError> {
+        self.moves.get(&(name.to_string(), index)).filter(|m| m.id == r.id && m.epoch == r.epoch).ok_or_else(|| {
+            err(ErrorCode::MoveNotFound, format!("no move {} of extent {index} of volume '{name}' is under way (it ended)", r.id))
+        })
     }
 
     /// The copier's word: `ack` (nothing reaches the extent any more: Invalidating to
     /// Copying), or progress (bytes copied); either puts the deadline off. An aborted move
     /// is refused: the copier stops and says `abort`.
     pub fn report_move(&self, name: &str, index: u64, r: &MoveReport, ack: bool, now_ms: u64) -> Planned<Move> {
-        let m = self.reported(name, index, r.epoch)?;
+        let m = self.reported(name, index, r)?;
         let refuse = |why: &str| err(ErrorCode::MoveNotFound, format!("the move of extent {index} of volume '{name}' {why}"));
         let state = match (m.state, ack) {
             (MoveState::Aborted, _) => return Err(refuse(&format!("was aborted: {}", m.reason))),
@@ -535,7 +637,7 @@ impl Cluster {
     /// Publishes a copied extent: in one commit, the extent at its destination with the
     /// next epoch, and the move gone (the old place is free again).
     pub fn publish_move(&self, name: &str, index: u64, r: &MoveReport) -> Planned<ExtentInfo> {
-        let m = self.reported(name, index, r.epoch)?;
+        let m = self.reported(name, index, r)?;
         if m.state != MoveState::Copying {
             return Err(err(
                 ErrorCode::MoveNotFound,
@@ -552,7 +654,7 @@ impl Cluster {
     /// The copier gave up (or confirms it stopped): the move goes, its destination is free,
     /// the extent stays where it was.
     pub fn abort_move(&self, name: &str, index: u64, r: &MoveReport) -> Planned<()> {
-        self.reported(name, index, r.epoch)?;
+        self.reported(name, index, r)?;
         Ok((vec![Write::Delete(Table::Moves, extent_key(name, index))], ()))
     }
 
@@ -619,7 +721,7 @@ impl Cluster {
         let candidates: Vec<Candidate> = self
             .pools
             .values()
-            .filter(|p| allowed(&p.id))
+            .filter(|p| allowed(&p.id) && !p.cordoned)
             .map(|p| Candidate {
                 pool: p.id.clone(),
                 size: p.size,
@@ -1009,13 +1111,15 @@ mod tests {
         // The destination is reserved while the extent still lies at its source.
         assert_eq!((c.allocated(&p1), c.allocated(&p2)), (MIB, MIB));
         assert_eq!(c.translate("v", 0).expect("t").extent.map(|e| (e.target, e.epoch)), Some(("t1".into(), 1)));
-        let r = |epoch| MoveReport { epoch, copied: 0, reason: String::new() };
+        let r = |id, epoch| MoveReport { id, epoch, copied: 0, reason: String::new() };
+        assert_eq!(m.id, 1);
         #[rustfmt::skip]
         let refusals: Vec<(Planned<()>, ErrorCode)> = vec![
-            (c.publish_move("v", 0, &r(1)).map(|(w, _)| (w, ())), ErrorCode::MoveNotFound),
-            (c.report_move("v", 0, &r(1), false, 0).map(|(w, _)| (w, ())), ErrorCode::MoveNotFound),
-            (c.report_move("v", 0, &r(2), true, 0).map(|(w, _)| (w, ())), ErrorCode::MoveNotFound),
-            (c.abort_move("v", 1, &r(1)), ErrorCode::MoveNotFound),
+            (c.publish_move("v", 0, &r(1, 1)).map(|(w, _)| (w, ())), ErrorCode::MoveNotFound),
+            (c.report_move("v", 0, &r(1, 1), false, 0).map(|(w, _)| (w, ())), ErrorCode::MoveNotFound),
+            (c.report_move("v", 0, &r(1, 2), true, 0).map(|(w, _)| (w, ())), ErrorCode::MoveNotFound),
+            (c.report_move("v", 0, &r(2, 1), true, 0).map(|(w, _)| (w, ())), ErrorCode::MoveNotFound),
+            (c.abort_move("v", 1, &r(1, 1)), ErrorCode::MoveNotFound),
             (c.delete_volume("v"), ErrorCode::MoveInProgress),
             (c.export("v", &ExportVolume { target: "t1".into(), hosts: vec![], allow_any_host: true }).map(|(w, _)| (w, ())), ErrorCode::MoveInProgress),
             (c.begin_move("v", 0, &MoveRequest::default(), 0).map(|(w, _)| (w, ())), ErrorCode::MoveInProgress),
@@ -1023,15 +1127,15 @@ mod tests {
         for (i, (got, code)) in refusals.into_iter().enumerate() {
             assert_eq!(got.err().map(|e| e.code), Some(code), "refusal {i}");
         }
-        let m =
-            commit(&mut c, |c| c.report_move("v", 0, &MoveReport { epoch: 1, copied: 5, reason: String::new() }, true, 200)).expect("ack");
+        let m = commit(&mut c, |c| c.report_move("v", 0, &MoveReport { id: 1, epoch: 1, copied: 5, reason: String::new() }, true, 200))
+            .expect("ack");
         assert_eq!((m.state, m.copied, m.deadline_ms), (MoveState::Copying, 5, 200 + MOVE_SILENCE_MS));
         // Not yet silent; then silent: aborted, the destination still reserved.
         assert_eq!(commit(&mut c, |c| c.expire_moves(200 + MOVE_SILENCE_MS)), Ok(0));
         assert_eq!(commit(&mut c, |c| c.expire_moves(201 + MOVE_SILENCE_MS)), Ok(1));
         assert_eq!(c.moves[&("v".to_string(), 0)].state, MoveState::Aborted);
         assert_eq!(c.allocated(&p2), MIB);
-        assert_eq!(c.publish_move("v", 0, &r(1)).err().map(|e| e.code), Some(ErrorCode::MoveNotFound));
+        assert_eq!(c.publish_move("v", 0, &r(1, 1)).err().map(|e| e.code), Some(ErrorCode::MoveNotFound));
         // The copier registers again (it restarted): the move goes, its destination is free.
         let reg = RegisterTarget {
             addr: "t2".into(),
@@ -1043,13 +1147,13 @@ mod tests {
         assert_eq!(c.allocated(&p2), 0);
         // Again, aborted by the copier: the same.
         commit(&mut c, |c| c.begin_move("v", 0, &MoveRequest::default(), 400)).expect("move");
-        commit(&mut c, |c| c.abort_move("v", 0, &r(1))).expect("abort");
+        commit(&mut c, |c| c.abort_move("v", 0, &r(2, 1))).expect("abort");
         assert_eq!((c.moves.len(), c.allocated(&p2)), (0, 0));
         // Again, published: at its destination, epoch 2, the source free; in either order of
         // the two writes, and as the store loads them.
         commit(&mut c, |c| c.begin_move("v", 0, &MoveRequest { to: Some("p@t2".into()), max_bps: 0 }, 500)).expect("move");
-        commit(&mut c, |c| c.report_move("v", 0, &r(1), true, 500)).expect("ack");
-        let (writes, info) = c.publish_move("v", 0, &r(1)).expect("publish");
+        commit(&mut c, |c| c.report_move("v", 0, &r(3, 1), true, 500)).expect("ack");
+        let (writes, info) = c.publish_move("v", 0, &r(3, 1)).expect("publish");
         assert_eq!((info.target.as_str(), info.epoch), ("t2", 2));
         for order in [writes.clone(), writes.iter().rev().cloned().collect()] {
             let mut d = c.clone();
@@ -1087,6 +1191,90 @@ mod tests {
         assert_eq!((again.allocated(&p1), again.allocated(&p2), again.moves.len()), (MIB, MIB, 1));
     }
 
+    /// Every move has its own id, from a counter kept in the store (so after a restart too),
+    /// and a copier's word must name the move under way: the late words of an ended move
+    /// (aborted, then the extent moved again at the same epoch) are refused and change
+    /// nothing. (Named by volume, index and epoch, a late ack of the first move made the
+    /// second copy before its copier drained, and a late publish published it uncopied.)
+    #[test]
+    fn late_words_of_an_ended_move_are_refused() {
+        let mut c = cluster(&[("t1", "p", 2 * MIB), ("t2", "p", 2 * MIB), ("t3", "p", 2 * MIB)]);
+        commit(&mut c, |c| c.create_volume(&CreateVolume { name: "v".into(), size: 4 * MIB, extent_size: Some(MIB) }, 0)).expect("v");
+        commit(&mut c, |c| c.allocate("v", 0, 0)).expect("0");
+        let first = commit(&mut c, |c| c.begin_move("v", 0, &MoveRequest { to: Some("p@t2".into()), max_bps: 0 }, 0)).expect("move");
+        let r = |m: &Move, copied| MoveReport { id: m.id, epoch: m.epoch, copied, reason: "late".into() };
+        commit(&mut c, |c| c.report_move("v", 0, &r(&first, 0), true, 0)).expect("ack");
+        commit(&mut c, |c| c.abort_move("v", 0, &r(&first, 0))).expect("abort");
+        let second = commit(&mut c, |c| c.begin_move("v", 0, &MoveRequest { to: Some("p@t3".into()), max_bps: 0 }, 0)).expect("again");
+        assert_eq!((first.id, second.id, first.epoch), (1, 2, second.epoch));
+        // (the late word of the first move)
+        let late: &[&str] = &["ack", "progress", "publish", "abort"];
+        for word in late {
+            let before = c.clone();
+            let got = match *word {
+                "ack" | "progress" => c.report_move("v", 0, &r(&first, MIB), *word == "ack", 0).map(drop),
+                "publish" => c.publish_move("v", 0, &r(&first, MIB)).map(drop),
+                _ => c.abort_move("v", 0, &r(&first, MIB)).map(drop),
+            };
+            let e = got.expect_err(word);
+            assert_eq!(e.code, ErrorCode::MoveNotFound, "{word}: {e:?}");
+            assert!(e.message.contains("no move 1 of extent 0"), "{word}: {}", e.message);
+            assert_eq!(c, before, "{word}");
+        }
+        assert_eq!(c.moves[&("v".to_string(), 0)].state, MoveState::Invalidating, "the second move was acknowledged by the first's word");
+        // The second move's own words are taken.
+        commit(&mut c, |c| c.report_move("v", 0, &r(&second, 0), true, 0)).expect("ack");
+        let info = commit(&mut c, |c| c.publish_move("v", 0, &r(&second, MIB))).expect("publish");
+        assert_eq!((info.target.as_str(), info.epoch), ("t3", 2));
+        // The counter is a record: loaded again, the next move takes the next id.
+        let records: Vec<Record> = c
+            .targets
+            .values()
+            .map(|t| Record::Target(t.clone()))
+            .chain(c.pools.values().map(|p| Record::Pool(p.clone())))
+            .chain(c.volumes.values().map(|v| Record::Volume(v.clone())))
+            .chain(c.extents.values().map(|e| Record::Extent(e.clone())))
+            .chain(c.counters.iter().map(|(name, &value)| Record::Counter(Counter { name: name.clone(), value })))
+            .collect();
+        let mut loaded = Cluster::from_records(records);
+        let third = commit(&mut loaded, |c| c.begin_move("v", 0, &MoveRequest::default(), 0)).expect("a third move");
+        assert_eq!(third.id, 3);
+    }
+
+    /// A cordoned pool takes no allocation and no move, explicit or placed; it keeps its
+    /// extents, shows as cordoned, stays so when its target registers again, and takes
+    /// extents again once uncordoned.
+    #[test]
+    fn a_cordoned_pool_takes_no_new_extents() {
+        let mut c = cluster(&[("t1", "p", 4 * MIB), ("t2", "p", 4 * MIB)]);
+        commit(&mut c, |c| c.create_volume(&CreateVolume { name: "v".into(), size: 8 * MIB, extent_size: Some(MIB) }, 0)).expect("v");
+        let p1 = PoolId { target: "t1".into(), name: "p".into() };
+        assert_eq!(commit(&mut c, |c| c.allocate("v", 0, 0)).expect("0").target, "t1");
+        commit(&mut c, |c| c.cordon(&p1, true)).expect("cordon");
+        assert_eq!(c.cordon(&p1, true).map(|(w, _)| w.len()), Ok(0), "cordoned twice writes nothing");
+        // (what, the pool it lands on, or the error)
+        for i in 1..4 {
+            assert_eq!(commit(&mut c, |c| c.allocate("v", i, 0)).expect("alloc").target, "t2", "extent {i}");
+        }
+        let to_p1 = MoveRequest { to: Some("p@t1".into()), max_bps: 0 };
+        assert_eq!(commit(&mut c, |c| c.begin_move("v", 1, &to_p1, 0)).err(), Some(ErrorCode::PoolCordoned));
+        assert_eq!(commit(&mut c, |c| c.begin_move("v", 0, &MoveRequest::default(), 0)).expect("off p1").to.target, "t2");
+        assert!(c.view(0, 0).pools.iter().any(|p| p.target == "t1" && p.cordoned));
+        let reg = RegisterTarget {
+            addr: "t1".into(),
+            nqn: "n".into(),
+            pools: vec![PoolSpec { name: "p".into(), path: "/p/p".into(), size: 4 * MIB, nsid: 1 }],
+        };
+        commit(&mut c, |c| c.register(&reg, 0)).expect("register");
+        assert!(c.pools[&p1].cordoned, "a registration ended the cordon");
+        // t2 full (three extents and the move's reservation): nowhere else.
+        assert_eq!(commit(&mut c, |c| c.allocate("v", 4, 0)).err(), Some(ErrorCode::NoSpace));
+        commit(&mut c, |c| c.cordon(&p1, false)).expect("uncordon");
+        assert_eq!(commit(&mut c, |c| c.allocate("v", 4, 0)).expect("alloc").target, "t1");
+        let ghost = PoolId { target: "t9".into(), name: "p".into() };
+        assert_eq!(c.cordon(&ghost, true).err().map(|e| e.code), Some(ErrorCode::PoolNotFound));
+    }
+
     #[test]
     fn holes_are_found_between_extents_of_other_sizes() {
         let mut c = cluster(&[("t1", "p", 8 * MIB)]);
@@ -1100,5 +1288,53 @@ mod tests {
             .collect();
         // 1 MiB at 0, 2 MiB aligned at 2 MiB, 1 MiB in the hole at 1 MiB, 2 MiB at 4 MiB.
         assert_eq!(offsets, vec![0, 2 * MIB, MIB, 4 * MIB]);
+    }
+
+    /// Tenant requests, each line one request against the tenants made so far and the
+    /// error code wanted (None: made); then a delete frees its hosts for another tenant.
+    #[test]
+    fn tenant_requests() {
+        let mut c = Cluster::default();
+        let t = |name: &str, hosts: &[&str]| Tenant {
+            name: name.into(),
+            hosts: hosts.iter().map(|h| format!("nqn.2014-08.org.example:{h}")).collect(),
+            io_weight: 100,
+            compute_weight: 100,
+            offload_memory: None,
+            reach: vec!["nqn.2026-11.io.nearstore:a".into(), "volume:v".into()],
+        };
+        let many: Vec<String> = (0..=TENANT_HOSTS_MAX).map(|i| format!("h{i}")).collect();
+        let many: Vec<&str> = many.iter().map(String::as_str).collect();
+        #[rustfmt::skip]
+        let cases: Vec<(Tenant, Option<ErrorCode>)> = vec![
+            (t("a", &["h1", "h2"]), None),
+            (t("a", &["h3"]), Some(ErrorCode::TenantExists)),
+            (t("b", &["h3", "h2"]), Some(ErrorCode::HostInTenant)),
+            (t("b", &["h3", "h3"]), Some(ErrorCode::InvalidArgument)),
+            (Tenant { io_weight: 0, ..t("b", &["h3"]) }, Some(ErrorCode::InvalidArgument)),
+            (Tenant { compute_weight: TENANT_WEIGHT_MAX + 1, ..t("b", &["h3"]) }, Some(ErrorCode::InvalidArgument)),
+            (Tenant { offload_memory: Some(0), ..t("b", &["h3"]) }, Some(ErrorCode::InvalidArgument)),
+            (Tenant { hosts: vec!["h3".into()], ..t("b", &[]) }, Some(ErrorCode::InvalidArgument)),
+            (t("b", &[]), Some(ErrorCode::LimitExceeded)),
+            (t("b", &many), Some(ErrorCode::LimitExceeded)),
+            (Tenant { reach: vec!["disk0".into()], ..t("b", &["h3"]) }, Some(ErrorCode::InvalidArgument)),
+            (Tenant { reach: vec!["volume:a/b".into()], ..t("b", &["h3"]) }, Some(ErrorCode::InvalidArgument)),
+            (Tenant { reach: vec!["volume:v".into(); TENANT_REACH_MAX + 1], ..t("b", &["h3"]) }, Some(ErrorCode::LimitExceeded)),
+            (t("default", &["h3"]), Some(ErrorCode::InvalidArgument)),
+            (t("cluster", &["h3"]), Some(ErrorCode::InvalidArgument)),
+            (t("a b", &["h3"]), Some(ErrorCode::InvalidArgument)),
+            (t(&"n".repeat(TENANT_NAME_BYTES_MAX + 1), &["h3"]), Some(ErrorCode::InvalidArgument)),
+            (Tenant { io_weight: TENANT_WEIGHT_MAX, compute_weight: 1, reach: vec![], ..t("b", &["h3"]) }, None),
+        ];
+        for (i, (req, want)) in cases.iter().enumerate() {
+            assert_eq!(commit(&mut c, |c| c.create_tenant(req)).err(), *want, "case {i}: {req:?}");
+        }
+        assert_eq!(c.tenants.keys().collect::<Vec<_>>(), ["a", "b"]);
+        assert_eq!(commit(&mut c, |c| c.delete_tenant("nope")), Err(ErrorCode::TenantNotFound));
+        commit(&mut c, |c| c.delete_tenant("a")).expect("delete");
+        commit(&mut c, |c| c.create_tenant(&t("c", &["h1"]))).expect("a deleted tenant's host is free");
+        // Loading the records makes the same state.
+        let records = c.tenants.values().map(|t| Record::Tenant(t.clone()));
+        assert_eq!(Cluster::from_records(records).tenants, c.tenants);
     }
 }

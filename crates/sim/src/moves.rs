@@ -7,7 +7,9 @@
 //! in flight a random while. The seed chooses the workload and the faults: calls to the
 //! control plane delayed, reordered, lost before or after they were applied, failed
 //! commits; exporters (the moves' copiers) crashed and restarted, cut off from the control
-//! plane past a move's silence limit; pools unreachable.
+//! plane past a move's silence limit; pools unreachable; copiers' words held back in the
+//! network and taken again seconds later (a late ack, publish or abort of a move that
+//! ended, maybe while the extent moves again at the same epoch).
 //!
 //! The model is each volume's blocks: every write stamps its blocks with its id, and a read
 //! must return, per block, a write that is not older than the last one acknowledged before
@@ -99,6 +101,8 @@ pub struct Stats {
     pub cuts: u64,
     pub outages: u64,
     pub lost_calls: u64,
+    /// Copiers' words taken a second time, late.
+    pub late_words: u64,
     pub simulated: Duration,
 }
 
@@ -115,6 +119,7 @@ pub fn run(seed: u64, opts: &Options) -> Result<Stats, Failure> {
                 let mut s = std::mem::take(&mut *sim.stats.lock());
                 (s.trace_hash, s.events) = trace.digest();
                 (s.trace, s.simulated, s.lost_calls) = (trace.all(), started.elapsed(), sim.ctl.lost.load(Relaxed));
+                s.late_words = sim.ctl.late.load(Relaxed);
                 Ok(s)
             }
             Err(message) => Err(Failure { which: Which::Moves, seed, message, tail: trace.tail(), trace: trace.all() }),
@@ -201,8 +206,19 @@ struct Control {
     /// What the invariants' checks found (the first ends the run).
     broken: Mutex<Option<String>>,
     lost: AtomicU64,
+    /// Copiers' words taken late.
+    late: AtomicU64,
     /// Faults on: calls are delayed, lost and fail to commit. Off at the end of a run.
     faults: AtomicBool,
+}
+
+/// What a copier says of a move.
+#[derive(Clone, Copy, Debug)]
+enum Word {
+    Ack,
+    Progress,
+    Publish,
+    Abort,
 }
 
 impl Control {
@@ -256,6 +272,15 @@ impl Control {
             self.fail(format!("the move of extent {}/{} from epoch {} was published twice", e.volume, e.index, old.epoch));
         }
         *self.moved.lock().entry((e.volume.clone(), e.index)).or_default() += 1;
+    }
+
+    /// Takes a copier's word on the move of `volume`/`index` it names.
+    fn take(&self, c: &Cluster, now: u64, word: Word, volume: &str, index: u64, r: &MoveReport) -> Planned<()> {
+        match word {
+            Word::Ack | Word::Progress => c.report_move(volume, index, r, matches!(word, Word::Ack), now).map(|(w, _)| (w, ())),
+            Word::Publish => c.publish_move(volume, index, r).map(|(w, _)| (w, ())),
+            Word::Abort => c.abort_move(volume, index, r),
+        }
     }
 
     /// One call over the network: the request and the reply each delayed and, with faults
@@ -393,6 +418,7 @@ struct SimMoves {
 fn order(m: &Move) -> MoveOrder {
     let at = |target: &str, nsid, offset| Location { target: target.to_string(), nsid, offset, epoch: m.epoch, unwritten: false };
     MoveOrder {
+        id: m.id,
         volume: m.volume.clone(),
         index: m.index,
         epoch: m.epoch,
@@ -406,8 +432,32 @@ fn order(m: &Move) -> MoveOrder {
     }
 }
 
+/// A call's error; `NotFound` when the control plane has no such move (it ended).
 fn io_error(e: CallError) -> io::Error {
-    io::Error::other(e.to_string())
+    let kind = match &e {
+        CallError::Api(a) if a.code == ErrorCode::MoveNotFound => io::ErrorKind::NotFound,
+        _ => io::ErrorKind::Other,
+    };
+    io::Error::new(kind, e.to_string())
+}
+
+impl SimMoves {
+    /// Sends a copier's word. With faults on, one in twenty that leaves also stays in the
+    /// network and is taken again 1 to 8 s later, whatever became of its move meanwhile.
+    async fn send(&self, word: Word, m: &MoveOrder, r: MoveReport) -> io::Result<()> {
+        let ctl = &self.ctl;
+        if ctl.faults.load(Relaxed) && self.caller.up() && ctl.rng.chance(50) {
+            let (late, ctl, volume, index, r) = (ctl.rng.ms(1000, 8000), ctl.clone(), m.volume.clone(), m.index, r.clone());
+            tokio::spawn(async move {
+                tokio::time::sleep(late).await;
+                let got = ctl.commit(|c, now| ctl.take(c, now, word, &volume, index, &r));
+                ctl.late.fetch_add(1, Relaxed);
+                let said = got.map_or_else(|e| e.code.to_string(), |()| "taken".into());
+                ctl.trace.event(format_args!("a late {word:?} of move {} of {volume}/{index} epoch {}: {said}", r.id, r.epoch));
+            });
+        }
+        ctl.call(&self.caller, None, |c, now| ctl.take(c, now, word, &m.volume, m.index, &r)).await.map_err(io_error)
+    }
 }
 
 impl MoveControl for SimMoves {
@@ -430,24 +480,18 @@ impl MoveControl for SimMoves {
     }
 
     fn report<'a>(&'a self, m: &'a MoveOrder, ack: bool, copied: u64) -> BoxFuture<'a, io::Result<()>> {
-        Box::pin(async move {
-            let r = MoveReport { epoch: m.epoch, copied, reason: String::new() };
-            self.ctl.call(&self.caller, None, |c, now| c.report_move(&m.volume, m.index, &r, ack, now)).await.map(drop).map_err(io_error)
-        })
+        let r = MoveReport { id: m.id, epoch: m.epoch, copied, reason: String::new() };
+        Box::pin(self.send(if ack { Word::Ack } else { Word::Progress }, m, r))
     }
 
     fn publish<'a>(&'a self, m: &'a MoveOrder, copied: u64) -> BoxFuture<'a, io::Result<()>> {
-        Box::pin(async move {
-            let r = MoveReport { epoch: m.epoch, copied, reason: String::new() };
-            self.ctl.call(&self.caller, None, |c, _| c.publish_move(&m.volume, m.index, &r)).await.map(drop).map_err(io_error)
-        })
+        let r = MoveReport { id: m.id, epoch: m.epoch, copied, reason: String::new() };
+        Box::pin(self.send(Word::Publish, m, r))
     }
 
     fn abort<'a>(&'a self, m: &'a MoveOrder, reason: &'a str) -> BoxFuture<'a, io::Result<()>> {
-        Box::pin(async move {
-            let r = MoveReport { epoch: m.epoch, copied: 0, reason: reason.to_string() };
-            self.ctl.call(&self.caller, None, |c, _| c.abort_move(&m.volume, m.index, &r)).await.map_err(io_error)
-        })
+        let r = MoveReport { id: m.id, epoch: m.epoch, copied: 0, reason: reason.to_string() };
+        Box::pin(self.send(Word::Abort, m, r))
     }
 }
 
@@ -649,6 +693,7 @@ impl Sim {
             moved: Mutex::default(),
             broken: Mutex::default(),
             lost: AtomicU64::new(0),
+            late: AtomicU64::new(0),
             faults: AtomicBool::new(true),
         });
         let pools = (0..TARGETS)
@@ -1079,7 +1124,8 @@ impl Sim {
             .chain(c.volumes.values().map(|v| Record::Volume(v.clone())))
             .chain(c.extents.values().map(|e| Record::Extent(e.clone())))
             .chain(c.views.values().map(|v| Record::View(v.clone())))
-            .chain(c.exports.values().map(|x| Record::Export(x.clone())));
+            .chain(c.exports.values().map(|x| Record::Export(x.clone())))
+            .chain(c.counters.iter().map(|(name, &value)| Record::Counter(Counter { name: name.clone(), value })));
         if Cluster::from_records(records) != *c {
             return Err("the state in memory is not what its records load".into());
         }

@@ -46,6 +46,7 @@ fn moves_never_lose_a_write_nor_read_a_stale_block() {
         all.cuts += s.cuts;
         all.outages += s.outages;
         all.lost_calls += s.lost_calls;
+        all.late_words += s.late_words;
     }
     println!("{n} seeds: {all:?}");
     // The moves and the faults were there to be survived: a run without them checks nothing.
@@ -53,6 +54,7 @@ fn moves_never_lose_a_write_nor_read_a_stale_block() {
     assert!(all.crashes_mid_move > n / 10 && all.expired > n / 10, "too few moves met a crash or a silence: {all:?}");
     assert!(all.crashes > n / 2 && all.cuts > n / 2 && all.outages > n / 2 && all.lost_calls > n, "too few faults: {all:?}");
     assert!(all.reads > 100 * n && all.writes > 100 * n, "too little I/O: {all:?}");
+    assert!(all.late_words > n, "too few copiers' words came late: {all:?}");
 }
 
 #[test]

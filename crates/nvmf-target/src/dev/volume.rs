@@ -26,7 +26,8 @@
 //!   ATS-like invalidation, docs/control-plane.md "Moving an extent"): its cache entry goes,
 //!   new operations on it wait for the move's end, and [`Hold::drained`] waits for those
 //!   in flight, each counted by a [`Ticket`] taken with its mapping and dropped when it
-//!   completes. After the move every waiter translates again; an answer the control plane
+//!   completes (a compute command run on the extent's pool holds one from its
+//!   [`placement`](Volume::placement) to its end). After the move every waiter translates again; an answer the control plane
 //!   gave before a move ended is never cached (it may name the old place).
 
 use std::collections::HashMap;
@@ -42,7 +43,7 @@ use nearstore_wire::Status;
 use parking_lot::Mutex;
 use tokio_util::sync::CancellationToken;
 
-use super::{status_error, BlockDevice, Channel, Geometry, Op, Reply};
+use super::{fair, status_error, BlockDevice, Channel, Geometry, Op, Reply};
 
 pub mod mover;
 use crate::backend::Backend;
@@ -225,7 +226,7 @@ struct Moving {
 }
 
 /// One operation in flight on an extent, counted until it is dropped (its completion
-/// taken: [`Channel::attach`]).
+/// taken: [`Channel::attach`]; a compute command's end: [`Volume::placement`]).
 pub struct Ticket {
     table: Arc<Mutex<Table>>,
     index: u64,
@@ -381,13 +382,22 @@ impl Volume {
     /// would ask it; nothing is allocated). Stops at the first piece `visit` refuses
     /// (returns false), so a caller that wants all bytes on one pool asks the control plane
     /// no further than the first extent elsewhere. Ok(true): every piece was taken.
-    pub async fn placement(&self, off: u64, len: u64, mut visit: impl FnMut(Placed) -> bool) -> io::Result<bool> {
+    ///
+    /// Each allocated piece's [`Ticket`] goes into `held`: a caller that reaches the pool
+    /// directly (a compute command run on the pool) holds them until it is done with those
+    /// bytes, so that a move of the extent drains it as it drains I/O (and aborts if it
+    /// outlives the move's drain), never copying under it nor freeing the place it reads
+    /// or writes.
+    pub async fn placement(&self, off: u64, len: u64, held: &mut Vec<Ticket>, mut visit: impl FnMut(Placed) -> bool) -> io::Result<bool> {
         let i = &self.inner;
         if off.checked_add(len).is_none_or(|e| e > i.cfg.size) {
             return Err(status_error(Status::LBA_OUT_OF_RANGE, format!("bytes {off}+{len} are past volume {}", i.cfg.name)));
         }
         for (index, _, within, n) in pieces(off, len, i.cfg.extent_size) {
-            let at = i.lookup(index, false).await?.map(|(m, _)| (m.pool.clone(), m.offset + within));
+            let at = i.lookup(index, false).await?.map(|(m, ticket)| {
+                held.push(ticket);
+                (m.pool.clone(), m.offset + within)
+            });
             if !visit(Placed { len: n, at }) {
                 return Ok(false);
             }
@@ -470,11 +480,12 @@ impl BlockDevice for Volume {
         ch.started_elsewhere();
         let cancelled = |_: &str| io::Error::new(io::ErrorKind::Interrupted, "the volume operation was cancelled");
         let reply = Reply::new(ch.sender(), tag, buf, String::new(), cancelled);
-        let (inner, stop) = (self.inner.clone(), ch.cancellation());
+        // Its pool operations are the caller's tenant's, as its fast path's are.
+        let (inner, stop, tenant) = (self.inner.clone(), ch.cancellation(), ch.tenant_shared());
         rt.spawn(async move {
             let mut reply = reply;
             let buf = reply.buf();
-            let r = inner.run(op, buf, stop).await;
+            let r = inner.run(op, buf, stop, tenant).await;
             reply.send(r);
         });
     }
@@ -759,8 +770,8 @@ impl Inner {
         Ok(Resolved::Mapped(m, asked, ticket))
     }
 
-    /// The slow path of one operation.
-    async fn run(&self, op: Op, buf: &mut AlignedBuf, stop: CancellationToken) -> io::Result<()> {
+    /// The slow path of one operation, charged to `tenant` in fair-scheduled pools.
+    async fn run(&self, op: Op, buf: &mut AlignedBuf, stop: CancellationToken, tenant: Option<Arc<fair::Tenant>>) -> io::Result<()> {
         let ext = self.cfg.extent_size;
         let check = |off: u64, len: u64| {
             if off.checked_add(len).is_none_or(|e| e > self.cfg.size) {
@@ -768,7 +779,7 @@ impl Inner {
             }
             Ok(())
         };
-        let mut ch = Channel::new(IoEngine::Threads, self.pool.clone());
+        let mut ch = Channel::new(IoEngine::Threads, self.pool.clone()).same_tenant(tenant);
         match op {
             Op::Read { off } | Op::Write { off, .. } => {
                 let len = buf.len() as u64;

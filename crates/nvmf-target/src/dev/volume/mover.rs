@@ -22,10 +22,13 @@ use crate::dev::{Channel, Op};
 use crate::io_pool::IoPool;
 use crate::limits::{MOVE_COPY_CHUNK_BYTES, MOVE_DRAIN_MS};
 
-/// One move as its copier sees it: the extent, the epoch the move began at, its source and
-/// its reserved destination.
+/// One move as its copier sees it: its id, the extent, the epoch the move began at, its
+/// source and its reserved destination.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct MoveOrder {
+    /// The control plane's id of this move, which every word of the copier names: a late
+    /// word of it never reaches another move of the extent.
+    pub id: u64,
     pub volume: String,
     pub index: u64,
     pub epoch: u64,
@@ -50,7 +53,8 @@ pub trait MoveControl: Send + Sync {
     fn report<'a>(&'a self, m: &'a MoveOrder, ack: bool, copied: u64) -> BoxFuture<'a, io::Result<()>>;
     /// The extent at its destination, with the next epoch.
     fn publish<'a>(&'a self, m: &'a MoveOrder, copied: u64) -> BoxFuture<'a, io::Result<()>>;
-    /// Given up (or confirmed stopped): the destination is free again.
+    /// Given up (or confirmed stopped): the destination is free again. An error of kind
+    /// `NotFound`: no such move is under way (it ended).
     fn abort<'a>(&'a self, m: &'a MoveOrder, reason: &'a str) -> BoxFuture<'a, io::Result<()>>;
 }
 
@@ -134,8 +138,8 @@ pub struct Mover {
     served: Arc<Served>,
     pool: IoPool,
     cfg: MoverConfig,
-    /// Moves running here, by (volume, index, epoch).
-    active: Mutex<HashSet<(String, u64, u64)>>,
+    /// Moves running here, by id.
+    active: Mutex<HashSet<u64>>,
 }
 
 fn context(what: String) -> impl FnOnce(io::Error) -> io::Error {
@@ -163,7 +167,7 @@ impl Mover {
             };
             (since, wait) = (list.0, retry_min);
             for m in list.1 {
-                let key = (m.volume.clone(), m.index, m.epoch);
+                let key = m.id;
                 if self.active.lock().contains(&key) {
                     continue;
                 }
@@ -175,7 +179,7 @@ impl Mover {
                     }
                     continue;
                 }
-                self.active.lock().insert(key.clone());
+                self.active.lock().insert(key);
                 let me = self.clone();
                 tokio::spawn(async move {
                     me.run_move(&m).await;
@@ -191,18 +195,32 @@ impl Mover {
         let block = self.cfg.bug != Some(MoveBug::NoInvalidation);
         let Some(holds) = self.served.start(&m.volume, m.index, block) else { return };
         let r = self.copy(m, holds).await;
-        let end = match &r {
-            Ok(()) => Ok(()),
-            Err(e) => self.ctl.abort(m, &e.to_string()).await,
-        };
+        if let Err(e) = &r {
+            self.abort_known(m, &e.to_string()).await;
+        }
         // Only now may the extent's operations go on: they translate again, to the new
         // place once published.
         self.served.finish(&m.volume, m.index);
-        match (r, end) {
-            (Ok(()), _) => tracing::info!(volume = %m.volume, extent = m.index, to = %m.to_name, "extent moved"),
-            (Err(e), Ok(())) => tracing::warn!(volume = %m.volume, extent = m.index, error = %e, "move aborted"),
-            (Err(e), Err(a)) => {
-                tracing::warn!(volume = %m.volume, extent = m.index, error = %e, abort = %a, "move failed; abort not confirmed")
+        match r {
+            Ok(()) => tracing::info!(volume = %m.volume, extent = m.index, to = %m.to_name, "extent moved"),
+            Err(e) => tracing::warn!(volume = %m.volume, extent = m.index, error = %e, "move aborted"),
+        }
+    }
+
+    /// Aborts `m` until the control plane's answer says it ended: the abort taken, or no
+    /// such move (it was published or aborted already), asking again every `report_every`.
+    /// Until then a word of this move still held in the network (its publish, its ack) may
+    /// yet be taken, so the extent stays blocked; after it, none is (a move's words name
+    /// its id, and an ended move is never under way again).
+    async fn abort_known(&self, m: &MoveOrder, reason: &str) {
+        loop {
+            match self.ctl.abort(m, reason).await {
+                Ok(()) => return,
+                Err(e) if e.kind() == io::ErrorKind::NotFound => return,
+                Err(e) => {
+                    tracing::warn!(volume = %m.volume, extent = m.index, error = %e, "abort not confirmed; asking again");
+                    tokio::time::sleep(self.cfg.report_every).await;
+                }
             }
         }
     }

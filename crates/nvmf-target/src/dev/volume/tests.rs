@@ -113,6 +113,11 @@ fn rig_failing(cache_entries: usize, failing: Option<u32>) -> Rig {
 
 /// A volume of `extents` extents (its pools hold `EXTENTS`).
 fn rig_sized(cache_entries: usize, failing: Option<u32>, extents: u64) -> Rig {
+    rig_with(cache_entries, failing, extents, false)
+}
+
+/// [`rig_sized`], its pools fair-scheduled when `fair` (a bandwidth no test reaches).
+fn rig_with(cache_entries: usize, failing: Option<u32>, extents: u64, fair: bool) -> Rig {
     let pools = (1..=POOLS)
         .map(|n| {
             let m = MemoryBackend::new(EXTENTS * EXT);
@@ -122,6 +127,9 @@ fn rig_sized(cache_entries: usize, failing: Option<u32>, extents: u64) -> Rig {
                 let rule =
                     crate::dev::inject::Rule { kind: Some(crate::dev::inject::Kind::Read), range: None, nth: None, errno: libc::EIO };
                 d = Arc::new(crate::dev::inject::Inject::new(d, rule));
+            }
+            if fair {
+                d = crate::dev::fair::Fair::new(d, crate::limits::FAIR_BANDWIDTH_MAX, 1.0);
             }
             (n, d)
         })
@@ -349,7 +357,7 @@ async fn placement_stops_where_the_caller_does() {
         let before = translations();
         let (mut pieces, mut first) = (Vec::new(), None);
         let all = vol
-            .placement(off, len, |p| {
+            .placement(off, len, &mut Vec::new(), |p| {
                 let pool = p.at.as_ref().map(|(pool, _)| pool.nsid);
                 if pool.is_some() && first.is_some_and(|f| Some(f) != pool) {
                     return false;
@@ -364,7 +372,7 @@ async fn placement_stops_where_the_caller_does() {
         let bytes: u64 = pieces.iter().map(|p| p.0).sum();
         assert!(whole == (bytes == len), "{off}+{len}: {bytes} bytes taken");
     }
-    let e = r.vol.placement(EXTENTS * EXT - BLOCK, 2 * BLOCK, |_| true).await.expect_err("past the end");
+    let e = r.vol.placement(EXTENTS * EXT - BLOCK, 2 * BLOCK, &mut Vec::new(), |_| true).await.expect_err("past the end");
     assert_eq!(error_status(&e), Some(Status::LBA_OUT_OF_RANGE));
 }
 
@@ -598,4 +606,150 @@ async fn a_blocked_extent_drains_waits_and_translates_again() {
     let got = reading.await.expect("task").expect("read");
     assert!(got == r.model[(2 * EXT) as usize..(2 * EXT + BLOCK) as usize], "extent 2 read wrong");
     assert_eq!(r.books.translations.load(Relaxed), before + 2, "the first answer was cached");
+}
+
+/// A volume operation is its caller's tenant's in fair-scheduled pools, on the fast path
+/// (a cached extent, on the caller's channel) and on the slow path (a miss, an operation
+/// split at extents: a task with a channel of its own), so that no tenant escapes its
+/// `io_weight` through a volume. Each line: the cache's entries, the operation, offset,
+/// length and the path it takes; the tenant's scheduled bytes grow by the length each time.
+#[tokio::test]
+async fn volume_operations_are_their_callers_tenants_on_every_path() {
+    let b = EXT;
+    #[rustfmt::skip]
+    let cases: &[(usize, &str, u64, u64, &str)] = &[
+        (0, "write", 0, 2 * b, "allocations, split"),
+        (0, "read", 0, BLOCK, "a miss"),
+        (0, "read", b - BLOCK, 2 * BLOCK, "misses, split"),
+        (0, "write", b + BLOCK, BLOCK, "a miss"),
+        (64, "write", 0, 2 * b, "allocations, split"),
+        (64, "read", BLOCK, BLOCK, "fast"),
+        (64, "write", 2 * BLOCK, BLOCK, "fast"),
+        (64, "read", b - BLOCK, 2 * BLOCK, "cached, split"),
+    ];
+    let policy = crate::tenant::TenantPolicy::unrestricted(crate::tenant::TenantId(7), "t", 300, 100);
+    let tenant = Arc::new(crate::dev::fair::Tenant::of(&policy, "h"));
+    let mut rigs: HashMap<usize, Rig> = HashMap::new();
+    for (i, &(cache, what, off, len, path)) in cases.iter().enumerate() {
+        let r = rigs.entry(cache).or_insert_with(|| rig_with(cache, None, EXTENTS, true));
+        r.ch.set_tenant(tenant.clone());
+        let (bytes, misses) = (policy.stats.io_scheduled_bytes.load(Relaxed), r.vol.stats().misses.load(Relaxed));
+        match what {
+            "write" => r.write(off, len, i as u8).await,
+            _ => r.check(off, len).await,
+        }
+        let case = format!("case {i}: {what} {off}+{len} with {cache} cache entries ({path})");
+        assert_eq!(r.vol.stats().misses.load(Relaxed) > misses, path.contains("miss") || path.contains("alloc"), "{case}: misses");
+        assert_eq!(policy.stats.io_scheduled_bytes.load(Relaxed) - bytes, len, "{case}: bytes charged to the tenant");
+    }
+}
+
+/// A copier's words, as the control plane would take them: a publication puts the extent at
+/// its destination with the next epoch in the books.
+struct Words {
+    books: Arc<Books>,
+    said: Mutex<Vec<String>>,
+}
+
+impl mover::MoveControl for Words {
+    fn moves(&self, _since: u64) -> BoxFuture<'_, io::Result<(u64, Vec<mover::MoveOrder>)>> {
+        Box::pin(std::future::pending())
+    }
+
+    fn report<'a>(&'a self, _m: &'a mover::MoveOrder, ack: bool, _copied: u64) -> BoxFuture<'a, io::Result<()>> {
+        self.said.lock().push(if ack { "ack" } else { "progress" }.into());
+        Box::pin(async { Ok(()) })
+    }
+
+    fn publish<'a>(&'a self, m: &'a mover::MoveOrder, _copied: u64) -> BoxFuture<'a, io::Result<()>> {
+        self.said.lock().push("publish".into());
+        self.books.placed.lock().insert(m.index, Location { epoch: m.epoch + 1, ..m.to.clone() });
+        Box::pin(async { Ok(()) })
+    }
+
+    fn abort<'a>(&'a self, _m: &'a mover::MoveOrder, reason: &'a str) -> BoxFuture<'a, io::Result<()>> {
+        self.said.lock().push(format!("abort: {reason}"));
+        Box::pin(async { Ok(()) })
+    }
+}
+
+/// A compute command run on an extent's pool holds the tickets its placement took until it
+/// ends: a move of the extent begun meanwhile waits for it (it acknowledges nothing, copies
+/// nothing) and then copies the command's output with the rest, or, when the command
+/// outlives the move's drain (MOVE_DRAIN_MS), aborts and leaves the extent, output and all,
+/// where it was. A command placed while the move blocks the extent waits for the move's end.
+/// Before placements took tickets the move copied at once, and the output the command
+/// wrote to the old place afterwards was lost at the publication. On tokio's paused clock.
+#[tokio::test(start_paused = true)]
+async fn a_move_waits_for_the_compute_commands_on_its_extent() {
+    let drain = crate::limits::MOVE_DRAIN_MS;
+    let aborted = format!("abort: draining the extent's operations: extent 1: 1 operations still in flight after {drain} ms");
+    // (how long the command runs after the move began, what the copier says, where extent
+    // 1 lies at the end: its epoch)
+    let cases: &[(u64, Vec<&str>, u64)] = &[(300, vec!["ack", "progress", "publish"], 2), (drain + 500, vec![&aborted], 1)];
+    for (i, (runs, said, epoch)) in cases.iter().enumerate() {
+        let mut r = rig(16);
+        r.write(EXT, EXT, 3).await;
+        let from = r.books.placed.lock()[&1].clone();
+        // Free in every pool: the rig allocates from offset 0 up.
+        let to = Location { nsid: from.nsid % POOLS + 1, offset: 5 * EXT, ..from.clone() };
+        // The command's placement: extent 1 on its pool, with its ticket.
+        let mut held = Vec::new();
+        let mut pools = Vec::new();
+        let placed = r.vol.placement(EXT + BLOCK, 2 * BLOCK, &mut held, |p| {
+            pools.extend(p.at);
+            true
+        });
+        assert!(placed.await.expect("placement"));
+        assert_eq!((held.len(), pools.len()), (1, 1), "case {i}");
+        let words = Arc::new(Words { books: r.books.clone(), said: Mutex::default() });
+        let served = Arc::new(mover::Served::default());
+        served.serve("v", r.vol.clone());
+        let cfg = mover::MoverConfig { report_every: Duration::from_secs(1), retry_max: Duration::from_secs(1), bug: None };
+        let pool = r.vol.inner.pool.clone();
+        let m = Arc::new(mover::Mover::new(words.clone(), r.vol.inner.devices.clone(), served, pool.clone(), cfg));
+        let order = mover::MoveOrder {
+            id: 1,
+            volume: "v".into(),
+            index: 1,
+            epoch: 1,
+            from_name: "from".into(),
+            to_name: "to".into(),
+            from: from.clone(),
+            to,
+            extent_size: EXT,
+            max_bps: 0,
+            aborted: false,
+        };
+        let moving = tokio::spawn({
+            let m = m.clone();
+            async move { m.run_move(&order).await }
+        });
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        assert!(words.said.lock().is_empty(), "case {i}: the move went on under the command: {:?}", words.said.lock());
+        // Another command placed now waits for the move's end (or fails after the volume's
+        // bounded wait, 200 ms), never placed on the moving extent.
+        let vol = r.vol.clone();
+        let later = tokio::spawn(async move { vol.placement(EXT, BLOCK, &mut Vec::new(), |_| true).await });
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        assert!(!later.is_finished(), "case {i}: a command was placed on a moving extent");
+        // The command writes its output into the extent on the pool, then ends.
+        tokio::time::sleep(Duration::from_millis(runs - 150)).await;
+        let output = vec![0x5a; 2 * BLOCK as usize];
+        let dev = r.vol.inner.devices.open(&from).await.expect("the pool");
+        let mut ch = Channel::new(IoEngine::Threads, pool);
+        let mut b = AlignedBuf::new(output.len());
+        b.set_len(output.len());
+        b.copy_from_slice(&output);
+        ch.run(&*dev, Op::Write { off: from.offset + BLOCK, fua: false }, b).await.result.expect("the command's output");
+        r.model[(EXT + BLOCK) as usize..(EXT + 3 * BLOCK) as usize].copy_from_slice(&output);
+        drop(held);
+        moving.await.expect("the move");
+        assert_eq!(*words.said.lock(), *said, "case {i}");
+        if let Err(e) = later.await.expect("task") {
+            assert_eq!(error_status(&e), Some(Status::NAMESPACE_NOT_READY), "case {i}: {e}");
+        }
+        assert_eq!(r.books.placed.lock()[&1].epoch, *epoch, "case {i}");
+        r.check(0, EXTENTS * EXT).await;
+    }
 }
