@@ -5,8 +5,12 @@
 # trusting one another), a volume of 64 MiB in extents of 1 MiB, exported by the first
 # target to the guest's host NQN. In qemu (tests/kernel/lib.sh): the guest discovers the
 # volume, connects, makes ext4 on it, mounts it, writes files, unmounts, disconnects,
-# connects again, remounts and verifies the files' checksums. The host then checks that the
-# volume's allocated extents lie on all three targets.
+# connects again, remounts and verifies the files' checksums. Then `nearstore mount` (FUSE)
+# over the ext4: a result path of a file whose extents lie on several targets
+# (.nearstore/sha256/FILE) must equal `nearstore checksum -a sha256 --offload-only` and busybox
+# sha256sum of the file, computed on the targets (the mount logs no fallback). The host then
+# checks that the volume's allocated extents lie on all three targets, and the file's on at
+# least two (debugfs in the guest lists its blocks).
 #
 # Usage: tests/kernel/volume.sh [path/to/nearstore]   (default: target/release/nearstore)
 set -euo pipefail
@@ -32,12 +36,14 @@ moddir=/lib/modules/$kver
 
 # --- initramfs ---
 ird=$work/initramfs
-initramfs_busybox "$ird" sh mount umount mkdir cat echo sleep md5sum ip insmod ls dd sync poweroff grep seq head sed wc test
+initramfs_busybox "$ird" sh mount umount mkdir cat echo sleep md5sum ip insmod ls dd sync poweroff grep seq head sed wc test sha256sum awk sort tr kill
 mkdir -p "$ird/etc/nvme"
 initramfs_binary "$ird" "$(command -v nvme)"
 initramfs_binary "$ird" "$(command -v mke2fs)"
+initramfs_binary "$ird" "$(command -v debugfs)"
+initramfs_binary "$ird" "$bin" nearstore
 cp /etc/mke2fs.conf "$ird/etc/"
-initramfs_modules "$ird" e1000 crc32c_generic nvme-tcp ext4
+initramfs_modules "$ird" e1000 crc32c_generic nvme-tcp ext4 fuse
 
 hostnqn=nqn.2014-08.org.nvmexpress:uuid:6b1e3a2c-2f0e-4d6a-9f3c-000000000043
 nqn=nqn.2026-11.io.nearstore:volume:kvol
@@ -69,6 +75,20 @@ step device-appears-again wait_dev
 step remount sh -c 'mount -t ext4 \$(ls /dev/nvme[0-9]*n1 | head -1) /mnt'
 step verify md5sum -c /tmp/sums
 step verify-dir sh -c 'test \$(ls /mnt/dir | wc -l) = 50 && cat /mnt/dir/f50'
+# The 1 MiB volume extents holding random.bin's blocks (the host maps them to targets).
+file_extents() {
+    d=\$(dev); bs=\$(debugfs -R stats \$d 2>/dev/null | sed -n 's/^Block size: *//p')
+    test -n "\$bs" || return 1
+    echo "FILE-EXTENTS: \$(debugfs -R 'blocks /random.bin' \$d 2>/dev/null | awk -v bs=\$bs '{ for (i = 1; i <= NF; i++) print int(\$i * bs / 1048576) }' | sort -un | tr '\\n' ' ')"
+}
+step file-extents file_extents
+step fuse-mount sh -c 'mkdir -p /view && (RUST_LOG=info nearstore mount /mnt /view > /tmp/mount.log 2>&1 & echo \$! > /tmp/mount.pid) && for i in \$(seq 1 300); do grep -q " /view fuse" /proc/mounts && exit 0; sleep 0.1; done; cat /tmp/mount.log; exit 1'
+step fuse-sha256 sh -c 'cat /view/.nearstore/sha256/random.bin | tee /tmp/fuse.sum && test -s /tmp/fuse.sum'
+step cli-sha256 sh -c 'nearstore checksum -a sha256 --offload-only /mnt/random.bin | tee /tmp/cli.sum'
+step sha256-equal sh -c 'sha256sum /mnt/random.bin | tee /tmp/bb.sum && f=\$(awk "{print \\\$1}" /tmp/fuse.sum) && c=\$(awk "{print \\\$1}" /tmp/cli.sum) && b=\$(awk "{print \\\$1}" /tmp/bb.sum) && echo "mount \$f cli \$c busybox \$b" && test -n "\$b" && test "\$f" = "\$b" && test "\$c" = "\$b"'
+step fuse-offloaded sh -c 'cat /tmp/mount.log; ! grep -q "not offloaded" /tmp/mount.log'
+# The mount, orphaned, is a zombie of this init once it exits: gone or State Z.
+step fuse-umount sh -c 'umount /view && p=\$(cat /tmp/mount.pid) && for i in \$(seq 1 100); do if [ ! -e /proc/\$p ] || grep -q "^State:.*Z" /proc/\$p/status; then grep "unmounted" /tmp/mount.log; exit; fi; sleep 0.1; done; echo "the mount did not exit"; cat /tmp/mount.log; exit 1'
 step umount-again umount /mnt
 step disconnect-again nvme disconnect -n $nqn
 echo KERNEL-TEST-COMPLETE
@@ -139,6 +159,24 @@ boot_guest "$kernel" "$work/initrd.gz" "$work" 600 1024 KERNEL-TEST-COMPLETE
 
 holders=$("$bin" volume info kvol --control "$control" -o json | grep -o '"target": *"[^"]*"' | sort -u | wc -l)
 [ "$holders" -ge 3 ] || fail "the volume's extents lie on $holders targets, not 3"
+file_extents=$(grep -o 'FILE-EXTENTS:.*' "$work/guest.log" | head -1 | sed 's/^FILE-EXTENTS://; s/\r//g')
+[ -n "${file_extents// /}" ] || fail "the guest listed no extents of random.bin"
+file_targets=$("$bin" volume info kvol --control "$control" -o json | python3 -c '
+import json, sys
+want = {int(x) for x in sys.argv[1].split()}
+def walk(v):
+    if isinstance(v, dict):
+        if "index" in v and "target" in v:
+            yield v
+        for x in v.values():
+            yield from walk(x)
+    elif isinstance(v, list):
+        for x in v:
+            yield from walk(x)
+print(len({e["target"] for e in walk(json.load(sys.stdin)) if e["index"] in want}))
+' "$file_extents")
+[ "$file_targets" -ge 2 ] || fail "random.bin's extents ($file_extents) lie on $file_targets target(s), not several"
+echo "host: random.bin (checksummed through the mount) lies on $file_targets targets"
 allocated=$("$bin" volume info kvol --control "$control" -o json | grep -o '"extents_allocated": *[0-9]*' | grep -o '[0-9]*$')
 echo "host: the volume has $allocated of 64 extents allocated, on $holders targets"
 "$bin" volume unexport kvol --control "$control" >/dev/null

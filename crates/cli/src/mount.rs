@@ -32,21 +32,32 @@ pub struct MountArgs {
     /// in /proc/PID/cmdline for as long as the mount runs: prefer --dhchap-secret-file.
     #[arg(long, value_parser = crate::dhchap_secret, conflicts_with = "dhchap_secret_file")]
     pub dhchap_secret: Option<nearstore_dhchap::Secret>,
-    /// A file holding the mount's DH-HMAC-CHAP secret (its first line), readable by root only.
+    /// A file holding the mount's DH-HMAC-CHAP secret (its first line), its owner's alone
+    /// (mode 600 or 400: refused if group or others may read or write it).
     #[arg(long, value_parser = secret_file)]
     pub dhchap_secret_file: Option<nearstore_dhchap::Secret>,
     /// The controller's DH-HMAC-CHAP secret: the targets must prove they hold it.
     #[arg(long, value_parser = crate::dhchap_secret, conflicts_with = "dhchap_ctrl_secret_file")]
     pub dhchap_ctrl_secret: Option<nearstore_dhchap::Secret>,
-    /// A file holding the controller's DH-HMAC-CHAP secret (its first line).
+    /// A file holding the controller's DH-HMAC-CHAP secret (its first line), its owner's alone.
     #[arg(long, value_parser = secret_file)]
     pub dhchap_ctrl_secret_file: Option<nearstore_dhchap::Secret>,
 }
 
 /// A DH-HMAC-CHAP secret from the first line of a file (clap's value parser); the error
-/// names the file, never its bytes.
+/// names the file, never its bytes. A file group or others may read or write is refused,
+/// as ssh refuses such a key: the secret is the mount's alone.
 fn secret_file(path: &str) -> Result<nearstore_dhchap::Secret, String> {
-    let text = std::fs::read_to_string(path).map_err(|e| format!("{path}: {e}"))?;
+    use std::io::Read;
+    use std::os::unix::fs::PermissionsExt;
+    let mut f = std::fs::File::open(path).map_err(|e| format!("{path}: {e}"))?;
+    // The mode of the file read, not of a name that may change in between.
+    let mode = f.metadata().map_err(|e| format!("{path}: {e}"))?.permissions().mode() & 0o7777;
+    if mode & 0o077 != 0 {
+        return Err(format!("{path}: mode {mode:04o} lets group or others reach the secret: chmod 600 {path}"));
+    }
+    let mut text = String::new();
+    f.read_to_string(&mut text).map_err(|e| format!("{path}: {e}"))?;
     crate::dhchap_secret(text.lines().next().unwrap_or("").trim()).map_err(|e| format!("{path}: {e}"))
 }
 

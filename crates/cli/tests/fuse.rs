@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::{ok, Fs, Target};
+use common::{ok, target_on_free_port, Fs, Proc, Target};
 
 fn p(path: &Path) -> &str {
     path.to_str().unwrap()
@@ -215,6 +215,7 @@ fn the_mount_connects_as_its_host_with_its_secret() {
     let want = format!("{}\n", want.split_whitespace().next().unwrap());
     let key_file = fs.dir.path().join("host.key");
     std::fs::write(&key_file, format!("{KEY}\n")).unwrap();
+    std::fs::set_permissions(&key_file, std::os::unix::fs::PermissionsExt::from_mode(0o600)).unwrap();
     // (name, the mount's identity, what reading the result gives)
     let cases: [(&str, &[&str], Result<&str, std::io::ErrorKind>); 3] = [
         ("keyed", &["--hostnqn", HOST, "--dhchap-secret", KEY], Ok(want.as_str())),
@@ -236,4 +237,226 @@ fn the_mount_connects_as_its_host_with_its_secret() {
             assert_eq!(xattr(&mnt.join(".nearstore/sha256/app.log"), "user.nearstore.offloaded").as_deref(), Some("1"), "{name}");
         }
     }
+}
+
+/// A DH-HMAC-CHAP secret file that group or others may reach is refused before anything is
+/// mounted, as ssh refuses such a key (the error names the file and the fix, never the
+/// secret); one that is its owner's alone is taken.
+#[test]
+fn a_secret_file_others_may_reach_is_refused() {
+    const KEY: &str = "DHHC-1:00:ia6zGodOr4SEG0Zzaw398rpY0wqipUWj4jWjUh4HWUz6aQ2n:";
+    let dir = tempfile::tempdir().unwrap();
+    let (key, host_key, absent) = (dir.path().join("key"), dir.path().join("host.key"), dir.path().join("absent"));
+    std::fs::write(&host_key, format!("{KEY}\n")).unwrap();
+    std::fs::set_permissions(&host_key, std::os::unix::fs::PermissionsExt::from_mode(0o600)).unwrap();
+    // (mode, refused)
+    let cases = [(0o600, false), (0o400, false), (0o640, true), (0o604, true), (0o644, true), (0o620, true), (0o602, true)];
+    for flag in ["--dhchap-secret-file", "--dhchap-ctrl-secret-file"] {
+        for (mode, refused) in cases {
+            std::fs::write(&key, format!("{KEY}\n")).unwrap();
+            std::fs::set_permissions(&key, std::os::unix::fs::PermissionsExt::from_mode(mode)).unwrap();
+            let mut args = vec!["mount"];
+            if flag != "--dhchap-secret-file" {
+                args.extend(["--dhchap-secret-file", p(&host_key)]);
+            }
+            // A mount point that does not exist: a secret taken fails there, after parsing.
+            args.extend([flag, p(&key), p(dir.path()), p(&absent)]);
+            let o = common::nearstore(&args);
+            let err = String::from_utf8_lossy(&o.stderr);
+            assert!(!err.contains("DHHC-1"), "{flag} {mode:o}: the secret in the error: {err}");
+            if refused {
+                assert_eq!(o.status.code(), Some(2), "{flag} {mode:o}: {err}");
+                assert!(err.contains(&format!("mode {mode:04o}")) && err.contains("chmod 600"), "{flag} {mode:o}: {err}");
+            } else {
+                assert_eq!(o.status.code(), Some(1), "{flag} {mode:o}: {err}");
+                assert!(err.contains("absent") && !err.contains("chmod"), "{flag} {mode:o}: {err}");
+            }
+        }
+    }
+}
+
+/// A directory bind-mounted inside another (a second file system in the source
+/// directory); unmounted when dropped.
+struct Bind(PathBuf);
+
+impl Bind {
+    fn new(from: &Path, to: &Path) -> Bind {
+        std::fs::create_dir(to).unwrap();
+        let o = Command::new("mount").arg("--bind").args([from, to]).output().expect("running mount");
+        assert!(o.status.success(), "mount --bind: {}", String::from_utf8_lossy(&o.stderr));
+        Bind(to.into())
+    }
+}
+
+impl Drop for Bind {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg("-l").arg(&self.0).status();
+    }
+}
+
+/// `nearstore target --config FILE` on a free port, its configuration `config(address)`
+/// written to `file` (common::target_on_free_port).
+fn config_target(file: &Path, config: impl Fn(&str) -> String) -> Proc {
+    target_on_free_port(|addr| {
+        std::fs::write(file, config(&addr.to_string())).unwrap();
+        vec!["--discovery".into(), "none".into(), "--config".into(), p(file).into()]
+    })
+    .0
+}
+
+/// The first field of a checksum verb's line, as the mount reads it.
+fn first_field(o: &str) -> String {
+    format!("{}\n", o.split_whitespace().next().unwrap_or(""))
+}
+
+/// `nearstore mount --target-config`: a target exporting two file systems (the second
+/// mounted inside the first in the source directory); each file's result through the
+/// mount is the CLI's with the same configuration, computed on the target.
+#[test]
+fn the_mount_with_a_target_config_offloads_each_namespace_it_names() {
+    let (a, b) = (Fs::new(64), Fs::new(64));
+    let lines: String = (0..20_000).map(|i| if i % 9 == 0 { format!("ERROR {i}\n") } else { format!("ok {i}\n") }).collect();
+    std::fs::write(a.mnt.join("app.log"), &lines).unwrap();
+    let rows: String = (0..3000).map(|i| format!("{i},{}\n", ["Oslo", "Lima", "Kyiv"][i % 3])).collect();
+    std::fs::write(b.mnt.join("orders.csv"), format!("id,city\n{rows}")).unwrap();
+    let _inner = Bind::new(&b.mnt, &a.mnt.join("b"));
+    let cfg = a.dir.path().join("target.toml");
+    let _t = config_target(&cfg, |addr| {
+        let sub = |name: &str, image: &Path| {
+            format!(
+                "[[subsystem]]\nnqn = \"nqn.2026-11.io.nearstore:{name}\"\nallow_any_host = true\n[[subsystem.namespace]]\nnsid = 1\npath = \"{}\"\n",
+                p(image)
+            )
+        };
+        format!("[[listener]]\naddress = \"{addr}\"\n{}{}", sub("fuse-a", &a.image), sub("fuse-b", &b.image))
+    });
+    let mnt = a.dir.path().join("view");
+    std::fs::create_dir(&mnt).unwrap();
+    let mount = Mount::start(&["--target-config", p(&cfg)], &a.mnt, &mnt, a.dir.path().join("mount.log"));
+    let query = "SELECT city, COUNT(*) FROM s3object GROUP BY city ORDER BY city";
+    // (spec, file in the source, the verb, how its output becomes the mount's text)
+    type Cut = fn(&str) -> String;
+    let select = format!("select:{query}");
+    let cases: [(&str, &str, Vec<&str>, Cut); 4] = [
+        ("sha256", "app.log", vec!["checksum", "-a", "sha256"], first_field),
+        ("sha256", "b/orders.csv", vec!["checksum", "-a", "sha256"], first_field),
+        ("grep:^ERROR", "app.log", vec!["grep", "-c", "^ERROR"], |o| format!("{}\n", o.trim().rsplit(':').next().unwrap())),
+        (&select, "b/orders.csv", vec!["select", query], str::to_string),
+    ];
+    for (spec, file, verb, cut) in cases {
+        let source = a.mnt.join(file);
+        let args: Vec<&str> = verb.iter().copied().chain(["--offload-only", "--target-config", p(&cfg), p(&source)]).collect();
+        let want = cut(&ok(&args));
+        let result = mnt.join(".nearstore").join(spec).join(file);
+        let got = std::fs::read_to_string(&result).unwrap_or_else(|e| panic!("{spec} {file}: {e}: {}", mount.log()));
+        assert_eq!(got, want, "{spec} over {file}: the mount's result and the CLI's");
+        assert_eq!(xattr(&result, "user.nearstore.offloaded").as_deref(), Some("1"), "{spec} over {file}: computed on the target");
+    }
+}
+
+/// Established TCP connections to 127.0.0.1:`port` from this network namespace (their
+/// client ends): how many operations of the mount wait on a target.
+fn connections_to(port: u16) -> usize {
+    let table = std::fs::read_to_string("/proc/net/tcp").unwrap();
+    let remote = format!("0100007F:{port:04X}");
+    table
+        .lines()
+        .skip(1)
+        .filter(|l| l.split_whitespace().nth(2) == Some(remote.as_str()) && l.split_whitespace().nth(3) == Some("01"))
+        .count()
+}
+
+fn signal(pid: u32, sig: libc::c_int) {
+    // SAFETY: a signal to a child of this test.
+    assert_eq!(unsafe { libc::kill(pid as libc::pid_t, sig) }, 0);
+}
+
+/// A stalled target (SIGSTOPped: its kernel still completes TCP handshakes, the process
+/// answers nothing): an operation on a file it exports waits, while the files of another
+/// target are computed and every file reads, lists and stats; at most
+/// COMPUTE_IN_FLIGHT_MAX (16) operations wait at once and the next fails with EAGAIN at
+/// once; each waiting one fails with EIO after `--op-timeout`; then the mount serves on,
+/// the stalled target's files too once it answers, and unmounts.
+#[test]
+fn a_stalled_target_fails_its_operations_after_op_timeout_and_the_mount_serves_on() {
+    const OP_TIMEOUT: u64 = 20;
+    let (a, b) = (Fs::new(64), Fs::new(64));
+    let lines: String = (0..20_000).map(|i| format!("line {i}\n")).collect();
+    std::fs::write(a.mnt.join("app.log"), &lines).unwrap();
+    std::fs::write(b.mnt.join("b.log"), "stalled\n".repeat(1000)).unwrap();
+    let _inner = Bind::new(&b.mnt, &a.mnt.join("b"));
+    let (ta, tb) = (Target::start(&["--namespace", p(&a.image)]), Target::start(&["--namespace", p(&b.image)]));
+    let map = a.dir.path().join("map.toml");
+    let entry = |t: &Target, image: &Path| {
+        format!("[[namespace]]\naddress = \"{}\"\nnqn = \"nqn.2026-11.io.nearstore:disk0\"\nnsid = 1\nfile = \"{}\"\n", t.addr, p(image))
+    };
+    std::fs::write(&map, format!("{}{}", entry(&ta, &a.image), entry(&tb, &b.image))).unwrap();
+    let mnt = a.dir.path().join("view");
+    std::fs::create_dir(&mnt).unwrap();
+    let timeout = OP_TIMEOUT.to_string();
+    let mount = Mount::start(&["--map", p(&map), "--op-timeout", &timeout], &a.mnt, &mnt, a.dir.path().join("mount.log"));
+    let want_a = first_field(&ok(&["checksum", "-a", "sha256", "--offload-only", "--map", p(&map), p(&a.mnt.join("app.log"))]));
+    let want_b = first_field(&ok(&["checksum", "-a", "sha256", "--local", p(&b.mnt.join("b.log"))]));
+    let result_a = mnt.join(".nearstore/sha256/app.log");
+    let read = |p: &Path| std::fs::read_to_string(p).map_err(|e| e.raw_os_error());
+    assert_eq!(read(&result_a), Ok(want_a.clone()), "before the stall: {}", mount.log());
+
+    signal(tb.pid(), libc::SIGSTOP);
+    let port = tb.addr.port();
+    let stalled = || {
+        let p = mnt.join(".nearstore/sha256/b/b.log");
+        std::thread::spawn(move || {
+            let start = Instant::now();
+            (std::fs::read_to_string(p).map_err(|e| e.raw_os_error()), start.elapsed())
+        })
+    };
+    // One file's operation waits on the stalled target...
+    let first = stalled();
+    wait_for(60, "the mount's connection to the stalled target", || connections_to(port) >= 1);
+    // ... while the other target's files are computed, and every file is served.
+    assert_eq!(read(&result_a), Ok(want_a.clone()), "another target's file while one stalls: {}", mount.log());
+    assert_eq!(read(&mnt.join("b/b.log")), Ok("stalled\n".repeat(1000)), "the stalled target's file reads from the source");
+    assert!(std::fs::read_dir(mnt.join("b")).unwrap().any(|e| e.unwrap().file_name() == "b.log"));
+    assert!(!first.is_finished(), "the stalled operation waits for --op-timeout ({OP_TIMEOUT} s)");
+    // At most 16 wait at once: the next operation is refused at once.
+    let more: Vec<_> = (0..15).map(|_| stalled()).collect();
+    wait_for(60, "16 operations waiting on the stalled target", || connections_to(port) >= 16);
+    assert_eq!(read(&result_a), Err(Some(libc::EAGAIN)), "a 17th operation: {}", mount.log());
+    assert!(mount.log().contains("operations are computing already"), "{}", mount.log());
+    // Each waiting one fails with EIO after --op-timeout, within a bound several times it.
+    for t in std::iter::once(first).chain(more) {
+        wait_for(6 * OP_TIMEOUT, "a stalled operation's end", || t.is_finished());
+        let (r, took) = t.join().unwrap();
+        assert_eq!(r, Err(Some(libc::EIO)), "{}", mount.log());
+        assert!(took >= Duration::from_secs(OP_TIMEOUT - 2), "it failed after {took:?}, not after waiting --op-timeout");
+    }
+    assert!(mount.log().contains("operation failed"), "{}", mount.log());
+    // The mount serves on: the other target's files, and the stalled one's once it answers.
+    assert_eq!(read(&result_a), Ok(want_a), "after the stall: {}", mount.log());
+    signal(tb.pid(), libc::SIGCONT);
+    assert_eq!(read(&mnt.join(".nearstore/sha256/b/b.log")), Ok(want_b), "the target answers again: {}", mount.log());
+    // And it unmounts: nothing of the stalled operations holds it.
+    let o = Command::new("umount").arg(&mnt).output().unwrap();
+    assert!(o.status.success(), "{o:?}: {}", mount.log());
+    let mut mount = mount;
+    wait_for(30, "nearstore mount's exit after the unmount", || mount.child.try_wait().unwrap().is_some());
+    assert!(mount.child.wait().unwrap().success(), "{}", mount.log());
+}
+
+/// docs/fuse.md's shell blocks run as printed, in order, by tests/readme/run.sh (as
+/// README.md's are), with this build's `nearstore` first on PATH (`--bin`).
+#[test]
+fn the_shell_blocks_of_the_fuse_docs_run_as_printed() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+    let bin = Path::new(env!("CARGO_BIN_EXE_nearstore")).parent().unwrap().to_path_buf();
+    let o = Command::new("bash")
+        .arg(root.join("tests/readme/run.sh"))
+        .args(["--bin", p(&bin)])
+        .arg(root.join("docs/fuse.md"))
+        .env_remove("NEARSTORE_README_TEST")
+        .output()
+        .expect("running tests/readme/run.sh");
+    let (out, err) = (String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr));
+    assert!(o.status.success() && out.contains("1 passed"), "{out}\n{err}");
+    assert!(err.contains("of 5 sh blocks"), "every block runs: {err}");
 }

@@ -16,6 +16,7 @@
 use std::collections::HashMap;
 use std::ffi::{CString, OsStr, OsString};
 use std::fs::File;
+use std::os::fd::AsRawFd;
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::{DirBuilderExt, FileExt, MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
@@ -94,6 +95,8 @@ struct Handle {
     ino: u64,
     /// The source file (none for a result file).
     file: Option<Arc<File>>,
+    /// The source file's device and inode: an operation computes over no other.
+    id: Option<FileId>,
     /// Its reads reach the mount (FOPEN_DIRECT_IO): only such a descriptor can carry an
     /// operation.
     direct: bool,
@@ -414,26 +417,32 @@ pub use nearstore_host::Identity;
 
 /// Who asked for an operation (a read's caller): a transform writes its output only where
 /// the caller may, as the kernel would decide.
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 struct Caller {
     uid: u32,
     gid: u32,
-    pid: u32,
+    /// The calling process's supplementary groups when its request arrived.
+    groups: Vec<u32>,
 }
 
 impl Caller {
+    /// The caller of a request, its supplementary groups read now, while it waits in its
+    /// system call for the reply and cannot change them (FUSE requests carry no groups).
     fn of(req: &Request) -> Caller {
-        Caller { uid: req.uid(), gid: req.gid(), pid: req.pid() }
+        Caller::at(req.uid(), req.gid(), req.pid())
     }
 
-    /// The calling process's supplementary groups (/proc/PID/status).
-    fn groups(&self) -> Vec<u32> {
-        std::fs::read_to_string(format!("/proc/{}/status", self.pid))
-            .ok()
-            .and_then(|s| {
-                s.lines().find_map(|l| l.strip_prefix("Groups:").map(|g| g.split_whitespace().filter_map(|n| n.parse().ok()).collect()))
-            })
-            .unwrap_or_default()
+    /// The caller `pid` (a thread) with the file-system ids `uid` and `gid` of its request:
+    /// its groups from /proc/PID/status, if that status is still the caller's (its fsuid
+    /// and fsgid are the request's). Otherwise (the caller killed, its PID taken by another
+    /// process) it acts with no supplementary group, which only takes rights away.
+    fn at(uid: u32, gid: u32, pid: u32) -> Caller {
+        let status = std::fs::read_to_string(format!("/proc/{pid}/status")).map_err(|e| e.to_string());
+        let groups = status.and_then(|s| status_groups(&s, uid, gid)).unwrap_or_else(|why| {
+            warn!(pid, uid, gid, "the caller's supplementary groups are unknown ({why}): it acts with none");
+            Vec::new()
+        });
+        Caller { uid, gid, groups }
     }
 
     /// May the caller do `want` (permission bits: 2 write, 1 search) to a file, by its
@@ -444,7 +453,7 @@ impl Caller {
         }
         let shift = if m.uid() == self.uid {
             6
-        } else if m.gid() == self.gid || self.groups().contains(&m.gid()) {
+        } else if m.gid() == self.gid || self.groups.contains(&m.gid()) {
             3
         } else {
             0
@@ -453,35 +462,78 @@ impl Caller {
     }
 }
 
+/// The supplementary groups of a /proc/PID/status text whose file-system ids (the last of
+/// its `Uid:` and `Gid:` fields, which a FUSE request carries) are `uid` and `gid`; Err
+/// says why it is not that caller's.
+fn status_groups(status: &str, uid: u32, gid: u32) -> Result<Vec<u32>, String> {
+    let field = |name: &str| status.lines().find_map(|l| l.strip_prefix(name)).ok_or_else(|| format!("no {name} line"));
+    let fs_id = |name: &str| -> Result<u32, String> {
+        let v = field(name)?;
+        v.split_whitespace().nth(3).and_then(|n| n.parse().ok()).ok_or_else(|| format!("{name} {}", v.trim()))
+    };
+    let (fsuid, fsgid) = (fs_id("Uid:")?, fs_id("Gid:")?);
+    if (fsuid, fsgid) != (uid, gid) {
+        return Err(format!("the process has fsuid {fsuid} and fsgid {fsgid}, the request {uid} and {gid}"));
+    }
+    field("Groups:")?.split_whitespace().map(|n| n.parse().map_err(|_| format!("group {n}"))).collect()
+}
+
+/// How the mount acts for a caller, given its own effective ids and supplementary groups.
+/// Root takes the caller's credentials (true), unless the caller is root with its group
+/// (false: as itself). A mount not run as root cannot take another's ids or groups
+/// (setfsgid and setgroups need CAP_SETGID): it acts as itself (false), only for a caller
+/// of its own user that has every group the mount has, so that it never reaches what the
+/// caller may not (after `newgrp` or `sg`, the caller's group changed but it keeps its
+/// groups); else Err says why.
+fn acts_as_caller(euid: u32, egid: u32, mount_groups: &[u32], caller: &Caller) -> Result<bool, String> {
+    if euid == 0 {
+        return Ok((caller.uid, caller.gid) != (0, egid));
+    }
+    if caller.uid != euid {
+        return Err(format!("the mount is not root and the caller is another user ({})", caller.uid));
+    }
+    let has = |g: &u32| *g == caller.gid || caller.groups.contains(g);
+    let lacking: Vec<u32> = std::iter::once(&egid).chain(mount_groups).filter(|g| !has(g)).copied().collect();
+    if !lacking.is_empty() {
+        return Err(format!("the mount is not root, cannot take the caller's groups, and has groups {lacking:?} the caller lacks"));
+    }
+    Ok(false)
+}
+
 /// The calling thread's file-system credentials (fsuid, fsgid, supplementary groups) made
 /// the caller's until dropped, when the mount's own come back. The raw system calls
 /// change this thread's only (glibc's setgroups would change every thread's). A mount
-/// that is not root acts only for its own user.
+/// that is not root acts as itself for its own user ([`acts_as_caller`]).
 struct AsCaller {
     /// The thread's groups before, when they were changed.
     saved: Option<Vec<libc::gid_t>>,
     switched: bool,
 }
 
+/// This thread's supplementary groups.
+fn thread_groups() -> std::io::Result<Vec<libc::gid_t>> {
+    // SAFETY: getgroups with a zero size only counts; then fills a buffer of that size.
+    let mut groups = vec![0 as libc::gid_t; unsafe { libc::getgroups(0, std::ptr::null_mut()) }.max(0) as usize];
+    // SAFETY: the buffer holds groups.len() ids.
+    let n = unsafe { libc::getgroups(groups.len() as libc::c_int, groups.as_mut_ptr()) };
+    if n < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    groups.truncate(n as usize);
+    Ok(groups)
+}
+
 impl AsCaller {
     fn enter(caller: &Caller) -> std::io::Result<AsCaller> {
         // SAFETY: reads the process's effective ids.
         let (euid, egid) = unsafe { (libc::geteuid(), libc::getegid()) };
-        if caller.uid == euid && caller.gid == egid {
+        let saved = thread_groups()?;
+        let switch =
+            acts_as_caller(euid, egid, &saved, caller).map_err(|why| std::io::Error::new(std::io::ErrorKind::PermissionDenied, why))?;
+        if !switch {
             return Ok(AsCaller { saved: None, switched: false });
         }
-        if euid != 0 {
-            return Err(std::io::Error::new(std::io::ErrorKind::PermissionDenied, "the mount is not root and the caller is another user"));
-        }
-        // SAFETY: getgroups with a zero size only counts; then fills a buffer of that size.
-        let mut saved = vec![0 as libc::gid_t; unsafe { libc::getgroups(0, std::ptr::null_mut()) }.max(0) as usize];
-        // SAFETY: the buffer holds saved.len() ids.
-        let n = unsafe { libc::getgroups(saved.len() as libc::c_int, saved.as_mut_ptr()) };
-        if n < 0 {
-            return Err(std::io::Error::last_os_error());
-        }
-        saved.truncate(n as usize);
-        let groups: Vec<libc::gid_t> = caller.groups();
+        let groups = &caller.groups;
         // SAFETY: raw syscalls changing only this thread's credentials; the pointer is valid
         // for groups.len() ids.
         unsafe {
@@ -529,12 +581,17 @@ impl Computer {
     /// Every file the operation opens, creates, renames or cuts (its input by path, the
     /// output and its temporary file) is reached with the caller's file-system
     /// credentials ([`AsCaller`]): the kernel decides, so a symbolic link or a file swapped
-    /// in while the target computes gets the caller no more than its own rights.
-    fn compute(&self, spec: &OpSpec, path: &Path, caller: Caller) -> Result<Computed, Errno> {
+    /// in while the target computes gets the caller no more than its own rights. The input
+    /// is opened once, by name, and must be the file of the caller's descriptor (`file`,
+    /// its device and inode) when there is one; every later open of it is of that open
+    /// file (/proc/self/fd), so a file swapped in at its name is never computed over.
+    fn compute(&self, spec: &OpSpec, path: &Path, file: Option<FileId>, caller: Caller) -> Result<Computed, Errno> {
         let as_caller = AsCaller::enter(&caller).map_err(|e| {
             warn!(path = %path.display(), uid = caller.uid, op = %spec.text, "cannot act as the caller: {e}");
             Errno::EACCES
         })?;
+        let input = open_input(path, file, spec)?;
+        let path_now = PathBuf::from(format!("/proc/self/fd/{}", input.as_raw_fd()));
         let mut host = self.host();
         // A kernel-attached namespace's device is root's: as another caller the mount
         // offloads over its own connection.
@@ -543,9 +600,9 @@ impl Computer {
         // credentials; a blocking thread of the runtime would open it as the mount's user.
         host.local_on_caller = as_caller.switched;
         if let Some(suffix) = spec.output {
-            return self.transform(host, spec, path, suffix, caller);
+            return self.transform(host, spec, path, &path_now, suffix, caller);
         }
-        let r = self.rt.block_on(host.run(spec.op, &spec.args, &[path.to_path_buf()], Mode::Offload));
+        let r = self.rt.block_on(host.run(spec.op, &spec.args, &[path_now], Mode::Offload));
         let report = r.map_err(|e| failed(e, spec, path))?;
         let file = report.files.into_iter().next().ok_or(Errno::EIO)?;
         let bytes = op::render(&file.outcome);
@@ -563,7 +620,8 @@ impl Computer {
     /// does (offloaded where input and output share a namespace), where the caller may
     /// write: the directory (write and search), and a file it replaces (write; in a sticky
     /// directory, the caller's own or in its own directory). The output is the caller's.
-    fn transform(&self, mut host: Host, spec: &OpSpec, path: &Path, suffix: &str, caller: Caller) -> Result<Computed, Errno> {
+    /// `input` is the open input (`path` names it and its output).
+    fn transform(&self, mut host: Host, spec: &OpSpec, path: &Path, input: &Path, suffix: &str, caller: Caller) -> Result<Computed, Errno> {
         let (Some(dir), Some(name)) = (path.parent(), path.file_name()) else { return Err(Errno::EINVAL) };
         let mut out_name = name.to_os_string();
         out_name.push(suffix);
@@ -586,7 +644,7 @@ impl Computer {
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
             Err(e) => return Err(errno(&e)),
         }
-        let inputs = [path.to_path_buf()];
+        let inputs = [input.to_path_buf()];
         let cap = nearstore_host::output_capacity(spec.op, &inputs).map_err(|e| failed(e, spec, path))?;
         let r = self.rt.block_on(host.transform(spec.op, &spec.args, &inputs, &output, cap, Mode::Offload));
         let report = r.map_err(|e| failed(e, spec, path))?;
@@ -608,6 +666,51 @@ impl Computer {
     }
 }
 
+/// A file by its device and inode: what a descriptor of the mount names.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct FileId {
+    dev: u64,
+    ino: u64,
+}
+
+impl FileId {
+    fn of(m: &std::fs::Metadata) -> FileId {
+        FileId { dev: m.dev(), ino: m.ino() }
+    }
+}
+
+/// Opens an operation's input by name (with the calling thread's credentials, the
+/// caller's): a regular file, and the descriptor's file when `want` names it. Refused
+/// otherwise, with ESTALE and a log line: the name now holds another file than the one the
+/// caller opened (replaced beside the mount), which the operation never reads. O_NONBLOCK,
+/// so that a FIFO swapped in does not hold the open.
+fn open_input(path: &Path, want: Option<FileId>, spec: &OpSpec) -> Result<File, Errno> {
+    let opened = std::fs::OpenOptions::new().read(true).custom_flags(libc::O_NONBLOCK | libc::O_NOCTTY).open(path).and_then(|f| {
+        let m = f.metadata()?;
+        Ok((f, m))
+    });
+    let (f, m) = opened.map_err(|e| {
+        warn!(path = %path.display(), op = %spec.text, "cannot open the input: {e}");
+        errno(&e)
+    })?;
+    let found = FileId::of(&m);
+    match want {
+        Some(want) if !m.is_file() || found != want => {
+            warn!(
+                path = %path.display(), op = %spec.text,
+                "the file at this name is not the descriptor's (device {} inode {}, the descriptor's {} {}): replaced since it was opened; not computed",
+                found.dev, found.ino, want.dev, want.ino
+            );
+            Err(Errno::ESTALE)
+        }
+        None if !m.is_file() => {
+            warn!(path = %path.display(), op = %spec.text, "the input is not a regular file");
+            Err(Errno::EINVAL)
+        }
+        _ => Ok(f),
+    }
+}
+
 /// The errno of a failed operation, logged.
 fn failed(e: HostError, spec: &OpSpec, path: &Path) -> Errno {
     if e.is_refused() {
@@ -615,6 +718,11 @@ fn failed(e: HostError, spec: &OpSpec, path: &Path) -> Errno {
         // one the mount computed from the bytes with its own rights.
         warn!(path = %path.display(), op = %spec.text, "operation refused by the target to this mount's host: {e}");
         return Errno::EACCES;
+    }
+    if e.is_result_too_large() {
+        // Rows beyond what a result holds: select-into writes them to a file.
+        warn!(path = %path.display(), op = %spec.text, "result too large: {e}");
+        return Errno::EFBIG;
     }
     warn!(path = %path.display(), op = %spec.text, "operation failed: {e}");
     host_errno(&e)
@@ -907,6 +1015,7 @@ impl Filesystem for NearFs {
                 Handle {
                     ino: ino.0,
                     file: None,
+                    id: None,
                     direct: true,
                     backing: None,
                     path,
@@ -922,8 +1031,8 @@ impl Filesystem for NearFs {
                 let keep = libc::O_ACCMODE | libc::O_APPEND | libc::O_TRUNC | libc::O_SYNC | libc::O_DSYNC | libc::O_NOATIME;
                 let mut o = std::fs::OpenOptions::new();
                 o.read(readable).write(flags.acc_mode() != OpenAccMode::O_RDONLY).custom_flags(flags.0 & keep & !libc::O_ACCMODE);
-                let file = match o.open(&path) {
-                    Ok(file) => file,
+                let (file, m) = match o.open(&path).and_then(|f| f.metadata().map(|m| (f, m))) {
+                    Ok(x) => x,
                     Err(e) => return reply.error(errno(&e)),
                 };
                 let direct = flags.0 & libc::O_DIRECT != 0;
@@ -931,6 +1040,7 @@ impl Filesystem for NearFs {
                 let h = Handle {
                     ino: ino.0,
                     file: Some(Arc::new(file)),
+                    id: Some(FileId::of(&m)),
                     direct: direct || backing.is_none(),
                     backing,
                     path,
@@ -962,11 +1072,11 @@ impl Filesystem for NearFs {
         reply: ReplyData,
     ) {
         let size = size.min(IO_BYTES_MAX) as usize;
-        let (attached, path) = {
+        let (attached, path, id) = {
             let handles = self.handles.lock();
             let Some(h) = handles.get(&fh.0) else { return reply.error(Errno::EBADF) };
             match (&h.attached, &h.file) {
-                (Some(a), _) => (a.clone(), h.path.clone()),
+                (Some(a), _) => (a.clone(), h.path.clone(), h.id),
                 (None, Some(f)) => {
                     let f = f.clone();
                     drop(handles);
@@ -1005,6 +1115,12 @@ impl Filesystem for NearFs {
             warn!(ino = ino.0, "{COMPUTE_IN_FLIGHT_MAX} operations are computing already: EAGAIN");
             return reply.error(Errno::EAGAIN);
         }
+        // The file's name now: a rename through the mount moved it (the inode table
+        // follows), a file swapped in beside the mount is refused (open_input).
+        let path = match (id, self.node(ino)) {
+            (Some(_), Ok(Node::Real(rel))) => self.source.join(rel),
+            _ => path,
+        };
         let computer = self.computer.clone();
         let computing = self.computing.clone();
         let caller = Caller::of(req);
@@ -1015,7 +1131,7 @@ impl Filesystem for NearFs {
                 let mut result = attached.result.lock();
                 let r = match result.as_ref() {
                     Some(c) => Ok(slice(c)),
-                    None => computer.compute(&attached.spec, &path, caller).map(|c| {
+                    None => computer.compute(&attached.spec, &path, id, caller).map(|c| {
                         let (s, c) = (slice(&c), Arc::new(c));
                         if let Some(last) = last {
                             last.lock().insert(ino.0, c.clone());
@@ -1266,6 +1382,7 @@ impl Filesystem for NearFs {
         let h = Handle {
             ino,
             file: Some(Arc::new(file)),
+            id: Some(FileId::of(&m)),
             direct,
             backing,
             path: self.source.join(rel),
@@ -1408,5 +1525,121 @@ impl NearFs {
         }
         h.attached = spec.map(|spec| Arc::new(Attached { spec, result: Mutex::new(None) }));
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::process::{Child, Command};
+
+    fn caller(uid: u32, gid: u32, groups: &[u32]) -> Caller {
+        Caller { uid, gid, groups: groups.to_vec() }
+    }
+
+    #[test]
+    fn how_the_mount_acts_for_a_caller() {
+        // (the mount's euid, egid, groups; the caller; what it does: switch, as itself, or a refusal naming why)
+        let cases: [(u32, u32, &[u32], Caller, Result<bool, &str>); 8] = [
+            (0, 0, &[0], caller(0, 0, &[]), Ok(false)),
+            (0, 0, &[0], caller(65534, 65534, &[]), Ok(true)),
+            (0, 0, &[], caller(0, 5, &[]), Ok(true)),
+            (1000, 1000, &[1000, 27], caller(1000, 1000, &[1000, 27]), Ok(false)),
+            // After `newgrp cdrom` (24): the group changed, the groups kept.
+            (1000, 1000, &[1000, 27], caller(1000, 24, &[1000, 24, 27]), Ok(false)),
+            (1000, 1000, &[1000, 27], caller(1000, 27, &[1000, 27]), Ok(false)),
+            // The caller dropped a group the mount has: the mount would lend it.
+            (1000, 1000, &[1000, 27], caller(1000, 1000, &[]), Err("has groups [27] the caller lacks")),
+            (1000, 1000, &[1000], caller(1001, 1000, &[1000]), Err("the caller is another user")),
+        ];
+        for (euid, egid, groups, c, want) in cases {
+            let got = acts_as_caller(euid, egid, groups, &c);
+            match want {
+                Ok(w) => assert_eq!(got, Ok(w), "mount {euid}/{egid} {groups:?}, {c:?}"),
+                Err(words) => assert!(got.as_ref().is_err_and(|e| e.contains(words)), "mount {euid}/{egid} {groups:?}, {c:?}: {got:?}"),
+            }
+        }
+    }
+
+    #[test]
+    fn a_status_gives_groups_only_for_the_requests_ids() {
+        let status =
+            |uid: &str, gid: &str, groups: &str| format!("Name:\tcat\nUid:\t{uid}\nGid:\t{gid}\nGroups:\t{groups}\nVmRSS:\t1 kB\n");
+        // (status, the request's fsuid and fsgid, the groups or the words of the refusal)
+        let cases: [(String, u32, u32, Result<Vec<u32>, &str>); 5] = [
+            (status("1000\t1000\t1000\t1000", "1000\t1000\t1000\t1000", "24 27 1000 "), 1000, 1000, Ok(vec![24, 27, 1000])),
+            (status("1000\t1000\t1000\t1000", "1000\t1000\t1000\t1000", ""), 1000, 1000, Ok(vec![])),
+            // The file-system ids are the last ones, which a FUSE request carries.
+            (status("0\t0\t0\t65534", "0\t0\t0\t65534", "4242"), 65534, 65534, Ok(vec![4242])),
+            (status("0\t0\t0\t0", "0\t0\t0\t0", "4242"), 65534, 65534, Err("fsuid 0 and fsgid 0")),
+            ("Name:\tcat\n".into(), 0, 0, Err("no Uid: line")),
+        ];
+        for (text, uid, gid, want) in cases {
+            let got = status_groups(&text, uid, gid);
+            match want {
+                Ok(w) => assert_eq!(got, Ok(w), "{text}"),
+                Err(words) => assert!(got.as_ref().is_err_and(|e| e.contains(words)), "{text}: {got:?}"),
+            }
+        }
+    }
+
+    /// `sleep` as the user nobody with `groups` (setpriv's options), killed when dropped.
+    struct Sleeper(Child);
+    impl Drop for Sleeper {
+        fn drop(&mut self) {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+
+    fn sleeper(groups: &str) -> Sleeper {
+        let child = Command::new("setpriv")
+            .args(["--reuid=65534", "--regid=65534", groups, "sleep", "120"])
+            .spawn()
+            .unwrap_or_else(|e| panic!("cannot run setpriv (util-linux, needed by this test): {e}"));
+        Sleeper(child)
+    }
+
+    /// Waits until `pid` runs sleep (setpriv changed its ids and exec'd).
+    fn wait_exec(pid: u32) {
+        for _ in 0..3000 {
+            if std::fs::read_to_string(format!("/proc/{pid}/comm")).is_ok_and(|c| c.trim() == "sleep") {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        panic!("process {pid} did not exec sleep within 30 s");
+    }
+
+    /// A sleeper with PID `pid`: the kernel's next PID set to it (ns_last_pid, root's), tried
+    /// again while other processes of the machine take it first.
+    fn sleeper_with_pid(pid: u32, groups: &str) -> Sleeper {
+        for _ in 0..1000 {
+            std::fs::write("/proc/sys/kernel/ns_last_pid", format!("{}", pid - 1))
+                .unwrap_or_else(|e| panic!("cannot set /proc/sys/kernel/ns_last_pid (this test needs root): {e}"));
+            let s = sleeper(groups);
+            if s.0.id() == pid {
+                return s;
+            }
+        }
+        panic!("PID {pid} was not given to a new process in 1000 tries");
+    }
+
+    /// A caller's groups are the ones it had when its request arrived: read later, its
+    /// PID may belong to another process by then (it was killed, its PID reused), whose
+    /// groups it would lend. And a status whose ids are not the request's gives none.
+    #[test]
+    fn a_callers_groups_are_read_when_its_request_arrives() {
+        let first = sleeper("--clear-groups");
+        let pid = first.0.id();
+        wait_exec(pid);
+        let arrived = Caller::at(65534, 65534, pid);
+        assert_eq!(arrived.groups, Vec::<u32>::new());
+        drop(first);
+        let _second = sleeper_with_pid(pid, "--groups=4242");
+        wait_exec(pid);
+        assert_eq!(Caller::at(65534, 65534, pid).groups, vec![4242], "read late, the groups are another process's");
+        assert_eq!(arrived, caller(65534, 65534, &[]), "the caller keeps its own");
+        assert_eq!(Caller::at(1000, 1000, pid).groups, Vec::<u32>::new(), "a status of other ids lends nothing");
     }
 }

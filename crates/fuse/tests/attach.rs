@@ -708,3 +708,86 @@ fn fiemap_on_the_mount_is_refused_by_the_kernel() {
     assert_eq!(e.raw_os_error(), Some(libc::EOPNOTSUPP), "{e}");
     assert!(!nearstore_host::fiemap::extents(&File::open(rig.s("f")).unwrap()).unwrap().is_empty());
 }
+
+/// What happens to a file between attaching an operation to a descriptor of it and reading
+/// the result.
+#[derive(Clone, Copy, Debug)]
+enum Change {
+    Nothing,
+    /// Renamed through the mount: the descriptor's file under another name.
+    RenamedThroughTheMount,
+    /// Another file the caller may read renamed over its name in the source directory.
+    ReplacedBeside,
+    /// A FIFO made at its name in the source directory.
+    FifoBeside,
+}
+
+/// An operation computes over the file its descriptor opened, never over another file put
+/// at its name afterwards (one the caller may read, or a FIFO, whose open would block): the
+/// read fails with ESTALE and a log line. A rename through the mount is followed.
+#[test]
+fn an_operation_computes_only_over_the_file_its_descriptor_opened() {
+    logs();
+    let rig = Rig::new();
+    std::fs::create_dir(rig.s("mine")).unwrap();
+    std::os::unix::fs::chown(rig.s("mine"), Some(65534), Some(65534)).unwrap();
+    let (a, b) = (b"the descriptor's file\n", b"a file swapped in\n");
+    let want_a = expected("sha256", a);
+    // (as the user nobody, what happens, what the read gives)
+    let cases: [(bool, Change, Result<&str, i32>); 6] = [
+        (false, Change::Nothing, Ok(&want_a)),
+        (false, Change::RenamedThroughTheMount, Ok(&want_a)),
+        (false, Change::ReplacedBeside, Err(libc::ESTALE)),
+        (true, Change::ReplacedBeside, Err(libc::ESTALE)),
+        (false, Change::FifoBeside, Err(libc::ESTALE)),
+        (true, Change::FifoBeside, Err(libc::ESTALE)),
+    ];
+    for (i, (nobody, change, want)) in cases.into_iter().enumerate() {
+        let (file, other) = (rig.s(&format!("mine/f{i}")), rig.s(&format!("mine/g{i}")));
+        let (mounted, renamed) = (rig.m(&format!("mine/f{i}")), rig.m(&format!("mine/h{i}")));
+        let run = move || {
+            std::fs::write(&file, a).unwrap();
+            std::fs::write(&other, b).unwrap();
+            let f = direct(&mounted);
+            ioc(&f, ioctl::ATTACH, &mut ioctl::encode_op("sha256")).unwrap();
+            match change {
+                Change::Nothing => {}
+                Change::RenamedThroughTheMount => std::fs::rename(&mounted, &renamed).unwrap(),
+                Change::ReplacedBeside => std::fs::rename(&other, &file).unwrap(),
+                Change::FifoBeside => {
+                    std::fs::remove_file(&file).unwrap();
+                    let c = CString::new(file.to_str().unwrap()).unwrap();
+                    // SAFETY: a C string.
+                    assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o644) }, 0);
+                }
+            }
+            let mut buf = vec![0u8; 4096];
+            f.read_at(&mut buf, 0).map(|n| String::from_utf8_lossy(&buf[..n]).into_owned()).map_err(|e| e.raw_os_error().unwrap_or(0))
+        };
+        let got = if nobody { as_nobody_thread(run) } else { within(60, "a read", run) };
+        assert_eq!(got.as_deref().map_err(|e| *e), want, "{change:?}, as {}", if nobody { "nobody" } else { "root" });
+    }
+    assert!(logged("not the descriptor's"), "the refusal is logged");
+}
+
+/// A result larger than a read of the mount holds (select's rows beyond what a result
+/// returns inline), computed on the target or in the mount: EFBIG and a log line, as
+/// docs/fuse.md's error table says.
+#[test]
+fn a_result_too_large_fails_with_efbig() {
+    logs();
+    let rows: String = (0..20_000).map(|i| format!("{i},{}\n", "x".repeat(20))).collect();
+    // (where it is computed, the mount)
+    let rigs: [(&str, fn() -> Rig); 2] =
+        [("on the target", Rig::new), ("in the mount", || Rig::with(|o| o.devices = nearstore_host::device::DeviceMap::default()))];
+    for (how, rig) in rigs {
+        let rig = rig();
+        std::fs::write(rig.m("t.csv"), format!("id,name\n{rows}")).unwrap();
+        let p = rig.m(".nearstore/select:SELECT * FROM s3object/t.csv");
+        let got = within(60, how, move || std::fs::read(p).map(|_| ()).map_err(|e| e.raw_os_error()));
+        assert_eq!(got, Err(Some(libc::EFBIG)), "{how}");
+        let small = rig.m(".nearstore/select:SELECT COUNT(*) FROM s3object/t.csv");
+        assert_eq!(std::fs::read_to_string(small).unwrap(), "COUNT(*)\n20000\n", "{how}: a small result of the same file");
+    }
+    assert!(logged("result too large"), "the refusal is logged");
+}
