@@ -9,6 +9,10 @@ client reads the blocks and computes) against offloaded (the targets compute), a
 the bytes the client's link carried per byte of data, from the interfaces' counters.
 The sorts (sort-size, sort-rate, sort-devices): runtime of both transfers against the
 grid's variable, and the merge phase split into its parts.
+Volumes (volume, from scripts/exp-volume.py): one volume's bandwidth against the number of
+targets it spans, per workload and link rate, exported by a target or by the client's own
+target, with the goal of 0.8 x N times one target; volume-rebalance: the client's bandwidth
+over time while `volume rebalance` moves extents onto a new target.
 Installs matplotlib with pip when it is missing.
 """
 import json
@@ -99,8 +103,65 @@ def sort_plot(records, dst):
     fig.savefig(dst, dpi=90)
 
 
+EXPORTS = {"target": ("tab:red", "--", "exported by t1"), "client": ("tab:blue", "-", "exported by the client's target")}
+
+
+def volume_plot(records, dst):
+    rates = sorted({r["rate"] for r in records}, key=rate_value)
+    workloads = [w for w in ("read", "write", "randread", "randwrite") if any(r["workload"] == w for r in records)]
+    fig, axes = plt.subplots(len(rates), len(workloads), figsize=(3.4 * len(workloads), 3.2 * len(rates)), squeeze=False)
+    for row, rate in enumerate(rates):
+        for col, w in enumerate(workloads):
+            ax = axes[row][col]
+            rs = [r for r in records if r["rate"] == rate and r["workload"] == w]
+            xs = sorted({r["targets"] for r in rs})
+            for where, (color, style, label) in EXPORTS.items():
+                m = sorted((r for r in rs if r["export"] == where), key=lambda r: r["targets"])
+                ax.plot([r["targets"] for r in m], [r["mb_per_s"] for r in m], style, marker="o", color=color, label=label)
+            one = [r["mb_per_s"] for r in rs if r["targets"] == 1 and r["export"] == "target"]
+            if one:
+                ax.plot(xs, [0.8 * x * one[0] for x in xs], ":", color="gray", label="goal: 0.8 x N x one target")
+            link = rate_value(rate) / 8 / 1e6
+            ax.axhline(link, color="gray", linewidth=0.6, linestyle="-.")
+            ax.set_title(f"{w}, links {rate}", fontsize=9)
+            ax.set_xscale("log", base=2)
+            ax.set_xticks(xs)
+            ax.get_xaxis().set_major_formatter(matplotlib.ticker.ScalarFormatter())
+            ax.set_ylim(bottom=0)
+            ax.grid(alpha=0.3)
+            if col == 0:
+                ax.set_ylabel("MB/s")
+            if row == len(rates) - 1:
+                ax.set_xlabel("targets the volume spans")
+    axes[0][0].legend(fontsize=6, loc="upper left")
+    fig.suptitle("one volume, 128 KiB I/O: bandwidth against targets (dash-dot: one link), 2-core machine", fontsize=10)
+    fig.tight_layout()
+    fig.savefig(dst, dpi=80)
+
+
+def rebalance_plot(records, dst):
+    r = records[0]
+    fig, ax = plt.subplots(figsize=(6.4, 3.2))
+    ax.plot([s["t"] for s in r["samples"]], [s["mb_per_s"] for s in r["samples"]], "-", marker=".", color="tab:blue", label="client's sequential reads")
+    ax.axvspan(r["rebalance_start"], r["rebalance_end"], color="tab:orange", alpha=0.2,
+               label=f"rebalance: {len(r['moves'])} moves in {r['rebalance_secs']:.1f} s")
+    ax.axhline(rate_value(r["rate"]) / 8 / 1e6, color="gray", linewidth=0.6, linestyle="-.", label=f"one link ({r['rate']})")
+    ax.set_xlabel("seconds")
+    ax.set_ylabel("MB/s (each second)")
+    ax.set_ylim(bottom=0)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7, loc="lower right")
+    ax.set_title(f"volume rebalance under load: extents {r['extents_before']} -> {r['extents_after']}", fontsize=8)
+    fig.tight_layout()
+    fig.savefig(dst, dpi=80)
+
+
 def main(src, dst):
     records = json.load(open(src))
+    if records and records[0].get("experiment") == "volume":
+        return volume_plot(records, dst)
+    if records and records[0].get("experiment") == "volume-rebalance":
+        return rebalance_plot(records, dst)
     if records and str(records[0].get("experiment", "")).startswith("sort-"):
         return sort_plot(records, dst)
     rates = sorted({r["rate"] for r in records}, key=rate_value)
