@@ -165,7 +165,8 @@ pub enum TenantCmd {
         /// target's budget).
         #[arg(long, value_parser = size)]
         memory: Option<u64>,
-        /// What it may reach: a subsystem NQN, or volume:NAME (repeatable; none: nothing).
+        /// What it may reach: volume:NAME, or a subsystem NQN that a target's [cluster]
+        /// control_grants lists (repeatable; none: nothing).
         #[arg(long, value_name = "SUBSYS|volume:NAME")]
         reach: Vec<String>,
         #[command(flatten)]

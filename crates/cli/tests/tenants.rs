@@ -69,6 +69,9 @@ async fn sighup_reloads_the_tenants() {
     assert_eq!(q2.read(1, 1, 1, 512).await.unwrap(), block);
 }
 
+/// Subsystems of the target beside NQN: the control plane may grant LISTED, not PRIVATE.
+const LISTED: &str = "nqn.2026-11.io.nearstore:tenants-listed";
+const PRIVATE: &str = "nqn.2026-11.io.nearstore:tenants-private";
 const H3: &str = "nqn.2014-08.org.nvmexpress:uuid:tenant-h3";
 const H4: &str = "nqn.2014-08.org.nvmexpress:uuid:tenant-h4";
 
@@ -110,10 +113,11 @@ fn refusal(addr: std::net::SocketAddr, nqn: &str, host: &str) -> Option<Status> 
 
 /// The tenant verbs against a real control plane and a target registered with it:
 /// create, list, info (text and JSON); refusals of an unknown tenant, a host in two
-/// tenants, absurd weights; the tenants pushed to the target (their weights on its metrics
-/// endpoint, their reach at Connect, on its own subsystem and on an exported volume), one
-/// that clashes with its configured tenant refused there; a restart of the control plane
-/// keeping them; a delete taking effect on the target.
+/// tenants, absurd weights, the pool subsystem; the tenants pushed to the target (their
+/// weights on its metrics endpoint, their reach at Connect, on its own subsystems under
+/// their host lists and on an exported volume), one that clashes with its configured
+/// tenant and one naming a subsystem the control plane may not grant there refused; a
+/// restart of the control plane keeping them; a delete taking effect on the target.
 #[test]
 fn tenants_of_the_control_plane_reach_the_targets() {
     let dir = tempfile::tempdir().expect("tempdir");
@@ -122,17 +126,27 @@ fn tenants_of_the_control_plane_reach_the_targets() {
     let control = cp.a();
     let m = format!("127.0.0.1:{}", free_port());
     let file = dir.path().join("target.toml");
-    // Configured: tenant `local` holds H4 and reaches the subsystem.
-    std::fs::write(&file, format!("metrics = \"{m}\"\n{}", config(&[H4]).replace("name = \"t\"", "name = \"local\""))).expect("config");
+    // Configured: tenant `local` holds H4 and reaches the subsystem, which the control
+    // plane may grant, as it may LISTED, where only H2 is allowed; PRIVATE is not its.
+    let configured = format!(
+        "metrics = \"{m}\"\n{}[[subsystem]]\nnqn = \"{LISTED}\"\nhosts = [\"{H2}\"]\n[[subsystem.namespace]]\nnsid = 1\nmemory = \"1MiB\"\n\
+         [[subsystem]]\nnqn = \"{PRIVATE}\"\nallow_any_host = true\n[[subsystem.namespace]]\nnsid = 1\nmemory = \"1MiB\"\n\
+         [cluster]\ncontrol_grants = [\"{NQN}\", \"{LISTED}\"]\n",
+        config(&[H4]).replace("name = \"t\"", "name = \"local\"")
+    );
+    std::fs::write(&file, configured).expect("config");
     let pool = format!("{}:64MiB", dir.path().join("p0").display());
     let t = Target::start(&["--config", file.to_str().expect("path"), "--control", &control, "--pool", &pool]);
     fn with<'a>(args: &[&'a str], control: &'a str) -> Vec<&'a str> {
         [args, &["--control", control]].concat()
     }
     let vol = "volume:v";
-    common::ok(&with(&["tenant", "create", "gold", "--host", H1, "--io-weight", "300", "--reach", NQN, "--reach", vol], &control));
     common::ok(&with(
-        &["tenant", "create", "silver", "--host", H2, "--compute-weight", "50", "--memory", "64MiB", "--reach", NQN],
+        &["tenant", "create", "gold", "--host", H1, "--io-weight", "300", "--reach", NQN, "--reach", vol, "--reach", LISTED],
+        &control,
+    ));
+    common::ok(&with(
+        &["tenant", "create", "silver", "--host", H2, "--compute-weight", "50", "--memory", "64MiB", "--reach", NQN, "--reach", LISTED],
         &control,
     ));
     // Refused by the control plane: each a request and the code it says.
@@ -145,6 +159,7 @@ fn tenants_of_the_control_plane_reach_the_targets() {
         (&["tenant", "create", "bronze", "--host", H3, "--io-weight", "0"], "invalid_argument"),
         (&["tenant", "create", "bronze", "--host", H3, "--compute-weight", "10001"], "invalid_argument"),
         (&["tenant", "create", "bronze", "--host", H3, "--reach", "disk0"], "invalid_argument"),
+        (&["tenant", "create", "bronze", "--host", H3, "--reach", nearstore_control::model::POOLS_NQN], "invalid_argument"),
         (&["tenant", "create", "default", "--host", H3], "invalid_argument"),
     ];
     for (args, code) in refusals {
@@ -152,25 +167,29 @@ fn tenants_of_the_control_plane_reach_the_targets() {
         let (_, err) = common::fails(&[&with(args, &control)[..], &["-o", "json"]].concat());
         assert!(err.contains(&format!("\"status\":\"{code}\"")), "{args:?}: {err}");
     }
-    // Accepted by the control plane, refused by the target: H4 is configured in `local`.
+    // Accepted by the control plane, refused by the target: H4 is configured in `local`;
+    // PRIVATE is not among the subsystems the target lets the control plane grant.
     common::ok(&with(&["tenant", "create", "clash", "--host", H4, "--reach", NQN], &control));
+    common::ok(&with(&["tenant", "create", "grab", "--host", H3, "--reach", NQN, "--reach", PRIVATE], &control));
     let list = common::ok(&with(&["tenant", "list"], &control));
-    for name in ["gold", "silver", "clash"] {
+    for name in ["gold", "silver", "clash", "grab"] {
         assert!(list.lines().any(|l| l.starts_with(name)), "{name} in {list}");
     }
     let info: serde_json::Value =
         serde_json::from_str(&common::ok(&with(&["tenant", "info", "gold", "-o", "json"], &control))).expect("json");
     assert_eq!(info["io_weight"], 300);
     assert_eq!(info["hosts"], serde_json::json!([H1]));
-    assert_eq!(info["reach"], serde_json::json!([NQN, vol]));
+    assert_eq!(info["reach"], serde_json::json!([NQN, vol, LISTED]));
     let silver: serde_json::Value =
         serde_json::from_str(&common::ok(&with(&["tenant", "info", "silver", "-o", "json"], &control))).expect("json");
     assert_eq!((silver["compute_weight"].clone(), silver["offload_memory"].clone()), (serde_json::json!(50), serde_json::json!(64 << 20)));
-    // Pushed: the target installs gold and silver with their weights, refuses clash.
+    // Pushed: the target installs gold and silver with their weights, refuses clash and grab.
     wait_for_metric(&m, "nearstore_tenant_io_weight{tenant=\"gold\"} 300");
     wait_for_metric(&m, "nearstore_tenant_compute_weight{tenant=\"silver\"} 50");
-    wait_for_metric(&m, "nearstore_tenants_refused 1");
-    assert!(!metrics(&m).contains("tenant=\"clash\""), "the clashing tenant was installed");
+    wait_for_metric(&m, "nearstore_tenants_refused 2");
+    for name in ["clash", "grab"] {
+        assert!(!metrics(&m).contains(&format!("tenant=\"{name}\"")), "tenant {name} was installed");
+    }
     let denied = Some(Status::CONNECT_INVALID_HOST.dnr());
     // An exported volume, open to every host named: each connects as its tenant allows.
     common::ok(&with(&["volume", "create", "v", "--size", "4MiB", "--extent-size", "1MiB"], &control));
@@ -182,8 +201,14 @@ fn tenants_of_the_control_plane_reach_the_targets() {
         assert!(Instant::now() < deadline, "the volume was not exported to gold's host");
         std::thread::sleep(Duration::from_millis(100));
     }
-    // (host, subsystem, refused with): H3 is in no tenant, H4 in the configured one.
-    let cases = [(H1, NQN, None), (H2, NQN, None), (H3, NQN, denied), (H4, NQN, None), (H2, v, denied), (H3, v, denied), (H4, v, denied)];
+    // (host, subsystem, refused with): H3 is in no tenant (grab was refused), H4 in the
+    // configured one; LISTED's host list admits H2 only, whatever gold reaches; PRIVATE is
+    // no pushed tenant's.
+    #[rustfmt::skip]
+    let cases = [
+        (H1, NQN, None), (H2, NQN, None), (H3, NQN, denied), (H4, NQN, None), (H2, v, denied), (H3, v, denied), (H4, v, denied),
+        (H1, LISTED, denied), (H2, LISTED, None), (H3, PRIVATE, denied), (H1, PRIVATE, denied), (H4, PRIVATE, denied),
+    ];
     for (host, nqn, want) in cases {
         assert_eq!(refusal(t.addr, nqn, host), want, "{host} to {nqn}");
     }

@@ -199,6 +199,10 @@ pub struct TenantList {
 /// The NQN prefix of an exported volume's subsystem; the volume's name follows.
 pub const VOLUME_NQN_PREFIX: &str = "nqn.2026-11.io.nearstore:volume:";
 
+/// The NQN of every target's pool subsystem, which only cluster members read: no tenant
+/// may reach it (the target's `POOLS_NQN`).
+pub const POOLS_NQN: &str = "nqn.2026-11.io.nearstore:pools";
+
 /// What a view agent measures of one pool (docs/control-plane.md, "Views").
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct Figures {

@@ -514,6 +514,11 @@ impl Cluster {
         for r in &t.reach {
             match r.strip_prefix(VOLUME_REACH_PREFIX) {
                 Some(v) => check_name("volume", v)?,
+                // It holds every volume's blocks: a tenant reaching it would read past the
+                // volumes it was given.
+                None if r == POOLS_NQN => {
+                    return Err(err(ErrorCode::InvalidArgument, format!("reach {r}: the pool subsystem is the cluster members' only")))
+                }
                 None if nqn(r) => {}
                 None => return Err(err(ErrorCode::InvalidArgument, format!("reach '{r}' is neither a subsystem NQN nor volume:NAME"))),
             }
@@ -1318,6 +1323,7 @@ mod tests {
             (t("b", &[]), Some(ErrorCode::LimitExceeded)),
             (t("b", &many), Some(ErrorCode::LimitExceeded)),
             (Tenant { reach: vec!["disk0".into()], ..t("b", &["h3"]) }, Some(ErrorCode::InvalidArgument)),
+            (Tenant { reach: vec![POOLS_NQN.into()], ..t("b", &["h3"]) }, Some(ErrorCode::InvalidArgument)),
             (Tenant { reach: vec!["volume:a/b".into()], ..t("b", &["h3"]) }, Some(ErrorCode::InvalidArgument)),
             (Tenant { reach: vec!["volume:v".into(); TENANT_REACH_MAX + 1], ..t("b", &["h3"]) }, Some(ErrorCode::LimitExceeded)),
             (t("default", &["h3"]), Some(ErrorCode::InvalidArgument)),

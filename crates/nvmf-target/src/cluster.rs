@@ -65,6 +65,10 @@ pub struct ClusterConfig {
     /// Host NQNs of the other targets (their `cluster.host_nqn`) that may connect to this
     /// one acting for a host: such a connection is admitted when that host is allowed.
     pub trusted_members: Vec<String>,
+    /// Subsystems of this configuration the control plane may grant to the tenants it
+    /// pushes (docs/operations.md, "Tenants from the control plane"). Any other configured
+    /// subsystem is this file's alone: a pushed tenant naming it is refused here.
+    pub control_grants: Vec<String>,
 }
 
 impl Default for ClusterConfig {
@@ -76,6 +80,7 @@ impl Default for ClusterConfig {
             timeout_secs: limits::PEER_TIMEOUT_SECS_DEFAULT,
             peer: Vec::new(),
             trusted_members: Vec::new(),
+            control_grants: Vec::new(),
         }
     }
 }

@@ -648,6 +648,11 @@ impl Config {
                 }
             }
         }
+        for (i, g) in self.cluster.control_grants.iter().enumerate() {
+            if !self.subsystem.iter().any(|s| &s.nqn == g) {
+                return Err(invalid(format!("cluster.control_grants[{i}]"), format!("{g} is not a configured subsystem")));
+            }
+        }
         Ok(())
     }
 
@@ -946,6 +951,11 @@ mod tests {
             (format!("[cluster]\nread_ahead_bytes = {}", PEER_READ_AHEAD_BYTES_MAX + 1), Some("cluster.read_ahead_bytes")),
             (format!("[cluster]\ntimeout_secs = {PEER_TIMEOUT_SECS_MAX}"), None),
             (format!("[cluster]\ntimeout_secs = {}", PEER_TIMEOUT_SECS_MAX + 1), Some("cluster.timeout_secs")),
+            ("[cluster]\ncontrol_grants = [\"nqn.2026-11.io.nearstore:a\"]".into(), None),
+            (
+                "[cluster]\ncontrol_grants = [\"nqn.2026-11.io.nearstore:a\", \"nqn.2026-11.io.nearstore:b\"]".into(),
+                Some("cluster.control_grants[1]: nqn.2026-11.io.nearstore:b is not a configured subsystem"),
+            ),
         ];
         for (settings, refused) in &cases {
             // Top-level keys go before the first table; a section after the subsystem.

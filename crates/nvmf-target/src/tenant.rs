@@ -408,6 +408,8 @@ struct Sources {
     configured: Vec<TenantConfig>,
     /// The configured subsystems' NQNs, which a pushed tenant's reach is cut to.
     subsystems: Vec<String>,
+    /// Those of them the control plane may grant (`[cluster] control_grants`).
+    grantable: Vec<String>,
     /// The least memory one compute command needs, bytes.
     command_min: u64,
     pushed: Vec<TenantConfig>,
@@ -415,7 +417,8 @@ struct Sources {
 
 impl Sources {
     /// The configured tenants (checked already) and every pushed one that agrees with them:
-    /// a pushed tenant named as a configured one, holding a configured tenant's host, or
+    /// a pushed tenant named as a configured one, holding a configured tenant's host,
+    /// reaching what the control plane may not grant here ([`Sources::beyond_grant`]) or
     /// not valid here is refused (its reason in the second list), never merged. A pushed
     /// tenant reaches the subsystems of this target among those it names, and its volumes.
     fn combine(&self) -> (Vec<TenantPolicy>, Vec<String>) {
@@ -430,6 +433,7 @@ impl Sources {
                 let h = p.hosts.iter().find(|h| c.hosts.contains(*h))?;
                 Some(format!("host {h} of tenant {} is in configured tenant {}", p.name, c.name))
             });
+            let clash = clash.or_else(|| self.beyond_grant(p));
             let mut here = p.clone();
             here.reach.retain(|r| r.volume.is_some() || r.subsystem.as_deref().is_some_and(|s| subs.contains(&s)));
             let mut trial = list.clone();
@@ -444,6 +448,35 @@ impl Sources {
             // Each was accepted beside the ones before it: not reached.
             Err(e) => (resolve(&self.configured, &subs, self.command_min).unwrap_or_default(), vec![e.to_string()]),
         }
+    }
+}
+
+impl Sources {
+    /// Why pushed tenant `p` reaches something the control plane may not grant on this
+    /// target, if it does. The control plane owns what it made (exported volumes); the
+    /// subsystems of this target's configuration, and the host lists that guard them, are
+    /// the configuration's: a pushed tenant may name one only when `[cluster]
+    /// control_grants` lists it. The pool subsystem holds every volume's blocks and is
+    /// reached only by cluster members as themselves: no tenant may name it. Naming a
+    /// subsystem this target does not have is no refusal (the control plane pushes every
+    /// tenant to every target; that reach is for another one).
+    fn beyond_grant(&self, p: &TenantConfig) -> Option<String> {
+        p.reach.iter().find_map(|r| {
+            let nqn = match (&r.subsystem, &r.volume) {
+                (Some(s), None) => s.clone(),
+                (None, Some(v)) => format!("{VOLUME_NQN_PREFIX}{v}"),
+                _ => return None,
+            };
+            if nqn == crate::POOLS_NQN {
+                return Some(format!("tenant {} reaches the pool subsystem {nqn}, which only cluster members read", p.name));
+            }
+            (self.subsystems.contains(&nqn) && !self.grantable.contains(&nqn)).then(|| {
+                format!(
+                    "tenant {} reaches {nqn}, a subsystem of this target's configuration that [cluster] control_grants does not list",
+                    p.name
+                )
+            })
+        })
     }
 }
 
@@ -480,6 +513,7 @@ impl Tenants {
         let mut s = self.sources.lock();
         s.configured = cfg.tenant.clone();
         s.subsystems = cfg.subsystem.iter().map(|x| x.nqn.clone()).collect();
+        s.grantable = cfg.cluster.control_grants.clone();
         s.command_min = cfg.compute.chunk_bytes();
         let (policies, refused) = s.combine();
         self.install(policies);
@@ -589,6 +623,7 @@ mod tests {
     use crate::config::Config;
 
     const SUB: &str = "nqn.2026-11.io.nearstore:a";
+    const PRIVATE: &str = "nqn.2026-11.io.nearstore:private";
 
     /// A configuration with one subsystem and the `[[tenant]]` entries given.
     fn config(tenants: &str) -> Result<Config, ConfigError> {
@@ -679,7 +714,9 @@ mod tests {
     /// Tenants pushed by the control plane beside the configured ones: each line a pushed
     /// tenant (name, host, offload memory, reaches) and why it is refused (None: installed);
     /// an accepted one reaches only this target's subsystems among those it names, and its
-    /// volumes. A SIGHUP reload keeps the pushed tenants.
+    /// volumes; one naming a configured subsystem not in `control_grants`, or the pool
+    /// subsystem, is refused. A SIGHUP reload keeps the pushed tenants, and its
+    /// `control_grants` decide again.
     #[test]
     fn pushed_tenants_join_the_configured_ones_or_are_refused() {
         let host = |h: &str| format!("nqn.2014-08.org.example:{h}");
@@ -699,14 +736,25 @@ mod tests {
                 .collect(),
         };
         let other = "nqn.2026-11.io.nearstore:elsewhere";
+        let not_granted = format!("reaches {PRIVATE}, a subsystem of this target's configuration that [cluster] control_grants does not list");
         let cases: Vec<(TenantConfig, Option<&str>)> = vec![
             (pushed("p", "p1", None, &[SUB, other, "volume:v"]), None),
             (pushed("t", "p2", None, &[SUB]), Some("tenant t is configured on this target too")),
             (pushed("q", "h", None, &[SUB]), Some("host nqn.2014-08.org.example:h of tenant q is in configured tenant t")),
             (pushed("r", "p3", Some(4096), &[SUB]), Some("offload_memory")),
             (pushed("s", "p4", None, &[other]), None),
+            (pushed("g", "p5", None, &[SUB, PRIVATE]), Some(not_granted.as_str())),
+            (pushed("k", "p6", None, &["volume:v", crate::POOLS_NQN]), Some("reaches the pool subsystem")),
         ];
-        let cfg = config(&tenant("t", "h", &format!("[[tenant.reach]]\nsubsystem = \"{SUB}\""))).unwrap();
+        // SUB is the control plane's to grant, PRIVATE is not.
+        let configured = |grants: &str| {
+            config(&format!(
+                "{}[[subsystem]]\nnqn = \"{PRIVATE}\"\nallow_any_host = true\n[cluster]\ncontrol_grants = [{grants}]\n",
+                tenant("t", "h", &format!("[[tenant.reach]]\nsubsystem = \"{SUB}\""))
+            ))
+            .unwrap()
+        };
+        let cfg = configured(&format!("\"{SUB}\""));
         let tenants = Tenants::default();
         assert!(tenants.configure(&cfg).unwrap().is_empty());
         let refused = tenants.push(cases.iter().map(|(t, _)| t.clone()).collect());
@@ -728,9 +776,19 @@ mod tests {
         assert!(!s.reaches(SUB), "a tenant of another target's subsystem reaches nothing here");
         assert_eq!(tenants.resolve(&host("h"), false, false), Resolved::Tenant(tenants.all()[0].clone()));
         assert_eq!(tenants.resolve(&host("p2"), false, false), Resolved::Refused);
-        // A reload of the configuration keeps what was pushed.
+        assert_eq!(tenants.resolve(&host("p5"), false, false), Resolved::Refused);
+        // A reload of the configuration keeps what was pushed, and one that grants PRIVATE
+        // too lets in the tenant reaching it; one that grants nothing refuses those
+        // reaching SUB.
         tenants.configure(&cfg).unwrap();
         assert_eq!(tenants.all().len(), 3);
+        assert_eq!(tenants.configure(&configured(&format!("\"{SUB}\", \"{PRIVATE}\""))).unwrap().len(), 4);
+        let Resolved::Tenant(g) = tenants.resolve(&host("p5"), false, false) else { panic!("p5 refused") };
+        assert!(g.reaches(SUB) && g.reaches(PRIVATE));
+        let refused = tenants.configure(&configured("")).unwrap();
+        assert_eq!(refused.len(), 6, "{refused:?}");
+        assert_eq!(tenants.all().iter().map(|p| p.name.as_str()).collect::<Vec<_>>(), ["t", "s"]);
+        tenants.configure(&cfg).unwrap();
         // A push of nothing leaves the configured tenants alone.
         assert!(tenants.push(Vec::new()).is_empty());
         assert_eq!(tenants.all().iter().map(|p| p.name.as_str()).collect::<Vec<_>>(), ["t"]);
