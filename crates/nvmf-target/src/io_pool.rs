@@ -41,9 +41,9 @@ impl Job {
     }
 }
 
-/// The operations of one channel running on the pool (by tag) and the Preempt and Abort
-/// guards each holds (docs/protocol.md, "Preempt and Abort"): a guard is dropped when the
-/// backend has finished the operation, not when its connection takes the completion.
+/// The operations of one channel running on the pool (by tag) and what each holds (Preempt
+/// and Abort guards, docs/protocol.md "Preempt and Abort"; writers' ranges): dropped when
+/// the backend has finished the operation, not when its connection takes the completion.
 #[derive(Default)]
 pub struct PoolHolds(parking_lot::Mutex<Holds>);
 
@@ -51,7 +51,7 @@ pub struct PoolHolds(parking_lot::Mutex<Holds>);
 struct Holds {
     /// Tags of the jobs submitted and not yet finished by the backend.
     running: Vec<u64>,
-    held: Vec<(u64, AbortGuard)>,
+    held: Vec<(u64, crate::dev::Held)>,
 }
 
 impl PoolHolds {
@@ -61,12 +61,12 @@ impl PoolHolds {
 
     /// Holds `guard` until the job `tag` has finished on the backend. Gives it back when
     /// that job is not running there (finished already, or never submitted to the pool).
-    pub(crate) fn hold(&self, tag: u64, guard: AbortGuard) -> Option<AbortGuard> {
+    pub(crate) fn hold<G: Send + 'static>(&self, tag: u64, guard: G) -> Option<G> {
         let mut h = self.0.lock();
         if !h.running.contains(&tag) {
             return Some(guard);
         }
-        h.held.push((tag, guard));
+        h.held.push((tag, Box::new(guard)));
         None
     }
 

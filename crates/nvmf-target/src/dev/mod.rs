@@ -32,7 +32,6 @@ use crate::backend::Backend;
 use crate::config::IoEngine;
 use crate::io_pool::{IoPool, Job, PoolHolds};
 use crate::limits;
-use crate::subsystem::AbortGuard;
 use crate::uring::{self, Ring, RingPool, Sub};
 
 pub mod delay;
@@ -197,6 +196,10 @@ enum RingState {
     Unavailable,
 }
 
+/// What an operation holds until the storage has finished it ([`Channel::hold`]): a
+/// Preempt and Abort's guard, a writer's range (range_lock.rs).
+pub type Held = Box<dyn Send>;
+
 /// An operation on the ring: its buffer is owned here until its completion is reaped, and
 /// a short transfer is resubmitted for the rest.
 struct RingOp {
@@ -205,9 +208,9 @@ struct RingOp {
     buf: AlignedBuf,
     done: usize,
     tag: u64,
-    /// Preempt and Abort guards waiting for it ([`Channel::hold`]): dropped once the
-    /// kernel has finished it (reaped, or the ring drained when the channel goes).
-    held: Vec<AbortGuard>,
+    /// What waits for it ([`Channel::hold`]): dropped once the kernel has finished it
+    /// (reaped, or the ring drained when the channel goes).
+    held: Vec<Held>,
 }
 
 /// An operation a stacked device holds back until `at`, then starts on `dev`.
@@ -217,8 +220,8 @@ struct Deferred {
     op: Op,
     buf: AlignedBuf,
     tag: u64,
-    /// Preempt and Abort guards, handed on to the operation when it starts.
-    held: Vec<AbortGuard>,
+    /// What waits for it, handed on to the operation when it starts.
+    held: Vec<Held>,
 }
 
 /// The I/O context of one queue: its io_uring (made at the first file operation), the
@@ -418,28 +421,28 @@ impl Channel {
 
     // For the queue.
 
-    /// Holds another host's Preempt and Abort `guard` with the operation `tag` until the
-    /// storage has finished it: on the ring until reaped (or drained when the channel goes),
+    /// Holds `guard` (another host's Preempt and Abort's, a writer's range) with the
+    /// operation `tag` until the storage has finished it: on the ring until reaped (or drained when the channel goes),
     /// on the worker pool until the worker has run it, held back by a stacked device until
     /// it has started and then finished. The guard outlives the connection, so a command
-    /// whose connection closed still holds the Acquire while the storage runs it
-    /// (docs/protocol.md, "Preempt and Abort"). Gives the guard back when the operation is
+    /// whose connection closed still holds the Acquire (or its blocks from a Compare and
+    /// Write) while the storage runs it (docs/protocol.md, "Preempt and Abort"). Gives the guard back when the operation is
     /// not running (finished, its completion not yet taken) or runs elsewhere (a remote
     /// device's task): the caller then holds it until it takes the completion.
-    pub fn hold(&mut self, tag: u64, guard: AbortGuard) -> Option<AbortGuard> {
+    pub fn hold<G: Send + 'static>(&mut self, tag: u64, guard: G) -> Option<G> {
         if let Some((_, r)) = self.ring_ops.iter_mut().find(|(_, r)| r.tag == tag) {
-            r.held.push(guard);
+            r.held.push(Box::new(guard));
             return None;
         }
         if let Some(d) = self.deferred.iter_mut().find(|d| d.tag == tag) {
-            d.held.push(guard);
+            d.held.push(Box::new(guard));
             return None;
         }
         self.holds.hold(tag, guard)
     }
 
-    /// True while an operation on the ring or held back holds a Preempt and Abort guard:
-    /// then [`wait_holding`](Self::wait_holding) and [`settle`](Self::settle) release it
+    /// True while an operation on the ring or held back holds something (a Preempt and
+    /// Abort's guard, a writer's range): then [`wait_holding`](Self::wait_holding) and [`settle`](Self::settle) release it
     /// when the storage has finished, even while the queue takes no completions.
     pub fn holding(&self) -> bool {
         self.ring_ops.iter().any(|(_, r)| !r.held.is_empty()) || self.deferred.iter().any(|d| !d.held.is_empty())
