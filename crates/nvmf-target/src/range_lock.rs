@@ -19,7 +19,10 @@
 //! locker announces itself, then looks at the writers; one of the two sees the other.
 //!
 //! No deadlock: an exclusive holder waits for nothing once granted (its read and write go
-//! to the backend), a shared writer holds its range only over its own operation, and a
+//! to the backend), a shared writer holds its range over its own operation (a device
+//! operation's goes with it, `Channel::hold`, released when the storage has finished it;
+//! on a remote or volume device, whose operations run on tasks, when its completion is
+//! taken, which waits for no range), and a
 //! FUSED WRITE takes its journal before its range, which no Compare and Write ever takes.
 
 use std::ops::Range;

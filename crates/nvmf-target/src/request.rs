@@ -46,18 +46,26 @@ impl QueueRequests {
 #[must_use = "a request is completed exactly once (Request::finish)"]
 pub struct Request {
     cid: u16,
+    /// Its place in its queue's submission order (what pairs the halves of a fused
+    /// operation: a host may reuse a command identifier once its command completed).
+    /// Wraps: halves are next to each other, never 2^32 apart.
+    seq: u32,
     start: Instant,
     /// None once finished or abandoned.
     queue: Option<Arc<QueueRequests>>,
 }
 
 impl Request {
-    pub fn new(queue: &Arc<QueueRequests>, cid: u16, start: Instant) -> Request {
-        Request { cid, start, queue: Some(queue.clone()) }
+    pub fn new(queue: &Arc<QueueRequests>, cid: u16, seq: u32, start: Instant) -> Request {
+        Request { cid, seq, start, queue: Some(queue.clone()) }
     }
 
     pub fn cid(&self) -> u16 {
         self.cid
+    }
+
+    pub fn seq(&self) -> u32 {
+        self.seq
     }
 
     /// When the command was parsed.
@@ -110,7 +118,7 @@ mod tests {
         let cases: [Case; 3] =
             [("finished", |r| assert_eq!(r.finish(), 7), 0, 0), ("abandoned at close", |r| r.abandon(), 0, 1), ("dropped", drop, 1, 1)];
         for (what, end, lost, unfinished) in cases {
-            end(Request::new(&q, 7, Instant::now()));
+            end(Request::new(&q, 7, 0, Instant::now()));
             assert_eq!((q.lost.load(Relaxed), q.unfinished.load(Relaxed)), (lost, unfinished), "{what}: the queue's counts");
             let s = &t.stats;
             assert_eq!((s.requests_lost.load(Relaxed), s.requests_unfinished.load(Relaxed)), (lost, unfinished), "{what}: the target's");

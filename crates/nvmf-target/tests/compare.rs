@@ -4,15 +4,20 @@
 
 mod common;
 
-use std::sync::atomic::Ordering::Relaxed;
+use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
 use std::sync::Arc;
 use std::time::Duration;
 
 use nearstore_initiator::{CompareAndWrite, Controller, Data, IoQueue};
+use nearstore_target::backend::{Backend, FileBackend};
+use nearstore_target::subsystem::Namespace;
+use nearstore_wire::compute::opcode as cop;
+use nearstore_wire::fused::opcode as fop;
 use nearstore_wire::identify::{fuses, oncs};
-use nearstore_wire::opcode::io;
-use nearstore_wire::sqe::fuse;
-use nearstore_wire::{Sqe, Status};
+use nearstore_wire::opcode::{admin, io};
+use nearstore_wire::pdu::{self, flags, DataHdr, PduType};
+use nearstore_wire::sqe::{fuse, sgl_id};
+use nearstore_wire::{Sgl, Sqe, Status};
 
 /// Namespaces of the common target: memory (512-byte blocks) and file (4096).
 const NAMESPACES: [u32; 2] = [1, 2];
@@ -156,7 +161,7 @@ async fn compare_and_write_per_case() {
                 p(half(io::READ, fuse::FIRST, nsid, 10, 1), half(io::WRITE, fuse::SECOND, nsid, 10, 1)),
                 bsz,
                 true,
-                (Status::DATA_SGL_LENGTH_INVALID.dnr(), Status::ABORTED_MISSING_FUSED.dnr()),
+                (Status::INVALID_FIELD.dnr(), Status::ABORTED_MISSING_FUSED.dnr()),
                 false,
             ),
             (
@@ -245,29 +250,190 @@ async fn halves_out_of_order_are_missing_their_partner() {
     assert_eq!(env.target.stats.requests_lost.load(Relaxed), 0);
 }
 
+#[tokio::test]
+async fn fuse_set_on_any_other_command_is_refused_with_its_partner() {
+    let env = common::start().await;
+    let c = env.connect().await;
+    let (mut q, bs, _) = queue(&c, 1).await;
+    let bsz = bs as usize;
+    let invalid = Status::INVALID_FIELD.dnr();
+    let missing = Status::ABORTED_MISSING_FUSED.dnr();
+    let failed = Status::ABORTED_FAILED_FUSED;
+    let data = pattern(bsz, 5);
+    let cmp = || (half(io::COMPARE, fuse::FIRST, 1, 40, 1), data.clone());
+    let wr = |f| (half(io::WRITE, f, 1, 40, 1), pattern(bsz, 6));
+    // Vendor commands that run, plain, without data: a compute RELEASE (of no handle) and
+    // a fused OUTCOME; READ CHECKSUM; a reservation, a Flush and a Read.
+    let vendor = |opcode: u8, f: u8| {
+        let mut s = Sqe::new(opcode, 0);
+        s.set_nsid(1).set_cdw(10, 0x1234);
+        s.set_fuse(f);
+        (s, Vec::new())
+    };
+    let mut report = Sqe::new(io::RESERVATION_REPORT, 0);
+    report.set_nsid(1);
+    report.set_fuse(fuse::SECOND);
+    // (what, commands in submission order, their statuses)
+    type Case = (&'static str, Vec<(Sqe, Vec<u8>)>, Vec<Status>);
+    let cases: Vec<Case> = vec![
+        ("RELEASE as a first", vec![vendor(cop::RELEASE, fuse::FIRST)], vec![invalid]),
+        ("RELEASE as a first, then a Write second", vec![vendor(cop::RELEASE, fuse::FIRST), wr(fuse::SECOND)], vec![invalid, missing]),
+        ("a Compare, then RELEASE as its second", vec![cmp(), vendor(cop::RELEASE, fuse::SECOND)], vec![failed, invalid]),
+        ("a Compare, then OUTCOME as its second", vec![cmp(), vendor(fop::OUTCOME, fuse::SECOND)], vec![failed, invalid]),
+        ("a Compare, then READ CHECKSUM as its second", vec![cmp(), vendor(fop::READ_CHECKSUM, fuse::SECOND)], vec![failed, invalid]),
+        ("a Compare, then a Reservation Report as its second", vec![cmp(), (report, Vec::new())], vec![failed, invalid]),
+        ("a Flush as a first", vec![vendor(io::FLUSH, fuse::FIRST), wr(fuse::SECOND)], vec![invalid, missing]),
+        ("FUSE 11b on a Write", vec![wr(3)], vec![invalid]),
+        // The pair still works after each.
+        ("a whole pair", vec![cmp(), wr(fuse::SECOND)], vec![Status::SUCCESS, Status::SUCCESS]),
+    ];
+    for (what, cmds, want) in cases {
+        q.write(1, 40, &data, bs, false).await.unwrap();
+        let got = back_to_back(&mut q, cmds).await;
+        for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+            assert!(same(*g, *w), "{what}: command {i} got {g}, want {w}");
+        }
+    }
+    // Nor is an admin command fused.
+    let mut identify = Sqe::new(admin::IDENTIFY, 0);
+    identify.set_cdw(10, 1);
+    for f in [fuse::FIRST, fuse::SECOND] {
+        identify.set_fuse(f);
+        match c.admin(identify, Data::In(4096), "identify").await {
+            Err(nearstore_initiator::Error::Status { status, .. }) => assert!(same(status, invalid), "admin FUSE {f}: {status}"),
+            r => panic!("admin FUSE {f}: {:?}", r.map(|(cqe, _)| cqe.status)),
+        }
+    }
+    assert_eq!(env.target.stats.requests_lost.load(Relaxed), 0);
+}
+
+/// Sends a capsule on a raw queue: its data in the capsule, or (`r2t`) `len` bytes the
+/// target asks for.
+async fn send_capsule(q: &mut nearstore_initiator::QueuePair<tokio::net::TcpStream>, mut sqe: Sqe, cid: u16, data: &[u8], r2t: bool) {
+    sqe.set_cid(cid);
+    let id = if r2t { sgl_id::TRANSPORT } else { sgl_id::IN_CAPSULE };
+    sqe.set_sgl(Sgl { addr: 0, len: data.len() as u32, id });
+    let mut b = Vec::new();
+    pdu::put_capsule_cmd(&mut b, &sqe, if r2t { &[] } else { data }, false, true);
+    q.send_raw(&b).await.unwrap();
+}
+
+/// The next PDU of a raw queue, or a panic if none comes (a pair that hangs).
+async fn next_pdu(q: &mut nearstore_initiator::QueuePair<tokio::net::TcpStream>, what: &str) -> (PduType, Vec<u8>) {
+    tokio::time::timeout(Duration::from_secs(30), q.recv_raw())
+        .await
+        .unwrap_or_else(|_| panic!("{what}: nothing came"))
+        .unwrap_or_else(|e| panic!("{what}: {e}"))
+}
+
+#[tokio::test]
+async fn pairs_follow_submission_order_not_command_identifiers() {
+    // A pair whose first half failed (a data digest error) while its second's data is
+    // still on the way; its first's identifier, free again, starts the next pair, which
+    // must run at once, not wait for (or be taken for) the first pair.
+    let env = common::start().await;
+    let mut o = env.opts();
+    o.ddgst = true;
+    let c = nearstore_initiator::Controller::connect(o).await.unwrap();
+    let (mut q, bs, _) = queue(&c, 1).await;
+    let big = 64 * 1024;
+    let nlb = (big / bs as usize) as u32;
+    let old = pattern(big, 1);
+    q.write(1, 400, &old, bs, false).await.unwrap();
+    let small = pattern(bs as usize, 2);
+    q.write(1, 600, &small, bs, false).await.unwrap();
+    let raw = q.queue();
+    // First pair, cids 1 and 2, both halves' data asked for by R2T.
+    send_capsule(raw, half(io::COMPARE, fuse::FIRST, 1, 400, nlb), 1, &old, true).await;
+    send_capsule(raw, half(io::WRITE, fuse::SECOND, 1, 400, nlb), 2, &pattern(big, 3), true).await;
+    // (The second's R2T may wait for a buffer the first gives back.)
+    let mut r2ts = Vec::new();
+    let mut cqes = Vec::new();
+    while !r2ts.iter().any(|r: &DataHdr| r.cccid == 1) {
+        let (t, h) = next_pdu(raw, "the first's R2T").await;
+        assert_eq!(t, PduType::R2T);
+        r2ts.push(DataHdr::decode(&h));
+    }
+    // The first's data with a bad digest: it fails, its identifier is free.
+    let r = *r2ts.iter().find(|r| r.cccid == 1).unwrap();
+    let mut b = Vec::new();
+    pdu::put_pdu(&mut b, PduType::H2CData, flags::LAST_PDU, &DataHdr { offset: 0, len: big as u32, ..r }.psh(), &old, false, true);
+    let n = b.len();
+    b[n - 1] ^= 0xff;
+    raw.send_raw(&b).await.unwrap();
+    while cqes.is_empty() || !r2ts.iter().any(|r| r.cccid == 2) {
+        let (t, h) = next_pdu(raw, "the first half's failure and the second's R2T").await;
+        match t {
+            PduType::R2T => r2ts.push(DataHdr::decode(&h)),
+            PduType::CapsuleResp => cqes.push(pdu::capsule_cqe(&h)),
+            t => panic!("{t:?}"),
+        }
+    }
+    assert_eq!(cqes.iter().map(|c| (c.cid, c.status)).collect::<Vec<_>>(), [(1, Status::TRANSIENT_TRANSPORT_ERROR)]);
+    // Second pair: cid 1 again and 3, in-capsule, on other blocks.
+    send_capsule(raw, half(io::COMPARE, fuse::FIRST, 1, 600, 1), 1, &small, false).await;
+    send_capsule(raw, half(io::WRITE, fuse::SECOND, 1, 600, 1), 3, &pattern(bs as usize, 4), false).await;
+    let mut got = Vec::new();
+    while got.len() < 2 {
+        let (t, h) = next_pdu(raw, "the second pair's completions").await;
+        assert_eq!(t, PduType::CapsuleResp);
+        let cqe = pdu::capsule_cqe(&h);
+        got.push((cqe.cid, cqe.status));
+    }
+    got.sort_by_key(|g| g.0);
+    assert_eq!(got, [(1, Status::SUCCESS), (3, Status::SUCCESS)], "the second pair ran");
+    // The first pair's second, its data in: aborted with its failed first.
+    let r = *r2ts.iter().find(|r| r.cccid == 2).unwrap();
+    let mut b = Vec::new();
+    pdu::put_pdu(&mut b, PduType::H2CData, flags::LAST_PDU, &DataHdr { offset: 0, len: big as u32, ..r }.psh(), &pattern(big, 3), false, true);
+    raw.send_raw(&b).await.unwrap();
+    let (t, h) = next_pdu(raw, "the first pair's second").await;
+    assert_eq!(t, PduType::CapsuleResp);
+    let cqe = pdu::capsule_cqe(&h);
+    assert_eq!((cqe.cid, cqe.status), (2, Status::ABORTED_FAILED_FUSED));
+    assert_eq!(q.read(1, 400, nlb, bs).await.unwrap(), old, "the failed pair wrote");
+    assert_eq!(q.read(1, 600, 1, bs).await.unwrap(), pattern(bs as usize, 4), "the second pair did not write");
+    let ns = env.target.subsystem(common::NQN).unwrap().namespace(1).unwrap();
+    assert_eq!(ns.ranges.counts(), (0, 0, 0));
+    assert_eq!(env.target.stats.requests_lost.load(Relaxed), 0);
+}
+
+/// Blocks (4 KiB) each increment compares and writes: the counter's, and one for each plain
+/// writer (at most SPAN - 1).
+const SPAN: u32 = 5;
+
 /// `k` hosts each add one, `n` times, to the counter in the first 8 bytes of block 200
-/// through `step`; `writers` more hosts write block 201 (inside the pairs' two blocks, with
-/// the zeros it holds, so that pairs still find their blocks equal) meanwhile, waiting for
-/// the pairs' ranges when they meet them. Returns (the counter, the increments that reported success).
+/// through `step`; `writers` more hosts meanwhile each write their own block inside the
+/// pairs' range (writer `w` block 201 + w) with a sequence number, and read it back: a
+/// pair that succeeds writes back what it compared, so a writer finds its own last value
+/// unless a pair compared, then wrote around its write (not atomic). Returns (the counter,
+/// the increments that reported success).
 async fn count_up<F>(env: &common::Env, k: usize, n: usize, writers: usize, step: F) -> (u64, u64)
 where
     F: Fn(IoQueue, usize) -> tokio::task::JoinHandle<(IoQueue, u64)>,
 {
+    assert!(writers < SPAN as usize);
     let c = env.connect().await;
     let (mut q, bs, _) = queue(&c, 2).await;
     let bsz = bs as usize;
-    q.write(2, 200, &vec![0u8; 2 * bsz], bs, false).await.unwrap();
-    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    q.write(2, 200, &vec![0u8; SPAN as usize * bsz], bs, false).await.unwrap();
+    let stop = Arc::new(AtomicBool::new(false));
     let mut plain = Vec::new();
     for w in 0..writers {
         let c = env.connect().await;
         let stop = stop.clone();
         plain.push(tokio::spawn(async move {
             let (mut q, bs, _) = queue(&c, 2).await;
+            let block = 201 + w as u64;
             let mut writes = 0u64;
             while !stop.load(Relaxed) {
-                q.write(2, 201, &vec![0; bs as usize], bs, false).await.unwrap_or_else(|e| panic!("writer {w}: {e}"));
                 writes += 1;
+                let mut b = vec![0u8; bs as usize];
+                b[..8].copy_from_slice(&writes.to_le_bytes());
+                b[8] = w as u8 + 1;
+                q.write(2, block, &b, bs, false).await.unwrap_or_else(|e| panic!("writer {w}: {e}"));
+                let back = q.read(2, block, 1, bs).await.unwrap_or_else(|e| panic!("writer {w}: {e}"));
+                assert!(back == b, "writer {w}: its write {writes} was undone by a pair");
             }
             assert!(writes > 0, "writer {w} wrote nothing");
         }));
@@ -292,13 +458,13 @@ where
     (u64::from_le_bytes(back[..8].try_into().unwrap()), successes)
 }
 
-/// One increment with the fused pair: read both blocks, Compare them and Write them with
+/// One increment with the fused pair: read the blocks, Compare them and Write them with
 /// the counter plus one; again while the Compare finds them changed.
 fn fused_increments(mut q: IoQueue, n: usize) -> tokio::task::JoinHandle<(IoQueue, u64)> {
     tokio::spawn(async move {
         let mut done = 0;
         while done < n as u64 {
-            let old = q.read(2, 200, 2, 4096).await.unwrap();
+            let old = q.read(2, 200, SPAN, 4096).await.unwrap();
             let mut new = old.clone();
             let v = u64::from_le_bytes(old[..8].try_into().unwrap());
             new[..8].copy_from_slice(&(v + 1).to_le_bytes());
@@ -390,4 +556,134 @@ async fn a_connection_closed_between_the_halves_leaves_nothing_half_done() {
         assert_eq!(ns.ranges.counts(), (0, 0, 0), "{len} bytes: a range is still held");
     }
     assert_eq!(env.target.stats.requests_lost.load(Relaxed), 0);
+}
+
+/// A file namespace whose writes wait at a gate the test opens (reads pass), saying when
+/// one started and finished. Without an io_uring descriptor its operations run on the I/O
+/// pool, as with `io_engine = "threads"`.
+struct WriteGate {
+    file: FileBackend,
+    open: AtomicBool,
+    started: AtomicBool,
+    finished: AtomicBool,
+}
+
+impl Backend for WriteGate {
+    fn describe(&self) -> String {
+        "write-gated file".into()
+    }
+    fn size(&self) -> u64 {
+        self.file.size()
+    }
+    fn read_at(&self, buf: &mut [u8], off: u64) -> std::io::Result<()> {
+        self.file.read_at(buf, off)
+    }
+    fn write_at(&self, buf: &[u8], off: u64) -> std::io::Result<()> {
+        self.started.store(true, Relaxed);
+        while !self.open.load(Relaxed) {
+            std::thread::sleep(Duration::from_millis(2));
+        }
+        let r = self.file.write_at(buf, off);
+        self.finished.store(true, Relaxed);
+        r
+    }
+    fn flush(&self) -> std::io::Result<()> {
+        self.file.flush()
+    }
+    fn write_zeroes(&self, off: u64, len: u64, deallocate: bool) -> std::io::Result<()> {
+        self.file.write_zeroes(off, len, deallocate)
+    }
+}
+
+async fn wait_for(what: &str, cond: impl Fn() -> bool) {
+    let until = std::time::Instant::now() + Duration::from_secs(10);
+    while !cond() {
+        assert!(std::time::Instant::now() < until, "{what}: not within 10 s");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+/// B's plain write of a block is held at the storage when B's connection closes; A's pair
+/// over that block, comparing with B's data, must wait until the write has finished, then
+/// find B's data and write. Before, the write's range went with B's closed queue while
+/// the write still ran: A's pair compared the old block and failed (or, had it matched,
+/// would have been overwritten by B's write after it).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pair_waits_for_a_plain_write_still_at_the_storage_after_its_host_closed() {
+    const GATED: u32 = 3;
+    let env = common::start().await;
+    let file = FileBackend::open(&env.dir.path().join("gated.img"), Some(16 << 20)).unwrap();
+    let gate = Arc::new(WriteGate { file, open: AtomicBool::new(false), started: AtomicBool::new(false), finished: AtomicBool::new(false) });
+    let ns = Namespace::new(common::NQN, GATED, gate.clone(), 4096);
+    env.target.subsystem(common::NQN).unwrap().add_namespace(ns).unwrap();
+    let ns = env.target.subsystem(common::NQN).unwrap().namespace(GATED).unwrap();
+    let b_data = pattern(4096, 9);
+    let b = env.connect().await;
+    let mut bq = b.io_queue(1).await.unwrap();
+    let data = b_data.clone();
+    let running = tokio::spawn(async move {
+        let _ = bq.write(GATED, 5, &data, 4096, false).await;
+    });
+    wait_for("B's write at the storage", || gate.started.load(Relaxed)).await;
+    let unfinished = env.target.stats.requests_unfinished.load(Relaxed);
+    running.abort();
+    drop(b);
+    wait_for("B's queue closed", || env.target.stats.requests_unfinished.load(Relaxed) > unfinished).await;
+    let a = env.connect().await;
+    let mut aq = a.io_queue(1).await.unwrap();
+    let a_data = pattern(4096, 10);
+    let new = a_data.clone();
+    let pair = tokio::spawn(async move { aq.compare_and_write(GATED, 5, &b_data, &new, 4096, false).await.map(|r| (r, aq)) });
+    wait_for("A's pair at the range", || ns.ranges.counts().0 == 1 || pair.is_finished()).await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(!pair.is_finished(), "A's pair ended while B's write was at the storage");
+    assert!(!gate.finished.load(Relaxed), "the gate is still shut");
+    gate.open.store(true, Relaxed);
+    let (r, mut aq) = tokio::time::timeout(Duration::from_secs(30), pair).await.expect("the pair completes").unwrap().unwrap();
+    assert!(r.written(), "A's pair found B's data: {r:?}");
+    assert_eq!(aq.read(GATED, 5, 1, 4096).await.unwrap(), a_data);
+    assert_eq!(ns.ranges.counts(), (0, 0, 0));
+    assert_eq!(env.target.stats.requests_lost.load(Relaxed), 0);
+}
+
+/// B writes a block, then fills its queue with 128 KiB reads and stops reading its socket,
+/// so the target's send buffer to it stays full and the write's completion is never taken.
+/// Once the storage has finished the write, A's pair over that block runs (finding B's
+/// data): before, the write's range went only with its completion, and the pair waited for
+/// B forever.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_host_that_stopped_reading_holds_no_range_after_its_write_finished() {
+    const GATED: u32 = 3;
+    let env = common::start().await;
+    let file = FileBackend::open(&env.dir.path().join("gated.img"), Some(16 << 20)).unwrap();
+    let gate = Arc::new(WriteGate { file, open: AtomicBool::new(false), started: AtomicBool::new(false), finished: AtomicBool::new(false) });
+    let ns = Namespace::new(common::NQN, GATED, gate.clone(), 4096);
+    env.target.subsystem(common::NQN).unwrap().add_namespace(ns).unwrap();
+    let b_data = pattern(4096, 11);
+    let b = env.connect().await;
+    let mut bq = b.io_queue(1).await.unwrap();
+    let qp = bq.queue();
+    qp.submit(Sqe::rw(io::WRITE, GATED, 4000, 1, false), Data::Out(&b_data), 1000).unwrap();
+    qp.flush().await.unwrap();
+    wait_for("B's write at the storage", || gate.started.load(Relaxed)).await;
+    // 120 reads of 128 KiB (15 MiB): more than the socket buffers and the target's send
+    // buffer hold; B never reads a byte of them.
+    for tag in 0..120u64 {
+        qp.submit(Sqe::rw(io::READ, GATED, tag * 32, 32, false), Data::In(128 << 10), tag).unwrap();
+    }
+    qp.flush().await.unwrap();
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    gate.open.store(true, Relaxed);
+    wait_for("B's write finished at the storage", || gate.finished.load(Relaxed)).await;
+    let a = env.connect().await;
+    let mut aq = a.io_queue(1).await.unwrap();
+    let a_data = pattern(4096, 12);
+    let r = tokio::time::timeout(Duration::from_secs(10), aq.compare_and_write(GATED, 4000, &b_data, &a_data, 4096, false))
+        .await
+        .expect("the pair waited for a host that stopped reading")
+        .unwrap();
+    assert!(r.written(), "A's pair found B's data: {r:?}");
+    assert_eq!(aq.read(GATED, 4000, 1, 4096).await.unwrap(), a_data);
+    drop(bq);
+    drop(b);
 }

@@ -58,12 +58,14 @@ pub(super) struct Ready {
     fua: bool,
 }
 
-/// A Compare and Write pair while its halves arrive.
+/// A Compare and Write pair while its halves arrive, known by its first half's place in
+/// the queue's submission order (its second's is the next), never by command identifiers,
+/// which a host may reuse as soon as a half completed.
 pub(super) struct Pair {
-    first_cid: u16,
+    first_seq: u32,
     nsid: u32,
-    /// The command parsed right after the first: its identifier if it is a second half.
-    second_cid: Option<u16>,
+    /// The command parsed right after the first was a second half.
+    second_parsed: bool,
     /// The command after the first was not a second half.
     missing: bool,
     first: Half,
@@ -73,6 +75,11 @@ pub(super) struct Pair {
 }
 
 impl Pair {
+    /// True if the command at `seq` is its second half.
+    fn has_second(&self, seq: u32) -> bool {
+        self.second_parsed && self.first_seq.wrapping_add(1) == seq
+    }
+
     /// Halves it holds with their data (counted as outstanding commands of the queue).
     pub(super) fn ready(&self) -> usize {
         [&self.first, &self.second].into_iter().filter(|h| matches!(h, Half::Ready(_))).count()
@@ -105,14 +112,26 @@ pub fn is_compare(sqe: &Sqe) -> bool {
     sqe.opcode() == io::COMPARE || sqe.fuse() != fuse::NORMAL
 }
 
+/// False for a command whose FUSE field names a fused operation this controller does not
+/// have: the only one (Identify's FUSES) is a Compare (first) and a Write (second) on an
+/// I/O queue. Such a command is refused with Invalid Field in Command, as Linux's nvmet and
+/// QEMU refuse every fused command; FUSE 11b is reserved.
+pub fn fuse_allowed(sqe: &Sqe, io_queue: bool) -> bool {
+    match (sqe.fuse(), sqe.opcode()) {
+        (fuse::NORMAL, _) => true,
+        (fuse::FIRST, io::COMPARE) | (fuse::SECOND, io::WRITE) => io_queue,
+        _ => false,
+    }
+}
+
 impl<T: Transport> Core<T> {
-    /// Pairing by submission order, as each capsule of an I/O queue is parsed: the command
-    /// after a first half is its second, or the first misses its second.
-    pub(super) fn pair_on_capsule(&mut self, sqe: &Sqe) {
+    /// Pairing by submission order, as each capsule of an I/O queue is parsed (`seq` its
+    /// place): the command after a first half is its second, or the first misses its second.
+    pub(super) fn pair_on_capsule(&mut self, sqe: &Sqe, seq: u32) {
         if let Some(first) = self.open_pair.take() {
-            if let Some(p) = self.pairs.iter_mut().find(|p| p.first_cid == first) {
+            if let Some(p) = self.pairs.iter_mut().find(|p| p.first_seq == first) {
                 if sqe.fuse() == fuse::SECOND {
-                    p.second_cid = Some(sqe.cid());
+                    p.second_parsed = true;
                 } else {
                     p.missing = true;
                 }
@@ -121,42 +140,43 @@ impl<T: Transport> Core<T> {
         }
         if sqe.fuse() == fuse::FIRST && sqe.opcode() == io::COMPARE {
             self.pairs.push(Pair {
-                first_cid: sqe.cid(),
+                first_seq: seq,
                 nsid: sqe.nsid(),
-                second_cid: None,
+                second_parsed: false,
                 missing: false,
                 first: Half::Awaiting,
                 second: Half::Awaiting,
                 aborted: false,
             });
-            self.open_pair = Some(sqe.cid());
+            self.open_pair = Some(seq);
         }
     }
 
-    /// A second half whose first did not come right before it: Missing Fused Command,
-    /// before any of its data moves.
-    pub(super) fn lone_second(&self, sqe: &Sqe) -> bool {
-        sqe.fuse() == fuse::SECOND && !self.pairs.iter().any(|p| p.second_cid == Some(sqe.cid()) && matches!(p.second, Half::Awaiting))
+    /// A second half (at `seq`) whose first did not come right before it: Missing Fused
+    /// Command, before any of its data moves.
+    pub(super) fn lone_second(&self, sqe: &Sqe, seq: u32) -> bool {
+        sqe.fuse() == fuse::SECOND && !self.pairs.iter().any(|p| p.has_second(seq) && matches!(p.second, Half::Awaiting))
     }
 
-    /// A second half whose first failed: Command Aborted due to Failed Fused Command,
-    /// before any of its data moves.
-    pub(super) fn first_failed(&self, sqe: &Sqe) -> bool {
-        sqe.fuse() == fuse::SECOND && self.pairs.iter().any(|p| p.second_cid == Some(sqe.cid()) && matches!(p.first, Half::Failed))
+    /// A second half (at `seq`) whose first failed: Command Aborted due to Failed Fused
+    /// Command, before any of its data moves.
+    pub(super) fn first_failed(&self, sqe: &Sqe, seq: u32) -> bool {
+        sqe.fuse() == fuse::SECOND && self.pairs.iter().any(|p| p.has_second(seq) && matches!(p.first, Half::Failed))
     }
 
-    /// Command `cid` completed: if it was a half still awaited, its pair learns it failed.
-    pub(super) fn pair_half_completed(&mut self, cid: u16) {
+    /// The command at `seq` completed: if it was a half still awaited, its pair learns it
+    /// failed.
+    pub(super) fn pair_half_completed(&mut self, seq: u32) {
         let mut first = None;
         for p in &mut self.pairs {
-            if p.first_cid == cid && matches!(p.first, Half::Awaiting) {
+            if p.first_seq == seq && matches!(p.first, Half::Awaiting) {
                 p.first = Half::Failed;
-            } else if p.second_cid == Some(cid) && matches!(p.second, Half::Awaiting) {
+            } else if p.has_second(seq) && matches!(p.second, Half::Awaiting) {
                 p.second = Half::Failed;
             } else {
                 continue;
             }
-            first = Some(p.first_cid);
+            first = Some(p.first_seq);
             break;
         }
         if let Some(f) = first {
@@ -173,18 +193,19 @@ impl<T: Transport> Core<T> {
         buf: Option<AlignedBuf>,
         req: Request,
     ) -> Result<(), Overflow> {
-        if self.lone_second(&sqe) {
+        let seq = req.seq();
+        if self.lone_second(&sqe, seq) {
             if let Some(b) = buf {
                 self.put_buf(b);
             }
             self.fail_io(ctrl, &sqe, req, Status::ABORTED_MISSING_FUSED.dnr());
             return Ok(());
         }
-        if self.first_failed(&sqe) {
+        if self.first_failed(&sqe, seq) {
             if let Some(b) = buf {
                 self.put_buf(b);
             }
-            let aborted = self.pairs.iter().any(|p| p.second_cid == Some(sqe.cid()) && p.aborted);
+            let aborted = self.pairs.iter().any(|p| p.has_second(seq) && p.aborted);
             self.fail_io(ctrl, &sqe, req, if aborted { Status::ABORTED_PREEMPT } else { Status::ABORTED_FAILED_FUSED });
             return Ok(());
         }
@@ -218,7 +239,6 @@ impl<T: Transport> Core<T> {
             b
         });
         let ready = Box::new(Ready { sqe, req, buf, ns, off, len, fua });
-        let cid = ready.sqe.cid();
         match ready.sqe.fuse() {
             fuse::NORMAL => {
                 if self.outstanding() >= self.outstanding_limit() {
@@ -231,17 +251,16 @@ impl<T: Transport> Core<T> {
                     Compared { first, second, bufs: [Some(buf), None] }
                 });
             }
-            fuse::FIRST => match self.pairs.iter_mut().find(|p| p.first_cid == cid && matches!(p.first, Half::Awaiting)) {
+            fuse::FIRST => match self.pairs.iter_mut().find(|p| p.first_seq == seq && matches!(p.first, Half::Awaiting)) {
                 Some(p) => {
                     p.first = Half::Ready(ready);
-                    self.resolve_pair(cid);
+                    self.resolve_pair(seq);
                 }
-                // Its pair was settled without it (a host reusing the identifier).
                 None => self.fail_ready(ctrl, *ready, Status::ABORTED_MISSING_FUSED.dnr()),
             },
-            _ => match self.pairs.iter_mut().find(|p| p.second_cid == Some(cid) && matches!(p.second, Half::Awaiting)) {
+            _ => match self.pairs.iter_mut().find(|p| p.has_second(seq) && matches!(p.second, Half::Awaiting)) {
                 Some(p) => {
-                    let first = p.first_cid;
+                    let first = p.first_seq;
                     p.second = Half::Ready(ready);
                     self.resolve_pair(first);
                 }
@@ -251,12 +270,12 @@ impl<T: Transport> Core<T> {
         Ok(())
     }
 
-    /// Settles the pair of first half `first` once both halves are: runs it, or completes
-    /// what it holds with the status the specification gives each case.
-    pub(super) fn resolve_pair(&mut self, first: u16) {
-        let Some(i) = self.pairs.iter().position(|p| p.first_cid == first) else { return };
+    /// Settles the pair whose first half is at `first` once both halves are: runs it, or
+    /// completes what it holds with the status the specification gives each case.
+    pub(super) fn resolve_pair(&mut self, first: u32) {
+        let Some(i) = self.pairs.iter().position(|p| p.first_seq == first) else { return };
         let p = &self.pairs[i];
-        let second_known = p.second_cid.is_some() || p.missing;
+        let second_known = p.second_parsed || p.missing;
         if matches!(p.first, Half::Awaiting) || !second_known || (!p.missing && matches!(p.second, Half::Awaiting)) {
             return;
         }

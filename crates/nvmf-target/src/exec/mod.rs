@@ -209,7 +209,8 @@ struct Inflight {
     sum: Option<(u32, u32)>,
     /// A Compare and Write's second half (`req` is its Compare).
     second: Option<Request>,
-    /// A write's shared range (range_lock.rs), held until its operation completes.
+    /// A write's shared range (range_lock.rs) that its device operation could not hold
+    /// (`Channel::hold` gave it back): held until the completion is taken.
     write: Option<WriteGuard>,
 }
 
@@ -279,12 +280,15 @@ pub struct Core<T> {
     auth_busy: Option<Request>,
     /// Compare and Write pairs whose halves are arriving (exec/compare.rs).
     pairs: Vec<compare::Pair>,
-    /// The first half of the last command parsed, whose second is the next command.
-    open_pair: Option<u16>,
+    /// Commands parsed on this queue: the next one's place in the submission order.
+    submitted: u32,
+    /// The last command parsed, a first half (its place), whose second is the next command.
+    open_pair: Option<u32>,
     /// Writes waiting for a Compare and Write's range to go.
     parked: VecDeque<compare::Parked>,
-    /// The ranges of device operations still running when their queue closed: dropped
-    /// after `chan`, which waits for them.
+    /// Ranges of a closed queue's operations that `Channel::hold` gave back (finished,
+    /// their completions not taken, or run on another task: a remote or volume device's):
+    /// dropped after `chan`, which drains its ring (not those tasks).
     abandoned_writes: Vec<WriteGuard>,
 }
 
@@ -332,6 +336,7 @@ impl<T: Transport> Core<T> {
             auth: None,
             auth_busy: None,
             pairs: Vec::new(),
+            submitted: 0,
             open_pair: None,
             parked: VecDeque::new(),
             abandoned_writes: Vec::new(),
@@ -365,6 +370,7 @@ impl<T: Transport> Core<T> {
     /// fabrics, I/O, compute) ends here or in a C2HData with the SUCCESS flag
     /// ([`finish_data`](Self::finish_data)), consuming its request.
     fn complete(&mut self, req: Request, status: Status, dw0: u32, dw1: u32) {
+        let seq = req.seq();
         let cid = req.finish();
         let (sqid, sqhd) = match &self.queue {
             Some(q) if q.sqflow_disabled => (q.qid, 0xffff),
@@ -377,7 +383,7 @@ impl<T: Transport> Core<T> {
                 debug!(peer = %self.peer, qid = q.qid, cid, %status, "command failed");
             }
             if !self.pairs.is_empty() {
-                self.pair_half_completed(cid);
+                self.pair_half_completed(seq);
             }
         }
     }
@@ -484,12 +490,14 @@ impl<T: Transport> Core<T> {
     /// [`Transport::fetch_data`], then runs.
     pub fn on_capsule(&mut self, sqe: Sqe, data: &[u8], data_ok: bool) -> Result<(), Overflow> {
         let cid = sqe.cid();
-        let req = Request::new(&self.requests, cid, Instant::now());
+        let seq = self.submitted;
+        self.submitted = seq.wrapping_add(1);
+        let req = Request::new(&self.requests, cid, seq, Instant::now());
         if let Some(q) = &self.queue {
             self.sqhd = (self.sqhd + 1) % (q.sqsize + 1);
             q.ctrl.touch();
             if q.qid > 0 {
-                self.pair_on_capsule(&sqe);
+                self.pair_on_capsule(&sqe, seq);
             }
         }
         if !data_ok {
@@ -509,6 +517,13 @@ impl<T: Transport> Core<T> {
         // Its host left its tenant (a reload): nothing more runs while the queue closes.
         if sqe.opcode() != FABRICS && self.queue.as_ref().is_some_and(|q| q.ctrl.revoked()) {
             self.fail_admin(&sqe, req, Status::ACCESS_DENIED.dnr());
+            return Ok(());
+        }
+        // The one fused operation (FUSES) is Compare and Write on an I/O queue: any other
+        // command with FUSE set is refused before its data moves, never run as if plain
+        // (its partner, if any, then misses it or fails with it).
+        if sqe.opcode() != FABRICS && !compare::fuse_allowed(&sqe, self.queue.as_ref().is_some_and(|q| q.qid > 0)) {
+            self.fail_admin(&sqe, req, Status::INVALID_FIELD.dnr());
             return Ok(());
         }
         let sgl = sqe.sgl();
@@ -593,9 +608,9 @@ impl<T: Transport> Core<T> {
         if let Some(q) = self.queue.as_ref().filter(|q| q.qid > 0 && sqe.opcode() != FABRICS && !compute::is_compute(sqe.opcode())) {
             let checked = if io_cmd::is_reservation(sqe.opcode()) {
                 io_cmd::check_reservation(&q.ctrl.subsys, &q.ctrl.hostid, &q.ctrl.tenant, &sqe).map(drop)
-            } else if self.lone_second(&sqe) {
+            } else if self.lone_second(&sqe, req.seq()) {
                 Err(Status::ABORTED_MISSING_FUSED.dnr())
-            } else if self.first_failed(&sqe) {
+            } else if self.first_failed(&sqe, req.seq()) {
                 Err(Status::ABORTED_FAILED_FUSED)
             } else {
                 io_cmd::plan(&q.ctrl.subsys, &q.ctrl.hostid, &q.ctrl.tenant, &sqe, true).map(drop)
@@ -909,8 +924,19 @@ impl<T: Transport> Core<T> {
                 b
             }
         };
-        let token = self.inflight.insert(Inflight { write, ..Inflight::new(req, ns.clone(), kind, len, lba) });
+        let token = self.inflight.insert(Inflight::new(req, ns.clone(), kind, len, lba));
         ns.dev.submit(&mut self.chan, op, buf, token as u64);
+        // The range goes with the operation, released when the storage has finished it
+        // whoever reaps it: not held while the completion waits for a host that stopped
+        // reading, nor let go while a closed connection's operation still writes. Given
+        // back (finished already, or run on another task), it is dropped with the
+        // completion.
+        if let Some(g) = write {
+            let back = self.chan.hold(token as u64, g);
+            if let Some(x) = self.inflight.get_mut(token) {
+                x.write = back;
+            }
+        }
         Ok(())
     }
 
