@@ -32,6 +32,8 @@ fn refuse(status: Status, message: impl Into<String>) -> Refusal {
 /// A checked FUSED WRITE, ready to run on its transfer (left in the queue's pooled buffer,
 /// charged to its memory, until it has run).
 pub struct Planned {
+    /// Its controller, whose standing is checked again in its turn ([`recheck`]).
+    ctrl: Arc<Controller>,
     pub ns: Arc<Namespace>,
     pub journal: Arc<Journal>,
     f: Fused,
@@ -59,12 +61,16 @@ impl Planned {
 
 /// The namespace of a fused command and its journal: a namespace without one does not
 /// serve the fused write operations (Invalid Command Opcode, as for an I/O command set
-/// that lacks them).
+/// that lacks them); one whose journal could not be replayed serves nothing (Namespace
+/// Not Ready).
 fn journal_of(ctrl: &Controller, nsid: u32) -> Result<(Arc<Namespace>, Arc<Journal>), Refusal> {
     let ns = ctrl
         .subsys
         .namespace(nsid)
         .ok_or_else(|| refuse(Status::INVALID_NAMESPACE.dnr(), format!("namespace {nsid} is not in {}", ctrl.subsys.nqn)))?;
+    if let Some(why) = &ns.offline {
+        return Err(refuse(Status::NAMESPACE_NOT_READY.dnr(), format!("namespace {nsid} is offline: {why}")));
+    }
     let journal = ns
         .journal
         .clone()
@@ -103,7 +109,7 @@ fn blocks_touched(offset: u64, n: u64, bs: u64) -> Option<(u64, u64)> {
 /// written: the namespace and its journal, the layout, the extents (whole blocks, inside
 /// the namespace, covering exactly the blocks the operation touches), the tenant's write
 /// grants and the reservations, the transaction's size.
-pub fn check(ctrl: &Controller, sqe: &Sqe, transfer: &[u8]) -> Result<Planned, Refusal> {
+pub fn check(ctrl: &Arc<Controller>, sqe: &Sqe, transfer: &[u8]) -> Result<Planned, Refusal> {
     let (ns, journal) = journal_of(ctrl, sqe.nsid())?;
     let (f, data_at) = Fused::decode(transfer).map_err(|e| match e {
         FusedError::Invalid(_) => refuse(cs::DESCRIPTOR_INVALID, e.to_string()),
@@ -142,7 +148,28 @@ pub fn check(ctrl: &Controller, sqe: &Sqe, transfer: &[u8]) -> Result<Planned, R
     if want > 0 {
         return Err(refuse(cs::DESCRIPTOR_INVALID, format!("fused descriptor: the extents end {want} bytes before the bytes written")));
     }
-    Ok(Planned { ns, journal, f, data_at, count, head: head as usize, pieces })
+    Ok(Planned { ctrl: ctrl.clone(), ns, journal, f, data_at, count, head: head as usize, pieces })
+}
+
+/// Checks a FUSED WRITE again in its turn on the journal, for what may have changed while
+/// it waited: its controller revoked (its tenant reloaded) or torn down, its namespace
+/// removed or replaced, the tenant's grants or the reservations on its blocks.
+fn recheck(p: &Planned) -> Result<(), Refusal> {
+    let (ctrl, nsid) = (&p.ctrl, p.ns.nsid);
+    if ctrl.revoked() {
+        return Err(refuse(Status::ACCESS_DENIED.dnr(), format!("namespace {nsid}: its host left its tenant while it waited")));
+    }
+    if ctrl.cancel.is_cancelled() {
+        return Err(refuse(Status::ABORT_REQUESTED, format!("namespace {nsid}: its controller went away while it waited")));
+    }
+    if !ctrl.subsys.namespace(nsid).is_some_and(|ns| Arc::ptr_eq(&ns, &p.ns)) {
+        return Err(refuse(Status::INVALID_NAMESPACE.dnr(), format!("namespace {nsid} left {} while it waited", ctrl.subsys.nqn)));
+    }
+    let bs = p.ns.block_size as u64;
+    for &(off, len) in &p.pieces {
+        allowed(ctrl, &p.ns, Some(off / bs..(off + len) / bs), Access::Write)?;
+    }
+    Ok(())
 }
 
 /// A FUSED WRITE's standing against a Preempt and Abort of its host (docs/protocol.md,
@@ -209,6 +236,7 @@ pub fn run(p: &Planned, transfer: &[u8], hold: &AbortHold, _turn: &Turn) -> Resu
     if hold.aborted() {
         return Err(refuse(Status::ABORTED_PREEMPT, format!("transaction {txid}: its host was preempted and aborted")));
     }
+    recheck(p)?;
     let bytes = fused::bytes_written(&p.f, &transfer[p.data_at..]);
     debug_assert_eq!(bytes.len(), p.count);
     let result = fused::result(crc32c::crc32c(&bytes), bytes.len() as u32, p.f.offset + bytes.len() as u64);
@@ -243,6 +271,9 @@ pub fn run(p: &Planned, transfer: &[u8], hold: &AbortHold, _turn: &Turn) -> Resu
         JournalError::TxidInUse(_) => refuse(Status::INVALID_FIELD.dnr(), e.to_string()),
         JournalError::TooLarge { .. } => refuse(cs::LIMIT_EXCEEDED, e.to_string()),
         JournalError::OutOfRange { .. } => refuse(Status::LBA_OUT_OF_RANGE.dnr(), e.to_string()),
+        // An earlier transaction not finished yet: nothing of this one was logged, its id
+        // stays free; retried, it runs once the earlier one is finished.
+        JournalError::Unfinished(_) => refuse(Status::COMMAND_INTERRUPTED, e.to_string()),
         _ => refuse(Status::WRITE_FAULT.dnr(), e.to_string()),
     })
 }

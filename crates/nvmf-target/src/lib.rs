@@ -219,12 +219,25 @@ impl Target {
                     Some(f) => NsReservations::load(f).map_err(|message| TargetError::Namespace { field: field.clone(), message })?,
                     None => NsReservations::new(None),
                 };
-                let journal = match (&n.path, n.microtx) {
-                    (Some(p), true) => Some(open_journal(p, &*ns.backend, n.block_size, &field)?),
+                let ns = Namespace { tag: n.tag, reservations, ..ns };
+                let ns = match (&n.path, n.microtx) {
+                    (Some(p), true) if is_block_device(p) => {
+                        let message = "microtx needs a regular file: a block device has no beside for its journal".into();
+                        return Err(TargetError::Namespace { field, message });
+                    }
+                    // A journal that cannot be replayed keeps its namespace offline, not
+                    // the target down: the other namespaces serve.
+                    (Some(p), true) => match open_journal(p, &*ns.backend, n.block_size) {
+                        Ok(j) => ns.with_journal(j),
+                        Err(why) => {
+                            error!(subnqn = %s.nqn, nsid = n.nsid, error = %why, "namespace offline (Namespace Not Ready): its MicroTx journal could not be replayed; repair or remove the journal and restart");
+                            ns.into_offline(why)
+                        }
+                    },
                     (None, true) => return Err(TargetError::Namespace { field, message: "microtx needs a file namespace (path)".into() }),
-                    (_, false) => None,
+                    (_, false) => ns,
                 };
-                sub.add_namespace(Namespace { tag: n.tag, reservations, journal, ..ns })
+                sub.add_namespace(ns)
                     .map_err(|message| TargetError::Namespace { field, message })?;
             }
             t.subsystems.write().insert(s.nqn.clone(), Arc::new(sub));
@@ -507,23 +520,28 @@ pub fn limit_malloc_arenas() -> Option<i32> {
 }
 
 /// Opens (creating it) a namespace's MicroTx journal beside its file and replays it onto the
-/// namespace, before the namespace serves.
-fn open_journal(path: &std::path::Path, data: &dyn Backend, block_size: u32, field: &str) -> Result<Arc<microtx::Journal>, TargetError> {
+/// namespace, before the namespace serves. Err: why it could not (the journal named).
+fn open_journal(path: &std::path::Path, data: &dyn Backend, block_size: u32) -> Result<Arc<microtx::Journal>, String> {
     let mut jp = path.as_os_str().to_owned();
     jp.push(".microtx");
     let jp = std::path::PathBuf::from(jp);
-    let log = FileBackend::open(&jp, Some(limits::MICROTX_JOURNAL_BYTES)).map_err(|source| TargetError::Backend {
-        field: format!("{field}.microtx"),
-        path: jp.display().to_string(),
-        source,
-    })?;
-    let (journal, rec) = microtx::Journal::open(Arc::new(log), data, block_size as u64)
-        .map_err(|e| TargetError::Namespace { field: field.to_string(), message: format!("{}: {e}", jp.display()) })?;
+    // Only a regular file: the replay reads and writes it with plain buffers, which a
+    // block device opened with O_DIRECT would refuse.
+    if std::fs::metadata(&jp).is_ok_and(|m| !m.is_file()) {
+        return Err(format!("{}: not a regular file", jp.display()));
+    }
+    let log = FileBackend::open(&jp, Some(limits::MICROTX_JOURNAL_BYTES)).map_err(|e| format!("opening {}: {e}", jp.display()))?;
+    let (journal, rec) = microtx::Journal::open(Arc::new(log), data, block_size as u64).map_err(|e| format!("{}: {e}", jp.display()))?;
     if rec.checkpoint_corrupt || rec.torn_tail {
         warn!(journal = %jp.display(), checkpoint_corrupt = rec.checkpoint_corrupt, torn_tail = rec.torn_tail, "MicroTx journal damaged where a crash leaves it: replayed what is whole");
     }
     info!(journal = %jp.display(), generation = rec.generation, records = rec.records, finished = ?rec.finished, rolled_back = ?rec.rolled_back, "MicroTx journal replayed");
     Ok(Arc::new(journal))
+}
+
+fn is_block_device(path: &std::path::Path) -> bool {
+    use std::os::unix::fs::FileTypeExt;
+    std::fs::metadata(path).is_ok_and(|m| m.file_type().is_block_device())
 }
 
 /// Where a namespace on `path` keeps reservations that persist through power loss: in the

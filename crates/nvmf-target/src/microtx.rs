@@ -4,10 +4,13 @@
 //! durable, applied in place, and marked applied. At start-up [`Journal::open`] replays the
 //! log: a transaction whose writes and result are all logged is finished from its logged
 //! results, any other is rolled back (nothing of it reached the namespace); the outcome of every transaction id stays known to the
-//! host (a bounded table, kept in the checkpoints). A transaction whose in-place writes
-//! failed is finished the same way at the next start: the journal takes no other one
-//! until then. The format, byte by byte, and the order
-//! of flushes are in docs/compute-protocol.md ("The MicroTx journal").
+//! host (a bounded table, kept in the checkpoints). A transaction the journal could not
+//! finish while the target runs (its in-place writes failed, or the checkpoint that drops
+//! its records) is left unfinished: its blocks are fenced ([`Fence`]: no I/O of them is
+//! served) and the journal takes no other transaction until [`Journal::finish`] succeeds
+//! (retried before every transaction and when fenced I/O is refused) or the next start
+//! finishes it from the log. The format, byte by byte, and the order of flushes are in
+//! docs/compute-protocol.md ("The MicroTx journal").
 //!
 //! Synchronous, over two [`Backend`]s (the journal, the namespace's data): it flushes, so it
 //! runs on a blocking thread, never on a network task. One transaction runs at a time per
@@ -16,10 +19,11 @@
 
 use std::collections::VecDeque;
 use std::io;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 
-use parking_lot::Mutex;
+use parking_lot::{Mutex, RwLock};
+use tracing::{info, warn};
 
 use crate::backend::Backend;
 use crate::limits::{
@@ -140,11 +144,14 @@ pub enum JournalError {
     JournalTooLarge(String, u64),
     #[error("journal {0} claims generation {1}: no next generation (corrupt)")]
     GenerationExhausted(String, u64),
-    #[error("journal failed earlier and is not used until the target restarts: {0}")]
-    Poisoned(String),
-    /// Logged and durable, its in-place writes failed: finished from the log at the next
-    /// start, and the journal takes no other transaction until then.
-    #[error("transaction {txid}: writing in place failed, finished from the journal at the next start: {source}")]
+    /// The journal holds a transaction it has not finished ([`Journal::finish`] failed
+    /// again): it takes no other until it has.
+    #[error("the journal has not finished an earlier transaction yet: {0}")]
+    Unfinished(String),
+    /// Logged and durable, its in-place writes failed: finished from the log when
+    /// [`Journal::finish`] succeeds or at the next start, and until then its blocks are
+    /// fenced and the journal takes no other transaction.
+    #[error("transaction {txid}: writing in place failed, finished from the journal when the namespace writes again: {source}")]
     InPlace { txid: u64, source: io::Error },
     #[error("{what}: {source}")]
     Io { what: String, source: io::Error },
@@ -185,7 +192,63 @@ struct State {
     head: u64,
     /// Next record's number in this generation.
     lsn: u64,
-    poisoned: Option<String>,
+    unfinished: Option<Unfinished>,
+}
+
+/// What the journal still owes before it takes another transaction: a transaction whose
+/// records replay may find and write again in place (its blocks fenced meanwhile), or only
+/// the checkpoint of a full journal. Finished by writing its blocks again in place (when
+/// it is to be rolled forward) and then a checkpoint, after which replay never reads its
+/// records.
+struct Unfinished {
+    txid: u64,
+    /// Its block images, written again in place before the checkpoint (roll forward);
+    /// empty when nothing is to be written (it failed before or after its in-place
+    /// writes).
+    apply: Vec<(u64, Vec<u8>)>,
+    /// Its outcome once written again in place.
+    outcome: Option<Outcome>,
+    /// The checkpoint of the generation the journal is at was attempted and failed: it is
+    /// written again in the same slot, never the next one, which holds the only
+    /// checkpoint that passes its checks.
+    checkpoint_failed: bool,
+    why: String,
+}
+
+/// The blocks of a namespace no I/O may reach now (its journal's unfinished transaction's):
+/// a write there would be acknowledged and then overwritten when the transaction is
+/// finished, a read would return bytes that finishing it changes. Looked at on every I/O
+/// of the namespace (`dev::fence`), without a lock while it is down.
+#[derive(Default)]
+pub struct Fence {
+    up: AtomicBool,
+    /// Namespace byte ranges (offset, length).
+    ranges: RwLock<Vec<(u64, u64)>>,
+    /// A [`Journal::kick`] is under way.
+    retrying: AtomicBool,
+}
+
+impl Fence {
+    /// True when I/O on `len` bytes at `off` must be refused now.
+    pub fn holds(&self, off: u64, len: u64) -> bool {
+        self.up.load(Ordering::Acquire)
+            && self.ranges.read().iter().any(|&(o, l)| off < o.saturating_add(l) && o < off.saturating_add(len.max(1)))
+    }
+
+    /// True while any block is fenced.
+    pub fn is_up(&self) -> bool {
+        self.up.load(Ordering::Acquire)
+    }
+
+    fn raise(&self, writes: &[(u64, Vec<u8>)]) {
+        *self.ranges.write() = writes.iter().map(|(off, d)| (*off, d.len() as u64)).collect();
+        self.up.store(true, Ordering::Release);
+    }
+
+    fn lower(&self) {
+        self.up.store(false, Ordering::Release);
+        self.ranges.write().clear();
+    }
 }
 
 /// Records a transaction's outcome, the newest MICROTX_OUTCOMES_MAX kept.
@@ -208,6 +271,8 @@ pub struct Journal {
     serial: Arc<tokio::sync::Mutex<()>>,
     /// Fused commands admitted ([`Journal::admit`]): waiting for their turn or running.
     admitted: AtomicUsize,
+    /// The blocks of its unfinished transaction, fenced.
+    fence: Arc<Fence>,
     bug: Option<FlushBug>,
     /// The namespace's logical block: every write is whole ones.
     block_bytes: u64,
@@ -471,10 +536,11 @@ impl Journal {
         }
         let journal = Journal {
             log,
-            state: Mutex::new(State { generation: next, head: LOG_START, lsn: 0, poisoned: None }),
+            state: Mutex::new(State { generation: next, head: LOG_START, lsn: 0, unfinished: None }),
             outcomes: Mutex::new(outcomes),
             serial: Arc::new(tokio::sync::Mutex::new(())),
             admitted: AtomicUsize::new(0),
+            fence: Arc::default(),
             bug,
             block_bytes,
         };
@@ -531,17 +597,17 @@ impl Journal {
     pub fn run_with(&self, data: &dyn Backend, tx: &Tx, result: [u8; RESULT_BYTES]) -> Result<[u8; RESULT_BYTES], JournalError> {
         self.check(data, tx)?;
         let mut s = self.state.lock();
-        if let Some(p) = &s.poisoned {
-            return Err(JournalError::Poisoned(p.clone()));
-        }
+        self.finish_locked(&mut s, data)?;
         if tx.txid == 0 || self.known(tx.txid) {
             return Err(JournalError::TxidInUse(tx.txid));
         }
         let r = self.run_locked(&mut s, data, tx, result);
         match &r {
             Ok(result) => self.note(tx.txid, Outcome::Committed(*result)),
-            // In doubt until the next start finishes it: no outcome yet, as while it runs.
+            // In doubt until it is finished: no outcome yet, as while it runs.
             Err(JournalError::InPlace { .. }) => {}
+            // Not logged: its id stays free for its retry.
+            Err(JournalError::Unfinished(_)) => {}
             Err(_) if !self.known(tx.txid) => self.note(tx.txid, Outcome::Failed),
             Err(_) => {}
         }
@@ -587,10 +653,13 @@ impl Journal {
             // Full: every transaction of this generation is applied (durable in the
             // namespace before its APPLIED record), so a new generation forgets them. A
             // checkpoint that failed leaves records of a generation replay would not read:
-            // the journal is not used again.
+            // the journal takes nothing until it is written (nothing to fence: every
+            // transaction replay would find is applied).
             if let Err(e) = self.checkpoint_locked(s) {
-                s.poisoned = Some(e.to_string());
-                return Err(e);
+                let why = format!("checkpoint of the full journal: {e}");
+                let failed = !matches!(e, JournalError::GenerationExhausted(..));
+                s.unfinished = Some(Unfinished { txid: 0, apply: Vec::new(), outcome: None, checkpoint_failed: failed, why: why.clone() });
+                return Err(JournalError::Unfinished(why));
             }
         }
         let g = s.generation;
@@ -621,7 +690,7 @@ impl Journal {
         if let Err(e) = logged {
             // Its records may or may not be durable: a new generation drops them, so
             // recovery cannot finish what the host saw fail.
-            return Err(self.drop_failed(s, e, tx.txid, "logging"));
+            return Err(self.drop_failed(s, e, tx, "logging"));
         }
         // 2. In place, durable before it is marked applied (recovery then never writes it
         // again over a later write of those blocks).
@@ -631,10 +700,16 @@ impl Journal {
         });
         if let Err(source) = applied {
             // Some of its writes may be in place, others not: it stays logged without its
-            // APPLIED record, so the next start writes it whole again (roll forward). Until
-            // then no other transaction runs: one of them, or a replay of this one, would
-            // change blocks the other relies on.
-            s.poisoned = Some(format!("transaction {}: writing in place failed: {source}", tx.txid));
+            // APPLIED record, so that it is written whole again (roll forward) by `finish`
+            // or the next start. Until then its blocks are fenced (fenced before its
+            // command completes: a write the host sends after seeing the failure meets
+            // the fence) and no other transaction runs: one of them, or finishing this
+            // one, would change blocks the other relies on.
+            let why = format!("transaction {}: writing in place failed: {source}", tx.txid);
+            warn!(journal = %self.log.describe(), txid = tx.txid, error = %source, "MicroTx transaction's in-place write failed: its blocks are fenced until it is finished");
+            self.fence.raise(&tx.writes);
+            let outcome = Some(Outcome::Committed(result));
+            s.unfinished = Some(Unfinished { txid: tx.txid, apply: tx.writes.clone(), outcome, checkpoint_failed: false, why });
             return Err(JournalError::InPlace { txid: tx.txid, source });
         }
         // 3. APPLIED.
@@ -646,19 +721,26 @@ impl Journal {
         s.head += mark.len() as u64;
         s.lsn += 1;
         if let Err(e) = marked {
-            return Err(self.drop_failed(s, e, tx.txid, "marking"));
+            return Err(self.drop_failed(s, e, tx, "marking"));
         }
         Ok(result)
     }
 
     /// After a journal write or flush failed: a checkpoint starts a generation without the
-    /// records in doubt; when that fails too the journal is not used again.
-    fn drop_failed(&self, s: &mut State, e: io::Error, txid: u64, what: &str) -> JournalError {
+    /// records in doubt. When that fails too, replay may still find the transaction's
+    /// records and write it in place: it is unfinished, its blocks fenced, until the
+    /// checkpoint is written.
+    fn drop_failed(&self, s: &mut State, e: io::Error, tx: &Tx, what: &str) -> JournalError {
+        let txid = tx.txid;
         let err = JournalError::Io { what: format!("transaction {txid}: {what} it in the journal"), source: e };
         // Known as failed from the checkpoint on.
         self.note(txid, Outcome::Failed);
         if let Err(c) = self.checkpoint_locked(s) {
-            s.poisoned = Some(c.to_string());
+            warn!(journal = %self.log.describe(), txid, error = %c, "MicroTx checkpoint failed after a failed journal write: the transaction's blocks are fenced until it is written");
+            self.fence.raise(&tx.writes);
+            let failed = !matches!(c, JournalError::GenerationExhausted(..));
+            let why = format!("transaction {txid}: {what} it and the checkpoint after failed: {c}");
+            s.unfinished = Some(Unfinished { txid, apply: Vec::new(), outcome: None, checkpoint_failed: failed, why });
         }
         err
     }
@@ -666,14 +748,92 @@ impl Journal {
     /// Starts a new generation: the outcomes into the next checkpoint slot, flushed.
     fn checkpoint_locked(&self, s: &mut State) -> Result<(), JournalError> {
         let g = s.generation.checked_add(1).ok_or_else(|| JournalError::GenerationExhausted(self.log.describe(), s.generation))?;
-        let slot = (g % 2) * MICROTX_CHECKPOINT_BYTES as u64;
-        let b = encode_checkpoint(g, &self.outcomes.lock());
-        let r = self.log.write_at(&b, slot).and_then(|()| self.log.flush());
-        // Whatever happened, the old generation's log is not appended to again.
+        // Whatever happens, the old generation's log is not appended to again.
         s.generation = g;
         s.head = LOG_START;
         s.lsn = 0;
-        r.map_err(io_err(format!("writing checkpoint {g} of journal {}", self.log.describe())))
+        self.write_checkpoint(g)
+    }
+
+    /// Writes the checkpoint of generation `g` into its slot, flushed.
+    fn write_checkpoint(&self, g: u64) -> Result<(), JournalError> {
+        let slot = (g % 2) * MICROTX_CHECKPOINT_BYTES as u64;
+        let b = encode_checkpoint(g, &self.outcomes.lock());
+        self.log.write_at(&b, slot).and_then(|()| self.log.flush()).map_err(io_err(format!("writing checkpoint {g} of journal {}", self.log.describe())))
+    }
+
+    /// Finishes the unfinished transaction, if there is one: its blocks written again in
+    /// place and flushed (when it is rolled forward), then a checkpoint, so that replay
+    /// never writes it again; then its fence goes. Ok(true): one was finished; Ok(false):
+    /// there was none. A failure leaves it unfinished, to be tried again.
+    pub fn finish(&self, data: &dyn Backend) -> Result<bool, JournalError> {
+        let mut s = self.state.lock();
+        let had = s.unfinished.is_some();
+        self.finish_locked(&mut s, data).map(|()| had)
+    }
+
+    fn finish_locked(&self, s: &mut State, data: &dyn Backend) -> Result<(), JournalError> {
+        let Some(mut u) = s.unfinished.take() else { return Ok(()) };
+        let applied = u.apply.iter().try_for_each(|(off, d)| data.write_at(d, *off).and_then(|()| data.flush_range(*off, d.len() as u64)));
+        if let Err(e) = applied {
+            u.why = format!("transaction {}: writing in place failed again: {e}", u.txid);
+            let why = u.why.clone();
+            s.unfinished = Some(u);
+            return Err(JournalError::Unfinished(why));
+        }
+        // Whole and durable in place: its outcome goes into the checkpoint.
+        if let Some(o) = u.outcome.take() {
+            self.note(u.txid, o);
+        }
+        let written = match u.checkpoint_failed {
+            true => self.write_checkpoint(s.generation),
+            false => self.checkpoint_locked(s),
+        };
+        if let Err(e) = written {
+            u.checkpoint_failed |= !matches!(e, JournalError::GenerationExhausted(..));
+            u.why = format!("transaction {}: its checkpoint failed: {e}", u.txid);
+            let why = u.why.clone();
+            s.unfinished = Some(u);
+            return Err(JournalError::Unfinished(why));
+        }
+        self.fence.lower();
+        info!(journal = %self.log.describe(), txid = u.txid, "MicroTx journal finished its unfinished transaction: its blocks serve again");
+        Ok(())
+    }
+
+    /// The blocks of its unfinished transaction, which no I/O may reach meanwhile.
+    pub fn fence(&self) -> &Arc<Fence> {
+        &self.fence
+    }
+
+    /// Why the journal holds an unfinished transaction, if it does.
+    pub fn unfinished(&self) -> Option<String> {
+        self.state.lock().unfinished.as_ref().map(|u| u.why.clone())
+    }
+
+    /// Tries [`Journal::finish`] in the background (in a turn of the journal, on the
+    /// blocking pool), unless a try is under way: called when fenced I/O is refused, so
+    /// that a fence lifts as soon as the namespace's device writes again, without a
+    /// restart. Outside a runtime it does nothing (the next transaction tries).
+    pub fn kick(self: &Arc<Self>, data: Arc<dyn Backend>) {
+        let Ok(rt) = tokio::runtime::Handle::try_current() else { return };
+        if self.fence.retrying.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        let journal = self.clone();
+        rt.spawn(async move {
+            let turn = journal.turn().await;
+            let j = journal.clone();
+            let r = tokio::task::spawn_blocking(move || {
+                let _turn = turn;
+                j.finish(&*data)
+            })
+            .await;
+            if let Ok(Err(e)) = r {
+                warn!(journal = %journal.log.describe(), error = %e, "MicroTx journal could not finish its transaction yet");
+            }
+            journal.fence.retrying.store(false, Ordering::Release);
+        });
     }
 
     /// The generation the journal writes (tests).
@@ -919,33 +1079,44 @@ mod tests {
         assert_eq!(read(&*data, 4096, 4096), vec![0; 4096]);
     }
 
-    /// A journal that fails a flush: the transaction fails, is not finished at the next
-    /// start, and the journal goes on in a new generation.
+    /// A journal that fails a write or flush: the transaction fails, is not finished at the
+    /// next start, and the journal goes on in a new generation. When the checkpoint that
+    /// starts it fails too, replay could still find the transaction's records: its blocks
+    /// are fenced until the checkpoint is written, before the next transaction.
     #[test]
     fn a_failed_journal_flush_fails_the_transaction_and_replay_does_not_finish_it() {
-        for cut in [0usize, 1] {
+        // (journal operations failing, counted from the run: its records 0, their flush 1,
+        // APPLIED 2, its flush 3, the checkpoint after a failure next; fenced)
+        let cases = [(0, 1, false), (1, 2, false), (1, 3, true), (2, 4, true), (3, 5, true)];
+        for (from, to, fenced) in cases {
+            let what = format!("failing {from}..{to}");
             let (log, data) = (mem(JOURNAL), mem(DATA));
             Journal::open(log.clone(), &*data, BLOCK).unwrap();
-            // Fails the journal write (0) or its flush (1), then works again.
             let flaky = Faulty::cut(&log);
             let (j, _) = Journal::open(flaky.clone(), &*data, BLOCK).unwrap();
-            flaky.fail(cut, cut + 1);
-            assert!(j.run(&*data, &tx(4, &[(0, 4096, 9)])).is_err(), "cut {cut}");
-            assert_eq!(j.outcome(4), Some(Outcome::Failed));
+            flaky.fail(from, to);
+            assert!(matches!(j.run(&*data, &tx(4, &[(0, 4096, 9)])), Err(JournalError::Io { .. })), "{what}");
+            assert_eq!(j.outcome(4), Some(Outcome::Failed), "{what}");
+            assert_eq!(j.fence().holds(0, 4096), fenced, "{what}");
+            assert!(!j.fence().holds(4096, 4096), "{what}");
             j.run(&*data, &tx(5, &[(4096, 4096, 10)])).unwrap();
+            assert!(!j.fence().is_up(), "{what}");
+            // Marked or not, it is not written at the next start: a write after it stays.
+            data.write_at(&[11; 4096], 0).unwrap();
             let (j, rec) = Journal::open(log.clone(), &*data, BLOCK).unwrap();
-            assert_eq!(read(&*data, 0, 4096), vec![0; 4096], "cut {cut}: {rec:?}");
-            assert_eq!(read(&*data, 4096, 4096), vec![10; 4096], "cut {cut}");
-            assert_eq!(j.outcome(4), Some(Outcome::Failed), "cut {cut}");
+            assert!(rec.finished.is_empty(), "{what}: {rec:?}");
+            assert_eq!(read(&*data, 0, 4096), vec![11; 4096], "{what}");
+            assert_eq!(read(&*data, 4096, 4096), vec![10; 4096], "{what}");
+            assert_eq!(j.outcome(4), Some(Outcome::Failed), "{what}");
         }
     }
 
-    /// An in-place write or flush that fails (the device's error, the process lives on):
-    /// the transaction is logged, so it is neither failed nor rolled back but finished
-    /// whole from the log at the next start, and until then the journal takes no other
-    /// transaction (no later one lands on blocks the replay writes again). Before, a failed
-    /// second write was marked ABORT: its first write stayed in place, the second not, and
-    /// replay left it torn.
+    /// An in-place write or flush that fails (the device's error, the process lives on)
+    /// and goes on failing: the transaction is logged, so it is neither failed nor rolled
+    /// back but finished whole from the log at the next start; until then its blocks are
+    /// fenced and the journal takes no other transaction (no later one lands on blocks the
+    /// replay writes again). Before, a failed second write was marked ABORT: its first
+    /// write stayed in place, the second not, and replay left it torn.
     #[test]
     fn a_failed_in_place_write_is_finished_from_the_log_at_the_next_start() {
         let t = tx(7, &[(4096, 8192, 0xAB), (65536, 4096, 0xCD)]);
@@ -957,39 +1128,142 @@ mod tests {
             let clog = Faulty::cut(&log);
             let cdata = clog.beside(&data);
             let (j, _) = Journal::open(clog.clone(), &*data, BLOCK).unwrap();
-            clog.fail(op, op + 1);
+            assert!(!j.fence().is_up());
+            // From this operation on the storage fails, the journal's too.
+            clog.fail(op, usize::MAX);
             let r = j.run(&*cdata, &t);
             assert!(matches!(r, Err(JournalError::InPlace { txid: 7, .. })), "{what}: {r:?}");
-            assert_eq!(j.outcome(7), None, "{what}: in doubt until the next start");
+            assert_eq!(j.outcome(7), None, "{what}: in doubt until it is finished");
+            // Its blocks, and only they, are fenced.
+            let fence = j.fence();
+            assert!(fence.holds(4096, 512) && fence.holds(12288 - 512, 4096) && fence.holds(65536 + 4095, 1), "{what}");
+            assert!(!fence.holds(0, 4096) && !fence.holds(12288, 4096) && !fence.holds(69632, 4096), "{what}");
             let next = j.run(&*cdata, &tx(8, &[(0, 4096, 1)]));
-            assert!(matches!(next, Err(JournalError::Poisoned(_))), "{what}: {next:?}");
+            assert!(matches!(next, Err(JournalError::Unfinished(_))), "{what}: {next:?}");
+            assert_eq!(j.outcome(8), None, "{what}: the refused one's id stays free");
+            assert!(matches!(j.finish(&*cdata), Err(JournalError::Unfinished(_))), "{what}");
+            assert!(j.fence().is_up(), "{what}");
             assert_eq!(read(&*data, 0, 4096), vec![0; 4096], "{what}: the refused one wrote nothing");
             let (j, rec) = Journal::open(log.clone(), &*data, BLOCK).unwrap();
             assert_eq!(rec.finished, vec![7], "{what}: {rec:?}");
             assert_eq!(j.outcome(7), Some(Outcome::Committed(result_of(&t.writes))), "{what}");
             assert_eq!((read(&*data, 4096, 8192), read(&*data, 65536, 4096)), (vec![0xAB; 8192], vec![0xCD; 4096]), "{what}");
+            assert!(!j.fence().is_up(), "{what}");
             j.run(&*data, &tx(8, &[(0, 4096, 1)])).unwrap();
         }
     }
 
-    /// A checkpoint that fails when the journal is full stops the journal: otherwise the
-    /// next generation's records would follow a checkpoint replay never reads.
+    /// An in-place write or flush that fails once: the transaction is finished in place
+    /// as soon as the storage writes again (`finish`, or the next transaction before it
+    /// runs), without a restart; its fence lifts, its outcome is committed, and the next
+    /// start does not write it again over what was written after it. Before, the journal
+    /// stayed closed until a restart, whose replay wrote it over the plain writes
+    /// acknowledged in the meantime.
     #[test]
-    fn a_failed_checkpoint_of_a_full_journal_stops_the_journal() {
-        let (log, data) = (mem(JOURNAL), mem(DATA));
-        let flaky = Faulty::cut(&log);
-        let (j, _) = Journal::open(flaky.clone(), &*data, BLOCK).unwrap();
-        let first = j.generation();
-        let fit = (JOURNAL - LOG_START) / Journal::tx_space(1, 65536);
-        for i in 1..=fit {
-            j.run(&*data, &tx(i, &[((i % 8) * 65536, 65536, i as u8)])).unwrap();
+    fn a_failed_in_place_write_is_finished_in_place_once_the_storage_writes_again() {
+        let t = tx(7, &[(4096, 8192, 0xAB), (65536, 4096, 0xCD)]);
+        // (operation failing, counted from the run, as above; finished by the next
+        // transaction, else by `finish`)
+        let cases = [(2, false), (3, true), (4, false), (5, true)];
+        for (op, by_next) in cases {
+            let what = format!("op {op}, by the next transaction {by_next}");
+            let (log, data) = (mem(JOURNAL), mem(DATA));
+            let clog = Faulty::cut(&log);
+            let cdata = clog.beside(&data);
+            let (j, _) = Journal::open(clog.clone(), &*data, BLOCK).unwrap();
+            clog.fail(op, op + 1);
+            assert!(matches!(j.run(&*cdata, &t), Err(JournalError::InPlace { txid: 7, .. })), "{what}");
+            assert!(j.fence().holds(65536, 4096), "{what}");
+            if by_next {
+                j.run(&*cdata, &tx(8, &[(0, 4096, 1)])).unwrap();
+                assert_eq!(read(&*data, 0, 4096), vec![1; 4096], "{what}");
+            } else {
+                assert!(j.finish(&*cdata).unwrap(), "{what}: one finished");
+                assert!(!j.finish(&*cdata).unwrap(), "{what}: none left");
+            }
+            assert!(!j.fence().is_up(), "{what}");
+            assert_eq!(j.outcome(7), Some(Outcome::Committed(result_of(&t.writes))), "{what}");
+            assert_eq!((read(&*data, 4096, 8192), read(&*data, 65536, 4096)), (vec![0xAB; 8192], vec![0xCD; 4096]), "{what}");
+            // A plain write of its blocks, acknowledged once the fence lifted.
+            data.write_at(&[0x5A; 4096], 65536).unwrap();
+            let (j, rec) = Journal::open(log.clone(), &*data, BLOCK).unwrap();
+            assert!(rec.finished.is_empty(), "{what}: written again at the start: {rec:?}");
+            assert_eq!(read(&*data, 65536, 4096), vec![0x5A; 4096], "{what}: the later write is lost");
+            assert_eq!(j.outcome(7), Some(Outcome::Committed(result_of(&t.writes))), "{what}");
         }
-        assert_eq!(j.generation(), first, "{fit} transactions fill one generation");
-        // The next one checkpoints first: its write fails.
-        flaky.fail(0, 1);
-        assert!(j.run(&*data, &tx(fit + 1, &[(0, 65536, 1)])).is_err());
-        let next = j.run(&*data, &tx(fit + 2, &[(0, 65536, 2)]));
-        assert!(matches!(next, Err(JournalError::Poisoned(_))), "{next:?}");
+    }
+
+    /// The checkpoint that finishes a transaction fails: it stays unfinished and fenced
+    /// (a start in between replays it from the log), and the next try writes the same
+    /// generation into the same slot, never the next one, which holds the only checkpoint
+    /// replay can use when the failed write tore its own.
+    #[test]
+    fn a_failed_finishing_checkpoint_is_written_again_in_its_own_slot() {
+        let t = tx(7, &[(4096, 4096, 0xAB)]);
+        let (log, data) = (mem(JOURNAL), mem(DATA));
+        let clog = Faulty::cut(&log);
+        let cdata = clog.beside(&data);
+        let (j, _) = Journal::open(clog.clone(), &*data, BLOCK).unwrap();
+        let g = j.generation();
+        // The in-place write (op 2) fails.
+        clog.fail(2, 3);
+        assert!(matches!(j.run(&*cdata, &t), Err(JournalError::InPlace { .. })));
+        // Finishing: write in place (0), its flush (1), the checkpoint (2) fails.
+        clog.fail(2, 3);
+        assert!(matches!(j.finish(&*cdata), Err(JournalError::Unfinished(_))));
+        assert!(j.fence().holds(4096, 4096));
+        assert_eq!(j.generation(), g + 1);
+        // The failed write tore the slot of generation g + 1.
+        let slot = ((g + 1) % 2) * MICROTX_CHECKPOINT_BYTES as u64;
+        log.write_at(&[0xEE; 512], slot).unwrap();
+        {
+            // A start now: the checkpoint of generation g, and its log, replayed.
+            let copy = mem(JOURNAL);
+            copy.write_at(&read(&*log, 0, JOURNAL as usize), 0).unwrap();
+            let (_, rec) = Journal::open(copy, &*mem(DATA), BLOCK).unwrap();
+            assert_eq!((rec.generation, rec.finished.clone()), (g, vec![7]), "{rec:?}");
+        }
+        assert!(j.finish(&*cdata).unwrap());
+        assert_eq!(j.generation(), g + 1, "the checkpoint went to the next slot");
+        assert!(!j.fence().is_up());
+        let (j, rec) = Journal::open(log.clone(), &*data, BLOCK).unwrap();
+        assert_eq!((rec.generation, rec.finished.clone(), rec.checkpoint_corrupt), (g + 1, vec![], false), "{rec:?}");
+        assert_eq!(j.outcome(7), Some(Outcome::Committed(result_of(&t.writes))));
+    }
+
+    /// A checkpoint that fails when the journal is full: the transaction fails (nothing of
+    /// it logged, its id free), and the journal takes no other until the checkpoint is
+    /// written, into the same slot: otherwise the next generation's records would follow
+    /// a checkpoint replay never reads.
+    #[test]
+    fn a_failed_checkpoint_of_a_full_journal_is_written_before_the_next_transaction() {
+        for lasts in [false, true] {
+            let (log, data) = (mem(JOURNAL), mem(DATA));
+            let flaky = Faulty::cut(&log);
+            let (j, _) = Journal::open(flaky.clone(), &*data, BLOCK).unwrap();
+            let first = j.generation();
+            let fit = (JOURNAL - LOG_START) / Journal::tx_space(1, 65536);
+            for i in 1..=fit {
+                j.run(&*data, &tx(i, &[((i % 8) * 65536, 65536, i as u8)])).unwrap();
+            }
+            assert_eq!(j.generation(), first, "{fit} transactions fill one generation");
+            // The next one checkpoints first: its write fails (and, `lasts`, every later one).
+            flaky.fail(0, if lasts { usize::MAX } else { 1 });
+            let r = j.run(&*data, &tx(fit + 1, &[(0, 65536, 1)]));
+            assert!(matches!(r, Err(JournalError::Unfinished(_))), "{r:?}");
+            assert_eq!(j.outcome(fit + 1), None);
+            assert!(!j.fence().is_up(), "no transaction of it to fence");
+            let next = j.run(&*data, &tx(fit + 2, &[(0, 65536, 2)]));
+            if lasts {
+                assert!(matches!(next, Err(JournalError::Unfinished(_))), "{next:?}");
+                continue;
+            }
+            next.unwrap();
+            assert_eq!(j.generation(), first + 1);
+            let (j, _) = Journal::open(log.clone(), &*data, BLOCK).unwrap();
+            assert!(matches!(j.outcome(fit + 2), Some(Outcome::Committed(_))));
+            assert!(matches!(j.outcome(fit), Some(Outcome::Committed(_))));
+        }
     }
 
     /// Journals as a disk may hold them, each opened without a panic: refused with its

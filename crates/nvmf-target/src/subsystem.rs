@@ -47,6 +47,9 @@ pub struct Namespace {
     pub placement: Option<crate::dev::volume::Volume>,
     /// Its MicroTx journal, for fused write operations (`microtx = true`).
     pub journal: Option<Arc<crate::microtx::Journal>>,
+    /// Why it serves no I/O (Namespace Not Ready): its journal could not be opened or
+    /// replayed at start-up (its device stack is `dev::fence::Offline`).
+    pub offline: Option<String>,
     /// Its range locks: Compare and Write exclusive, every other writer shared
     /// (range_lock.rs).
     pub ranges: Arc<crate::range_lock::RangeLocks>,
@@ -72,8 +75,40 @@ impl Namespace {
             volume: None,
             placement: None,
             journal: None,
+            offline: None,
             ranges: Arc::default(),
         }
+    }
+
+    /// Keeps `journal` as its MicroTx journal, its device stack under the journal's fence
+    /// (`dev::fence::Fenced`), which every I/O of its blocks meets.
+    pub fn with_journal(mut self, journal: Arc<crate::microtx::Journal>) -> Namespace {
+        self.dev = Arc::new(dev::fence::Fenced::new(self.dev, journal.clone(), self.backend.clone()));
+        self.journal = Some(journal);
+        self
+    }
+
+    /// Serves no I/O, for `why` (Namespace Not Ready, `dev::fence::Offline`).
+    pub fn into_offline(mut self, why: String) -> Namespace {
+        self.dev = Arc::new(dev::fence::Offline::new(self.dev, why.clone()));
+        self.offline = Some(why);
+        self
+    }
+
+    /// The status I/O of `len` bytes at `off` is refused with now, for the users that reach
+    /// the storage without its device stack (Compare and Write, whose `dev::fence` this
+    /// stands for): the namespace offline, or blocks its journal fenced (then the journal
+    /// tries again to finish their transaction).
+    pub fn fenced(&self, off: u64, len: u64) -> Option<Status> {
+        if self.offline.is_some() {
+            return Some(Status::NAMESPACE_NOT_READY.dnr());
+        }
+        let journal = self.journal.as_ref()?;
+        if !journal.fence().holds(off, len) {
+            return None;
+        }
+        journal.kick(self.backend.clone());
+        Some(Status::COMMAND_INTERRUPTED)
     }
 
     /// Byte offset and length of `nlb` blocks at `slba`, if they lie inside the namespace.

@@ -618,3 +618,142 @@ async fn outcome_is_answered_while_a_fused_write_is_stuck() {
     assert!(r.is_ok(), "{r:?}");
     assert_eq!(q2.outcome(GATED, 2).await.unwrap().0, state::COMMITTED);
 }
+
+/// A file whose writes touching bytes `range` fail while `failing` is set.
+struct Flaky {
+    file: FileBackend,
+    failing: AtomicBool,
+    range: (u64, u64),
+}
+
+impl Backend for Flaky {
+    fn describe(&self) -> String {
+        "flaky".into()
+    }
+    fn size(&self) -> u64 {
+        self.file.size()
+    }
+    fn read_at(&self, buf: &mut [u8], off: u64) -> std::io::Result<()> {
+        self.file.read_at(buf, off)
+    }
+    fn write_at(&self, buf: &[u8], off: u64) -> std::io::Result<()> {
+        if self.failing.load(Relaxed) && off < self.range.1 && self.range.0 < off + buf.len() as u64 {
+            return Err(std::io::Error::other("injected"));
+        }
+        self.file.write_at(buf, off)
+    }
+    fn flush(&self) -> std::io::Result<()> {
+        self.file.flush()
+    }
+    fn write_zeroes(&self, off: u64, len: u64, deallocate: bool) -> std::io::Result<()> {
+        self.file.write_zeroes(off, len, deallocate)
+    }
+}
+
+/// Namespace FLAKY of `env`: a 1 MiB file with its MicroTx journal, whose second block
+/// fails writes on demand.
+const FLAKY: u32 = 4;
+fn add_flaky(env: &Env) -> (Arc<Flaky>, Arc<Journal>) {
+    let file = FileBackend::open(&env._dir.path().join("flaky.img"), Some(1 << 20)).unwrap();
+    let flaky = Arc::new(Flaky { file, failing: AtomicBool::new(false), range: (BS, 2 * BS) });
+    let log = FileBackend::open(&env._dir.path().join("flaky.img.microtx"), Some(MICROTX_JOURNAL_BYTES)).unwrap();
+    let (journal, _) = Journal::open(Arc::new(log), &*flaky, BS).unwrap();
+    let journal = Arc::new(journal);
+    let ns = Namespace::new(NQN, FLAKY, flaky.clone(), BS as u32).with_journal(journal.clone());
+    env._target.subsystem(NQN).unwrap().add_namespace(ns).unwrap();
+    (flaky, journal)
+}
+
+/// A FUSED WRITE whose in-place write fails after its records are durable: from then
+/// until its transaction is finished every I/O of its blocks (Read, Write, Write Zeroes,
+/// Deallocate, Compare and Write) is refused with Command Interrupted (DNR clear: retry),
+/// other blocks serve, the next FUSED WRITE waits (refused for a retry, its id free); once
+/// the storage writes again, a refused I/O has the journal finish the transaction in
+/// place, the retried write lands over it, and the next start does not write the
+/// transaction again over that acknowledged write. Before, plain writes of those blocks
+/// were acknowledged and then overwritten by the replay at the next start.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_in_place_write_fences_its_blocks_until_it_is_finished() {
+    let env = start().await;
+    let (flaky, journal) = add_flaky(&env);
+    let (_c, mut q) = connect(&env, HOST).await;
+    let bs = BS as u32;
+    flaky.failing.store(true, Relaxed);
+    // Blocks 0 and 1; block 1's write fails.
+    let r = q.fused_write(FLAKY, &plain_transfer(1, 0, &[1; 1024])).await;
+    assert_eq!(status(r), Status::WRITE_FAULT.dnr());
+    assert_eq!(q.outcome(FLAKY, 1).await.unwrap().0, state::UNKNOWN, "in doubt until finished");
+    let retry = Status::COMMAND_INTERRUPTED;
+    assert_eq!(status(q.write(FLAKY, 0, &[2; 512], bs, false).await), retry, "Write");
+    assert_eq!(status(q.read(FLAKY, 1, 1, bs).await), retry, "Read");
+    assert_eq!(status(q.write_zeroes(FLAKY, 0, 1, false).await), retry, "Write Zeroes");
+    assert_eq!(status(q.deallocate(FLAKY, &[(1, 1)]).await), retry, "Deallocate");
+    let caw = q.compare_and_write(FLAKY, 1, &[0; 512], &[5; 512], bs, false).await.unwrap();
+    assert_eq!(caw.compare, retry, "Compare and Write: {caw:?}");
+    // Other blocks serve.
+    q.write(FLAKY, 8, &[3; 512], bs, false).await.unwrap();
+    assert_eq!(q.read(FLAKY, 8, 1, bs).await.unwrap(), vec![3; 512]);
+    // The next transaction waits for the unfinished one, which cannot be finished yet.
+    assert_eq!(status(q.fused_write(FLAKY, &plain_transfer(2, 8192, &[4; 512])).await), retry);
+    assert_eq!(q.outcome(FLAKY, 2).await.unwrap().0, state::UNKNOWN, "its id stays free");
+    let fenced = format!("nearstore_microtx_fenced{{subnqn=\"{NQN}\",nsid=\"{FLAKY}\"}} 1");
+    assert!(nearstore_target::metrics::render(&env._target).contains(&fenced), "{fenced}");
+
+    // The storage writes again: the write, retried, lands once the transaction is finished.
+    flaky.failing.store(false, Relaxed);
+    let start = Instant::now();
+    while let Err(e) = q.write(FLAKY, 0, &[2; 512], bs, false).await {
+        assert_eq!(status(Err::<(), _>(e)), retry);
+        assert!(start.elapsed() < Duration::from_secs(20), "the fence did not lift in 20 s");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert!(!journal.fence().is_up());
+    assert_eq!(q.outcome(FLAKY, 1).await.unwrap().0, state::COMMITTED);
+    let blocks = q.read(FLAKY, 0, 2, bs).await.unwrap();
+    assert_eq!((&blocks[..512], &blocks[512..]), (&[2; 512][..], &[1; 512][..]), "the write over the transaction's first block");
+    q.fused_write(FLAKY, &plain_transfer(2, 8192, &[4; 512])).await.unwrap();
+    let unfenced = format!("nearstore_microtx_fenced{{subnqn=\"{NQN}\",nsid=\"{FLAKY}\"}} 0");
+    assert!(nearstore_target::metrics::render(&env._target).contains(&unfenced), "{unfenced}");
+
+    // The next start finds nothing to finish: the acknowledged write stays.
+    let log = FileBackend::open(&env._dir.path().join("flaky.img.microtx"), None).unwrap();
+    let (_, rec) = Journal::open(Arc::new(log), &*flaky, BS).unwrap();
+    assert!(rec.finished.is_empty(), "{rec:?}");
+    let mut b = vec![0; 512];
+    flaky.read_at(&mut b, 0).unwrap();
+    assert_eq!(b, vec![2; 512]);
+}
+
+/// A FUSED WRITE that waited for its turn is checked again when its turn comes: another
+/// host acquired a Write Exclusive reservation meanwhile, so it completes with Reservation
+/// Conflict and writes nothing. Before, only its arrival was checked, and it wrote.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fused_write_is_checked_again_when_its_turn_comes() {
+    let env = start().await;
+    let (gated, journal) = add_gated(&env);
+    let _open = OpenOnDrop(gated.clone());
+    let (_ac, mut a) = connect_as(&env, OTHER, 0xa).await;
+    let (_bc, mut b) = connect_as(&env, HOST, 0xb).await;
+    // B: one fused write held at the storage, one waiting for its turn behind it.
+    let running = tokio::spawn(async move {
+        let r = b.fused_write(GATED, &plain_transfer(1, 0, &[1; 512])).await;
+        (b, r)
+    });
+    wait_for("B's first fused write at the storage", || gated.arrived.load(Relaxed) == 1).await;
+    let (_bc2, mut b2) = connect_as(&env, HOST, 0xb).await;
+    let waiting = tokio::spawn(async move { b2.fused_write(GATED, &plain_transfer(2, 4096, &[2; 512])).await });
+    wait_for("B's second fused write admitted", || journal.admitted() == 2).await;
+    // A reserves the namespace: only A may write now.
+    let reg = (Cdw10 { action: rrega::REGISTER, ..Default::default() }, Keys { current: 0, other: 0xa1 });
+    a.resv_register(GATED, reg.0, reg.1).await.unwrap();
+    let rtype = Rtype::WriteExclusive as u8;
+    a.resv_acquire(GATED, Cdw10 { action: racqa::ACQUIRE, rtype, ..Default::default() }, Keys { current: 0xa1, other: 0 }).await.unwrap();
+    gated.open.store(true, Relaxed);
+    let (_b, first) = running.await.unwrap();
+    assert!(first.is_ok(), "B's first ran before the reservation: {first:?}");
+    let second = tokio::time::timeout(Duration::from_secs(20), waiting).await.expect("B's second completes").unwrap();
+    assert_eq!(status(second), Status::RESERVATION_CONFLICT.dnr());
+    assert_eq!(gated.arrived.load(Relaxed), 1, "B's second reached the storage");
+    assert_eq!(a.read(GATED, 8, 1, BS as u32).await.unwrap(), vec![0; 512]);
+    assert_eq!(a.outcome(GATED, 2).await.unwrap().0, state::UNKNOWN, "its id stays free");
+}

@@ -36,6 +36,7 @@ use crate::uring::{self, Ring, RingPool, Sub};
 
 pub mod delay;
 pub mod fair;
+pub mod fence;
 pub mod inject;
 pub mod local;
 pub mod rate;

@@ -424,6 +424,11 @@ fn run(ns: &Namespace, off: u64, cmp: &[u8], write: Option<(&[u8], bool)>, hold:
     if hold.is_some_and(|h| h.aborted()) {
         return (Status::ABORTED_PREEMPT, Status::ABORTED_PREEMPT);
     }
+    // The storage is reached here without the device stack: its MicroTx fence (or the
+    // namespace offline) checked as dev::fence does, under the exclusive range.
+    if let Some(s) = ns.fenced(off, cmp.len() as u64) {
+        return (s, Status::ABORTED_FAILED_FUSED);
+    }
     // As long as the command's transfer, which MDTS bounds (io_cmd::plan).
     let mut blocks = vec![0u8; cmp.len()];
     if let Err(e) = ns.backend.read_at(&mut blocks, off) {
