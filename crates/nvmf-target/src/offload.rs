@@ -572,6 +572,7 @@ impl Engine {
                     pool: self.pool.clone(),
                     rings: self.rings.clone(),
                     tenant: Some(share),
+                    reader: read::spare_core(),
                 };
                 let place = match &task.ns.placement {
                     // Translating waits on the network: the turn goes to others meanwhile.

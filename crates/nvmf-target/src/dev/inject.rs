@@ -133,6 +133,20 @@ impl BlockDevice for Inject {
         self.base.read_lent(off, len, f)
     }
 
+    fn reads_blocking(&self) -> bool {
+        self.base.reads_blocking()
+    }
+
+    fn read_blocking(&self, off: u64, buf: &mut [u8]) -> Option<io::Result<()>> {
+        if !self.base.reads_blocking() {
+            return None;
+        }
+        if self.fails(Kind::Read, Some((off, buf.len() as u64))) {
+            return Some(Err(self.error()));
+        }
+        self.base.read_blocking(off, buf)
+    }
+
     fn write_now(&self, data: &[u8], off: u64, fua: bool) -> Option<io::Result<()>> {
         if !self.base.completes_now() {
             return None;

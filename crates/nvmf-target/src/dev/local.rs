@@ -5,7 +5,8 @@
 //!   straight from memory ([`BlockDevice::read_now`]); they cost about a memcpy and MDTS
 //!   bounds them;
 //! - file and block device ([`Backend::raw_fd`]): reads, writes and flushes on the
-//!   channel's io_uring;
+//!   channel's io_uring; reads also synchronously for a thread of its own
+//!   ([`BlockDevice::read_blocking`], the offload engine's reader);
 //! - on the worker pool: write zeroes and deallocate (not bounded by MDTS: inline they held
 //!   a network thread, and every connection on it, for seconds), everything when the ring
 //!   is off (`io_engine = "threads"`) or unavailable, and every operation of a backend that
@@ -88,6 +89,14 @@ impl BlockDevice for Local {
             Some(end) if end <= self.backend.size() => Ok(()),
             _ => Err(io::Error::new(io::ErrorKind::InvalidInput, "I/O beyond the end of the backend")),
         })
+    }
+
+    fn reads_blocking(&self) -> bool {
+        !self.backend.inline() && self.backend.raw_fd().is_some()
+    }
+
+    fn read_blocking(&self, off: u64, buf: &mut [u8]) -> Option<io::Result<()>> {
+        self.reads_blocking().then(|| self.backend.read_at(buf, off))
     }
 
     fn write_now(&self, data: &[u8], off: u64, fua: bool) -> Option<io::Result<()>> {

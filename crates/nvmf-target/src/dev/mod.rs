@@ -144,6 +144,18 @@ pub trait BlockDevice: Send + Sync {
     fn read_lent(&self, off: u64, len: usize, f: &mut dyn FnMut(&[&[u8]])) -> io::Result<()> {
         self.read_now(off, len, f).unwrap_or_else(|| Err(io::Error::other(format!("{} lends no bytes", self.describe()))))
     }
+    /// True when [`read_blocking`](Self::read_blocking) answers every read: a file or block
+    /// device with nothing stacked on it that holds reads back or charges them to a tenant.
+    fn reads_blocking(&self) -> bool {
+        false
+    }
+    /// Reads `buf.len()` bytes at `off` on the calling thread, which may block for the
+    /// storage (a pread): only for a thread of its own, never a network thread's (the
+    /// offload engine's reader, `offload/read.rs`). None: use [`submit`](Self::submit).
+    fn read_blocking(&self, off: u64, buf: &mut [u8]) -> Option<io::Result<()>> {
+        let _ = (off, buf);
+        None
+    }
     /// Writes `data` at `off` at once (durably with `fua`), when that costs about a memcpy.
     /// None: use [`submit`](Self::submit).
     fn write_now(&self, data: &[u8], off: u64, fua: bool) -> Option<io::Result<()>> {

@@ -11,10 +11,16 @@
 //! while the operation computes, of a peer too (within `cluster.read_ahead_bytes` of
 //! chunks; each read is itself pipelined on its connection). A device takes at most its
 //! declared queue depth of a command's operations at once, and a command at most
-//! [`limits::COMPUTE_OPS_IN_FLIGHT_MAX`]; the rest wait on the command's side. A device
-//! that completes at once (memory) is read on the command's thread itself: a read costs a
-//! memcpy, and the network thread stays free. The outputs are written through the same
-//! stack and I/O task (`offload::NsSink`).
+//! [`limits::COMPUTE_OPS_IN_FLIGHT_MAX`]; the rest wait on the command's side.
+//!
+//! The namespace's own device, when it needs no channel to read (memory, which lends its
+//! bytes at once; a file or block device with nothing stacked on it, read with a pread),
+//! is read without the I/O task: a hand-off to the network thread and back per chunk cost
+//! more than the read (docs/benchmarks.md, "Issue 14, session 13"). With a core to spare
+//! ([`IoContext::reader`]) the command's reader thread, one per command, reads its chunks
+//! ahead while the command computes, within the same read-ahead and queue depths; on one
+//! core the command's thread reads them itself, as there is nothing to overlap. The
+//! outputs are written through the stack and the I/O task (`offload::NsSink`).
 //!
 //! Every read is waited for before the command ends, whatever stops it (its end, an error,
 //! cancellation, the deadline): a device operation completes exactly once with its
@@ -53,21 +59,35 @@ pub struct IoContext {
     /// Whom the command's reads and writes are charged to in fair-scheduled devices: its
     /// controller's tenant (None: the target's own work, as a benchmark's).
     pub tenant: Option<Arc<fair::Tenant>>,
+    /// A command reads its namespace's memory or plain file ahead on a reader thread of its
+    /// own, to copy there while it computes: true when the process may run on more than
+    /// one core ([`spare_core`]); else its own thread reads.
+    pub reader: bool,
+}
+
+/// True when this process may run on more than one core (its affinity and cgroup quota):
+/// then a reader thread can copy while a command computes. Asked once.
+pub fn spare_core() -> bool {
+    static SPARE: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *SPARE.get_or_init(|| std::thread::available_parallelism().is_ok_and(|n| n.get() > 1))
 }
 
 impl IoContext {
     /// With a pool of at most [`limits::COMPUTE_RINGS_IDLE_MAX`] idle rings of its own.
     pub fn new(rt: tokio::runtime::Handle, engine: IoEngine, pool: IoPool) -> IoContext {
-        IoContext { rt, engine, pool, rings: Arc::new(RingPool::new(limits::COMPUTE_RINGS_IDLE_MAX)), tenant: None }
+        let rings = Arc::new(RingPool::new(limits::COMPUTE_RINGS_IDLE_MAX));
+        IoContext { rt, engine, pool, rings, tenant: None, reader: spare_core() }
     }
 }
 
-/// What the command's thread asks its I/O task to start.
+/// What the command's thread asks its I/O task (or its reader thread) to start.
 struct Start {
     dev: Arc<dyn BlockDevice>,
     op: Op,
     buf: AlignedBuf,
     tag: u64,
+    /// A read of a device that needs no channel ([`reads_here`]), for the reader thread.
+    here: bool,
 }
 
 /// The devices of a command's peers, by tag.
@@ -139,6 +159,44 @@ async fn serve(
     }
 }
 
+/// True when `dev` reads on the calling thread, without a channel: memory lent at once, or
+/// a file or block device's pread.
+pub(super) fn reads_here(dev: &dyn BlockDevice) -> bool {
+    dev.completes_now() || dev.reads_blocking()
+}
+
+/// Reads `buf.len()` bytes of `dev` at `off` on this thread (a device [`reads_here`]).
+pub(super) fn read_here(dev: &dyn BlockDevice, off: u64, buf: &mut [u8]) -> std::io::Result<()> {
+    if dev.completes_now() {
+        let mut at = 0;
+        let r = dev.read_now(off, buf.len(), &mut |slices| {
+            for s in slices {
+                buf[at..at + s.len()].copy_from_slice(s);
+                at += s.len();
+            }
+        });
+        if let Some(r) = r {
+            return r;
+        }
+    }
+    dev.read_blocking(off, buf).unwrap_or_else(|| Err(std::io::Error::other(format!("{} reads only through a channel", dev.describe()))))
+}
+
+/// The reader thread of one command: reads what comes on `rx`, in order, and sends each
+/// completion back, until the command closes `rx`. Once the command is cancelled it reads
+/// no more: what is left completes as cancelled.
+fn reader(rx: Receiver<Start>, tx: Sender<Event>, cancel: CancellationToken) {
+    for Start { dev, op, mut buf, tag, .. } in rx {
+        let result = match op {
+            _ if cancel.is_cancelled() => Err(std::io::Error::new(std::io::ErrorKind::Interrupted, "the command was cancelled")),
+            Op::Read { off } => read_here(&*dev, off, &mut buf),
+            _ => Err(std::io::Error::other("the offload engine's reader only reads")),
+        };
+        // The command waits for each one; gone, it needs nothing.
+        let _ = tx.send(Event::Done(Completion { tag, result, buf }));
+    }
+}
+
 /// The command's side of its I/O: operations started and not yet completed, operations
 /// waiting for room on their device, completions that arrived for another input than the
 /// one waiting.
@@ -150,6 +208,11 @@ async fn serve(
 pub(super) struct Io<'a> {
     tx: Option<UnboundedSender<Start>>,
     rx: Receiver<Event>,
+    /// The reader thread's requests, once it is started ([`IoContext::reader`]).
+    here: Option<crossbeam_channel::Sender<Start>>,
+    /// For the reader thread's completions, until the command ends; None: no reader.
+    events: Option<Sender<Event>>,
+    cancel: CancellationToken,
     outstanding: usize,
     arrived: HashMap<u64, Completion>,
     next_tag: u64,
@@ -183,10 +246,14 @@ impl<'a> Io<'a> {
         // submit on the network thread.
         let ch = Channel::new(ctx.engine, ctx.pool.clone()).punt().pooled(ctx.rings.clone()).same_tenant(ctx.tenant.clone());
         let who = (peers.clone(), tags, host.to_string());
+        let events = ctx.reader.then(|| tx_event.clone());
         ctx.rt.spawn(serve(rx_start, tx_event, ch, who, limits.cancel.clone()));
         let io = Io {
             tx: Some(tx),
             rx,
+            here: None,
+            events,
+            cancel: limits.cancel.clone(),
             outstanding: 0,
             arrived: HashMap::new(),
             next_tag: 0,
@@ -215,13 +282,44 @@ impl<'a> Io<'a> {
     /// Starts `op` on `dev`, or queues it until the device and the command have room:
     /// its tag.
     pub(super) fn submit(&mut self, dev: &Arc<dyn BlockDevice>, op: Op, buf: AlignedBuf) -> Result<u64, ComputeError> {
+        self.queue(dev, op, buf, false)
+    }
+
+    /// True when reads of a device that [`reads_here`] go to the command's reader thread
+    /// ([`submit_here`](Self::submit_here)); else the command's thread reads them itself.
+    pub(super) fn reads_ahead_here(&self) -> bool {
+        self.events.is_some()
+    }
+
+    /// Starts a read of `dev` (one that [`reads_here`]) at `off` on the command's reader
+    /// thread, or queues it as [`submit`](Self::submit) does: its tag.
+    pub(super) fn submit_here(&mut self, dev: &Arc<dyn BlockDevice>, off: u64, buf: AlignedBuf) -> Result<u64, ComputeError> {
+        self.queue(dev, Op::Read { off }, buf, true)
+    }
+
+    fn queue(&mut self, dev: &Arc<dyn BlockDevice>, op: Op, buf: AlignedBuf, here: bool) -> Result<u64, ComputeError> {
         let tag = self.next_tag;
         self.next_tag += 1;
         let k = key(dev);
         self.slots.entry(k).or_insert_with(|| (0, dev.geometry().queue_depth.max(1)));
-        self.queued.push_back((k, Start { dev: dev.clone(), op, buf, tag }));
+        self.queued.push_back((k, Start { dev: dev.clone(), op, buf, tag, here }));
         self.pump()?;
         Ok(tag)
+    }
+
+    /// The reader thread's requests: started at the first.
+    fn reader(&mut self) -> Result<&crossbeam_channel::Sender<Start>, ComputeError> {
+        if self.here.is_none() {
+            let events = self.events.clone().ok_or(ComputeError::Cancelled)?;
+            let (tx, rx) = crossbeam_channel::unbounded();
+            let cancel = self.cancel.clone();
+            std::thread::Builder::new()
+                .name("nearstore-read".into())
+                .spawn(move || reader(rx, events, cancel))
+                .map_err(|e| ComputeError::Io(format!("starting the command's reader thread: {e}")))?;
+            self.here = Some(tx);
+        }
+        Ok(self.here.as_ref().expect("started"))
     }
 
     /// Starts the queued operations whose device has room, in order, while the command
@@ -238,8 +336,12 @@ impl<'a> Io<'a> {
             let Some((_, s)) = self.queued.remove(i) else { break };
             let read = matches!(s.op, Op::Read { .. });
             let tag = s.tag;
-            let tx = self.tx.as_ref().ok_or(ComputeError::Cancelled)?;
-            tx.send(s).map_err(|_| ComputeError::Io("the offload engine's I/O task ended (the target stops)".into()))?;
+            if s.here {
+                self.reader()?.send(s).map_err(|_| ComputeError::Io("the offload engine's reader thread ended".into()))?;
+            } else {
+                let tx = self.tx.as_ref().ok_or(ComputeError::Cancelled)?;
+                tx.send(s).map_err(|_| ComputeError::Io("the offload engine's I/O task ended (the target stops)".into()))?;
+            }
             if let Some(slot) = self.slots.get_mut(&k) {
                 slot.0 += 1;
             }
@@ -296,6 +398,10 @@ impl Drop for Io<'_> {
     fn drop(&mut self) {
         self.queued.clear();
         self.tx = None;
+        // The reader ends after the reads it has (each completes, as cancelled once the
+        // command is), and drops its sender.
+        self.here = None;
+        self.events = None;
         let until = std::time::Instant::now() + Duration::from_secs(limits::COMPUTE_READ_DRAIN_SECS);
         while self.outstanding > 0 {
             match self.rx.recv_deadline(until) {
@@ -318,7 +424,7 @@ impl Drop for Io<'_> {
                 }
             }
         }
-        // The task drops its sender as it ends.
+        // The task and the reader drop their senders as they end.
         while let Ok(Event::Opened(_) | Event::Done(_)) = self.rx.recv_deadline(until) {}
     }
 }
@@ -450,27 +556,21 @@ impl<'s, 'a> NsSource<'s, 'a> {
         // of its block.
         let whole = take.div_ceil(block) * block;
         buf.set_len(whole as usize);
-        let place = || format!("reading {whole} bytes at namespace byte {}", p.offset);
         let dev = &self.shared.local;
-        if dev.completes_now() {
-            let mut at = 0;
-            let r = dev.read_now(p.offset, whole as usize, &mut |slices| {
-                for s in slices {
-                    buf[at..at + s.len()].copy_from_slice(s);
-                    at += s.len();
-                }
-            });
-            match r {
-                Some(Ok(())) => {
-                    buf.set_len(take as usize);
-                    self.queue.push_back(Pending::Ready(buf));
-                    return Ok(take);
-                }
-                Some(Err(e)) => return Err(ComputeError::Io(format!("{}: {e}", place()))),
-                None => {}
+        let mut io = self.shared.io.borrow_mut();
+        let tag = if !reads_here(&**dev) {
+            io.submit(dev, Op::Read { off: p.offset }, buf)?
+        } else if io.reads_ahead_here() {
+            io.submit_here(dev, p.offset, buf)?
+        } else {
+            drop(io);
+            if let Err(e) = read_here(&**dev, p.offset, &mut buf) {
+                return Err(ComputeError::Io(format!("reading {whole} bytes at namespace byte {}: {e}", p.offset)));
             }
-        }
-        let tag = self.shared.io.borrow_mut().submit(dev, Op::Read { off: p.offset }, buf)?;
+            buf.set_len(take as usize);
+            self.queue.push_back(Pending::Ready(buf));
+            return Ok(take);
+        };
         self.queue.push_back(Pending::Reading { tag, take: take as usize, peer: None, off: p.offset });
         Ok(take)
     }

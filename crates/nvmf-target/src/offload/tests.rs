@@ -214,10 +214,11 @@ fn a_cancelled_forward_waits_for_a_peer_that_writes() {
     assert_eq!(wait_forwarded(rt.handle(), &CancellationToken::new(), true, async move { answered.await.ok() }), Some(Some(9)));
 }
 
-/// Compute commands on a file namespace, one after another, take their I/O task's io_uring
-/// from the target's pool: many commands make one ring (each made its own before), counted
-/// where rings are made. A command cancelled while its reads ran does not give its ring
-/// back: the next command makes a new one.
+/// Compute commands on a file namespace read through its I/O task (a delay stacked on it:
+/// a bare file is read with a pread, not on the ring), one after another, take the task's
+/// io_uring from the target's pool: many commands make one ring (each made its own
+/// before), counted where rings are made. A command cancelled while its reads ran does not
+/// give its ring back: the next command makes a new one.
 #[test]
 fn sequential_compute_commands_reuse_a_ring_but_not_a_cancelled_ones() {
     const CHUNK: u64 = 64 << 10;
@@ -228,7 +229,9 @@ fn sequential_compute_commands_reuse_a_ring_but_not_a_cancelled_ones() {
     let file = Arc::new(FileBackend::open(&dir.path().join("ns"), Some(LEN)).unwrap());
     let data = bytes(LEN as usize);
     file.write_at(&data, 0).unwrap();
-    let ns = Namespace::new("nqn.2026-11.io.nearstore:t", 1, file, 512);
+    let mut ns = Namespace::new("nqn.2026-11.io.nearstore:t", 1, file, 512);
+    ns.dev = crate::dev::stack(ns.dev.clone(), None, 1);
+    assert!(!read::reads_here(&*ns.dev), "a delayed device is read through the I/O task");
     let cfg = ComputeConfig { chunk: ByteSize(CHUNK), readahead: 4, ..ComputeConfig::default() };
     let input = Object { len: LEN, extents: vec![Extent::data(0, LEN)] };
     let d =
@@ -261,4 +264,136 @@ fn sequential_compute_commands_reuse_a_ring_but_not_a_cancelled_ones() {
     assert_eq!((io.rings.created(), io.rings.idle()), (1, 0), "the cancelled command's ring is not kept");
     command("the command after the cancelled one");
     assert_eq!((io.rings.created(), io.rings.idle()), (2, 1), "the next command made a ring");
+}
+
+/// A namespace of `data` in memory or in a file (kept in `dir`), its device read without
+/// a channel ([`read::reads_here`]).
+fn namespace(data: &[u8], file: bool, dir: &tempfile::TempDir) -> Namespace {
+    let backend: Arc<dyn Backend> = if file {
+        Arc::new(FileBackend::open(&dir.path().join("ns"), Some(data.len() as u64)).unwrap())
+    } else {
+        Arc::new(MemoryBackend::new(data.len() as u64))
+    };
+    backend.write_at(data, 0).unwrap();
+    let ns = Namespace::new("nqn.2026-11.io.nearstore:t", 1, backend, 512);
+    assert!(read::reads_here(&*ns.dev), "file {file}: the namespace's device needs a channel");
+    ns
+}
+
+fn crc32c_of(ns: &Namespace, off: u64, len: u64, cfg: &ComputeConfig, io: &IoContext) -> Result<String, Failure> {
+    // Whole blocks: the object's last one is cut short.
+    let extents = if len == 0 { vec![] } else { vec![Extent::data(off, len.div_ceil(512) * 512)] };
+    let input = Object { len, extents };
+    let d =
+        Descriptor { op: nearstore_compute::by_name("crc32c").unwrap().id, args: vec![], inputs: vec![input], outputs: vec![] }.encode();
+    execute_here(ns, &d, cfg, io).map(|r| String::from_utf8_lossy(&r).into_owned())
+}
+
+/// A namespace's own memory or plain file is read without the I/O task: ahead on the
+/// command's reader thread (a core to spare), or on the command's thread. Either way the
+/// checksum of an object of every length around the chunk and the read-ahead window (from
+/// a block past the start) is the local one, and no read of the file reached the ring.
+#[test]
+fn reads_without_a_channel_equal_the_bytes_at_edge_lengths() {
+    const CHUNK: u64 = 16 << 10;
+    const READAHEAD: usize = 2;
+    const OFF: u64 = 512;
+    let window = (READAHEAD as u64 + 1) * CHUNK;
+    let lens = [0, 1, CHUNK - 1, CHUNK, CHUNK + 1, 3 * CHUNK, window, window + 1, 4 * window + CHUNK - 1];
+    let data = bytes((5 * window) as usize);
+    let rt = runtime();
+    let cfg = ComputeConfig { chunk: ByteSize(CHUNK), readahead: READAHEAD, ..ComputeConfig::default() };
+    for file in [false, true] {
+        let dir = tempfile::tempdir().unwrap();
+        let ns = namespace(&data, file, &dir);
+        for reader in [false, true] {
+            let io = IoContext { reader, ..io_context(&rt) };
+            for len in lens {
+                let what = format!("file {file}, reader {reader}, length {len}");
+                let got = crc32c_of(&ns, OFF, len, &cfg, &io).unwrap_or_else(|f| panic!("{what}: {}", f.message));
+                let want = format!("\"{:08x}\"", crc32c::crc32c(&data[OFF as usize..(OFF + len) as usize]));
+                assert!(got.contains(&want), "{what}: {got}, want {want}");
+            }
+            assert_eq!(io.rings.created(), 0, "file {file}, reader {reader}: reads went to the I/O task's ring");
+        }
+    }
+}
+
+/// A command cancelled in the middle of an input ends cancelled with none of its reads in
+/// flight: with a reader thread, which had read ahead, once the reader has completed them;
+/// without, nothing was ever in flight (its thread read each chunk when it wanted it).
+#[test]
+fn a_command_cancelled_mid_input_leaves_no_read_in_flight() {
+    const CHUNK: usize = 16 << 10;
+    const READAHEAD: usize = 4;
+    let data = bytes(16 * CHUNK);
+    let rt = runtime();
+    for file in [false, true] {
+        let dir = tempfile::tempdir().unwrap();
+        let ns = namespace(&data, file, &dir);
+        for reader in [false, true] {
+            let what = format!("file {file}, reader {reader}");
+            let io = IoContext { reader, ..io_context(&rt) };
+            let cancel = CancellationToken::new();
+            let stats = ComputeStats::default();
+            let peers = Arc::new(Peers::new(&ClusterConfig::default()));
+            let limits = Limits { deadline: Instant::now() + Duration::from_secs(60), timeout_secs: 60, cancel: &cancel, turn: None };
+            let (reads, _) = Io::start(&io, &peers, vec![], "", &stats, &limits).unwrap_or_else(|f| panic!("{what}: {}", f.message));
+            let shared = Shared {
+                io: std::cell::RefCell::new(reads),
+                local: ns.dev.clone(),
+                ranges: Arc::default(),
+                block: 512,
+                remotes: Default::default(),
+                peers: &peers,
+                peer_failure: std::cell::RefCell::new(None),
+            };
+            let obj = Object { len: data.len() as u64, extents: vec![Extent::data(0, data.len() as u64)] };
+            let mut src = NsSource::new(&obj, CHUNK, READAHEAD, &shared, &limits);
+            let first = src.next_chunk().unwrap_or_else(|e| panic!("{what}: {e}")).map(|c| c.to_vec());
+            assert!(first.as_deref() == Some(&data[..CHUNK]), "{what}: the first chunk");
+            // Taken: the first; read ahead and not taken: the rest of the window.
+            let ahead = if reader { READAHEAD as u64 } else { 0 };
+            assert_eq!(stats.reads_in_flight.load(Relaxed), ahead, "{what}: reads in flight after the first chunk");
+            cancel.cancel();
+            assert!(matches!(src.next_chunk(), Err(ComputeError::Cancelled)), "{what}: not cancelled");
+            drop(src);
+            drop(shared);
+            assert_eq!(stats.reads_in_flight.load(Relaxed), 0, "{what}: reads left in flight");
+        }
+    }
+}
+
+/// A read failing in the middle of an input (an injected EIO in its fourth chunk) fails the
+/// command with Unrecovered Read Error naming the namespace byte, on the reader thread or
+/// the command's; the chunks before it were read.
+#[test]
+fn a_device_error_mid_input_fails_the_command_at_its_byte() {
+    const CHUNK: u64 = 16 << 10;
+    let data = bytes((16 * CHUNK) as usize);
+    let rt = runtime();
+    let cfg = ComputeConfig { chunk: ByteSize(CHUNK), readahead: 2, ..ComputeConfig::default() };
+    for file in [false, true] {
+        let dir = tempfile::tempdir().unwrap();
+        let mut ns = namespace(&data, file, &dir);
+        let rule = crate::dev::inject::Rule {
+            kind: Some(crate::dev::inject::Kind::Read),
+            range: Some((3 * CHUNK + 100, 3 * CHUNK + 101)),
+            nth: None,
+            errno: libc::EIO,
+        };
+        ns.dev = Arc::new(crate::dev::inject::Inject::new(ns.dev.clone(), rule));
+        assert!(read::reads_here(&*ns.dev), "file {file}: the failing device needs a channel");
+        for reader in [false, true] {
+            let what = format!("file {file}, reader {reader}");
+            let io = IoContext { reader, ..io_context(&rt) };
+            let f = crc32c_of(&ns, 0, data.len() as u64, &cfg, &io).expect_err(&what);
+            assert_eq!(f.status, Status::UNRECOVERED_READ_ERROR.dnr(), "{what}: {}", f.message);
+            let at = format!("reading {CHUNK} bytes at namespace byte {}", 3 * CHUNK);
+            assert!(f.message.contains(&at), "{what}: {}, want {at}", f.message);
+            // Before it, the same object reads.
+            let got = crc32c_of(&ns, 0, 3 * CHUNK, &cfg, &io).unwrap_or_else(|f| panic!("{what}: {}", f.message));
+            assert!(got.contains(&format!("{:08x}", crc32c::crc32c(&data[..(3 * CHUNK) as usize]))), "{what}: {got}");
+        }
+    }
 }
