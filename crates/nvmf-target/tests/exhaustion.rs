@@ -278,7 +278,8 @@ fn dataset_management_does_not_stall_other_hosts() {
         dsm.extend_from_slice(&0u64.to_le_bytes());
     }
     let sqe = *Sqe::new(io::DATASET_MANAGEMENT, 1).set_nsid(1).set_cdw(10, 255).set_cdw(11, 1 << 2);
-    let n = 4;
+    // Enough of them to take seconds on a fast, quiet machine too (4 took 1.05 s there).
+    let n = 12;
     let t = &t;
     client_rt().block_on(async move {
         let attacker = Controller::connect(t.opts(HOST_A)).await.unwrap();
