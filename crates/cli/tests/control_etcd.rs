@@ -434,7 +434,9 @@ fn clients_follow_the_leader() {
     assert!(o.status.success(), "NEARSTORE_CONTROL={list}: {}", String::from_utf8_lossy(&o.stderr));
     let dir = tempfile::tempdir().expect("tempdir");
     let _t = Target::start(&["--memory", "1MiB", "--control", &list, "--pool", &format!("{}:64MiB", dir.path().join("p0").display())]);
-    wait_view_after(&a, "p0", 0, Duration::from_secs(10));
+    // The agent pushes on registration and every 10 s: a push refused while it found the
+    // leader comes again at the next period, so wait past two of them.
+    wait_view_after(&a, "p0", 0, Duration::from_secs(25));
     let c = Client::with_addrs(vec![b.addr, a.addr]);
     let rt = rt();
     let e = rt.block_on(c.allocate("v", 0)).expect("allocate through the standby's address");
@@ -454,7 +456,7 @@ fn clients_follow_the_leader() {
     let names: BTreeSet<String> = rt.block_on(c.volumes()).expect("volumes").into_iter().map(|v| v.name).collect();
     assert_eq!(names, ["v", "w", "x"].into_iter().map(String::from).collect());
     // The target's agent pushes its next view (every 10 s at most) to the new leader.
-    wait_view_after(&b, "p0", killed, Duration::from_secs(15));
+    wait_view_after(&b, "p0", killed, Duration::from_secs(25));
     // With no daemon left, a call fails after FAILOVER_MS, naming an address; a client of one
     // address, at once.
     let single = Client::new(b.addr);
