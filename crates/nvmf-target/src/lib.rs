@@ -237,8 +237,7 @@ impl Target {
                     (None, true) => return Err(TargetError::Namespace { field, message: "microtx needs a file namespace (path)".into() }),
                     (_, false) => ns,
                 };
-                sub.add_namespace(ns)
-                    .map_err(|message| TargetError::Namespace { field, message })?;
+                sub.add_namespace(ns).map_err(|message| TargetError::Namespace { field, message })?;
             }
             t.subsystems.write().insert(s.nqn.clone(), Arc::new(sub));
         }

@@ -307,11 +307,21 @@ fn journals(o: &mut String, subsystems: &[Arc<crate::subsystem::Subsystem>]) {
         .flat_map(|sub| sub.namespaces().into_iter().map(move |ns| (sub.nqn.clone(), ns)))
         .filter(|(_, ns)| ns.journal.is_some() || ns.offline.is_some())
         .collect();
-    family(o, "nearstore_namespace_offline", "gauge", "1: the namespace serves no I/O, its MicroTx journal could not be replayed at start-up (the log says why).");
+    family(
+        o,
+        "nearstore_namespace_offline",
+        "gauge",
+        "1: the namespace serves no I/O, its MicroTx journal could not be replayed at start-up (the log says why).",
+    );
     for (nqn, ns) in &journaled {
         let _ = writeln!(o, "nearstore_namespace_offline{{subnqn=\"{nqn}\",nsid=\"{}\"}} {}", ns.nsid, u8::from(ns.offline.is_some()));
     }
-    family(o, "nearstore_microtx_fenced", "gauge", "1: the namespace's MicroTx journal has not finished a transaction; I/O of its blocks is refused until it has.");
+    family(
+        o,
+        "nearstore_microtx_fenced",
+        "gauge",
+        "1: the namespace's MicroTx journal has not finished a transaction; I/O of its blocks is refused until it has.",
+    );
     for (nqn, ns) in &journaled {
         let up = ns.journal.as_ref().is_some_and(|j| j.fence().is_up());
         let _ = writeln!(o, "nearstore_microtx_fenced{{subnqn=\"{nqn}\",nsid=\"{}\"}} {}", ns.nsid, u8::from(up));

@@ -759,7 +759,10 @@ impl Journal {
     fn write_checkpoint(&self, g: u64) -> Result<(), JournalError> {
         let slot = (g % 2) * MICROTX_CHECKPOINT_BYTES as u64;
         let b = encode_checkpoint(g, &self.outcomes.lock());
-        self.log.write_at(&b, slot).and_then(|()| self.log.flush()).map_err(io_err(format!("writing checkpoint {g} of journal {}", self.log.describe())))
+        self.log
+            .write_at(&b, slot)
+            .and_then(|()| self.log.flush())
+            .map_err(io_err(format!("writing checkpoint {g} of journal {}", self.log.describe())))
     }
 
     /// Finishes the unfinished transaction, if there is one: its blocks written again in

@@ -736,7 +736,8 @@ mod tests {
                 .collect(),
         };
         let other = "nqn.2026-11.io.nearstore:elsewhere";
-        let not_granted = format!("reaches {PRIVATE}, a subsystem of this target's configuration that [cluster] control_grants does not list");
+        let not_granted =
+            format!("reaches {PRIVATE}, a subsystem of this target's configuration that [cluster] control_grants does not list");
         let cases: Vec<(TenantConfig, Option<&str>)> = vec![
             (pushed("p", "p1", None, &[SUB, other, "volume:v"]), None),
             (pushed("t", "p2", None, &[SUB]), Some("tenant t is configured on this target too")),

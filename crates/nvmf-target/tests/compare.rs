@@ -385,7 +385,15 @@ async fn pairs_follow_submission_order_not_command_identifiers() {
     // The first pair's second, its data in: aborted with its failed first.
     let r = *r2ts.iter().find(|r| r.cccid == 2).unwrap();
     let mut b = Vec::new();
-    pdu::put_pdu(&mut b, PduType::H2CData, flags::LAST_PDU, &DataHdr { offset: 0, len: big as u32, ..r }.psh(), &pattern(big, 3), false, true);
+    pdu::put_pdu(
+        &mut b,
+        PduType::H2CData,
+        flags::LAST_PDU,
+        &DataHdr { offset: 0, len: big as u32, ..r }.psh(),
+        &pattern(big, 3),
+        false,
+        true,
+    );
     raw.send_raw(&b).await.unwrap();
     let (t, h) = next_pdu(raw, "the first pair's second").await;
     assert_eq!(t, PduType::CapsuleResp);
@@ -613,7 +621,8 @@ async fn a_pair_waits_for_a_plain_write_still_at_the_storage_after_its_host_clos
     const GATED: u32 = 3;
     let env = common::start().await;
     let file = FileBackend::open(&env.dir.path().join("gated.img"), Some(16 << 20)).unwrap();
-    let gate = Arc::new(WriteGate { file, open: AtomicBool::new(false), started: AtomicBool::new(false), finished: AtomicBool::new(false) });
+    let gate =
+        Arc::new(WriteGate { file, open: AtomicBool::new(false), started: AtomicBool::new(false), finished: AtomicBool::new(false) });
     let ns = Namespace::new(common::NQN, GATED, gate.clone(), 4096);
     env.target.subsystem(common::NQN).unwrap().add_namespace(ns).unwrap();
     let ns = env.target.subsystem(common::NQN).unwrap().namespace(GATED).unwrap();
@@ -656,7 +665,8 @@ async fn a_host_that_stopped_reading_holds_no_range_after_its_write_finished() {
     const GATED: u32 = 3;
     let env = common::start().await;
     let file = FileBackend::open(&env.dir.path().join("gated.img"), Some(16 << 20)).unwrap();
-    let gate = Arc::new(WriteGate { file, open: AtomicBool::new(false), started: AtomicBool::new(false), finished: AtomicBool::new(false) });
+    let gate =
+        Arc::new(WriteGate { file, open: AtomicBool::new(false), started: AtomicBool::new(false), finished: AtomicBool::new(false) });
     let ns = Namespace::new(common::NQN, GATED, gate.clone(), 4096);
     env.target.subsystem(common::NQN).unwrap().add_namespace(ns).unwrap();
     let b_data = pattern(4096, 11);

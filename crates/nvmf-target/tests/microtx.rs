@@ -156,9 +156,8 @@ async fn a_journal_that_cannot_be_replayed_keeps_only_its_namespace_offline() {
     std::fs::create_dir(journal_path(&directory)).unwrap();
     // Larger than any journal this target writes.
     std::fs::File::create(journal_path(&large)).unwrap().set_len(MICROTX_JOURNAL_BYTES + 4096).unwrap();
-    let ns = |nsid: u32, path: &Path, microtx: bool| {
-        format!("[[subsystem.namespace]]\nnsid = {nsid}\n{}\nmicrotx = {microtx}\n", file_ns(path))
-    };
+    let ns =
+        |nsid: u32, path: &Path, microtx: bool| format!("[[subsystem.namespace]]\nnsid = {nsid}\n{}\nmicrotx = {microtx}\n", file_ns(path));
     let toml = format!(
         "[[listener]]\naddress = \"127.0.0.1:0\"\n[[subsystem]]\nnqn = \"{nqn}\"\nallow_any_host = true\n{}{}{}{}",
         ns(1, &corrupt, true),
