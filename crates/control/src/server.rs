@@ -23,7 +23,14 @@ use crate::store::{Store, StoreError};
 
 /// The state and where it is kept.
 pub struct Service {
+    /// Locked only for a read, a plan or an apply, never across a commit: reads run on the
+    /// runtime's workers, and a worker blocked behind a commit can starve the commit itself
+    /// (the etcd client's connections are tasks on those workers) and the leader lease's
+    /// keep-alive.
     cluster: Mutex<Cluster>,
+    /// Held by a change from its plan to its apply, on a blocking thread: one change at a
+    /// time, so that what a change planned on is what it applies to.
+    changes: Mutex<()>,
     store: Box<dyn Store>,
     /// The exports' version: bumped at every export change, watched by long polls.
     exports: tokio::sync::watch::Sender<u64>,
@@ -45,6 +52,7 @@ impl Service {
         let cluster = Cluster::from_records(store.load()?);
         Ok(Service {
             cluster: Mutex::new(cluster),
+            changes: Mutex::new(()),
             store,
             exports: tokio::sync::watch::Sender::new(1),
             moves: tokio::sync::watch::Sender::new(1),
@@ -77,15 +85,18 @@ impl Service {
     }
 
     /// Plans a change on the state, commits it, then applies it: a failed commit leaves the
-    /// state as it was.
+    /// state as it was. Called on a blocking thread (the commit waits for the store). Changes
+    /// run one at a time; reads meanwhile see the state before the change, as they would
+    /// have before it was asked for, and never wait for the store.
     pub fn change<T>(&self, plan: impl FnOnce(&Cluster) -> Planned<T>) -> Result<T, ApiError> {
-        let mut c = self.cluster.lock();
-        let (writes, out) = plan(&c)?;
+        let _one = self.changes.lock();
+        let (writes, out) = plan(&self.cluster.lock())?;
         if let Err(e) = self.store.commit(&writes) {
             error!(error = %e, "commit failed");
             let code = if matches!(e, StoreError::NotLeader(_)) { ErrorCode::NotLeader } else { ErrorCode::StoreFailed };
             return Err(ApiError::new(code, e.to_string()));
         }
+        let mut c = self.cluster.lock();
         for w in &writes {
             c.apply(w);
         }

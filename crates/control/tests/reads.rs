@@ -1,0 +1,117 @@
+//! Reads never wait for the store: while a change's commit is stuck in the store (etcd slow or
+//! between leaders), the API's reads answer at once, from the state before the change, on a
+//! runtime of a single worker. Once a read waited for the commit: on a loaded machine every
+//! worker of the daemon blocked behind one registration, the etcd client's connection tasks
+//! and the lease's keep-alive starved, and the leader lost its lease with the API dead.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use nearstore_control::client::Client;
+use nearstore_control::model::*;
+use nearstore_control::server::{serve, Service};
+use nearstore_control::store::{MemStore, Store, StoreError};
+use parking_lot::{Condvar, Mutex};
+
+/// A store whose commits wait until the test opens its gate.
+#[derive(Default)]
+struct Gated {
+    records: MemStore,
+    /// (commits waiting at the gate, the gate open)
+    state: Mutex<(usize, bool)>,
+    changed: Condvar,
+}
+
+impl Gated {
+    fn wait_for_a_commit(&self) {
+        let mut s = self.state.lock();
+        let until = std::time::Instant::now() + Duration::from_secs(10);
+        while s.0 == 0 {
+            assert!(!self.changed.wait_until(&mut s, until).timed_out(), "no commit reached the store");
+        }
+    }
+
+    fn open(&self) {
+        self.state.lock().1 = true;
+        self.changed.notify_all();
+    }
+}
+
+/// Opens the gate when the test ends, failed or not: a runtime waits for its blocking
+/// threads when dropped.
+struct OpenAtTheEnd(Arc<Gated>);
+
+impl Drop for OpenAtTheEnd {
+    fn drop(&mut self) {
+        self.0.open();
+    }
+}
+
+struct Shared(Arc<Gated>);
+
+impl Store for Shared {
+    fn load(&self) -> Result<Vec<Record>, StoreError> {
+        self.0.records.load()
+    }
+
+    fn commit(&self, batch: &[Write]) -> Result<(), StoreError> {
+        let g = &self.0;
+        let mut s = g.state.lock();
+        s.0 += 1;
+        g.changed.notify_all();
+        while !s.1 {
+            g.changed.wait(&mut s);
+        }
+        drop(s);
+        g.records.commit(batch)
+    }
+}
+
+#[test]
+fn reads_answer_while_a_commit_is_stuck_in_the_store() {
+    let gated = Arc::new(Gated::default());
+    let svc = Arc::new(Service::open(Box::new(Shared(gated.clone()))).expect("service"));
+    // The daemon's runtime, at its smallest: one worker.
+    let server = tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build().expect("runtime");
+    let listener = server.block_on(tokio::net::TcpListener::bind("127.0.0.1:0")).expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    server.spawn(serve(listener, svc));
+    let client = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().expect("runtime");
+    let _open = OpenAtTheEnd(gated.clone());
+    let c = Client::new(addr);
+    let create = {
+        let c = c.clone();
+        client.spawn(async move {
+            c.create_volume(&CreateVolume { name: "v".into(), size: 4 << 20, extent_size: Some(1 << 20) }).await
+        })
+    };
+    gated.wait_for_a_commit();
+    // Several reads at once, more than the server's workers, while the commit waits.
+    let reads: Vec<_> = (0..4)
+        .map(|i| {
+            let c = c.clone();
+            client.spawn(async move {
+                let r = tokio::time::timeout(Duration::from_secs(5), async {
+                    if i % 2 == 0 {
+                        c.volumes().await.map(|v| v.len())
+                    } else {
+                        c.view(0).await.map(|v| v.pools.len())
+                    }
+                })
+                .await;
+                (i, r)
+            })
+        })
+        .collect();
+    for r in reads {
+        let (i, r) = client.block_on(r).expect("read task");
+        let n = r.unwrap_or_else(|_| panic!("read {i} waited for the stuck commit")).expect("read");
+        assert_eq!(n, 0, "read {i} saw the change before its commit");
+    }
+    assert!(!create.is_finished(), "the change completed before its commit");
+    gated.open();
+    let v = client.block_on(create).expect("create task").expect("create");
+    assert_eq!(v.name, "v");
+    let names: Vec<String> = client.block_on(c.volumes()).expect("volumes").into_iter().map(|v| v.name).collect();
+    assert_eq!(names, ["v"]);
+}
