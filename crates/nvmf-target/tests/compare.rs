@@ -501,30 +501,53 @@ async fn concurrent_pairs_and_writers_lose_no_increment() {
     assert_eq!(env.target.stats.requests_lost.load(Relaxed), 0);
 }
 
+/// Increments done as a Compare, then a Write, two commands: every host reads and compares,
+/// then (a barrier between) every host writes what it compared plus one, so each round
+/// every host succeeds and the counter moves by one. What the pair must not be.
+fn split_increments(hosts: usize) -> impl Fn(IoQueue, usize) -> tokio::task::JoinHandle<(IoQueue, u64)> {
+    let barrier = Arc::new(tokio::sync::Barrier::new(hosts));
+    move |mut q, n| {
+        let barrier = barrier.clone();
+        tokio::spawn(async move {
+            let mut done = 0;
+            for _ in 0..n {
+                let old = q.read(2, 200, SPAN, 4096).await.unwrap();
+                let mut new = old.clone();
+                let v = u64::from_le_bytes(old[..8].try_into().unwrap());
+                new[..8].copy_from_slice(&(v + 1).to_le_bytes());
+                let equal = q.compare(2, 200, &old, 4096).await.unwrap();
+                barrier.wait().await;
+                if equal {
+                    q.write(2, 200, &new, 4096, false).await.unwrap();
+                    done += 1;
+                }
+                barrier.wait().await;
+            }
+            (q, done)
+        })
+    }
+}
+
 #[tokio::test]
 async fn the_counter_check_catches_a_compare_then_write_that_is_not_atomic() {
-    // The check above against a host doing Compare, then Write, as two commands: two hosts
-    // that both compare before either writes both succeed, and one increment is lost.
+    // count_up's check, the one concurrent_pairs_and_writers_lose_no_increment makes, against
+    // hosts whose Compare and Write are two commands: it sees increments lost.
     let env = common::start().await;
+    let (k, n) = (3, 10);
+    let (count, successes) = count_up(&env, k, n, 0, split_increments(k)).await;
+    assert_eq!(successes, (k * n) as u64, "every split increment reports success");
+    assert_eq!(count, n as u64, "each round's hosts overwrote one another");
+    assert_ne!(count, successes, "the check fails a compare-then-write that is not atomic");
+    // The same interleaving with the pair: the second finds the blocks changed.
     let c = env.connect().await;
     let (mut a, bs, _) = queue(&c, 2).await;
     let c2 = env.connect().await;
     let (mut b, _, _) = queue(&c2, 2).await;
-    a.write(2, 200, &vec![0u8; bs as usize], bs, false).await.unwrap();
-    let old = a.read(2, 200, 1, bs).await.unwrap();
+    let old = a.read(2, 200, SPAN, bs).await.unwrap();
     let mut new = old.clone();
-    new[..8].copy_from_slice(&1u64.to_le_bytes());
-    assert!(a.compare(2, 200, &old, bs).await.unwrap());
-    assert!(b.compare(2, 200, &old, bs).await.unwrap());
-    a.write(2, 200, &new, bs, false).await.unwrap();
-    b.write(2, 200, &new, bs, false).await.unwrap();
-    let back = a.read(2, 200, 1, bs).await.unwrap();
-    assert_eq!(u64::from_le_bytes(back[..8].try_into().unwrap()), 1, "two successes, one increment: the check fails it");
-    // The same interleaving with the pair: the second finds the blocks changed.
-    let mut two = new.clone();
-    two[..8].copy_from_slice(&2u64.to_le_bytes());
-    assert!(a.compare_and_write(2, 200, &new, &two, bs, false).await.unwrap().written());
-    assert!(b.compare_and_write(2, 200, &new, &two, bs, false).await.unwrap().differed());
+    new[..8].copy_from_slice(&(count + 1).to_le_bytes());
+    assert!(a.compare_and_write(2, 200, &old, &new, bs, false).await.unwrap().written());
+    assert!(b.compare_and_write(2, 200, &old, &new, bs, false).await.unwrap().differed());
 }
 
 #[tokio::test]

@@ -81,6 +81,11 @@ async fn a_failed_read_or_write_reaches_the_host_and_the_error_log() {
         ("read checksum inside", fop::READ_CHECKSUM, 16, 1, Status::UNRECOVERED_READ_ERROR),
         ("read checksum across the end", fop::READ_CHECKSUM, 31, 2, Status::UNRECOVERED_READ_ERROR),
         ("read checksum after", fop::READ_CHECKSUM, 32, 2, Status::SUCCESS),
+        // So does Compare (before, it too read the backend beneath the stack). "write after"
+        // left 0x5a in blocks 32 and 33, which it compares equal.
+        ("compare inside", io::COMPARE, 16, 1, Status::UNRECOVERED_READ_ERROR),
+        ("compare across the end", io::COMPARE, 31, 2, Status::UNRECOVERED_READ_ERROR),
+        ("compare after", io::COMPARE, 32, 2, Status::SUCCESS),
     ];
     for engine in ["uring", "threads"] {
         let dir = tempfile::tempdir().unwrap();
@@ -111,11 +116,29 @@ async fn a_failed_read_or_write_reaches_the_host_and_the_error_log() {
                 assert!(e.error_count >= errors, "{what}: error count {} after {errors} failures", e.error_count);
             }
         }
+        // A Compare and Write reads and writes through the stack too: inside the failing
+        // range its Compare fails with the device's status and its Write is not done; after
+        // it, the pair writes (and a second pair sees the first's blocks).
+        for nsid in 1..=3u32 {
+            let what = format!("{engine}, nsid {nsid}, compare and write");
+            let (old, new) = (vec![0x5a; BLOCK as usize], vec![0xa5; BLOCK as usize]);
+            let r = ioq.compare_and_write(nsid, 16, &old, &new, BLOCK as u32, false).await.unwrap();
+            assert!(same(r.compare, Status::UNRECOVERED_READ_ERROR) && same(r.write, Status::ABORTED_FAILED_FUSED), "{what} inside: {r:?}");
+            let r = ioq.compare_and_write(nsid, 32, &old, &new, BLOCK as u32, true).await.unwrap();
+            assert!(r.written(), "{what} after: {r:?}");
+            let r = ioq.compare_and_write(nsid, 32, &old, &new, BLOCK as u32, false).await.unwrap();
+            assert!(r.differed(), "{what} after, again: {r:?}");
+            assert_eq!(ioq.read(nsid, 32, 1, BLOCK as u32).await.unwrap(), new, "{what}: the pair's write");
+        }
         // The queue still serves outside the failing range.
         let back = ioq.read(1, 40, 1, BLOCK as u32).await.unwrap();
         assert_eq!(back.len(), BLOCK as usize);
         assert_eq!(target.stats.requests_lost.load(Relaxed), 0, "{engine}: every command completed");
     }
+}
+
+fn same(a: Status, b: Status) -> bool {
+    (a.sct, a.sc, a.dnr) == (b.sct, b.sc, b.dnr)
 }
 
 /// A device that counts the operations submitted to it, then passes them on.

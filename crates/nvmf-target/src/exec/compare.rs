@@ -23,7 +23,8 @@ use nearstore_wire::sqe::fuse;
 use nearstore_wire::{Sqe, Status};
 
 use super::{Core, Inflight, Overflow, Transport};
-use crate::dev::Op;
+use crate::config::IoEngine;
+use crate::dev::{Channel, Op};
 use crate::fused::AbortHold;
 use crate::io_cmd::{self, IoKind, IoPlan};
 use crate::io_pool::Done;
@@ -246,9 +247,10 @@ impl<T: Transport> Core<T> {
                 }
                 let Ready { req, buf, ns, off, len, .. } = *ready;
                 let token = self.inflight.insert(Inflight::new(req, ns.clone(), IoKind::Compare, len, off >> ns.lba_shift)) as u32;
-                self.compare_blocking(token, move || {
-                    let (first, second) = run(&ns, off, &buf, None, None);
-                    Compared { first, second, bufs: [Some(buf), None] }
+                let chan = self.compare_channel();
+                self.compare_task(token, async move {
+                    let (first, second, bufs) = run(chan, &ns, off, buf, None, None).await;
+                    Compared { first, second, bufs }
                 });
             }
             fuse::FIRST => match self.pairs.iter_mut().find(|p| p.first_seq == seq && matches!(p.first, Half::Awaiting)) {
@@ -324,17 +326,26 @@ impl<T: Transport> Core<T> {
         };
         let token = self.inflight.insert(x) as u32;
         let (ns, off, cmp, data, fua) = (a.ns, a.off, a.buf, b.buf, b.fua);
-        self.compare_blocking(token, move || {
-            let (first, second) = run(&ns, off, &cmp, Some((&data, fua)), Some(&hold));
+        let chan = self.compare_channel();
+        self.compare_task(token, async move {
+            let (first, second, bufs) = run(chan, &ns, off, cmp, Some((data, fua)), Some(&hold)).await;
             hold.ended();
-            Compared { first, second, bufs: [Some(cmp), Some(data)] }
+            Compared { first, second, bufs }
         });
     }
 
-    fn compare_blocking(&mut self, token: u32, work: impl FnOnce() -> Compared + Send + 'static) {
+    /// A channel of its own for a Compare's device operations, on the target's worker pool
+    /// and charged to this queue's tenant in fair-scheduled devices, like its other I/O.
+    fn compare_channel(&self) -> Channel {
+        Channel::new(IoEngine::Threads, self.target.pool.clone()).same_tenant(self.chan.tenant_shared())
+    }
+
+    /// Runs a Compare's work on a task of its own (it may wait for its range and its
+    /// device), and hands its statuses back to the queue.
+    fn compare_task(&mut self, token: u32, work: impl std::future::Future<Output = Compared> + Send + 'static) {
         let reply = self.done_tx.clone();
         tokio::spawn(async move {
-            let compared = tokio::task::spawn_blocking(work).await.unwrap_or_else(|_| Compared {
+            let compared = tokio::spawn(work).await.unwrap_or_else(|_| Compared {
                 first: Status::INTERNAL_ERROR.dnr(),
                 second: Status::ABORTED_FAILED_FUSED,
                 bufs: [None, None],
@@ -416,32 +427,59 @@ impl<T: Transport> Core<T> {
     }
 }
 
-/// A Compare (`write` None) or a Compare and Write on a blocking thread: the blocks at
-/// `off` compared with `cmp` and, for a pair, written with the Write's data only if equal,
-/// under the range's exclusive lock. Returns the statuses of the Compare and the Write.
-fn run(ns: &Namespace, off: u64, cmp: &[u8], write: Option<(&[u8], bool)>, hold: Option<&AbortHold>) -> (Status, Status) {
-    let _range = write.map(|_| ns.ranges.lock(off..off + cmp.len() as u64));
+/// A Compare (`write` None) or a Compare and Write: the blocks at `off` read through the
+/// namespace's device stack (a volume's extents, injected faults, delays and the fair
+/// scheduler alike) and compared with `cmp` and, for a pair, written with the Write's data
+/// only if equal, under the range's exclusive lock (taken on a blocking thread: it may
+/// wait). Returns the statuses of the Compare and the Write, and the data buffers.
+async fn run(
+    mut chan: Channel,
+    ns: &Arc<Namespace>,
+    off: u64,
+    cmp: AlignedBuf,
+    write: Option<(AlignedBuf, bool)>,
+    hold: Option<&AbortHold>,
+) -> (Status, Status, [Option<AlignedBuf>; 2]) {
+    let len = cmp.len();
+    let _range = match &write {
+        Some(_) => {
+            let locks = ns.ranges.clone();
+            match tokio::task::spawn_blocking(move || locks.lock(off..off + len as u64)).await {
+                Ok(g) => Some(g),
+                Err(_) => return (Status::INTERNAL_ERROR.dnr(), Status::ABORTED_FAILED_FUSED, [Some(cmp), write.map(|w| w.0)]),
+            }
+        }
+        None => None,
+    };
+    let (data, fua) = match write {
+        Some((d, fua)) => (Some(d), fua),
+        None => (None, false),
+    };
+    let bufs = |cmp, data| [Some(cmp), data];
     if hold.is_some_and(|h| h.aborted()) {
-        return (Status::ABORTED_PREEMPT, Status::ABORTED_PREEMPT);
+        return (Status::ABORTED_PREEMPT, Status::ABORTED_PREEMPT, bufs(cmp, data));
     }
-    // The storage is reached here without the device stack: its MicroTx fence (or the
-    // namespace offline) checked as dev::fence does, under the exclusive range.
-    if let Some(s) = ns.fenced(off, cmp.len() as u64) {
-        return (s, Status::ABORTED_FAILED_FUSED);
+    // Checked here too, under the exclusive range, as the device stack's fence does
+    // (dev::fence): a Compare and Write names the status before it reads.
+    if let Some(s) = ns.fenced(off, len as u64) {
+        return (s, Status::ABORTED_FAILED_FUSED, bufs(cmp, data));
     }
     // As long as the command's transfer, which MDTS bounds (io_cmd::plan).
-    let mut blocks = vec![0u8; cmp.len()];
-    if let Err(e) = ns.backend.read_at(&mut blocks, off) {
+    let mut blocks = AlignedBuf::new(len);
+    blocks.set_len(len);
+    let read = chan.run(&*ns.dev, Op::Read { off }, blocks).await;
+    if let Err(e) = read.result {
         let s = crate::dev::error_status(&e).unwrap_or(Status::UNRECOVERED_READ_ERROR);
-        return (s, Status::ABORTED_FAILED_FUSED);
+        return (s, Status::ABORTED_FAILED_FUSED, bufs(cmp, data));
     }
-    if blocks != cmp {
-        return (Status::COMPARE_FAILURE.dnr(), Status::ABORTED_FAILED_FUSED);
+    if read.buf[..len] != cmp[..] {
+        return (Status::COMPARE_FAILURE.dnr(), Status::ABORTED_FAILED_FUSED, bufs(cmp, data));
     }
-    let Some((data, fua)) = write else { return (Status::SUCCESS, Status::SUCCESS) };
-    let written = ns.backend.write_at(data, off).and_then(|()| if fua { ns.backend.flush_range(off, data.len() as u64) } else { Ok(()) });
-    match written {
-        Ok(()) => (Status::SUCCESS, Status::SUCCESS),
-        Err(e) => (Status::ABORTED_FAILED_FUSED, crate::dev::error_status(&e).unwrap_or(Status::WRITE_FAULT)),
+    let Some(data) = data else { return (Status::SUCCESS, Status::SUCCESS, bufs(cmp, None)) };
+    // A write with FUA is durable when the device completes it (dev::Op::Write).
+    let written = chan.run(&*ns.dev, Op::Write { off, fua }, data).await;
+    match written.result {
+        Ok(()) => (Status::SUCCESS, Status::SUCCESS, bufs(cmp, Some(written.buf))),
+        Err(e) => (Status::ABORTED_FAILED_FUSED, crate::dev::error_status(&e).unwrap_or(Status::WRITE_FAULT), bufs(cmp, Some(written.buf))),
     }
 }
