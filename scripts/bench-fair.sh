@@ -59,7 +59,9 @@ print(sum(int(float(l.split()[-1])) for l in text.splitlines()
 PY
 }
 
-run() { # side workload size qd -> "iops mb_per_s p99_us"
+run() { # side workload size qd -> "iops mb_per_s p99_us" in $work/out
+    # Runs in this shell, not in $(...): a failure ends the script with $pid still set, so
+    # the exit trap stops the target.
     local side=$1 w=$2 z=$3 q=$4
     config "$side" > "$work/t.toml"
     : > "$work/t.out"
@@ -70,12 +72,15 @@ run() { # side workload size qd -> "iops mb_per_s p99_us"
     local c=(-a 127.0.0.1:$port -n "$nqn" --hostnqn "$host" --quiet -o json)
     # Touch the namespace's pages once, so that reads do not find them unmapped.
     taskset -c 1 "$bin" perf "${c[@]}" -T 1 -w randwrite -z 4KiB -q 32 > /dev/null
+    # The measured run's own bytes must pass the scheduler (on) or never reach it (off):
+    # counted before and after it, so the warm-up's writes cannot stand in for them.
+    local before after
+    before=$(scheduled)
     taskset -c 1 "$bin" perf "${c[@]}" -T "$secs" -w "$w" -z "$z" -q "$q" > "$work/p.json"
-    local bytes
-    bytes=$(scheduled)
-    if [ "$side" = on ] && [ "$bytes" = 0 ]; then echo "fair on, but nothing was scheduled" >&2; exit 1; fi
-    if [ "$side" = off ] && [ "$bytes" != 0 ]; then echo "fair off, but $bytes bytes were scheduled" >&2; exit 1; fi
-    python3 -c 'import json,sys; j=json.load(open(sys.argv[1])); print(round(j["iops"]), round(j["mb_per_s"]), round(j["p99_us"]))' "$work/p.json"
+    after=$(scheduled)
+    if [ "$side" = on ] && [ "$after" = "$before" ]; then echo "fair on, but the measured run's bytes were not scheduled" >&2; exit 1; fi
+    if [ "$side" = off ] && [ "$after" != 0 ]; then echo "fair off, but $after bytes were scheduled" >&2; exit 1; fi
+    python3 -c 'import json,sys; j=json.load(open(sys.argv[1])); print(round(j["iops"]), round(j["mb_per_s"]), round(j["p99_us"]))' "$work/p.json" > "$work/out"
     kill $pid; wait $pid 2>/dev/null || true; pid=
 }
 
@@ -88,10 +93,8 @@ for r in $(seq "$rounds"); do
     for wl in "${workloads[@]}"; do
         read -r w z q <<< "$wl"
         for side in $sides; do
-            # An assignment, so that a failed run ends the script instead of leaving a line
-            # without figures.
-            out=$(run "$side" "$w" "$z" "$q")
-            echo "$r $side $w $z $q $out" | tee -a "$work/runs"
+            run "$side" "$w" "$z" "$q"
+            echo "$r $side $w $z $q $(cat "$work/out")" | tee -a "$work/runs"
         done
     done
 done
