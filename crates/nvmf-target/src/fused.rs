@@ -237,6 +237,14 @@ pub fn run(p: &Planned, transfer: &[u8], hold: &AbortHold, _turn: &Turn) -> Resu
         return Err(refuse(Status::ABORTED_PREEMPT, format!("transaction {txid}: its host was preempted and aborted")));
     }
     recheck(p)?;
+    // An earlier transaction left unfinished (its in-place write failed) is finished first,
+    // in this turn: the blocks this one reads to merge its bytes into must hold that
+    // transaction's bytes, not what lay there before it, or finishing it inside run_with
+    // would be undone by this one's stale images.
+    p.journal.finish(&*p.ns.backend).map_err(|e| match e {
+        JournalError::Unfinished(_) => refuse(Status::COMMAND_INTERRUPTED, e.to_string()),
+        _ => refuse(Status::WRITE_FAULT.dnr(), e.to_string()),
+    })?;
     let bytes = fused::bytes_written(&p.f, &transfer[p.data_at..]);
     debug_assert_eq!(bytes.len(), p.count);
     let result = fused::result(crc32c::crc32c(&bytes), bytes.len() as u32, p.f.offset + bytes.len() as u64);

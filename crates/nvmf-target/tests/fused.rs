@@ -724,6 +724,32 @@ async fn a_failed_in_place_write_fences_its_blocks_until_it_is_finished() {
     assert_eq!(b, vec![2; 512]);
 }
 
+/// A FUSED WRITE that merges its bytes into a block an unfinished transaction wrote reads
+/// that block after the transaction is finished: the next write of a log into the block
+/// of a record whose in-place write failed keeps the record. Before, it read the block
+/// before finishing the transaction (whose outcome then became committed) and wrote the
+/// block's old bytes back over it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fused_write_merges_into_the_blocks_of_an_unfinished_transaction_once_finished() {
+    let env = start().await;
+    let (flaky, journal) = add_flaky(&env);
+    let (_c, mut q) = connect(&env, HOST).await;
+    flaky.failing.store(true, Relaxed);
+    // Blocks 0 and 1; block 1's write fails: in doubt until finished.
+    assert_eq!(status(q.fused_write(FLAKY, &plain_transfer(1, 0, &[1; 1024])).await), Status::WRITE_FAULT.dnr());
+    assert!(journal.fence().is_up());
+    // The storage writes again; nothing touches the fenced blocks, so nothing finishes the
+    // transaction but the next FUSED WRITE: bytes 100..200 of block 1, which it merges.
+    flaky.failing.store(false, Relaxed);
+    let t = Fused { op: op::WRITE_CHECKSUM, txid: 2, offset: 100, block_offset: 0, extents: vec![(BS, BS)] }.encode(&[9; 100]);
+    q.fused_write(FLAKY, &t).await.unwrap();
+    assert!(!journal.fence().is_up());
+    assert_eq!(q.outcome(FLAKY, 1).await.unwrap().0, state::COMMITTED);
+    let block = q.read(FLAKY, 1, 1, BS as u32).await.unwrap();
+    let want: Vec<u8> = [vec![1; 100], vec![9; 100], vec![1; 312]].concat();
+    assert_eq!(block, want, "transaction 1's bytes around transaction 2's");
+}
+
 /// A FUSED WRITE that waited for its turn is checked again when its turn comes: another
 /// host acquired a Write Exclusive reservation meanwhile, so it completes with Reservation
 /// Conflict and writes nothing. Before, only its arrival was checked, and it wrote.
