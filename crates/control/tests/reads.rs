@@ -81,9 +81,7 @@ fn reads_answer_while_a_commit_is_stuck_in_the_store() {
     let c = Client::new(addr);
     let create = {
         let c = c.clone();
-        client.spawn(async move {
-            c.create_volume(&CreateVolume { name: "v".into(), size: 4 << 20, extent_size: Some(1 << 20) }).await
-        })
+        client.spawn(async move { c.create_volume(&CreateVolume { name: "v".into(), size: 4 << 20, extent_size: Some(1 << 20) }).await })
     };
     gated.wait_for_a_commit();
     // Several reads at once, more than the server's workers, while the commit waits.
