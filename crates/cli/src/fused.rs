@@ -76,6 +76,54 @@ pub struct WriteChecksumArgs {
     pub at: Where,
 }
 
+/// How read-modify-write combines a file's bytes with the data.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum ModifyKind {
+    /// The bytes become the data.
+    Replace,
+    /// Little-endian unsigned integers of --width bytes, each plus the data's, wrapping.
+    Add,
+    /// Byte by byte, the bytes xor the data.
+    Xor,
+}
+
+#[derive(clap::Args)]
+pub struct ModifyArgs {
+    /// The file, changed in place (not past its end).
+    pub file: PathBuf,
+    /// The byte of the file where the change starts.
+    #[arg(long, default_value_t = 0)]
+    pub offset: u64,
+    /// How the file's bytes combine with the data.
+    #[arg(long, value_enum)]
+    pub modify: ModifyKind,
+    /// add: the integers' width in bytes.
+    #[arg(long, default_value_t = 8, value_parser = clap::builder::TypedValueParser::map(clap::builder::PossibleValuesParser::new(["1", "2", "4", "8"]), |s: String| s.parse::<u8>().expect("one of the widths")))]
+    pub width: u8,
+    /// The data to combine with (`-`: standard input).
+    #[arg(long)]
+    pub input: PathBuf,
+    #[command(flatten)]
+    pub at: Where,
+}
+
+#[derive(clap::Args)]
+pub struct CompressWriteArgs {
+    /// The file the frame is written into: at its end (an append), or at --offset.
+    pub file: PathBuf,
+    /// The byte of the file where the frame goes, at most its size (default: its end).
+    #[arg(long)]
+    pub offset: Option<u64>,
+    /// zstd level, from -7 to 19 (0: 3).
+    #[arg(long, default_value_t = 3, allow_negative_numbers = true)]
+    pub level: i8,
+    /// The data to compress (`-`: standard input).
+    #[arg(long)]
+    pub input: PathBuf,
+    #[command(flatten)]
+    pub at: Where,
+}
+
 #[derive(clap::Args)]
 pub struct ReadChecksumArgs {
     /// The file.
@@ -130,13 +178,8 @@ pub fn append(a: AppendArgs) -> Result<()> {
                 // The message names the transaction (HostError::Fused), and the records
                 // appended before it are printed: the operator can ask for its outcome.
                 Err(e) => {
-                    let txid = e.txid();
                     print_appended(a.at.output_format, &done)?;
-                    let e = anyhow::Error::new(e).context(format!("appending to {}", a.file.display()));
-                    return Err(match txid {
-                        Some(t) => e.context(format!("transaction {t} did not complete; ask the target for its outcome")),
-                        None => e,
-                    });
+                    return Err(failed(e, format!("appending to {}", a.file.display())));
                 }
             }
         }
@@ -174,6 +217,60 @@ pub fn write_checksum(a: WriteChecksumArgs) -> Result<()> {
     print_crc(a.at.output_format, crc, a.offset, data.len() as u64)
 }
 
+/// The context of a failed fused operation: its transaction, for OUTCOME.
+fn failed(e: nearstore_host::HostError, what: String) -> anyhow::Error {
+    let txid = e.txid();
+    let e = anyhow::Error::new(e).context(what);
+    match txid {
+        Some(t) => e.context(format!("transaction {t} did not complete; ask the target for its outcome")),
+        None => e,
+    }
+}
+
+/// `read-modify-write`: prints the crc32c of the new bytes, where they start and how many.
+pub fn read_modify_write(a: ModifyArgs) -> Result<()> {
+    use nearstore_host::fused::Modify;
+    let data = input(&a.input)?;
+    let m = match a.modify {
+        ModifyKind::Replace => Modify::Replace,
+        ModifyKind::Xor => Modify::Xor,
+        ModifyKind::Add => Modify::Add { width: a.width },
+    };
+    if data.is_empty() || (a.modify == ModifyKind::Add && !data.len().is_multiple_of(a.width as usize)) {
+        bail!("--input {}: {} bytes are not whole {}-byte integers", a.input.display(), data.len(), a.width);
+    }
+    let mut host = a.at.host()?;
+    let w = runtime()?
+        .block_on(host.read_modify_write(&a.file, a.offset, m, &data))
+        .map_err(|e| failed(e, format!("changing {}", a.file.display())))?;
+    print_written(a.at.output_format, &w, a.offset, data.len())
+}
+
+/// `compress-write`: prints the frame's crc32c, where it starts, its length, the input's
+/// and the file byte after it.
+pub fn compress_write(a: CompressWriteArgs) -> Result<()> {
+    let data = input(&a.input)?;
+    if data.is_empty() {
+        bail!("--input {}: no data to compress", a.input.display());
+    }
+    let mut host = a.at.host()?;
+    let w = runtime()?
+        .block_on(host.compress_write(&a.file, a.offset, &data, a.level))
+        .map_err(|e| failed(e, format!("writing a frame into {}", a.file.display())))?;
+    print_written(a.at.output_format, &w, w.end - w.count as u64, data.len())
+}
+
+fn print_written(format: Output, w: &nearstore_host::fused::Written, offset: u64, input: usize) -> Result<()> {
+    match format {
+        Output::Json => println!(
+            "{}",
+            serde_json::json!({ "txid": w.txid, "crc32c": format!("{:08x}", w.crc), "offset": offset, "bytes": w.count, "input": input, "end": w.end })
+        ),
+        Output::Normal => println!("crc32c {:08x}  offset {offset}  bytes {}  input {input}  end {}", w.crc, w.count, w.end),
+    }
+    Ok(())
+}
+
 pub fn read_checksum(a: ReadChecksumArgs) -> Result<()> {
     let size = std::fs::metadata(&a.file).with_context(|| a.file.display().to_string())?.len();
     let len = a.length.unwrap_or(size.saturating_sub(a.offset));
@@ -198,6 +295,27 @@ fn print_crc(format: Output, crc: u32, offset: u64, len: u64) -> Result<()> {
 mod tests {
     /// `--lines`: one record per line, an empty line an empty record. Before, empty lines
     /// were dropped.
+    #[test]
+    fn the_modify_and_compress_verbs_parse_their_options() {
+        use clap::Parser;
+        #[derive(clap::Parser)]
+        enum Cli {
+            Rmw(super::ModifyArgs),
+            Cw(super::CompressWriteArgs),
+        }
+        let rmw = |w: &str| Cli::try_parse_from(["x", "rmw", "f", "--modify", "add", "--width", w, "--input", "-"]);
+        for w in ["1", "2", "4", "8"] {
+            assert!(matches!(rmw(w), Ok(Cli::Rmw(a)) if a.width.to_string() == w), "width {w}");
+        }
+        for w in ["0", "3", "16", "x"] {
+            assert!(rmw(w).is_err(), "width {w}");
+        }
+        let cw = |l: &str| Cli::try_parse_from(["x", "cw", "f", "--level", l, "--input", "-"]);
+        assert!(matches!(cw("-5"), Ok(Cli::Cw(a)) if a.level == -5 && a.offset.is_none()));
+        assert!(matches!(cw("19"), Ok(Cli::Cw(a)) if a.level == 19));
+        assert!(cw("200").is_err());
+    }
+
     #[test]
     fn every_line_is_a_record() {
         // (input, records)

@@ -361,6 +361,12 @@ enum Cmd {
     WriteChecksum(fused::WriteChecksumArgs),
     /// Read a file's bytes from its target with the crc32c the target computed of them.
     ReadChecksum(fused::ReadChecksumArgs),
+    /// Change a file's bytes in place on its target (replace, add, xor with the data), atomic
+    /// against other writers and journaled; prints the crc32c of the new bytes.
+    ReadModifyWrite(fused::ModifyArgs),
+    /// Compress data into one zstd frame on a file's target and write it at the file's end
+    /// (or an offset), journaled; prints the frame's crc32c and length.
+    CompressWrite(fused::CompressWriteArgs),
     /// Count lines matching a regular expression (grep -c), matches, or literal hits.
     Grep(compute::GrepArgs),
     /// Count bytes, lines and words (wc).
@@ -620,6 +626,8 @@ fn run(cli: Cli) -> Result<()> {
         Cmd::AppendCrcWrite(a) => fused::append(a),
         Cmd::WriteChecksum(a) => fused::write_checksum(a),
         Cmd::ReadChecksum(a) => fused::read_checksum(a),
+        Cmd::ReadModifyWrite(a) => fused::read_modify_write(a),
+        Cmd::CompressWrite(a) => fused::compress_write(a),
         Cmd::Grep(a) => compute::grep(a),
         Cmd::Wc(a) => compute::wc(a),
         Cmd::Select(a) => compute::select(a),

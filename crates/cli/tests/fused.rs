@@ -80,6 +80,39 @@ fn the_verbs_append_records_and_print_their_checksums() {
     assert_eq!(&want[90..100], b"0123456789");
     assert_eq!(std::fs::read(&back).unwrap(), want);
     assert_eq!(out.trim(), format!("crc32c {:08x}  offset 4000  bytes 200", crc32c::crc32c(&want)));
+
+    // read-modify-write: an 8-byte counter across a block's end, added to twice.
+    std::fs::write(&input, 5u64.to_le_bytes()).unwrap();
+    let before = u64::from_le_bytes(std::fs::read(&data).unwrap()[4092..4100].try_into().unwrap());
+    for round in 1..=2u64 {
+        let out =
+            ok(&["read-modify-write", "--target-config", &cfg, p(&data), "--offset", "4092", "--modify", "add", "--input", p(&input)]);
+        let file = std::fs::read(&data).unwrap();
+        let counter = u64::from_le_bytes(file[4092..4100].try_into().unwrap());
+        assert_eq!(counter, before.wrapping_add(5 * round), "round {round}");
+        assert_eq!(out.trim(), format!("crc32c {:08x}  offset 4092  bytes 8  input 8  end 4100", crc32c::crc32c(&file[4092..4100])));
+    }
+    std::fs::write(&input, b"abc").unwrap();
+    fails(&["read-modify-write", "--target-config", &cfg, p(&data), "--modify", "add", "--width", "2", "--input", p(&input)]);
+    // compress-write: two frames appended to a new file, which zstd reads back whole.
+    let frames = fs.mnt.join("frames.zst");
+    std::fs::File::create(&frames).unwrap();
+    let text: Vec<u8> = (0..5000).flat_map(|i: u32| format!("row {i},{}\n", i * 7).into_bytes()).collect();
+    std::fs::write(&input, &text).unwrap();
+    let mut end = 0u64;
+    for level in ["3", "-2"] {
+        let out = ok(&["compress-write", "--target-config", &cfg, p(&frames), "--level", level, "--input", p(&input), "-o", "json"]);
+        let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+        let file = std::fs::read(&frames).unwrap();
+        assert_eq!(
+            (v["offset"].as_u64(), v["end"].as_u64(), v["input"].as_u64()),
+            (Some(end), Some(file.len() as u64), Some(text.len() as u64)),
+            "{out}"
+        );
+        assert_eq!(v["crc32c"], format!("{:08x}", crc32c::crc32c(&file[end as usize..])), "{out}");
+        end = file.len() as u64;
+    }
+    assert_eq!(zstd::decode_all(&std::fs::read(&frames).unwrap()[..]).unwrap(), [&text[..], &text[..]].concat());
 }
 
 /// The verbs connect as `--hostnqn`: a target that admits only that host lets them write
@@ -124,8 +157,11 @@ async fn append(q: &mut IoQueue, txid: u64, len: u64, data: &[u8]) -> Result<(u3
     let block_offset = (len % fused::LOG_BLOCK_BYTES as u64) as u32;
     let need = fused::framed_len(block_offset, data.len()) as u64;
     let (from, to) = (len / 4096 * 4096, (len + need).div_ceil(4096) * 4096);
-    q.fused_write(1, &Fused { op: op::APPEND_CRC_WRITE, txid, offset: len, block_offset, extents: vec![(from, to - from)] }.encode(data))
-        .await
+    q.fused_write(
+        1,
+        &Fused { op: op::APPEND_CRC_WRITE, txid, offset: len, block_offset, args: [0; 8], extents: vec![(from, to - from)] }.encode(data),
+    )
+    .await
 }
 
 async fn read_log(q: &mut IoQueue, len: u64) -> Vec<u8> {

@@ -32,6 +32,43 @@ pub const LOG_PREALLOC_BYTES: u64 = 1 << 20;
 /// block size.
 const READ_PIECE_BYTES: u64 = 64 << 10;
 
+/// read-modify-write's combination of the file's bytes with the data (docs/compute-protocol.md).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Modify {
+    /// The bytes become the data.
+    Replace,
+    /// Byte by byte, the bytes xor the data.
+    Xor,
+    /// Little-endian unsigned integers of `width` bytes (1, 2, 4 or 8), each plus the data's,
+    /// wrapping.
+    Add { width: u8 },
+}
+
+impl Modify {
+    /// Bytes 24-31 of the descriptor.
+    pub fn args(self) -> [u8; 8] {
+        let (kind, width) = match self {
+            Modify::Replace => (fused::modify::REPLACE, 0),
+            Modify::Xor => (fused::modify::XOR, 0),
+            Modify::Add { width } => (fused::modify::ADD, width),
+        };
+        [kind, width, 0, 0, 0, 0, 0, 0]
+    }
+}
+
+/// What a read-modify-write or a compress-write did.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Written {
+    /// Its transaction id, for OUTCOME when the completion was lost.
+    pub txid: u64,
+    /// crc32c of the bytes the target wrote (the new bytes; the zstd frame).
+    pub crc: u32,
+    /// How many: the data's length; the frame's.
+    pub count: u32,
+    /// The file byte after them.
+    pub end: u64,
+}
+
 /// What an append did.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Appended {
@@ -117,6 +154,14 @@ fn preallocate(path: &Path, to: u64) -> Result<(), HostError> {
     crate::drop_cached(&f, path)
 }
 
+/// `n` bytes (at least one) at `offset` lie inside the mapped file.
+fn inside(path: &Path, fo: &FileObject, offset: u64, n: u64) -> Result<(), HostError> {
+    if offset.checked_add(n).is_none_or(|end| end > fo.object.len) || n == 0 {
+        return Err(HostError::Invalid(format!("{}: {n} bytes at {offset} are not inside its {} bytes", path.display(), fo.object.len)));
+    }
+    Ok(())
+}
+
 /// The namespace pieces (byte offset, length) of object bytes [from, to).
 fn pieces(fo: &FileObject, mut from: u64, to: u64) -> Result<Vec<(u64, u64)>, HostError> {
     let mut out = Vec::new();
@@ -191,7 +236,7 @@ impl Host {
         let block_offset = (len % LOG_BLOCK_BYTES as u64) as u32;
         let need = fused::framed_len(block_offset, data.len()) as u64;
         let txid = next_txid()?;
-        let f = Fused { op: op::APPEND_CRC_WRITE, txid, offset: len, block_offset, extents: Vec::new() };
+        let f = Fused { op: op::APPEND_CRC_WRITE, txid, offset: len, block_offset, args: [0; 8], extents: Vec::new() };
         let (crc, count) = self.fused(fo, block, f, need, data).await?;
         if count as u64 != need {
             let e = HostError::Invalid(format!("the target appended {count} bytes, the record takes {need}"));
@@ -204,15 +249,8 @@ impl Host {
     /// write-checksum; returns the crc32c of the bytes the target wrote.
     pub async fn write_checksum(&mut self, path: &Path, offset: u64, data: &[u8]) -> Result<u32, HostError> {
         let (fo, block) = self.fused_object(path).await?;
-        if offset.checked_add(data.len() as u64).is_none_or(|end| end > fo.object.len) || data.is_empty() {
-            return Err(HostError::Invalid(format!(
-                "{}: {} bytes at {offset} are not inside its {} bytes",
-                path.display(),
-                data.len(),
-                fo.object.len
-            )));
-        }
-        let f = Fused { op: op::WRITE_CHECKSUM, txid: next_txid()?, offset, block_offset: 0, extents: Vec::new() };
+        inside(path, &fo, offset, data.len() as u64)?;
+        let f = Fused { op: op::WRITE_CHECKSUM, txid: next_txid()?, offset, block_offset: 0, args: [0; 8], extents: Vec::new() };
         let (crc, _) = self.fused(&fo, block, f, data.len() as u64, data).await?;
         // Cached pages of it are stale now. The size stays as it is: the bytes were inside
         // the file, and setting the size mapped would cut what another writer appended
@@ -220,6 +258,77 @@ impl Host {
         let f = File::open(path).map_err(ioe(path))?;
         crate::drop_cached(&f, path)?;
         Ok(crc)
+    }
+
+    /// Combines the `data.len()` bytes at `offset` inside the file (not past its end) with
+    /// `data` as `m` says, on the target, in place and atomically against every other writer
+    /// of those blocks (read-modify-write); returns the crc32c of the new bytes. An add is
+    /// not idempotent: after a lost completion ask OUTCOME with the error's transaction id,
+    /// never send it again with a new one.
+    pub async fn read_modify_write(&mut self, path: &Path, offset: u64, m: Modify, data: &[u8]) -> Result<Written, HostError> {
+        let (fo, block) = self.fused_object(path).await?;
+        inside(path, &fo, offset, data.len() as u64)?;
+        let txid = next_txid()?;
+        let f = Fused { op: op::READ_MODIFY_WRITE, txid, offset, block_offset: 0, args: m.args(), extents: Vec::new() };
+        let (crc, count) = self.fused(&fo, block, f, data.len() as u64, data).await?;
+        // Cached pages of it are stale now; the size stays (write_checksum says why).
+        let f = File::open(path).map_err(ioe(path))?;
+        crate::drop_cached(&f, path)?;
+        Ok(Written { txid, crc, count, end: offset + count as u64 })
+    }
+
+    /// Compresses `data` into one zstd frame at `level` (0: the default) on the target and
+    /// writes the frame at `offset` of the file, or at its end (None): at most its size,
+    /// the file grown as for an append (preallocated by the largest frame, its size set
+    /// after the completion to the frame's end, never shortened). Returns the frame's
+    /// crc32c, length and end. A crash before the size is set leaves zeros after the file's
+    /// old end (space to reclaim; the frame, if the target committed it, is found by OUTCOME's
+    /// end, which the error's transaction id asks for).
+    pub async fn compress_write(&mut self, path: &Path, offset: Option<u64>, data: &[u8], level: i8) -> Result<Written, HostError> {
+        if !(fused::COMPRESS_LEVEL_MIN..=fused::COMPRESS_LEVEL_MAX).contains(&level) {
+            return Err(HostError::Invalid(format!(
+                "zstd level {level}: from {} to {} (0: {})",
+                fused::COMPRESS_LEVEL_MIN,
+                fused::COMPRESS_LEVEL_MAX,
+                fused::COMPRESS_LEVEL_DEFAULT
+            )));
+        }
+        if data.is_empty() {
+            return Err(HostError::Invalid("compress-write of no bytes".into()));
+        }
+        let size = std::fs::metadata(path).map_err(ioe(path))?.len();
+        let at = offset.unwrap_or(size);
+        if at > size {
+            return Err(HostError::Invalid(format!("{}: offset {at} is past its end ({size} bytes)", path.display())));
+        }
+        let bound = fused::compress_bound(data.len()) as u64;
+        let grows = at + bound > size;
+        if grows {
+            preallocate(path, at + bound)?;
+        }
+        let (fo, block) = self.fused_object(path).await?;
+        let txid = next_txid()?;
+        let f = Fused {
+            op: op::COMPRESS_WRITE,
+            txid,
+            offset: at,
+            block_offset: 0,
+            args: [level as u8, 0, 0, 0, 0, 0, 0, 0],
+            extents: Vec::new(),
+        };
+        let (crc, count) = self.fused(&fo, block, f, bound, data).await?;
+        if count as u64 > bound {
+            let e = HostError::Invalid(format!("the target wrote a frame of {count} bytes, over the bound of {bound}"));
+            return Err(HostError::Fused { txid, source: Box::new(e) });
+        }
+        let end = at + count as u64;
+        if grows {
+            finish_output(path, size.max(end))?;
+        } else {
+            let f = File::open(path).map_err(ioe(path))?;
+            crate::drop_cached(&f, path)?;
+        }
+        Ok(Written { txid, crc, count, end })
     }
 
     /// Reads `len` bytes at `offset` of the file with READ CHECKSUM: the bytes and the

@@ -130,6 +130,69 @@ async fn write_and_read_checksum_of_file_ranges() {
     assert!(host.read_checksum(&path, 299_999, 2).await.is_err());
 }
 
+/// read-modify-write on a file of ext4: counters added to (8-byte, across a 4 KiB block),
+/// bytes xored and replaced, each result's crc32c the new bytes'; nothing else changes, the
+/// size neither; past the end refused before anything is sent.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn read_modify_write_changes_a_files_bytes_in_place() {
+    use nearstore_host::fused::Modify;
+    let fs = Fs::new(64);
+    let mut host = start(&fs).await;
+    let path = fs.mnt.join("counters");
+    let mut model: Vec<u8> = (0..100_000u32).map(|i| (i % 241) as u8).collect();
+    std::fs::write(&path, &model).unwrap();
+    for round in 0..3u64 {
+        // Counter at 4092: its 8 bytes straddle the first 4 KiB block's end.
+        let w = host.read_modify_write(&path, 4092, Modify::Add { width: 8 }, &(round + 1).to_le_bytes()).await.unwrap();
+        let c = u64::from_le_bytes(model[4092..4100].try_into().unwrap()).wrapping_add(round + 1);
+        model[4092..4100].copy_from_slice(&c.to_le_bytes());
+        assert_eq!((w.crc, w.count, w.end), (crc32c::crc32c(&model[4092..4100]), 8, 4100), "round {round}");
+    }
+    let w = host.read_modify_write(&path, 50_000, Modify::Xor, &[0xff; 3000]).await.unwrap();
+    model[50_000..53_000].iter_mut().for_each(|b| *b ^= 0xff);
+    assert_eq!(w.crc, crc32c::crc32c(&model[50_000..53_000]));
+    host.read_modify_write(&path, 99_999, Modify::Replace, b"Z").await.unwrap();
+    model[99_999] = b'Z';
+    assert_eq!(read(&path), model);
+    assert!(host.read_modify_write(&path, 99_999, Modify::Replace, b"ZZ").await.is_err(), "past the end");
+    assert!(host.read_modify_write(&path, 0, Modify::Add { width: 4 }, &[1; 6]).await.is_err(), "part of an integer");
+    assert_eq!(read(&path), model);
+}
+
+/// compress-write appends zstd frames to a file (zstd reads the concatenation as the inputs
+/// concatenated), and writes one at an offset inside the file; the file grows to each
+/// frame's end and never past it, nor shrinks.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn compress_write_appends_frames_zstd_reads() {
+    let fs = Fs::new(64);
+    let mut host = start(&fs).await;
+    let path = fs.mnt.join("frames.zst");
+    std::fs::write(&path, b"").unwrap();
+    let inputs: Vec<Vec<u8>> = (0..5usize).map(|i| (0..20_000 * (i + 1)).map(|j| b"abcdefgh\n"[(j * (i + 1)) % 9]).collect()).collect();
+    let (mut len, mut first) = (0u64, 0u64);
+    for (i, data) in inputs.iter().enumerate() {
+        let w = host.compress_write(&path, None, data, if i % 2 == 0 { 0 } else { 19 }).await.unwrap();
+        assert_eq!(w.end, len + w.count as u64, "frame {i}");
+        assert!((w.count as usize) < data.len() / 4, "frame {i}: {} bytes of {}", w.count, data.len());
+        len = w.end;
+        if i == 0 {
+            first = w.end;
+        }
+        assert_eq!(std::fs::metadata(&path).unwrap().len(), len, "frame {i}: the size is the frame's end");
+        let file = read(&path);
+        assert_eq!(w.crc, crc32c::crc32c(&file[(w.end - w.count as u64) as usize..]), "frame {i}");
+    }
+    assert_eq!(zstd::decode_all(&read(&path)[..]).unwrap(), inputs.concat());
+    // Over the second frame, in place: the file keeps its size, the first frame stays.
+    let w = host.compress_write(&path, Some(first), b"tiny", 0).await.unwrap();
+    assert_eq!(std::fs::metadata(&path).unwrap().len(), len);
+    let file = read(&path);
+    assert_eq!(zstd::decode_all(&file[..(w.end as usize)]).unwrap(), [&inputs[0][..], b"tiny"].concat());
+    assert!(host.compress_write(&path, Some(len + 1), b"x", 0).await.is_err(), "past the end");
+    assert!(host.compress_write(&path, None, b"x", 20).await.is_err(), "level 20");
+    assert!(host.compress_write(&path, None, b"", 0).await.is_err(), "nothing");
+}
+
 /// A writer that dies before `finish` (the application crashed, the host's kernel did not):
 /// the records the target acknowledged lie under the zeros the host wrote to preallocate.
 /// Reopening the log finds its end after them, LevelDB's reader on this host reads them,

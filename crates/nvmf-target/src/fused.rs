@@ -11,7 +11,7 @@ use std::ops::Range;
 use std::sync::Arc;
 
 use nearstore_wire::compute::status as cs;
-use nearstore_wire::fused::{self, Fused, FusedError, RESULT_BYTES};
+use nearstore_wire::fused::{self, op, Fused, FusedError, RESULT_BYTES};
 use nearstore_wire::{Sqe, Status};
 
 use crate::microtx::{Journal, JournalError, Outcome, Turn, Tx};
@@ -245,32 +245,74 @@ pub fn run(p: &Planned, transfer: &[u8], hold: &AbortHold, _turn: &Turn) -> Resu
         JournalError::Unfinished(_) => refuse(Status::COMMAND_INTERRUPTED, e.to_string()),
         _ => refuse(Status::WRITE_FAULT.dnr(), e.to_string()),
     })?;
-    let bytes = fused::bytes_written(&p.f, &transfer[p.data_at..]);
-    debug_assert_eq!(bytes.len(), p.count);
-    let result = fused::result(crc32c::crc32c(&bytes), bytes.len() as u32, p.f.offset + bytes.len() as u64);
+    let data = &transfer[p.data_at..];
     let bs = p.ns.block_size as usize;
-    let total: u64 = p.pieces.iter().map(|&(_, l)| l).sum();
+    // compress-write's frame, made first: the blocks it touches are known only then (its
+    // extents cover the largest frame; the blocks past the frame are left as they are).
+    let frame = match p.f.op {
+        op::COMPRESS_WRITE => {
+            let frame = nearstore_compute::compress::compress_frame(data, fused::compress_level(&p.f))
+                .map_err(|e| refuse(cs::DESCRIPTOR_INVALID, format!("transaction {txid}: {e}")))?;
+            if frame.len() > p.count {
+                return Err(refuse(
+                    Status::INTERNAL_ERROR.dnr(),
+                    format!("transaction {txid}: a frame of {} bytes, over its bound", frame.len()),
+                ));
+            }
+            Some(frame)
+        }
+        _ => None,
+    };
+    let count = frame.as_ref().map_or(p.count, Vec::len);
+    let (_, want) = blocks_touched(p.f.offset, count as u64, bs as u64).expect("checked with the larger count");
+    let pieces = first_bytes(&p.pieces, want);
+    let total: u64 = pieces.iter().map(|&(_, l)| l).sum();
     let mut image = vec![0u8; total as usize];
-    // Its blocks shared against Compare and Write (range_lock.rs), taken in its journal
-    // turn, which no Compare and Write takes.
-    let start = p.pieces.iter().map(|&(off, _)| off).min().unwrap_or(0);
-    let end = p.pieces.iter().map(|&(off, len)| off + len).max().unwrap_or(0);
-    let _range = p.ns.ranges.write(start..end);
-    let tail = p.head + bytes.len();
-    let (first, last) = (0..bs, (tail / bs) * bs..(tail.div_ceil(bs) * bs));
-    let partial = [(p.head != 0).then_some(first), (!tail.is_multiple_of(bs)).then_some(last)];
-    for r in partial.into_iter().flatten() {
-        let at = namespace_byte(&p.pieces, r.start as u64)
-            .ok_or_else(|| refuse(Status::INTERNAL_ERROR.dnr(), format!("transaction {txid}: block {} outside its extents", r.start)))?;
-        let block = &mut image[r.clone()];
-        p.ns.backend.read_at(block, at).map_err(|e| {
-            refuse(Status::UNRECOVERED_READ_ERROR.dnr(), format!("transaction {txid}: reading the block at namespace byte {at}: {e}"))
-        })?;
-    }
-    image[p.head..tail].copy_from_slice(&bytes);
-    let mut writes = Vec::with_capacity(p.pieces.len());
+    // Its blocks against other writers (range_lock.rs), taken in its journal turn, which
+    // no Compare and Write and no other writer takes: shared against Compare and Write,
+    // and for read-modify-write exclusive, so that no write lands between its read and its
+    // write in place.
+    let start = pieces.iter().map(|&(off, _)| off).min().unwrap_or(0);
+    let end = pieces.iter().map(|&(off, len)| off + len).max().unwrap_or(0);
+    let rmw = p.f.op == op::READ_MODIFY_WRITE;
+    let _shared = (!rmw).then(|| p.ns.ranges.write(start..end));
+    let _exclusive = rmw.then(|| p.ns.ranges.lock(start..end));
+    let read = |image: &mut [u8], r: std::ops::Range<usize>| -> Result<(), Refusal> {
+        let mut done = r.start;
+        while done < r.end {
+            let at = namespace_byte(&pieces, done as u64)
+                .ok_or_else(|| refuse(Status::INTERNAL_ERROR.dnr(), format!("transaction {txid}: byte {done} outside its extents")))?;
+            // Up to the end of the extent holding it.
+            let n = (r.end - done).min(piece_left(&pieces, done as u64) as usize);
+            p.ns.backend.read_at(&mut image[done..done + n], at).map_err(|e| {
+                refuse(Status::UNRECOVERED_READ_ERROR.dnr(), format!("transaction {txid}: reading namespace bytes {at}+{n}: {e}"))
+            })?;
+            done += n;
+        }
+        Ok(())
+    };
+    let tail = p.head + count;
+    let bytes = if rmw {
+        // Every block it touches, read whole, combined with the data in place.
+        read(&mut image, 0..total as usize)?;
+        fused::modify(&p.f.args, &mut image[p.head..tail], data);
+        image[p.head..tail].to_vec()
+    } else {
+        let bytes = frame.unwrap_or_else(|| fused::bytes_written(&p.f, data));
+        debug_assert_eq!(bytes.len(), count);
+        // The blocks it covers only partly: their other bytes stay.
+        let (first, last) = (0..bs, (tail / bs) * bs..(tail.div_ceil(bs) * bs));
+        let partial = [(p.head != 0).then_some(first), (!tail.is_multiple_of(bs)).then_some(last)];
+        for r in partial.into_iter().flatten() {
+            read(&mut image, r)?;
+        }
+        image[p.head..tail].copy_from_slice(&bytes);
+        bytes
+    };
+    let result = fused::result(crc32c::crc32c(&bytes), bytes.len() as u32, p.f.offset + bytes.len() as u64);
+    let mut writes = Vec::with_capacity(pieces.len());
     let mut at = 0usize;
-    for &(off, len) in &p.pieces {
+    for &(off, len) in &pieces {
         writes.push((off, image[at..at + len as usize].to_vec()));
         at += len as usize;
     }
@@ -284,6 +326,31 @@ pub fn run(p: &Planned, transfer: &[u8], hold: &AbortHold, _turn: &Turn) -> Resu
         JournalError::Unfinished(_) => refuse(Status::COMMAND_INTERRUPTED, e.to_string()),
         _ => refuse(Status::WRITE_FAULT.dnr(), e.to_string()),
     })
+}
+
+/// The first `want` bytes of the blocks `pieces` cover, as pieces.
+fn first_bytes(pieces: &[(u64, u64)], mut want: u64) -> Vec<(u64, u64)> {
+    let mut out = Vec::with_capacity(pieces.len());
+    for &(off, len) in pieces {
+        if want == 0 {
+            break;
+        }
+        let take = len.min(want);
+        out.push((off, take));
+        want -= take;
+    }
+    out
+}
+
+/// Bytes from byte `at` of the blocks `pieces` cover to the end of the piece holding it.
+fn piece_left(pieces: &[(u64, u64)], mut at: u64) -> u64 {
+    for &(_, len) in pieces {
+        if at < len {
+            return len - at;
+        }
+        at -= len;
+    }
+    0
 }
 
 /// The namespace byte of byte `at` of the blocks `pieces` cover.
@@ -331,6 +398,29 @@ pub fn outcome(ctrl: &Controller, sqe: &Sqe) -> Result<(u32, [u8; RESULT_BYTES])
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The wire's constant bound of a compress-write frame is zstd's own, around zstd's
+    /// 128 KiB step and at MDTS.
+    #[test]
+    fn the_frame_bound_is_zstds() {
+        let t = crate::limits::TRANSFER_BYTES_MAX;
+        for n in [1usize, 255, 256, 4095, 4096, 100_000, (128 << 10) - 1, 128 << 10, (128 << 10) + 1, t, 1 << 20] {
+            assert_eq!(fused::compress_bound(n), nearstore_compute::compress::frame_bound(n), "{n} bytes");
+        }
+    }
+
+    /// The pieces of a prefix, and what is left of a piece from a byte on.
+    #[test]
+    fn prefixes_of_pieces() {
+        let p = [(4096, 1024), (0, 512), (8192, 2048)];
+        assert_eq!(first_bytes(&p, 0), vec![]);
+        assert_eq!(first_bytes(&p, 1), vec![(4096, 1)]);
+        assert_eq!(first_bytes(&p, 1024), vec![(4096, 1024)]);
+        assert_eq!(first_bytes(&p, 1025), vec![(4096, 1024), (0, 1)]);
+        assert_eq!(first_bytes(&p, 1 << 20), p.to_vec());
+        assert_eq!((piece_left(&p, 0), piece_left(&p, 1023), piece_left(&p, 1024), piece_left(&p, 1536)), (1024, 1, 512, 2048));
+        assert_eq!(piece_left(&p, 3584), 0);
+    }
 
     /// The blocks a fused operation touches, near u64::MAX too: None where their end would
     /// pass it (before, the rounding overflowed).

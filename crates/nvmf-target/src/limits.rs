@@ -672,6 +672,8 @@ const _: () = assert!(
         + 2 * MICROTX_JOURNAL_BLOCK_BYTES
         <= MICROTX_TX_BYTES_MAX
 );
+// compress-write's extents cover the largest zstd frame of a transfer of data.
+const _: () = assert!(nearstore_wire::fused::compress_bound(TRANSFER_BYTES_MAX) + 2 * MICROTX_JOURNAL_BLOCK_BYTES <= MICROTX_TX_BYTES_MAX);
 
 #[cfg(test)]
 mod tests {

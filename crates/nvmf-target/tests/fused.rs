@@ -18,7 +18,7 @@ use nearstore_target::microtx::Journal;
 use nearstore_target::subsystem::Namespace;
 use nearstore_target::Target;
 use nearstore_wire::compute::status as cs;
-use nearstore_wire::fused::{self, op, opcode, state, Fused};
+use nearstore_wire::fused::{self, modify, op, opcode, state, Fused};
 use nearstore_wire::pdu::{self, PduType};
 use nearstore_wire::resv::{racqa, rrega, Cdw10, Keys, Rtype};
 use nearstore_wire::sqe::sgl_id;
@@ -109,7 +109,7 @@ fn transfer(opcode: u8, txid: u64, offset: u64, data: &[u8]) -> Vec<u8> {
     let block_offset = if opcode == op::APPEND_CRC_WRITE { (offset % fused::LOG_BLOCK_BYTES as u64) as u32 } else { 0 };
     let n = if opcode == op::APPEND_CRC_WRITE { fused::framed_len(block_offset, data.len()) } else { data.len() } as u64;
     let (from, to) = (offset / BS * BS, (offset + n).div_ceil(BS) * BS);
-    Fused { op: opcode, txid, offset, block_offset, extents: pieces(&OBJECT, from, to) }.encode(data)
+    Fused { op: opcode, txid, offset, block_offset, args: [0; 8], extents: pieces(&OBJECT, from, to) }.encode(data)
 }
 
 async fn read_object(q: &mut IoQueue, len: u64) -> Vec<u8> {
@@ -260,6 +260,173 @@ async fn write_and_read_checksum_cover_exactly_their_bytes() {
     }
 }
 
+/// Writes `base` plainly over the object's first bytes (whole blocks, the last zero-filled).
+async fn fill_object(q: &mut IoQueue, base: &[u8]) {
+    let mut at = 0u64;
+    for (off, n) in pieces(&OBJECT, 0, (base.len() as u64).div_ceil(BS) * BS) {
+        let mut k = 0;
+        while k < n {
+            let m = (n - k).min(64 << 10);
+            let mut blk = vec![0u8; m as usize];
+            let lo = (at + k) as usize;
+            let hi = (lo + m as usize).min(base.len());
+            if lo < hi {
+                blk[..hi - lo].copy_from_slice(&base[lo..hi]);
+            }
+            q.write(1, (off + k) / BS, &blk, BS as u32, false).await.unwrap();
+            k += m;
+        }
+        at += n;
+    }
+}
+
+/// A FUSED WRITE's transfer of operation `opcode` with `args`, its extents covering `n`
+/// bytes at object offset `offset` of OBJECT.
+fn transfer_with(opcode: u8, args: [u8; 8], txid: u64, offset: u64, n: u64, data: &[u8]) -> Vec<u8> {
+    let (from, to) = (offset / BS * BS, (offset + n).div_ceil(BS) * BS);
+    Fused { op: opcode, txid, offset, block_offset: 0, args, extents: pieces(&OBJECT, from, to) }.encode(data)
+}
+
+/// read-modify-write combines its data with exactly its bytes (inside a block, across blocks
+/// and across the object's two extents, each width of add with carries and wrapping), and
+/// compress-write writes one zstd frame of its data, its extents covering the largest frame
+/// while the blocks past the frame it wrote stay as they were; each result is what OUTCOME
+/// returns for its transaction.
+#[tokio::test]
+async fn read_modify_write_and_compress_write_change_exactly_their_bytes() {
+    let env = start().await;
+    let (_c, mut q) = connect(&env, HOST).await;
+    let mut model = bytes(200_000, 3);
+    fill_object(&mut q, &model).await;
+    let m = |kind, width| [kind, width, 0, 0, 0, 0, 0, 0];
+    // (object offset, args, data); the expected bytes computed here by hand.
+    let cases: Vec<(u64, [u8; 8], Vec<u8>)> = vec![
+        (1000, m(modify::REPLACE, 0), bytes(24, 50)),
+        (508, m(modify::ADD, 8), [1u64.to_le_bytes(), u64::MAX.to_le_bytes()].concat()),
+        (4000, m(modify::XOR, 0), bytes(9000, 51)),
+        (96 * 1024 - 4, m(modify::ADD, 4), [7u32.to_le_bytes(), 0xffff_fff0u32.to_le_bytes()].concat()),
+        (10_001, m(modify::ADD, 2), vec![1, 0, 0xff, 0xff, 0, 1]),
+        (20_000, m(modify::ADD, 1), vec![1; 700]),
+    ];
+    for (i, (off, args, data)) in cases.into_iter().enumerate() {
+        let txid = 3000 + i as u64;
+        let (crc, count) =
+            q.fused_write(1, &transfer_with(op::READ_MODIFY_WRITE, args, txid, off, data.len() as u64, &data)).await.unwrap();
+        let old = &mut model[off as usize..off as usize + data.len()];
+        match args[0] {
+            modify::REPLACE => old.copy_from_slice(&data),
+            modify::XOR => old.iter_mut().zip(&data).for_each(|(o, d)| *o ^= d),
+            _ => {
+                let w = args[1] as usize;
+                for (o, d) in old.chunks_mut(w).zip(data.chunks(w)) {
+                    let mut carry = 0u16;
+                    for (ob, db) in o.iter_mut().zip(d) {
+                        let s = *ob as u16 + *db as u16 + carry;
+                        *ob = s as u8;
+                        carry = s >> 8;
+                    }
+                }
+            }
+        }
+        let new = &model[off as usize..off as usize + data.len()];
+        assert_eq!((crc, count as usize), (crc32c::crc32c(new), data.len()), "case {i}");
+        let (state_, result) = q.outcome(1, txid).await.unwrap();
+        assert_eq!(state_, state::COMMITTED, "case {i}");
+        assert_eq!(fused::parse_result(&result), (crc, count, off + data.len() as u64), "case {i}");
+        assert_eq!(read_object(&mut q, model.len() as u64).await, model, "case {i}: the object after it");
+    }
+    // compress-write: compressible text, and random bytes, whose frame is longer than them.
+    let text: Vec<u8> = (0..60_000u32).flat_map(|i| format!("line {i} of the log\n").into_bytes()).take(60_000).collect();
+    let noise: Vec<u8> = {
+        let mut x = 0x2545_f491_4f6c_dd1du64;
+        (0..3000)
+            .map(|_| {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                x as u8
+            })
+            .collect()
+    };
+    for (i, (off, level, data)) in [(150_001u64, 0i8, &text), (3_333, 19, &noise), (777, -5, &noise)].into_iter().enumerate() {
+        let txid = 3100 + i as u64;
+        let bound = fused::compress_bound(data.len()) as u64;
+        let t = transfer_with(op::COMPRESS_WRITE, m(level as u8, 0), txid, off, bound, data);
+        let (crc, count) = q.fused_write(1, &t).await.unwrap();
+        let after = read_object(&mut q, model.len() as u64 + bound).await;
+        let frame = &after[off as usize..off as usize + count as usize];
+        assert_eq!(crc, crc32c::crc32c(frame), "frame {i}");
+        assert_eq!(zstd::decode_all(frame).unwrap(), *data, "frame {i}");
+        if i == 0 {
+            assert!((count as usize) < data.len() / 4, "text compresses: {count} bytes of {}", data.len());
+        }
+        // Nothing else changed, the blocks past the frame included.
+        model.resize(after.len(), 0);
+        model[off as usize..off as usize + count as usize].copy_from_slice(frame);
+        assert_eq!(after, model, "frame {i}: the object around it");
+        let (state_, result) = q.outcome(1, txid).await.unwrap();
+        assert_eq!((state_, fused::parse_result(&result)), (state::COMMITTED, (crc, count, off + count as u64)), "frame {i}");
+    }
+    // Extents that cover the data's length but not the largest frame are refused.
+    let short = transfer_with(op::COMPRESS_WRITE, [0; 8], 3200, 1024, 4096, &text[..4096]);
+    assert_eq!(status(q.fused_write(1, &short).await), cs::DESCRIPTOR_INVALID);
+    assert_eq!(q.outcome(1, 3200).await.unwrap().0, state::UNKNOWN);
+}
+
+/// read-modify-write holds its blocks against every writer from its read to its write: a
+/// host's plain writes of the same blocks, each read back, always find their bytes (past
+/// the counter the adds change) and the adds all land. With its blocks shared, as other
+/// fused writes hold theirs, a write landing between an add's read and its write in place
+/// was undone by the add's stale block.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn read_modify_write_undoes_no_concurrent_write() {
+    let env = start().await;
+    let (_c, mut q) = connect(&env, HOST).await;
+    // Block 8 of the namespace: the counter in its first 8 bytes, the writer's bytes after.
+    let block = 8u64;
+    q.write(1, block, &[0; BS as usize], BS as u32, false).await.unwrap();
+    let stop = Arc::new(AtomicBool::new(false));
+    let writer = {
+        let stop = stop.clone();
+        let (c, mut w) = connect(&env, OTHER).await;
+        tokio::spawn(async move {
+            let _c = c;
+            let mut n = 0u64;
+            while !stop.load(Relaxed) {
+                n += 1;
+                // The counter's bytes as they are, the rest this write's own.
+                let mut b = w.read(1, block, 1, BS as u32).await.unwrap();
+                b[8..].fill(n as u8);
+                b[8..16].copy_from_slice(&n.to_le_bytes());
+                w.write(1, block, &b, BS as u32, false).await.unwrap();
+                let back = w.read(1, block, 1, BS as u32).await.unwrap();
+                assert_eq!(back[8..], b[8..], "write {n} was undone by a read-modify-write");
+            }
+            n
+        })
+    };
+    let adds = 200u64;
+    for i in 0..adds {
+        let f = Fused {
+            op: op::READ_MODIFY_WRITE,
+            txid: 5000 + i,
+            offset: 0,
+            block_offset: 0,
+            args: [modify::ADD, 8, 0, 0, 0, 0, 0, 0],
+            extents: vec![(block * BS, BS)],
+        };
+        q.fused_write(1, &f.encode(&1u64.to_le_bytes())).await.unwrap();
+    }
+    stop.store(true, Relaxed);
+    let writes = writer.await.unwrap();
+    assert!(writes > 0);
+    let b = q.read(1, block, 1, BS as u32).await.unwrap();
+    // A plain write carries the counter it read: an add between its read and its write is
+    // lost to it (that is the plain writer's race, not the add's), so the counter is at most
+    // the adds; each add's own read-modify-write is whole.
+    assert!(u64::from_le_bytes(b[..8].try_into().unwrap()) <= adds);
+}
+
 /// Each refusal's status; none writes a byte, and a refused transaction id stays free.
 #[tokio::test]
 async fn refusals_have_the_standard_statuses_and_write_nothing() {
@@ -267,15 +434,19 @@ async fn refusals_have_the_standard_statuses_and_write_nothing() {
     let (_c, mut q) = connect(&env, HOST).await;
     let (_n, mut narrow) = connect(&env, NARROW).await;
     let good = |txid| transfer(op::APPEND_CRC_WRITE, txid, 0, b"record");
-    let desc = |extents: Vec<(u64, u64)>| Fused { op: op::WRITE_CHECKSUM, txid: 9, offset: 0, block_offset: 0, extents }.encode(&[7; 600]);
+    let desc = |extents: Vec<(u64, u64)>| {
+        Fused { op: op::WRITE_CHECKSUM, txid: 9, offset: 0, block_offset: 0, args: [0; 8], extents }.encode(&[7; 600])
+    };
     let mut magic = good(9);
     magic[0] = b'X';
     let mut short = good(9);
     short.truncate(30);
     // The bytes written end 100 bytes before u64::MAX: their last block's end passes it.
     let near_end =
-        Fused { op: op::WRITE_CHECKSUM, txid: 9, offset: u64::MAX - 700, block_offset: 0, extents: vec![(0, 1024)] }.encode(&[7; 600]);
-    let misplaced = Fused { op: op::APPEND_CRC_WRITE, txid: 9, offset: 0, block_offset: 100, extents: vec![(0, 512)] }.encode(b"record");
+        Fused { op: op::WRITE_CHECKSUM, txid: 9, offset: u64::MAX - 700, block_offset: 0, args: [0; 8], extents: vec![(0, 1024)] }
+            .encode(&[7; 600]);
+    let misplaced =
+        Fused { op: op::APPEND_CRC_WRITE, txid: 9, offset: 0, block_offset: 100, args: [0; 8], extents: vec![(0, 512)] }.encode(b"record");
     q.fused_write(1, &good(5)).await.unwrap();
     // (what, namespace, transfer, the narrow tenant's host, status)
     let cases: Vec<(&str, u32, Vec<u8>, bool, Status)> = vec![
@@ -379,7 +550,7 @@ fn add_gated(env: &Env) -> (Arc<Gated>, Arc<Journal>) {
 
 /// A write-checksum transfer of `data` at namespace byte `at` (one block-aligned extent).
 fn plain_transfer(txid: u64, at: u64, data: &[u8]) -> Vec<u8> {
-    Fused { op: op::WRITE_CHECKSUM, txid, offset: 0, block_offset: 0, extents: vec![(at, data.len() as u64)] }.encode(data)
+    Fused { op: op::WRITE_CHECKSUM, txid, offset: 0, block_offset: 0, args: [0; 8], extents: vec![(at, data.len() as u64)] }.encode(data)
 }
 
 async fn wait_for(what: &str, cond: impl Fn() -> bool) {
@@ -741,7 +912,8 @@ async fn a_fused_write_merges_into_the_blocks_of_an_unfinished_transaction_once_
     // The storage writes again; nothing touches the fenced blocks, so nothing finishes the
     // transaction but the next FUSED WRITE: bytes 100..200 of block 1, which it merges.
     flaky.failing.store(false, Relaxed);
-    let t = Fused { op: op::WRITE_CHECKSUM, txid: 2, offset: 100, block_offset: 0, extents: vec![(BS, BS)] }.encode(&[9; 100]);
+    let t =
+        Fused { op: op::WRITE_CHECKSUM, txid: 2, offset: 100, block_offset: 0, args: [0; 8], extents: vec![(BS, BS)] }.encode(&[9; 100]);
     q.fused_write(FLAKY, &t).await.unwrap();
     assert!(!journal.fence().is_up());
     assert_eq!(q.outcome(FLAKY, 1).await.unwrap().0, state::COMMITTED);

@@ -188,7 +188,8 @@ async fn a_journal_that_cannot_be_replayed_keeps_only_its_namespace_offline() {
         Err(Error::Status { status, .. }) => status,
         other => panic!("expected a status, got {other:?}"),
     };
-    let transfer = Fused { op: op::WRITE_CHECKSUM, txid: 5, offset: 0, block_offset: 0, extents: vec![(0, 512)] }.encode(&[1; 512]);
+    let transfer =
+        Fused { op: op::WRITE_CHECKSUM, txid: 5, offset: 0, block_offset: 0, args: [0; 8], extents: vec![(0, 512)] }.encode(&[1; 512]);
     for (nsid, _) in offline {
         assert_eq!(status(q.read(nsid, 0, 1, 512).await.map(drop)), not_ready, "Read of {nsid}");
         assert_eq!(status(q.write(nsid, 0, &[1; 512], 512, false).await), not_ready, "Write of {nsid}");

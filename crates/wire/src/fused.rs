@@ -24,6 +24,39 @@ pub mod op {
     pub const APPEND_CRC_WRITE: u8 = 1;
     /// Writes the data at an object offset; returns the crc32c of exactly those bytes.
     pub const WRITE_CHECKSUM: u8 = 2;
+    /// Reads the bytes at an object offset, combines them with the data ([`super::modify`]:
+    /// replace, add, xor) and writes the result in place, atomically against every other
+    /// writer; returns the crc32c of the bytes written.
+    pub const READ_MODIFY_WRITE: u8 = 3;
+    /// Compresses the data into one zstd frame on the target and writes the frame at an
+    /// object offset; returns its crc32c and length.
+    pub const COMPRESS_WRITE: u8 = 4;
+}
+
+/// read-modify-write's combinations (byte 24 of the descriptor): new = f(old, data).
+pub mod modify {
+    /// new = data.
+    pub const REPLACE: u8 = 1;
+    /// Little-endian unsigned integers of the descriptor's width (byte 25: 1, 2, 4 or 8
+    /// bytes), each old one plus the data's, wrapping.
+    pub const ADD: u8 = 2;
+    /// new = old ^ data, byte by byte.
+    pub const XOR: u8 = 3;
+}
+
+/// compress-write's zstd levels (byte 24, signed; 0 takes [`COMPRESS_LEVEL_DEFAULT`]):
+/// zstd's fast negative levels down to -7, and at most 19, above which zstd's "ultra"
+/// levels take tens of MiB of window and far longer inside the namespace's journal turn.
+pub const COMPRESS_LEVEL_MIN: i8 = -7;
+pub const COMPRESS_LEVEL_MAX: i8 = 19;
+pub const COMPRESS_LEVEL_DEFAULT: i8 = 3;
+
+/// The largest zstd frame of `n` bytes of input: zstd's `ZSTD_COMPRESSBOUND` (a frame of
+/// incompressible data is its raw blocks and their headers). What compress-write's extents
+/// must cover; the frame written is usually much shorter.
+pub const fn compress_bound(n: usize) -> usize {
+    let margin = if n < (128 << 10) { ((128 << 10) - n) >> 11 } else { 0 };
+    n + (n >> 8) + margin
 }
 
 /// OUTCOME's DW0.
@@ -57,6 +90,10 @@ pub struct Fused {
     /// append-crc-write: where `offset` lies in its 32 KiB log block (LevelDB's
     /// `block_offset_`), `offset` modulo 32768; else 0.
     pub block_offset: u32,
+    /// Bytes 24-31, the operation's arguments: read-modify-write the combination
+    /// ([`modify`]) and, for add, the integers' width; compress-write the zstd level (i8);
+    /// zero for the others.
+    pub args: [u8; 8],
     /// The object from the logical block holding `offset` on: (namespace byte, bytes).
     pub extents: Vec<(u64, u64)>,
 }
@@ -81,7 +118,7 @@ impl Fused {
         b.push(0);
         b.extend_from_slice(&self.txid.to_le_bytes());
         b.extend_from_slice(&self.offset.to_le_bytes());
-        b.extend_from_slice(&[0; 8]);
+        b.extend_from_slice(&self.args);
         b.extend_from_slice(&self.block_offset.to_le_bytes());
         b.extend_from_slice(&(data.len() as u32).to_le_bytes());
         b.extend_from_slice(&(self.extents.len() as u16).to_le_bytes());
@@ -111,17 +148,51 @@ impl Fused {
             return Err(FusedError::Invalid(format!("byte 4: version {} (this target speaks {VERSION})", u16_at(4))));
         }
         let op = b[6];
-        if op != op::APPEND_CRC_WRITE && op != op::WRITE_CHECKSUM {
+        if !(op::APPEND_CRC_WRITE..=op::COMPRESS_WRITE).contains(&op) {
             return Err(FusedError::Invalid(format!("byte 6: unknown operation {op}")));
         }
-        if b[7] != 0 || u64_at(24) != 0 || b[42..48].iter().any(|&x| x != 0) {
+        if b[7] != 0 || b[42..48].iter().any(|&x| x != 0) || (op <= op::WRITE_CHECKSUM && u64_at(24) != 0) {
             return bad("bytes 7, 24-31, 42-47: reserved bytes are not zero");
+        }
+        let args: [u8; 8] = b[24..32].try_into().expect("8 bytes");
+        let data_len = u32_at(36) as usize;
+        match op {
+            op::READ_MODIFY_WRITE => {
+                let (kind, width) = (args[0], args[1]);
+                match kind {
+                    modify::ADD if ![1, 2, 4, 8].contains(&width) => {
+                        return Err(FusedError::Invalid(format!("byte 25: width {width} for add (1, 2, 4 or 8 bytes)")));
+                    }
+                    modify::ADD if !data_len.is_multiple_of(width as usize) => {
+                        return Err(FusedError::Invalid(format!("byte 36: {data_len} bytes are not whole {width}-byte integers")));
+                    }
+                    modify::ADD => {}
+                    modify::REPLACE | modify::XOR if width != 0 => return bad("byte 25: a width is for add only"),
+                    modify::REPLACE | modify::XOR => {}
+                    _ => return Err(FusedError::Invalid(format!("byte 24: unknown combination {kind}"))),
+                }
+                if args[2..].iter().any(|&x| x != 0) {
+                    return bad("bytes 26-31: reserved bytes are not zero");
+                }
+            }
+            op::COMPRESS_WRITE => {
+                let level = args[0] as i8;
+                if !(COMPRESS_LEVEL_MIN..=COMPRESS_LEVEL_MAX).contains(&level) {
+                    return Err(FusedError::Invalid(format!(
+                        "byte 24: zstd level {level} (from {COMPRESS_LEVEL_MIN} to {COMPRESS_LEVEL_MAX}, 0 for {COMPRESS_LEVEL_DEFAULT})"
+                    )));
+                }
+                if args[1..].iter().any(|&x| x != 0) {
+                    return bad("bytes 25-31: reserved bytes are not zero");
+                }
+            }
+            _ => {}
         }
         let txid = u64_at(8);
         if txid == 0 {
             return bad("byte 8: transaction id 0");
         }
-        let (offset, block_offset, data_len, n) = (u64_at(16), u32_at(32), u32_at(36) as usize, u16_at(40) as usize);
+        let (offset, block_offset, n) = (u64_at(16), u32_at(32), u16_at(40) as usize);
         // A log's blocks start at the object's start: the record's place in its block is
         // the offset's (a block offset that disagreed would frame a record LevelDB's
         // reader cannot read).
@@ -147,8 +218,8 @@ impl Fused {
                 b.len()
             )));
         }
-        if op == op::WRITE_CHECKSUM && data_len == 0 {
-            return bad("byte 36: write-checksum of no bytes");
+        if op != op::APPEND_CRC_WRITE && data_len == 0 {
+            return bad("byte 36: no bytes to write (only an append may carry an empty record)");
         }
         let mut extents = Vec::with_capacity(n);
         for i in 0..n {
@@ -159,12 +230,14 @@ impl Fused {
             }
             extents.push((off, len));
         }
-        Ok((Fused { op, txid, offset, block_offset, extents }, data_at))
+        Ok((Fused { op, txid, offset, block_offset, args, extents }, data_at))
     }
 }
 
-/// What a fused operation writes: `data` as it lands in the object at `f.offset`.
-/// append-crc-write: the record framed; write-checksum: the data itself.
+/// What a fused operation writes, of the operations that need nothing but their data:
+/// `data` as it lands in the object at `f.offset`. append-crc-write: the record framed;
+/// write-checksum: the data itself. (read-modify-write combines the data with the bytes
+/// it reads, [`modify`]; compress-write compresses it: the target makes those.)
 pub fn bytes_written(f: &Fused, data: &[u8]) -> Vec<u8> {
     match f.op {
         op::APPEND_CRC_WRITE => {
@@ -176,11 +249,42 @@ pub fn bytes_written(f: &Fused, data: &[u8]) -> Vec<u8> {
     }
 }
 
-/// How many bytes [`bytes_written`] makes of `data_len` bytes of data.
+/// How many bytes the operation writes of `data_len` bytes of data, at most: exactly, but
+/// for compress-write, whose frame is at most [`compress_bound`]. The extents cover these.
 pub fn written_len(f: &Fused, data_len: usize) -> usize {
     match f.op {
         op::APPEND_CRC_WRITE => framed_len(f.block_offset, data_len),
+        op::COMPRESS_WRITE => compress_bound(data_len),
         _ => data_len,
+    }
+}
+
+/// compress-write's zstd level: byte 24, 0 for the default.
+pub fn compress_level(f: &Fused) -> i32 {
+    match f.args[0] as i8 {
+        0 => COMPRESS_LEVEL_DEFAULT as i32,
+        l => l as i32,
+    }
+}
+
+/// read-modify-write's combination of the bytes read (`old`, changed in place) with the
+/// data, as the descriptor's bytes 24 and 25 say (checked by [`Fused::decode`]).
+pub fn modify(args: &[u8; 8], old: &mut [u8], data: &[u8]) {
+    debug_assert_eq!(old.len(), data.len());
+    match args[0] {
+        modify::ADD => {
+            let w = args[1] as usize;
+            for (o, d) in old.chunks_exact_mut(w).zip(data.chunks_exact(w)) {
+                let mut a = [0u8; 8];
+                let mut b = [0u8; 8];
+                a[..w].copy_from_slice(o);
+                b[..w].copy_from_slice(d);
+                let sum = u64::from_le_bytes(a).wrapping_add(u64::from_le_bytes(b));
+                o.copy_from_slice(&sum.to_le_bytes()[..w]);
+            }
+        }
+        modify::XOR => old.iter_mut().zip(data).for_each(|(o, d)| *o ^= d),
+        _ => old.copy_from_slice(data),
     }
 }
 
@@ -284,7 +388,18 @@ mod tests {
     use super::*;
 
     fn desc() -> Fused {
-        Fused { op: op::APPEND_CRC_WRITE, txid: 7, offset: 5000, block_offset: 5000, extents: vec![(4096, 8192), (65536, 4096)] }
+        Fused {
+            op: op::APPEND_CRC_WRITE,
+            txid: 7,
+            offset: 5000,
+            block_offset: 5000,
+            args: [0; 8],
+            extents: vec![(4096, 8192), (65536, 4096)],
+        }
+    }
+
+    fn with(op: u8, args: [u8; 8]) -> Fused {
+        Fused { op, block_offset: 0, args, ..desc() }
     }
 
     #[test]
@@ -332,6 +447,69 @@ mod tests {
         w.block_offset = 0;
         assert!(Fused::decode(&w.encode(b"")).is_err(), "write-checksum of nothing");
         assert!(Fused::decode(&w.encode(b"x")).is_ok());
+    }
+
+    /// The arguments of read-modify-write and compress-write round trip; every bad one is
+    /// refused, naming its byte.
+    #[test]
+    fn the_arguments_of_modify_and_compress_are_checked() {
+        let ok: [(u8, [u8; 8], &[u8]); 7] = [
+            (op::READ_MODIFY_WRITE, [modify::REPLACE, 0, 0, 0, 0, 0, 0, 0], b"x"),
+            (op::READ_MODIFY_WRITE, [modify::XOR, 0, 0, 0, 0, 0, 0, 0], b"xyz"),
+            (op::READ_MODIFY_WRITE, [modify::ADD, 1, 0, 0, 0, 0, 0, 0], b"xyz"),
+            (op::READ_MODIFY_WRITE, [modify::ADD, 8, 0, 0, 0, 0, 0, 0], &[1; 16]),
+            (op::COMPRESS_WRITE, [0; 8], b"x"),
+            (op::COMPRESS_WRITE, [COMPRESS_LEVEL_MIN as u8, 0, 0, 0, 0, 0, 0, 0], b"x"),
+            (op::COMPRESS_WRITE, [COMPRESS_LEVEL_MAX as u8, 0, 0, 0, 0, 0, 0, 0], b"x"),
+        ];
+        for (op, args, data) in ok {
+            let d = with(op, args);
+            assert_eq!(Fused::decode(&d.encode(data)).map(|r| r.0), Ok(d), "op {op} args {args:?}");
+        }
+        let bad: [(&str, u8, [u8; 8], &[u8], &str); 10] = [
+            ("unknown combination", op::READ_MODIFY_WRITE, [9, 0, 0, 0, 0, 0, 0, 0], b"x", "byte 24"),
+            ("no combination", op::READ_MODIFY_WRITE, [0; 8], b"x", "byte 24"),
+            ("add of 3 bytes", op::READ_MODIFY_WRITE, [modify::ADD, 3, 0, 0, 0, 0, 0, 0], b"xyz", "byte 25"),
+            ("add without a width", op::READ_MODIFY_WRITE, [modify::ADD, 0, 0, 0, 0, 0, 0, 0], b"x", "byte 25"),
+            ("add of part of an integer", op::READ_MODIFY_WRITE, [modify::ADD, 4, 0, 0, 0, 0, 0, 0], b"xyz", "byte 36"),
+            ("a width for xor", op::READ_MODIFY_WRITE, [modify::XOR, 1, 0, 0, 0, 0, 0, 0], b"x", "byte 25"),
+            ("reserved 26", op::READ_MODIFY_WRITE, [modify::XOR, 0, 1, 0, 0, 0, 0, 0], b"x", "bytes 26"),
+            ("level 20", op::COMPRESS_WRITE, [20, 0, 0, 0, 0, 0, 0, 0], b"x", "byte 24"),
+            ("level -8", op::COMPRESS_WRITE, [(-8i8) as u8, 0, 0, 0, 0, 0, 0, 0], b"x", "byte 24"),
+            ("reserved 25", op::COMPRESS_WRITE, [0, 1, 0, 0, 0, 0, 0, 0], b"x", "bytes 25"),
+        ];
+        for (what, op, args, data, want) in bad {
+            let e = Fused::decode(&with(op, args).encode(data)).expect_err(what);
+            assert!(e.to_string().starts_with(&format!("fused descriptor: {want}")), "{what}: {e}");
+        }
+        for op in [op::READ_MODIFY_WRITE, op::COMPRESS_WRITE] {
+            let args = [if op == op::COMPRESS_WRITE { 0 } else { modify::REPLACE }, 0, 0, 0, 0, 0, 0, 0];
+            assert!(Fused::decode(&with(op, args).encode(b"")).is_err(), "op {op} of nothing");
+        }
+        // The older operations keep bytes 24-31 reserved.
+        let mut w = with(op::WRITE_CHECKSUM, [0; 8]);
+        w.args[3] = 1;
+        assert!(Fused::decode(&w.encode(b"x")).is_err());
+    }
+
+    /// Each combination, at each width, with carries and wrapping.
+    #[test]
+    fn modify_combines_as_documented() {
+        let a = |kind, width| [kind, width, 0, 0, 0, 0, 0, 0];
+        // (args, old, data, new)
+        let cases: [([u8; 8], Vec<u8>, Vec<u8>, Vec<u8>); 7] = [
+            (a(modify::REPLACE, 0), vec![1, 2, 3], vec![7, 8, 9], vec![7, 8, 9]),
+            (a(modify::XOR, 0), vec![0xff, 0x0f, 0], vec![0x0f, 0x0f, 0x80], vec![0xf0, 0, 0x80]),
+            (a(modify::ADD, 1), vec![0xff, 1], vec![1, 1], vec![0, 2]),
+            (a(modify::ADD, 2), vec![0xff, 0x00, 0xff, 0xff], vec![1, 0, 1, 0], vec![0, 1, 0, 0]),
+            (a(modify::ADD, 4), 0xffff_fffeu32.to_le_bytes().to_vec(), 3u32.to_le_bytes().to_vec(), 1u32.to_le_bytes().to_vec()),
+            (a(modify::ADD, 8), 41u64.to_le_bytes().to_vec(), 1u64.to_le_bytes().to_vec(), 42u64.to_le_bytes().to_vec()),
+            (a(modify::ADD, 8), u64::MAX.to_le_bytes().to_vec(), 2u64.to_le_bytes().to_vec(), 1u64.to_le_bytes().to_vec()),
+        ];
+        for (args, mut old, data, new) in cases {
+            modify(&args, &mut old, &data);
+            assert_eq!(old, new, "{args:?}");
+        }
     }
 
     /// Framing as LevelDB's writer does, record by record: (block offset, length) to the
