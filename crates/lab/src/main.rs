@@ -5,6 +5,8 @@
 //! `nearstore` binary, found beside this one.
 
 mod demo;
+mod fusedbench;
+mod journalbench;
 mod records;
 mod sortbench;
 mod sortexp;
@@ -36,6 +38,11 @@ enum Cmd {
     Gensort(records::GensortArgs),
     /// Check that records are sorted and report their checksum, as valsort.
     Valsort(records::ValsortArgs),
+    /// A fused write operation against the same steps done conventionally, on a running
+    /// target's journaled namespace: latency at QD 1, throughput at higher depths.
+    FusedBench(fusedbench::FusedBenchArgs),
+    /// The MicroTx journal's recovery time against the transactions it holds.
+    JournalBench(journalbench::JournalBenchArgs),
 }
 
 #[derive(Clone, Copy, clap::ValueEnum, PartialEq, Eq)]
@@ -111,6 +118,8 @@ fn run(cli: Cli) -> Result<()> {
         Cmd::Testbed(c) => testbed::run(c),
         Cmd::Gensort(a) => records::gensort(a),
         Cmd::Valsort(a) => records::valsort(a),
+        Cmd::FusedBench(a) => fusedbench::run(a),
+        Cmd::JournalBench(a) => journalbench::run(a),
     }
 }
 
