@@ -79,9 +79,13 @@ fn reads_answer_while_a_commit_is_stuck_in_the_store() {
     let client = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().expect("runtime");
     let _open = OpenAtTheEnd(gated.clone());
     let c = Client::new(addr);
-    let create = {
+    // The change: a target registering a pool, which the view shows once applied.
+    let register = {
         let c = c.clone();
-        client.spawn(async move { c.create_volume(&CreateVolume { name: "v".into(), size: 4 << 20, extent_size: Some(1 << 20) }).await })
+        client.spawn(async move {
+            let pools = vec![PoolSpec { name: "p0".into(), path: "/pools/p0".into(), size: 64 << 20, nsid: 1 }];
+            c.register(&RegisterTarget { addr: "127.0.0.1:4420".into(), nqn: "nqn.2026-11.io.nearstore:reads".into(), pools }).await
+        })
     };
     gated.wait_for_a_commit();
     // Several reads at once, more than the server's workers, while the commit waits.
@@ -91,9 +95,9 @@ fn reads_answer_while_a_commit_is_stuck_in_the_store() {
             client.spawn(async move {
                 let r = tokio::time::timeout(Duration::from_secs(5), async {
                     if i % 2 == 0 {
-                        c.volumes().await.map(|v| v.len())
-                    } else {
                         c.view(0).await.map(|v| v.pools.len())
+                    } else {
+                        c.view(0).await.map(|v| v.targets.len())
                     }
                 })
                 .await;
@@ -106,10 +110,9 @@ fn reads_answer_while_a_commit_is_stuck_in_the_store() {
         let n = r.unwrap_or_else(|_| panic!("read {i} waited for the stuck commit")).expect("read");
         assert_eq!(n, 0, "read {i} saw the change before its commit");
     }
-    assert!(!create.is_finished(), "the change completed before its commit");
+    assert!(!register.is_finished(), "the change completed before its commit");
     gated.open();
-    let v = client.block_on(create).expect("create task").expect("create");
-    assert_eq!(v.name, "v");
-    let names: Vec<String> = client.block_on(c.volumes()).expect("volumes").into_iter().map(|v| v.name).collect();
-    assert_eq!(names, ["v"]);
+    client.block_on(register).expect("register task").expect("register");
+    let v = client.block_on(c.view(0)).expect("view");
+    assert_eq!((v.targets.len(), v.pools.len()), (1, 1), "the change once committed");
 }
