@@ -154,6 +154,21 @@ fn preallocate(path: &Path, to: u64) -> Result<(), HostError> {
     crate::drop_cached(&f, path)
 }
 
+/// True when the target completed a sent fused operation with a status after which nothing
+/// of it is ever written: every refusal (docs/compute-protocol.md) but Write Fault, after
+/// which the journal may still finish the transaction.
+fn nothing_written(e: &HostError) -> bool {
+    use nearstore_initiator::Error as E;
+    let HostError::Fused { source, .. } = e else { return false };
+    match &**source {
+        HostError::Target { source: E::Status { status, .. } | E::Compute { status, .. }, .. } => {
+            let fault = nearstore_wire::Status::WRITE_FAULT;
+            (status.sct, status.sc) != (fault.sct, fault.sc)
+        }
+        _ => false,
+    }
+}
+
 /// `n` bytes (at least one) at `offset` lie inside the mapped file.
 fn inside(path: &Path, fo: &FileObject, offset: u64, n: u64) -> Result<(), HostError> {
     if offset.checked_add(n).is_none_or(|end| end > fo.object.len) || n == 0 {
@@ -281,9 +296,12 @@ impl Host {
     /// writes the frame at `offset` of the file, or at its end (None): at most its size,
     /// the file grown as for an append (preallocated by the largest frame, its size set
     /// after the completion to the frame's end, never shortened). Returns the frame's
-    /// crc32c, length and end. A crash before the size is set leaves zeros after the file's
-    /// old end (space to reclaim; the frame, if the target committed it, is found by OUTCOME's
-    /// end, which the error's transaction id asks for).
+    /// crc32c, length and end. An error after which nothing of the frame will ever be
+    /// written (a refusal: any status but Write Fault) takes the zeros away again, so that
+    /// the next frame follows the file's real end; after a Write Fault or a lost completion
+    /// the target may still commit the frame, and the zeros stay: OUTCOME, asked with the
+    /// error's transaction id, gives its end. A crash before the size is set leaves zeros
+    /// after the file's old end likewise (space to reclaim). One writer at a time per file.
     pub async fn compress_write(&mut self, path: &Path, offset: Option<u64>, data: &[u8], level: i8) -> Result<Written, HostError> {
         if !(fused::COMPRESS_LEVEL_MIN..=fused::COMPRESS_LEVEL_MAX).contains(&level) {
             return Err(HostError::Invalid(format!(
@@ -306,17 +324,17 @@ impl Host {
         if grows {
             preallocate(path, at + bound)?;
         }
-        let (fo, block) = self.fused_object(path).await?;
         let txid = next_txid()?;
-        let f = Fused {
-            op: op::COMPRESS_WRITE,
-            txid,
-            offset: at,
-            block_offset: 0,
-            args: [level as u8, 0, 0, 0, 0, 0, 0, 0],
-            extents: Vec::new(),
+        let sent = self.compress_frame(path, at, bound, data, level, txid).await;
+        let (crc, count) = match sent {
+            Ok(done) => done,
+            Err(e) => {
+                if grows && (e.txid().is_none() || nothing_written(&e)) {
+                    finish_output(path, size)?;
+                }
+                return Err(e);
+            }
         };
-        let (crc, count) = self.fused(&fo, block, f, bound, data).await?;
         if count as u64 > bound {
             let e = HostError::Invalid(format!("the target wrote a frame of {count} bytes, over the bound of {bound}"));
             return Err(HostError::Fused { txid, source: Box::new(e) });
@@ -329,6 +347,29 @@ impl Host {
             crate::drop_cached(&f, path)?;
         }
         Ok(Written { txid, crc, count, end })
+    }
+
+    /// compress-write's command: the file mapped (after its preallocation) and the FUSED
+    /// WRITE sent. Returns DW0 and DW1.
+    async fn compress_frame(
+        &mut self,
+        path: &Path,
+        at: u64,
+        bound: u64,
+        data: &[u8],
+        level: i8,
+        txid: u64,
+    ) -> Result<(u32, u32), HostError> {
+        let (fo, block) = self.fused_object(path).await?;
+        let f = Fused {
+            op: op::COMPRESS_WRITE,
+            txid,
+            offset: at,
+            block_offset: 0,
+            args: [level as u8, 0, 0, 0, 0, 0, 0, 0],
+            extents: Vec::new(),
+        };
+        self.fused(&fo, block, f, bound, data).await
     }
 
     /// Reads `len` bytes at `offset` of the file with READ CHECKSUM: the bytes and the

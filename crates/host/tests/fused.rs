@@ -193,6 +193,26 @@ async fn compress_write_appends_frames_zstd_reads() {
     assert!(host.compress_write(&path, None, b"", 0).await.is_err(), "nothing");
 }
 
+/// A refused compress-write takes its preallocated zeros away again: the file keeps its size,
+/// and the next frame follows its real end (zeros between frames would end what zstd reads).
+/// Before, the zeros stayed and the retry's frame went after them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refused_compress_write_leaves_the_file_as_it_was() {
+    let fs = Fs::new(64);
+    let small = fs.dir.path().join("small.img");
+    std::fs::write(&small, vec![0u8; 1 << 20]).unwrap();
+    let mut host = start_exporting(&fs, &small).await;
+    // A file past the namespace's first MiB of the file system: its frame is refused there.
+    let path = fs.mnt.join("far.zst");
+    std::fs::write(&path, vec![1u8; 7 << 20]).unwrap();
+    let data = vec![b'a'; 100_000];
+    let e = host.compress_write(&path, None, &data, 0).await.unwrap_err();
+    let txid = e.txid().unwrap_or_else(|| panic!("no txid in {e}"));
+    assert_eq!(host.outcome(&path, txid).await.unwrap().0, state::UNKNOWN, "refused before its journal");
+    assert_eq!(std::fs::metadata(&path).unwrap().len(), 7 << 20, "the preallocated zeros were taken away");
+    assert_eq!(read(&path), vec![1u8; 7 << 20]);
+}
+
 /// A writer that dies before `finish` (the application crashed, the host's kernel did not):
 /// the records the target acknowledged lie under the zeros the host wrote to preallocate.
 /// Reopening the log finds its end after them, LevelDB's reader on this host reads them,
