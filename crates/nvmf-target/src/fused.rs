@@ -2,8 +2,9 @@
 //! WRITE is checked here before its data moves ([`check_before_data`]) and before anything
 //! is read or written ([`check`]), then runs on a blocking thread in its turn on the
 //! namespace's journal ([`run`]): the blocks it touches are read, the operation's bytes
-//! (append-crc-write: the LevelDB log record framed, its checksums computed here) merged
-//! into them, and the block images and the result are one transaction of the namespace's
+//! (append-crc-write: the LevelDB log record framed, its checksums computed here;
+//! compress-write: a zstd frame; read-modify-write: the old bytes combined with the data)
+//! merged into them, and the block images and the result are one transaction of the namespace's
 //! MicroTx journal. READ CHECKSUM is a Read (io_cmd::plan, the namespace's device) whose
 //! completion carries the checksum of [`checksum_range`].
 
@@ -227,9 +228,11 @@ impl AbortHold {
 }
 
 /// Runs a checked FUSED WRITE on its `transfer` on a blocking thread, in its `turn` on the
-/// namespace's journal: frames its bytes (append-crc-write) and checksums them, reads the
-/// blocks it only partly covers, merges its bytes, and runs the block images as one
-/// journal transaction. Returns its result (crc32c, count, end) once durable. Asked to
+/// namespace's journal: finishes an earlier unfinished transaction, makes its bytes
+/// (append-crc-write's record framed, compress-write's zstd frame) and checksums them, reads
+/// the blocks it only partly covers (read-modify-write: every block it touches, combined
+/// with the data under an exclusive range), merges its bytes, and runs the block images as
+/// one journal transaction. Returns its result (crc32c, count, end) once durable. Asked to
 /// abort (`hold`) before it started, it writes nothing.
 pub fn run(p: &Planned, transfer: &[u8], hold: &AbortHold, _turn: &Turn) -> Result<[u8; RESULT_BYTES], Refusal> {
     let txid = p.f.txid;
@@ -252,7 +255,7 @@ pub fn run(p: &Planned, transfer: &[u8], hold: &AbortHold, _turn: &Turn) -> Resu
     let frame = match p.f.op {
         op::COMPRESS_WRITE => {
             let frame = nearstore_compute::compress::compress_frame(data, fused::compress_level(&p.f))
-                .map_err(|e| refuse(cs::DESCRIPTOR_INVALID, format!("transaction {txid}: {e}")))?;
+                .map_err(|e| refuse(Status::INTERNAL_ERROR.dnr(), format!("transaction {txid}: compressing: {e}")))?;
             if frame.len() > p.count {
                 return Err(refuse(
                     Status::INTERNAL_ERROR.dnr(),

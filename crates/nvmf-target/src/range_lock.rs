@@ -1,14 +1,17 @@
-//! A namespace's range locks: what makes a Compare and Write atomic against every other
-//! writer of its blocks (docs/protocol.md, "Compare and Write").
+//! A namespace's range locks: what makes a Compare and Write (and a FUSED WRITE's
+//! read-modify-write) atomic against every other writer of its blocks (docs/protocol.md,
+//! "Compare and Write").
 //!
 //! A Compare and Write holds its byte range exclusively ([`RangeLocks::lock`], on a
-//! blocking thread) while it reads, compares and writes. Every other writer (Write, Write
-//! Zeroes, Deallocate, FUSED WRITE's transaction, a compute command's output writes) holds
-//! its range shared for as long as its operation runs: [`RangeLocks::try_write`] on a
-//! network thread, which never waits (a refused writer is parked by its queue and tried
-//! again when the exclusive range goes), [`RangeLocks::write`] on threads that may wait.
+//! blocking thread) while it reads, compares and writes; so does a read-modify-write, in its
+//! journal turn, from its read to its write in place. Every other writer (Write, Write
+//! Zeroes, Deallocate, the other FUSED WRITEs' transactions, a compute command's output
+//! writes) holds its range shared for as long as its operation runs:
+//! [`RangeLocks::try_write`] on a network thread, which never waits (a refused writer is
+//! parked by its queue and tried again when the exclusive range goes), [`RangeLocks::write`]
+//! on threads that may wait.
 //!
-//! Writers do not serialize among themselves, and while no Compare and Write is on the
+//! Writers do not serialize among themselves, and while no exclusive locker is on the
 //! namespace a writer only counts itself in and out (`fast`, no lock, nothing recorded).
 //! An exclusive locker first makes itself seen (`exclusive`), so that later writers take
 //! the slow path and record their ranges, and is granted when the fast writers that came
@@ -18,12 +21,18 @@
 //! sequentially consistent: a writer counts itself in, then looks for exclusive lockers; a
 //! locker announces itself, then looks at the writers; one of the two sees the other.
 //!
-//! No deadlock: an exclusive holder waits for nothing once granted (its read and write go
-//! to the backend), a shared writer holds its range over its own operation (a device
-//! operation's goes with it, `Channel::hold`, released when the storage has finished it;
-//! on a remote or volume device, whose operations run on tasks, when its completion is
-//! taken, which waits for no range), and a
-//! FUSED WRITE takes its journal before its range, which no Compare and Write ever takes.
+//! No deadlock, by three rules: nothing in the device stack (fair scheduler, delay, fence,
+//! volume, remote) takes a range or a journal turn, so a holder's device operations end
+//! whatever the ranges; a FUSED WRITE takes its journal turn before its range (shared, or
+//! exclusive for read-modify-write); a Compare and Write never takes a journal turn. A
+//! shared writer holds its range over its own operation (a device operation's goes with
+//! it, `Channel::hold`, released when the storage has finished it; on a remote or volume
+//! device, whose operations run on tasks, when its completion is taken, which waits for no
+//! range). Waits are not bounded, though: an exclusive holder's device operations may wait
+//! for its tenant's share in a fair-scheduled device or for an extent's move, and meanwhile
+//! the writers of its blocks wait too (a FUSED WRITE among them holding its namespace's
+//! journal turn), and an exclusive locker waits for every fast writer in the namespace that
+//! came before it, whatever its blocks.
 
 use std::ops::Range;
 use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};

@@ -4,9 +4,9 @@
 //! A Compare alone reads its blocks and compares them with its data. A Compare with FUSE
 //! 01b and the command right after it on the queue, a Write with FUSE 10b over the same
 //! blocks, are one operation: both halves are checked (tenant, reservations, range) and
-//! their data taken, in whatever order the transport brings it; then, on a blocking
-//! thread, the namespace's range is locked exclusively (range_lock.rs), read, compared,
-//! and written only if equal. Pairing follows the submission order: it is decided when
+//! their data taken, in whatever order the transport brings it; then, on a task of its
+//! own, the namespace's range is locked exclusively (range_lock.rs, on a blocking thread),
+//! read, compared, and written only if equal, through the namespace's device stack. Pairing follows the submission order: it is decided when
 //! each capsule is parsed ([`Core::pair_on_capsule`]), and a half settled (data in, or
 //! completed with an error) resolves its pair ([`Core::resolve_pair`]).
 //!
@@ -31,7 +31,7 @@ use crate::io_pool::Done;
 use crate::request::Request;
 use crate::subsystem::{Controller, Namespace};
 
-/// What a Compare's blocking work gives back: the statuses of its halves (the second's
+/// What a Compare's work gives back: the statuses of its halves (the second's
 /// only for a pair) and the data buffers.
 pub struct Compared {
     first: Status,
@@ -248,7 +248,7 @@ impl<T: Transport> Core<T> {
                 let Ready { req, buf, ns, off, len, .. } = *ready;
                 let token = self.inflight.insert(Inflight::new(req, ns.clone(), IoKind::Compare, len, off >> ns.lba_shift)) as u32;
                 let chan = self.compare_channel();
-                self.compare_task(token, async move {
+                self.compare_task(token, 1, async move {
                     let (first, second, bufs) = run(chan, &ns, off, buf, None, None).await;
                     Compared { first, second, bufs }
                 });
@@ -315,8 +315,8 @@ impl<T: Transport> Core<T> {
         self.fail_io(ctrl, &r.sqe, r.req, status);
     }
 
-    /// Both halves in, the same blocks: locked, read, compared and written on a blocking
-    /// thread.
+    /// Both halves in, the same blocks: locked, read, compared and written on a task of
+    /// its own.
     fn run_pair(&mut self, a: Ready, b: Ready) {
         let hold = Arc::new(AbortHold::default());
         let x = Inflight {
@@ -327,7 +327,7 @@ impl<T: Transport> Core<T> {
         let token = self.inflight.insert(x) as u32;
         let (ns, off, cmp, data, fua) = (a.ns, a.off, a.buf, b.buf, b.fua);
         let chan = self.compare_channel();
-        self.compare_task(token, async move {
+        self.compare_task(token, 2, async move {
             let (first, second, bufs) = run(chan, &ns, off, cmp, Some((data, fua)), Some(&hold)).await;
             hold.ended();
             Compared { first, second, bufs }
@@ -340,15 +340,18 @@ impl<T: Transport> Core<T> {
         Channel::new(IoEngine::Threads, self.target.pool.clone()).same_tenant(self.chan.tenant_shared())
     }
 
-    /// Runs a Compare's work on a task of its own (it may wait for its range and its
-    /// device), and hands its statuses back to the queue.
-    fn compare_task(&mut self, token: u32, work: impl std::future::Future<Output = Compared> + Send + 'static) {
+    /// Runs a Compare's work (`halves` data buffers: 1, or 2 for a pair) on a task of its
+    /// own (it may wait for its range and its device), and hands its statuses back to the
+    /// queue. A task that panicked gives back fresh buffers for its own, so that the queue's
+    /// count of them comes down.
+    fn compare_task(&mut self, token: u32, halves: usize, work: impl std::future::Future<Output = Compared> + Send + 'static) {
         let reply = self.done_tx.clone();
         tokio::spawn(async move {
+            let fresh = || Some(AlignedBuf::new(crate::limits::TRANSFER_BYTES_MAX));
             let compared = tokio::spawn(work).await.unwrap_or_else(|_| Compared {
                 first: Status::INTERNAL_ERROR.dnr(),
                 second: Status::ABORTED_FAILED_FUSED,
-                bufs: [None, None],
+                bufs: [fresh(), if halves == 2 { fresh() } else { None }],
             });
             let _ = reply.send(Done::Compared { token, compared: Box::new(compared) });
         });

@@ -189,13 +189,15 @@ impl<T: Transport> Core<T> {
     pub(super) fn on_fused(&mut self, token: u32, f: Finished) {
         let Finished { result, buf } = f;
         self.put_buf(buf);
-        let Some(x) = self.inflight.remove(token as usize) else { return };
+        let Some(mut x) = self.inflight.remove(token as usize) else { return };
         let Some(ctrl) = self.queue.as_ref().map(|q| q.ctrl.clone()) else {
             x.req.abandon();
             return;
         };
         match result {
             Ok((dw0, dw1)) => {
+                // The bytes it wrote (compress-write's frame, not the largest one planned).
+                x.len = dw1 as usize;
                 self.count_done(&x);
                 self.complete(x.req, Status::SUCCESS, dw0, dw1);
             }
