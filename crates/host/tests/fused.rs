@@ -39,6 +39,15 @@ async fn start_exporting(fs: &Fs, export: &Path) -> Host {
     Host::new(devices)
 }
 
+/// A host whose target's namespace is a 1 MiB image, smaller than the file system the
+/// host maps: operations on a file's bytes past its first MiB are refused by the target,
+/// after they were sent.
+async fn start_small(fs: &Fs) -> Host {
+    let small = fs.dir.path().join("small.img");
+    std::fs::write(&small, vec![0u8; 1 << 20]).unwrap();
+    start_exporting(fs, &small).await
+}
+
 fn record(i: usize) -> Vec<u8> {
     // Sizes of db_bench's values and of LevelDB's write batches, and the edges of a block.
     let len = match i % 7 {
@@ -199,9 +208,7 @@ async fn compress_write_appends_frames_zstd_reads() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_refused_compress_write_leaves_the_file_as_it_was() {
     let fs = Fs::new(64);
-    let small = fs.dir.path().join("small.img");
-    std::fs::write(&small, vec![0u8; 1 << 20]).unwrap();
-    let mut host = start_exporting(&fs, &small).await;
+    let mut host = start_small(&fs).await;
     // A file past the namespace's first MiB of the file system: its frame is refused there.
     let path = fs.mnt.join("far.zst");
     std::fs::write(&path, vec![1u8; 7 << 20]).unwrap();
@@ -248,9 +255,7 @@ async fn records_acknowledged_before_a_crash_are_found_after_it() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_failed_append_names_its_transaction_for_outcome() {
     let fs = Fs::new(64);
-    let small = fs.dir.path().join("small.img");
-    std::fs::write(&small, vec![0u8; 1 << 20]).unwrap();
-    let mut host = start_exporting(&fs, &small).await;
+    let mut host = start_small(&fs).await;
     let path = fs.mnt.join("000007.log");
     // Past the namespace's first MiB of the file system.
     std::fs::write(&path, vec![1u8; 8 << 20]).unwrap();
