@@ -137,6 +137,41 @@ async fn a_failed_read_or_write_reaches_the_host_and_the_error_log() {
     }
 }
 
+/// A Compare and Write whose Write the device fails (its read does not): the Compare
+/// completes with Command Aborted due to Failed Fused Command and the Write with the
+/// device's Write Fault, on both engines and a memory and a file namespace; the blocks stay
+/// as they were (the write is what failed) and the next pair on them runs.
+#[tokio::test]
+async fn a_pair_whose_write_fails_reports_write_fault() {
+    for engine in ["uring", "threads"] {
+        let dir = tempfile::tempdir().unwrap();
+        let inject = "[subsystem.namespace.inject]\nop = \"write\"\nlbas = [16, 32]\nnth = 1";
+        let cfg = format!(
+            "io_engine = \"{engine}\"\n[[listener]]\naddress = \"127.0.0.1:0\"\n[[subsystem]]\nnqn = \"{NQN}\"\nallow_any_host = true\n\
+             [[subsystem.namespace]]\nnsid = 1\nmemory = \"4MiB\"\nblock_size = {BLOCK}\n{inject}\n\
+             [[subsystem.namespace]]\nnsid = 2\npath = \"{}\"\nsize = \"4MiB\"\nblock_size = {BLOCK}\n{inject}\n",
+            dir.path().join("a.img").display()
+        );
+        let target = Target::from_config(&Config::from_toml(&cfg).unwrap()).unwrap();
+        let addr = target.listen("127.0.0.1:0".parse().unwrap(), false).await.unwrap();
+        let c = Controller::connect(ConnectOptions::new(addr, NQN)).await.unwrap();
+        let mut q = c.io_queue(1).await.unwrap();
+        for nsid in 1..=2u32 {
+            let what = format!("{engine}, nsid {nsid}");
+            let (zeros, new) = (vec![0u8; BLOCK as usize], vec![0xa5; BLOCK as usize]);
+            // The first write into the range fails (nth = 1): this pair's.
+            let r = q.compare_and_write(nsid, 20, &zeros, &new, BLOCK as u32, false).await.unwrap();
+            assert!(same(r.compare, Status::ABORTED_FAILED_FUSED) && same(r.write, Status::WRITE_FAULT), "{what}: {r:?}");
+            assert_eq!(q.read(nsid, 20, 1, BLOCK as u32).await.unwrap(), zeros, "{what}: nothing written");
+            // Only the first failed: the same pair again writes.
+            let r = q.compare_and_write(nsid, 20, &zeros, &new, BLOCK as u32, false).await.unwrap();
+            assert!(r.written(), "{what}, again: {r:?}");
+            assert_eq!(q.read(nsid, 20, 1, BLOCK as u32).await.unwrap(), new, "{what}: the second pair's write");
+        }
+        assert_eq!(target.stats.requests_lost.load(Relaxed), 0, "{engine}: every command completed");
+    }
+}
+
 fn same(a: Status, b: Status) -> bool {
     (a.sct, a.sc, a.dnr) == (b.sct, b.sc, b.dnr)
 }
