@@ -152,16 +152,10 @@ pub fn declared_size(first_bytes: &[u8]) -> Option<u64> {
 }
 
 /// One zstd frame of `data` at `level` (its content size in its header): compress-write's
-/// frame on the target, at most [`frame_bound`] bytes.
+/// frame on the target, at most `nearstore_wire::fused::compress_bound` bytes.
 pub fn compress_frame(data: &[u8], level: i32) -> Result<Vec<u8>, ComputeError> {
     zstd::bulk::compress(data, level)
         .map_err(|e| ComputeError::BadArguments { op: "compress-write", message: format!("level {level}: {e}") })
-}
-
-/// zstd's own bound of one frame of `n` bytes (`ZSTD_compressBound`), which
-/// `nearstore_wire::fused::compress_bound` states as a constant function.
-pub fn frame_bound(n: usize) -> usize {
-    zstd::zstd_safe::compress_bound(n)
 }
 
 /// The most bytes compress can write for `n` input bytes.

@@ -932,8 +932,8 @@ pub(crate) fn finish_output(path: &Path, written: u64) -> Result<(), HostError> 
 
 /// Drops the host's clean cached pages of `f` (at `path`): a target writes the file's
 /// blocks underneath the host's page cache, so what was cached before (a zero fill) is
-/// stale and a read must reach the device.
-pub(crate) fn drop_cached(f: &File, path: &Path) -> Result<(), HostError> {
+/// stale and a read must reach the device. (The lab's benchmarks use it too.)
+pub fn drop_cached(f: &File, path: &Path) -> Result<(), HostError> {
     // SAFETY: plain syscall on an open descriptor.
     let r = unsafe { libc::posix_fadvise(f.as_raw_fd(), 0, 0, libc::POSIX_FADV_DONTNEED) };
     if r != 0 {

@@ -98,13 +98,7 @@ pub fn run(a: JournalBenchArgs) -> Result<()> {
 /// Drops `path`'s cached pages, so that the open reads the storage (a restart after a
 /// crash of the machine finds nothing cached).
 fn drop_cache(path: &std::path::Path) -> Result<()> {
-    use std::os::fd::AsRawFd;
     let f = std::fs::File::open(path)?;
     f.sync_all()?;
-    // SAFETY: plain syscall on an open descriptor.
-    let r = unsafe { libc::posix_fadvise(f.as_raw_fd(), 0, 0, libc::POSIX_FADV_DONTNEED) };
-    if r != 0 {
-        bail!("posix_fadvise {}: {}", path.display(), std::io::Error::from_raw_os_error(r));
-    }
-    Ok(())
+    Ok(nearstore_host::drop_cached(&f, path)?)
 }

@@ -4,8 +4,8 @@
 //! namespace's journal ([`run`]): the blocks it touches are read, the operation's bytes
 //! (append-crc-write: the LevelDB log record framed, its checksums computed here;
 //! compress-write: a zstd frame; read-modify-write: the old bytes combined with the data)
-//! merged into them, and the block images and the result are one transaction of the namespace's
-//! MicroTx journal. READ CHECKSUM is a Read (io_cmd::plan, the namespace's device) whose
+//! merged into them, and the block images and the result are one transaction of the
+//! namespace's MicroTx journal. READ CHECKSUM is a Read (io_cmd::plan, the namespace's device) whose
 //! completion carries the checksum of [`checksum_range`].
 
 use std::ops::Range;
@@ -283,10 +283,10 @@ pub fn run(p: &Planned, transfer: &[u8], hold: &AbortHold, _turn: &Turn) -> Resu
     let read = |image: &mut [u8], r: std::ops::Range<usize>| -> Result<(), Refusal> {
         let mut done = r.start;
         while done < r.end {
-            let at = namespace_byte(&pieces, done as u64)
-                .ok_or_else(|| refuse(Status::INTERNAL_ERROR.dnr(), format!("transaction {txid}: byte {done} outside its extents")))?;
             // Up to the end of the extent holding it.
-            let n = (r.end - done).min(piece_left(&pieces, done as u64) as usize);
+            let (at, left) = locate(&pieces, done as u64)
+                .ok_or_else(|| refuse(Status::INTERNAL_ERROR.dnr(), format!("transaction {txid}: byte {done} outside its extents")))?;
+            let n = (r.end - done).min(left as usize);
             p.ns.backend.read_at(&mut image[done..done + n], at).map_err(|e| {
                 refuse(Status::UNRECOVERED_READ_ERROR.dnr(), format!("transaction {txid}: reading namespace bytes {at}+{n}: {e}"))
             })?;
@@ -345,22 +345,12 @@ fn first_bytes(pieces: &[(u64, u64)], mut want: u64) -> Vec<(u64, u64)> {
     out
 }
 
-/// Bytes from byte `at` of the blocks `pieces` cover to the end of the piece holding it.
-fn piece_left(pieces: &[(u64, u64)], mut at: u64) -> u64 {
-    for &(_, len) in pieces {
-        if at < len {
-            return len - at;
-        }
-        at -= len;
-    }
-    0
-}
-
-/// The namespace byte of byte `at` of the blocks `pieces` cover.
-fn namespace_byte(pieces: &[(u64, u64)], mut at: u64) -> Option<u64> {
+/// Byte `at` of the blocks `pieces` cover: its namespace byte and the bytes from it to the
+/// end of its piece.
+fn locate(pieces: &[(u64, u64)], mut at: u64) -> Option<(u64, u64)> {
     for &(off, len) in pieces {
         if at < len {
-            return Some(off + at);
+            return Some((off + at, len - at));
         }
         at -= len;
     }
@@ -408,7 +398,7 @@ mod tests {
     fn the_frame_bound_is_zstds() {
         let t = crate::limits::TRANSFER_BYTES_MAX;
         for n in [1usize, 255, 256, 4095, 4096, 100_000, (128 << 10) - 1, 128 << 10, (128 << 10) + 1, t, 1 << 20] {
-            assert_eq!(fused::compress_bound(n), nearstore_compute::compress::frame_bound(n), "{n} bytes");
+            assert_eq!(fused::compress_bound(n), zstd::zstd_safe::compress_bound(n), "{n} bytes");
         }
     }
 
@@ -421,8 +411,9 @@ mod tests {
         assert_eq!(first_bytes(&p, 1024), vec![(4096, 1024)]);
         assert_eq!(first_bytes(&p, 1025), vec![(4096, 1024), (0, 1)]);
         assert_eq!(first_bytes(&p, 1 << 20), p.to_vec());
-        assert_eq!((piece_left(&p, 0), piece_left(&p, 1023), piece_left(&p, 1024), piece_left(&p, 1536)), (1024, 1, 512, 2048));
-        assert_eq!(piece_left(&p, 3584), 0);
+        let at = |b| locate(&p, b);
+        assert_eq!((at(0), at(1023), at(1024), at(1536)), (Some((4096, 1024)), Some((5119, 1)), Some((0, 512)), Some((8192, 2048))));
+        assert_eq!(at(3584), None);
     }
 
     /// The blocks a fused operation touches, near u64::MAX too: None where their end would

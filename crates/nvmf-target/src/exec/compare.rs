@@ -6,9 +6,10 @@
 //! blocks, are one operation: both halves are checked (tenant, reservations, range) and
 //! their data taken, in whatever order the transport brings it; then, on a task of its
 //! own, the namespace's range is locked exclusively (range_lock.rs, on a blocking thread),
-//! read, compared, and written only if equal, through the namespace's device stack. Pairing follows the submission order: it is decided when
-//! each capsule is parsed ([`Core::pair_on_capsule`]), and a half settled (data in, or
-//! completed with an error) resolves its pair ([`Core::resolve_pair`]).
+//! read, compared, and written only if equal, through the namespace's device stack.
+//! Pairing follows the submission order: it is decided when each capsule is parsed
+//! ([`Core::pair_on_capsule`]), and a half settled (data in, or completed with an error)
+//! resolves its pair ([`Core::resolve_pair`]).
 //!
 //! Writes that overlap a locked range are parked by their queue ([`Core::park`]) and run
 //! again when the range goes ([`Done::Unblocked`]); nothing waits on the network thread.
@@ -444,21 +445,17 @@ async fn run(
     hold: Option<&AbortHold>,
 ) -> (Status, Status, [Option<AlignedBuf>; 2]) {
     let len = cmp.len();
-    let _range = match &write {
-        Some(_) => {
-            let locks = ns.ranges.clone();
-            match tokio::task::spawn_blocking(move || locks.lock(off..off + len as u64)).await {
-                Ok(g) => Some(g),
-                Err(_) => return (Status::INTERNAL_ERROR.dnr(), Status::ABORTED_FAILED_FUSED, [Some(cmp), write.map(|w| w.0)]),
-            }
-        }
-        None => None,
-    };
-    let (data, fua) = match write {
-        Some((d, fua)) => (Some(d), fua),
-        None => (None, false),
-    };
+    let (data, fua) = write.map_or((None, false), |(d, fua)| (Some(d), fua));
     let bufs = |cmp, data| [Some(cmp), data];
+    let _range = if data.is_some() {
+        let locks = ns.ranges.clone();
+        match tokio::task::spawn_blocking(move || locks.lock(off..off + len as u64)).await {
+            Ok(g) => Some(g),
+            Err(_) => return (Status::INTERNAL_ERROR.dnr(), Status::ABORTED_FAILED_FUSED, bufs(cmp, data)),
+        }
+    } else {
+        None
+    };
     if hold.is_some_and(|h| h.aborted()) {
         return (Status::ABORTED_PREEMPT, Status::ABORTED_PREEMPT, bufs(cmp, data));
     }
