@@ -8,19 +8,25 @@
 //! namespace's MicroTx journal. READ CHECKSUM is a Read (io_cmd::plan, the namespace's device) whose
 //! completion carries the checksum of [`checksum_range`].
 
+use std::collections::VecDeque;
 use std::ops::Range;
 use std::sync::Arc;
+
+use nearstore_transport::AlignedBuf;
+use tokio::sync::oneshot;
 
 use nearstore_wire::compute::status as cs;
 use nearstore_wire::fused::{self, op, Fused, FusedError, RESULT_BYTES};
 use nearstore_wire::{Sqe, Status};
 
+use crate::backend::Backend;
+use crate::limits;
 use crate::microtx::{Journal, JournalError, Outcome, Turn, Tx};
 use crate::reservation::Access;
 use crate::subsystem::{AbortGuard, Controller, Namespace};
 
 /// Why a fused command was refused or failed: its status and what to log.
-#[derive(Debug)]
+#[derive(Clone, Debug)]
 pub struct Refusal {
     pub status: Status,
     pub message: String,
@@ -227,27 +233,197 @@ impl AbortHold {
     }
 }
 
-/// Runs a checked FUSED WRITE on its `transfer` on a blocking thread, in its `turn` on the
-/// namespace's journal: finishes an earlier unfinished transaction, makes its bytes
-/// (append-crc-write's record framed, compress-write's zstd frame) and checksums them, reads
-/// the blocks it only partly covers (read-modify-write: every block it touches, combined
-/// with the data under an exclusive range), merges its bytes, and runs the block images as
-/// one journal transaction. Returns its result (crc32c, count, end) once durable. Asked to
-/// abort (`hold`) before it started, it writes nothing.
-pub fn run(p: &Planned, transfer: &[u8], hold: &AbortHold, _turn: &Turn) -> Result<[u8; RESULT_BYTES], Refusal> {
+/// A checked FUSED WRITE waiting for its namespace's next group ([`enqueue`]), with its
+/// transfer and where its end goes.
+pub struct Job {
+    id: u64,
+    p: Planned,
+    transfer: AlignedBuf,
+    hold: Arc<AbortHold>,
+    done: oneshot::Sender<Ended>,
+}
+
+/// A FUSED WRITE's end: its result (crc32c, count, end) or why it failed, and its transfer
+/// back.
+pub type Ended = (Result<[u8; RESULT_BYTES], Refusal>, AlignedBuf);
+
+/// The FUSED WRITEs of a journal's namespace waiting for its next group, in arrival order,
+/// and whether a leader task is running groups.
+#[derive(Default)]
+pub struct Waiting(parking_lot::Mutex<WaitingState>);
+
+impl Waiting {
+    pub fn len(&self) -> usize {
+        self.0.lock().jobs.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+#[derive(Default)]
+struct WaitingState {
+    jobs: VecDeque<Job>,
+    next_id: u64,
+    leading: bool,
+}
+
+/// Queues a checked FUSED WRITE (admitted: [`Journal::admit`]) for its journal's next
+/// group, starting the journal's leader task if none runs: the leader takes turns on the
+/// journal ([`Journal::turn`]) and in each runs every FUSED WRITE waiting then, up to
+/// MICROTX_GROUP_TXS_MAX and MICROTX_GROUP_BYTES_MAX, as one group ([`run_group`]: group
+/// commit). Returns the job's id (for [`withdraw`]) and where its end comes.
+pub fn enqueue(p: Planned, transfer: AlignedBuf, hold: Arc<AbortHold>) -> (u64, oneshot::Receiver<Ended>) {
+    let journal = p.journal.clone();
+    let (done, ended) = oneshot::channel();
+    let mut w = journal.waiting.0.lock();
+    let id = w.next_id;
+    w.next_id += 1;
+    w.jobs.push_back(Job { id, p, transfer, hold, done });
+    if !std::mem::replace(&mut w.leading, true) {
+        tokio::spawn(lead(journal.clone()));
+    }
+    (id, ended)
+}
+
+/// Takes a job back out of its journal's queue, if no group has taken it yet: its transfer.
+pub fn withdraw(journal: &Journal, id: u64) -> Option<AlignedBuf> {
+    let mut w = journal.waiting.0.lock();
+    let i = w.jobs.iter().position(|j| j.id == id)?;
+    w.jobs.remove(i).map(|j| j.transfer)
+}
+
+/// A journal's leader: one group per turn, until none waits.
+async fn lead(journal: Arc<Journal>) {
+    loop {
+        let turn = journal.turn().await;
+        let group = {
+            let mut w = journal.waiting.0.lock();
+            if w.jobs.is_empty() {
+                w.leading = false;
+                return;
+            }
+            let room = journal.group_room().min(limits::MICROTX_GROUP_BYTES_MAX);
+            let (mut group, mut bytes) = (Vec::new(), 0u64);
+            while let Some(j) = w.jobs.front() {
+                let space = Journal::space(j.p.pieces.len(), j.p.pieces.iter().map(|&(_, l)| l).sum());
+                if !group.is_empty() && (group.len() == limits::MICROTX_GROUP_TXS_MAX || bytes + space > room) {
+                    break;
+                }
+                bytes += space;
+                group.push(w.jobs.pop_front().expect("front"));
+            }
+            group
+        };
+        let j = journal.clone();
+        // A panic drops the jobs' senders: their commands fail (Internal Error).
+        let _ = tokio::task::spawn_blocking(move || run_group(&j, group, &turn)).await;
+    }
+}
+
+/// What a journal error refuses a FUSED WRITE with.
+fn refusal_of(e: JournalError) -> Refusal {
+    match e {
+        JournalError::TxidInUse(_) => refuse(Status::INVALID_FIELD.dnr(), e.to_string()),
+        JournalError::TooLarge { .. } => refuse(cs::LIMIT_EXCEEDED, e.to_string()),
+        JournalError::OutOfRange { .. } => refuse(Status::LBA_OUT_OF_RANGE.dnr(), e.to_string()),
+        // An earlier transaction not finished yet: nothing of this one was logged, its id
+        // stays free; retried, it runs once the earlier one is finished.
+        JournalError::Unfinished(_) => refuse(Status::COMMAND_INTERRUPTED, e.to_string()),
+        _ => refuse(Status::WRITE_FAULT.dnr(), e.to_string()),
+    }
+}
+
+/// Runs a group of FUSED WRITEs of one journal on a blocking thread, in its `turn`:
+/// finishes an earlier unfinished transaction, holds the blocks of all of them against
+/// other writers, makes each one's transaction ([`prepare`]: its blocks read through the
+/// images of the members before it) and runs those it could make as one group of the
+/// journal ([`Journal::run_group`]); then answers each job.
+pub fn run_group(journal: &Journal, jobs: Vec<Job>, _turn: &Turn) {
+    let Some(first) = jobs.first() else { return };
+    let ns = first.p.ns.clone();
+    let mut answers: Vec<Result<[u8; RESULT_BYTES], Refusal>> = Vec::with_capacity(jobs.len());
+    // An earlier transaction left unfinished (its in-place write failed) is finished first,
+    // in this turn: the blocks these read to merge their bytes into must hold that
+    // transaction's bytes, not what lay there before it, or finishing it inside run_group
+    // would be undone by their stale images.
+    match journal.finish(&*ns.backend) {
+        Err(e) => {
+            let r = match e {
+                JournalError::Unfinished(_) => refuse(Status::COMMAND_INTERRUPTED, e.to_string()),
+                _ => refuse(Status::WRITE_FAULT.dnr(), e.to_string()),
+            };
+            answers.extend(jobs.iter().map(|_| Err(r.clone())));
+        }
+        Ok(_) => {
+            // The blocks of all of them against other writers (range_lock.rs), one range
+            // from the first to the last, taken once in the journal's turn (which no
+            // Compare and Write and no other writer takes): shared against Compare and
+            // Write, and exclusive when a read-modify-write is among them, so that no
+            // write lands between its read and its write in place.
+            let pieces = || jobs.iter().flat_map(|j| j.p.pieces.iter());
+            let start = pieces().map(|&(off, _)| off).min().unwrap_or(0);
+            let end = pieces().map(|&(off, len)| off + len).max().unwrap_or(0);
+            let rmw = jobs.iter().any(|j| j.p.f.op == op::READ_MODIFY_WRITE);
+            let _shared = (!rmw).then(|| ns.ranges.write(start..end));
+            let _exclusive = rmw.then(|| ns.ranges.lock(start..end));
+            let mut made: Vec<Option<(Tx, [u8; RESULT_BYTES])>> = Vec::with_capacity(jobs.len());
+            let mut ids = Vec::with_capacity(jobs.len());
+            let mut before: Vec<(u64, Vec<u8>)> = Vec::new();
+            for j in &jobs {
+                match prepare(journal, &j.p, &j.transfer, &j.hold, &before, &ids) {
+                    Ok((tx, result)) => {
+                        ids.push(tx.txid);
+                        before.extend(tx.writes.iter().cloned());
+                        made.push(Some((tx, result)));
+                    }
+                    Err(r) => {
+                        made.push(None);
+                        answers.push(Err(r));
+                    }
+                }
+            }
+            drop(before);
+            let group: Vec<(&Tx, [u8; RESULT_BYTES])> = made.iter().flatten().map(|(tx, r)| (tx, *r)).collect();
+            let ran = journal.run_group(&*ns.backend, &group).map_err(refusal_of);
+            // The answers in the jobs' order: the refused ones are in place already.
+            let mut refused = answers.into_iter();
+            answers = made
+                .iter()
+                .map(|m| match m {
+                    Some((_, result)) => ran.as_ref().map(|()| *result).map_err(Refusal::clone),
+                    None => refused.next().expect("one refusal for each job not made"),
+                })
+                .collect();
+        }
+    }
+    for (j, answer) in jobs.into_iter().zip(answers) {
+        j.hold.ended();
+        let _ = j.done.send((answer, j.transfer));
+    }
+}
+
+/// Makes a FUSED WRITE's transaction, in its group after the members whose writes are
+/// `before` (block images not yet in place: read through them) and ids `ids`: its bytes
+/// (append-crc-write's record framed, compress-write's zstd frame) and their checksum, the
+/// blocks it only partly covers read (read-modify-write: every block it touches, combined
+/// with the data), its bytes merged in. Asked to abort (`hold`) before it starts, it makes
+/// none; checked again for what may have changed while it waited ([`recheck`]) and by the
+/// journal ([`Journal::admissible`]) before its images can reach a later member.
+fn prepare(
+    journal: &Journal,
+    p: &Planned,
+    transfer: &[u8],
+    hold: &AbortHold,
+    before: &[(u64, Vec<u8>)],
+    ids: &[u64],
+) -> Result<(Tx, [u8; RESULT_BYTES]), Refusal> {
     let txid = p.f.txid;
     if hold.aborted() {
         return Err(refuse(Status::ABORTED_PREEMPT, format!("transaction {txid}: its host was preempted and aborted")));
     }
     recheck(p)?;
-    // An earlier transaction left unfinished (its in-place write failed) is finished first,
-    // in this turn: the blocks this one reads to merge its bytes into must hold that
-    // transaction's bytes, not what lay there before it, or finishing it inside run_with
-    // would be undone by this one's stale images.
-    p.journal.finish(&*p.ns.backend).map_err(|e| match e {
-        JournalError::Unfinished(_) => refuse(Status::COMMAND_INTERRUPTED, e.to_string()),
-        _ => refuse(Status::WRITE_FAULT.dnr(), e.to_string()),
-    })?;
     let data = &transfer[p.data_at..];
     let bs = p.ns.block_size as usize;
     // compress-write's frame, made first: the blocks it touches are known only then (its
@@ -271,15 +447,6 @@ pub fn run(p: &Planned, transfer: &[u8], hold: &AbortHold, _turn: &Turn) -> Resu
     let pieces = first_bytes(&p.pieces, want);
     let total: u64 = pieces.iter().map(|&(_, l)| l).sum();
     let mut image = vec![0u8; total as usize];
-    // Its blocks against other writers (range_lock.rs), taken in its journal turn, which
-    // no Compare and Write and no other writer takes: shared against Compare and Write,
-    // and for read-modify-write exclusive, so that no write lands between its read and its
-    // write in place.
-    let start = pieces.iter().map(|&(off, _)| off).min().unwrap_or(0);
-    let end = pieces.iter().map(|&(off, len)| off + len).max().unwrap_or(0);
-    let rmw = p.f.op == op::READ_MODIFY_WRITE;
-    let _shared = (!rmw).then(|| p.ns.ranges.write(start..end));
-    let _exclusive = rmw.then(|| p.ns.ranges.lock(start..end));
     let read = |image: &mut [u8], r: std::ops::Range<usize>| -> Result<(), Refusal> {
         let mut done = r.start;
         while done < r.end {
@@ -287,7 +454,7 @@ pub fn run(p: &Planned, transfer: &[u8], hold: &AbortHold, _turn: &Turn) -> Resu
             let (at, left) = locate(&pieces, done as u64)
                 .ok_or_else(|| refuse(Status::INTERNAL_ERROR.dnr(), format!("transaction {txid}: byte {done} outside its extents")))?;
             let n = (r.end - done).min(left as usize);
-            p.ns.backend.read_at(&mut image[done..done + n], at).map_err(|e| {
+            read_through(&*p.ns.backend, before, &mut image[done..done + n], at).map_err(|e| {
                 refuse(Status::UNRECOVERED_READ_ERROR.dnr(), format!("transaction {txid}: reading namespace bytes {at}+{n}: {e}"))
             })?;
             done += n;
@@ -295,7 +462,7 @@ pub fn run(p: &Planned, transfer: &[u8], hold: &AbortHold, _turn: &Turn) -> Resu
         Ok(())
     };
     let tail = p.head + count;
-    let bytes = if rmw {
+    let bytes = if p.f.op == op::READ_MODIFY_WRITE {
         // Every block it touches, read whole, combined with the data in place.
         read(&mut image, 0..total as usize)?;
         fused::modify(&p.f.args, &mut image[p.head..tail], data);
@@ -320,15 +487,22 @@ pub fn run(p: &Planned, transfer: &[u8], hold: &AbortHold, _turn: &Turn) -> Resu
         at += len as usize;
     }
     let tx = Tx { txid, op: p.f.op, writes };
-    p.journal.run_with(&*p.ns.backend, &tx, result).map_err(|e| match e {
-        JournalError::TxidInUse(_) => refuse(Status::INVALID_FIELD.dnr(), e.to_string()),
-        JournalError::TooLarge { .. } => refuse(cs::LIMIT_EXCEEDED, e.to_string()),
-        JournalError::OutOfRange { .. } => refuse(Status::LBA_OUT_OF_RANGE.dnr(), e.to_string()),
-        // An earlier transaction not finished yet: nothing of this one was logged, its id
-        // stays free; retried, it runs once the earlier one is finished.
-        JournalError::Unfinished(_) => refuse(Status::COMMAND_INTERRUPTED, e.to_string()),
-        _ => refuse(Status::WRITE_FAULT.dnr(), e.to_string()),
-    })
+    journal.admissible(&*p.ns.backend, &tx, ids).map_err(refusal_of)?;
+    Ok((tx, result))
+}
+
+/// Reads namespace bytes at `at` as they will be once `before` (block images of a group's
+/// earlier members, in order, not yet in place) are.
+fn read_through(backend: &dyn Backend, before: &[(u64, Vec<u8>)], buf: &mut [u8], at: u64) -> std::io::Result<()> {
+    backend.read_at(buf, at)?;
+    let end = at + buf.len() as u64;
+    for (off, d) in before {
+        let (from, to) = (at.max(*off), end.min(off + d.len() as u64));
+        if from < to {
+            buf[(from - at) as usize..(to - at) as usize].copy_from_slice(&d[(from - off) as usize..(to - off) as usize]);
+        }
+    }
+    Ok(())
 }
 
 /// The first `want` bytes of the blocks `pieces` cover, as pieces.

@@ -654,11 +654,23 @@ pub const MICROTX_TX_WRITES_MAX: usize = 16;
 /// FUSED WRITEs admitted per namespace, waiting for their turn on its journal or running:
 /// 256, one host's full queue (QUEUE_DEPTH_MAX). Each holds its transfer's pooled buffer,
 /// charged to its queue's memory, and waits as a task, not on a thread. The journal runs
-/// one transaction at a time, two flushes each: past a full queue of them, several hosts'
-/// commands would wait behind hundreds of flushes, holding their buffers, where a retry
-/// costs a round trip. One more is refused with Command Interrupted (DNR clear), which the
-/// host retries.
+/// one group at a time, three flushes each: past a full queue of them, several hosts'
+/// commands would wait behind many groups, holding their buffers, where a retry costs a
+/// round trip. One more is refused with Command Interrupted (DNR clear), which the host
+/// retries.
 pub const FUSED_WAITING_PER_NAMESPACE_MAX: usize = QUEUE_DEPTH_MAX as usize;
+/// FUSED WRITEs of a namespace committed as one group (group commit, microtx.rs
+/// `Journal::run_group`): those waiting when the journal's previous group ended, in
+/// arrival order, up to 64 of them and MICROTX_GROUP_BYTES_MAX of journal. A group costs
+/// three flushes whatever its size, so at a deep queue the flushes per operation fall by
+/// its size; 64 bounds the images a group holds and the wait of its last member. Measured
+/// in docs/benchmarks.md ("Group commit").
+pub const MICROTX_GROUP_TXS_MAX: usize = 64;
+/// Journal bytes one group may take (its members' records, `Journal::space`), in bytes:
+/// 4 MiB, a quarter of MICROTX_JOURNAL_BYTES, so a full journal's checkpoint comes after
+/// four groups at the least, and the block images a group holds in memory stay under it.
+/// A first member larger than this still runs, alone.
+pub const MICROTX_GROUP_BYTES_MAX: u64 = 4 << 20;
 
 // A fused write's descriptor names at most as many extents as a transaction has writes
 // (each extent one write); its data, one transfer, framed as a LevelDB log record (a

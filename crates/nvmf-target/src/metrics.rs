@@ -326,6 +326,26 @@ fn journals(o: &mut String, subsystems: &[Arc<crate::subsystem::Subsystem>]) {
         let up = ns.journal.as_ref().is_some_and(|j| j.fence().is_up());
         let _ = writeln!(o, "nearstore_microtx_fenced{{subnqn=\"{nqn}\",nsid=\"{}\"}} {}", ns.nsid, u8::from(up));
     }
+    // Group commit: transactions per group is what it saves (three flushes a group).
+    let committed: Vec<_> = journaled.iter().filter_map(|(nqn, ns)| Some((nqn, ns.nsid, ns.journal.as_ref()?.committed()))).collect();
+    family(
+        o,
+        "nearstore_microtx_groups_total",
+        "counter",
+        "Groups of fused write transactions the MicroTx journal committed (three flushes each).",
+    );
+    for (nqn, nsid, (groups, _)) in &committed {
+        let _ = writeln!(o, "nearstore_microtx_groups_total{{subnqn=\"{nqn}\",nsid=\"{nsid}\"}} {groups}");
+    }
+    family(
+        o,
+        "nearstore_microtx_transactions_total",
+        "counter",
+        "Fused write transactions the MicroTx journal committed, in all its groups.",
+    );
+    for (nqn, nsid, (_, txs)) in &committed {
+        let _ = writeln!(o, "nearstore_microtx_transactions_total{{subnqn=\"{nqn}\",nsid=\"{nsid}\"}} {txs}");
+    }
 }
 
 /// Writes one histogram's samples.

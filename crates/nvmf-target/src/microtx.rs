@@ -19,7 +19,7 @@
 
 use std::collections::VecDeque;
 use std::io;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use parking_lot::{Mutex, RwLock};
@@ -151,10 +151,19 @@ pub enum JournalError {
     /// Logged and durable, its in-place writes failed: finished from the log when
     /// [`Journal::finish`] succeeds or at the next start, and until then its blocks are
     /// fenced and the journal takes no other transaction.
-    #[error("transaction {txid}: writing in place failed, finished from the journal when the namespace writes again: {source}")]
-    InPlace { txid: u64, source: io::Error },
+    #[error("transaction {txid}{}: writing in place failed, finished from the journal when the namespace writes again: {source}", others(*.group))]
+    InPlace { txid: u64, group: usize, source: io::Error },
     #[error("{what}: {source}")]
     Io { what: String, source: io::Error },
+}
+
+/// What a message about the first of a group of `n` transactions adds for the others.
+fn others(n: usize) -> String {
+    match n {
+        0 | 1 => String::new(),
+        2 => " and the one logged with it".into(),
+        n => format!(" and the {} logged with it", n - 1),
+    }
 }
 
 fn io_err(what: impl Into<String>) -> impl FnOnce(io::Error) -> JournalError {
@@ -184,6 +193,9 @@ pub struct Recovery {
 pub enum FlushBug {
     /// The in-place writes are not flushed before the transaction is marked applied.
     DataNotFlushedBeforeApplied,
+    /// A group's members are written in place last first (a later member's blocks then
+    /// hold an earlier one's images).
+    GroupInPlaceReversed,
 }
 
 struct State {
@@ -201,18 +213,30 @@ struct State {
 /// it is to be rolled forward) and then a checkpoint, after which replay never reads its
 /// records.
 struct Unfinished {
-    txid: u64,
-    /// Its block images, written again in place before the checkpoint (roll forward);
-    /// empty when nothing is to be written (it failed before or after its in-place
-    /// writes).
+    /// The transaction, or the group's ([`Journal::run_group`]), in log order; none for
+    /// the checkpoint of a full journal.
+    txids: Vec<u64>,
+    /// Their block images in log order, written again in place before the checkpoint
+    /// (roll forward); empty when nothing is to be written (they failed before or after
+    /// their in-place writes).
     apply: Vec<(u64, Vec<u8>)>,
-    /// Its outcome once written again in place.
-    outcome: Option<Outcome>,
+    /// Their outcomes once written again in place.
+    outcomes: Vec<(u64, Outcome)>,
     /// The checkpoint of the generation the journal is at was attempted and failed: it is
     /// written again in the same slot, never the next one, which holds the only
     /// checkpoint that passes its checks.
     checkpoint_failed: bool,
     why: String,
+}
+
+impl Unfinished {
+    /// What it is, for messages.
+    fn who(&self) -> String {
+        match self.txids.first() {
+            Some(txid) => format!("transaction {txid}{}", others(self.txids.len())),
+            None => "the full journal's checkpoint".into(),
+        }
+    }
 }
 
 /// The blocks of a namespace no I/O may reach now (its journal's unfinished transaction's):
@@ -240,8 +264,8 @@ impl Fence {
         self.up.load(Ordering::Acquire)
     }
 
-    fn raise(&self, writes: &[(u64, Vec<u8>)]) {
-        *self.ranges.write() = writes.iter().map(|(off, d)| (*off, d.len() as u64)).collect();
+    fn raise<'a>(&self, writes: impl Iterator<Item = &'a (u64, Vec<u8>)>) {
+        *self.ranges.write() = writes.map(|(off, d)| (*off, d.len() as u64)).collect();
         self.up.store(true, Ordering::Release);
     }
 
@@ -271,6 +295,10 @@ pub struct Journal {
     serial: Arc<tokio::sync::Mutex<()>>,
     /// Fused commands admitted ([`Journal::admit`]): waiting for their turn or running.
     admitted: AtomicUsize,
+    /// The FUSED WRITEs waiting for the next group (fused.rs, group commit).
+    pub(crate) waiting: crate::fused::Waiting,
+    /// Groups committed, and the transactions in them (metrics).
+    committed: (AtomicU64, AtomicU64),
     /// The blocks of its unfinished transaction, fenced.
     fence: Arc<Fence>,
     bug: Option<FlushBug>,
@@ -498,10 +526,16 @@ impl Journal {
                 break;
             };
             rec.records += 1;
-            if r.kind == Kind::Begin || txs.last().is_none_or(|t| t.txid != r.txid) {
-                txs.push(Replayed { txid: r.txid, ..Replayed::default() });
-            }
-            txs.last_mut().expect("pushed").take(r);
+            // A record belongs to the newest transaction of its id: in a group
+            // (Journal::run_group) the APPLIED records follow all of the group's records.
+            let i = match txs.iter().rposition(|t| t.txid == r.txid) {
+                Some(i) if r.kind != Kind::Begin => i,
+                _ => {
+                    txs.push(Replayed { txid: r.txid, ..Replayed::default() });
+                    txs.len() - 1
+                }
+            };
+            txs[i].take(r);
             (at, lsn) = (next, lsn + 1);
         }
 
@@ -540,6 +574,8 @@ impl Journal {
             outcomes: Mutex::new(outcomes),
             serial: Arc::new(tokio::sync::Mutex::new(())),
             admitted: AtomicUsize::new(0),
+            waiting: Default::default(),
+            committed: Default::default(),
             fence: Arc::default(),
             bug,
             block_bytes,
@@ -595,23 +631,72 @@ impl Journal {
     /// [`Journal::run`] with the result the fused operation computed (its checksum
     /// micro-operation), logged in its RESULT record and kept as its outcome.
     pub fn run_with(&self, data: &dyn Backend, tx: &Tx, result: [u8; RESULT_BYTES]) -> Result<[u8; RESULT_BYTES], JournalError> {
-        self.check(data, tx)?;
+        self.run_group(data, &[(tx, result)]).map(|()| result)
+    }
+
+    /// Runs a group of transactions as one (group commit): the records of all of them in one
+    /// journal write and one flush, all of them in place and one flush of their blocks, the
+    /// APPLIED records of all of them in one write and one flush. Three flushes for the
+    /// group instead of three for each member. A later member may write blocks an earlier
+    /// one writes (its images then hold the earlier one's bytes): in place and in replay
+    /// they are written in the group's order. Every member is checked ([`Journal::admissible`])
+    /// before anything is written, and the group succeeds or fails as one: replay finishes
+    /// a prefix of it (those wholly logged when the power failed), never a later member
+    /// without the earlier ones.
+    pub fn run_group(&self, data: &dyn Backend, group: &[(&Tx, [u8; RESULT_BYTES])]) -> Result<(), JournalError> {
+        let mut ids = Vec::with_capacity(group.len());
+        for (tx, _) in group {
+            self.admissible(data, tx, &ids)?;
+            ids.push(tx.txid);
+        }
         let mut s = self.state.lock();
         self.finish_locked(&mut s, data)?;
-        if tx.txid == 0 || self.known(tx.txid) {
-            return Err(JournalError::TxidInUse(tx.txid));
+        // Finishing noted outcomes: the ids are checked again against them.
+        for (tx, _) in group {
+            if self.known(tx.txid) {
+                return Err(JournalError::TxidInUse(tx.txid));
+            }
         }
-        let r = self.run_locked(&mut s, data, tx, result);
+        let r = self.group_locked(&mut s, data, group);
         match &r {
-            Ok(result) => self.note(tx.txid, Outcome::Committed(*result)),
+            Ok(()) => {
+                group.iter().for_each(|(tx, result)| self.note(tx.txid, Outcome::Committed(*result)));
+                self.committed.0.fetch_add(1, Ordering::Relaxed);
+                self.committed.1.fetch_add(group.len() as u64, Ordering::Relaxed);
+            }
             // In doubt until it is finished: no outcome yet, as while it runs.
             Err(JournalError::InPlace { .. }) => {}
-            // Not logged: its id stays free for its retry.
+            // Not logged: their ids stay free for their retries.
             Err(JournalError::Unfinished(_)) => {}
-            Err(_) if !self.known(tx.txid) => self.note(tx.txid, Outcome::Failed),
-            Err(_) => {}
+            Err(_) => group.iter().filter(|(tx, _)| !self.known(tx.txid)).for_each(|(tx, _)| self.note(tx.txid, Outcome::Failed)),
         }
         r
+    }
+
+    /// Whether `tx` may join a group whose earlier members are `earlier`: its size, its
+    /// writes (whole blocks inside the namespace `data`), its id (nonzero, not one whose
+    /// outcome the journal holds, not an earlier member's). A fused operation checks this
+    /// before its images enter the group, so that a later member never holds bytes of a
+    /// member the journal refuses.
+    pub fn admissible(&self, data: &dyn Backend, tx: &Tx, earlier: &[u64]) -> Result<(), JournalError> {
+        self.check(data, tx)?;
+        if tx.txid == 0 || earlier.contains(&tx.txid) || self.known(tx.txid) {
+            return Err(JournalError::TxidInUse(tx.txid));
+        }
+        Ok(())
+    }
+
+    /// Journal bytes a group of at most this many bytes may take: the log a generation
+    /// holds, so that a group always fits after a checkpoint. The fused commands' groups
+    /// stop there ([`crate::limits::MICROTX_GROUP_BYTES_MAX`] too).
+    pub fn group_room(&self) -> u64 {
+        self.log.size() - LOG_START
+    }
+
+    /// Journal bytes a transaction of `writes` writes of `bytes` bytes takes at most, in a
+    /// group ([`Journal::group_room`]).
+    pub fn space(writes: usize, bytes: u64) -> u64 {
+        Self::tx_space(writes, bytes)
     }
 
     fn known(&self, txid: u64) -> bool {
@@ -642,14 +727,15 @@ impl Journal {
         Ok(())
     }
 
-    fn run_locked(
-        &self,
-        s: &mut State,
-        data: &dyn Backend,
-        tx: &Tx,
-        result: [u8; RESULT_BYTES],
-    ) -> Result<[u8; RESULT_BYTES], JournalError> {
-        if s.head + Self::tx_space(tx.writes.len(), tx.bytes()) > self.log.size() {
+    fn group_locked(&self, s: &mut State, data: &dyn Backend, group: &[(&Tx, [u8; RESULT_BYTES])]) -> Result<(), JournalError> {
+        let Some((first, _)) = group.first() else { return Ok(()) };
+        let space: u64 = group.iter().map(|(tx, _)| Self::tx_space(tx.writes.len(), tx.bytes())).sum();
+        if space > self.group_room() {
+            let what =
+                format!("a group of {} transactions needs {space} journal bytes, the journal holds {}", group.len(), self.group_room());
+            return Err(JournalError::TooLarge { txid: first.txid, what });
+        }
+        if s.head + space > self.log.size() {
             // Full: every transaction of this generation is applied (durable in the
             // namespace before its APPLIED record), so a new generation forgets them. A
             // checkpoint that failed leaves records of a generation replay would not read:
@@ -658,89 +744,114 @@ impl Journal {
             if let Err(e) = self.checkpoint_locked(s) {
                 let why = format!("checkpoint of the full journal: {e}");
                 let failed = !matches!(e, JournalError::GenerationExhausted(..));
-                s.unfinished = Some(Unfinished { txid: 0, apply: Vec::new(), outcome: None, checkpoint_failed: failed, why: why.clone() });
+                s.unfinished = Some(Unfinished {
+                    txids: Vec::new(),
+                    apply: Vec::new(),
+                    outcomes: Vec::new(),
+                    checkpoint_failed: failed,
+                    why: why.clone(),
+                });
                 return Err(JournalError::Unfinished(why));
             }
         }
         let g = s.generation;
-        let mut buf = Vec::with_capacity(Self::tx_space(tx.writes.len(), tx.bytes()) as usize);
-        let mut begin = Vec::with_capacity(8 + 16 * tx.writes.len());
-        begin.extend_from_slice(&(tx.writes.len() as u32).to_le_bytes());
-        begin.extend_from_slice(&[0; 4]);
-        for (off, d) in &tx.writes {
-            begin.extend_from_slice(&off.to_le_bytes());
-            begin.extend_from_slice(&(d.len() as u64).to_le_bytes());
-        }
+        let mut buf = Vec::with_capacity(space as usize);
         let mut lsn = s.lsn;
         let mut next = || {
             lsn += 1;
             lsn - 1
         };
-        put_record(&mut buf, Kind::Begin, 0, tx.op, (g, next()), tx.txid, &[&begin]);
-        for (i, (off, d)) in tx.writes.iter().enumerate() {
-            put_record(&mut buf, Kind::Write, i as u8, 0, (g, next()), tx.txid, &[&off.to_le_bytes(), d]);
+        for (tx, result) in group {
+            let mut begin = Vec::with_capacity(8 + 16 * tx.writes.len());
+            begin.extend_from_slice(&(tx.writes.len() as u32).to_le_bytes());
+            begin.extend_from_slice(&[0; 4]);
+            for (off, d) in &tx.writes {
+                begin.extend_from_slice(&off.to_le_bytes());
+                begin.extend_from_slice(&(d.len() as u64).to_le_bytes());
+            }
+            put_record(&mut buf, Kind::Begin, 0, tx.op, (g, next()), tx.txid, &[&begin]);
+            for (i, (off, d)) in tx.writes.iter().enumerate() {
+                put_record(&mut buf, Kind::Write, i as u8, 0, (g, next()), tx.txid, &[&off.to_le_bytes(), d]);
+            }
+            put_record(&mut buf, Kind::Result, 0, 0, (g, next()), tx.txid, &[result]);
+            // Each transaction starts at a block boundary.
+            buf.resize(round_up(buf.len() as u64, MICROTX_JOURNAL_BLOCK_BYTES as u64) as usize, 0);
         }
-        put_record(&mut buf, Kind::Result, 0, 0, (g, next()), tx.txid, &[&result]);
-        buf.resize(round_up(buf.len() as u64, MICROTX_JOURNAL_BLOCK_BYTES as u64) as usize, 0);
 
-        // 1. Logged and durable: from here recovery finishes it.
+        // 1. Logged and durable: from here recovery finishes the group.
         let logged = self.log.write_at(&buf, s.head).and_then(|()| self.log.flush());
         s.head += buf.len() as u64;
         s.lsn = lsn;
         if let Err(e) = logged {
             // Its records may or may not be durable: a new generation drops them, so
-            // recovery cannot finish what the host saw fail.
-            return Err(self.drop_failed(s, e, tx, "logging"));
+            // recovery cannot finish what the hosts saw fail.
+            return Err(self.drop_failed(s, e, group, "logging"));
         }
-        // 2. In place, durable before it is marked applied (recovery then never writes it
-        // again over a later write of those blocks).
-        let applied = tx.writes.iter().try_for_each(|(off, d)| data.write_at(d, *off)).and_then(|()| match self.bug {
+        // 2. In place in the group's order, durable before it is marked applied (recovery
+        // then never writes it again over a later write of those blocks).
+        let writes = || group.iter().flat_map(|(tx, _)| tx.writes.iter());
+        let in_place = match self.bug {
+            Some(FlushBug::GroupInPlaceReversed) => {
+                group.iter().rev().flat_map(|(tx, _)| tx.writes.iter()).try_for_each(|(off, d)| data.write_at(d, *off))
+            }
+            _ => writes().try_for_each(|(off, d)| data.write_at(d, *off)),
+        };
+        let applied = in_place.and_then(|()| match self.bug {
             Some(FlushBug::DataNotFlushedBeforeApplied) => Ok(()),
-            None => tx.writes.iter().try_for_each(|(off, d)| data.flush_range(*off, d.len() as u64)),
+            _ => writes().try_for_each(|(off, d)| data.flush_range(*off, d.len() as u64)),
         });
         if let Err(source) = applied {
             // Some of its writes may be in place, others not: it stays logged without its
-            // APPLIED record, so that it is written whole again (roll forward) by `finish`
+            // APPLIED records, so that it is written whole again (roll forward) by `finish`
             // or the next start. Until then its blocks are fenced (fenced before its
-            // command completes: a write the host sends after seeing the failure meets
+            // commands complete: a write a host sends after seeing the failure meets
             // the fence) and no other transaction runs: one of them, or finishing this
-            // one, would change blocks the other relies on.
-            let why = format!("transaction {}: writing in place failed: {source}", tx.txid);
-            warn!(journal = %self.log.describe(), txid = tx.txid, error = %source, "MicroTx transaction's in-place write failed: its blocks are fenced until it is finished");
-            self.fence.raise(&tx.writes);
-            let outcome = Some(Outcome::Committed(result));
-            s.unfinished = Some(Unfinished { txid: tx.txid, apply: tx.writes.clone(), outcome, checkpoint_failed: false, why });
-            return Err(JournalError::InPlace { txid: tx.txid, source });
+            // group, would change blocks the other relies on.
+            let txid = first.txid;
+            let why = format!("transaction {txid}{}: writing in place failed: {source}", others(group.len()));
+            warn!(journal = %self.log.describe(), txid, group = group.len(), error = %source, "MicroTx transaction's in-place write failed: its blocks are fenced until it is finished");
+            self.fence.raise(writes());
+            s.unfinished = Some(Unfinished {
+                txids: group.iter().map(|(tx, _)| tx.txid).collect(),
+                apply: writes().cloned().collect(),
+                outcomes: group.iter().map(|(tx, r)| (tx.txid, Outcome::Committed(*r))).collect(),
+                checkpoint_failed: false,
+                why,
+            });
+            return Err(JournalError::InPlace { txid, group: group.len(), source });
         }
-        // 3. APPLIED.
+        // 3. APPLIED, one record for each member, back to back in one block write.
         let mut mark = Vec::with_capacity(MICROTX_JOURNAL_BLOCK_BYTES);
-        let lsn = s.lsn;
-        put_record(&mut mark, Kind::Applied, 0, 0, (g, lsn), tx.txid, &[]);
-        mark.resize(MICROTX_JOURNAL_BLOCK_BYTES, 0);
+        for (tx, _) in group {
+            put_record(&mut mark, Kind::Applied, 0, 0, (g, s.lsn), tx.txid, &[]);
+            s.lsn += 1;
+        }
+        mark.resize(round_up(mark.len() as u64, MICROTX_JOURNAL_BLOCK_BYTES as u64) as usize, 0);
         let marked = self.log.write_at(&mark, s.head).and_then(|()| self.log.flush());
         s.head += mark.len() as u64;
-        s.lsn += 1;
         if let Err(e) = marked {
-            return Err(self.drop_failed(s, e, tx, "marking"));
+            return Err(self.drop_failed(s, e, group, "marking"));
         }
-        Ok(result)
+        Ok(())
     }
 
     /// After a journal write or flush failed: a checkpoint starts a generation without the
-    /// records in doubt. When that fails too, replay may still find the transaction's
-    /// records and write it in place: it is unfinished, its blocks fenced, until the
-    /// checkpoint is written.
-    fn drop_failed(&self, s: &mut State, e: io::Error, tx: &Tx, what: &str) -> JournalError {
-        let txid = tx.txid;
-        let err = JournalError::Io { what: format!("transaction {txid}: {what} it in the journal"), source: e };
+    /// records in doubt. When that fails too, replay may still find the group's records
+    /// and write it in place: it is unfinished, its blocks fenced, until the checkpoint is
+    /// written.
+    fn drop_failed(&self, s: &mut State, e: io::Error, group: &[(&Tx, [u8; RESULT_BYTES])], what: &str) -> JournalError {
+        let txid = group.first().map_or(0, |(tx, _)| tx.txid);
+        let also = others(group.len());
+        let err = JournalError::Io { what: format!("transaction {txid}{also}: {what} it in the journal"), source: e };
         // Known as failed from the checkpoint on.
-        self.note(txid, Outcome::Failed);
+        group.iter().for_each(|(tx, _)| self.note(tx.txid, Outcome::Failed));
         if let Err(c) = self.checkpoint_locked(s) {
             warn!(journal = %self.log.describe(), txid, error = %c, "MicroTx checkpoint failed after a failed journal write: the transaction's blocks are fenced until it is written");
-            self.fence.raise(&tx.writes);
+            self.fence.raise(group.iter().flat_map(|(tx, _)| tx.writes.iter()));
             let failed = !matches!(c, JournalError::GenerationExhausted(..));
-            let why = format!("transaction {txid}: {what} it and the checkpoint after failed: {c}");
-            s.unfinished = Some(Unfinished { txid, apply: Vec::new(), outcome: None, checkpoint_failed: failed, why });
+            let why = format!("transaction {txid}{also}: {what} it and the checkpoint after failed: {c}");
+            let txids = group.iter().map(|(tx, _)| tx.txid).collect();
+            s.unfinished = Some(Unfinished { txids, apply: Vec::new(), outcomes: Vec::new(), checkpoint_failed: failed, why });
         }
         err
     }
@@ -779,14 +890,14 @@ impl Journal {
         let Some(mut u) = s.unfinished.take() else { return Ok(()) };
         let applied = u.apply.iter().try_for_each(|(off, d)| data.write_at(d, *off).and_then(|()| data.flush_range(*off, d.len() as u64)));
         if let Err(e) = applied {
-            u.why = format!("transaction {}: writing in place failed again: {e}", u.txid);
+            u.why = format!("{}: writing in place failed again: {e}", u.who());
             let why = u.why.clone();
             s.unfinished = Some(u);
             return Err(JournalError::Unfinished(why));
         }
-        // Whole and durable in place: its outcome goes into the checkpoint.
-        if let Some(o) = u.outcome.take() {
-            self.note(u.txid, o);
+        // Whole and durable in place: their outcomes go into the checkpoint.
+        for (txid, o) in std::mem::take(&mut u.outcomes) {
+            self.note(txid, o);
         }
         let written = match u.checkpoint_failed {
             true => self.write_checkpoint(s.generation),
@@ -794,13 +905,13 @@ impl Journal {
         };
         if let Err(e) = written {
             u.checkpoint_failed |= !matches!(e, JournalError::GenerationExhausted(..));
-            u.why = format!("transaction {}: its checkpoint failed: {e}", u.txid);
+            u.why = format!("{}: its checkpoint failed: {e}", u.who());
             let why = u.why.clone();
             s.unfinished = Some(u);
             return Err(JournalError::Unfinished(why));
         }
         self.fence.lower();
-        info!(journal = %self.log.describe(), txid = u.txid, "MicroTx journal finished its unfinished transaction: its blocks serve again");
+        info!(journal = %self.log.describe(), txids = ?u.txids, "MicroTx journal finished its unfinished transaction: its blocks serve again");
         Ok(())
     }
 
@@ -837,6 +948,18 @@ impl Journal {
             }
             journal.fence.retrying.store(false, Ordering::Release);
         });
+    }
+
+    /// Groups committed since start-up and the transactions in them: their ratio is the
+    /// flushes group commit saves (metrics `nearstore_microtx_groups_total`,
+    /// `nearstore_microtx_transactions_total`).
+    pub fn committed(&self) -> (u64, u64) {
+        (self.committed.0.load(Ordering::Relaxed), self.committed.1.load(Ordering::Relaxed))
+    }
+
+    /// FUSED WRITEs waiting for the journal's next group.
+    pub fn waiting(&self) -> usize {
+        self.waiting.len()
     }
 
     /// The generation the journal writes (tests).
@@ -1329,6 +1452,118 @@ mod tests {
                 (got, want) => panic!("{what}: got {:?}, want {want:?}", got.map(|(_, r)| r)),
             }
         }
+    }
+
+    /// A group of three where the second writes a block the first writes (its image holds
+    /// the first's bytes) and the third elsewhere, logged whole and then cut after each of
+    /// its records in turn: replay finishes exactly the members whose records all precede
+    /// the cut (a prefix of the group, in the group's order, so the shared block ends with
+    /// the second's image only when the second is finished) and rolls back the rest.
+    #[test]
+    fn a_group_cut_after_any_record_finishes_a_prefix() {
+        let a = tx(11, &[(0, 4096, 0xA1)]);
+        let mut b = tx(12, &[(0, 4096, 0xB2), (8192, 4096, 0xB2)]);
+        b.writes[0].1[..100].fill(0xA1); // merged over a's bytes, as a fused write's image
+        let c = tx(13, &[(65536, 8192, 0xC3)]);
+        let group = [(&a, result_of(&a.writes)), (&b, result_of(&b.writes)), (&c, result_of(&c.writes))];
+        // Logged whole, then the process dies before anything in place.
+        let (log, data) = (mem(JOURNAL), mem(DATA));
+        let clog = Faulty::cut(&log);
+        let cdata = clog.beside(&data);
+        let (j, _) = Journal::open(clog.clone(), &*data, BLOCK).unwrap();
+        let g = j.generation();
+        clog.fail(2, usize::MAX);
+        assert!(matches!(j.run_group(&*cdata, &group), Err(JournalError::InPlace { txid: 11, group: 3, .. })));
+        let mut image = vec![0u8; JOURNAL as usize];
+        log.read_at(&mut image, 0).unwrap();
+        // Where each record of the group ends: BEGIN, WRITE, RESULT of a; BEGIN, 2 WRITEs,
+        // RESULT of b; BEGIN, WRITE, RESULT of c; each member from a block boundary.
+        let mut ends = Vec::new();
+        let (mut at, mut lsn) = (LOG_START as usize, 0);
+        while let Some((_, next)) =
+            parse_record(&image, at, g, lsn).or_else(|| parse_record(&image, round_up(at as u64, 4096) as usize, g, lsn))
+        {
+            ends.push(next);
+            (at, lsn) = (next, lsn + 1);
+        }
+        assert_eq!(ends.len(), 10, "the group's records");
+        for kept in 0..=ends.len() {
+            let cut = if kept == 0 { LOG_START as usize } else { ends[kept - 1] };
+            let mut torn = image.clone();
+            torn[cut..].fill(0);
+            let (log2, data2) = (mem(JOURNAL), mem(DATA));
+            log2.write_at(&torn, 0).unwrap();
+            let (j2, rec) = Journal::open(log2, &*data2, BLOCK).unwrap();
+            // a is whole after 3 records, b after 7, c after 10.
+            let whole = [kept >= 3, kept >= 7, kept >= 10];
+            for (i, (t, r)) in group.iter().enumerate() {
+                let want = if whole[i] { Some(Outcome::Committed(*r)) } else { (kept > [0, 3, 7][i]).then_some(Outcome::RolledBack) };
+                assert_eq!(j2.outcome(t.txid), want, "kept {kept}: transaction {}: {rec:?}", t.txid);
+            }
+            let block0 = match whole {
+                [_, true, _] => b.writes[0].1.clone(),
+                [true, false, _] => vec![0xA1; 4096],
+                _ => vec![0; 4096],
+            };
+            assert_eq!(read(&*data2, 0, 4096), block0, "kept {kept}");
+            assert_eq!(read(&*data2, 8192, 4096), vec![if whole[1] { 0xB2 } else { 0 }; 4096], "kept {kept}");
+            assert_eq!(read(&*data2, 65536, 8192), vec![if whole[2] { 0xC3 } else { 0 }; 8192], "kept {kept}");
+        }
+    }
+
+    /// A group that ran whole: its APPLIED records follow all of its records, and replay
+    /// (which finds each record's transaction by its id) knows every member committed and
+    /// writes none of them again; a group refused for one member's id writes nothing.
+    #[test]
+    fn a_whole_group_is_applied_once_and_a_refused_one_writes_nothing() {
+        let (log, data) = (mem(JOURNAL), mem(DATA));
+        let (j, _) = Journal::open(log.clone(), &*data, BLOCK).unwrap();
+        let (a, b) = (tx(21, &[(0, 4096, 1)]), tx(22, &[(0, 4096, 2)]));
+        j.run_group(&*data, &[(&a, [1; RESULT_BYTES]), (&b, [2; RESULT_BYTES])]).unwrap();
+        assert_eq!(read(&*data, 0, 4096), vec![2; 4096], "in the group's order");
+        // Overwritten since by a plain write: replay must not write the group again.
+        data.write_at(&[9; 4096], 0).unwrap();
+        let (j, rec) = Journal::open(log.clone(), &*data, BLOCK).unwrap();
+        assert!(rec.finished.is_empty() && rec.rolled_back.is_empty(), "{rec:?}");
+        assert_eq!(
+            (j.outcome(21), j.outcome(22)),
+            (Some(Outcome::Committed([1; RESULT_BYTES])), Some(Outcome::Committed([2; RESULT_BYTES])))
+        );
+        assert_eq!(read(&*data, 0, 4096), vec![9; 4096]);
+        // Refused: an id twice in the group, or one the journal knows.
+        let (c, d) = (tx(23, &[(4096, 4096, 3)]), tx(23, &[(8192, 4096, 4)]));
+        let head = j.state.lock().head;
+        assert!(matches!(j.run_group(&*data, &[(&c, [3; 16]), (&d, [4; 16])]), Err(JournalError::TxidInUse(23))));
+        assert!(matches!(j.run_group(&*data, &[(&c, [3; 16]), (&a, [4; 16])]), Err(JournalError::TxidInUse(21))));
+        assert_eq!(j.admissible(&*data, &c, &[23]).map_err(|e| e.to_string()), Err("transaction id 23 is 0 or already known".into()));
+        assert_eq!((j.state.lock().head, read(&*data, 4096, 8192)), (head, vec![0; 8192]), "nothing logged, nothing written");
+        assert_eq!(j.outcome(23), None, "a refused id stays free");
+    }
+
+    /// A group's in-place write fails: every member is in doubt (no outcome), all its
+    /// blocks fenced, and finishing it writes them again in the group's order and gives
+    /// every member its outcome.
+    #[test]
+    fn a_group_whose_in_place_write_fails_is_finished_whole() {
+        let (log, data) = (mem(JOURNAL), mem(DATA));
+        let clog = Faulty::cut(&log);
+        let cdata = clog.beside(&data);
+        let (j, _) = Journal::open(clog.clone(), &*data, BLOCK).unwrap();
+        let (a, b) = (tx(31, &[(0, 4096, 1)]), tx(32, &[(0, 8192, 2)]));
+        // The journal's write and flush pass; the first in-place write fails, once.
+        clog.fail(2, 3);
+        let r = j.run_group(&*cdata, &[(&a, [1; RESULT_BYTES]), (&b, [2; RESULT_BYTES])]);
+        assert!(matches!(r, Err(JournalError::InPlace { txid: 31, group: 2, .. })), "{r:?}");
+        assert!(r.unwrap_err().to_string().starts_with("transaction 31 and the one logged with it: "));
+        assert_eq!((j.outcome(31), j.outcome(32)), (None, None));
+        assert!(j.fence().holds(0, 1) && j.fence().holds(4096, 1) && !j.fence().holds(8192, 1));
+        assert!(j.finish(&*cdata).unwrap());
+        assert_eq!(
+            (j.outcome(31), j.outcome(32)),
+            (Some(Outcome::Committed([1; RESULT_BYTES])), Some(Outcome::Committed([2; RESULT_BYTES])))
+        );
+        assert_eq!(read(&*data, 0, 8192), vec![2; 8192]);
+        assert!(!j.fence().is_up());
     }
 
     /// A backend whose writes and flushes, counted from the last `fail` (through `ops`,

@@ -931,3 +931,55 @@ async fn a_fused_write_is_checked_again_when_its_turn_comes() {
     assert_eq!(a.read(GATED, 8, 1, BS as u32).await.unwrap(), vec![0; 512]);
     assert_eq!(a.outcome(GATED, 2).await.unwrap().0, state::UNKNOWN, "its id stays free");
 }
+
+/// Group commit: FUSED WRITEs that arrive while a group runs are committed together in the
+/// next one (two groups for 41 writes here, three flushes each), and a member reads the
+/// blocks it merges into through the images of the members before it: forty 100-byte
+/// write-checksums laid end to end, most sharing a 512-byte block with the one before, all
+/// land (each read back beside its neighbours) with their own checksums. Reading those
+/// blocks from the namespace instead, a later member wrote back the earlier one's block
+/// as it was before it (zeros).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fused_writes_waiting_together_commit_as_one_group() {
+    let env = start().await;
+    let (gated, journal) = add_gated(&env);
+    let _open = OpenOnDrop(gated.clone());
+    let (_c, mut q) = connect(&env, HOST).await;
+    let (_c0, mut first) = connect(&env, HOST).await;
+    let held = tokio::spawn(async move { first.fused_write(GATED, &plain_transfer(1, 0, &[1; 512])).await });
+    wait_for("the first fused write at the storage", || gated.arrived.load(Relaxed) == 1).await;
+    let (n, len, base) = (40u64, 100u64, 4096u64);
+    let record = |i: u64| (0..len).map(|b| (i * 7 + b) as u8 | 1).collect::<Vec<u8>>();
+    let qp = q.queue();
+    for i in 0..n {
+        let at = base + i * len;
+        let (from, to) = (at / BS * BS, (at + len).div_ceil(BS) * BS);
+        let f =
+            Fused { op: op::WRITE_CHECKSUM, txid: 100 + i, offset: at, block_offset: 0, args: [0; 8], extents: vec![(from, to - from)] };
+        let mut s = Sqe::new(opcode::FUSED_WRITE, 0);
+        s.set_nsid(GATED);
+        qp.submit(s, Data::Out(&f.encode(&record(i))), i).unwrap();
+    }
+    qp.flush().await.unwrap();
+    wait_for("the forty waiting for the next group", || journal.waiting() == n as usize).await;
+    gated.open.store(true, Relaxed);
+    let mut results = Vec::new();
+    while results.len() < n as usize {
+        let poll = q.queue().poll(|tag, c, _| results.push((tag, c.status, c.dw0)));
+        tokio::time::timeout(Duration::from_secs(60), poll).await.expect("completions within 60 s").unwrap();
+    }
+    assert!(held.await.unwrap().is_ok());
+    for (tag, status, crc) in &results {
+        assert!(status.is_success(), "write {tag}: {status:?}");
+        assert_eq!(*crc, crc32c::crc32c(&record(*tag)), "write {tag}'s checksum");
+    }
+    assert_eq!(journal.committed(), (2, n + 1), "groups, transactions");
+    let blocks = q.read(GATED, base / BS, ((n * len).div_ceil(BS)) as u32, BS as u32).await.unwrap();
+    for i in 0..n {
+        let at = (i * len) as usize;
+        assert_eq!(&blocks[at..at + len as usize], &record(i)[..], "write {i} read back");
+    }
+    for txid in 100..100 + n {
+        assert_eq!(q.outcome(GATED, txid).await.unwrap().0, state::COMMITTED, "transaction {txid}");
+    }
+}

@@ -40,6 +40,8 @@ pub struct Bugs {
 #[derive(Clone, Copy, Debug, Default)]
 pub struct Stats {
     pub transactions: u64,
+    /// Groups of two or more transactions run as one (group commit).
+    pub groups: u64,
     pub cuts: u64,
     /// Cuts inside a transaction whose replay finished it.
     pub finished: u64,
@@ -115,7 +117,8 @@ pub fn run(seed: u64, bugs: Bugs) -> Result<Stats, String> {
     let mut model = vec![vec![0u8; BLOCK as usize]; DATA_BLOCKS];
     let (mut journal_medium, mut data_medium) = (vec![vec![0u8; BLOCK as usize]; JOURNAL_BLOCKS], model.clone());
     let mut acked: Vec<(u64, [u8; 16])> = Vec::new();
-    let mut in_flight: Option<Tx> = None;
+    // The transactions in flight when the power failed: one, or a group's in its order.
+    let mut in_flight: Vec<Tx> = Vec::new();
     // A plain write cut before its flush completed: the block holds the old or the new.
     let mut plain_in_doubt: Option<(usize, Vec<u8>)> = None;
     let mut stats = Stats::default();
@@ -140,14 +143,25 @@ pub fn run(seed: u64, bugs: Bugs) -> Result<Stats, String> {
             Err(e) => return fail(format!("life {life}: replay failed with power on: {e}")),
             Ok((j, rec)) => {
                 trace.event(format_args!("life {life}: replayed {rec:?}"));
-                if let Some(tx) = in_flight.take() {
+                // A group is finished as a prefix: once one member is rolled back, every
+                // later one is too.
+                let mut cut = false;
+                for tx in std::mem::take(&mut in_flight) {
                     match j.outcome(tx.txid) {
-                        Some(Outcome::Committed(r)) if r == result_of(&tx.writes) => {
+                        Some(Outcome::Committed(r)) if r == result_of(&tx.writes) && !cut => {
                             apply(&mut model, &tx.writes);
                             stats.finished += 1;
                         }
-                        None | Some(Outcome::RolledBack) => stats.rolled_back += 1,
-                        o => return fail(format!("life {life}: in-flight transaction {}: outcome {o:?}", tx.txid)),
+                        None | Some(Outcome::RolledBack) => {
+                            cut = true;
+                            stats.rolled_back += 1;
+                        }
+                        o => {
+                            return fail(format!(
+                                "life {life}: in-flight transaction {}: outcome {o:?} (an earlier one rolled back: {cut})",
+                                tx.txid
+                            ))
+                        }
                     }
                 }
                 if let Some((i, new)) = plain_in_doubt.take() {
@@ -187,28 +201,46 @@ pub fn run(seed: u64, bugs: Bugs) -> Result<Stats, String> {
                         }
                         continue;
                     }
-                    let txid = next_txid;
-                    next_txid += 1;
-                    let writes = (0..rng.random_range(1..=3))
+                    // One transaction, or a group of two to four (group commit), whose
+                    // members often write the same blocks.
+                    let members = if rng.random_bool(0.3) { rng.random_range(2..=4) } else { 1 };
+                    let txs: Vec<Tx> = (0..members)
                         .map(|_| {
-                            let n = rng.random_range(1..=4u64);
-                            let at = rng.random_range(0..=DATA_BLOCKS as u64 - n);
-                            (at * BLOCK, (0..n).flat_map(|_| block(&mut rng, txid)).collect::<Vec<u8>>())
+                            let txid = next_txid;
+                            next_txid += 1;
+                            let writes = (0..rng.random_range(1..=3))
+                                .map(|_| {
+                                    let n = rng.random_range(1..=4u64);
+                                    let at = rng.random_range(0..=DATA_BLOCKS as u64 - n);
+                                    (at * BLOCK, (0..n).flat_map(|_| block(&mut rng, txid)).collect::<Vec<u8>>())
+                                })
+                                .collect();
+                            Tx { txid, op: 1, writes }
                         })
                         .collect();
-                    let tx = Tx { txid, op: 1, writes };
-                    stats.transactions += 1;
-                    match j.run(&data, &tx) {
-                        Ok(r) => {
-                            trace.event(format_args!("transaction {txid} acknowledged, generation {}", j.generation()));
-                            apply(&mut model, &tx.writes);
-                            acked.push((txid, r));
+                    stats.transactions += members as u64;
+                    stats.groups += (members > 1) as u64;
+                    let ran = match txs.as_slice() {
+                        [tx] => j.run(&data, tx).map(|r| vec![r]),
+                        _ => {
+                            let group: Vec<_> = txs.iter().map(|tx| (tx, result_of(&tx.writes))).collect();
+                            j.run_group(&data, &group).map(|()| group.iter().map(|(_, r)| *r).collect())
+                        }
+                    };
+                    let ids: Vec<u64> = txs.iter().map(|tx| tx.txid).collect();
+                    match ran {
+                        Ok(results) => {
+                            trace.event(format_args!("transactions {ids:?} acknowledged, generation {}", j.generation()));
+                            for (tx, r) in txs.iter().zip(results) {
+                                apply(&mut model, &tx.writes);
+                                acked.push((tx.txid, r));
+                            }
                         }
                         Err(e) if left.load(Ordering::SeqCst) == 0 => {
-                            trace.event(format_args!("cut in transaction {txid}: {e}"));
-                            in_flight = Some(tx);
+                            trace.event(format_args!("cut in transactions {ids:?}: {e}"));
+                            in_flight = txs;
                         }
-                        Err(e) => return fail(format!("life {life}: transaction {txid} failed with power on: {e}")),
+                        Err(e) => return fail(format!("life {life}: transactions {ids:?} failed with power on: {e}")),
                     }
                 }
             }

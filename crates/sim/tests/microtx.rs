@@ -24,13 +24,14 @@ fn every_acknowledged_transaction_survives_power_cuts_whole() {
     for seed in seeds {
         let s = run(seed, Bugs::default()).unwrap_or_else(|e| panic!("{e} (NEARSTORE_SIM_SEED={seed} replays it)"));
         all.transactions += s.transactions;
+        all.groups += s.groups;
         all.cuts += s.cuts;
         all.finished += s.finished;
         all.rolled_back += s.rolled_back;
     }
     println!("{all:?}");
     // The cuts met transactions at every stage: some were finished by replay, some rolled back.
-    assert!(all.finished > 0 && all.rolled_back > 0, "{all:?}");
+    assert!(all.finished > 0 && all.rolled_back > 0 && all.groups > 0, "{all:?}");
 }
 
 /// Each broken flush order, run until a seed shows it (the checker can fail).
@@ -40,6 +41,7 @@ fn broken_flush_orders_are_caught() {
     let cases = [
         ("in-place writes not flushed before APPLIED", Bugs { journal: Some(FlushBug::DataNotFlushedBeforeApplied), data_disk: None }),
         ("the namespace's disk ignores flushes", Bugs { journal: None, data_disk: Some(DiskBug::FlushIgnored) }),
+        ("a group written in place last member first", Bugs { journal: Some(FlushBug::GroupInPlaceReversed), data_disk: None }),
     ];
     for (what, bugs) in cases {
         let caught = (0..SEEDS).find_map(|seed| run(seed, bugs).err());

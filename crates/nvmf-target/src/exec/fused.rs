@@ -102,6 +102,7 @@ impl<T: Transport> Core<T> {
             return Err(self.overflow(req));
         }
         let hold = Arc::new(AbortHold::default());
+        let nsid = p.ns.nsid;
         let x = Inflight { fused: Some(hold.clone()), ..Inflight::new(req, p.ns.clone(), IoKind::Write, p.len(), 0) };
         let token = self.inflight.insert(x) as u32;
         let reply = self.done_tx.clone();
@@ -109,32 +110,33 @@ impl<T: Transport> Core<T> {
         // by its host leaving.
         tokio::spawn(async move {
             let _admitted = admitted;
-            let turn = {
-                let (journal, hold) = (p.journal.clone(), hold.clone());
-                tokio::select! {
-                    biased;
-                    () = hold.aborted_wait() => None,
-                    turn = journal.turn() => Some(turn),
-                }
-            };
-            let finished = match turn {
-                // Not started: it does not run, and it leaves the queue now.
-                None => {
-                    hold.ended();
-                    let message = format!("namespace {}: its host was preempted and aborted", p.ns.nsid);
-                    Finished { result: Err(Refusal { status: Status::ABORTED_PREEMPT, message }), buf }
-                }
-                Some(turn) => {
-                    let work = move || {
-                        let result = fused::run(&p, &buf, &hold, &turn).map(|r| fused_reply(&r));
+            let journal = p.journal.clone();
+            let (id, mut ended) = fused::enqueue(p, buf, hold.clone());
+            let ended = tokio::select! {
+                biased;
+                e = &mut ended => e,
+                () = hold.aborted_wait() => match fused::withdraw(&journal, id) {
+                    // Not in a group yet: it does not run, and it leaves the queue now.
+                    Some(buf) => {
                         hold.ended();
-                        Finished { result, buf }
-                    };
-                    tokio::task::spawn_blocking(work).await.unwrap_or_else(|e| Finished {
-                        result: Err(Refusal { status: Status::INTERNAL_ERROR.dnr(), message: format!("fused write: {e}") }),
+                        let message = format!("namespace {nsid}: its host was preempted and aborted");
+                        Ok((Err(Refusal { status: Status::ABORTED_PREEMPT, message }), buf))
+                    }
+                    None => ended.await,
+                },
+            };
+            let finished = match ended {
+                Ok((result, buf)) => Finished { result: result.map(|r| fused_reply(&r)), buf },
+                Err(_) => {
+                    hold.ended();
+                    Finished {
+                        result: Err(Refusal {
+                            status: Status::INTERNAL_ERROR.dnr(),
+                            message: "fused write: its group's work panicked".into(),
+                        }),
                         // Its buffer went with the work: the pool's count stays whole.
                         buf: AlignedBuf::new(limits::TRANSFER_BYTES_MAX),
-                    })
+                    }
                 }
             };
             let _ = reply.send(Done::Fused { token, finished: Box::new(finished) });
