@@ -370,12 +370,10 @@ pub fn run_group(journal: &Journal, jobs: Vec<Job>, _turn: &Turn) {
             let _exclusive = rmw.then(|| ns.ranges.lock(start..end));
             let mut made: Vec<Option<(Tx, [u8; RESULT_BYTES])>> = Vec::with_capacity(jobs.len());
             let mut ids = Vec::with_capacity(jobs.len());
-            let mut before: Vec<(u64, Vec<u8>)> = Vec::new();
             for j in &jobs {
-                match prepare(journal, &j.p, &j.transfer, &j.hold, &before, &ids) {
+                match prepare(journal, &j.p, &j.transfer, &j.hold, &made, &ids) {
                     Ok((tx, result)) => {
                         ids.push(tx.txid);
-                        before.extend(tx.writes.iter().cloned());
                         made.push(Some((tx, result)));
                     }
                     Err(r) => {
@@ -384,7 +382,6 @@ pub fn run_group(journal: &Journal, jobs: Vec<Job>, _turn: &Turn) {
                     }
                 }
             }
-            drop(before);
             let group: Vec<(&Tx, [u8; RESULT_BYTES])> = made.iter().flatten().map(|(tx, r)| (tx, *r)).collect();
             let ran = journal.run_group(&*ns.backend, &group).map_err(refusal_of);
             // The answers in the jobs' order: the refused ones are in place already.
@@ -404,8 +401,8 @@ pub fn run_group(journal: &Journal, jobs: Vec<Job>, _turn: &Turn) {
     }
 }
 
-/// Makes a FUSED WRITE's transaction, in its group after the members whose writes are
-/// `before` (block images not yet in place: read through them) and ids `ids`: its bytes
+/// Makes a FUSED WRITE's transaction, in its group after the members made `before` (their
+/// block images not yet in place: read through them) and ids `ids`: its bytes
 /// (append-crc-write's record framed, compress-write's zstd frame) and their checksum, the
 /// blocks it only partly covers read (read-modify-write: every block it touches, combined
 /// with the data), its bytes merged in. Asked to abort (`hold`) before it starts, it makes
@@ -416,7 +413,7 @@ fn prepare(
     p: &Planned,
     transfer: &[u8],
     hold: &AbortHold,
-    before: &[(u64, Vec<u8>)],
+    before: &[Option<(Tx, [u8; RESULT_BYTES])>],
     ids: &[u64],
 ) -> Result<(Tx, [u8; RESULT_BYTES]), Refusal> {
     let txid = p.f.txid;
@@ -491,12 +488,12 @@ fn prepare(
     Ok((tx, result))
 }
 
-/// Reads namespace bytes at `at` as they will be once `before` (block images of a group's
-/// earlier members, in order, not yet in place) are.
-fn read_through(backend: &dyn Backend, before: &[(u64, Vec<u8>)], buf: &mut [u8], at: u64) -> std::io::Result<()> {
+/// Reads namespace bytes at `at` as they will be once `before` (a group's earlier members,
+/// their block images not yet in place, in order) are.
+fn read_through(backend: &dyn Backend, before: &[Option<(Tx, [u8; RESULT_BYTES])>], buf: &mut [u8], at: u64) -> std::io::Result<()> {
     backend.read_at(buf, at)?;
     let end = at + buf.len() as u64;
-    for (off, d) in before {
+    for (off, d) in before.iter().flatten().flat_map(|(tx, _)| tx.writes.iter()) {
         let (from, to) = (at.max(*off), end.min(off + d.len() as u64));
         if from < to {
             buf[(from - at) as usize..(to - at) as usize].copy_from_slice(&d[(from - off) as usize..(to - off) as usize]);
