@@ -7,6 +7,7 @@
 mod demo;
 mod fusedbench;
 mod journalbench;
+mod leveldbbench;
 mod records;
 mod sortbench;
 mod sortexp;
@@ -43,6 +44,9 @@ enum Cmd {
     FusedBench(fusedbench::FusedBenchArgs),
     /// The MicroTx journal's recovery time against the transactions it holds.
     JournalBench(journalbench::JournalBenchArgs),
+    /// A LevelDB-like workload (fillrandom, sync): log records through LogWriter's
+    /// append-crc-write against LevelDB's own writing, on an exported file system.
+    LeveldbBench(leveldbbench::LeveldbBenchArgs),
 }
 
 #[derive(Clone, Copy, clap::ValueEnum, PartialEq, Eq)]
@@ -120,6 +124,7 @@ fn run(cli: Cli) -> Result<()> {
         Cmd::Valsort(a) => records::valsort(a),
         Cmd::FusedBench(a) => fusedbench::run(a),
         Cmd::JournalBench(a) => journalbench::run(a),
+        Cmd::LeveldbBench(a) => leveldbbench::run(a),
     }
 }
 

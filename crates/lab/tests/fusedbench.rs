@@ -64,3 +64,52 @@ fn the_journal_bench_replays_what_its_transactions_left() {
     // Its directory is left as it was.
     assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0);
 }
+
+/// The LevelDB-like benchmark as scripts/bench-leveldb.sh runs it, briefly, on ext4 on a
+/// loop device whose image an in-process target exports with a MicroTx journal: fused
+/// (LogWriter) and conventional writers, values within a block and across 32 KiB log
+/// blocks, each log read back as a LevelDB log of exactly its batches (the benchmark fails
+/// otherwise), and the logs removed after. Needs root, loop devices and mkfs.ext4.
+#[test]
+fn the_leveldb_bench_writes_logs_leveldb_reads() {
+    let fs = nearstore_testkit::Fs::new(64);
+    let cfg = format!(
+        "[limits]\ncontrollers_per_host = 64\n[[listener]]\naddress = \"127.0.0.1:0\"\n[[subsystem]]\nnqn = \"{NQN}\"\nallow_any_host = true\n[[subsystem.namespace]]\nnsid = 1\npath = \"{}\"\nblock_size = 4096\nmicrotx = true\n",
+        fs.image.display()
+    );
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
+    let t = Target::from_config(&Config::from_toml(&cfg).unwrap()).unwrap();
+    let addr = rt.block_on(t.listen("127.0.0.1:0".parse().unwrap(), false)).unwrap().to_string();
+    let (image, mnt) = (fs.image.to_str().unwrap(), fs.mnt.to_str().unwrap());
+    for how in ["fused", "conventional"] {
+        for value in ["100", "40000"] {
+            let args = [
+                "leveldb-bench",
+                "-a",
+                &addr,
+                "-n",
+                NQN,
+                "--image",
+                image,
+                "--dir",
+                mnt,
+                "--how",
+                how,
+                "-z",
+                value,
+                "-w",
+                "3",
+                "--ops",
+                "20",
+                "-o",
+                "json",
+            ];
+            let out = ok(&args);
+            let v: serde_json::Value = serde_json::from_str(&out).unwrap_or_else(|e| panic!("{args:?}: {e}: {out}"));
+            assert_eq!(v["ops"], 60, "{args:?}: {out}");
+            assert!(v["puts_per_s"].as_f64().is_some_and(|p| p > 0.0), "{args:?}: {out}");
+        }
+    }
+    assert!(fs.leftovers(&[]).is_empty(), "{:?}", fs.leftovers(&[]));
+    drop(t);
+}
