@@ -187,6 +187,10 @@ enum Cmd {
         /// Logical block size: 512 or 4096.
         #[arg(long, default_value_t = 512)]
         block_size: u32,
+        /// Keep a MicroTx journal for the fused write operations (--namespace PATH: in
+        /// PATH.microtx beside it), as `microtx = true` does in a configuration.
+        #[arg(long)]
+        microtx: bool,
         /// Subsystem NQN for the one-namespace case.
         #[arg(long, default_value = DEFAULT_NQN)]
         nqn: String,
@@ -525,6 +529,7 @@ fn run(cli: Cli) -> Result<()> {
             size,
             memory,
             block_size,
+            microtx,
             nqn,
             advertise,
             metrics,
@@ -557,7 +562,7 @@ fn run(cli: Cli) -> Result<()> {
                         tag: None,
                         delay_us: 0,
                         inject: None,
-                        microtx: false,
+                        microtx,
                         rate_limit: None,
                         fair: None,
                     };
