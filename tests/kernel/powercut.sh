@@ -4,8 +4,10 @@
 # The target runs in a qemu guest; the writer and checker (crates/powercut) runs on the
 # host and talks to it through user-mode networking forwarded to the host's loopback.
 # Each boot checks every block against what the last cut may have left, then writes
-# stamped blocks (FUA writes, plain writes, Flushes) until the script kills qemu with
-# SIGKILL at a seeded random time: that is the cut. One boot per cut, all on one disk.
+# stamped blocks (FUA writes, plain writes, fused writes through the namespace's MicroTx
+# journal, Flushes) until the script kills qemu with SIGKILL at a seeded random time: that
+# is the cut. One boot per cut, all on one disk. A fused write in flight at a cut must be
+# whole or absent, as the outcome the target gives for it after the reboot says.
 #
 # What a cut loses, and why this setup: killing qemu loses the guest's page cache and
 # whatever qemu had not yet written to its disk image; what reached the image survives
@@ -92,7 +94,7 @@ for i in \$(seq 1 100); do [ -b /dev/vda ] && break; sleep 0.1; done
 # Mounting replays the journal: the file system as the cut left it.
 mount -t ext4 /dev/vda /mnt || { echo POWERCUT-GUEST-FAIL mount; poweroff -f; }
 RUST_LOG=warn nearstore target --listen 10.0.2.15:4420 --discovery none --nqn $nqn --namespace /mnt/ns.img \\
-    --block-size 4096 --io-engine \$engine --busy-poll-us 0 > /tmp/target.out 2> /dev/console &
+    --block-size 4096 --microtx --io-engine \$engine --busy-poll-us 0 > /tmp/target.out 2> /dev/console &
 pid=\$!
 for i in \$(seq 1 600); do grep -q "listening on" /tmp/target.out && break; kill -0 \$pid 2>/dev/null || break; sleep 0.1; done
 grep -q "listening on" /tmp/target.out || { echo POWERCUT-GUEST-FAIL target; poweroff -f; }

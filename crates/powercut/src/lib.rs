@@ -13,6 +13,11 @@
 //!
 //! Writes to one block are never in flight together, so a block's versions complete in
 //! the order they were issued, and "later" means a higher version.
+//!
+//! A fused write (FUSED WRITE, write-checksum, on a namespace with a MicroTx journal) is
+//! durable when it completes, as a FUA write is, and atomic: one in flight at a cut must
+//! be whole (every block holds its version) or absent (none does), as the outcome the
+//! target gives for its transaction id after the reboot says ([`Model::check_fused`]).
 
 use serde::{Deserialize, Serialize};
 
@@ -96,6 +101,27 @@ pub struct Model {
     /// The last cut ended a control phase (no FUA, no Flush): it must have lost writes.
     pub control: bool,
     pub blocks: Vec<Block>,
+    /// Fused writes in flight at the last cut.
+    #[serde(default)]
+    pub fused: Vec<FusedWrite>,
+}
+
+/// A fused write of stamped blocks: its transaction id, blocks and version.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FusedWrite {
+    pub txid: u64,
+    pub lba: u64,
+    pub n: u64,
+    pub version: u64,
+}
+
+/// What the target says became of a fused write's transaction (OUTCOME after a reboot).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FusedOutcome {
+    Committed,
+    RolledBack,
+    Unknown,
+    Failed,
 }
 
 /// What a check found wrong with one block.
@@ -119,7 +145,26 @@ pub struct Verdict {
 
 impl Model {
     pub fn new(run: u64, blocks: u64) -> Model {
-        Model { run, next_version: 1, cuts: 0, control: false, blocks: vec![Block::default(); blocks as usize] }
+        Model { run, next_version: 1, cuts: 0, control: false, blocks: vec![Block::default(); blocks as usize], fused: Vec::new() }
+    }
+
+    /// Checks a fused write that was in flight at the cut against what its blocks hold now
+    /// (`read(lba)`) and its transaction's outcome: whole when committed, absent when rolled
+    /// back or unknown (its records never durable), never part of it; a crash never makes
+    /// it failed. Ok(true): whole.
+    pub fn check_fused(&self, f: &FusedWrite, outcome: FusedOutcome, read: impl Fn(u64) -> Vec<u8>) -> Result<bool, Loss> {
+        let holding = (f.lba..f.lba + f.n)
+            .filter(|&lba| matches!(decode(&read(lba)), Content::Stamp { run, lba: at, version } if run == self.run && at == lba && version == f.version))
+            .count() as u64;
+        let loss =
+            |what: String| Loss { lba: f.lba, what: format!("fused write {} of {} blocks (version {}): {what}", f.txid, f.n, f.version) };
+        match (outcome, holding) {
+            (FusedOutcome::Committed, h) if h == f.n => Ok(true),
+            (FusedOutcome::RolledBack | FusedOutcome::Unknown, 0) => Ok(false),
+            (FusedOutcome::Failed, _) => Err(loss("failed, though only the power went".into())),
+            (o, h) if h != 0 && h != f.n => Err(loss(format!("torn: {h} of its blocks hold it ({o:?})"))),
+            (o, h) => Err(loss(format!("{o:?}, but {h} of its blocks hold it"))),
+        }
     }
 
     fn range(&mut self, lba: u64, n: u64) -> &mut [Block] {
@@ -364,5 +409,37 @@ mod tests {
         assert_eq!(v.losses, vec![Loss { lba: 2, what: "lost its durable version 7: holds version 1, older".into() }]);
         let now: Vec<(u64, u64, usize)> = m.blocks.iter().map(|b| (b.durable, b.acked, b.later.len())).collect();
         assert_eq!(now, vec![(2, 2, 0), (6, 6, 0), (7, 7, 0), (0, 0, 0)]);
+    }
+
+    /// A fused write in flight at a cut: whole with a committed outcome, absent with a
+    /// rolled-back or unknown one; anything else (part of it, an outcome its blocks
+    /// contradict, failed) is a loss.
+    #[test]
+    fn a_fused_write_is_whole_or_absent_as_its_outcome_says() {
+        use FusedOutcome::*;
+        let m = Model::new(RUN, 8);
+        let f = FusedWrite { txid: 77, lba: 2, n: 3, version: 9 };
+        // (blocks 2, 3, 4 hold version 9?, outcome, Ok(whole) or the loss's words)
+        let cases: [([bool; 3], FusedOutcome, Result<bool, &str>); 8] = [
+            ([true; 3], Committed, Ok(true)),
+            ([false; 3], RolledBack, Ok(false)),
+            ([false; 3], Unknown, Ok(false)),
+            ([true, true, false], Committed, Err("torn: 2 of its blocks hold it")),
+            ([false, true, false], RolledBack, Err("torn: 1 of its blocks hold it")),
+            ([false; 3], Committed, Err("Committed, but 0 of its blocks hold it")),
+            ([true; 3], RolledBack, Err("RolledBack, but 3 of its blocks hold it")),
+            ([true; 3], Failed, Err("failed, though only the power went")),
+        ];
+        for (i, (holds, outcome, want)) in cases.into_iter().enumerate() {
+            let read = |lba: u64| match lba.checked_sub(2).map(|k| holds[k as usize]) {
+                Some(true) => stamped(RUN, lba, 9),
+                _ => stamped(RUN, lba, 4),
+            };
+            match (m.check_fused(&f, outcome, read), want) {
+                (Ok(w), Ok(want)) => assert_eq!(w, want, "case {i}"),
+                (Err(loss), Err(w)) => assert!(loss.what.contains(w) && loss.what.contains("fused write 77"), "case {i}: {:?}", loss.what),
+                (got, want) => panic!("case {i}: got {got:?}, want {want:?}"),
+            }
+        }
     }
 }

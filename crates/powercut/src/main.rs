@@ -11,8 +11,9 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, ensure, Context, Result};
 use clap::{Parser, ValueEnum};
 use nearstore_initiator::{ConnectOptions, Controller, Data, PieceReader};
-use nearstore_powercut::{stamp, Model, BLOCK};
+use nearstore_powercut::{stamp, FusedOutcome, FusedWrite, Model, BLOCK};
 use nearstore_wire::compute::Extent;
+use nearstore_wire::fused::{self, state, Fused};
 use nearstore_wire::opcode::io;
 use nearstore_wire::{Sqe, Status};
 use rand::{RngExt, SeedableRng};
@@ -30,6 +31,10 @@ const WRITE_BLOCKS_MAX: u64 = 8;
 /// Flushes (chosen per boot: rarer Flushes leave more unflushed writes to the cut); the
 /// rest are plain writes.
 const FUA_PERCENT: u32 = 30;
+/// Of 100 commands in the durable phase: this many fused writes (write-checksum of
+/// stamped blocks through the namespace's MicroTx journal: durable at completion, whole
+/// or absent after a cut).
+const FUSED_PERCENT: u32 = 20;
 const FLUSH_PERCENTS: [u32; 3] = [1, 3, 8];
 
 #[derive(Clone, Copy, PartialEq, Eq, Debug, ValueEnum)]
@@ -108,7 +113,25 @@ async fn run(args: Args) -> Result<()> {
         ),
     }
     let control = model.control;
-    let verdict = model.settle(|lba| disk[lba as usize * BLOCK..][..BLOCK].to_vec());
+    let read = |lba: u64| disk[lba as usize * BLOCK..][..BLOCK].to_vec();
+    // The fused writes in flight at the cut: each whole or absent, as its outcome says.
+    let (mut whole, mut absent) = (0, 0);
+    for f in std::mem::take(&mut model.fused) {
+        let (st, _) = q.outcome(NSID, f.txid).await.with_context(|| format!("OUTCOME of fused write {}", f.txid))?;
+        let outcome = match st {
+            state::COMMITTED => FusedOutcome::Committed,
+            state::ROLLED_BACK => FusedOutcome::RolledBack,
+            state::UNKNOWN => FusedOutcome::Unknown,
+            _ => FusedOutcome::Failed,
+        };
+        match model.check_fused(&f, outcome, read) {
+            Ok(true) => whole += 1,
+            Ok(false) => absent += 1,
+            Err(l) => bail!("cut {}: LBA {}: {} (seed {})", model.cuts, l.lba, l.what, args.seed),
+        }
+    }
+    println!("fused writes in flight at cut {}: {whole} whole, {absent} absent, none torn", model.cuts);
+    let verdict = model.settle(read);
     println!(
         "verify after cut {}: {blocks} blocks in {:.1} s: {} hold their durable version, {} a later one; {} unflushed acknowledged writes lost (allowed); {} durable writes lost",
         model.cuts,
@@ -146,7 +169,7 @@ async fn run(args: Args) -> Result<()> {
     let mut slots: Vec<Option<Cmd>> = (0..DEPTH).map(|_| None).collect();
     let mut buf = vec![0u8; WRITE_BLOCKS_MAX as usize * BLOCK];
     let mut counts = Counts::default();
-    let mut done: Vec<(u64, Status)> = Vec::with_capacity(DEPTH);
+    let mut done: Vec<(u64, Status, u32)> = Vec::with_capacity(DEPTH);
     let deadline = Instant::now() + Duration::from_secs(args.write_time_max_s);
     let mut flush_in_flight = false;
     println!("WRITING ({:?} phase, {flush_percent}% Flushes)", args.phase);
@@ -154,7 +177,7 @@ async fn run(args: Args) -> Result<()> {
         ensure!(Instant::now() < deadline, "no cut came within {} s of writing", args.write_time_max_s);
         while let Some(tag) = slots.iter().position(Option::is_none) {
             let roll = rng.random_range(0..100);
-            let cmd = if roll < flush_percent && !flush_in_flight {
+            let mut cmd = if roll < flush_percent && !flush_in_flight {
                 flush_in_flight = true;
                 Cmd::Flush { covers: model.flush_sent() }
             } else {
@@ -165,10 +188,17 @@ async fn run(args: Args) -> Result<()> {
                     break;
                 }
                 busy[range].fill(true);
-                let fua = args.phase == Phase::Durable && roll < flush_percent + FUA_PERCENT;
-                Cmd::Write { lba, n, version: model.issue(lba, n), fua }
+                let durable = args.phase == Phase::Durable;
+                let fua = durable && roll < flush_percent + FUA_PERCENT;
+                let fused = durable && !fua && roll < flush_percent + FUA_PERCENT + FUSED_PERCENT;
+                let version = model.issue(lba, n);
+                if fused {
+                    Cmd::Fused { lba, n, version, txid: rng.random_range(1..u64::MAX), crc: 0 }
+                } else {
+                    Cmd::Write { lba, n, version, fua }
+                }
             };
-            let submitted = match &cmd {
+            let submitted = match &mut cmd {
                 Cmd::Flush { .. } => {
                     let mut s = Sqe::new(io::FLUSH, 0);
                     s.set_nsid(NSID);
@@ -177,19 +207,31 @@ async fn run(args: Args) -> Result<()> {
                 Cmd::Write { lba, n, version, fua } => {
                     let data = &mut buf[..*n as usize * BLOCK];
                     for (i, b) in data.chunks_exact_mut(BLOCK).enumerate() {
-                        stamp(model.run, lba + i as u64, *version, b);
+                        stamp(model.run, *lba + i as u64, *version, b);
                     }
                     qp.submit(Sqe::rw(io::WRITE, NSID, *lba, *n as u32, *fua), Data::Out(data), tag as u64)
+                }
+                Cmd::Fused { lba, n, version, txid, crc } => {
+                    let data = &mut buf[..*n as usize * BLOCK];
+                    for (i, b) in data.chunks_exact_mut(BLOCK).enumerate() {
+                        stamp(model.run, *lba + i as u64, *version, b);
+                    }
+                    *crc = crc32c::crc32c(data);
+                    let extents = vec![(*lba * BLOCK as u64, *n * BLOCK as u64)];
+                    let f = Fused { op: fused::op::WRITE_CHECKSUM, txid: *txid, offset: 0, block_offset: 0, args: [0; 8], extents };
+                    let mut s = Sqe::new(fused::opcode::FUSED_WRITE, 0);
+                    s.set_nsid(NSID);
+                    qp.submit(s, Data::Out(&f.encode(data)), tag as u64)
                 }
             };
             submitted.context("submitting")?;
             slots[tag] = Some(cmd);
         }
         done.clear();
-        if let Err(e) = qp.poll(|tag, cqe, _| done.push((tag, cqe.status))).await {
+        if let Err(e) = qp.poll(|tag, cqe, _| done.push((tag, cqe.status, cqe.dw0))).await {
             break e;
         }
-        for &(tag, status) in &done {
+        for &(tag, status, dw0) in &done {
             let cmd = slots.get_mut(tag as usize).and_then(Option::take).context("a completion for no command")?;
             ensure!(status.is_success(), "{cmd:?} failed: {status}");
             match cmd {
@@ -207,19 +249,32 @@ async fn run(args: Args) -> Result<()> {
                         counts.plain += 1;
                     }
                 }
+                Cmd::Fused { lba, n, version, crc, .. } => {
+                    ensure!(dw0 == crc, "fused write LBA {lba}+{n}: the target's checksum {dw0:#x}, the data's {crc:#x}");
+                    model.completed(lba, n, version, true);
+                    busy[lba as usize..(lba + n) as usize].fill(false);
+                    counts.fused += 1;
+                }
             }
         }
     };
     model.cuts += 1;
     model.control = args.phase == Phase::Control;
+    for cmd in slots.iter().flatten() {
+        if let Cmd::Fused { lba, n, version, txid, .. } = *cmd {
+            model.fused.push(FusedWrite { txid, lba, n, version });
+        }
+    }
     save(&args.state, &model)?;
     println!(
-        "cut {}: {} FUA writes, {} plain writes, {} Flushes completed ({flush_percent}% of commands Flushes); {} commands in flight ({cut})",
+        "cut {}: {} FUA writes, {} plain writes, {} fused writes, {} Flushes completed ({flush_percent}% of commands Flushes); {} commands in flight, {} of them fused ({cut})",
         model.cuts,
         counts.fua,
         counts.plain,
+        counts.fused,
         counts.flushes,
-        slots.iter().flatten().count()
+        slots.iter().flatten().count(),
+        model.fused.len()
     );
     Ok(())
 }
@@ -231,6 +286,14 @@ enum Cmd {
         version: u64,
         fua: bool,
     },
+    /// A FUSED WRITE (write-checksum) of stamped blocks; `crc` the crc32c of its data.
+    Fused {
+        lba: u64,
+        n: u64,
+        version: u64,
+        txid: u64,
+        crc: u32,
+    },
     /// What the Flush covers: every block's last version completed before it was sent.
     Flush {
         covers: Vec<u64>,
@@ -241,6 +304,7 @@ impl std::fmt::Debug for Cmd {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             Cmd::Write { lba, n, version, fua } => write!(f, "Write LBA {lba}+{n} (version {version}{})", if *fua { ", FUA" } else { "" }),
+            Cmd::Fused { lba, n, version, txid, .. } => write!(f, "fused write LBA {lba}+{n} (version {version}, transaction {txid})"),
             Cmd::Flush { .. } => write!(f, "Flush"),
         }
     }
@@ -249,6 +313,7 @@ impl std::fmt::Debug for Cmd {
 #[derive(Default)]
 struct Counts {
     fua: u64,
+    fused: u64,
     plain: u64,
     flushes: u64,
 }
