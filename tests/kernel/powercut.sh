@@ -175,7 +175,7 @@ boot() {
     if [ -n "$qemu_pid" ]; then kill -9 $qemu_pid; wait $qemu_pid 2>/dev/null || true; qemu_pid=; fi
     printf 'boot %d (%s, %s, %d s%s):\n' "$n" "$phase" "$engine" $((($(date +%s%N) - start) / 1000000000)) \
         "$([ "$phase" = verify ] || echo ", cut at ${delay_ms} ms")"
-    grep -E '^(verify|cut) ' "$work/writer.out" | sed 's/^/  /'
+    grep -E '^(verify|cut|fused) ' "$work/writer.out" | sed 's/^/  /'
 }
 
 RANDOM=$((seed % 32768))
