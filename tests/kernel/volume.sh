@@ -8,7 +8,9 @@
 # connects again, remounts and verifies the files' checksums. Then `nearstore mount` (FUSE)
 # over the ext4: a result path of a file whose extents lie on several targets
 # (.nearstore/sha256/FILE) must equal `nearstore checksum -a sha256 --offload-only` and busybox
-# sha256sum of the file, computed on the targets (the mount logs no fallback). The host then
+# sha256sum of the file, computed on the targets (the mount logs no fallback), and so must
+# the reads of a descriptor of the file with sha256 attached (`nearstore attach`: the ioctl,
+# then the attribute). The host then
 # checks that the volume's allocated extents lie on all three targets, and the file's on at
 # least two (debugfs in the guest lists its blocks).
 #
@@ -86,6 +88,10 @@ step fuse-mount sh -c 'mkdir -p /view && (RUST_LOG=info nearstore mount /mnt /vi
 step fuse-sha256 sh -c 'cat /view/.nearstore/sha256/random.bin | tee /tmp/fuse.sum && test -s /tmp/fuse.sum'
 step cli-sha256 sh -c 'nearstore checksum -a sha256 --offload-only /mnt/random.bin | tee /tmp/cli.sum'
 step sha256-equal sh -c 'sha256sum /mnt/random.bin | tee /tmp/bb.sum && f=\$(awk "{print \\\$1}" /tmp/fuse.sum) && c=\$(awk "{print \\\$1}" /tmp/cli.sum) && b=\$(awk "{print \\\$1}" /tmp/bb.sum) && echo "mount \$f cli \$c busybox \$b" && test -n "\$b" && test "\$f" = "\$b" && test "\$c" = "\$b"'
+# An operation attached to an O_DIRECT descriptor of the volume's file: through the ioctl,
+# then through the attribute (nearstore attach, the guest having no Python or setfattr).
+step fuse-attach-ioctl sh -c 'nearstore attach /view/random.bin sha256 > /tmp/att.sum 2> /tmp/att.err; cat /tmp/att.sum /tmp/att.err; test "\$(awk "{print \\\$1}" /tmp/att.sum)" = "\$(awk "{print \\\$1}" /tmp/bb.sum)" && grep -q "computed on the target" /tmp/att.err'
+step fuse-attach-xattr sh -c 'nearstore attach --xattr /view/random.bin sha256 > /tmp/attx.sum 2> /tmp/attx.err; cat /tmp/attx.sum /tmp/attx.err; test "\$(awk "{print \\\$1}" /tmp/attx.sum)" = "\$(awk "{print \\\$1}" /tmp/bb.sum)" && grep -q "computed on the target" /tmp/attx.err'
 step fuse-offloaded sh -c 'cat /tmp/mount.log; ! grep -q "not offloaded" /tmp/mount.log'
 # The mount, orphaned, is a zombie of this init once it exits: gone or State Z.
 step fuse-umount sh -c 'umount /view && p=\$(cat /tmp/mount.pid) && for i in \$(seq 1 100); do if [ ! -e /proc/\$p ] || grep -q "^State:.*Z" /proc/\$p/status; then grep "unmounted" /tmp/mount.log; exit; fi; sleep 0.1; done; echo "the mount did not exit"; cat /tmp/mount.log; exit 1'

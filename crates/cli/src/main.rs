@@ -392,6 +392,9 @@ enum Cmd {
     /// through, and an operation attached to an open file makes its reads return the
     /// result computed in storage (docs/fuse.md).
     Mount(mount::MountArgs),
+    /// Attach an operation to a file under a `nearstore mount` and write the result its
+    /// reads return, computed in storage (the ioctl, or `--xattr` the attribute).
+    Attach(mount::AttachArgs),
     /// Register, unregister or replace this host's reservation key on a namespace
     /// (nvme resv-register).
     ResvRegister(resv::RegisterArgs),
@@ -642,6 +645,7 @@ fn run(cli: Cli) -> Result<()> {
         Cmd::Merge(a) => compute::sort("merge", a),
         Cmd::Copy(a) => compute::copy(a),
         Cmd::Mount(a) => mount::run(a),
+        Cmd::Attach(a) => mount::attach(a),
         Cmd::ResvRegister(a) => resv::register(a),
         Cmd::ResvAcquire(a) => resv::acquire(a),
         Cmd::ResvRelease(a) => resv::release(a),

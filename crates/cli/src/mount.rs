@@ -104,3 +104,83 @@ pub fn run(a: MountArgs) -> Result<()> {
     info!(mountpoint = %a.mountpoint.display(), "unmounted");
     Ok(())
 }
+
+#[derive(clap::Args)]
+pub struct AttachArgs {
+    /// A file under a `nearstore mount`.
+    pub file: PathBuf,
+    /// The operation, as the ioctl and the attribute take it ("sha256", "grep:ERROR",
+    /// "select:SELECT ...": docs/fuse.md).
+    pub op: String,
+    /// Attach through the attribute `user.nearstore.op` (fsetxattr) instead of the ioctl
+    /// NEARSTORE_IOC_ATTACH: needs write permission on the file.
+    #[arg(long)]
+    pub xattr: bool,
+}
+
+/// Bytes read from the attached descriptor at a time (O_DIRECT: a page-aligned buffer).
+const ATTACH_READ_BYTES: usize = 1 << 20;
+
+/// `nearstore attach FILE OP`: opens FILE with O_DIRECT, attaches OP to that descriptor,
+/// copies what its reads return (the result computed in storage) to standard output, and
+/// says on standard error where it was computed (`user.nearstore.offloaded`): the shell's
+/// way to what docs/fuse.md shows in C and Python.
+pub fn attach(a: AttachArgs) -> Result<()> {
+    use std::io::Write;
+    use std::os::fd::AsRawFd;
+    use std::os::unix::fs::OpenOptionsExt;
+
+    let f = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_DIRECT)
+        .open(&a.file)
+        .with_context(|| format!("opening {} with O_DIRECT", a.file.display()))?;
+    let fd = f.as_raw_fd();
+    let failed = |what: &str| anyhow::anyhow!("{what} {} on {}: {}", a.op, a.file.display(), std::io::Error::last_os_error());
+    if a.xattr {
+        let (name, value) = (c"user.nearstore.op", a.op.as_bytes());
+        // SAFETY: a valid descriptor, a NUL-terminated name, a buffer of value.len() bytes.
+        if unsafe { libc::fsetxattr(fd, name.as_ptr(), value.as_ptr().cast(), value.len(), 0) } != 0 {
+            return Err(failed("setting user.nearstore.op to"));
+        }
+    } else {
+        if a.op.len() > nearstore_fuse::ioctl::SPEC_BYTES {
+            anyhow::bail!("an operation of {} bytes: the ioctl carries at most {}", a.op.len(), nearstore_fuse::ioctl::SPEC_BYTES);
+        }
+        let op = nearstore_fuse::ioctl::encode_op(&a.op);
+        // SAFETY: ATTACH's size is OP_BYTES, the length of `op`, which the kernel copies in.
+        if unsafe { libc::ioctl(fd, nearstore_fuse::ioctl::ATTACH as _, op.as_ptr()) } != 0 {
+            return Err(failed("attaching"));
+        }
+    }
+    let layout = std::alloc::Layout::from_size_align(ATTACH_READ_BYTES, 4096).expect("a valid layout");
+    // SAFETY: a nonzero size; freed below with the same layout.
+    let ptr = unsafe { std::alloc::alloc(layout) };
+    anyhow::ensure!(!ptr.is_null(), "allocating {ATTACH_READ_BYTES} bytes");
+    let copied = (|| -> Result<()> {
+        let mut out = std::io::stdout().lock();
+        loop {
+            // SAFETY: `ptr` holds ATTACH_READ_BYTES bytes.
+            let n = unsafe { libc::read(fd, ptr.cast(), ATTACH_READ_BYTES) };
+            if n < 0 {
+                return Err(failed("reading the result of"));
+            }
+            if n == 0 {
+                return out.flush().context("writing the result");
+            }
+            // SAFETY: the read filled `n` bytes.
+            out.write_all(unsafe { std::slice::from_raw_parts(ptr, n as usize) }).context("writing the result")?;
+        }
+    })();
+    // SAFETY: allocated above with `layout`.
+    unsafe { std::alloc::dealloc(ptr, layout) };
+    copied?;
+    let mut where_ = [0u8; 16];
+    // SAFETY: a valid descriptor and name, a buffer of its length.
+    let n = unsafe { libc::fgetxattr(fd, c"user.nearstore.offloaded".as_ptr(), where_.as_mut_ptr().cast(), where_.len()) };
+    if n > 0 {
+        let on = if where_[..n as usize] == *b"1" { "the target" } else { "this host (not offloaded: the mount's log says why)" };
+        eprintln!("{} of {}: computed on {on}", a.op, a.file.display());
+    }
+    Ok(())
+}

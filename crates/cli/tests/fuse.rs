@@ -126,7 +126,22 @@ fn results_through_the_mount_are_the_clis_and_unmount_waits_for_open_files() {
         let got = std::fs::read_to_string(&result).unwrap_or_else(|e| panic!("{spec}: {e}: {}", mount.log()));
         assert_eq!(got, want, "{spec} over {file}: the mount's result and the CLI's");
         assert_eq!(xattr(&result, "user.nearstore.offloaded").as_deref(), Some("1"), "{spec}: computed on the target");
+        // `nearstore attach`: the operation attached to an O_DIRECT descriptor of the file
+        // through the ioctl, then through the attribute, its reads the same result.
+        for how in [&[][..], &["--xattr"]] {
+            let args: Vec<&str> = ["attach"].into_iter().chain(how.iter().copied()).chain([p(&through), spec]).collect();
+            let o = common::nearstore(&args);
+            assert!(o.status.success(), "{args:?}: {o:?}: {}", mount.log());
+            assert_eq!(String::from_utf8_lossy(&o.stdout), want, "{args:?}");
+            assert!(String::from_utf8_lossy(&o.stderr).contains("computed on the target"), "{args:?}: {o:?}");
+        }
     }
+    // Outside a mount the ioctl is not known (ENOTTY), and an unknown operation is refused
+    // by the mount (EINVAL), each named.
+    let (_, e) = common::fails(&["attach", p(&fs.mnt.join("app.log")), "sha256"]);
+    assert!(e.contains("attaching sha256") && e.contains("ioctl"), "{e}");
+    let (_, e) = common::fails(&["attach", p(&mnt.join("app.log")), "nosuchop"]);
+    assert!(e.contains("attaching nosuchop") && e.contains("Invalid argument"), "{e}");
     // Transforms: the output the mount writes beside the file is the CLI verb's output of
     // the same file. (spec, file, the verb with IN and OUT, the output's name beside the file)
     let into = format!("select-into:{query}");
@@ -458,5 +473,5 @@ fn the_shell_blocks_of_the_fuse_docs_run_as_printed() {
         .expect("running tests/readme/run.sh");
     let (out, err) = (String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr));
     assert!(o.status.success() && out.contains("1 passed"), "{out}\n{err}");
-    assert!(err.contains("of 5 sh blocks"), "every block runs: {err}");
+    assert!(err.contains("of 6 sh blocks"), "every block runs: {err}");
 }
