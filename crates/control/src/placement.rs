@@ -12,8 +12,9 @@ pub const WEIGHT_FREE: i64 = 4;
 pub const WEIGHT_LOAD: i64 = 2;
 /// Weight of the write cost: slow writers take new extents later.
 pub const WEIGHT_WRITE_COST: i64 = 1;
-/// Weight of the share of this volume already on the pool's target: spreads a volume over
-/// targets, which is where its bandwidth comes from (Flint's 14.5x).
+/// Weight of the share of this volume already on the pool's target. [`place`] lets only the
+/// targets holding the fewest of the volume's extents compete, so among them it is equal;
+/// it stays in the score that `explain` shows.
 pub const WEIGHT_SPREAD: i64 = 3;
 
 /// Queue depth at which the load term is one half (qd / (qd + this)).
@@ -74,10 +75,20 @@ pub fn score(c: &Candidate, volume_extents: u64, on_target: u64) -> Score {
 
 /// The pool for a new extent of a volume, or None when no fresh pool fits it. `on_target(t)`
 /// is the number of the volume's extents on target t; `volume_extents` their total.
+///
+/// Spread first: only the pools whose target holds the fewest of the volume's extents (of
+/// the pools that fit it) compete, and the score picks among them. A volume's bandwidth is
+/// the sum of its targets' only when its extents are spread evenly (a random or whole-volume
+/// workload runs at the fullest target's pace), so a busy or slower target still takes its
+/// share, as Flint's striping gives it; load and write cost choose the order within a
+/// round. Before, spread was one weighted term, and a load reported by the pools of the
+/// last benchmark outweighed it: on 8 targets three held none of a volume
+/// (docs/experiments.md, "Experiment 4").
 pub fn place(candidates: &[Candidate], volume_extents: u64, on_target: impl Fn(&str) -> u64) -> Option<&Candidate> {
-    candidates
-        .iter()
-        .filter(|c| c.fits && !c.stale)
+    let viable = || candidates.iter().filter(|c| c.fits && !c.stale);
+    let fewest = viable().map(|c| on_target(&c.pool.target)).min()?;
+    viable()
+        .filter(|c| on_target(&c.pool.target) == fewest)
         .map(|c| (score(c, volume_extents, on_target(&c.pool.target)).total, c))
         // Highest score; among equals the smallest pool id, whatever the input order.
         .max_by(|(a, ca), (b, cb)| a.cmp(b).then_with(|| cb.pool.cmp(&ca.pool)))
@@ -171,6 +182,14 @@ mod tests {
             (&[("t1", "a", 10, 10, -1.0, 0.0), ("t2", "a", 2, 0, -1.0, 0.0)], 3, &["a@t2", "a@t2", "none"]),
             // No pools at all.
             (&[], 1, &["none"]),
+            // Four targets, two of them busy (queue depth 32, as after a benchmark): the
+            // volume still spreads evenly, the idle ones first in each round. Before, the
+            // load outweighed the spread and the busy targets got none of the first eight
+            // (Flint's experiment: three of eight targets held nothing).
+            (&[("t1", "a", 10, 0, 32.0, 0.0), ("t2", "a", 10, 0, 32.0, 0.0), ("t3", "a", 10, 0, 0.0, 0.0), ("t4", "a", 10, 0, 0.0, 0.0)], 8,
+             &["a@t3", "a@t4", "a@t1", "a@t2", "a@t3", "a@t4", "a@t1", "a@t2"]),
+            // Spread does not fill a target past its room: a small pool full, the others go on.
+            (&[("t1", "a", 1, 0, -1.0, 0.0), ("t2", "a", 10, 0, -1.0, 0.0)], 3, &["a@t1", "a@t2", "a@t2"]),
         ];
         for (rows, n, expected) in cases {
             check(rows, *n, expected);
