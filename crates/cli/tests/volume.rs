@@ -402,6 +402,84 @@ fn compute_on_a_volume_runs_where_its_bytes_lie() {
     assert!(rt.block_on(c.volume("cv")).expect("info").extents.iter().any(|e| e.index == 9), "the output's extent was allocated");
 }
 
+/// Reads of extent `k` of a volume in a loop, on a connection and runtime of their own,
+/// until stopped.
+struct Reader {
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    thread: std::thread::JoinHandle<u64>,
+}
+
+impl Reader {
+    fn start(addr: SocketAddr, nqn: &str, k: u64) -> Reader {
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let (s, nqn) = (stop.clone(), nqn.to_string());
+        let thread = std::thread::spawn(move || {
+            let rt = crate::rt();
+            let (_ctrl, mut q) = connect_when_exported(&rt, addr, &nqn);
+            let mut n = 0u64;
+            while !s.load(std::sync::atomic::Ordering::Relaxed) {
+                let off = k * MIB + (n * CHUNK) % MIB;
+                rt.block_on(q.read(1, off / BLOCK as u64, (CHUNK / BLOCK as u64) as u32, BLOCK)).expect("read");
+                n += 1;
+            }
+            n
+        });
+        Reader { stop, thread }
+    }
+
+    /// Stops the reads: how many there were.
+    fn stop(self) -> u64 {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        self.thread.join().expect("reader")
+    }
+}
+
+/// Waits until pool `w`'s view shows reads: bandwidth, IOPS, latency and a queue depth.
+fn view_shows_reads(rt: &tokio::runtime::Runtime, c: &Client, w: &PoolView) -> Figures {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let v = rt.block_on(c.view(0)).expect("view");
+        let p = v.pools.iter().find(|p| (&p.target, &p.pool) == (&w.target, &w.pool)).expect("W").clone();
+        let f = p.view.as_ref().expect("a view").figures.clone();
+        if f.read_bps > 0.0 && f.read_iops > 0.0 && f.read_latency_us > 0.0 && f.queue_depth > 0.0 {
+            return f;
+        }
+        assert!(Instant::now() < deadline, "{}@{}'s view never showed the reads: {f:?}", w.pool, w.target);
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
+/// The exporting target's own fast path into its own pool is in that pool's view: a volume
+/// exported by the target holding extent k, read there, loads that pool's view. Before, the
+/// pool's counters saw only the I/O reaching it over NVMe/TCP, and the exporter's own reads,
+/// submitted straight to the pool's device, left its view idle.
+#[test]
+fn the_exporters_own_pool_io_is_in_its_view() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let cp = Control::start(&dir.path().join("store"));
+    let targets: Vec<Target> = (0..3).map(|i| target(dir.path(), i, &cp.a())).collect();
+    let c = cp.client();
+    wait_for_views(&c, 3);
+    let rt = rt();
+    let a = cp.a();
+    ok(&["volume", "create", "ov", "--size", "1MiB", "--extent-size", "1MiB", "--control", &a]);
+    let e = rt.block_on(c.allocate("ov", 0)).expect("allocate");
+    rt.block_on(c.mark_written("ov", 0)).expect("written");
+    let view = rt.block_on(c.view(0)).expect("view");
+    let w = view.pools.iter().find(|p| (&p.target, &p.pool) == (&e.target, &e.pool)).expect("the extent's pool").clone();
+    let owner = targets.iter().find(|t| t.addr.to_string() == w.target).expect("the extent's target");
+    let args = ["volume", "export", "ov", "--target", &owner.addr.to_string(), "--allow-host", HOST, "--control", &a, "-o", "json"];
+    let x: Export = serde_json::from_str(&ok(&args)).expect("export json");
+    let reading = Reader::start(owner.addr, &x.nqn, 0);
+    view_shows_reads(&rt, &c, &w);
+    assert!(reading.stop() > 0);
+    // No other pool saw any of it.
+    let v = rt.block_on(c.view(0)).expect("view");
+    for p in v.pools.iter().filter(|p| p.target != w.target) {
+        assert_eq!(p.view.as_ref().expect("a view").figures.read_bps, 0.0, "{} read nothing", p.pool);
+    }
+}
+
 #[test]
 fn pool_views_carry_the_data_paths_load_and_placement_avoids_it() {
     let dir = tempfile::tempdir().expect("tempdir");
@@ -446,39 +524,11 @@ fn pool_views_carry_the_data_paths_load_and_placement_avoids_it() {
         "json",
     ]))
     .expect("export json");
-    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let reader = {
-        let (stop, addr) = (stop.clone(), exporter.addr);
-        // Its connection on a runtime of its own, which the reads drive.
-        std::thread::spawn(move || {
-            let rt = crate::rt();
-            let (_ctrl, mut q) = connect_when_exported(&rt, addr, &x.nqn);
-            let mut n = 0u64;
-            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
-                let off = k * MIB + (n * CHUNK) % MIB;
-                rt.block_on(q.read(1, off / BLOCK as u64, (CHUNK / BLOCK as u64) as u32, BLOCK)).expect("read");
-                n += 1;
-            }
-            n
-        })
-    };
-    // W's view shows the reads: bandwidth, IOPS, latency and a queue depth.
-    let deadline = Instant::now() + Duration::from_secs(30);
-    let loaded = loop {
-        let v = rt.block_on(c.view(0)).expect("view");
-        let p = v.pools.iter().find(|p| (&p.target, &p.pool) == (&w.target, &w.pool)).expect("W").clone();
-        let f = p.view.as_ref().expect("a view").figures.clone();
-        if f.read_bps > 0.0 && f.read_iops > 0.0 && f.read_latency_us > 0.0 && f.queue_depth > 0.0 {
-            break f;
-        }
-        assert!(Instant::now() < deadline, "W's view never showed the reads: {f:?}");
-        std::thread::sleep(Duration::from_millis(200));
-    };
+    let reading = Reader::start(exporter.addr, &x.nqn, k);
+    let loaded = view_shows_reads(&rt, &c, &w);
     // A new extent goes to an idle pool, not the loaded one.
     let placed = rt.block_on(c.allocate("nv", 0)).expect("allocate");
-    stop.store(true, std::sync::atomic::Ordering::Relaxed);
-    let reads = reader.join().expect("reader");
-    assert!(reads > 0);
+    assert!(reading.stop() > 0);
     assert!(
         (placed.target.as_str(), placed.pool.as_str()) != (w.target.as_str(), w.pool.as_str()),
         "placed on the loaded pool {}@{} ({loaded:?})",

@@ -196,6 +196,9 @@ impl<V: Clone> Clock<V> {
 #[derive(Clone)]
 struct Mapped {
     dev: Arc<dyn BlockDevice>,
+    /// The pool namespace when it is this target's own: its counters (which its view is
+    /// made of) count this volume's I/O there, which reaches its device directly.
+    own: Option<Arc<crate::subsystem::Namespace>>,
     offset: u64,
     /// The extent's epoch when it was translated (named in errors).
     epoch: u64,
@@ -230,18 +233,53 @@ struct Moving {
 pub struct Ticket {
     table: Arc<Mutex<Table>>,
     index: u64,
+    /// A read or write on this target's own pool: counted in the pool namespace's
+    /// counters when the operation is done (the ticket goes with its completion).
+    io: Option<OwnIo>,
+}
+
+/// A read or write of a volume on this target's own pool namespace, from its start.
+struct OwnIo {
+    ns: Arc<crate::subsystem::Namespace>,
+    write: bool,
+    bytes: u64,
+    start: std::time::Instant,
 }
 
 impl Ticket {
     /// Counts one more operation on `index`; `t` is `table` locked.
     fn enter(table: &Arc<Mutex<Table>>, t: &mut Table, index: u64) -> Ticket {
         *t.inflight.entry(index).or_default() += 1;
-        Ticket { table: table.clone(), index }
+        Ticket { table: table.clone(), index, io: None }
+    }
+
+    /// The ticket of `op` (on the pool, `bytes` long) through `m`: a read or write of this
+    /// target's own pool is counted in that pool's counters when it is done, as the pool
+    /// namespace counts the operations that reach it over NVMe/TCP, so that its view shows
+    /// the exporter's own fast path too.
+    fn counting(mut self, m: &Mapped, op: &Op, bytes: u64) -> Ticket {
+        let write = match op {
+            Op::Read { .. } => false,
+            Op::Write { .. } => true,
+            _ => return self,
+        };
+        self.io = m.own.clone().map(|ns| OwnIo { ns, write, bytes, start: std::time::Instant::now() });
+        self
     }
 }
 
 impl Drop for Ticket {
     fn drop(&mut self) {
+        if let Some(io) = self.io.take() {
+            let (s, ns) = (&io.ns.stats, io.start.elapsed().as_nanos() as u64);
+            let (n, bytes, time) = match io.write {
+                false => (&s.reads, &s.read_bytes, &s.read_ns),
+                true => (&s.writes, &s.written_bytes, &s.write_ns),
+            };
+            n.fetch_add(1, Relaxed);
+            bytes.fetch_add(io.bytes, Relaxed);
+            time.fetch_add(ns, Relaxed);
+        }
         let mut t = self.table.lock();
         let Some(n) = t.inflight.get_mut(&self.index) else { return };
         *n -= 1;
@@ -468,8 +506,9 @@ impl BlockDevice for Volume {
                 };
                 if let Some((m, ticket)) = hit {
                     self.inner.stats.hits.fetch_add(1, Relaxed);
-                    ch.attach(tag, ticket);
-                    return m.dev.submit(ch, at(op, m.offset + off % ext), buf, tag);
+                    let op = at(op, m.offset + off % ext);
+                    ch.attach(tag, ticket.counting(&m, &op, len));
+                    return m.dev.submit(ch, op, buf, tag);
                 }
             }
         }
@@ -590,7 +629,9 @@ impl Inner {
         if !t.iter().any(|d| Arc::ptr_eq(d, &dev)) {
             t.push(dev.clone());
         }
-        Ok(Mapped { dev, offset: loc.offset, epoch: loc.epoch, pool: Arc::new(PoolRef { target: loc.target.clone(), nsid: loc.nsid }) })
+        let pool = Arc::new(PoolRef { target: loc.target.clone(), nsid: loc.nsid });
+        let own = self.devices.own_pool(&pool);
+        Ok(Mapped { dev, own, offset: loc.offset, epoch: loc.epoch, pool })
     }
 
     /// The extent in the table: a hit (its ticket taken), a move, or a miss.
@@ -796,7 +837,9 @@ impl Inner {
                                 b.copy_from_slice(&buf[range.clone()]);
                             }
                             let extent = Some((index, m.epoch));
-                            plan.push(Piece { op: at(op, m.offset + within), buf: b, range, extent, dev: m.dev, _ticket: Some(ticket) });
+                            let op = at(op, m.offset + within);
+                            let ticket = Some(ticket.counting(&m, &op, n));
+                            plan.push(Piece { op, buf: b, range, extent, dev: m.dev, _ticket: ticket });
                         }
                         None => {
                             self.stats.zero_reads.fetch_add(1, Relaxed);
