@@ -156,8 +156,54 @@ def rebalance_plot(records, dst):
     fig.savefig(dst, dpi=80)
 
 
+def fair_plot(records, dst):
+    import statistics
+    fig, (left, right) = plt.subplots(1, 2, figsize=(9.6, 3.4), gridspec_kw={"width_ratios": [2, 3]})
+    victim = [r for r in records if r["experiment"] == "interference" and r["tenant"] == "victim"]
+    bars = [("alone", [r for r in victim if r["case"] == "alone"])]
+    bars += [(f"scheduler {s}", [r for r in victim if r["case"] == "contended" and r["scheduler"] == s]) for s in ("off", "on")]
+    for i, (label, rs) in enumerate(bars):
+        for j, (q, color) in enumerate((("p50_us", "tab:blue"), ("p99_us", "tab:red"))):
+            v = statistics.median(r[q] for r in rs) / 1000
+            left.bar(i + (j - 0.5) * 0.38, v, 0.38, color=color, label=q[:3] if i == 0 else None)
+            left.text(i + (j - 0.5) * 0.38, v, f"{v:.1f}", ha="center", va="bottom", fontsize=6)
+    left.set_xticks(range(len(bars)), [b[0] for b in bars], fontsize=8)
+    left.set_yscale("log")
+    left.set_ylabel("victim's 4 KiB read latency, ms")
+    left.set_title("interference: 2 tenants' 128 KiB QD 32 behind", fontsize=8)
+    left.legend(fontsize=7)
+    share = [r for r in records if r["experiment"] == "sharing"]
+    cases = sorted({r["case"] for r in share})
+    x = 0
+    ticks = []
+    for case in cases:
+        for wa in (100, 200):
+            for k, s in enumerate(("off", "on")):
+                sel = [r for r in share if r["case"] == case and r["weights"]["a"] == wa and r["scheduler"] == s]
+                shares = []
+                for rnd in sorted({r["round"] for r in sel}):
+                    bw = {r["tenant"]: r["mb_per_s"] for r in sel if r["round"] == rnd}
+                    shares.append(bw["a"] / (bw["a"] + bw["b"]))
+                right.bar(x + k * 0.4, statistics.median(shares), 0.4, color="tab:gray" if s == "off" else "tab:green",
+                          label=f"scheduler {s}" if x == 0 else None)
+            want = 0.5 if wa == 100 else 2 / 3
+            right.plot([x - 0.2, x + 0.6], [want, want], "k-", linewidth=1)
+            ticks.append((x + 0.2, f"{case}\n{wa // 100}:1"))
+            x += 1.2
+    right.set_xticks([t[0] for t in ticks], [t[1] for t in ticks], fontsize=7)
+    right.set_ylim(0, 1)
+    right.set_ylabel("tenant a's share of the bandwidth")
+    right.set_title("sharing (black: the weights' share)", fontsize=8)
+    right.legend(fontsize=7)
+    fig.suptitle(f"fair I/O on one target, device {records[0].get('rate', '')}", fontsize=9)
+    fig.tight_layout()
+    fig.savefig(dst, dpi=80)
+
+
 def main(src, dst):
     records = json.load(open(src))
+    if records and records[0].get("experiment") in ("interference", "sharing"):
+        return fair_plot(records, dst)
     if records and records[0].get("experiment") == "volume":
         return volume_plot(records, dst)
     if records and records[0].get("experiment") == "volume-rebalance":
