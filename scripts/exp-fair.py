@@ -15,6 +15,11 @@ every tenant is a configured `[[tenant]]` with its own host NQN and `io_weight`,
   writes), S3 (4 KiB random 70% reads vs 4 KiB random 70% writes), each at QD 32, with
   equal weights (Jain's index of the two bandwidths; goal >= 0.98) and 2:1 weights (the
   first tenant's share; goal within 5% of 2/3), the scheduler off and on.
+- compute (FusionFS): one compute thread (`[compute] threads = 1`), no device limit; a light
+  tenant's grep and select over 64 KiB (`nearstore-lab compute-load --kind light`) alone and
+  beside a heavy tenant's four sha256 commands over 64 MiB at a time (goal: the light one's
+  p99 within 1.5x of alone); then two heavy tenants at equal compute weights, then 2:1: the
+  CPU time the target measured for each (its metrics), goal within 5% of the weights.
 
 Every run is bounded (perf -T SECS, killed after SECS + 30 s); the target is stopped by PID
 on any exit. Writes a JSON list to --out (one object per tenant per run; plot it with
@@ -46,6 +51,64 @@ def size(text):
         if text.endswith(u):
             return int(float(text[: -len(u)]) * m)
     return int(text)
+
+
+def compute_config(weights):
+    lines = [
+        f'metrics = "127.0.0.1:{PORT + 1}"',
+        "[compute]",
+        "threads = 1",
+        "[[listener]]",
+        f'address = "127.0.0.1:{PORT}"',
+        "[[subsystem]]",
+        f'nqn = "{NQN}"',
+        "allow_any_host = true",
+        "[[subsystem.namespace]]",
+        "nsid = 1",
+        'memory = "1GiB"',
+        "block_size = 4096",
+    ]
+    for name, weight in weights.items():
+        lines += ["[[tenant]]", f'name = "{name}"', f'hosts = ["{host(name)}"]', f"compute_weight = {weight}",
+                  "[[tenant.reach]]", f'subsystem = "{NQN}"']
+    return "\n".join(lines) + "\n"
+
+
+def cpu_ns():
+    """Each tenant's compute CPU time the target measured (its metrics endpoint)."""
+    import urllib.request
+    text = urllib.request.urlopen(f"http://127.0.0.1:{PORT + 1}/metrics", timeout=5).read().decode()
+    out = {}
+    for line in text.splitlines():
+        if line.startswith("nearstore_tenant_compute_cpu_nanoseconds_total{"):
+            tenant = line.split('tenant="', 1)[1].split('"', 1)[0]
+            out[tenant] = float(line.split()[-1])
+    return out
+
+
+# tenant -> (kind, offset, bytes, concurrency)
+LOADS = {"light": ("light", "0", "64KiB", 1), "heavy": ("heavy", "16MiB", "64MiB", 4), "heavy2": ("heavy", "128MiB", "64MiB", 4)}
+
+
+def compute_all(binary, tenants, secs):
+    lab = os.path.join(os.path.dirname(binary), "nearstore-lab")
+    procs = []
+    for t in tenants:
+        kind, off, n, c = LOADS[t]
+        cmd = ["taskset", "-c", "1", lab, "compute-load", "-a", f"127.0.0.1:{PORT}", "-n", NQN, "--hostnqn", host(t),
+               "--kind", kind, "--offset", off, "--bytes", n, "-c", str(c), "-T", str(secs), "-o", "json"]
+        procs.append((t, subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)))
+    out = {}
+    for t, p in procs:
+        try:
+            o, e = p.communicate(timeout=secs + 120)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            sys.exit(f"compute-load of {t} did not end within {secs + 120} s")
+        if p.returncode != 0:
+            sys.exit(f"compute-load of {t} failed: {e}")
+        out[t] = json.loads(o)
+    return out
 
 
 def config(rate, fair, weights, share=1.0):
@@ -151,7 +214,7 @@ def main():
     ap.add_argument("--secs", type=float, default=5)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--out", required=True, help="JSON: a list of one object per tenant per run")
-    ap.add_argument("--only", choices=["interference", "sharing"], help="one of the two")
+    ap.add_argument("--only", choices=["interference", "sharing", "compute"], help="one of the three")
     a = ap.parse_args()
     rows = []
     work = tempfile.mkdtemp(prefix="nearstore-exp-fair.")
@@ -172,8 +235,32 @@ def main():
             print(f"  {experiment} {case} {row['scheduler']} {weights} {tenant}: {j['mb_per_s']:.1f} MB/s, "
                   f"{j['iops']:.0f} IOPS, p50 {j['p50_us']:.0f} us, p99 {j['p99_us']:.0f} us", flush=True)
 
+    def run_compute(case, weights, tenants, r):
+        t = Target(a.bin, work, compute_config(weights))
+        try:
+            before = cpu_ns()
+            res = compute_all(a.bin, tenants, a.secs)
+            after = cpu_ns()
+        finally:
+            t.stop()
+        for tenant, j in res.items():
+            cpu = after.get(tenant, 0) - before.get(tenant, 0)
+            row = {"experiment": "compute", "case": case, "round": r, "weights": weights, "tenant": tenant,
+                   "cpu_ns": cpu, **j}
+            rows.append(row)
+            print(f"  compute {case} {weights} {tenant}: {j['ops']} commands, p50 {j['p50_us']:.0f} us, "
+                  f"p99 {j['p99_us']:.0f} us, CPU {cpu / 1e9:.2f} s", flush=True)
+
     try:
         for r in range(a.rounds):
+            if a.only in (None, "compute"):
+                w = {"light": 100, "heavy": 100, "heavy2": 100}
+                run_compute("alone", w, ["light"], r)
+                run_compute("contended", w, ["light", "heavy"], r)
+                run_compute("equal", w, ["heavy", "heavy2"], r)
+                run_compute("2:1", {"light": 100, "heavy": 200, "heavy2": 100}, ["heavy", "heavy2"], r)
+            if a.only == "compute":
+                continue
             if a.only != "sharing":
                 w = {"victim": 100, "bgread": 100, "bgwrite": 100}
                 run("interference", "alone", True, w, INTERFERENCE["alone"], r)
@@ -204,6 +291,21 @@ def summarize(rows):
             c = [x for x in inter if x["case"] == "contended" and x["scheduler"] == s]
             p99, p50 = med([x["p99_us"] for x in c]), med([x["p50_us"] for x in c])
             print(f"contended, scheduler {s}: p50 {p50:.0f} us, p99 {p99:.0f} us: p99 {p99 / a99:.2f}x alone")
+    comp = [x for x in rows if x["experiment"] == "compute"]
+    if comp:
+        print("# compute: the light tenant's grep/select latency (medians over rounds); heavy tenants' CPU")
+        light = {c: [x for x in comp if x["case"] == c and x["tenant"] == "light"] for c in ("alone", "contended")}
+        a99 = med([x["p99_us"] for x in light["alone"]])
+        for c, xs in light.items():
+            p99 = med([x["p99_us"] for x in xs])
+            print(f"light {c}: p50 {med([x['p50_us'] for x in xs]):.0f} us, p99 {p99:.0f} us ({p99 / a99:.2f}x alone)")
+        for case in ("equal", "2:1"):
+            ratios = []
+            for r in sorted({x["round"] for x in comp if x["case"] == case}):
+                cpu = {x["tenant"]: x["cpu_ns"] for x in comp if x["case"] == case and x["round"] == r}
+                ratios.append(cpu["heavy"] / cpu["heavy2"])
+            want = 1.0 if case == "equal" else 2.0
+            print(f"heavy / heavy2 CPU at weights {case}: {med(ratios):.3f} (wanted {want:.1f})")
     share = [x for x in rows if x["experiment"] == "sharing"]
     if share:
         print("# sharing: MB/s of a, b (medians over rounds); equal weights: Jain's index; 2:1: a's share")

@@ -4,6 +4,7 @@
 //! sort benchmark's data sets (gensort, valsort). Targets it starts are the product's own
 //! `nearstore` binary, found beside this one.
 
+mod computeload;
 mod demo;
 mod fusedbench;
 mod journalbench;
@@ -47,6 +48,9 @@ enum Cmd {
     /// A LevelDB-like workload (fillrandom, sync): log records through LogWriter's
     /// append-crc-write against LevelDB's own writing, on an exported file system.
     LeveldbBench(leveldbbench::LeveldbBenchArgs),
+    /// One tenant's compute commands in a loop (heavy: sha256 over a large range; light:
+    /// grep and select over a small CSV): the compute-fairness experiment's load.
+    ComputeLoad(computeload::ComputeLoadArgs),
 }
 
 #[derive(Clone, Copy, clap::ValueEnum, PartialEq, Eq)]
@@ -125,6 +129,7 @@ fn run(cli: Cli) -> Result<()> {
         Cmd::FusedBench(a) => fusedbench::run(a),
         Cmd::JournalBench(a) => journalbench::run(a),
         Cmd::LeveldbBench(a) => leveldbbench::run(a),
+        Cmd::ComputeLoad(a) => computeload::run(a),
     }
 }
 
