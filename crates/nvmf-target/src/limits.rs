@@ -413,8 +413,10 @@ pub const COMPUTE_STARTED_PER_CONTROLLER_MAX: usize = 8;
 
 /// How long a command computes before it hands its turn to a waiting one, in
 /// milliseconds: a host's 4 KiB checksum waits for at most one slice per command ahead
-/// of it in the round robin, while switching every 10 ms costs nothing measurable.
-pub const COMPUTE_SLICE_MS: u64 = 10;
+/// of it in the round robin. 2 ms (10 ms before): a light tenant's grep and select beside
+/// heavy sha256s went from 7.5x to 4.6x their p99 alone, and the heavy tenants' commands
+/// per second did not change (scripts/exp-fair.py --only compute, docs/experiments.md).
+pub const COMPUTE_SLICE_MS: u64 = 2;
 
 /// A tenant's I/O and compute weight when its entry gives none (`[[tenant]]`), and the
 /// built-in tenants': a round number that leaves room to give a tenant a tenth of another's.
