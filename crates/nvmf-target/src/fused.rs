@@ -1,11 +1,12 @@
 //! The fused write operations (docs/compute-protocol.md, "Fused write operations"): a FUSED
 //! WRITE is checked here before its data moves ([`check_before_data`]) and before anything
-//! is read or written ([`check`]), then runs on a blocking thread in its turn on the
-//! namespace's journal ([`run`]): the blocks it touches are read, the operation's bytes
-//! (append-crc-write: the LevelDB log record framed, its checksums computed here;
-//! compress-write: a zstd frame; read-modify-write: the old bytes combined with the data)
-//! merged into them, and the block images and the result are one transaction of the
-//! namespace's MicroTx journal. READ CHECKSUM is a Read (io_cmd::plan, the namespace's device) whose
+//! is read or written ([`check`]), then waits for its namespace's journal ([`enqueue`]),
+//! whose leader runs the FUSED WRITEs waiting then as one group on a blocking thread
+//! ([`run_group`]: group commit): the blocks each touches are read (through the images of
+//! the members before it), the operation's bytes (append-crc-write: the LevelDB log record
+//! framed, its checksums computed here; compress-write: a zstd frame; read-modify-write:
+//! the old bytes combined with the data) merged into them, and the block images and the
+//! result are one transaction of the group, committed by the namespace's MicroTx journal. READ CHECKSUM is a Read (io_cmd::plan, the namespace's device) whose
 //! completion carries the checksum of [`checksum_range`].
 
 use std::collections::VecDeque;
@@ -343,84 +344,93 @@ fn refusal_of(e: JournalError) -> Refusal {
 pub fn run_group(journal: &Journal, jobs: Vec<Job>, _turn: &Turn) {
     let Some(first) = jobs.first() else { return };
     let ns = first.p.ns.clone();
-    let mut answers: Vec<Result<[u8; RESULT_BYTES], Refusal>> = Vec::with_capacity(jobs.len());
+    // Each job's answer once known: first those asked to abort or whose standing changed
+    // while they waited, refused with their own statuses before anything is done for them.
+    let mut answers: Vec<Option<Result<[u8; RESULT_BYTES], Refusal>>> = jobs.iter().map(|j| screen(&j.p, &j.hold).err().map(Err)).collect();
     // An earlier transaction left unfinished (its in-place write failed) is finished first,
     // in this turn: the blocks these read to merge their bytes into must hold that
     // transaction's bytes, not what lay there before it, or finishing it inside run_group
     // would be undone by their stale images.
-    match journal.finish(&*ns.backend) {
+    let finished = if answers.iter().all(Option::is_some) { Ok(false) } else { journal.finish(&*ns.backend) };
+    match finished {
         Err(e) => {
             let r = match e {
                 JournalError::Unfinished(_) => refuse(Status::COMMAND_INTERRUPTED, e.to_string()),
                 _ => refuse(Status::WRITE_FAULT.dnr(), e.to_string()),
             };
-            answers.extend(jobs.iter().map(|_| Err(r.clone())));
+            answers.iter_mut().filter(|a| a.is_none()).for_each(|a| *a = Some(Err(r.clone())));
         }
         Ok(_) => {
+            let live = || jobs.iter().zip(&answers).filter(|(_, a)| a.is_none()).map(|(j, _)| j);
             // The blocks of all of them against other writers (range_lock.rs), one range
             // from the first to the last, taken once in the journal's turn (which no
             // Compare and Write and no other writer takes): shared against Compare and
             // Write, and exclusive when a read-modify-write is among them, so that no
             // write lands between its read and its write in place.
-            let pieces = || jobs.iter().flat_map(|j| j.p.pieces.iter());
+            let pieces = || live().flat_map(|j| j.p.pieces.iter());
             let start = pieces().map(|&(off, _)| off).min().unwrap_or(0);
             let end = pieces().map(|&(off, len)| off + len).max().unwrap_or(0);
-            let rmw = jobs.iter().any(|j| j.p.f.op == op::READ_MODIFY_WRITE);
+            let rmw = live().any(|j| j.p.f.op == op::READ_MODIFY_WRITE);
             let _shared = (!rmw).then(|| ns.ranges.write(start..end));
             let _exclusive = rmw.then(|| ns.ranges.lock(start..end));
             let mut made: Vec<Option<(Tx, [u8; RESULT_BYTES])>> = Vec::with_capacity(jobs.len());
             let mut ids = Vec::with_capacity(jobs.len());
-            for j in &jobs {
-                match prepare(journal, &j.p, &j.transfer, &j.hold, &made, &ids) {
+            for (j, answer) in jobs.iter().zip(answers.iter_mut()) {
+                if answer.is_some() {
+                    made.push(None);
+                    continue;
+                }
+                match prepare(journal, &j.p, &j.transfer, &made, &ids) {
                     Ok((tx, result)) => {
                         ids.push(tx.txid);
                         made.push(Some((tx, result)));
                     }
                     Err(r) => {
                         made.push(None);
-                        answers.push(Err(r));
+                        *answer = Some(Err(r));
                     }
                 }
             }
             let group: Vec<(&Tx, [u8; RESULT_BYTES])> = made.iter().flatten().map(|(tx, r)| (tx, *r)).collect();
             let ran = journal.run_group(&*ns.backend, &group).map_err(refusal_of);
-            // The answers in the jobs' order: the refused ones are in place already.
-            let mut refused = answers.into_iter();
-            answers = made
-                .iter()
-                .map(|m| match m {
-                    Some((_, result)) => ran.as_ref().map(|()| *result).map_err(Refusal::clone),
-                    None => refused.next().expect("one refusal for each job not made"),
-                })
-                .collect();
+            for (m, answer) in made.iter().zip(answers.iter_mut()) {
+                if let Some((_, result)) = m {
+                    *answer = Some(ran.as_ref().map(|()| *result).map_err(Refusal::clone));
+                }
+            }
         }
     }
     for (j, answer) in jobs.into_iter().zip(answers) {
         j.hold.ended();
+        let answer = answer.unwrap_or_else(|| Err(refuse(Status::INTERNAL_ERROR.dnr(), "fused write: no answer was made")));
         let _ = j.done.send((answer, j.transfer));
     }
+}
+
+/// A queued FUSED WRITE checked in its group before anything is done for it: asked to
+/// abort (`hold`) before it started, it does not run; checked again for what may have
+/// changed while it waited ([`recheck`]).
+fn screen(p: &Planned, hold: &AbortHold) -> Result<(), Refusal> {
+    if hold.aborted() {
+        return Err(refuse(Status::ABORTED_PREEMPT, format!("transaction {}: its host was preempted and aborted", p.f.txid)));
+    }
+    recheck(p)
 }
 
 /// Makes a FUSED WRITE's transaction, in its group after the members made `before` (their
 /// block images not yet in place: read through them) and ids `ids`: its bytes
 /// (append-crc-write's record framed, compress-write's zstd frame) and their checksum, the
 /// blocks it only partly covers read (read-modify-write: every block it touches, combined
-/// with the data), its bytes merged in. Asked to abort (`hold`) before it starts, it makes
-/// none; checked again for what may have changed while it waited ([`recheck`]) and by the
-/// journal ([`Journal::admissible`]) before its images can reach a later member.
+/// with the data), its bytes merged in; checked by the journal ([`Journal::admissible`])
+/// before its images can reach a later member.
 fn prepare(
     journal: &Journal,
     p: &Planned,
     transfer: &[u8],
-    hold: &AbortHold,
     before: &[Option<(Tx, [u8; RESULT_BYTES])>],
     ids: &[u64],
 ) -> Result<(Tx, [u8; RESULT_BYTES]), Refusal> {
     let txid = p.f.txid;
-    if hold.aborted() {
-        return Err(refuse(Status::ABORTED_PREEMPT, format!("transaction {txid}: its host was preempted and aborted")));
-    }
-    recheck(p)?;
     let data = &transfer[p.data_at..];
     let bs = p.ns.block_size as usize;
     // compress-write's frame, made first: the blocks it touches are known only then (its

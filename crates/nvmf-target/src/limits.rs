@@ -670,8 +670,8 @@ pub const FUSED_WAITING_PER_NAMESPACE_MAX: usize = QUEUE_DEPTH_MAX as usize;
 pub const MICROTX_GROUP_TXS_MAX: usize = 64;
 /// Journal bytes one group may take (its members' records, `Journal::space`), in bytes:
 /// 4 MiB, a quarter of MICROTX_JOURNAL_BYTES, so a full journal's checkpoint comes after
-/// four groups at the least, and the block images a group holds in memory stay under it.
-/// A first member larger than this still runs, alone.
+/// four groups at the least, and the block images a group holds in memory stay under it
+/// (one transaction, MICROTX_TX_BYTES_MAX, is far smaller).
 pub const MICROTX_GROUP_BYTES_MAX: u64 = 4 << 20;
 
 // A fused write's descriptor names at most as many extents as a transaction has writes

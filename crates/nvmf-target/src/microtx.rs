@@ -13,9 +13,10 @@
 //! docs/compute-protocol.md ("The MicroTx journal").
 //!
 //! Synchronous, over two [`Backend`]s (the journal, the namespace's data): it flushes, so it
-//! runs on a blocking thread, never on a network task. One transaction runs at a time per
-//! journal: the fused commands take turns ([`Journal::turn`], awaited on the runtime, not
-//! on a thread), at most as many waiting as the target admits ([`Journal::admit`]).
+//! runs on a blocking thread, never on a network task. One group of transactions runs at a
+//! time per journal ([`Journal::run_group`], group commit): the fused commands wait in the
+//! journal's queue (fused.rs, as tasks, not threads), whose leader takes turns
+//! ([`Journal::turn`]), at most as many waiting as the target admits ([`Journal::admit`]).
 
 use std::collections::VecDeque;
 use std::io;
@@ -44,6 +45,8 @@ const RECORD_HEADER: usize = 40;
 pub const RESULT_BYTES: usize = 16;
 
 const _: () = assert!(CHECKPOINT_HEADER + MICROTX_OUTCOMES_MAX * OUTCOME_BYTES <= MICROTX_CHECKPOINT_BYTES);
+// A group's APPLIED records (a header each, no payload) fit one journal block.
+const _: () = assert!(crate::limits::MICROTX_GROUP_TXS_MAX * RECORD_HEADER <= MICROTX_JOURNAL_BLOCK_BYTES);
 const _: () = assert!(MICROTX_CHECKPOINT_BYTES.is_multiple_of(MICROTX_JOURNAL_BLOCK_BYTES));
 // The largest transaction fits a journal of the default size, many times.
 const _: () = assert!(LOG_START + 32 * Journal::tx_space(MICROTX_TX_WRITES_MAX, MICROTX_TX_BYTES_MAX as u64) <= MICROTX_JOURNAL_BYTES);
@@ -644,6 +647,9 @@ impl Journal {
     /// a prefix of it (those wholly logged when the power failed), never a later member
     /// without the earlier ones.
     pub fn run_group(&self, data: &dyn Backend, group: &[(&Tx, [u8; RESULT_BYTES])]) -> Result<(), JournalError> {
+        if group.is_empty() {
+            return Ok(());
+        }
         let mut ids = Vec::with_capacity(group.len());
         for (tx, _) in group {
             self.admissible(data, tx, &ids)?;
@@ -666,9 +672,13 @@ impl Journal {
             }
             // In doubt until it is finished: no outcome yet, as while it runs.
             Err(JournalError::InPlace { .. }) => {}
-            // Not logged: their ids stay free for their retries.
-            Err(JournalError::Unfinished(_)) => {}
-            Err(_) => group.iter().filter(|(tx, _)| !self.known(tx.txid)).for_each(|(tx, _)| self.note(tx.txid, Outcome::Failed)),
+            // A journal write or flush failed: known as failed (drop_failed noted them).
+            Err(JournalError::Io { .. }) => {
+                group.iter().filter(|(tx, _)| !self.known(tx.txid)).for_each(|(tx, _)| self.note(tx.txid, Outcome::Failed))
+            }
+            // Not logged (refused, or an earlier transaction unfinished): their ids stay
+            // free for their retries.
+            Err(_) => {}
         }
         r
     }
@@ -1542,6 +1552,15 @@ mod tests {
         assert_eq!(j.admissible(&*data, &c, &[23]).map_err(|e| e.to_string()), Err("transaction id 23 is 0 or already known".into()));
         assert_eq!((j.state.lock().head, read(&*data, 4096, 8192)), (head, vec![0; 8192]), "nothing logged, nothing written");
         assert_eq!(j.outcome(23), None, "a refused id stays free");
+        // A group larger than the journal's log: refused whole, its ids free, nothing logged;
+        // an empty group is no group.
+        let big: Vec<Tx> = (0..(JOURNAL / (256 << 10)) + 1).map(|i| tx(40 + i, &[(0, 256 << 10, 5)])).collect();
+        let group: Vec<_> = big.iter().map(|t| (t, [5; RESULT_BYTES])).collect();
+        assert!(matches!(j.run_group(&*data, &group), Err(JournalError::TooLarge { txid: 40, .. })));
+        assert!(big.iter().all(|t| j.outcome(t.txid).is_none()), "a refused group's ids stay free");
+        let groups = j.committed();
+        j.run_group(&*data, &[]).unwrap();
+        assert_eq!((j.committed(), j.state.lock().head), (groups, head), "an empty group logs and counts nothing");
     }
 
     /// A group's in-place write fails: every member is in doubt (no outcome), all its
