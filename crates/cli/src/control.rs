@@ -29,6 +29,10 @@ pub struct ControlArgs {
     /// (default: $NEARSTORE_CONTROL, else 127.0.0.1:9470).
     #[arg(long)]
     pub control: Option<String>,
+    /// A file holding the control plane's token, for one started with --token-file
+    /// (default: $NEARSTORE_CONTROL_TOKEN_FILE).
+    #[arg(long)]
+    pub control_token_file: Option<PathBuf>,
     /// Output format: normal (text) or json.
     #[arg(short = 'o', long, value_enum, default_value = "normal")]
     pub output_format: Output,
@@ -41,17 +45,56 @@ impl ControlArgs {
             .clone()
             .or_else(|| std::env::var("NEARSTORE_CONTROL").ok().filter(|s| !s.is_empty()))
             .unwrap_or_else(|| "127.0.0.1".into());
-        client(&a).context("--control")
+        let list = addresses(&a).context("--control")?;
+        let token = match &self.control_token_file {
+            Some(f) => Some(read_token(f).context("--control-token-file")?),
+            None => env_token()?,
+        };
+        Ok(Client::with_addrs(list).with_token(token))
     }
 }
 
 /// A client of the control plane at `addrs`: HOST[:PORT] or a comma list of them, tried in
-/// turn until the leader answers.
+/// turn until the leader answers; with the token in $NEARSTORE_CONTROL_TOKEN_FILE, if set
+/// (a target's view agent, resolver and copier, whose `--control` this is).
 pub fn client(addrs: &str) -> Result<Client> {
+    Ok(Client::with_addrs(addresses(addrs)?).with_token(env_token()?))
+}
+
+fn addresses(addrs: &str) -> Result<Vec<SocketAddr>> {
     let list =
         addrs.split(',').map(str::trim).filter(|a| !a.is_empty()).map(|a| crate::resolve(a, CONTROL_PORT)).collect::<Result<Vec<_>>>()?;
     anyhow::ensure!(!list.is_empty(), "no control plane address in '{addrs}'");
-    Ok(Client::with_addrs(list))
+    Ok(list)
+}
+
+/// The token in the file $NEARSTORE_CONTROL_TOKEN_FILE names, if it is set.
+fn env_token() -> Result<Option<String>> {
+    match std::env::var_os("NEARSTORE_CONTROL_TOKEN_FILE").filter(|v| !v.is_empty()) {
+        Some(f) => read_token(std::path::Path::new(&f)).context("NEARSTORE_CONTROL_TOKEN_FILE").map(Some),
+        None => Ok(None),
+    }
+}
+
+/// A control token from its file: the first line, the file its owner's alone (mode 600 or
+/// 400: refused if group or others may reach it, as ssh refuses such a key).
+pub fn read_token(path: &std::path::Path) -> Result<String> {
+    use std::io::Read;
+    use std::os::unix::fs::PermissionsExt;
+    let mut f = std::fs::File::open(path).with_context(|| path.display().to_string())?;
+    // The mode of the file read, not of a name that may change in between.
+    let mode = f.metadata().with_context(|| path.display().to_string())?.permissions().mode() & 0o7777;
+    anyhow::ensure!(
+        mode & 0o077 == 0,
+        "{}: mode {mode:04o} lets group or others read the control token: chmod 600 {}",
+        path.display(),
+        path.display()
+    );
+    let mut text = String::new();
+    f.read_to_string(&mut text).with_context(|| path.display().to_string())?;
+    let token = text.lines().next().unwrap_or("").trim().to_string();
+    anyhow::ensure!(!token.is_empty(), "{}: no token on its first line", path.display());
+    Ok(token)
 }
 
 #[derive(clap::Subcommand)]
@@ -725,7 +768,7 @@ pub enum State {
 
 /// `nearstore control`: serves the API until SIGINT or SIGTERM (with etcd, as the leader or
 /// a standby).
-pub async fn daemon(state: State, listen: SocketAddr) -> Result<()> {
+pub async fn daemon(state: State, listen: SocketAddr, token: Option<server::Token>) -> Result<()> {
     use tokio::signal::unix::{signal, SignalKind};
     let (mut term, mut int) = (signal(SignalKind::terminate())?, signal(SignalKind::interrupt())?);
     let stop = async move {
@@ -739,7 +782,7 @@ pub async fn daemon(state: State, listen: SocketAddr) -> Result<()> {
             let st = tokio::task::spawn_blocking(move || RedbStore::open(&store).and_then(|s| Service::open(Box::new(s)))).await??;
             let l = bind(listen).await?;
             tokio::select! {
-                r = server::serve(l, Arc::new(st)) => r.context("control plane server")?,
+                r = server::serve_with(l, Arc::new(st), token) => r.context("control plane server")?,
                 () = stop => {}
             }
         }

@@ -247,6 +247,11 @@ enum Cmd {
         /// Address of the API.
         #[arg(long, default_value = "127.0.0.1:9470")]
         listen: SocketAddr,
+        /// A file holding the API's token (its first line, at least 16 printable characters;
+        /// the file its owner's alone): every request but GET /v1/health must carry it
+        /// (docs/control-plane.md, "Authentication"). Without it the API takes every request.
+        #[arg(long)]
+        token_file: Option<PathBuf>,
     },
     /// Show the control plane's live view of the pools (capacity, bandwidth, IOPS, latency).
     View(control::ControlArgs),
@@ -605,14 +610,23 @@ fn run(cli: Cli) -> Result<()> {
             }
             runtime(cfg.net_threads)?.block_on(tools::run_target(cfg, config))
         }
-        Cmd::Control { store, etcd, lease_ttl, etcd_prefix, listen } => {
+        Cmd::Control { store, etcd, lease_ttl, etcd_prefix, listen, token_file } => {
+            let token = match &token_file {
+                Some(f) => Some(
+                    nearstore_control::server::Token::new(&control::read_token(f)?).map_err(|e| anyhow::anyhow!("{}: {e}", f.display()))?,
+                ),
+                None => None,
+            };
             let state = match store {
                 Some(dir) => control::State::Redb(dir),
-                None => {
-                    control::State::Etcd(nearstore_control::etcd::Options { endpoints: etcd, prefix: etcd_prefix, lease_ttl_s: lease_ttl })
-                }
+                None => control::State::Etcd(nearstore_control::etcd::Options {
+                    endpoints: etcd,
+                    prefix: etcd_prefix,
+                    lease_ttl_s: lease_ttl,
+                    token: token.clone(),
+                }),
             };
-            runtime(None)?.block_on(control::daemon(state, listen))
+            runtime(None)?.block_on(control::daemon(state, listen, token))
         }
         Cmd::View(c) => runtime(Some(1))?.block_on(control::view(c)),
         Cmd::Volume { cmd } => runtime(Some(1))?.block_on(control::volume(cmd)),

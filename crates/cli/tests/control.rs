@@ -5,6 +5,7 @@
 mod common;
 
 use std::net::SocketAddr;
+use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -30,6 +31,62 @@ fn wait_for_views(c: &Client, pools: usize) -> ClusterView {
         assert!(Instant::now() < deadline, "the targets' views did not arrive: {v:?}");
         std::thread::sleep(Duration::from_millis(50));
     }
+}
+
+/// A file holding `text`, of `mode`.
+fn file_of_mode(path: &Path, text: &str, mode: u32) -> String {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::write(path, text).expect("write");
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode)).expect("chmod");
+    path.to_str().expect("path").to_string()
+}
+
+/// A control plane started with --token-file takes a request only with its token: verbs
+/// without one, or with another, are refused (unauthorized, saying which); with it from
+/// --control-token-file or $NEARSTORE_CONTROL_TOKEN_FILE they run, and so do a target's
+/// registration and views with the token in its environment. GET /v1/health needs none.
+/// Token files others may read, and tokens too short, are refused before anything starts.
+#[test]
+fn a_control_plane_with_a_token_takes_requests_with_it_only() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let d = dir.path();
+    let token = "0123456789abcdef-a-control-token";
+    let good = file_of_mode(&d.join("token"), &format!("{token}\n"), 0o600);
+    let wrong = file_of_mode(&d.join("wrong"), "0123456789abcdef-another-token\n", 0o400);
+    let loose = file_of_mode(&d.join("loose"), &format!("{token}\n"), 0o644);
+    let short = file_of_mode(&d.join("short"), "tooshort\n", 0o600);
+    let store = d.join("store");
+    for (file, says) in [(&loose, "chmod 600"), (&short, "at least 16 printable")] {
+        let (_, e) = fails(&["control", "--store", store.to_str().expect("path"), "--listen", "127.0.0.1:0", "--token-file", file]);
+        assert!(e.contains(says), "{file}: {e}");
+    }
+    let cp = Control::start_with(&store, "127.0.0.1:0", &["--token-file", &good]);
+    let a = cp.a();
+    let rt = rt();
+    let health = rt.block_on(cp.client().raw("GET".parse().expect("method"), "/v1/health", Vec::new())).expect("health");
+    assert_eq!(health.status, 200, "health needs no token");
+    let (_, e) = fails(&["volume", "list", "--control", &a]);
+    assert!(e.contains("no control token"), "{e}");
+    let (_, e) = fails(&["volume", "list", "--control", &a, "--control-token-file", &wrong]);
+    assert!(e.contains("a wrong control token"), "{e}");
+    let (_, e) = fails(&["volume", "list", "--control", &a, "--control-token-file", &loose]);
+    assert!(e.contains("chmod 600"), "{e}");
+    ok(&["volume", "create", "tv", "--size", "1MiB", "--extent-size", "1MiB", "--control", &a, "--control-token-file", &good]);
+    let o = std::process::Command::new(env!("CARGO_BIN_EXE_nearstore"))
+        .args(["volume", "list", "--control", &a, "-o", "json"])
+        .env("NEARSTORE_CONTROL_TOKEN_FILE", &good)
+        .output()
+        .expect("volume list");
+    assert!(o.status.success() && String::from_utf8_lossy(&o.stdout).contains("\"tv\""), "{o:?}");
+    // A target with the token in its environment registers its pool and pushes views.
+    let pool = format!("{}:8MiB", d.join("p0").display());
+    let _t = Target::start_env(&["--memory", "1MiB", "--control", &a, "--pool", &pool], &[("NEARSTORE_CONTROL_TOKEN_FILE", &good)]);
+    wait_for_views(&cp.client().with_token(Some(token.into())), 1);
+    // The raw API says 401 and the code.
+    let r = rt.block_on(cp.client().raw("GET".parse().expect("method"), "/v1/volumes", Vec::new())).expect("reply");
+    assert_eq!(r.status, 401);
+    let body: serde_json::Value = serde_json::from_slice(&r.body).expect("json");
+    assert_eq!(body["error"]["code"], "unauthorized", "{body}");
 }
 
 /// Every error path of the API: each request, the HTTP status and the error code.

@@ -74,6 +74,18 @@ impl std::fmt::Display for Addrs {
 #[derive(Debug, Clone)]
 pub struct Client {
     pub addr: Addrs,
+    /// The control plane's token, sent with every request (`Authorization: Bearer`).
+    token: Option<Hidden>,
+}
+
+/// A token that Debug never prints.
+#[derive(Clone)]
+struct Hidden(Arc<str>);
+
+impl std::fmt::Debug for Hidden {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("..")
+    }
 }
 
 /// The leader's address a `not_leader` refusal names, if it names one.
@@ -104,7 +116,14 @@ impl Client {
     /// A client of a control plane with standbys: `addrs` tried in turn (at least one).
     pub fn with_addrs(addrs: Vec<SocketAddr>) -> Client {
         assert!(!addrs.is_empty(), "a control plane client needs an address");
-        Client { addr: Addrs { list: Arc::new(addrs), current: Arc::new(AtomicUsize::new(0)) } }
+        Client { addr: Addrs { list: Arc::new(addrs), current: Arc::new(AtomicUsize::new(0)) }, token: None }
+    }
+
+    /// The same client, sending `token` with every request (a control plane started with
+    /// `--token-file`: docs/control-plane.md, "Authentication").
+    pub fn with_token(mut self, token: Option<String>) -> Client {
+        self.token = token.map(|t| Hidden(Arc::from(t)));
+        self
     }
 
     fn transport(&self, what: impl std::fmt::Display) -> ClientError {
@@ -118,25 +137,33 @@ impl Client {
     /// Sends one request with a raw body to the address tried first and returns the reply,
     /// whatever its status (no failover: tests look at a daemon this way).
     pub async fn raw(&self, method: Method, path: &str, body: Vec<u8>) -> Result<Reply, ClientError> {
-        Self::raw_at(self.addr.current(), method, path, body).await.map_err(|(_, e)| e)
+        Self::raw_at(self.addr.current(), self.token.as_ref().map(|t| &*t.0), method, path, body).await.map_err(|(_, e)| e)
     }
 
     /// One request to `addr`; the error says whether the request was never sent (the
     /// connection refused or not made), so that sending it elsewhere cannot do it twice.
-    async fn raw_at(addr: SocketAddr, method: Method, path: &str, body: Vec<u8>) -> Result<Reply, (bool, ClientError)> {
+    async fn raw_at(
+        addr: SocketAddr,
+        token: Option<&str>,
+        method: Method,
+        path: &str,
+        body: Vec<u8>,
+    ) -> Result<Reply, (bool, ClientError)> {
         let call = async {
             let stream =
                 tokio::net::TcpStream::connect(addr).await.map_err(|e| (true, Self::transport_at(addr, format!("connecting: {e}"))))?;
             let t = |e: hyper::Error| (false, Self::transport_at(addr, e));
             let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream)).await.map_err(t)?;
             let conn = tokio::spawn(conn);
-            let req = Request::builder()
+            let mut req = Request::builder()
                 .method(method)
                 .uri(path)
                 .header(hyper::header::HOST, addr.to_string())
-                .header(hyper::header::CONTENT_TYPE, "application/json")
-                .body(Full::new(Bytes::from(body)))
-                .map_err(|e| (false, Self::transport_at(addr, e)))?;
+                .header(hyper::header::CONTENT_TYPE, "application/json");
+            if let Some(t) = token {
+                req = req.header(hyper::header::AUTHORIZATION, format!("Bearer {t}"));
+            }
+            let req = req.body(Full::new(Bytes::from(body))).map_err(|e| (false, Self::transport_at(addr, e)))?;
             let resp = sender.send_request(req).await.map_err(t)?;
             let status = resp.status().as_u16();
             let body = Limited::new(resp.into_body(), RESPONSE_BYTES_MAX)
@@ -166,7 +193,7 @@ impl Client {
         let mut standby_seen = false;
         loop {
             let addr = redirect.take().unwrap_or(list[i]);
-            let err = match Self::raw_at(addr, method.clone(), path, body.clone()).await {
+            let err = match Self::raw_at(addr, self.token.as_ref().map(|t| &*t.0), method.clone(), path, body.clone()).await {
                 Ok(r) => match serde_json::from_slice::<ErrorBody>(&r.body).ok().map(|b| b.error) {
                     Some(e) if r.status == 503 && e.code == ErrorCode::NotLeader => {
                         // The leader it names, unless that is where we are.

@@ -415,6 +415,8 @@ pub struct Options {
     pub endpoints: Vec<String>,
     pub prefix: String,
     pub lease_ttl_s: u64,
+    /// The API's token, if it has one (server::authorized).
+    pub token: Option<server::Token>,
 }
 
 /// What the API serves: the leader's routes while this daemon leads, else the standby's.
@@ -459,7 +461,7 @@ pub async fn serve(listener: tokio::net::TcpListener, opts: Options, shutdown: i
     let client = connect(&opts.endpoints).await?;
     let keys = Keys::new(&opts.prefix);
     let slot = Arc::new(Slot::default());
-    let app = Router::new().fallback(route).with_state(slot.clone());
+    let app = server::authorized(Router::new().fallback(route).with_state(slot.clone()), opts.token.clone());
     let http = tokio::spawn(async move { axum::serve(listener, app).await });
     let term: Mutex<Option<Arc<Term>>> = Mutex::new(None);
     let lead = async {

@@ -5,6 +5,9 @@
 /// request (POOLS_PER_TARGET_MAX pools, each with a path and a name); anything larger is
 /// refused with 413 before it is parsed.
 pub const BODY_BYTES_MAX: usize = 512 * 1024;
+/// The shortest control token (`nearstore control --token-file`), in characters: 16, so
+/// that a token is never a guessable word; `head -c 32 /dev/urandom | base64` gives 44.
+pub const TOKEN_CHARS_MIN: usize = 16;
 
 /// Largest response body the client reads, in bytes: `volume info` lists only allocated
 /// extents (about 200 bytes each in JSON), so 64 MiB holds more than 300,000 of them; a

@@ -586,6 +586,9 @@ pub enum ErrorCode {
     HostInTenant,
     /// A move to a cordoned pool (being drained): uncordon it first.
     PoolCordoned,
+    /// The control plane has a token (`nearstore control --token-file`) and the request
+    /// carried none, or another (`Authorization: Bearer TOKEN`).
+    Unauthorized,
 }
 
 impl ErrorCode {
@@ -603,6 +606,7 @@ impl ErrorCode {
             ErrorCode::NoSpace => 507,
             ErrorCode::StoreFailed => 500,
             ErrorCode::NotLeader => 503,
+            ErrorCode::Unauthorized => 401,
         }
     }
 }

@@ -438,5 +438,72 @@ pub fn router(svc: Arc<Service>) -> Router {
 
 /// Serves the API on `listener` until the future is dropped.
 pub async fn serve(listener: tokio::net::TcpListener, svc: Arc<Service>) -> std::io::Result<()> {
-    axum::serve(listener, router(svc)).await
+    serve_with(listener, svc, None).await
+}
+
+/// [`serve`], every request but `GET /v1/health` required to carry `token` ([`authorized`]).
+pub async fn serve_with(listener: tokio::net::TcpListener, svc: Arc<Service>, token: Option<Token>) -> std::io::Result<()> {
+    axum::serve(listener, authorized(router(svc), token)).await
+}
+
+/// The API's token (docs/control-plane.md, "Authentication"): what a request must carry as
+/// `Authorization: Bearer TOKEN`. Kept as its SHA-256, compared in time independent of where
+/// the bytes differ, so that neither the token's length nor its prefix shows in the reply's
+/// time.
+#[derive(Clone)]
+pub struct Token(Arc<[u8; 32]>);
+
+/// Never the token, nor its digest.
+impl std::fmt::Debug for Token {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Token(..)")
+    }
+}
+
+impl Token {
+    /// A token of at least `limits::TOKEN_CHARS_MIN` printable ASCII characters.
+    pub fn new(token: &str) -> Result<Token, String> {
+        if token.len() < crate::limits::TOKEN_CHARS_MIN || !token.bytes().all(|b| b.is_ascii_graphic()) {
+            return Err(format!(
+                "a control token is at least {} printable ASCII characters, no spaces (e.g. head -c 32 /dev/urandom | base64)",
+                crate::limits::TOKEN_CHARS_MIN
+            ));
+        }
+        Ok(Token(Arc::new(digest(token))))
+    }
+
+    /// Whether `presented` is the token.
+    pub fn matches(&self, presented: &str) -> bool {
+        digest(presented).iter().zip(self.0.iter()).fold(0u8, |acc, (a, b)| acc | (a ^ b)) == 0
+    }
+}
+
+fn digest(text: &str) -> [u8; 32] {
+    use sha2::Digest;
+    sha2::Sha256::digest(text.as_bytes()).into()
+}
+
+/// `router` with every request but `GET /v1/health` (which load balancers and the
+/// standbys' followers ask) refused with `unauthorized` (401) unless it carries `token`;
+/// `router` itself when there is none.
+pub fn authorized(router: Router, token: Option<Token>) -> Router {
+    let Some(token) = token else { return router };
+    router.layer(axum::middleware::from_fn(move |req: Request, next: axum::middleware::Next| {
+        let token = token.clone();
+        async move {
+            let presented = req.headers().get(axum::http::header::AUTHORIZATION).and_then(|v| v.to_str().ok());
+            let ok = presented.and_then(|v| v.strip_prefix("Bearer ")).is_some_and(|t| token.matches(t));
+            if ok || req.uri().path() == "/v1/health" {
+                return next.run(req).await;
+            }
+            let what = if presented.is_some() { "a wrong control token" } else { "no control token" };
+            ApiError::new(
+                ErrorCode::Unauthorized,
+                format!(
+                    "{what}: this control plane takes requests with its token only (--control-token-file or NEARSTORE_CONTROL_TOKEN_FILE)"
+                ),
+            )
+            .into_response()
+        }
+    }))
 }

@@ -96,19 +96,25 @@ impl Target {
     /// `args`: what the namespace is (`--memory 64MiB`, `--namespace FILE`), or `--config
     /// FILE` with one listener on 127.0.0.1:0.
     pub fn start(args: &[&str]) -> Target {
-        Target::spawn(&["--discovery", "none"], args, 1)
+        Target::spawn(&["--discovery", "none"], args, 1, &[])
+    }
+
+    /// [`Target::start`] with more environment.
+    pub fn start_env(args: &[&str], env: &[(&str, &str)]) -> Target {
+        Target::spawn(&["--discovery", "none"], args, 1, env)
     }
 
     /// With a discovery listener too, on 127.0.0.2.
     pub fn with_discovery(args: &[&str]) -> Target {
-        Target::spawn(&["--discovery", "127.0.0.2:0"], args, 2)
+        Target::spawn(&["--discovery", "127.0.0.2:0"], args, 2, &[])
     }
 
-    fn spawn(discovery: &[&str], args: &[&str], listeners: usize) -> Target {
+    fn spawn(discovery: &[&str], args: &[&str], listeners: usize, env: &[(&str, &str)]) -> Target {
         let mut child = Command::new(env!("CARGO_BIN_EXE_nearstore"))
             .args(["target", "--listen", "127.0.0.1:0"])
             .args(discovery)
             .args(args)
+            .envs(env.iter().copied())
             .stdout(Stdio::piped())
             .stderr(Stdio::null())
             .spawn()
@@ -206,9 +212,15 @@ impl Control {
 
     /// On a given address (a restart where the targets expect it).
     pub fn start_on(store: &Path, listen: &str) -> Control {
+        Control::start_with(store, listen, &[])
+    }
+
+    /// With more arguments.
+    pub fn start_with(store: &Path, listen: &str, more: &[&str]) -> Control {
         let mut child = Command::new(env!("CARGO_BIN_EXE_nearstore"))
             .args(["control", "--listen", listen, "--store"])
             .arg(store)
+            .args(more)
             .stdout(Stdio::piped())
             .stderr(Stdio::null())
             .spawn()
