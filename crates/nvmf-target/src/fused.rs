@@ -380,7 +380,13 @@ pub fn run_group(journal: &Journal, jobs: Vec<Job>, _turn: &Turn) {
                     made.push(None);
                     continue;
                 }
-                match prepare(journal, &j.p, &j.transfer, &made, &ids) {
+                // A panic making one member's transaction fails that member only, not the
+                // group's other hosts' commands.
+                let prepared = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| prepare(journal, &j.p, &j.transfer, &made, &ids)))
+                    .unwrap_or_else(|_| {
+                        Err(refuse(Status::INTERNAL_ERROR.dnr(), format!("transaction {}: making it panicked", j.p.f.txid)))
+                    });
+                match prepared {
                     Ok((tx, result)) => {
                         ids.push(tx.txid);
                         made.push(Some((tx, result)));
