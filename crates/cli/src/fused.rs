@@ -85,6 +85,8 @@ pub enum ModifyKind {
     Add,
     /// Byte by byte, the bytes xor the data.
     Xor,
+    /// Little-endian unsigned integers of --width bytes, each the value of --expr.
+    Expr,
 }
 
 #[derive(clap::Args)]
@@ -97,9 +99,13 @@ pub struct ModifyArgs {
     /// How the file's bytes combine with the data.
     #[arg(long, value_enum)]
     pub modify: ModifyKind,
-    /// add: the integers' width in bytes.
+    /// add, expr: the integers' width in bytes.
     #[arg(long, default_value_t = 8, value_parser = clap::builder::TypedValueParser::map(clap::builder::PossibleValuesParser::new(["1", "2", "4", "8"]), |s: String| s.parse::<u8>().expect("one of the widths")))]
     pub width: u8,
+    /// expr: a postfix expression over x (the file's integer) and d (the data's), constants 0
+    /// to 15, + - * & | ^, min, max; at most five tokens ("x d max", "x d + 15 min").
+    #[arg(long, required_if_eq("modify", "expr"))]
+    pub expr: Option<String>,
     /// The data to combine with (`-`: standard input).
     #[arg(long)]
     pub input: PathBuf,
@@ -231,12 +237,18 @@ fn failed(e: nearstore_host::HostError, what: String) -> anyhow::Error {
 pub fn read_modify_write(a: ModifyArgs) -> Result<()> {
     use nearstore_host::fused::Modify;
     let data = input(&a.input)?;
+    if a.expr.is_some() && a.modify != ModifyKind::Expr {
+        bail!("--expr is for --modify expr");
+    }
     let m = match a.modify {
         ModifyKind::Replace => Modify::Replace,
         ModifyKind::Xor => Modify::Xor,
         ModifyKind::Add => Modify::Add { width: a.width },
+        ModifyKind::Expr => {
+            Modify::expression(a.width, a.expr.as_deref().unwrap_or_default()).map_err(|e| anyhow::anyhow!("--expr: {e}"))?
+        }
     };
-    if data.is_empty() || (a.modify == ModifyKind::Add && !data.len().is_multiple_of(a.width as usize)) {
+    if data.is_empty() || (m.width().is_some() && !data.len().is_multiple_of(a.width as usize)) {
         bail!("--input {}: {} bytes are not whole {}-byte integers", a.input.display(), data.len(), a.width);
     }
     let mut host = a.at.host()?;

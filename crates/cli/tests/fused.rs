@@ -94,6 +94,25 @@ fn the_verbs_append_records_and_print_their_checksums() {
     }
     std::fs::write(&input, b"abc").unwrap();
     fails(&["read-modify-write", "--target-config", &cfg, p(&data), "--modify", "add", "--width", "2", "--input", p(&input)]);
+    // An expression: two 4-byte counters across the block's end, each min(x + d, 15): added
+    // to and saturated, on the target.
+    let mut d = Vec::new();
+    d.extend_from_slice(&9u32.to_le_bytes());
+    d.extend_from_slice(&1u32.to_le_bytes());
+    std::fs::write(&input, &d).unwrap();
+    let before = std::fs::read(&data).unwrap();
+    let (c0, c1) = (u32::from_le_bytes(before[4092..4096].try_into().unwrap()), u32::from_le_bytes(before[4096..4100].try_into().unwrap()));
+    let rmw = ["read-modify-write", "--target-config", &cfg, p(&data), "--offset", "4092", "--modify", "expr", "--width", "4"];
+    ok(&[&rmw[..], &["--expr", "x d + 15 min", "--input", p(&input)]].concat());
+    let file = std::fs::read(&data).unwrap();
+    let want = (c0.wrapping_add(9).min(15), c1.wrapping_add(1).min(15));
+    assert_eq!((u32::from_le_bytes(file[4092..4096].try_into().unwrap()), u32::from_le_bytes(file[4096..4100].try_into().unwrap())), want);
+    assert_eq!((&file[..4092], &file[4100..]), (&before[..4092], &before[4100..]), "only the two counters changed");
+    // A malformed expression is refused before anything is sent, naming what is wrong.
+    let (_, e) = fails(&[&rmw[..], &["--expr", "x +", "--input", p(&input)]].concat());
+    assert!(e.contains("--expr") && e.contains("takes two values"), "{e}");
+    let (_, e) = fails(&[&rmw[..], &["--expr", "x 16 +", "--input", p(&input)]].concat());
+    assert!(e.contains("'16' is not x, d, a constant 0 to 15"), "{e}");
     // compress-write: two frames appended to a new file, which zstd reads back whole.
     let frames = fs.mnt.join("frames.zst");
     std::fs::File::create(&frames).unwrap();

@@ -42,6 +42,9 @@ pub enum Modify {
     /// Little-endian unsigned integers of `width` bytes (1, 2, 4 or 8), each plus the data's,
     /// wrapping.
     Add { width: u8 },
+    /// Little-endian unsigned integers of `width` bytes, each the value of a small postfix
+    /// expression over `x` (the old integer) and `d` (the data's): [`Modify::expression`].
+    Expr { width: u8, program: [u8; 6] },
 }
 
 impl Modify {
@@ -51,8 +54,59 @@ impl Modify {
             Modify::Replace => (fused::modify::REPLACE, 0),
             Modify::Xor => (fused::modify::XOR, 0),
             Modify::Add { width } => (fused::modify::ADD, width),
+            Modify::Expr { width, program } => {
+                let mut a = [fused::modify::EXPR, width, 0, 0, 0, 0, 0, 0];
+                a[2..].copy_from_slice(&program);
+                return a;
+            }
         };
         [kind, width, 0, 0, 0, 0, 0, 0]
+    }
+
+    /// An expression over integers of `width` bytes from its postfix text, tokens apart by
+    /// spaces: `x` (the old integer), `d` (the data's), constants 0 to 15, `+ - * & | ^`,
+    /// `min`, `max`; at most five tokens, leaving one value. `x d max` keeps the larger,
+    /// `x d + 15 min` adds and saturates at 15, `x 3 * d +` scales and bumps
+    /// (docs/compute-protocol.md, "read-modify-write").
+    pub fn expression(width: u8, text: &str) -> Result<Modify, HostError> {
+        use fused::modify::expr;
+        let bad = |what: String| HostError::Invalid(format!("expression '{text}': {what}"));
+        if ![1, 2, 4, 8].contains(&width) {
+            return Err(bad(format!("integers of {width} bytes (1, 2, 4 or 8)")));
+        }
+        let mut program = [0u8; expr::PROGRAM_MAX];
+        let tokens: Vec<&str> = text.split_whitespace().collect();
+        if tokens.len() > expr::PROGRAM_MAX {
+            return Err(bad(format!("{} tokens, at most {}", tokens.len(), expr::PROGRAM_MAX - 1)));
+        }
+        for (i, t) in tokens.iter().enumerate() {
+            program[i] = match *t {
+                "x" => expr::X,
+                "d" => expr::D,
+                "+" => expr::ADD,
+                "-" => expr::SUB,
+                "*" => expr::MUL,
+                "min" => expr::MIN,
+                "max" => expr::MAX,
+                "&" => expr::AND,
+                "|" => expr::OR,
+                "^" => expr::XOR,
+                n => match n.parse::<u8>() {
+                    Ok(v) if v < 16 => expr::CONST + v,
+                    _ => return Err(bad(format!("'{n}' is not x, d, a constant 0 to 15, + - * & | ^, min or max"))),
+                },
+            };
+        }
+        fused::expr_program(&program).map_err(|e| bad(e.replace("bytes 26-31: ", "")))?;
+        Ok(Modify::Expr { width, program })
+    }
+
+    /// The integers' width, for the kinds that combine integers.
+    pub fn width(self) -> Option<u8> {
+        match self {
+            Modify::Add { width } | Modify::Expr { width, .. } => Some(width),
+            _ => None,
+        }
     }
 }
 

@@ -42,6 +42,87 @@ pub mod modify {
     pub const ADD: u8 = 2;
     /// new = old ^ data, byte by byte.
     pub const XOR: u8 = 3;
+    /// A small expression over each little-endian unsigned integer of the descriptor's width:
+    /// bytes 26-31 a postfix program ([`expr`]) over `x` (the old integer) and `d` (the
+    /// data's), computed in 64 bits wrapping and cut to the width.
+    pub const EXPR: u8 = 4;
+
+    /// The expression's program (bytes 26-31 of the descriptor): up to [`PROGRAM_MAX`]
+    /// codes, postfix, ended by 0 or the sixth; it must leave exactly one value, never
+    /// taking from an empty stack (so a program is an odd number of codes, five at most).
+    pub mod expr {
+        /// Push the old integer.
+        pub const X: u8 = 1;
+        /// Push the data's integer.
+        pub const D: u8 = 2;
+        pub const ADD: u8 = 3;
+        pub const SUB: u8 = 4;
+        pub const MUL: u8 = 5;
+        pub const MIN: u8 = 6;
+        pub const MAX: u8 = 7;
+        pub const AND: u8 = 8;
+        pub const OR: u8 = 9;
+        pub const XOR: u8 = 10;
+        /// 0x10 + n pushes the constant n (0 to 15).
+        pub const CONST: u8 = 0x10;
+        /// Codes in a program at most (bytes 26-31).
+        pub const PROGRAM_MAX: usize = 6;
+    }
+}
+
+/// Checks an expression's program (bytes 26-31): known codes, no value taken from an empty
+/// stack, exactly one value left. Its codes, without the ending zeros.
+pub fn expr_program(bytes: &[u8]) -> Result<&[u8], String> {
+    use modify::expr;
+    let n = bytes.iter().position(|&c| c == 0).unwrap_or(bytes.len());
+    if bytes[n..].iter().any(|&c| c != 0) {
+        return Err(format!("byte {}: a code after the program's end (0)", 26 + n + bytes[n..].iter().position(|&c| c != 0).unwrap_or(0)));
+    }
+    let mut depth = 0usize;
+    for (i, &c) in bytes[..n].iter().enumerate() {
+        depth = match c {
+            expr::X | expr::D | expr::CONST..=0x1f => depth + 1,
+            expr::ADD..=expr::XOR if depth >= 2 => depth - 1,
+            expr::ADD..=expr::XOR => return Err(format!("byte {}: code {c} takes two values, the stack holds {depth}", 26 + i)),
+            _ => return Err(format!("byte {}: unknown expression code {c:#x}", 26 + i)),
+        };
+    }
+    if depth != 1 {
+        return Err(format!("bytes 26-31: the expression leaves {depth} values, not one"));
+    }
+    Ok(&bytes[..n])
+}
+
+/// Runs a checked program on `x` and `d`.
+fn expr_eval(program: &[u8], x: u64, d: u64) -> u64 {
+    use modify::expr;
+    let mut stack = [0u64; modify::expr::PROGRAM_MAX];
+    let mut n = 0;
+    for &c in program {
+        let v = match c {
+            expr::X => x,
+            expr::D => d,
+            expr::CONST..=0x1f => u64::from(c - expr::CONST),
+            _ => {
+                n -= 1;
+                let (a, b) = (stack[n - 1], stack[n]);
+                n -= 1;
+                match c {
+                    expr::ADD => a.wrapping_add(b),
+                    expr::SUB => a.wrapping_sub(b),
+                    expr::MUL => a.wrapping_mul(b),
+                    expr::MIN => a.min(b),
+                    expr::MAX => a.max(b),
+                    expr::AND => a & b,
+                    expr::OR => a | b,
+                    _ => a ^ b,
+                }
+            }
+        };
+        stack[n] = v;
+        n += 1;
+    }
+    stack[0]
 }
 
 /// compress-write's zstd levels (byte 24, signed; 0 takes [`COMPRESS_LEVEL_DEFAULT`]):
@@ -167,11 +248,20 @@ impl Fused {
                         return Err(FusedError::Invalid(format!("byte 36: {data_len} bytes are not whole {width}-byte integers")));
                     }
                     modify::ADD => {}
-                    modify::REPLACE | modify::XOR if width != 0 => return bad("byte 25: a width is for add only"),
+                    modify::EXPR if ![1, 2, 4, 8].contains(&width) => {
+                        return Err(FusedError::Invalid(format!("byte 25: width {width} for an expression (1, 2, 4 or 8 bytes)")));
+                    }
+                    modify::EXPR if !data_len.is_multiple_of(width as usize) => {
+                        return Err(FusedError::Invalid(format!("byte 36: {data_len} bytes are not whole {width}-byte integers")));
+                    }
+                    modify::EXPR => {
+                        expr_program(&args[2..]).map_err(FusedError::Invalid)?;
+                    }
+                    modify::REPLACE | modify::XOR if width != 0 => return bad("byte 25: a width is for add and expressions only"),
                     modify::REPLACE | modify::XOR => {}
                     _ => return Err(FusedError::Invalid(format!("byte 24: unknown combination {kind}"))),
                 }
-                if args[2..].iter().any(|&x| x != 0) {
+                if kind != modify::EXPR && args[2..].iter().any(|&x| x != 0) {
                     return bad("bytes 26-31: reserved bytes are not zero");
                 }
             }
@@ -284,6 +374,16 @@ pub fn modify(args: &[u8; 8], old: &mut [u8], data: &[u8]) {
             }
         }
         modify::XOR => old.iter_mut().zip(data).for_each(|(o, d)| *o ^= d),
+        modify::EXPR => {
+            let (w, program) = (args[1] as usize, expr_program(&args[2..]).expect("checked by decode"));
+            for (o, d) in old.chunks_exact_mut(w).zip(data.chunks_exact(w)) {
+                let (mut a, mut b) = ([0u8; 8], [0u8; 8]);
+                a[..w].copy_from_slice(o);
+                b[..w].copy_from_slice(d);
+                let v = expr_eval(program, u64::from_le_bytes(a), u64::from_le_bytes(b));
+                o.copy_from_slice(&v.to_le_bytes()[..w]);
+            }
+        }
         _ => old.copy_from_slice(data),
     }
 }
@@ -510,6 +610,62 @@ mod tests {
             modify(&args, &mut old, &data);
             assert_eq!(old, new, "{args:?}");
         }
+    }
+
+    /// Expressions: each code, at each width (cut to it, wrapping in 64 bits), programs of
+    /// every length up to six; and the programs refused, each naming its byte.
+    #[test]
+    fn expressions_compute_per_integer_and_bad_programs_are_refused() {
+        use modify::expr::*;
+        let k = |n: u8| CONST + n;
+        let e = |w: u8, p: &[u8]| {
+            let mut a = [modify::EXPR, w, 0, 0, 0, 0, 0, 0];
+            a[2..2 + p.len()].copy_from_slice(p);
+            a
+        };
+        let ints = |w: usize, v: &[u64]| v.iter().flat_map(|x| x.to_le_bytes()[..w].to_vec()).collect::<Vec<u8>>();
+        // (width, program, old integers, data integers, new integers)
+        let cases: [(u8, &[u8], &[u64], &[u64], &[u64]); 12] = [
+            (8, &[X, D, MAX], &[3, 9, 7], &[5, 2, 7], &[5, 9, 7]),
+            (8, &[X, D, MIN], &[3, 9], &[5, 2], &[3, 2]),
+            (4, &[X, D, SUB], &[10, 0], &[3, 1], &[7, 0xffff_ffff]),
+            (2, &[X, D, MUL], &[300, 2], &[300, 3], &[(300 * 300) & 0xffff, 6]),
+            (1, &[X, D, ADD], &[0xff], &[2], &[1]),
+            (8, &[X, D, AND], &[0b1100], &[0b1010], &[0b1000]),
+            (8, &[X, D, OR], &[0b1100], &[0b1010], &[0b1110]),
+            (8, &[X, D, XOR], &[0b1100], &[0b1010], &[0b0110]),
+            (8, &[D], &[1, 2], &[8, 9], &[8, 9]),
+            (8, &[k(7)], &[1], &[2], &[7]),
+            // x * 3 + d, a counter scaled and bumped.
+            (8, &[X, k(3), MUL, D, ADD], &[5], &[1], &[16]),
+            // min(x + d, 15): a saturating counter.
+            (4, &[X, D, ADD, k(15), MIN], &[10, 14], &[3, 9], &[13, 15]),
+        ];
+        for (w, p, old, data, new) in cases {
+            let args = e(w, p);
+            let (mut o, d) = (ints(w as usize, old), ints(w as usize, data));
+            Fused::decode(&with(op::READ_MODIFY_WRITE, args).encode(&d)).unwrap_or_else(|e| panic!("{p:?}: {e}"));
+            modify(&args, &mut o, &d);
+            assert_eq!(o, ints(w as usize, new), "width {w}, program {p:?}");
+        }
+        // (args, the error's start)
+        let refused: [([u8; 8], &str); 8] = [
+            // Six codes always leave an even number of values: five is the longest program.
+            (e(8, &[X, D, MAX, k(2), MUL, k(1)]), "bytes 26-31: the expression leaves 2 values"),
+            (e(8, &[]), "bytes 26-31: the expression leaves 0 values"),
+            (e(8, &[X, D]), "bytes 26-31: the expression leaves 2 values"),
+            (e(8, &[X, ADD]), "byte 27: code 3 takes two values"),
+            (e(8, &[X, 0x0b]), "byte 27: unknown expression code 0xb"),
+            (e(8, &[X, 0, D]), "byte 28: a code after the program's end"),
+            (e(3, &[X]), "byte 25: width 3 for an expression"),
+            (e(0, &[X]), "byte 25: width 0 for an expression"),
+        ];
+        for (args, want) in refused {
+            let got = Fused::decode(&with(op::READ_MODIFY_WRITE, args).encode(&[0; 8])).expect_err(want).to_string();
+            assert!(got.contains(want), "{args:?}: {got}");
+        }
+        let got = Fused::decode(&with(op::READ_MODIFY_WRITE, e(4, &[X])).encode(&[0; 6])).expect_err("part of an integer").to_string();
+        assert!(got.contains("byte 36"), "{got}");
     }
 
     /// Framing as LevelDB's writer does, record by record: (block offset, length) to the
