@@ -1009,6 +1009,7 @@ impl Filesystem for NearFs {
             Ok(Node::Control) => return reply.error(Errno::EISDIR),
             Ok(Node::Result(spec, rel)) => {
                 if flags.acc_mode() != OpenAccMode::O_RDONLY {
+                    warn!(ino = ino.0, pid = req.pid(), path = %rel.display(), "a result path opened for writing: results are read only (EACCES)");
                     return reply.error(Errno::EACCES);
                 }
                 let path = self.source.join(rel);
@@ -1428,7 +1429,10 @@ impl Filesystem for NearFs {
                     Err(e) => reply.error(e),
                 };
             }
-            _ => Err(Errno::ENOTTY),
+            _ => {
+                warn!(ino = ino.0, pid = req.pid(), cmd = format_args!("{cmd:#x}"), "an ioctl this mount does not know (ENOTTY)");
+                Err(Errno::ENOTTY)
+            }
         };
         match r {
             Ok(()) => reply.ioctl(0, &[]),

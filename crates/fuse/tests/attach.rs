@@ -233,7 +233,7 @@ fn bad_input_gets_a_clear_errno_and_a_log_line() {
             libc::EBADFD,
             "not open with O_DIRECT",
         ),
-        ("unknown ioctl", Box::new(|| ioc(&f, 0x4E7F, &mut [])), libc::ENOTTY, ""),
+        ("unknown ioctl", Box::new(|| ioc(&f, 0x4E7F, &mut [])), libc::ENOTTY, "an ioctl this mount does not know (ENOTTY)"),
         (
             "result of an unknown operation",
             Box::new(|| std::fs::read(rig.m(".nearstore/nope/f")).map(|_| ()).map_err(|e| e.raw_os_error().unwrap())),
@@ -244,7 +244,7 @@ fn bad_input_gets_a_clear_errno_and_a_log_line() {
             "writing a result",
             Box::new(|| File::options().write(true).open(rig.m(".nearstore/sha256/f")).map(|_| ()).map_err(|e| e.raw_os_error().unwrap())),
             libc::EACCES,
-            "",
+            "a result path opened for writing",
         ),
     ];
     for (what, call, want, words) in cases {
