@@ -1124,6 +1124,7 @@ impl Filesystem for NearFs {
         };
         let computer = self.computer.clone();
         let computing = self.computing.clone();
+        let counted = self.computing.clone();
         let caller = Caller::of(req);
         let last = matches!(self.node(ino), Ok(Node::Result(..))).then(|| self.last.clone());
         std::thread::Builder::new()
@@ -1148,7 +1149,12 @@ impl Filesystem for NearFs {
                     Err(e) => reply.error(e),
                 }
             })
-            .map_err(|e| warn!("cannot start a compute thread: {e}"))
+            .map_err(|e| {
+                // The thread never ran: its count goes (else every failure would hold one of
+                // COMPUTE_IN_FLIGHT_MAX for ever); its request, dropped unanswered, gets EIO.
+                counted.fetch_sub(1, Ordering::SeqCst);
+                warn!("cannot start a compute thread: {e}")
+            })
             .ok();
     }
 
@@ -1275,7 +1281,10 @@ impl Filesystem for NearFs {
                         Err(Errno::EINVAL)
                     }
                 },
-                Ok(_) => Err(Errno::EROFS),
+                Ok(_) => {
+                    warn!(ino = ino.0, "{XATTR_OP} on a result path or the control directory: they are read only (EROFS)");
+                    Err(Errno::EROFS)
+                }
                 Err(e) => Err(e),
             };
             return match r {

@@ -202,6 +202,10 @@ fn bad_input_gets_a_clear_errno_and_a_log_line() {
     let plain = File::open(rig.m("f")).unwrap();
     let dir = File::open(rig.m("dir")).unwrap();
     let wo = File::options().write(true).open(rig.m("f")).unwrap();
+    // A file this process holds open for writing only, past the page cache (not passed
+    // through).
+    std::fs::write(rig.m("h"), b"write only\n").unwrap();
+    let wo_direct = File::options().write(true).custom_flags(libc::O_DIRECT).open(rig.m("h")).unwrap();
     let mut bad_version = ioctl::encode_op("sha256");
     bad_version[0] = 7;
     type Case<'a> = (&'a str, Box<dyn Fn() -> Result<(), i32> + 'a>, i32, &'a str);
@@ -213,6 +217,18 @@ fn bad_input_gets_a_clear_errno_and_a_log_line() {
         ("an unnamed output", Box::new(|| fset(&f, "user.nearstore.op", b"copy")), libc::EINVAL, "writes an output file"),
         ("xattr on a directory", Box::new(|| fset(&dir, "user.nearstore.op", b"sha256")), libc::EISDIR, "on a directory"),
         ("by path, no descriptor", Box::new(|| set_path(&rig.m("g"), "user.nearstore.op", b"sha256")), libc::EBADF, "no descriptor"),
+        (
+            "xattr with a write-only descriptor",
+            Box::new(|| fset(&wo_direct, "user.nearstore.op", b"sha256")),
+            libc::EACCES,
+            "descriptors of this file are not open for reading",
+        ),
+        (
+            "xattr on a result path",
+            Box::new(|| set_path(&rig.m(".nearstore/sha256/f"), "user.nearstore.op", b"sha256")),
+            libc::EROFS,
+            "they are read only (EROFS)",
+        ),
         (
             "write-only descriptor",
             Box::new(|| ioc(&wo, ioctl::ATTACH, &mut ioctl::encode_op("sha256"))),
