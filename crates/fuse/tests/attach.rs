@@ -725,6 +725,147 @@ fn fiemap_on_the_mount_is_refused_by_the_kernel() {
     assert!(!nearstore_host::fiemap::extents(&File::open(rig.s("f")).unwrap()).unwrap().is_empty());
 }
 
+/// FS_IOC_FIEMAP through a program of a user's, as the C library passes it: the script
+/// answers each query (`[path, start, length, count, flags]`, JSON on its argv) with what
+/// FIEMAP gave, one JSON line each.
+const FIEMAP_PY: &str = r#"
+import fcntl, json, os, struct, sys
+FS_IOC_FIEMAP = 0xC020660B
+for path, start, length, count, flags in json.loads(sys.argv[1]):
+    buf = bytearray(struct.pack("QQIIII", start, length, flags, 0, count, 0) + bytes(56 * max(count, 20)))
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        fcntl.ioctl(fd, FS_IOC_FIEMAP, buf)
+        err = 0
+    except OSError as e:
+        err = e.errno
+    finally:
+        os.close(fd)
+    flags_out, mapped = struct.unpack_from("II", buf, 16)
+    extents = [list(struct.unpack_from("QQQ", buf, 32 + 56 * i)) + [struct.unpack_from("I", buf, 72 + 56 * i)[0]] for i in range(mapped if count else 0)]
+    print(json.dumps({"errno": err, "flags": flags_out, "mapped": mapped if not err else 0, "extents": extents if not err else []}))
+"#;
+
+/// crates/fuse/shim/nearstore_fiemap.c, built with the C compiler into `dir`.
+fn fiemap_shim(dir: &Path) -> std::path::PathBuf {
+    let so = dir.join("libnearstore_fiemap.so");
+    let src = concat!(env!("CARGO_MANIFEST_DIR"), "/shim/nearstore_fiemap.c");
+    let out = std::process::Command::new("cc")
+        .args(["-O2", "-Wall", "-Wextra", "-Werror", "-shared", "-fPIC", "-o"])
+        .arg(&so)
+        .args([src, "-ldl"])
+        .output()
+        .unwrap_or_else(|e| panic!("cannot run cc (a C compiler, needed by this test to build the FIEMAP library): {e}"));
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    so
+}
+
+/// Runs FIEMAP_PY's `queries`, with `preload` in LD_PRELOAD if some.
+fn fiemap_queries(preload: Option<&Path>, queries: &serde_json::Value) -> Vec<serde_json::Value> {
+    let mut cmd = std::process::Command::new("python3");
+    cmd.args(["-c", FIEMAP_PY, &queries.to_string()]);
+    if let Some(so) = preload {
+        cmd.env("LD_PRELOAD", so);
+    }
+    let out = cmd.output().unwrap_or_else(|e| panic!("cannot run python3 (needed by this test): {e}"));
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    String::from_utf8(out.stdout).unwrap().lines().map(|l| serde_json::from_str(l).unwrap()).collect()
+}
+
+/// Preloaded, crates/fuse/shim's library answers FIEMAP on files of the mount from the
+/// mount's extents ioctl with FIEMAP's semantics (a range, a count only, a short array, an
+/// unsupported flag, an empty range), the physical addresses global ones of the namespace's
+/// tag; FIEMAP on the source goes to the kernel untouched, and without it the mount's files
+/// still have none. filefrag, which knows only FIEMAP, maps a file through the mount.
+#[test]
+fn fiemap_through_the_preloaded_library_is_the_mounts_extents() {
+    logs();
+    let rig = Rig::tagged(5);
+    let so = fiemap_shim(rig.dir.path());
+    let (sync, xattr) = (1u32, 2u32); // FIEMAP_FLAG_SYNC, FIEMAP_FLAG_XATTR
+    let many: Vec<(u64, usize)> = (0..300u64).map(|i| (i * 8192, 4096)).collect();
+    let cases: [(&str, Vec<(u64, usize)>); 5] = [
+        ("empty", vec![]),
+        ("one", vec![(0, 1)]),
+        ("large", vec![(0, 3 << 20)]),
+        ("sparse", vec![(0, 65536), (10 << 20, 5000)]),
+        ("fragmented", many),
+    ];
+    for (name, writes) in cases {
+        let f = File::create(rig.m(name)).unwrap();
+        for (i, (at, len)) in writes.iter().enumerate() {
+            f.write_all_at(&text(*len, i as u64 + 1), *at).unwrap();
+        }
+        drop(f);
+        let map = nearstore_host::mount::extents(&File::open(rig.m(name)).unwrap()).unwrap();
+        assert!(map.extents.iter().all(|e| e.address >> 48 == 5), "{name}: tagged");
+        let path = rig.m(name).to_str().unwrap().to_string();
+        let mid = map.extents.get(map.extents.len() / 2).map_or(0, |e| e.logical + 1);
+        // (start, length, count, flags)
+        let queries: Vec<(u64, u64, u32, u32)> = vec![
+            (0, u64::MAX, 0, sync),
+            (0, u64::MAX, 1000, sync),
+            (0, u64::MAX, 2, 0),
+            (0, u64::MAX, 1, 0),
+            (mid, 8192 * 10, 1000, 0),
+            (mid, 1, 1000, 0),
+            (map.size, u64::MAX, 1000, 0),
+            (0, u64::MAX, 20, sync | xattr),
+            (0, 0, 20, 0),
+        ];
+        let asked = serde_json::Value::from(
+            queries.iter().map(|&(s, l, c, fl)| serde_json::json!([path.clone(), s, l, c, fl])).collect::<Vec<_>>(),
+        );
+        let got = fiemap_queries(Some(&so), &asked);
+        for (&(start, length, count, flags), got) in queries.iter().zip(&got) {
+            let want = if flags & !sync != 0 {
+                serde_json::json!({"errno": libc::EBADR, "flags": flags & !sync, "mapped": 0, "extents": []})
+            } else if length == 0 {
+                serde_json::json!({"errno": libc::EINVAL, "flags": flags, "mapped": 0, "extents": []})
+            } else {
+                let end = start.saturating_add(length);
+                let hit: Vec<_> = map.extents.iter().filter(|e| e.logical + e.length > start && e.logical < end).collect();
+                let listed: Vec<_> =
+                    hit.iter().take(count as usize).map(|e| serde_json::json!([e.logical, e.address, e.length, e.flags])).collect();
+                let mapped = if count == 0 { hit.len() } else { listed.len() };
+                serde_json::json!({"errno": 0, "flags": flags, "mapped": mapped, "extents": listed})
+            };
+            assert_eq!(got, &want, "{name}: FIEMAP from {start} for {length}, {count} extents, flags {flags}");
+        }
+        assert_eq!(got[0]["mapped"], serde_json::json!(map.extents.len()), "{name}: counted");
+    }
+    assert!(nearstore_host::mount::extents(&File::open(rig.m("fragmented")).unwrap()).unwrap().extents.len() > 119, "paged");
+    // The source's FIEMAP goes to its kernel file system untouched; without the library the
+    // mount's files have none; a result file has none through it either.
+    let all = |p: &Path| serde_json::json!([[p.to_str().unwrap(), 0, u64::MAX, 1000, sync]]);
+    let source = nearstore_host::fiemap::extents(&File::open(rig.s("sparse")).unwrap()).unwrap();
+    let want: Vec<_> = source.iter().map(|e| serde_json::json!([e.logical, e.physical, e.length, e.flags])).collect();
+    assert_eq!(fiemap_queries(Some(&so), &all(&rig.s("sparse")))[0]["extents"], serde_json::json!(want));
+    assert_eq!(fiemap_queries(None, &all(&rig.m("sparse")))[0]["errno"], serde_json::json!(libc::EOPNOTSUPP));
+    assert_eq!(fiemap_queries(Some(&so), &all(&rig.m(".nearstore/sha256/sparse")))[0]["errno"], serde_json::json!(libc::EINVAL));
+    // filefrag, a tool of e2fsprogs that knows only FIEMAP.
+    let filefrag = |preload: bool| {
+        let mut cmd = std::process::Command::new("filefrag");
+        cmd.args(["-v", "-b4096"]).arg(rig.m("fragmented"));
+        if preload {
+            cmd.env("LD_PRELOAD", &so);
+        }
+        let out = cmd.output().unwrap_or_else(|e| panic!("cannot run filefrag (e2fsprogs, needed by this test): {e}"));
+        String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr)
+    };
+    let out = filefrag(true);
+    let map = nearstore_host::mount::extents(&File::open(rig.m("fragmented")).unwrap()).unwrap();
+    let first = &map.extents[0];
+    let row = format!("0:        0..       0: {:>10}..{:>10}:", first.address / 4096, first.address / 4096);
+    assert!(out.contains(&row), "filefrag's first extent is the mount's ({row:?}): {out}");
+    let last = &map.extents[299];
+    let row_last =
+        format!("299: {:>8}..{:>8}: {:>10}..{:>10}:", last.logical / 4096, last.logical / 4096, last.address / 4096, last.address / 4096);
+    assert!(out.contains(&row_last) && out.contains("last,eof"), "filefrag's last extent is the mount's ({row_last:?}): {out}");
+    let without = filefrag(false);
+    assert!(!without.contains(&row), "without the library, no FIEMAP on the mount: {without}");
+}
+
 /// What happens to a file between attaching an operation to a descriptor of it and reading
 /// the result.
 #[derive(Clone, Copy, Debug)]
