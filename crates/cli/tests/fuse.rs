@@ -5,6 +5,7 @@
 
 mod common;
 
+use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -474,4 +475,26 @@ fn the_shell_blocks_of_the_fuse_docs_run_as_printed() {
     let (out, err) = (String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr));
     assert!(o.status.success() && out.contains("1 passed"), "{out}\n{err}");
     assert!(err.contains("6 of 7 sh blocks"), "every block but the FIEMAP library's runs: {err}");
+    // What the blocks print, as their comments say: the logs they write (line j of app{n}.log
+    // an ERROR when 7n divides j), their SHA-256 by sha256sum, the counts of ^ERROR and
+    // timeout lines, the select's groups (in the order first seen), where it was computed, the compressed output's name.
+    let log = |n: u64| -> String {
+        (1..=100_000u64).map(|j| if j % (7 * n) != 0 { format!("INFO ok {j}\n") } else { format!("ERROR timeout {j}\n") }).collect()
+    };
+    let mut sum = Command::new("sha256sum").stdin(Stdio::piped()).stdout(Stdio::piped()).spawn().unwrap();
+    sum.stdin.take().unwrap().write_all(log(1).as_bytes()).unwrap();
+    let sha = String::from_utf8(sum.wait_with_output().unwrap().stdout).unwrap().split(' ').next().unwrap().to_string();
+    let errors = 100_000 / 7;
+    let want = format!(
+        "INFO ok 1\nINFO ok 2\nINFO ok 3\n{sha}\n{errors}\ncity,COUNT(*)\nOslo,2\nLima,1\n1\n\
+         {errors}\n{sha}\n\
+         {errors} view/logs/app1.log\n{} view/logs/app2.log\n{} view/logs/app3.log\n\
+         app1.log.zst ",
+        100_000 / 14,
+        100_000 / 21
+    );
+    let printed = out.strip_prefix("listening on 127.0.0.1:4434\n").unwrap_or(&out);
+    assert!(printed.starts_with(&want), "the blocks print what their comments say:\n{out}\nwanted first:\n{want}");
+    let size: u64 = printed[want.len()..].lines().next().unwrap().parse().unwrap_or_else(|e| panic!("{e}: {out}"));
+    assert!(size > 0 && size < log(1).len() as u64 / 4, "app1.log.zst {size}");
 }
