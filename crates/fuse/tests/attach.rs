@@ -146,6 +146,15 @@ fn an_operation_attached_to_a_descriptor_changes_only_its_reads() {
         assert!(read_all(&b) == data, "{spec}: another descriptor reads the file's bytes");
         let cat = std::process::Command::new("cat").arg(rig.m("app.log")).output().unwrap();
         assert!(cat.stdout == data, "{spec}: another process reads the file's bytes");
+        // Past the page cache too, where the mount tells descriptors apart: a new O_DIRECT
+        // descriptor of this process, and one of another process.
+        assert!(read_all(&direct(&rig.m("app.log"))) == data, "{spec}: a new direct descriptor reads the file's bytes");
+        let dd = std::process::Command::new("dd")
+            .args(["iflag=direct", "bs=1M", "status=none"])
+            .arg(format!("if={}", rig.m("app.log").display()))
+            .output()
+            .unwrap();
+        assert!(dd.status.success() && dd.stdout == data, "{spec}: another process's direct reads get the file's bytes");
     }
     // Detached (ioctl) or removed (xattr): the bytes again.
     ioc(&a, ioctl::DETACH, &mut []).unwrap();
