@@ -41,8 +41,14 @@ impl std::io::Write for LogWriter {
     }
 }
 
-fn logged(words: &str) -> bool {
-    String::from_utf8_lossy(&logs().lock().unwrap()).contains(words)
+/// Where the log ends now: `logged_since` looks only past it, so that a line of an earlier
+/// case cannot answer for a later one.
+fn log_mark() -> usize {
+    logs().lock().unwrap().len()
+}
+
+fn logged_since(mark: usize, words: &str) -> bool {
+    String::from_utf8_lossy(&logs().lock().unwrap()[mark..]).contains(words)
 }
 
 fn errno() -> i32 {
@@ -184,7 +190,7 @@ fn an_operation_attached_to_a_descriptor_changes_only_its_reads() {
 
 #[test]
 fn a_file_that_cannot_be_offloaded_is_computed_in_the_mount_and_says_why() {
-    logs();
+    let mark = log_mark();
     // No map: the source's device is no known namespace.
     let rig = Rig::with(|o| o.devices = nearstore_host::device::DeviceMap::default());
     std::fs::write(rig.m("f"), b"hello\n").unwrap();
@@ -193,7 +199,7 @@ fn a_file_that_cannot_be_offloaded_is_computed_in_the_mount_and_says_why() {
     assert_eq!(String::from_utf8(read_all(&f)).unwrap(), expected("sha256", b"hello\n"));
     let why = fget(&f, "user.nearstore.offloaded").unwrap();
     assert!(why.starts_with("0 ") && why.contains("which no known target exports"), "{why}");
-    assert!(logged("computed in the mount, not offloaded"));
+    assert!(logged_since(mark, "computed in the mount, not offloaded"));
     let p = rig.m(".nearstore/wc/f");
     assert_eq!(std::fs::read_to_string(&p).unwrap(), "1 1 6\n");
 }
@@ -242,7 +248,7 @@ fn bad_input_gets_a_clear_errno_and_a_log_line() {
             "write-only descriptor",
             Box::new(|| ioc(&wo, ioctl::ATTACH, &mut ioctl::encode_op("sha256"))),
             libc::EBADF,
-            "not open for reading",
+            "NEARSTORE_IOC_ATTACH on a descriptor not open for reading",
         ),
         ("ioctl version", Box::new(|| ioc(&f, ioctl::ATTACH, &mut bad_version.clone())), libc::EINVAL, "version 7"),
         ("ioctl bad spec", Box::new(|| ioc(&f, ioctl::ATTACH, &mut ioctl::encode_op("nope"))), libc::EINVAL, "unknown operation 'nope'"),
@@ -273,8 +279,9 @@ fn bad_input_gets_a_clear_errno_and_a_log_line() {
         ),
     ];
     for (what, call, want, words) in cases {
+        let mark = log_mark();
         assert_eq!(call(), Err(want), "{what}");
-        assert!(logged(words), "{what}: no log line with {words:?}");
+        assert!(logged_since(mark, words), "{what}: no log line with {words:?} after the call");
     }
     // None of it changed what the descriptor reads.
     assert_eq!(read_all(&f), b"data\n");
@@ -325,7 +332,7 @@ fn an_operation_attaches_only_where_the_caller_may_read() {
 
 #[test]
 fn a_target_lost_under_an_open_file_fails_its_reads_not_the_mount() {
-    logs();
+    let mark = log_mark();
     let mut rig = Rig::new();
     let data = text(1 << 20, 9);
     std::fs::write(rig.m("f"), &data).unwrap();
@@ -337,7 +344,7 @@ fn a_target_lost_under_an_open_file_fails_its_reads_not_the_mount() {
         f.read_at(&mut buf, 0).map_err(|e| e.raw_os_error())
     });
     assert_eq!(r, Err(Some(libc::EIO)));
-    assert!(logged("operation failed"), "the failure is logged");
+    assert!(logged_since(mark, "operation failed"), "the failure is logged");
     // The mount goes on serving the file's bytes.
     assert!(std::fs::read(rig.m("f")).unwrap() == data);
 }
@@ -348,7 +355,7 @@ fn a_target_lost_under_an_open_file_fails_its_reads_not_the_mount() {
 /// attaches to no passed-through descriptor.
 #[test]
 fn passed_through_and_attached_descriptors_never_share_bytes() {
-    logs();
+    let mark = log_mark();
     let rig = Rig::new();
     let data = text((1 << 20) + 77, 11);
     std::fs::write(rig.m("f"), &data).unwrap();
@@ -393,7 +400,7 @@ fn passed_through_and_attached_descriptors_never_share_bytes() {
     std::fs::write(rig.m("g"), b"g\n").unwrap();
     let g = File::open(rig.m("g")).unwrap();
     assert_eq!(fset(&g, "user.nearstore.op", b"sha256"), Err(libc::EBADFD));
-    assert!(logged("not open with O_DIRECT"));
+    assert!(logged_since(mark, "not open with O_DIRECT"));
     assert_eq!(read_all(&g), b"g\n");
 }
 
@@ -403,7 +410,7 @@ fn passed_through_and_attached_descriptors_never_share_bytes() {
 /// with its own rights instead.
 #[test]
 fn the_mount_is_one_tenant_and_gets_no_result_beyond_its_reach() {
-    logs();
+    let mark = log_mark();
     let host = |name: &str| format!("nqn.2026-11.io.nearstore:fusetest-{name}");
     let tenants = format!(
         "[[tenant]]\nname = \"wide\"\nhosts = [\"{}\"]\n[[tenant.reach]]\nsubsystem = \"{}\"\n\
@@ -424,7 +431,7 @@ fn the_mount_is_one_tenant_and_gets_no_result_beyond_its_reach() {
         let got = sha256_through_another_mount(&rig, name, |o| o.hostnqn = Some(host(name)));
         assert_eq!(got.as_deref().map_err(|e| *e), want, "{name}");
     }
-    assert!(logged("operation refused by the target to this mount's host"));
+    assert!(logged_since(mark, "operation refused by the target to this mount's host"));
 }
 
 /// Reads `.nearstore/sha256/f` through a second mount of the rig's source, made as
@@ -447,7 +454,7 @@ fn sha256_through_another_mount(rig: &Rig, name: &str, adjust: impl FnOnce(&mut 
 /// and a log line.
 #[test]
 fn the_mount_authenticates_as_its_host() {
-    logs();
+    let mark = log_mark();
     const KEY: &str = "DHHC-1:00:ia6zGodOr4SEG0Zzaw398rpY0wqipUWj4jWjUh4HWUz6aQ2n:";
     const OTHER_KEY: &str = "DHHC-1:00:9wCYVQqDvADjGIZo6q/v2SfmXZqqkNa9TcvYu97Ly3Q/gajh:";
     let keyed = "nqn.2026-11.io.nearstore:fusetest-keyed";
@@ -468,7 +475,7 @@ fn the_mount_authenticates_as_its_host() {
         });
         assert_eq!(got.as_deref().map_err(|e| *e), want, "{name}");
     }
-    assert!(logged("operation refused by the target to this mount's host"));
+    assert!(logged_since(mark, "operation refused by the target to this mount's host"));
 }
 
 /// docs/fuse.md's Python example of NEARSTORE_IOC_EXTENTS, run as printed against a real
@@ -517,7 +524,7 @@ fn transform_here(spec: &str, file: &Path, out: &Path) -> Vec<u8> {
 /// fails with EACCES and a log line, and nothing is written.
 #[test]
 fn transform_outputs_appear_as_files_where_the_caller_may_write() {
-    logs();
+    let mark = log_mark();
     let rig = Rig::new();
     for d in ["open", "closed"] {
         std::fs::create_dir(rig.m(d)).unwrap();
@@ -577,8 +584,8 @@ fn transform_outputs_appear_as_files_where_the_caller_may_write() {
     assert_eq!(got.2, Err(Some(libc::EACCES)), "in root's directory");
     assert_eq!(got.3, Err(Some(libc::EACCES)), "in root's directory, by path");
     assert!(!rig.s("closed/app.log.sorted").exists() && !rig.s("closed/t.csv.zst").exists());
-    assert!(logged("output refused: the caller may not write its directory"));
-    assert!(logged("output refused: the caller may not write the file it would replace"));
+    assert!(logged_since(mark, "output refused: the caller may not write its directory"));
+    assert!(logged_since(mark, "output refused: the caller may not write the file it would replace"));
 }
 
 /// The mount runs as root for unprivileged callers: whatever names a caller swaps in (a
@@ -589,7 +596,7 @@ fn transform_outputs_appear_as_files_where_the_caller_may_write() {
 /// keep their bytes.
 #[test]
 fn a_caller_reaches_no_file_of_roots_through_swapped_names() {
-    logs();
+    let mark = log_mark();
     let rig = Rig::new();
     std::fs::create_dir(rig.s("mine")).unwrap();
     std::os::unix::fs::chown(rig.s("mine"), Some(65534), Some(65534)).unwrap();
@@ -628,7 +635,7 @@ fn a_caller_reaches_no_file_of_roots_through_swapped_names() {
         let m = std::fs::metadata(&crontab).unwrap();
         assert_eq!((m.uid(), m.mode() & 0o777), (0, 0o644), "{name}: {spec}");
     }
-    assert!(logged("output refused: a symbolic link at the output's name"));
+    assert!(logged_since(mark, "output refused: a symbolic link at the output's name"));
 }
 
 /// docs/fuse.md's Python example, run as printed against a real mount.
@@ -692,7 +699,7 @@ fn the_mounts_extents_are_the_sources_fiemap_as_global_addresses() {
 /// NEARSTORE_IOC_EXTENTS where there are no extents to give: a clear errno and a log line.
 #[test]
 fn the_extents_ioctl_refuses_what_has_no_extents_on_a_namespace() {
-    logs();
+    let mark = log_mark();
     let rig = Rig::new();
     std::fs::write(rig.m("f"), b"data\n").unwrap();
     std::fs::create_dir(rig.m("dir")).unwrap();
@@ -714,7 +721,7 @@ fn the_extents_ioctl_refuses_what_has_no_extents_on_a_namespace() {
     ];
     for (what, got, want, words) in cases {
         assert_eq!(got, Err(want), "{what}");
-        assert!(logged(words), "{what}: no log line with {words:?}");
+        assert!(logged_since(mark, words), "{what}: no log line with {words:?}");
     }
     // The host library computes such a file itself and says why.
     match nearstore_host::object::map_file(&unmapped.m("f"), &unmapped.devices).unwrap() {
@@ -893,7 +900,7 @@ enum Change {
 /// read fails with ESTALE and a log line. A rename through the mount is followed.
 #[test]
 fn an_operation_computes_only_over_the_file_its_descriptor_opened() {
-    logs();
+    let mark = log_mark();
     let rig = Rig::new();
     std::fs::create_dir(rig.s("mine")).unwrap();
     std::os::unix::fs::chown(rig.s("mine"), Some(65534), Some(65534)).unwrap();
@@ -933,7 +940,7 @@ fn an_operation_computes_only_over_the_file_its_descriptor_opened() {
         let got = if nobody { as_nobody_thread(run) } else { within(60, "a read", run) };
         assert_eq!(got.as_deref().map_err(|e| *e), want, "{change:?}, as {}", if nobody { "nobody" } else { "root" });
     }
-    assert!(logged("not the descriptor's"), "the refusal is logged");
+    assert!(logged_since(mark, "not the descriptor's"), "the refusal is logged");
 }
 
 /// A result larger than a read of the mount holds (select's rows beyond what a result
@@ -941,7 +948,7 @@ fn an_operation_computes_only_over_the_file_its_descriptor_opened() {
 /// docs/fuse.md's error table says.
 #[test]
 fn a_result_too_large_fails_with_efbig() {
-    logs();
+    let mark = log_mark();
     let rows: String = (0..20_000).map(|i| format!("{i},{}\n", "x".repeat(20))).collect();
     // (where it is computed, the mount)
     let rigs: [(&str, fn() -> Rig); 2] =
@@ -955,5 +962,5 @@ fn a_result_too_large_fails_with_efbig() {
         let small = rig.m(".nearstore/select:SELECT COUNT(*) FROM s3object/t.csv");
         assert_eq!(std::fs::read_to_string(small).unwrap(), "COUNT(*)\n20000\n", "{how}: a small result of the same file");
     }
-    assert!(logged("result too large"), "the refusal is logged");
+    assert!(logged_since(mark, "result too large"), "the refusal is logged");
 }
