@@ -1,6 +1,7 @@
 //! Plain file operations through a real FUSE mount give what they give on the source:
 //! files of many sizes written and read back, truncated, renamed, removed, listed, their
-//! modes and owners, and several readers at once. Needs root, loop devices, mkfs.ext4,
+//! modes and owners, several readers at once, and a waiting request holding one thread of
+//! the mount, not the mount. Needs root, loop devices, mkfs.ext4,
 //! /dev/fuse and setpriv; fails naming what is missing.
 
 mod common;
@@ -216,5 +217,80 @@ fn a_source_files_attributes_read_through_the_mount() {
         let name = name.map(String::from);
         let got = within(30, what, move || xattr_call(&path, name.as_deref(), len));
         assert_eq!(got.as_deref().map_err(|e| *e), want, "{what}");
+    }
+}
+
+/// The source file system frozen (FIFREEZE, as `fsfreeze` does; by ioctl, so that no child
+/// process is started while requests of this process wait) for as long as this lives:
+/// writes to it wait, reads go on. Thawed when dropped, also after a failure (else the rig
+/// could not unmount, and the waiting requests would hold the test's process).
+struct Frozen(File);
+
+/// FIFREEZE and FITHAW: _IOWR('X', 119, int) and _IOWR('X', 120, int).
+const FIFREEZE: u64 = 0xC004_5877;
+const FITHAW: u64 = 0xC004_5878;
+
+impl Frozen {
+    fn new(mnt: &std::path::Path) -> Frozen {
+        use std::os::fd::AsRawFd;
+        let dir = File::open(mnt).unwrap();
+        // SAFETY: an open descriptor of the file system's root; the ioctl takes no argument.
+        let r = unsafe { libc::ioctl(dir.as_raw_fd(), FIFREEZE as _, 0) };
+        assert_eq!(r, 0, "FIFREEZE {}: {}", mnt.display(), std::io::Error::last_os_error());
+        Frozen(dir)
+    }
+}
+
+impl Drop for Frozen {
+    fn drop(&mut self) {
+        use std::os::fd::AsRawFd;
+        // SAFETY: as in new.
+        unsafe { libc::ioctl(self.0.as_raw_fd(), FITHAW as _, 0) };
+    }
+}
+
+/// A direct descriptor of the mount: its reads and writes are the mount's requests, never
+/// the page cache's.
+fn direct(p: &std::path::Path, write: bool) -> File {
+    use std::os::unix::fs::OpenOptionsExt;
+    OpenOptions::new().read(true).write(write).custom_flags(libc::O_DIRECT).open(p).unwrap()
+}
+
+/// One request that waits (a write to the frozen source) holds one of the mount's threads,
+/// not the mount: other files read meanwhile. With one thread (`--threads 1`) the same read
+/// waits behind the write, so the first half can fail.
+#[test]
+fn a_request_that_waits_holds_one_thread_not_the_mount() {
+    use std::os::unix::fs::FileExt;
+    for threads in [nearstore_fuse::Options::new("/", "/", Default::default()).threads, 1] {
+        let rig = Rig::with(|o| o.threads = threads);
+        std::fs::write(rig.m("w"), text(8192, 1)).unwrap();
+        let other = text(1 << 20, 2);
+        std::fs::write(rig.m("r"), &other).unwrap();
+        let (w, r) = (direct(&rig.m("w"), true), direct(&rig.m("r"), false));
+        let frozen = Frozen::new(&rig.fs.mnt);
+        let writer = std::thread::spawn(move || w.write_all_at(&text(4096, 3), 0).map(|_| w));
+        std::thread::sleep(std::time::Duration::from_millis(300));
+        assert!(!writer.is_finished(), "{threads} threads: a write to the frozen source waits");
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let mut buf = vec![0u8; 1 << 20];
+            let _ = tx.send(r.read_at(&mut buf, 0).map(|n| buf[..n].to_vec()).map_err(|e| e.to_string()));
+        });
+        let read = rx.recv_timeout(std::time::Duration::from_secs(if threads > 1 { 30 } else { 2 }));
+        if threads > 1 {
+            same(&read.expect("a read of another file while a write waits").unwrap(), &other, "read while a write waits");
+        } else {
+            assert!(read.is_err(), "one thread: the read waits behind the write (else this test proves nothing)");
+        }
+        drop(frozen);
+        let w = within(60, "the write after the thaw", move || writer.join().unwrap().unwrap());
+        drop(w);
+        let mut want = text(8192, 1);
+        want[..4096].copy_from_slice(&text(4096, 3));
+        same(&std::fs::read(rig.s("w")).unwrap(), &want, "the write that waited");
+        if threads == 1 {
+            same(&rx.recv_timeout(std::time::Duration::from_secs(60)).unwrap().unwrap(), &other, "the read that waited");
+        }
     }
 }
