@@ -287,11 +287,16 @@ pub fn read_checksum(a: ReadChecksumArgs) -> Result<()> {
     let size = std::fs::metadata(&a.file).with_context(|| a.file.display().to_string())?.len();
     let len = a.length.unwrap_or(size.saturating_sub(a.offset));
     let mut host = a.at.host()?;
-    let (data, crc) =
-        runtime()?.block_on(host.read_checksum(&a.file, a.offset, len)).with_context(|| format!("reading {}", a.file.display()))?;
-    if let Some(p) = &a.output {
-        std::fs::write(p, &data).with_context(|| format!("--output {}", p.display()))?;
-    }
+    // The bytes go to --output (or nowhere) as they arrive: a range of any size in the
+    // memory of one piece.
+    let mut out: Box<dyn std::io::Write> = match &a.output {
+        Some(p) => Box::new(std::io::BufWriter::new(std::fs::File::create(p).with_context(|| format!("--output {}", p.display()))?)),
+        None => Box::new(std::io::sink()),
+    };
+    let crc = runtime()?
+        .block_on(host.read_checksum_into(&a.file, a.offset, len, &mut out))
+        .with_context(|| format!("reading {}", a.file.display()))?;
+    out.flush().with_context(|| format!("--output {}", a.output.as_deref().unwrap_or(Path::new("-")).display()))?;
     print_crc(a.at.output_format, crc, a.offset, len)
 }
 

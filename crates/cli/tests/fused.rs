@@ -293,3 +293,29 @@ fn a_failed_append_prints_its_transaction_id() {
     assert_ne!(txid, 0, "{err}");
     assert!(err.contains("did not complete"), "{err}");
 }
+
+/// read-checksum of a range larger than the process may hold (its data segment limited with
+/// prlimit to 64 MiB, the range 160 MiB): the bytes stream to --output piece by piece, whole,
+/// with the checksum of all of them. Holding the range whole, the verb failed here.
+#[test]
+fn read_checksum_streams_a_range_larger_than_its_memory() {
+    let fs = Fs::new(256);
+    let config = fs.dir.path().join("target.toml");
+    let (_t, _) = start(&fs.image, "", &config);
+    let data = fs.mnt.join("big");
+    let bytes = nearstore_testkit::text(160 << 20, 7);
+    std::fs::write(&data, &bytes).unwrap();
+    let back = fs.dir.path().join("back");
+    let (offset, len) = (4095u64, (160u64 << 20) - 4095 - 1);
+    let o = std::process::Command::new("prlimit")
+        .arg(format!("--data={}", 64u64 << 20))
+        .arg(env!("CARGO_BIN_EXE_nearstore"))
+        .args(["read-checksum", "--target-config", p(&config), p(&data), "--offset", &offset.to_string()])
+        .args(["--length", &len.to_string(), "--output", p(&back)])
+        .output()
+        .unwrap_or_else(|e| panic!("cannot run prlimit (util-linux, needed by this test): {e}"));
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let want = &bytes[offset as usize..(offset + len) as usize];
+    assert!(std::fs::read(&back).unwrap() == want, "the bytes read back are the file's");
+    assert_eq!(String::from_utf8_lossy(&o.stdout).trim(), format!("crc32c {:08x}  offset {offset}  bytes {len}", crc32c::crc32c(want)));
+}

@@ -428,8 +428,22 @@ impl Host {
 
     /// Reads `len` bytes at `offset` of the file with READ CHECKSUM: the bytes and the
     /// crc32c of them the target computed (one command per extent piece, the checksums
-    /// combined).
+    /// combined). The bytes are held whole: for a range of any size, [`Host::read_checksum_into`].
     pub async fn read_checksum(&mut self, path: &Path, offset: u64, len: u64) -> Result<(Vec<u8>, u32), HostError> {
+        let mut out = Vec::new();
+        let crc = self.read_checksum_into(path, offset, len, &mut out).await?;
+        Ok((out, crc))
+    }
+
+    /// [`Host::read_checksum`] writing the bytes to `out` piece by piece as they arrive
+    /// (READ_PIECE_BYTES at a time, whatever `len`): the crc32c of all of them.
+    pub async fn read_checksum_into(
+        &mut self,
+        path: &Path,
+        offset: u64,
+        len: u64,
+        out: &mut impl std::io::Write,
+    ) -> Result<u32, HostError> {
         let (fo, block) = self.fused_object(path).await?;
         if offset.checked_add(len).is_none_or(|end| end > fo.object.len) {
             return Err(HostError::Invalid(format!(
@@ -440,7 +454,7 @@ impl Host {
         }
         let ep = fo.location.endpoint.clone();
         let (from, to) = (offset / block * block, (offset + len).div_ceil(block) * block);
-        let (mut out, mut crc) = (Vec::with_capacity(len as usize), 0u32);
+        let mut crc = 0u32;
         let mut at = from;
         for (off, n) in pieces(&fo, from, to)? {
             let mut k = 0;
@@ -454,13 +468,14 @@ impl Host {
                     .read_checksum(ep.nsid, (off + k) / block, (m / block) as u32, block as u32, lo as u32..hi as u32)
                     .await
                     .map_err(|source| HostError::Target { endpoint: ep_name(&ep), source })?;
-                out.extend_from_slice(&d[lo as usize..hi as usize]);
+                out.write_all(&d[lo as usize..hi as usize])
+                    .map_err(|e| HostError::Invalid(format!("writing out what was read of {}: {e}", path.display())))?;
                 crc = crc32c::crc32c_combine(crc, c, (hi - lo) as usize);
                 k += m;
             }
             at += n;
         }
-        Ok((out, crc))
+        Ok(crc)
     }
 
     /// What became of transaction `txid` on the namespace holding `path`:
