@@ -120,6 +120,8 @@ pub struct AttachArgs {
 
 /// Bytes read from the attached descriptor at a time (O_DIRECT: a page-aligned buffer).
 const ATTACH_READ_BYTES: usize = 1 << 20;
+/// The largest value of an extended attribute Linux passes (XATTR_SIZE_MAX).
+const XATTR_SIZE_MAX: usize = 65536;
 
 /// `nearstore attach FILE OP`: opens FILE with O_DIRECT, attaches OP to that descriptor,
 /// copies what its reads return (the result computed in storage) to standard output, and
@@ -175,12 +177,24 @@ pub fn attach(a: AttachArgs) -> Result<()> {
     // SAFETY: allocated above with `layout`.
     unsafe { std::alloc::dealloc(ptr, layout) };
     copied?;
-    let mut where_ = [0u8; 16];
-    // SAFETY: a valid descriptor and name, a buffer of its length.
-    let n = unsafe { libc::fgetxattr(fd, c"user.nearstore.offloaded".as_ptr(), where_.as_mut_ptr().cast(), where_.len()) };
-    if n > 0 {
-        let on = if where_[..n as usize] == *b"1" { "the target" } else { "this host (not offloaded: the mount's log says why)" };
-        eprintln!("{} of {}: computed on {on}", a.op, a.file.display());
+    // Where it was computed: "1", or "0 " and why not on the target, a reason of any length
+    // (the kernel bounds an attribute's value by XATTR_SIZE_MAX): its size asked first.
+    let name = c"user.nearstore.offloaded";
+    // SAFETY: a valid descriptor and name; a size of 0 asks the value's size only.
+    let size = unsafe { libc::fgetxattr(fd, name.as_ptr(), std::ptr::null_mut(), 0) };
+    if size > 0 {
+        let mut value = vec![0u8; (size as usize).min(XATTR_SIZE_MAX)];
+        // SAFETY: a valid descriptor and name, a buffer of its length.
+        let n = unsafe { libc::fgetxattr(fd, name.as_ptr(), value.as_mut_ptr().cast(), value.len()) };
+        if n > 0 {
+            let value = String::from_utf8_lossy(&value[..n as usize]);
+            let on = match value.strip_prefix("0 ") {
+                None if value == "1" => "the target".to_string(),
+                Some(why) => format!("this host (not offloaded: {why})"),
+                None => format!("this host (not offloaded: {value})"),
+            };
+            eprintln!("{} of {}: computed on {on}", a.op, a.file.display());
+        }
     }
     Ok(())
 }

@@ -77,6 +77,24 @@ impl Drop for Mount {
     }
 }
 
+/// A tmpfs mounted at a directory for as long as this lives (unmounted lazily when dropped,
+/// also after a failure, before the file system it lies in).
+struct Tmpfs(PathBuf);
+
+impl Tmpfs {
+    fn mount(at: &Path) -> Tmpfs {
+        let o = Command::new("mount").args(["-t", "tmpfs", "-o", "size=16m", "tmpfs"]).arg(at).output().expect("running mount");
+        assert!(o.status.success(), "mount -t tmpfs: {o:?}");
+        Tmpfs(at.to_path_buf())
+    }
+}
+
+impl Drop for Tmpfs {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg("-l").arg(&self.0).status();
+    }
+}
+
 fn xattr(path: &Path, name: &str) -> Option<String> {
     let (c, n) = (std::ffi::CString::new(p(path)).unwrap(), std::ffi::CString::new(name).unwrap());
     let mut buf = vec![0u8; 4096];
@@ -143,6 +161,25 @@ fn results_through_the_mount_are_the_clis_and_unmount_waits_for_open_files() {
     assert!(e.contains("attaching sha256") && e.contains("ioctl"), "{e}");
     let (_, e) = common::fails(&["attach", p(&mnt.join("app.log")), "nosuchop"]);
     assert!(e.contains("attaching nosuchop") && e.contains("Invalid argument"), "{e}");
+    // A file no target exports (on a tmpfs inside the source): attach computes it in the
+    // mount and says why on standard error, the reason the attribute gives.
+    let mem = fs.mnt.join("mem");
+    std::fs::create_dir(&mem).unwrap();
+    let _tmpfs = Tmpfs::mount(&mem);
+    std::fs::write(mem.join("f"), &lines).unwrap();
+    let mem_f = mnt.join("mem/f");
+    for how in [&[][..], &["--xattr"]] {
+        let args: Vec<&str> = ["attach"].into_iter().chain(how.iter().copied()).chain([p(&mem_f), "grep:^ERROR"]).collect();
+        let o = common::nearstore(&args);
+        assert!(o.status.success(), "{args:?}: {o:?}: {}", mount.log());
+        assert_eq!(String::from_utf8_lossy(&o.stdout), format!("{}\n", lines.lines().filter(|l| l.starts_with("ERROR")).count()));
+        let e = String::from_utf8_lossy(&o.stderr);
+        let result = mnt.join(".nearstore/grep:^ERROR/mem/f");
+        assert_eq!(std::fs::read(&result).unwrap(), o.stdout, "the result path's");
+        let why = xattr(&result, "user.nearstore.offloaded").unwrap_or_else(|| panic!("{}", std::io::Error::last_os_error()));
+        let why = why.strip_prefix("0 ").unwrap_or_else(|| panic!("not offloaded, and why: {why}"));
+        assert!(why.len() > 16 && e.contains(&format!("computed on this host (not offloaded: {why})")), "{args:?}: {e}");
+    }
     // Transforms: the output the mount writes beside the file is the CLI verb's output of
     // the same file. (spec, file, the verb with IN and OUT, the output's name beside the file)
     let into = format!("select-into:{query}");
