@@ -41,6 +41,15 @@ impl std::io::Write for LogWriter {
     }
 }
 
+/// Held by each test of this file for its whole run: the tests share one log, and one
+/// running beside another could log the very words the other looks for (two tests refuse a
+/// passed-through descriptor, two see the target refuse the mount's host). One at a time,
+/// a line logged past a test's mark is that test's.
+fn serial() -> std::sync::MutexGuard<'static, ()> {
+    static SERIAL: Mutex<()> = Mutex::new(());
+    SERIAL.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
 /// Where the log ends now: `logged_since` looks only past it, so that a line of an earlier
 /// case cannot answer for a later one.
 fn log_mark() -> usize {
@@ -49,6 +58,12 @@ fn log_mark() -> usize {
 
 fn logged_since(mark: usize, words: &str) -> bool {
     String::from_utf8_lossy(&logs().lock().unwrap()[mark..]).contains(words)
+}
+
+/// Whether one line logged past `mark` holds every one of `words`: with the file's path
+/// among them, a line of another test running at the same time cannot answer.
+fn logged_line_since(mark: usize, words: &[&str]) -> bool {
+    String::from_utf8_lossy(&logs().lock().unwrap()[mark..]).lines().any(|l| words.iter().all(|w| l.contains(w)))
 }
 
 fn errno() -> i32 {
@@ -128,6 +143,7 @@ fn expected(spec: &str, data: &[u8]) -> String {
 
 #[test]
 fn an_operation_attached_to_a_descriptor_changes_only_its_reads() {
+    let _serial = serial();
     logs();
     let rig = Rig::new();
     let data = text((3 << 20) + 123, 5);
@@ -190,6 +206,7 @@ fn an_operation_attached_to_a_descriptor_changes_only_its_reads() {
 
 #[test]
 fn a_file_that_cannot_be_offloaded_is_computed_in_the_mount_and_says_why() {
+    let _serial = serial();
     let mark = log_mark();
     // No map: the source's device is no known namespace.
     let rig = Rig::with(|o| o.devices = nearstore_host::device::DeviceMap::default());
@@ -199,13 +216,15 @@ fn a_file_that_cannot_be_offloaded_is_computed_in_the_mount_and_says_why() {
     assert_eq!(String::from_utf8(read_all(&f)).unwrap(), expected("sha256", b"hello\n"));
     let why = fget(&f, "user.nearstore.offloaded").unwrap();
     assert!(why.starts_with("0 ") && why.contains("which no known target exports"), "{why}");
-    assert!(logged_since(mark, "computed in the mount, not offloaded"));
+    let source = rig.s("f").display().to_string();
+    assert!(logged_line_since(mark, &["computed in the mount, not offloaded", &source]), "a line naming {source}");
     let p = rig.m(".nearstore/wc/f");
     assert_eq!(std::fs::read_to_string(&p).unwrap(), "1 1 6\n");
 }
 
 #[test]
 fn bad_input_gets_a_clear_errno_and_a_log_line() {
+    let _serial = serial();
     logs();
     let rig = Rig::new();
     std::fs::write(rig.m("f"), b"data\n").unwrap();
@@ -303,6 +322,7 @@ fn as_nobody_thread<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -
 
 #[test]
 fn an_operation_attaches_only_where_the_caller_may_read() {
+    let _serial = serial();
     logs();
     let rig = Rig::new();
     std::fs::write(rig.m("secret"), b"s3cr3t\n").unwrap();
@@ -332,6 +352,7 @@ fn an_operation_attaches_only_where_the_caller_may_read() {
 
 #[test]
 fn a_target_lost_under_an_open_file_fails_its_reads_not_the_mount() {
+    let _serial = serial();
     let mark = log_mark();
     let mut rig = Rig::new();
     let data = text(1 << 20, 9);
@@ -344,7 +365,8 @@ fn a_target_lost_under_an_open_file_fails_its_reads_not_the_mount() {
         f.read_at(&mut buf, 0).map_err(|e| e.raw_os_error())
     });
     assert_eq!(r, Err(Some(libc::EIO)));
-    assert!(logged_since(mark, "operation failed"), "the failure is logged");
+    let source = rig.s("f").display().to_string();
+    assert!(logged_line_since(mark, &["operation failed", &source]), "the failure is logged, naming {source}");
     // The mount goes on serving the file's bytes.
     assert!(std::fs::read(rig.m("f")).unwrap() == data);
 }
@@ -355,6 +377,7 @@ fn a_target_lost_under_an_open_file_fails_its_reads_not_the_mount() {
 /// attaches to no passed-through descriptor.
 #[test]
 fn passed_through_and_attached_descriptors_never_share_bytes() {
+    let _serial = serial();
     let mark = log_mark();
     let rig = Rig::new();
     let data = text((1 << 20) + 77, 11);
@@ -410,6 +433,7 @@ fn passed_through_and_attached_descriptors_never_share_bytes() {
 /// with its own rights instead.
 #[test]
 fn the_mount_is_one_tenant_and_gets_no_result_beyond_its_reach() {
+    let _serial = serial();
     let mark = log_mark();
     let host = |name: &str| format!("nqn.2026-11.io.nearstore:fusetest-{name}");
     let tenants = format!(
@@ -454,6 +478,7 @@ fn sha256_through_another_mount(rig: &Rig, name: &str, adjust: impl FnOnce(&mut 
 /// and a log line.
 #[test]
 fn the_mount_authenticates_as_its_host() {
+    let _serial = serial();
     let mark = log_mark();
     const KEY: &str = "DHHC-1:00:ia6zGodOr4SEG0Zzaw398rpY0wqipUWj4jWjUh4HWUz6aQ2n:";
     const OTHER_KEY: &str = "DHHC-1:00:9wCYVQqDvADjGIZo6q/v2SfmXZqqkNa9TcvYu97Ly3Q/gajh:";
@@ -482,6 +507,7 @@ fn the_mount_authenticates_as_its_host() {
 /// mount, gives the extents the host library reads.
 #[test]
 fn the_extents_python_example_of_the_docs_runs() {
+    let _serial = serial();
     logs();
     let rig = Rig::tagged(3);
     let f = File::create(rig.m("f")).unwrap();
@@ -524,6 +550,7 @@ fn transform_here(spec: &str, file: &Path, out: &Path) -> Vec<u8> {
 /// fails with EACCES and a log line, and nothing is written.
 #[test]
 fn transform_outputs_appear_as_files_where_the_caller_may_write() {
+    let _serial = serial();
     let mark = log_mark();
     let rig = Rig::new();
     for d in ["open", "closed"] {
@@ -596,6 +623,7 @@ fn transform_outputs_appear_as_files_where_the_caller_may_write() {
 /// keep their bytes.
 #[test]
 fn a_caller_reaches_no_file_of_roots_through_swapped_names() {
+    let _serial = serial();
     let mark = log_mark();
     let rig = Rig::new();
     std::fs::create_dir(rig.s("mine")).unwrap();
@@ -641,6 +669,7 @@ fn a_caller_reaches_no_file_of_roots_through_swapped_names() {
 /// docs/fuse.md's Python example, run as printed against a real mount.
 #[test]
 fn the_python_example_of_the_docs_runs() {
+    let _serial = serial();
     logs();
     let rig = Rig::new();
     let data = text(200_000, 3);
@@ -663,6 +692,7 @@ fn the_python_example_of_the_docs_runs() {
 /// as the source's file.
 #[test]
 fn the_mounts_extents_are_the_sources_fiemap_as_global_addresses() {
+    let _serial = serial();
     logs();
     let rig = Rig::tagged(9);
     // (name, (offset, bytes) written)
@@ -699,6 +729,7 @@ fn the_mounts_extents_are_the_sources_fiemap_as_global_addresses() {
 /// NEARSTORE_IOC_EXTENTS where there are no extents to give: a clear errno and a log line.
 #[test]
 fn the_extents_ioctl_refuses_what_has_no_extents_on_a_namespace() {
+    let _serial = serial();
     let mark = log_mark();
     let rig = Rig::new();
     std::fs::write(rig.m("f"), b"data\n").unwrap();
@@ -734,6 +765,7 @@ fn the_extents_ioctl_refuses_what_has_no_extents_on_a_namespace() {
 /// mount answers NEARSTORE_IOC_EXTENTS instead (docs/fuse.md, "FIEMAP").
 #[test]
 fn fiemap_on_the_mount_is_refused_by_the_kernel() {
+    let _serial = serial();
     let rig = Rig::new();
     std::fs::write(rig.m("f"), text(100_000, 1)).unwrap();
     let e = nearstore_host::fiemap::extents(&File::open(rig.m("f")).unwrap()).unwrap_err();
@@ -795,6 +827,7 @@ fn fiemap_queries(preload: Option<&Path>, queries: &serde_json::Value) -> Vec<se
 /// still have none. filefrag, which knows only FIEMAP, maps a file through the mount.
 #[test]
 fn fiemap_through_the_preloaded_library_is_the_mounts_extents() {
+    let _serial = serial();
     logs();
     let rig = Rig::tagged(5);
     let so = fiemap_shim(rig.dir.path());
@@ -900,6 +933,7 @@ enum Change {
 /// read fails with ESTALE and a log line. A rename through the mount is followed.
 #[test]
 fn an_operation_computes_only_over_the_file_its_descriptor_opened() {
+    let _serial = serial();
     let mark = log_mark();
     let rig = Rig::new();
     std::fs::create_dir(rig.s("mine")).unwrap();
@@ -948,6 +982,7 @@ fn an_operation_computes_only_over_the_file_its_descriptor_opened() {
 /// docs/fuse.md's error table says.
 #[test]
 fn a_result_too_large_fails_with_efbig() {
+    let _serial = serial();
     let mark = log_mark();
     let rows: String = (0..20_000).map(|i| format!("{i},{}\n", "x".repeat(20))).collect();
     // (where it is computed, the mount)
