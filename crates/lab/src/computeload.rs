@@ -22,6 +22,7 @@ pub struct ComputeLoadArgs {
     /// The subsystem.
     #[arg(short = 'n', long)]
     pub nqn: String,
+    /// The namespace the CSV is written to and computed over.
     #[arg(long, default_value_t = 1)]
     pub nsid: u32,
     /// The host NQN: whose tenant the commands are.
