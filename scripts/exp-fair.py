@@ -98,16 +98,23 @@ def compute_all(binary, tenants, secs):
         cmd = ["taskset", "-c", "1", lab, "compute-load", "-a", f"127.0.0.1:{PORT}", "-n", NQN, "--hostnqn", host(t),
                "--kind", kind, "--offset", off, "--bytes", n, "-c", str(c), "-T", str(secs), "-o", "json"]
         procs.append((t, subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)))
+    return collect("compute-load", procs, secs + 120)
+
+
+def collect(verb, procs, limit):
+    """The JSON each (tenant, process) printed, by tenant; waits at most `limit` s for each
+    and ends the experiment, killing what is left of it, if one fails or overruns."""
     out = {}
-    for t, p in procs:
+    for tenant, p in procs:
         try:
-            o, e = p.communicate(timeout=secs + 120)
+            o, e = p.communicate(timeout=limit)
         except subprocess.TimeoutExpired:
-            p.kill()
-            sys.exit(f"compute-load of {t} did not end within {secs + 120} s")
+            for _, q in procs:
+                q.kill()
+            sys.exit(f"{verb} of {tenant} did not end within {limit} s")
         if p.returncode != 0:
-            sys.exit(f"compute-load of {t} failed: {e}")
-        out[t] = json.loads(o)
+            sys.exit(f"{verb} of {tenant} failed: {e}")
+        out[tenant] = json.loads(o)
     return out
 
 
@@ -176,17 +183,7 @@ def perf_all(binary, specs, secs):
         if mix is not None:
             cmd += ["-M", str(mix)]
         procs.append((tenant, subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)))
-    out = {}
-    for tenant, p in procs:
-        try:
-            o, e = p.communicate(timeout=secs + 30)
-        except subprocess.TimeoutExpired:
-            p.kill()
-            sys.exit(f"perf of {tenant} did not end within {secs + 30} s")
-        if p.returncode != 0:
-            sys.exit(f"perf of {tenant} failed: {e}")
-        out[tenant] = json.loads(o)
-    return out
+    return collect("perf", procs, secs + 30)
 
 
 def jain(xs):
