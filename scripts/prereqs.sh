@@ -18,6 +18,7 @@ if [ "$(id -u)" = 0 ]; then
     command -v setpriv >/dev/null || want util-linux "setpriv: the FUSE mount's tests as an unprivileged user"
     command -v python3 >/dev/null || want python3 "python3: docs/fuse.md's Python example, run by a test"
     command -v zstd >/dev/null || want zstd "zstd: docs/fuse.md's shell example decompresses a transform's output"
+    command -v mksquashfs >/dev/null || want squashfs-tools "mksquashfs: the FUSE mount's test of a source file system without FIEMAP"
     # The FUSE mount's tests mount for real (no package: the kernel's fuse module).
     [ -e /dev/fuse ] || modprobe fuse 2>/dev/null || echo "no /dev/fuse: the FUSE mount's tests will fail (load the fuse module)" >&2
     if [ ${#need[@]} -gt 0 ]; then

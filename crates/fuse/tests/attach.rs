@@ -761,6 +761,48 @@ fn the_extents_ioctl_refuses_what_has_no_extents_on_a_namespace() {
     }
 }
 
+/// A squashfs image mounted (on a loop device) for as long as this lives; unmounted
+/// lazily when dropped, also after a failure, before the rig whose source holds it.
+struct Squashfs(std::path::PathBuf);
+
+impl Drop for Squashfs {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("umount").arg("-l").arg(&self.0).status();
+    }
+}
+
+/// A file on a block device the mount's map names, whose file system maps no extents
+/// (squashfs has no FIEMAP): NEARSTORE_IOC_EXTENTS fails with the source's errno,
+/// EOPNOTSUPP, and says so in the log.
+#[test]
+fn the_extents_ioctl_passes_on_a_source_without_fiemap() {
+    let _serial = serial();
+    let mark = log_mark();
+    let dir = tempfile::tempdir().unwrap();
+    let content = dir.path().join("content");
+    std::fs::create_dir(&content).unwrap();
+    std::fs::write(content.join("f"), text(100_000, 4)).unwrap();
+    let image = dir.path().join("sq.img");
+    let o = std::process::Command::new("mksquashfs")
+        .arg(&content)
+        .arg(&image)
+        .args(["-quiet", "-noappend"])
+        .output()
+        .unwrap_or_else(|e| panic!("cannot run mksquashfs (squashfs-tools, needed by this test): {e}"));
+    assert!(o.status.success(), "mksquashfs: {o:?}");
+    let somewhere =
+        nearstore_host::device::Endpoint { address: "127.0.0.1:9".parse().unwrap(), nqn: "nqn.2026-11.io.nearstore:none".into(), nsid: 1 };
+    let rig = Rig::with(|o| o.devices.add_file(&image, somewhere).unwrap());
+    let at = rig.s("sq");
+    std::fs::create_dir(&at).unwrap();
+    let o = std::process::Command::new("mount").args(["-t", "squashfs", "-o", "loop,ro"]).arg(&image).arg(&at).output().unwrap();
+    assert!(o.status.success(), "mount -t squashfs: {o:?}");
+    let _mounted = Squashfs(at);
+    let f = File::open(rig.m("sq/f")).unwrap();
+    assert_eq!(nearstore_host::mount::extents(&f).map(|_| ()).map_err(|e| e.raw_os_error()), Err(Some(libc::EOPNOTSUPP)));
+    assert!(logged_since(mark, "FIEMAP of the source"), "the refusal is logged");
+}
+
 /// Linux answers FIEMAP in the VFS from the inode's fiemap operation, which FUSE lacks: the
 /// mount answers NEARSTORE_IOC_EXTENTS instead (docs/fuse.md, "FIEMAP").
 #[test]
