@@ -97,21 +97,13 @@ impl Filesystem for MemFs {
 }
 
 fn main() {
-    let args: Vec<String> = std::env::args().collect();
-    let (mountpoint, size, workers) = match args.as_slice() {
-        [_, m, s] => (m, s, "2"),
-        [_, m, s, flag, n] if flag == "--threads" => (m, s, n.as_str()),
-        _ => usage(),
-    };
-    let size: usize = size.parse().unwrap_or_else(|_| usage());
-    let workers: usize = workers.parse().ok().filter(|&n| n >= 1).unwrap_or_else(|| usage());
-    let data: Vec<u8> = (0..size).map(|i| (i % 251) as u8 + 1).collect();
+    let (mountpoint, data, workers) = bench_fuse_crates::args(USAGE, 2);
 
     let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(workers).enable_all().build().unwrap_or_else(|e| {
         eprintln!("with_fuse3: tokio runtime: {e}");
         exit(1)
     });
-    runtime.block_on(serve(mountpoint, MemFs { data: Bytes::from(data) }));
+    runtime.block_on(serve(&mountpoint, MemFs { data: Bytes::from(data) }));
 }
 
 async fn serve(mountpoint: &str, fs: MemFs) {
@@ -150,9 +142,4 @@ async fn serve(mountpoint: &str, fs: MemFs) {
             exit(1);
         }
     }
-}
-
-fn usage() -> ! {
-    eprintln!("{USAGE}");
-    exit(2)
 }

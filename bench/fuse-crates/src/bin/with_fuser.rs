@@ -106,15 +106,7 @@ extern "C" fn on_signal(_: libc::c_int) {
 }
 
 fn main() {
-    let args: Vec<String> = std::env::args().collect();
-    let (mountpoint, size, threads) = match args.as_slice() {
-        [_, m, s] => (m, s, "1"),
-        [_, m, s, flag, n] if flag == "--threads" => (m, s, n.as_str()),
-        _ => usage(),
-    };
-    let size: usize = size.parse().unwrap_or_else(|_| usage());
-    let threads: usize = threads.parse().ok().filter(|&n| n >= 1).unwrap_or_else(|| usage());
-    let data: Vec<u8> = (0..size).map(|i| (i % 251) as u8 + 1).collect();
+    let (mountpoint, data, threads) = bench_fuse_crates::args(USAGE, 1);
 
     // SAFETY: the handler only stores to an atomic. Set before any thread starts.
     unsafe {
@@ -126,7 +118,7 @@ fn main() {
     config.n_threads = Some(threads);
     config.clone_fd = true;
     // Mounts, answers the kernel's INIT, then serves on background threads.
-    let session = fuser::spawn_mount(MemFs { data }, mountpoint, &config).unwrap_or_else(|e| {
+    let session = fuser::spawn_mount(MemFs { data }, &mountpoint, &config).unwrap_or_else(|e| {
         eprintln!("with_fuser: mount {mountpoint}: {e}");
         exit(1)
     });
@@ -142,9 +134,4 @@ fn main() {
         eprintln!("with_fuser: unmount {mountpoint}: {e}");
         exit(1);
     }
-}
-
-fn usage() -> ! {
-    eprintln!("{USAGE}");
-    exit(2)
 }
