@@ -63,11 +63,15 @@ _Static_assert(sizeof(struct fiemap_extent) == 56, "struct fiemap_extent is 56 b
 
 typedef int (*ioctl_fn)(int, unsigned long, void *);
 
+/* The C library's ioctl, looked up once; threads racing to look it up store the same value. */
 static ioctl_fn real_ioctl(void) {
     static ioctl_fn real;
-    if (!real)
-        real = (ioctl_fn)dlsym(RTLD_NEXT, "ioctl");
-    return real;
+    ioctl_fn f = __atomic_load_n(&real, __ATOMIC_ACQUIRE);
+    if (!f) {
+        f = (ioctl_fn)dlsym(RTLD_NEXT, "ioctl");
+        __atomic_store_n(&real, f, __ATOMIC_RELEASE);
+    }
+    return f;
 }
 
 /*
