@@ -41,6 +41,8 @@
 #define FUSE_SUPER_MAGIC 0x65735546
 /* Rounds of paging a file that changes under them before giving up with EAGAIN. */
 #define CHANGED_RETRIES 3
+/* The kernel's bound on fm_extent_count (fs/ioctl.c). */
+#define FIEMAP_MAX_EXTENTS (UINT32_MAX / sizeof(struct fiemap_extent))
 
 struct nearstore_extent {
     uint64_t logical, address, length;
@@ -127,25 +129,33 @@ static int ask(int fd, uint32_t start, struct nearstore_extents *r) {
     memset(r, 0, sizeof *r);
     r->version = NEARSTORE_EXTENTS_VERSION;
     r->start = start;
-    if (real_ioctl()(fd, NEARSTORE_IOC_EXTENTS, r) != 0)
+    ioctl_fn real = real_ioctl();
+    if (!real || real(fd, NEARSTORE_IOC_EXTENTS, r) != 0)
         return -1;
-    if (r->start != start || r->count > NEARSTORE_EXTENTS_PER_REPLY || start > r->total || r->count > r->total - start ||
-        (r->count == 0 && start < r->total)) {
-        errno = EIO; /* a reply that contradicts itself: no partial map */
+    if (r->count > NEARSTORE_EXTENTS_PER_REPLY) {
+        errno = EIO; /* more than a reply holds: no partial map */
         return -1;
     }
     return 0;
 }
 
+/* Whether reply `r`, asked from `start`, is a page of the file whose total it gives. */
+static int consistent(const struct nearstore_extents *r, uint32_t start) {
+    return r->start == start && start <= r->total && r->count <= r->total - start && (r->count > 0 || start == r->total);
+}
+
 /* FIEMAP answered from the mount's extents; 0, or -1 with errno. */
 static int fiemap_from_mount(int fd, struct fiemap *fm) {
+    /* In ioctl_fiemap's order: the count, the range, then the flags; no extent mapped on
+       any error. */
+    fm->fm_mapped_extents = 0;
+    if (fm->fm_extent_count > FIEMAP_MAX_EXTENTS || fm->fm_length == 0) {
+        errno = EINVAL;
+        return -1;
+    }
     if (fm->fm_flags & ~(uint32_t)FIEMAP_FLAG_SYNC) {
         fm->fm_flags &= ~(uint32_t)FIEMAP_FLAG_SYNC;
         errno = EBADR;
-        return -1;
-    }
-    if (fm->fm_length == 0) {
-        errno = EINVAL;
         return -1;
     }
     uint64_t from = fm->fm_start;
@@ -161,14 +171,23 @@ static int fiemap_from_mount(int fd, struct fiemap *fm) {
         uint64_t size = 0;
         int changed = 0, full = 0;
         do {
-            if (ask(fd, start, r) != 0)
+            if (ask(fd, start, r) != 0) {
+                /* The mount has no extents to give for this file (a directory, a result
+                   file, no exported namespace, an older mount): FIEMAP's "not here". */
+                if (start == 0 && (errno == ENOTTY || errno == EISDIR || errno == EINVAL || errno == ENODEV))
+                    errno = EOPNOTSUPP;
                 goto out;
+            }
             if (start == 0) {
                 total = r->total;
                 size = r->size;
             } else if (r->total != total || r->size != size) {
                 changed = 1;
                 break;
+            }
+            if (!consistent(r, start)) {
+                errno = EIO; /* a reply that contradicts itself: no partial map */
+                goto out;
             }
             for (uint32_t i = 0; i < r->count && !full; i++) {
                 const struct nearstore_extent *e = &r->extents[i];
@@ -199,6 +218,8 @@ static int fiemap_from_mount(int fd, struct fiemap *fm) {
     }
     errno = EAGAIN; /* the file kept changing while its extents were read */
 out:
+    if (rc != 0)
+        fm->fm_mapped_extents = 0;
     free(r);
     return rc;
 }
@@ -208,8 +229,14 @@ int ioctl(int fd, unsigned long request, ...) {
     va_start(ap, request);
     void *arg = va_arg(ap, void *);
     va_end(ap);
-    int rc = real_ioctl()(fd, request, arg);
-    if (rc == 0 || request != FS_IOC_FIEMAP || errno != EOPNOTSUPP || !arg)
+    ioctl_fn real = real_ioctl();
+    if (!real) {
+        errno = ENOSYS;
+        return -1;
+    }
+    int rc = real(fd, request, arg);
+    /* The kernel takes the request's low 32 bits (a caller's int may come sign-extended). */
+    if (rc == 0 || (unsigned int)request != FS_IOC_FIEMAP || errno != EOPNOTSUPP || !arg)
         return rc;
     int saved = errno;
     if (!on_nearstore_mount(fd)) {
