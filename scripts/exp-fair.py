@@ -102,18 +102,23 @@ def compute_all(binary, tenants, secs):
 
 
 def collect(verb, procs, limit):
-    """The JSON each (tenant, process) printed, by tenant; waits at most `limit` s for each
-    and ends the experiment, killing what is left of it, if one fails or overruns."""
+    """The JSON each (tenant, process) printed, by tenant; waits at most `limit` s for all
+    of them and ends the experiment, killing what is left of it, if one fails or overruns."""
     out = {}
+    deadline = time.monotonic() + limit
+
+    def end(why):
+        for _, q in procs:
+            q.kill()
+        sys.exit(why)
+
     for tenant, p in procs:
         try:
-            o, e = p.communicate(timeout=limit)
+            o, e = p.communicate(timeout=max(0.0, deadline - time.monotonic()))
         except subprocess.TimeoutExpired:
-            for _, q in procs:
-                q.kill()
-            sys.exit(f"{verb} of {tenant} did not end within {limit} s")
+            end(f"{verb} of {tenant} did not end within {limit} s")
         if p.returncode != 0:
-            sys.exit(f"{verb} of {tenant} failed: {e}")
+            end(f"{verb} of {tenant} failed: {e}")
         out[tenant] = json.loads(o)
     return out
 
