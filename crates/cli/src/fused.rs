@@ -286,6 +286,14 @@ fn print_written(format: Output, w: &nearstore_host::fused::Written, offset: u64
 pub fn read_checksum(a: ReadChecksumArgs) -> Result<()> {
     let size = std::fs::metadata(&a.file).with_context(|| a.file.display().to_string())?.len();
     let len = a.length.unwrap_or(size.saturating_sub(a.offset));
+    // Checked before --output is created over whatever is there (the host library checks
+    // again against the file it maps).
+    anyhow::ensure!(
+        a.offset.checked_add(len).is_some_and(|end| end <= size),
+        "{}: {len} bytes at {} are not inside its {size} bytes",
+        a.file.display(),
+        a.offset
+    );
     let mut host = a.at.host()?;
     // The bytes go to --output (or nowhere) as they arrive: a range of any size in the
     // memory of one piece.
