@@ -194,7 +194,10 @@ pub fn attach(a: AttachArgs) -> Result<()> {
                 None => format!("this host (not offloaded: {value})"),
             };
             eprintln!("{} of {}: computed on {on}", a.op, a.file.display());
+            return Ok(());
         }
     }
+    // The result is out; only where it was computed is unknown.
+    eprintln!("{} of {}: where it was computed is unknown: {}", a.op, a.file.display(), std::io::Error::last_os_error());
     Ok(())
 }

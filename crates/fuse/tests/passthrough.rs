@@ -245,7 +245,10 @@ impl Drop for Frozen {
     fn drop(&mut self) {
         use std::os::fd::AsRawFd;
         // SAFETY: as in new.
-        unsafe { libc::ioctl(self.0.as_raw_fd(), FITHAW as _, 0) };
+        if unsafe { libc::ioctl(self.0.as_raw_fd(), FITHAW as _, 0) } != 0 {
+            // Not a panic (this may run while unwinding): said, with how to thaw by hand.
+            eprintln!("FITHAW: {}: the source stays frozen (fsfreeze --unfreeze it)", std::io::Error::last_os_error());
+        }
     }
 }
 
