@@ -77,24 +77,6 @@ impl Drop for Mount {
     }
 }
 
-/// A tmpfs mounted at a directory for as long as this lives (unmounted lazily when dropped,
-/// also after a failure, before the file system it lies in).
-struct Tmpfs(PathBuf);
-
-impl Tmpfs {
-    fn mount(at: &Path) -> Tmpfs {
-        let o = Command::new("mount").args(["-t", "tmpfs", "-o", "size=16m", "tmpfs"]).arg(at).output().expect("running mount");
-        assert!(o.status.success(), "mount -t tmpfs: {o:?}");
-        Tmpfs(at.to_path_buf())
-    }
-}
-
-impl Drop for Tmpfs {
-    fn drop(&mut self) {
-        let _ = Command::new("umount").arg("-l").arg(&self.0).status();
-    }
-}
-
 fn xattr(path: &Path, name: &str) -> Option<String> {
     let (c, n) = (std::ffi::CString::new(p(path)).unwrap(), std::ffi::CString::new(name).unwrap());
     let mut buf = vec![0u8; 4096];
@@ -165,7 +147,7 @@ fn results_through_the_mount_are_the_clis_and_unmount_waits_for_open_files() {
     // mount and says why on standard error, the reason the attribute gives.
     let mem = fs.mnt.join("mem");
     std::fs::create_dir(&mem).unwrap();
-    let _tmpfs = Tmpfs::mount(&mem);
+    let _tmpfs = nearstore_testkit::Mounted::new(&["-t", "tmpfs", "-o", "size=16m", "tmpfs"], &mem);
     std::fs::write(mem.join("f"), &lines).unwrap();
     let mem_f = mnt.join("mem/f");
     for how in [&[][..], &["--xattr"]] {
@@ -328,25 +310,6 @@ fn a_secret_file_others_may_reach_is_refused() {
     }
 }
 
-/// A directory bind-mounted inside another (a second file system in the source
-/// directory); unmounted when dropped.
-struct Bind(PathBuf);
-
-impl Bind {
-    fn new(from: &Path, to: &Path) -> Bind {
-        std::fs::create_dir(to).unwrap();
-        let o = Command::new("mount").arg("--bind").args([from, to]).output().expect("running mount");
-        assert!(o.status.success(), "mount --bind: {}", String::from_utf8_lossy(&o.stderr));
-        Bind(to.into())
-    }
-}
-
-impl Drop for Bind {
-    fn drop(&mut self) {
-        let _ = Command::new("umount").arg("-l").arg(&self.0).status();
-    }
-}
-
 /// `nearstore target --config FILE` on a free port, its configuration `config(address)`
 /// written to `file` (common::target_on_free_port).
 fn config_target(file: &Path, config: impl Fn(&str) -> String) -> Proc {
@@ -372,7 +335,9 @@ fn the_mount_with_a_target_config_offloads_each_namespace_it_names() {
     std::fs::write(a.mnt.join("app.log"), &lines).unwrap();
     let rows: String = (0..3000).map(|i| format!("{i},{}\n", ["Oslo", "Lima", "Kyiv"][i % 3])).collect();
     std::fs::write(b.mnt.join("orders.csv"), format!("id,city\n{rows}")).unwrap();
-    let _inner = Bind::new(&b.mnt, &a.mnt.join("b"));
+    // A second file system in the source directory: b bind-mounted inside a.
+    std::fs::create_dir(a.mnt.join("b")).unwrap();
+    let _inner = nearstore_testkit::Mounted::new(&["--bind", p(&b.mnt)], &a.mnt.join("b"));
     let cfg = a.dir.path().join("target.toml");
     let _t = config_target(&cfg, |addr| {
         let sub = |name: &str, image: &Path| {
@@ -437,7 +402,9 @@ fn a_stalled_target_fails_its_operations_after_op_timeout_and_the_mount_serves_o
     let lines: String = (0..20_000).map(|i| format!("line {i}\n")).collect();
     std::fs::write(a.mnt.join("app.log"), &lines).unwrap();
     std::fs::write(b.mnt.join("b.log"), "stalled\n".repeat(1000)).unwrap();
-    let _inner = Bind::new(&b.mnt, &a.mnt.join("b"));
+    // A second file system in the source directory: b bind-mounted inside a.
+    std::fs::create_dir(a.mnt.join("b")).unwrap();
+    let _inner = nearstore_testkit::Mounted::new(&["--bind", p(&b.mnt)], &a.mnt.join("b"));
     let (ta, tb) = (Target::start(&["--namespace", p(&a.image)]), Target::start(&["--namespace", p(&b.image)]));
     let map = a.dir.path().join("map.toml");
     let entry = |t: &Target, image: &Path| {

@@ -761,16 +761,6 @@ fn the_extents_ioctl_refuses_what_has_no_extents_on_a_namespace() {
     }
 }
 
-/// A file system mounted inside a rig's source for as long as this lives; unmounted lazily
-/// when dropped, also after a failure, before the rig whose source holds it.
-struct Mounted(std::path::PathBuf);
-
-impl Drop for Mounted {
-    fn drop(&mut self) {
-        let _ = std::process::Command::new("umount").arg("-l").arg(&self.0).status();
-    }
-}
-
 /// A file on a block device the mount's map names, whose file system maps no extents
 /// (squashfs has no FIEMAP): NEARSTORE_IOC_EXTENTS fails with the source's errno,
 /// EOPNOTSUPP, and says so in the log.
@@ -795,9 +785,7 @@ fn the_extents_ioctl_passes_on_a_source_without_fiemap() {
     let rig = Rig::with(|o| o.devices.add_file(&image, somewhere).unwrap());
     let at = rig.s("sq");
     std::fs::create_dir(&at).unwrap();
-    let o = std::process::Command::new("mount").args(["-t", "squashfs", "-o", "loop,ro"]).arg(&image).arg(&at).output().unwrap();
-    assert!(o.status.success(), "mount -t squashfs: {o:?}");
-    let _mounted = Mounted(at);
+    let _mounted = nearstore_testkit::Mounted::new(&["-t", "squashfs", "-o", "loop,ro", image.to_str().unwrap()], &at);
     let f = File::open(rig.m("sq/f")).unwrap();
     assert_eq!(nearstore_host::mount::extents(&f).map(|_| ()).map_err(|e| e.raw_os_error()), Err(Some(libc::EOPNOTSUPP)));
     assert!(logged_since(mark, "FIEMAP of the source"), "the refusal is logged");
@@ -937,9 +925,7 @@ fn fiemap_through_the_preloaded_library_is_the_mounts_extents() {
     // namespace), FIEMAP's "not here", as the kernel says it of a file system without it.
     assert_eq!(fiemap_queries(Some(&so), &all(&rig.m(".nearstore/sha256/sparse")))[0]["errno"], serde_json::json!(libc::EOPNOTSUPP));
     std::fs::create_dir(rig.s("mem")).unwrap();
-    let o = std::process::Command::new("mount").args(["-t", "tmpfs", "-o", "size=1m", "tmpfs"]).arg(rig.s("mem")).output().unwrap();
-    assert!(o.status.success(), "mount -t tmpfs: {o:?}");
-    let _tmpfs = Mounted(rig.s("mem"));
+    let _tmpfs = nearstore_testkit::Mounted::new(&["-t", "tmpfs", "-o", "size=1m", "tmpfs"], &rig.s("mem"));
     std::fs::write(rig.m("mem/f"), b"on no namespace\n").unwrap();
     assert_eq!(fiemap_queries(Some(&so), &all(&rig.m("mem/f")))[0]["errno"], serde_json::json!(libc::EOPNOTSUPP));
     // filefrag, a tool of e2fsprogs that knows only FIEMAP.

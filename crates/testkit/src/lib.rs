@@ -94,6 +94,25 @@ impl Drop for Fs {
     }
 }
 
+/// A file system mounted by `mount OPTIONS... AT` (a tmpfs, an image with `-o loop`) for as
+/// long as this lives; detached lazily when dropped, also after a failure, so that it goes
+/// before a file system it lies in.
+pub struct Mounted(PathBuf);
+
+impl Mounted {
+    pub fn new(options: &[&str], at: &Path) -> Mounted {
+        let o = std::process::Command::new("mount").args(options).arg(at).output().expect("running mount");
+        assert!(o.status.success(), "mount {options:?} {}: {o:?}", at.display());
+        Mounted(at.to_path_buf())
+    }
+}
+
+impl Drop for Mounted {
+    fn drop(&mut self) {
+        let _ = try_run("umount", &["-l", self.0.to_str().unwrap()]);
+    }
+}
+
 /// The verbs and arguments of `cmd` (named `name`), at any depth, that have no help text:
 /// `"name verb: the verb"` or `"name verb: argument"`. Builds `cmd` first, so arguments
 /// flattened into a verb are reached.
