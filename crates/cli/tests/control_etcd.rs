@@ -103,7 +103,14 @@ fn register(c: &Client, target: &str, pools: usize, size: u64) {
         addr: target.into(),
         nqn: "nqn.2026-11.io.nearstore:etcd-test".into(),
         pools: (0..pools)
-            .map(|i| PoolSpec { name: format!("p{i}"), path: format!("/pools/{target}/p{i}"), size, nsid: i as u32 + 1 })
+            .map(|i| PoolSpec {
+                name: format!("p{i}"),
+                path: format!("/pools/{target}/p{i}"),
+                size,
+                nsid: i as u32 + 1,
+                bandwidth: 0,
+                write_cost: 0.0,
+            })
             .collect(),
     };
     rt().block_on(c.register(&req)).expect("register");

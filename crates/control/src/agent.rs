@@ -176,6 +176,10 @@ pub struct AgentPool {
     pub size: u64,
     /// Its namespace in the target's pool subsystem.
     pub nsid: u32,
+    /// Bytes per second it serves (its `fair` bandwidth; 0: not declared), and a written
+    /// byte's cost there: what the arbiter divides.
+    pub bandwidth: u64,
+    pub write_cost: f64,
     pub stats: Arc<PoolStats>,
 }
 
@@ -245,7 +249,14 @@ impl Agent {
             pools: self
                 .pools
                 .iter()
-                .map(|p| PoolSpec { name: p.name.clone(), path: p.path.display().to_string(), size: p.size, nsid: p.nsid })
+                .map(|p| PoolSpec {
+                    name: p.name.clone(),
+                    path: p.path.display().to_string(),
+                    size: p.size,
+                    nsid: p.nsid,
+                    bandwidth: p.bandwidth,
+                    write_cost: p.write_cost,
+                })
                 .collect(),
         }
     }

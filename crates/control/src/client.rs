@@ -253,6 +253,11 @@ impl Client {
         self.call(Method::PUT, &format!("/v1/pools/{}/{}/view", segment(&pool.target), segment(&pool.name)), Some(push)).await
     }
 
+    /// Sends a target's demands to the arbiter; its grants come back.
+    pub async fn arbitrate(&self, req: &BandwidthRequest) -> Result<BandwidthGrants, ClientError> {
+        self.call(Method::POST, "/v1/arbiter", Some(req)).await
+    }
+
     /// Cordons a pool (`true`: no new extents there) or ends its cordon.
     pub async fn cordon(&self, pool: &PoolId, cordoned: bool) -> Result<Pool, ClientError> {
         let what = if cordoned { "cordon" } else { "uncordon" };

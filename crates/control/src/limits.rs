@@ -178,3 +178,44 @@ pub const TENANT_WEIGHT_MAX: u32 = 10_000;
 const _: () = assert!(
     (TENANT_HOSTS_MAX + TENANT_REACH_MAX) * (NQN_BYTES_MAX + 3) + TENANT_NAME_BYTES_MAX + 256 <= PATH_BYTES_MAX + NAME_BYTES_MAX * 2 + 512
 );
+
+// The arbiter (arbiter.rs, docs/fair-io.md "The arbiter").
+
+/// How often a target asks the arbiter for its grants, in milliseconds (Flint's batch): long
+/// enough that a request per target per period costs the control plane little (a hundred
+/// targets are a thousand small requests a second), short enough that a tenant starting to
+/// read gets its share within a few periods.
+pub const ARBITER_PERIOD_MS: u64 = 100;
+/// How long a grant holds at the target after it arrived, in milliseconds: several periods,
+/// so one lost request changes nothing; past it, an arbiter that stopped answering leaves the
+/// target to its local fair sharing.
+pub const ARBITER_GRANT_TTL_MS: u64 = 5 * ARBITER_PERIOD_MS;
+/// A client (a requesting target's tenant on a pool) not heard from for this long, in
+/// milliseconds, is no longer active on the pool: its share goes to the others.
+pub const ARBITER_CLIENT_TTL_MS: u64 = 3 * ARBITER_PERIOD_MS;
+/// The smallest slice the arbiter hands out in a round, in bytes; a period's bandwidth is
+/// divided in at most ARBITER_SLICES_MAX slices, so one division costs at most that many
+/// rounds whatever the bandwidth.
+pub const ARBITER_SLICE_BYTES_MIN: u64 = 64 * 1024;
+pub const ARBITER_SLICES_MAX: u64 = 1024;
+/// A client that moved at least this share of its grant, in percent, may want more: its
+/// demand is twice its grant (arbiter.rs). Lower than "nearly all" because the pool's own
+/// queue holds a client back before its grant does while grants change; the cost is that a
+/// client moving between this share and all of its grant keeps all of it.
+pub const ARBITER_USED_PERCENT: u64 = 50;
+/// A grant's batch, in milliseconds of its rate: the cost bytes its target lets go at once
+/// (its bucket), at least a slice. Short, so that the pool's queue never holds much more
+/// than its bandwidth serves in this time ahead of another client's operation.
+pub const ARBITER_BATCH_MS: u64 = 10;
+/// Demands one request carries: a target's tenants (256) on the pools its volumes reach is
+/// far more, but a request stays within BODY_BYTES_MAX (about 400 bytes a demand in JSON).
+pub const ARBITER_DEMANDS_MAX: usize = 1024;
+/// Clients one pool's book holds: beyond it a new client is refused a grant (its target
+/// stays with local fair sharing for it) until an idle one is forgotten.
+pub const ARBITER_CLIENTS_PER_POOL_MAX: usize = 1024;
+/// Pools the arbiter keeps books of: every pool the control plane can hold.
+pub const ARBITER_POOLS_MAX: usize = TARGETS_MAX * POOLS_PER_TARGET_MAX;
+/// What a written byte may cost against a read one (nearstore_target's FAIR_WRITE_COST_MAX).
+pub const WRITE_COST_MAX: f64 = 64.0;
+const _: () = assert!(ARBITER_DEMANDS_MAX * 400 <= BODY_BYTES_MAX);
+const _: () = assert!(ARBITER_CLIENT_TTL_MS < ARBITER_GRANT_TTL_MS && ARBITER_PERIOD_MS * 2 < ARBITER_CLIENT_TTL_MS);

@@ -43,6 +43,21 @@ pub struct Pool {
     /// allocations nor moves are placed there. Its extents stay and serve.
     #[serde(default)]
     pub cordoned: bool,
+    /// Bytes per second the pool serves, as its target declares it (the pool's `fair`
+    /// bandwidth); 0: not declared, and the arbiter does not divide it.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub bandwidth: u64,
+    /// What a written byte costs against a read one in that bandwidth (1 to 64; 0 read as 1).
+    #[serde(default, skip_serializing_if = "is_zero_f")]
+    pub write_cost: f64,
+}
+
+fn is_zero(v: &u64) -> bool {
+    *v == 0
+}
+
+fn is_zero_f(v: &f64) -> bool {
+    *v == 0.0
 }
 
 /// A volume: a logical block space cut into extents of one size.
@@ -379,6 +394,13 @@ pub struct PoolSpec {
     /// Its namespace in the target's pool subsystem.
     #[serde(default)]
     pub nsid: u32,
+    /// Bytes per second it serves (its `fair` bandwidth), 0 when not declared: what the
+    /// arbiter divides among the clients active on it.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub bandwidth: u64,
+    /// A written byte's cost against a read one in that bandwidth (0: 1).
+    #[serde(default, skip_serializing_if = "is_zero_f")]
+    pub write_cost: f64,
 }
 
 /// The reply to a registration: the last view `seq` the control plane holds of each pool, so
@@ -532,6 +554,65 @@ pub struct ClusterView {
 }
 
 /// An API error: a stable code a program matches on, and a message for people.
+
+/// `POST /v1/arbiter`, Flint's request to send (RTS): what each tenant of an exporting target
+/// moved to, and asked of, each pool its volumes reached in its last period
+/// (docs/fair-io.md, "The arbiter"). Sent every `ARBITER_PERIOD_MS`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct BandwidthRequest {
+    /// The requesting target, as registered (its I/O address).
+    pub target: String,
+    pub demands: Vec<Demand>,
+}
+
+/// One tenant's demand on one pool.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Demand {
+    /// The pool, as a volume's extents name it: its target and its namespace in that
+    /// target's pool subsystem.
+    pub pool_target: String,
+    pub nsid: u32,
+    /// The tenant's name (a host NQN prefixed `host:` for hosts of no configured tenant).
+    pub tenant: String,
+    /// Its `io_weight`, 1 to 10000.
+    pub weight: u32,
+    /// Cost bytes per second it wants (a written byte costs the pool's `write_cost`).
+    pub wanted_bps: u64,
+    /// Some of its operations waited for their grant in the period: it wants more than it
+    /// was granted.
+    #[serde(default)]
+    pub backlogged: bool,
+}
+
+/// The reply to a [`BandwidthRequest`], the clear to send (CTS): the requester's grants.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct BandwidthGrants {
+    /// Ask again after this many milliseconds.
+    pub period_ms: u64,
+    /// Each grant holds this long after it is received; then the target falls back to
+    /// local fair sharing until a new grant comes.
+    pub ttl_ms: u64,
+    pub grants: Vec<BandwidthGrant>,
+}
+
+/// What one tenant of the requester may move to one pool until the next grant.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct BandwidthGrant {
+    pub pool_target: String,
+    pub nsid: u32,
+    pub tenant: String,
+    /// Cost bytes per second; None: the pool declares no bandwidth, nothing is divided.
+    pub bps: Option<u64>,
+    /// Cost bytes it may move at once (a batch): the bucket of its grant.
+    pub batch_bytes: u64,
+    /// A written byte's cost in `bps`.
+    pub write_cost: f64,
+    /// Clients the pool's bandwidth was divided among.
+    pub clients: u32,
+}
+
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, thiserror::Error)]
 #[error("{message} ({code})")]
 pub struct ApiError {

@@ -38,6 +38,8 @@ pub struct Service {
     moves: tokio::sync::watch::Sender<u64>,
     /// The tenants' version: bumped at every tenant change, watched by the targets.
     tenants: tokio::sync::watch::Sender<u64>,
+    /// The bandwidth arbiter's books: soft state, never stored (crate::arbiter).
+    arbiter: Mutex<crate::arbiter::Arbiter>,
 }
 
 pub fn now_ms() -> u64 {
@@ -57,6 +59,7 @@ impl Service {
             exports: tokio::sync::watch::Sender::new(1),
             moves: tokio::sync::watch::Sender::new(1),
             tenants: tokio::sync::watch::Sender::new(1),
+            arbiter: Mutex::new(crate::arbiter::Arbiter::new()),
         })
     }
 
@@ -171,6 +174,25 @@ async fn push_view(
     let now = now_ms();
     let id = PoolId { target, name: pool };
     Ok(Json(change(s, move |c| c.push_view(&id, &push, now)).await?))
+}
+
+/// Flint's request to send: a target's demands on pools, answered with its grants
+/// (crate::arbiter). Nothing is committed: the books are soft state.
+async fn arbitrate(State(s): Svc, Body(req): Body<BandwidthRequest>) -> Result<Json<BandwidthGrants>, ApiError> {
+    // The demanded targets' pools only (a target's pools are adjacent in the map).
+    let targets: std::collections::BTreeSet<&str> = req.demands.iter().map(|d| d.pool_target.as_str()).collect();
+    let capacity: std::collections::HashMap<(String, u32), crate::arbiter::Capacity> = s.read(|c| {
+        let mut m = std::collections::HashMap::new();
+        for t in targets {
+            let from = PoolId { target: t.to_string(), name: String::new() };
+            for p in c.pools.range(from..).map(|(_, p)| p).take_while(|p| p.id.target == t) {
+                m.insert((p.id.target.clone(), p.nsid), crate::arbiter::Capacity { bandwidth: p.bandwidth, write_cost: p.write_cost });
+            }
+        }
+        m
+    });
+    let grants = s.arbiter.lock().request(now_ms(), &req, |k| capacity.get(k).copied())?;
+    Ok(Json(grants))
 }
 
 /// `pool drain` cordons a pool: it takes no new extent until uncordoned.
@@ -417,6 +439,7 @@ pub fn router(svc: Arc<Service>) -> Router {
         .route("/v1/pools/{target}/{pool}/cordon", post(cordon))
         .route("/v1/pools/{target}/{pool}/uncordon", post(uncordon))
         .route("/v1/view", get(view))
+        .route("/v1/arbiter", post(arbitrate))
         .route("/v1/volumes", post(create_volume).get(list_volumes))
         .route("/v1/volumes/{name}", get(volume_info).delete(delete_volume))
         .route("/v1/volumes/{name}/grow", post(grow_volume))

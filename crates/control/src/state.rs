@@ -227,6 +227,9 @@ impl Cluster {
                     format!("pool '{}' of {} bytes holds no extent ({EXTENT_BYTES_MIN} at least)", p.name, p.size),
                 ));
             }
+            if p.write_cost != 0.0 && !(1.0..=WRITE_COST_MAX).contains(&p.write_cost) {
+                return Err(err(ErrorCode::InvalidArgument, format!("pool '{}': write cost must be 1 to {WRITE_COST_MAX}", p.name)));
+            }
             let id = PoolId { target: req.addr.clone(), name: p.name.clone() };
             if let Some(old) = self.pools.get(&id) {
                 if old.path != p.path {
@@ -244,7 +247,15 @@ impl Cluster {
             }
             // A cordon outlives the target's restarts.
             let cordoned = self.pools.get(&id).is_some_and(|old| old.cordoned);
-            writes.push(Write::Put(Record::Pool(Pool { id: id.clone(), path: p.path.clone(), size: p.size, nsid: p.nsid, cordoned })));
+            writes.push(Write::Put(Record::Pool(Pool {
+                id: id.clone(),
+                path: p.path.clone(),
+                size: p.size,
+                nsid: p.nsid,
+                cordoned,
+                bandwidth: p.bandwidth,
+                write_cost: p.write_cost,
+            })));
             pools.push(RegisteredPool { name: p.name.clone(), seq: self.views.get(&id).map_or(0, |v| v.seq) });
         }
         // A target registers when it starts: the moves it copied before died with it.
@@ -781,7 +792,14 @@ mod tests {
         let mut c = Cluster::default();
         let mut by_target: BTreeMap<&str, Vec<PoolSpec>> = BTreeMap::new();
         for &(t, n, size) in pools {
-            by_target.entry(t).or_default().push(PoolSpec { name: n.into(), path: format!("/p/{n}"), size, nsid: 1 });
+            by_target.entry(t).or_default().push(PoolSpec {
+                name: n.into(),
+                path: format!("/p/{n}"),
+                size,
+                nsid: 1,
+                bandwidth: 0,
+                write_cost: 0.0,
+            });
         }
         for (t, pools) in by_target {
             let (w, _) = c.register(&RegisterTarget { addr: t.into(), nqn: "nqn.x".into(), pools }, 0).expect("register");
@@ -910,7 +928,7 @@ mod tests {
         let reg = |path: &str, size: u64| RegisterTarget {
             addr: "t1".into(),
             nqn: "n".into(),
-            pools: vec![PoolSpec { name: "p".into(), path: path.into(), size, nsid: 1 }],
+            pools: vec![PoolSpec { name: "p".into(), path: path.into(), size, nsid: 1, bandwidth: 0, write_cost: 0.0 }],
         };
         #[rustfmt::skip]
         let cases: &[(RegisterTarget, Option<ErrorCode>)] = &[
@@ -919,8 +937,8 @@ mod tests {
             (reg("/p/p", 2 * MIB), Some(ErrorCode::PoolConflict)),
             (reg("/elsewhere", 4 * MIB), Some(ErrorCode::PoolConflict)),
             (reg("/p/p", MIB - 1), Some(ErrorCode::InvalidArgument)),
-            (RegisterTarget { addr: "t1".into(), nqn: "n".into(), pools: vec![PoolSpec { name: "q".into(), path: "/a".into(), size: MIB, nsid: 1 }, PoolSpec { name: "q".into(), path: "/b".into(), size: MIB, nsid: 1 }] }, Some(ErrorCode::InvalidArgument)),
-            (RegisterTarget { addr: "t2".into(), nqn: "n".into(), pools: (0..=POOLS_PER_TARGET_MAX).map(|i| PoolSpec { name: format!("p{i}"), path: "/a".into(), size: MIB, nsid: 1 }).collect() }, Some(ErrorCode::LimitExceeded)),
+            (RegisterTarget { addr: "t1".into(), nqn: "n".into(), pools: vec![PoolSpec { name: "q".into(), path: "/a".into(), size: MIB, nsid: 1, bandwidth: 0, write_cost: 0.0 }, PoolSpec { name: "q".into(), path: "/b".into(), size: MIB, nsid: 1, bandwidth: 0, write_cost: 0.0 }] }, Some(ErrorCode::InvalidArgument)),
+            (RegisterTarget { addr: "t2".into(), nqn: "n".into(), pools: (0..=POOLS_PER_TARGET_MAX).map(|i| PoolSpec { name: format!("p{i}"), path: "/a".into(), size: MIB, nsid: 1, bandwidth: 0, write_cost: 0.0 }).collect() }, Some(ErrorCode::LimitExceeded)),
             (RegisterTarget { addr: "".into(), nqn: "n".into(), pools: vec![] }, Some(ErrorCode::InvalidArgument)),
             (RegisterTarget { addr: "t2".into(), nqn: "".into(), pools: vec![] }, Some(ErrorCode::InvalidArgument)),
         ];
@@ -953,7 +971,7 @@ mod tests {
                 &RegisterTarget {
                     addr: "t1".into(),
                     nqn: "n".into(),
-                    pools: vec![PoolSpec { name: "a".into(), path: "/p/a".into(), size: 4 * MIB, nsid: 1 }],
+                    pools: vec![PoolSpec { name: "a".into(), path: "/p/a".into(), size: 4 * MIB, nsid: 1, bandwidth: 0, write_cost: 0.0 }],
                 },
                 0,
             )
@@ -1145,7 +1163,7 @@ mod tests {
         let reg = RegisterTarget {
             addr: "t2".into(),
             nqn: "n".into(),
-            pools: vec![PoolSpec { name: "p".into(), path: "/p/p".into(), size: 2 * MIB, nsid: 1 }],
+            pools: vec![PoolSpec { name: "p".into(), path: "/p/p".into(), size: 2 * MIB, nsid: 1, bandwidth: 0, write_cost: 0.0 }],
         };
         commit(&mut c, |c| c.register(&reg, 300)).expect("register");
         assert!(c.moves.is_empty());
@@ -1268,7 +1286,7 @@ mod tests {
         let reg = RegisterTarget {
             addr: "t1".into(),
             nqn: "n".into(),
-            pools: vec![PoolSpec { name: "p".into(), path: "/p/p".into(), size: 4 * MIB, nsid: 1 }],
+            pools: vec![PoolSpec { name: "p".into(), path: "/p/p".into(), size: 4 * MIB, nsid: 1, bandwidth: 0, write_cost: 0.0 }],
         };
         commit(&mut c, |c| c.register(&reg, 0)).expect("register");
         assert!(c.pools[&p1].cordoned, "a registration ended the cordon");

@@ -279,7 +279,14 @@ fn run(seed: u64, steps: usize) -> Vec<String> {
                     nqn: "nqn.2026-11.io.nearstore:sim".into(),
                     pools: pools
                         .iter()
-                        .map(|&(p, size)| PoolSpec { name: format!("p{p}"), path: format!("/pools/{t}/{p}"), size, nsid: 1 })
+                        .map(|&(p, size)| PoolSpec {
+                            name: format!("p{p}"),
+                            path: format!("/pools/{t}/{p}"),
+                            size,
+                            nsid: 1,
+                            bandwidth: 0,
+                            write_cost: 0.0,
+                        })
                         .collect(),
                 };
                 let r = svc.change(|c| c.register(&req, now)).map_err(|e| e.code);

@@ -812,7 +812,7 @@ impl Sim {
         let req = RegisterTarget {
             addr: x.addr.clone(),
             nqn: format!("nqn.sim:{}", x.addr),
-            pools: vec![PoolSpec { name: "p".into(), path: "/pool".into(), size: POOL_BYTES, nsid: 1 }],
+            pools: vec![PoolSpec { name: "p".into(), path: "/pool".into(), size: POOL_BYTES, nsid: 1, bandwidth: 0, write_cost: 0.0 }],
         };
         let me = Caller { cut: x.cut.clone(), life: Arc::default() };
         self.until_ok(&me, |c, now| c.register(&req, now)).await;
