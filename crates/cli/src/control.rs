@@ -520,7 +520,16 @@ pub fn agent(cfg: &nearstore_target::config::Config, control: &str) -> Result<Ag
         nearstore_control::agent::prepare_pool(&p.path, p.size.0)?;
         let path = std::fs::canonicalize(&p.path).with_context(|| format!("pool {}", p.path.display()))?;
         // The pool subsystem numbers the pools from 1 in this order (nearstore_target::POOLS_NQN).
-        pools.push(AgentPool { name: p.name(), path, size: p.size.0, nsid: i as u32 + 1, stats: Default::default() });
+        let (bandwidth, write_cost) = p.fair.as_ref().map_or((0, 0.0), |f| (f.bandwidth.0, f.write_cost));
+        pools.push(AgentPool {
+            name: p.name(),
+            path,
+            size: p.size.0,
+            nsid: i as u32 + 1,
+            bandwidth,
+            write_cost,
+            stats: Default::default(),
+        });
     }
     let nqn = cfg.subsystem.first().map(|s| s.nqn.clone()).unwrap_or_default();
     Ok(Agent { client, addr: String::new(), nqn, pools })
@@ -611,7 +620,12 @@ impl Exporter {
     /// version), adds a subsystem for each new one and removes those that went. A failed
     /// export is retried at the next answer (at most EXPORTS_WAIT_MS later).
     pub async fn run(self) {
-        let devices = Arc::new(PoolDevices::new(&self.target, self.addr.clone(), &self.cluster));
+        let mut devices = PoolDevices::new(&self.target, self.addr.clone(), &self.cluster);
+        if self.volume.arbiter {
+            devices = devices.gated(self.target.gates.clone());
+            tokio::spawn(arbitrate(self.client.clone(), self.addr.clone(), self.target.gates.clone()));
+        }
+        let devices = Arc::new(devices);
         let local = Arc::new(Served::default());
         let ctl = Arc::new(ControlMoves { client: self.client.clone(), addr: self.addr.clone() });
         let cfg = MoverConfig {
@@ -681,6 +695,79 @@ impl Exporter {
         self.target.remove_subsystem(&x.nqn);
         self.target.add_subsystem(sub);
         Ok(())
+    }
+}
+
+/// Asks the control plane's arbiter, every period, for this target's tenants' shares of the
+/// pools its volumes reach, and sets their gates (nearstore_target::dev::grant). A request
+/// that fails or is not answered within a period changes nothing: the grants run out after
+/// their TTL and the tenants fall back to the pools' local fair sharing. A target whose
+/// tenants offered nothing sends one empty request (its clients leave the books) and then
+/// none until they offer again.
+async fn arbitrate(client: Client, addr: String, gates: Arc<nearstore_target::dev::grant::Gates>) {
+    use nearstore_control::limits::{ARBITER_GRANT_TTL_MS, ARBITER_PERIOD_MS};
+    use nearstore_target::dev::grant::GrantIn;
+    use std::sync::atomic::Ordering::Relaxed;
+    let period = std::time::Duration::from_millis(ARBITER_PERIOD_MS);
+    let mut tick = tokio::time::interval(period);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let (mut told_empty, mut failing) = (true, false);
+    loop {
+        tick.tick().await;
+        let asked = gates.take();
+        if asked.is_empty() && told_empty {
+            continue;
+        }
+        told_empty = asked.is_empty();
+        let demands = asked
+            .iter()
+            .map(|o| nearstore_control::model::Demand {
+                pool_target: o.pool_target.clone(),
+                nsid: o.nsid,
+                tenant: o.tenant.clone(),
+                weight: o.weight,
+                wanted_bps: o.bps,
+                backlogged: o.backlogged,
+            })
+            .collect();
+        let req = nearstore_control::model::BandwidthRequest { target: addr.clone(), demands };
+        gates.stats.requests.fetch_add(1, Relaxed);
+        match tokio::time::timeout(period, client.arbitrate(&req)).await {
+            Ok(Ok(g)) => {
+                if failing {
+                    tracing::info!(control = %client.addr, "the arbiter answers again");
+                    failing = false;
+                }
+                let grants: Vec<GrantIn> = g
+                    .grants
+                    .into_iter()
+                    .map(|g| GrantIn {
+                        pool_target: g.pool_target,
+                        nsid: g.nsid,
+                        tenant: g.tenant,
+                        bps: g.bps,
+                        batch_bytes: g.batch_bytes,
+                        write_cost: g.write_cost,
+                    })
+                    .collect();
+                let ttl = g.ttl_ms.clamp(ARBITER_PERIOD_MS, ARBITER_GRANT_TTL_MS);
+                gates.apply(&asked, &grants, std::time::Duration::from_millis(ttl));
+            }
+            Ok(Err(e)) => {
+                gates.stats.failures.fetch_add(1, Relaxed);
+                if !failing {
+                    tracing::warn!(control = %client.addr, error = %e, "the arbiter refused this target's request; its grants run out and the pools' local fair sharing takes over");
+                    failing = true;
+                }
+            }
+            Err(_) => {
+                gates.stats.failures.fetch_add(1, Relaxed);
+                if !failing {
+                    tracing::warn!(control = %client.addr, "the arbiter did not answer within a period; its grants run out and the pools' local fair sharing takes over");
+                    failing = true;
+                }
+            }
+        }
     }
 }
 

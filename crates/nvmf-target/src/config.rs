@@ -114,6 +114,9 @@ pub struct VolumeConfig {
     pub cache_entries: usize,
     /// How long an I/O waits for the control plane's translation, in milliseconds.
     pub translate_timeout_ms: u64,
+    /// The volumes' tenants take the shares of pools that the control plane's arbiter
+    /// grants them (docs/fair-io.md, "The arbiter"); false: each pool's own fair sharing only.
+    pub arbiter: bool,
 }
 
 impl Default for VolumeConfig {
@@ -121,6 +124,7 @@ impl Default for VolumeConfig {
         VolumeConfig {
             cache_entries: limits::VOLUME_CACHE_ENTRIES_DEFAULT,
             translate_timeout_ms: limits::VOLUME_TRANSLATE_TIMEOUT_MS_DEFAULT,
+            arbiter: true,
         }
     }
 }

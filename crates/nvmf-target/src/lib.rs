@@ -106,6 +106,9 @@ pub struct Target {
     pub memory: Arc<memory::Memory>,
     /// The tenants controllers are resolved against at Connect (crate::tenant).
     pub tenants: tenant::Tenants,
+    /// The gates of the pools this target's volumes reach, when the control plane's
+    /// arbiter divides them (`dev::grant`; used with `--control` and `volume.arbiter`).
+    pub gates: Arc<dev::grant::Gates>,
     /// Runs once between a Connect's tenant resolution and its controller's insertion
     /// (tests drive a reload into that window).
     #[cfg(test)]
@@ -142,6 +145,7 @@ impl Target {
             log_limit: log_limit::LogLimiter::default(),
             memory,
             tenants: tenant::Tenants::default(),
+            gates: dev::grant::Gates::new(),
             #[cfg(test)]
             after_tenant_resolve: parking_lot::Mutex::default(),
         })

@@ -529,6 +529,11 @@ pub const FAIR_QUANTUM_MIN_BYTES: u64 = 4096;
 /// pair many times over, which no device we know does).
 pub const FAIR_WRITE_COST_MAX: f64 = 64.0;
 
+/// Requests to the control plane's arbiter in a row in which a tenant offered a pool
+/// nothing, after which its gate forgets it once its grant ran out (`dev::grant`): a few
+/// periods, so a tenant pausing between bursts keeps its bucket.
+pub const GRANT_QUIET_REQUESTS: u32 = 3;
+
 /// Operations waiting in the fair scheduler for one queue, in operations: a waiting
 /// operation is a command of that queue holding its own slot and data buffer, so a queue
 /// never has more waiting than its depth, and a host that keeps submitting meets the queue

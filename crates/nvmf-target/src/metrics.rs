@@ -92,7 +92,39 @@ fn family(o: &mut String, name: &str, kind: &str, help: &str) {
 pub fn render(t: &Target) -> String {
     let mut o = String::new();
     let s = &t.stats;
-    let target: [(&str, &str, &str, i64); 23] = [
+    let a = &t.gates.stats;
+    let target: [(&str, &str, &str, i64); 29] = [
+        (
+            "nearstore_arbiter_requests_total",
+            "counter",
+            "Requests this target sent the control plane's arbiter for its volumes' tenants' shares of pools.",
+            a.requests.load(Relaxed) as i64,
+        ),
+        (
+            "nearstore_arbiter_request_failures_total",
+            "counter",
+            "Requests to the arbiter that failed (no answer in time, or an error).",
+            a.failures.load(Relaxed) as i64,
+        ),
+        ("nearstore_arbiter_grants", "gauge", "The arbiter's grants holding now (a tenant on a pool each).", a.grants.load(Relaxed) as i64),
+        (
+            "nearstore_arbiter_grants_expired_total",
+            "counter",
+            "Grants that ran out before a new one came: their tenants fell back to the pools' local fair sharing.",
+            a.expired.load(Relaxed) as i64,
+        ),
+        (
+            "nearstore_arbiter_held_total",
+            "counter",
+            "Reads and writes of volumes a grant held back until its bucket held them.",
+            a.held.load(Relaxed) as i64,
+        ),
+        (
+            "nearstore_arbiter_held_nanoseconds_total",
+            "counter",
+            "Time grants held reads and writes back (nanoseconds).",
+            a.held_ns.load(Relaxed) as i64,
+        ),
         ("nearstore_connections", "gauge", "NVMe/TCP connections open now (one per queue).", s.connections.load(Relaxed)),
         ("nearstore_connections_total", "counter", "NVMe/TCP connections accepted.", s.connections_total.load(Relaxed) as i64),
         (

@@ -59,6 +59,9 @@ pub enum Key {
 #[derive(Debug, Clone)]
 pub struct Tenant {
     pub key: Key,
+    /// How the control plane's arbiter knows it (`dev::grant`): the tenant's name, or
+    /// `host:NQN` for a host of the built-in `default`.
+    pub name: Arc<str>,
     /// Checked by the configuration: 1 to [`limits::TENANT_WEIGHT_MAX`].
     pub weight: u32,
     /// Its tenant's counters: what the scheduler let go for it and how long it held it back.
@@ -77,8 +80,12 @@ impl Tenant {
     /// The share of a controller of `host` (the host it serves) in `policy`: the tenant's
     /// `io_weight`, each host apart in the built-in `default`.
     pub fn of(policy: &TenantPolicy, host: &str) -> Tenant {
-        let key = if policy.id == TenantId::DEFAULT { Key::Host(host.into()) } else { Key::Tenant(policy.id) };
-        Tenant { key, weight: policy.io_weight.clamp(1, limits::TENANT_WEIGHT_MAX), stats: policy.stats.clone() }
+        let (key, name) = if policy.id == TenantId::DEFAULT {
+            (Key::Host(host.into()), format!("host:{host}").into())
+        } else {
+            (Key::Tenant(policy.id), policy.name.as_str().into())
+        };
+        Tenant { key, name, weight: policy.io_weight.clamp(1, limits::TENANT_WEIGHT_MAX), stats: policy.stats.clone() }
     }
 }
 
@@ -288,7 +295,7 @@ impl Fair {
             drr: Mutex::new(Drr::new(bandwidth, write_cost)),
             start: Instant::now(),
             again: Arc::new(Again(me.clone())),
-            untagged: Tenant { key: Key::Target, weight: limits::TENANT_WEIGHT_DEFAULT, stats: Arc::default() },
+            untagged: Tenant { key: Key::Target, name: "".into(), weight: limits::TENANT_WEIGHT_DEFAULT, stats: Arc::default() },
         })
     }
 

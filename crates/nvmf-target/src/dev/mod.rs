@@ -37,6 +37,7 @@ use crate::uring::{self, Ring, RingPool, Sub};
 pub mod delay;
 pub mod fair;
 pub mod fence;
+pub mod grant;
 pub mod inject;
 pub mod local;
 pub mod rate;

@@ -985,6 +985,8 @@ pub struct PoolDevices {
     read_ahead_bytes: u64,
     remotes: tokio::sync::Mutex<HashMap<(String, u32), Arc<dyn BlockDevice>>>,
     pools: Mutex<HashMap<std::net::SocketAddr, Arc<super::remote::Pool>>>,
+    /// Every pool device behind its gate, when the arbiter divides the pools (`dev::grant`).
+    gates: Option<Arc<super::grant::Gates>>,
 }
 
 impl PoolDevices {
@@ -998,6 +1000,20 @@ impl PoolDevices {
             read_ahead_bytes: cluster.read_ahead_bytes.0,
             remotes: tokio::sync::Mutex::new(HashMap::new()),
             pools: Mutex::new(HashMap::new()),
+            gates: None,
+        }
+    }
+
+    /// Puts every pool device behind its gate of `gates` (the arbiter's grants).
+    pub fn gated(mut self, gates: Arc<super::grant::Gates>) -> PoolDevices {
+        self.gates = Some(gates);
+        self
+    }
+
+    fn gate(&self, loc: &Location, d: Arc<dyn BlockDevice>) -> Arc<dyn BlockDevice> {
+        match &self.gates {
+            Some(g) => g.device(&loc.target, loc.nsid, d),
+            None => d,
         }
     }
 }
@@ -1015,7 +1031,7 @@ impl Devices for PoolDevices {
             if loc.target == self.own {
                 let ns = self.local.as_ref().and_then(|s| s.namespace(loc.nsid));
                 return ns
-                    .map(|ns| ns.dev.clone())
+                    .map(|ns| self.gate(loc, ns.dev.clone()))
                     .ok_or_else(|| io::Error::other(format!("this target has no pool namespace {}", loc.nsid)));
             }
             let key = (loc.target.clone(), loc.nsid);
@@ -1036,7 +1052,7 @@ impl Devices for PoolDevices {
             let r = super::remote::Remote::open(cfg, pool)
                 .await
                 .map_err(|e| io::Error::other(format!("pool {} of {}: {}", loc.nsid, loc.target, e.message)))?;
-            let d: Arc<dyn BlockDevice> = Arc::new(r);
+            let d = self.gate(loc, Arc::new(r));
             remotes.insert(key, d.clone());
             Ok(d)
         })

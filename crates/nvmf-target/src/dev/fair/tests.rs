@@ -3,7 +3,7 @@ use super::*;
 const MIB: u64 = 1 << 20;
 
 fn tenant(name: &str, weight: u32) -> Tenant {
-    Tenant { key: Key::Host(name.into()), weight, stats: Arc::default() }
+    Tenant { key: Key::Host(name.into()), name: name.into(), weight, stats: Arc::default() }
 }
 
 /// Runs epochs `from..to` of `d` with every tenant for which `busy(epoch, i)` holds always

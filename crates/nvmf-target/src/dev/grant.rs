@@ -1,0 +1,361 @@
+//! The control plane arbiter's grants, enforced where an exporting target reaches a pool
+//! (docs/fair-io.md, "The arbiter").
+//!
+//! A volume's operations reach pools of this target and of its peers through their pool
+//! devices (`volume::PoolDevices`); with arbitration on, each pool device is wrapped in a
+//! [`Gated`] device of that pool's [`Gate`]. The gate counts, per tenant, the cost bytes its
+//! operations offered (a written byte costs the pool's `write_cost`) and whether one had to
+//! wait; every period the arbitration task (`nearstore target --control`) sends them to the
+//! arbiter ([`Gates::take`]) and applies the grants that come back ([`Gates::apply`]). A
+//! grant is a token bucket: a rate, and a batch the tenant may let go at once; an operation
+//! that the bucket does not hold waits on its own queue's channel until it does, as the fair
+//! scheduler's do.
+//!
+//! Without a grant nothing waits here: a tenant new on a pool (until its first grant), a
+//! pool that declares no bandwidth, a grant past its time-to-live (the arbiter stopped
+//! answering: the target falls back to the local fair sharing of each pool's own
+//! scheduler), the target's own work (zeroing new extents, moves: untagged channels).
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::{Arc, Weak};
+use std::time::Duration;
+
+use nearstore_transport::AlignedBuf;
+use parking_lot::Mutex;
+use tokio::time::Instant;
+
+use super::{BlockDevice, Channel, Geometry, Op};
+use crate::limits;
+
+const NS_PER_S: i128 = 1_000_000_000;
+
+/// What one tenant offered one pool in the last period: a demand of the next request.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Offered {
+    pub pool_target: String,
+    pub nsid: u32,
+    pub tenant: String,
+    pub weight: u32,
+    /// Cost bytes per second over the period.
+    pub bps: u64,
+    /// Some of its operations waited for their grant.
+    pub backlogged: bool,
+}
+
+/// A grant the arbiter gave one tenant on one pool.
+#[derive(Debug, Clone, PartialEq)]
+pub struct GrantIn {
+    pub pool_target: String,
+    pub nsid: u32,
+    pub tenant: String,
+    /// Cost bytes per second; None: the pool is not divided.
+    pub bps: Option<u64>,
+    pub batch_bytes: u64,
+    pub write_cost: f64,
+}
+
+/// The arbitration's counters (the metrics endpoint's `nearstore_arbiter_*`).
+#[derive(Debug, Default)]
+pub struct GateStats {
+    /// Requests sent to the arbiter, and those that failed (no answer, or an error).
+    pub requests: AtomicU64,
+    pub failures: AtomicU64,
+    /// Grants holding now (set at each answer and each expiry).
+    pub grants: AtomicU64,
+    /// Grants that ran out before a new one came: their tenants fell back to local sharing.
+    pub expired: AtomicU64,
+    /// Operations a grant held back, and for how long in all (nanoseconds).
+    pub held: AtomicU64,
+    pub held_ns: AtomicU64,
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Grant {
+    /// Cost bytes per second.
+    rate: u64,
+    /// Most the bucket holds, in billionths of a byte: a batch beyond one largest transfer.
+    cap: i128,
+    write_milli: u64,
+    /// Ns on the gates' clock when it runs out.
+    until: u64,
+}
+
+#[derive(Debug)]
+struct Client {
+    weight: u32,
+    /// Cost bytes offered since the last request (first offers only).
+    offered: u64,
+    waited: bool,
+    grant: Option<Grant>,
+    /// The bucket, in billionths of a byte, and when it was last refilled (ns).
+    tokens: i128,
+    at: u64,
+    /// Requests in a row it offered nothing in.
+    quiet: u32,
+}
+
+/// One pool's gate: its tenants' buckets.
+#[derive(Default)]
+pub struct Gate {
+    clients: Mutex<HashMap<Arc<str>, Client>>,
+}
+
+/// What a gate decides for one operation.
+enum Turn {
+    Go,
+    /// Offer it again at this time (ns on the gates' clock).
+    Wait(u64),
+}
+
+/// The gates of every pool this target's volumes reach.
+pub struct Gates {
+    pools: Mutex<HashMap<(String, u32), Arc<Gate>>>,
+    /// Each pool's gated device, made once: operations waiting in a channel come back to it
+    /// however the volumes' caches drop and take their mappings.
+    devices: Mutex<HashMap<(String, u32), Arc<dyn BlockDevice>>>,
+    /// The gates' clock starts here (the runtime's clock).
+    start: Instant,
+    /// When [`Gates::take`] last ran, ns.
+    last_take: Mutex<u64>,
+    pub stats: GateStats,
+}
+
+impl Gates {
+    pub fn new() -> Arc<Gates> {
+        Arc::new(Gates {
+            pools: Mutex::new(HashMap::new()),
+            devices: Mutex::new(HashMap::new()),
+            start: Instant::now(),
+            last_take: Mutex::new(0),
+            stats: GateStats::default(),
+        })
+    }
+
+    fn now(&self) -> u64 {
+        Instant::now().saturating_duration_since(self.start).as_nanos() as u64
+    }
+
+    fn gate(&self, pool_target: &str, nsid: u32) -> Arc<Gate> {
+        self.pools.lock().entry((pool_target.to_string(), nsid)).or_default().clone()
+    }
+
+    /// `base`, the device of pool `nsid` of `pool_target`, behind that pool's gate; the
+    /// device made at the first call for that pool (`base` then is the pool's device).
+    pub fn device(self: &Arc<Gates>, pool_target: &str, nsid: u32, base: Arc<dyn BlockDevice>) -> Arc<dyn BlockDevice> {
+        let mut devices = self.devices.lock();
+        if let Some(d) = devices.get(&(pool_target.to_string(), nsid)) {
+            return d.clone();
+        }
+        let gate = self.gate(pool_target, nsid);
+        let gates = self.clone();
+        let d: Arc<dyn BlockDevice> = Arc::new_cyclic(|me: &Weak<Gated>| Gated { base, gate, gates, again: Arc::new(Again(me.clone())) });
+        devices.insert((pool_target.to_string(), nsid), d.clone());
+        d
+    }
+
+    /// What each tenant offered each pool since the last call: the demands of the next
+    /// request. Tenants quiet for `GRANT_QUIET_REQUESTS` requests in a row whose grant ran
+    /// out are forgotten.
+    pub fn take(&self) -> Vec<Offered> {
+        let now = self.now();
+        let since = std::mem::replace(&mut *self.last_take.lock(), now);
+        let ns = now.saturating_sub(since).max(1) as u128;
+        let mut out = Vec::new();
+        let pools = self.pools.lock();
+        for ((target, nsid), gate) in pools.iter() {
+            let mut clients = gate.clients.lock();
+            clients.retain(|tenant, c| {
+                let offered = std::mem::take(&mut c.offered);
+                let waited = std::mem::take(&mut c.waited);
+                if offered == 0 && !waited {
+                    c.quiet += 1;
+                    return c.quiet < limits::GRANT_QUIET_REQUESTS || c.grant.is_some_and(|g| g.until > now);
+                }
+                c.quiet = 0;
+                let bps = (offered as u128 * NS_PER_S as u128 / ns).min(u64::MAX as u128) as u64;
+                out.push(Offered {
+                    pool_target: target.clone(),
+                    nsid: *nsid,
+                    tenant: tenant.to_string(),
+                    weight: c.weight,
+                    bps,
+                    backlogged: waited,
+                });
+                true
+            });
+        }
+        out
+    }
+
+    /// Takes the arbiter's answer to the demands `asked` (what [`take`](Self::take)
+    /// returned), `ttl` after which its grants run out. A tenant asked for and given no
+    /// grant (the arbiter's books were full) keeps to local sharing.
+    pub fn apply(&self, asked: &[Offered], grants: &[GrantIn], ttl: Duration) {
+        let now = self.now();
+        let until = now.saturating_add(ttl.as_nanos().min(u64::MAX as u128) as u64);
+        let by: HashMap<(&str, u32, &str), &GrantIn> =
+            grants.iter().map(|g| ((g.pool_target.as_str(), g.nsid, g.tenant.as_str()), g)).collect();
+        for d in asked {
+            let gate = self.gate(&d.pool_target, d.nsid);
+            let mut clients = gate.clients.lock();
+            let Some(c) = clients.get_mut(d.tenant.as_str()) else { continue };
+            let g = by.get(&(d.pool_target.as_str(), d.nsid, d.tenant.as_str()));
+            match g.and_then(|g| g.bps.map(|bps| (g, bps))) {
+                Some((g, rate)) => {
+                    let cap = (g.batch_bytes as i128 + limits::TRANSFER_BYTES_MAX as i128) * NS_PER_S;
+                    let c_milli = if g.write_cost.is_finite() {
+                        (g.write_cost.clamp(1.0, limits::FAIR_WRITE_COST_MAX) * 1000.0) as u64
+                    } else {
+                        1000
+                    };
+                    if c.grant.is_none_or(|old| old.until <= now) {
+                        // A new grant starts with a full batch.
+                        c.tokens = cap;
+                    }
+                    c.tokens = c.tokens.min(cap);
+                    c.at = now;
+                    c.grant = Some(Grant { rate, cap, write_milli: c_milli, until });
+                }
+                None => c.grant = None,
+            }
+        }
+        self.count_grants(now);
+    }
+
+    /// Grants holding at `now`.
+    fn count_grants(&self, now: u64) {
+        let n: usize =
+            self.pools.lock().values().map(|g| g.clients.lock().values().filter(|c| c.grant.is_some_and(|g| g.until > now)).count()).sum();
+        self.stats.grants.store(n as u64, Relaxed);
+    }
+
+    /// The grant of `tenant` on a pool, as (bytes per second, time left): for tests.
+    pub fn grant_of(&self, pool_target: &str, nsid: u32, tenant: &str) -> Option<(u64, Duration)> {
+        let now = self.now();
+        let gate = self.pools.lock().get(&(pool_target.to_string(), nsid))?.clone();
+        let clients = gate.clients.lock();
+        let g = clients.get(tenant)?.grant?;
+        (g.until > now).then(|| (g.rate, Duration::from_nanos(g.until - now)))
+    }
+
+    /// Decides whether an operation of `tenant` (its weight `weight`) costing `len` bytes
+    /// read or written goes through `gate` now; `again`: one that waited, offered again.
+    fn offer(&self, gate: &Gate, tenant: &Arc<str>, weight: u32, len: u64, write: bool, again: bool) -> Turn {
+        let now = self.now();
+        let mut clients = gate.clients.lock();
+        if !clients.contains_key(tenant) && clients.len() >= limits::FAIR_TENANTS_MAX {
+            // Beyond the tracked tenants: not counted, not held (local sharing).
+            return Turn::Go;
+        }
+        let c = clients.entry(tenant.clone()).or_insert(Client {
+            weight,
+            offered: 0,
+            waited: false,
+            grant: None,
+            tokens: 0,
+            at: now,
+            quiet: 0,
+        });
+        c.weight = weight;
+        let milli = c.grant.map_or(1000, |g| g.write_milli);
+        let cost = if write { len.saturating_mul(milli) / 1000 } else { len };
+        if !again {
+            c.offered = c.offered.saturating_add(cost);
+        }
+        let Some(g) = c.grant else { return Turn::Go };
+        if g.until <= now {
+            c.grant = None;
+            drop(clients);
+            self.stats.expired.fetch_add(1, Relaxed);
+            self.count_grants(now);
+            return Turn::Go;
+        }
+        c.tokens = (c.tokens + (now - c.at.min(now)) as i128 * g.rate as i128).min(g.cap);
+        c.at = now;
+        // An operation larger than the bucket goes when it is full.
+        let want = (cost as i128 * NS_PER_S).min(g.cap);
+        if c.tokens >= want {
+            c.tokens -= cost as i128 * NS_PER_S;
+            return Turn::Go;
+        }
+        c.waited = true;
+        let at = if g.rate == 0 { g.until } else { now + ((want - c.tokens) / g.rate as i128) as u64 + 1 };
+        let at = at.min(g.until);
+        self.stats.held.fetch_add(1, Relaxed);
+        self.stats.held_ns.fetch_add(at - now, Relaxed);
+        Turn::Wait(at)
+    }
+}
+
+/// A pool's device behind its gate.
+pub struct Gated {
+    base: Arc<dyn BlockDevice>,
+    gate: Arc<Gate>,
+    gates: Arc<Gates>,
+    /// Where a waiting operation is offered again (holds this device weakly).
+    again: Arc<dyn BlockDevice>,
+}
+
+impl Gated {
+    fn offer(&self, ch: &mut Channel, op: Op, buf: AlignedBuf, tag: u64, again: bool) {
+        let write = match op {
+            Op::Read { .. } => false,
+            Op::Write { .. } => true,
+            _ => return self.base.submit(ch, op, buf, tag),
+        };
+        let turn = match ch.tenant() {
+            // The target's own work, and a tenant with no name: not arbitrated.
+            None => Turn::Go,
+            Some(t) if t.name.is_empty() => Turn::Go,
+            Some(t) => self.gates.offer(&self.gate, &t.name, t.weight, buf.len() as u64, write, again),
+        };
+        match turn {
+            Turn::Go => self.base.submit(ch, op, buf, tag),
+            Turn::Wait(at) => {
+                let at = self.gates.start + Duration::from_nanos(at);
+                ch.defer(at, self.again.clone(), op, buf, tag);
+            }
+        }
+    }
+}
+
+impl BlockDevice for Gated {
+    fn describe(&self) -> String {
+        format!("{} behind the arbiter's grants", self.base.describe())
+    }
+
+    fn geometry(&self) -> Geometry {
+        self.base.geometry()
+    }
+
+    fn submit(&self, ch: &mut Channel, op: Op, buf: AlignedBuf, tag: u64) {
+        self.offer(ch, op, buf, tag, false)
+    }
+
+    // read_now, write_now, lend and read_blocking stay None: every read and write is
+    // offered to the gate.
+}
+
+/// A waiting operation's way back to its [`Gated`] device.
+struct Again(Weak<Gated>);
+
+impl BlockDevice for Again {
+    fn describe(&self) -> String {
+        self.0.upgrade().map_or_else(|| "arbiter gate (gone)".into(), |g| g.describe())
+    }
+
+    fn geometry(&self) -> Geometry {
+        self.0.upgrade().map_or(Geometry { size: 0, block_size: 1, align: 1, queue_depth: 1 }, |g| g.geometry())
+    }
+
+    fn submit(&self, ch: &mut Channel, op: Op, buf: AlignedBuf, tag: u64) {
+        match self.0.upgrade() {
+            Some(g) => g.offer(ch, op, buf, tag, true),
+            None => ch.complete(tag, Err(std::io::Error::other("arbiter gate removed")), buf),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;
