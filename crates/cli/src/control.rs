@@ -531,7 +531,13 @@ pub fn agent(cfg: &nearstore_target::config::Config, control: &str) -> Result<Ag
             stats: Default::default(),
         });
     }
-    let nqn = cfg.subsystem.first().map(|s| s.nqn.clone()).unwrap_or_default();
+    // Its first subsystem's; a target that serves only volumes has none: its pool
+    // subsystem's, or (no pools either: an exporter only) its member NQN.
+    let nqn = match cfg.subsystem.first() {
+        Some(s) => s.nqn.clone(),
+        None if !cfg.pool.is_empty() => nearstore_target::POOLS_NQN.to_string(),
+        None => cfg.cluster.host_nqn.clone().unwrap_or_else(nearstore_initiator::default_hostnqn),
+    };
     Ok(Agent { client, addr: String::new(), nqn, pools })
 }
 
