@@ -370,8 +370,8 @@ async fn until(what: &str, f: impl Fn() -> bool) {
 /// runs sha256 over 120 MiB on each of two controllers, and while they compute a light
 /// one runs small wc commands one after the other. Each light command gets the turn at the
 /// heavy command's next check (its tenant is behind in virtual runtime, measured in CPU
-/// time), so all of them complete while the heavy ones still run, each after one wait for
-/// a turn at most; the heavy tenant's CPU time is what the target measured.
+/// time), so all of them complete while the heavy ones still run, each after a wait or two
+/// for a turn; the heavy tenant's CPU time is what the target measured.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_heavy_tenant_does_not_starve_a_light_one() {
     let (target, addr) = start_with("[compute]\nthreads = 1\ntimeout_secs = 600").await;
@@ -402,8 +402,12 @@ async fn a_heavy_tenant_does_not_starve_a_light_one() {
         assert_eq!(heavy.compute_commands.load(Relaxed), 0, "a heavy command finished before light command {i}");
     }
     assert_eq!(light.compute_commands.load(Relaxed), LIGHT);
+    // At least one waited (the heavy ones held the turn); each about once: twice when the
+    // machine is loaded enough that its thread, handed the turn, is not run before the
+    // heavy command's next check takes it back (6 of 5 seen with the other tests of this
+    // binary running beside it on two cores).
     let waits = light.compute_turn_waits.load(Relaxed);
-    assert!((1..=LIGHT).contains(&waits), "the light commands waited for a turn {waits} times");
+    assert!((1..=2 * LIGHT).contains(&waits), "the light commands waited for a turn {waits} times");
     for r in runs {
         r.await.unwrap().expect("the heavy commands complete too");
     }
