@@ -144,7 +144,13 @@ impl Drr {
     pub fn new(bandwidth: u64, write_cost: f64) -> Drr {
         let bw = bandwidth.clamp(limits::FAIR_BANDWIDTH_MIN, limits::FAIR_BANDWIDTH_MAX);
         let c = if write_cost.is_finite() { write_cost.clamp(1.0, limits::FAIR_WRITE_COST_MAX) } else { 1.0 };
-        let cap = bw as i128 * EPOCH_NS as i128 + limits::TRANSFER_BYTES_MAX as i128 * NS_PER_S;
+        // An epoch's bytes beyond the largest transfer's cost (a written one costs
+        // write_cost times its bytes): every read and write fits in a full budget, and one
+        // that waited goes as soon as the budget is not spent. A cap below a written
+        // transfer's cost (as it was, one transfer's bytes) left such a write to go only
+        // when the budget was full, which under contention it never is (crates/sim's
+        // arbiter simulation: 128 KiB writes at write cost 2 moved nothing).
+        let cap = bw as i128 * EPOCH_NS as i128 + (limits::TRANSFER_BYTES_MAX as f64 * c) as i128 * NS_PER_S;
         Drr { bandwidth: bw, write_milli: (c * 1000.0) as u64, left: cap, cap, at: 0, epoch: 0, flows: Vec::new() }
     }
 
@@ -173,13 +179,21 @@ impl Drr {
         let f = &mut self.flows[i];
         f.seen = epoch;
         // The catch-all share keeps its own weight, whoever overflowed into it last.
-        if f.key != Key::Others {
+        let reweighted = f.key != Key::Others && f.weight != tenant.weight;
+        if reweighted {
             f.weight = tenant.weight;
         }
         if again {
             f.waiting = f.waiting.saturating_sub(1);
         }
         f.need = f.need.max(cost);
+        if reweighted {
+            // A lighter weight takes effect now: the turns a heavier one gathered go.
+            let (unit, least) = self.unit();
+            let f = &mut self.flows[i];
+            f.deficit = f.deficit.min(Drr::quantum(unit, f.weight, least) + f.need);
+        }
+        let f = &mut self.flows[i];
         if f.deficit < cost {
             // Its turn in this round is spent: a new round, unless a tenant with operations
             // waiting still holds a turn in this one.
@@ -192,10 +206,16 @@ impl Drr {
         // The budget holds it (an operation larger than all the budget may hold goes when it
         // is full). A tenant with nothing waiting may borrow up to an epoch's bytes from the
         // next: a light tenant's read goes at once within its share, and the waiting
-        // tenants' next epoch pays for it.
+        // tenants' next epoch pays for it. An operation that waited (and that the budget
+        // can hold) goes as soon as the budget is not spent, borrowing the rest from the
+        // epochs after: else a large one never finds the budget holding all of it while the
+        // small operations of its tenant (or of the others sharing its key, a peer's
+        // `cluster`) take each epoch's bytes as they come (crates/sim's arbiter simulation
+        // found a 64 KiB read that waited for ever behind 16 KiB ones).
         let want = cost as i128 * NS_PER_S;
         let floor = if self.flows[i].backlogged(epoch) { 0 } else { -(self.bandwidth as i128 * EPOCH_NS as i128) };
-        if self.left - want.min(self.cap) < floor {
+        let need = if again && want <= self.cap { 1 } else { want.min(self.cap) };
+        if self.left - need < floor {
             return self.wait(i);
         }
         self.left -= want;

@@ -225,3 +225,36 @@ fn shares_hold_whatever_the_order_and_larger_than_an_epoch() {
         }
     }
 }
+
+/// Small operations of a key take each epoch's bytes as they come back from the device; a
+/// large one of the same key that waited goes all the same once the budget is not spent
+/// (it waited for ever when it had to find the budget holding all of it). And a written
+/// transfer whose cost (bytes times the write cost) exceeds one transfer's bytes goes: the
+/// budget holds it (a cap of one transfer's bytes left it to a full budget, which small
+/// operations never leave).
+#[test]
+fn large_operations_go_beside_a_stream_of_small_ones() {
+    for (write_cost, large) in [(1.0, 64u64 << 10), (2.0, 2 * (128 << 10))] {
+        let mut d = Drr::new(16 * MIB, write_cost);
+        let t = tenant("cluster", 1);
+        let mut large_waited = false;
+        let mut went = None;
+        for e in 0..200u64 {
+            let base = e * EPOCH_NS;
+            // From epoch 10 (the small ones have spent the budget the device started with)
+            // the large one, offered again first in each epoch after it waited once.
+            if e >= 10 && went.is_none() {
+                if d.offer(base + 1, &t, large, large_waited) == Turn::Go {
+                    went = Some(e - 10);
+                }
+                large_waited = true;
+            }
+            // Small ones all through the epoch, as completions bring them back.
+            for k in 1..16 {
+                let _ = d.offer(base + k * EPOCH_NS / 16, &t, 16 << 10, false);
+            }
+        }
+        let e = went.unwrap_or_else(|| panic!("write cost {write_cost}: the {large}-byte operation never went"));
+        assert!(e <= 2 * (large / (16 << 10)), "write cost {write_cost}: it went in epoch {e}");
+    }
+}
