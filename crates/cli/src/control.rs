@@ -628,6 +628,7 @@ impl Exporter {
     pub async fn run(self) {
         let mut devices = PoolDevices::new(&self.target, self.addr.clone(), &self.cluster);
         if self.volume.arbiter {
+            self.target.gates.set_own(self.addr.clone());
             devices = devices.gated(self.target.gates.clone());
             tokio::spawn(arbitrate(self.client.clone(), self.addr.clone(), self.target.gates.clone()));
         }
@@ -708,8 +709,8 @@ impl Exporter {
 /// pools its volumes reach, and sets their gates (nearstore_target::dev::grant). A request
 /// that fails or is not answered within a period changes nothing: the grants run out after
 /// their TTL and the tenants fall back to the pools' local fair sharing. A target whose
-/// tenants offered nothing sends one empty request (its clients leave the books) and then
-/// none until they offer again.
+/// tenants offered nothing asks too (its clients leave the books, and an answer tells its
+/// own pools that the arbiter divides them: `Gates::arbitrated`).
 async fn arbitrate(client: Client, addr: String, gates: Arc<nearstore_target::dev::grant::Gates>) {
     use nearstore_control::limits::{ARBITER_GRANT_TTL_MS, ARBITER_PERIOD_MS};
     use nearstore_target::dev::grant::GrantIn;
@@ -717,14 +718,10 @@ async fn arbitrate(client: Client, addr: String, gates: Arc<nearstore_target::de
     let period = std::time::Duration::from_millis(ARBITER_PERIOD_MS);
     let mut tick = tokio::time::interval(period);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    let (mut told_empty, mut failing) = (true, false);
+    let mut failing = false;
     loop {
         tick.tick().await;
         let asked = gates.take();
-        if asked.is_empty() && told_empty {
-            continue;
-        }
-        told_empty = asked.is_empty();
         let demands = asked
             .iter()
             .map(|o| nearstore_control::model::Demand {
@@ -754,6 +751,7 @@ async fn arbitrate(client: Client, addr: String, gates: Arc<nearstore_target::de
                         bps: g.bps,
                         batch_bytes: g.batch_bytes,
                         write_cost: g.write_cost,
+                        pool_bps: g.pool_bps,
                     })
                     .collect();
                 let ttl = g.ttl_ms.clamp(ARBITER_PERIOD_MS, ARBITER_GRANT_TTL_MS);

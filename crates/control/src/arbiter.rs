@@ -15,13 +15,13 @@
 //! over the largest weight, until the bandwidth is spent or every demand met; what is left
 //! then goes to all clients by weight (a backlogged client can grow into it at once, and the
 //! pool stays work conserving). A client that may want more than it got (it waited for its
-//! grant, had none yet, or moved at least half of it: its operations may be waiting in the
-//! pool's own queue, which the exporter cannot see and which shares the pool by its own
-//! weights until the grants take over) demands twice what it offered or was granted, so a
-//! client held at its grant asks for more each period until it meets its share; one that
-//! moved less demands what it moved (the rest of its share goes to the others). The price
-//! of reading demand this way: a client moving between half and all of its share keeps all
-//! of it. A tenant exported by several targets is one share on the pool: its weight is split
+//! grant, had none yet, or moved at least 80% of it: its operations may be waiting in the
+//! pool's own queue, which the exporter cannot see) demands as much as it may have, its
+//! weighted share; one that moved less demands twice what it moved (and at least half its
+//! grant: a grant at most halves in a period), room to grow, and the rest of its share goes
+//! to the others. Demands read this way are stable: a client held
+//! back downstream to 60% of its grant still demands more than its share, and keeps it.
+//! A tenant exported by several targets is one share on the pool: its weight is split
 //! among its clients there.
 //!
 //! The arbiter's books are soft state, in memory: a restarted control plane learns every
@@ -57,17 +57,20 @@ struct Client {
 }
 
 impl Client {
-    /// What it asks of the division: twice what it moved or was granted when it may want
-    /// more than it got: it waited for its grant, or had none yet, or moved at least
-    /// ARBITER_USED_PERCENT of it (its operations may wait further on, in the pool's own
-    /// queue, which shares the pool by its own weights until the grants take over); else
-    /// what it moved.
+    /// What it asks of the division: as much as it may have, when it may want more than
+    /// it got (it waited for its grant, or had none yet, or moved at least
+    /// ARBITER_SATURATED_PERCENT of it: its operations may have waited further on, in the
+    /// pool's own queue); else twice what it moved, so that a client whose operations were
+    /// held back downstream, moving less than its grant for it, is not taken at its word
+    /// and shrunk period after period.
     fn demand(&self) -> u64 {
-        let used_up = self.offered as u128 * 100 >= self.granted as u128 * ARBITER_USED_PERCENT as u128;
-        if self.backlogged || self.granted == 0 || used_up {
-            self.offered.max(self.granted).max(ARBITER_SLICE_BYTES_MIN).saturating_mul(2)
+        let saturated = self.offered as u128 * 100 >= self.granted as u128 * ARBITER_SATURATED_PERCENT as u128;
+        if self.backlogged || self.granted == 0 || saturated {
+            u64::MAX / 4
         } else {
-            self.offered
+            // At most halved a period: a client whose commands a pool's queue held back
+            // for a while is not shrunk to nothing meanwhile.
+            self.offered.max(ARBITER_SLICE_BYTES_MIN).saturating_mul(2).max(self.granted / 2)
         }
     }
 }
@@ -170,7 +173,7 @@ impl Arbiter {
             let declared = cap.filter(|c| c.bandwidth > 0);
             let write_cost = cap.map_or(1.0, |c| if c.write_cost >= 1.0 { c.write_cost } else { 1.0 });
             let clients = book.len() as u32;
-            let shares = declared.map(|c| divide(c.bandwidth, &weights(book)));
+            let shares = declared.map(|c| divide(c.bandwidth / 100 * ARBITER_SHARE_PERCENT, &weights(book)));
             for (i, ((target, tenant), c)) in book.iter_mut().enumerate() {
                 if target != &req.target {
                     continue;
@@ -178,7 +181,9 @@ impl Arbiter {
                 // What it was told: what its next offer is measured against.
                 let bps = shares.as_ref().map(|s| s[i]);
                 c.granted = bps.unwrap_or(0);
+                let pool_bps = shares.as_ref().map_or(0, |s| s.iter().sum());
                 grants.push(BandwidthGrant {
+                    pool_bps,
                     pool_target: pool.0.clone(),
                     nsid: pool.1,
                     tenant: tenant.clone(),
@@ -281,6 +286,11 @@ mod tests {
         move |p: &PoolKey| (p.0 != "unknown").then_some(Capacity { bandwidth: bw, write_cost: 2.0 })
     }
 
+    /// What the arbiter divides of a pool of `bw`.
+    fn share(bw: u64) -> u64 {
+        bw / 100 * ARBITER_SHARE_PERCENT
+    }
+
     fn bps(g: &BandwidthGrants, tenant: &str) -> u64 {
         g.grants.iter().find(|g| g.tenant == tenant).and_then(|g| g.bps).expect("a grant")
     }
@@ -320,12 +330,14 @@ mod tests {
         let now = 1_000;
         // Tenant heavy through target A, light through target B, both on pool P1@A.
         let ga = a.request(now, &req("A", vec![demand("A", "heavy", 300, 40 * MIB, true)]), cap(64 * MIB)).unwrap();
-        assert_eq!(bps(&ga, "heavy"), 64 * MIB, "alone, it gets the whole pool");
+        assert_eq!(bps(&ga, "heavy"), share(64 * MIB), "alone, it gets all the arbiter divides");
+        assert_eq!(ga.grants[0].pool_bps, share(64 * MIB));
         let gb = a.request(now + 10, &req("B", vec![demand("A", "light", 100, 40 * MIB, true)]), cap(64 * MIB)).unwrap();
         let ga = a.request(now + 20, &req("A", vec![demand("A", "heavy", 300, 40 * MIB, true)]), cap(64 * MIB)).unwrap();
         let (h, l) = (bps(&ga, "heavy"), bps(&gb, "light"));
-        assert!((h as f64 / 64.0 / MIB as f64 - 0.75).abs() < 0.01, "heavy {h}");
-        assert!((l as f64 / 64.0 / MIB as f64 - 0.25).abs() < 0.01, "light {l}");
+        assert!((h as f64 / share(64 * MIB) as f64 - 0.75).abs() < 0.01, "heavy {h}");
+        assert!((l as f64 / share(64 * MIB) as f64 - 0.25).abs() < 0.01, "light {l}");
+        assert!(ga.grants[0].pool_bps >= h + l - 2 && ga.grants[0].pool_bps <= share(64 * MIB));
         assert_eq!(ga.grants[0].clients, 2);
         assert_eq!(ga.grants[0].write_cost, 2.0);
         assert_eq!(ga.grants[0].batch_bytes, batch_bytes(h));
@@ -360,7 +372,7 @@ mod tests {
         // B falls silent: past the client TTL, A is alone.
         let g = a.request(60 + ARBITER_CLIENT_TTL_MS + 1, &req("A", vec![demand("P", "x", 100, MIB, true)]), cap(64 * MIB)).unwrap();
         assert_eq!(a.clients(&pool), 1);
-        assert_eq!(bps(&g, "x"), 64 * MIB);
+        assert_eq!(bps(&g, "x"), share(64 * MIB));
         assert_eq!(g.grants[0].clients, 1);
     }
 
@@ -375,19 +387,27 @@ mod tests {
     #[test]
     fn a_client_that_may_want_more_demands_twice_what_it_got() {
         let mut a = Arbiter::new();
-        // y alone, new: all of the pool. It moved 1 MiB/s of it (not nearly all): it
-        // demands 1 MiB/s; x, new, demands twice what it moved; the surplus goes by weight.
+        let all = share(64 * MIB);
+        // y alone, new: all the arbiter divides. It moved 1 MiB/s of it (under 80%): it
+        // demands twice that; x, new, may want more: it demands all it may have, and gets
+        // all y leaves.
         let g = a.request(0, &req("B", vec![demand("P", "y", 100, MIB, false)]), cap(64 * MIB)).unwrap();
-        assert_eq!(bps(&g, "y"), 64 * MIB);
+        assert_eq!(bps(&g, "y"), all);
         let g = a.request(0, &req("A", vec![demand("P", "x", 100, MIB, true)]), cap(64 * MIB)).unwrap();
-        assert_eq!(bps(&g, "x"), 2 * MIB + (61 * MIB) / 2);
-        // x moved over half of its grant: it demands twice the grant, and gets all y leaves.
-        let g = a.request(100, &req("A", vec![demand("P", "x", 100, 30 * MIB, false)]), cap(64 * MIB)).unwrap();
-        assert_eq!(bps(&g, "x"), 63 * MIB);
-        // Then it moves a third of that: it demands what it moved (y still its 1 MiB/s of
-        // the 64 MiB/s it was told); the rest is surplus, in halves.
-        let g = a.request(200, &req("A", vec![demand("P", "x", 100, 21 * MIB, false)]), cap(64 * MIB)).unwrap();
-        assert_eq!(bps(&g, "x"), 21 * MIB + (42 * MIB) / 2);
+        // (y's demand: twice what it moved, at least half its grant.)
+        let y = (2 * MIB).max(all / 2);
+        let near = |got: u64, want: u64| assert!(got.abs_diff(want) <= want / 500, "{got} is not {want}");
+        near(bps(&g, "x"), all - y);
+        // x moved over 80% of its grant: it still demands all it may have.
+        let told = bps(&g, "x");
+        let g = a.request(100, &req("A", vec![demand("P", "x", 100, told * 9 / 10, false)]), cap(64 * MIB)).unwrap();
+        near(bps(&g, "x"), all - y);
+        // Then it moves a tenth of that: it demands twice what it moved, or half its grant
+        // (a grant at most halves a period); the rest goes to both by weight.
+        let told = bps(&g, "x");
+        let g = a.request(200, &req("A", vec![demand("P", "x", 100, told / 10, false)]), cap(64 * MIB)).unwrap();
+        let x = (told / 5).max(told / 2);
+        near(bps(&g, "x"), x + (all - x - y) / 2);
         // A pool saturated below the gates: neither waits at its gate, each moves what the
         // pool's own scheduler lets through (equal shares there: one tenant is the peer's
         // `cluster`), at most its grant. The division comes to follow the weights, not what
@@ -410,7 +430,7 @@ mod tests {
             let gh = a.request(0, &req("B", vec![demand("P", "heavy", 300, mh, false)]), cap(28 * MIB)).unwrap();
             (h, l) = (bps(&gh, "heavy"), bps(&gl, "light"));
             if round >= 3 {
-                assert!(h + l <= 28 * MIB, "round {round}: heavy {h}, light {l}");
+                assert!(h + l <= share(28 * MIB), "round {round}: heavy {h}, light {l}");
                 assert!((h as f64 / (h + l) as f64 - 0.75).abs() < 0.02, "round {round}: heavy {h}, light {l}");
                 assert_eq!(pool(h, l), (h, l), "round {round}: the pool moves the grants");
             }

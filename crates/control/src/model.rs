@@ -611,6 +611,10 @@ pub struct BandwidthGrant {
     pub write_cost: f64,
     /// Clients the pool's bandwidth was divided among.
     pub clients: u32,
+    /// All the pool's grants together, bytes per second (0: not divided): the pool's own
+    /// target weighs the peers' operations by what its own tenants' grants leave of it.
+    #[serde(default)]
+    pub pool_bps: u64,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, thiserror::Error)]

@@ -246,7 +246,7 @@ impl Target {
             t.subsystems.write().insert(s.nqn.clone(), Arc::new(sub));
         }
         if !cfg.pool.is_empty() {
-            let sub = pool_subsystem(cfg)?;
+            let sub = pool_subsystem(cfg, &t.gates)?;
             t.subsystems.write().insert(sub.nqn.clone(), Arc::new(sub));
         }
         Ok(t)
@@ -441,7 +441,7 @@ pub const POOLS_NQN: &str = "nqn.2026-11.io.nearstore:pools";
 /// The pool subsystem: it admits only `cluster.trusted_members`, each for itself. A member
 /// acting for a host is admitted only if that host is (the rule of every subsystem), and no
 /// host is: a host reaches pools only through a volume exported to it.
-fn pool_subsystem(cfg: &Config) -> Result<Subsystem, TargetError> {
+fn pool_subsystem(cfg: &Config, gates: &Arc<dev::grant::Gates>) -> Result<Subsystem, TargetError> {
     let sub = Subsystem::new(POOLS_NQN, None, Some("nearstore pools"), false, &cfg.cluster.trusted_members);
     for (i, p) in cfg.pool.iter().enumerate() {
         let field = format!("pool[{i}].path");
@@ -453,7 +453,10 @@ fn pool_subsystem(cfg: &Config) -> Result<Subsystem, TargetError> {
         let nsid = i as u32 + 1;
         info!(subnqn = POOLS_NQN, nsid, pool = %p.name(), "pool on {}", backend.describe());
         let mut ns = Namespace::new(POOLS_NQN, nsid, Arc::new(backend), limits::VOLUME_BLOCK_BYTES);
-        ns.dev = dev::share(ns.dev, config::sharing(p.rate_limit, p.fair));
+        ns.dev = dev::share(ns.dev, config::sharing(p.rate_limit, None));
+        if let Some(f) = &p.fair {
+            ns.dev = dev::fair::Fair::arbitrated(ns.dev, f.bandwidth.0, f.write_cost, gates.clone(), nsid);
+        }
         sub.add_namespace(ns).map_err(|message| TargetError::Namespace { field, message })?;
     }
     Ok(sub)

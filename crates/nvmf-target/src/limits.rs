@@ -529,6 +529,11 @@ pub const FAIR_QUANTUM_MIN_BYTES: u64 = 4096;
 /// pair many times over, which no device we know does).
 pub const FAIR_WRITE_COST_MAX: f64 = 64.0;
 
+/// What a tenant new on a pool may move until its first grant, while the arbiter answers
+/// (`dev::grant`), in cost bytes per second, beyond one transfer at once: a period (100 ms)
+/// of it is a few commands, enough for a light tenant's reads to go on meanwhile.
+pub const GRANT_PROVISIONAL_BPS: u64 = 1 << 20;
+
 /// Requests to the control plane's arbiter in a row in which a tenant offered a pool
 /// nothing, after which its gate forgets it once its grant ran out (`dev::grant`): a few
 /// periods, so a tenant pausing between bursts keeps its bucket.

@@ -10,6 +10,7 @@
 //! what survives a crash, that every command completes once with the status its fault
 //! calls for.
 
+pub mod arbiter;
 pub mod disk;
 mod host;
 pub mod latency;
@@ -111,6 +112,8 @@ pub enum Which {
     Target,
     /// Extent moves ([`moves::run`]).
     Moves,
+    /// The arbiter and the gates ([`arbiter::run`]).
+    Arbiter,
 }
 
 impl fmt::Display for Failure {
@@ -118,6 +121,7 @@ impl fmt::Display for Failure {
         let (name, test, flag) = match self.which {
             Which::Target => ("simulation", "seeds", ""),
             Which::Moves => ("move simulation", "moves", "--moves "),
+            Which::Arbiter => ("arbiter simulation", "arbiter", "--arbiter "),
         };
         writeln!(f, "{name} seed {} failed: {}", self.seed, self.message)?;
         writeln!(f, "last events:")?;

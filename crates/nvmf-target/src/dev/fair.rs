@@ -188,7 +188,8 @@ impl Drr {
         }
         f.need = f.need.max(cost);
         if reweighted {
-            // A lighter weight takes effect now: the turns a heavier one gathered go.
+            // A lighter weight takes effect now: the turns a heavier one gathered go (on a
+            // pool whose arbiter stopped answering, a tenant's grant gives way to its weight).
             let (unit, least) = self.unit();
             let f = &mut self.flows[i];
             f.deficit = f.deficit.min(Drr::quantum(unit, f.weight, least) + f.need);
@@ -306,6 +307,10 @@ pub struct Fair {
     /// Where a waiting operation is offered again (holds this device weakly).
     again: Arc<dyn BlockDevice>,
     untagged: Tenant,
+    /// A pool's: the target's gates and the pool's namespace, whose grants weigh its
+    /// tenants while the control plane's arbiter divides the pool
+    /// ([`Gates::pool_weight`](super::grant::Gates::pool_weight)).
+    arbiter: Option<(Arc<super::grant::Gates>, u32)>,
 }
 
 impl Fair {
@@ -316,6 +321,27 @@ impl Fair {
             start: Instant::now(),
             again: Arc::new(Again(me.clone())),
             untagged: Tenant { key: Key::Target, name: "".into(), weight: limits::TENANT_WEIGHT_DEFAULT, stats: Arc::default() },
+            arbiter: None,
+        })
+    }
+
+    /// Pool `nsid`'s scheduler: while `gates` say the arbiter divides the pool, each tenant
+    /// weighs its grant there, the peers (`cluster`) what the grants leave
+    /// ([`Gates::pool_weight`](super::grant::Gates::pool_weight)).
+    pub fn arbitrated(
+        base: Arc<dyn BlockDevice>,
+        bandwidth: u64,
+        write_cost: f64,
+        gates: Arc<super::grant::Gates>,
+        nsid: u32,
+    ) -> Arc<Fair> {
+        Arc::new_cyclic(|me: &Weak<Fair>| Fair {
+            base,
+            drr: Mutex::new(Drr::new(bandwidth, write_cost)),
+            start: Instant::now(),
+            again: Arc::new(Again(me.clone())),
+            untagged: Tenant { key: Key::Target, name: "".into(), weight: limits::TENANT_WEIGHT_DEFAULT, stats: Arc::default() },
+            arbiter: Some((gates, nsid)),
         })
     }
 
@@ -329,7 +355,9 @@ impl Fair {
                 Some(cost) => {
                     let now = Instant::now().saturating_duration_since(self.start).as_nanos() as u64;
                     let tenant = ch.tenant().unwrap_or(&self.untagged);
-                    let turn = d.offer(now, tenant, cost, again);
+                    let granted = self.arbiter.as_ref().and_then(|(g, nsid)| g.pool_weight(*nsid, tenant));
+                    let weighed = granted.map(|weight| Tenant { weight, ..tenant.clone() });
+                    let turn = d.offer(now, weighed.as_ref().unwrap_or(tenant), cost, again);
                     match turn {
                         Turn::Go => tenant.stats.io_scheduled_bytes.fetch_add(buf.len() as u64, Relaxed),
                         // Held back until the epoch it is offered again in (its timer may

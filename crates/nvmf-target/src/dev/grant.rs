@@ -53,6 +53,22 @@ pub struct GrantIn {
     pub bps: Option<u64>,
     pub batch_bytes: u64,
     pub write_cost: f64,
+    /// All the pool's grants together (every exporter's tenants), bytes per second: on the
+    /// pool's own target, what the peers have is this less its own tenants' grants.
+    pub pool_bps: u64,
+}
+
+/// The weights a pool's scheduler gives while the arbiter divides the pool: each of this
+/// target's tenants its grant there, the peers (`cluster`) the pool's grants less those.
+#[derive(Debug, Default, Clone)]
+struct PoolWeights {
+    by_tenant: HashMap<Arc<str>, u64>,
+    peers: u64,
+}
+
+/// A grant in bytes per second as a scheduler's weight (KiB per second, at least 1).
+fn weight_of(bps: u64) -> u32 {
+    (bps >> 10).clamp(1, u32::MAX as u64) as u32
 }
 
 /// The arbitration's counters (the metrics endpoint's `nearstore_arbiter_*`).
@@ -79,6 +95,8 @@ struct Grant {
     write_milli: u64,
     /// Ns on the gates' clock when it runs out.
     until: u64,
+    /// A new tenant's until an answer names it.
+    provisional: bool,
 }
 
 #[derive(Debug)]
@@ -93,6 +111,9 @@ struct Client {
     at: u64,
     /// Requests in a row it offered nothing in.
     quiet: u32,
+    /// An answer named it (with a grant or without: not divided, or no room in the books):
+    /// it is no longer new on the pool.
+    answered: bool,
 }
 
 /// One pool's gate: its tenants' buckets.
@@ -118,6 +139,14 @@ pub struct Gates {
     start: Instant,
     /// When [`Gates::take`] last ran, ns.
     last_take: Mutex<u64>,
+    /// Until when (ns) the arbiter's last answer holds: while it does, this target's pools
+    /// share by the grants ([`Gates::arbitrated`], [`Gates::pool_weight`]).
+    answered_until: AtomicU64,
+    /// This target's address as the control plane knows it: its own pools' gates are
+    /// `(own, nsid)`.
+    own: std::sync::OnceLock<String>,
+    /// Its own pools' weights by namespace, set at each answer.
+    weights: Mutex<HashMap<u32, PoolWeights>>,
     pub stats: GateStats,
 }
 
@@ -128,6 +157,9 @@ impl Gates {
             devices: Mutex::new(HashMap::new()),
             start: Instant::now(),
             last_take: Mutex::new(0),
+            answered_until: AtomicU64::new(0),
+            own: std::sync::OnceLock::new(),
+            weights: Mutex::new(HashMap::new()),
             stats: GateStats::default(),
         })
     }
@@ -170,9 +202,15 @@ impl Gates {
                 let waited = std::mem::take(&mut c.waited);
                 if offered == 0 && !waited {
                     c.quiet += 1;
-                    return c.quiet < limits::GRANT_QUIET_REQUESTS || c.grant.is_some_and(|g| g.until > now);
+                    if c.quiet >= limits::GRANT_QUIET_REQUESTS {
+                        return c.grant.is_some_and(|g| g.until > now);
+                    }
+                    // Quiet for a period or two, it is asked for all the same: its commands
+                    // may all be waiting downstream, in the pool's queue, where a tenant that
+                    // left the books would be weighed as nobody.
+                } else {
+                    c.quiet = 0;
                 }
-                c.quiet = 0;
                 let bps = (offered as u128 * NS_PER_S as u128 / ns).min(u64::MAX as u128) as u64;
                 out.push(Offered {
                     pool_target: target.clone(),
@@ -185,6 +223,8 @@ impl Gates {
                 true
             });
         }
+        // In one order whatever the maps' (a simulation's run replays from its seed).
+        out.sort_by(|a, b| (&a.pool_target, a.nsid, &a.tenant).cmp(&(&b.pool_target, b.nsid, &b.tenant)));
         out
     }
 
@@ -194,12 +234,18 @@ impl Gates {
     pub fn apply(&self, asked: &[Offered], grants: &[GrantIn], ttl: Duration) {
         let now = self.now();
         let until = now.saturating_add(ttl.as_nanos().min(u64::MAX as u128) as u64);
+        // The pools stop leaving the sharing to the grants a fifth of the TTL before the
+        // grants run out: when the arbiter dies, the exporters' gates open a little after
+        // their pools' own scheduler has taken over, not before (else the peers' operations
+        // flood a pool that still serves them first come, first served).
+        self.answered_until.store(now.saturating_add((ttl.as_nanos() * 4 / 5).min(u64::MAX as u128) as u64), Relaxed);
         let by: HashMap<(&str, u32, &str), &GrantIn> =
             grants.iter().map(|g| ((g.pool_target.as_str(), g.nsid, g.tenant.as_str()), g)).collect();
         for d in asked {
             let gate = self.gate(&d.pool_target, d.nsid);
             let mut clients = gate.clients.lock();
             let Some(c) = clients.get_mut(d.tenant.as_str()) else { continue };
+            c.answered = true;
             let g = by.get(&(d.pool_target.as_str(), d.nsid, d.tenant.as_str()));
             match g.and_then(|g| g.bps.map(|bps| (g, bps))) {
                 Some((g, rate)) => {
@@ -209,24 +255,92 @@ impl Gates {
                     } else {
                         1000
                     };
-                    if c.grant.is_none_or(|old| old.until <= now) {
-                        // A new grant starts with a full batch.
-                        c.tokens = cap;
+                    match c.grant {
+                        // The grant it replaces pays for the time since the bucket was last
+                        // filled (else a tenant whose operations wait at the gate between
+                        // two answers loses what accrued meanwhile: the arbiter simulation
+                        // saw 128 KiB readers move 55% of their grants).
+                        Some(old) if old.until > now && !old.provisional => {
+                            c.tokens = (c.tokens + (now - c.at.min(now)) as i128 * old.rate as i128).min(old.cap).min(cap);
+                        }
+                        // A new grant (or the first after a provisional one) starts with a
+                        // full batch.
+                        _ => c.tokens = cap,
                     }
-                    c.tokens = c.tokens.min(cap);
                     c.at = now;
-                    c.grant = Some(Grant { rate, cap, write_milli: c_milli, until });
+                    c.grant = Some(Grant { rate, cap, write_milli: c_milli, until, provisional: false });
                 }
                 None => c.grant = None,
             }
         }
         self.count_grants(now);
+        self.weigh(grants);
+    }
+
+    /// Sets the weights of this target's own pools from an answer's grants.
+    fn weigh(&self, grants: &[GrantIn]) {
+        let Some(own) = self.own.get() else { return };
+        let mut weights: HashMap<u32, PoolWeights> = HashMap::new();
+        let mut total: HashMap<u32, u64> = HashMap::new();
+        for g in grants.iter().filter(|g| &g.pool_target == own) {
+            if let Some(bps) = g.bps {
+                weights.entry(g.nsid).or_default().by_tenant.insert(g.tenant.as_str().into(), bps);
+                total.insert(g.nsid, g.pool_bps);
+            }
+        }
+        for (nsid, w) in weights.iter_mut() {
+            let local: u64 = w.by_tenant.values().sum();
+            // At least a new tenant's: the peers' commands waiting in the pool's queue are
+            // served, and their tenants, offering again, get their grants back.
+            w.peers = total.get(nsid).copied().unwrap_or(0).saturating_sub(local).max(limits::GRANT_PROVISIONAL_BPS);
+        }
+        *self.weights.lock() = weights;
+    }
+
+    /// This target's address as the control plane knows it (once; `nearstore target
+    /// --control` sets it when it knows it).
+    pub fn set_own(&self, addr: String) {
+        let _ = self.own.set(addr);
+    }
+
+    /// The weight pool `nsid`'s scheduler gives `tenant` while the arbiter divides the pool:
+    /// a tenant of this target its grant on the pool (a new one, until its grant comes,
+    /// GRANT_PROVISIONAL_BPS; so does the target's own work), the peers (`cluster`) what
+    /// the pool's grants leave after this target's tenants'. None: the arbiter does not
+    /// answer, or named none of this target's tenants on the pool: the tenants' own weights
+    /// hold. So the pool's scheduler, which shares among its keys by weight and serves each
+    /// key's operations by their bytes, shares as the arbiter divided: by its tenants' own
+    /// weights it would share 1:1 between `cluster` and each of its own tenants.
+    pub fn pool_weight(&self, nsid: u32, tenant: &super::fair::Tenant) -> Option<u32> {
+        if !self.arbitrated() {
+            return None;
+        }
+        let weights = self.weights.lock();
+        let w = weights.get(&nsid)?;
+        let bps = if tenant.key == super::fair::Key::Tenant(crate::tenant::TenantId::CLUSTER) {
+            w.peers
+        } else {
+            w.by_tenant.get(&*tenant.name).copied().unwrap_or(limits::GRANT_PROVISIONAL_BPS)
+        };
+        Some(weight_of(bps))
+    }
+
+    /// The arbiter answered within (most of) its grants' time to live: the tenants of every
+    /// exporter reaching this target's pools are held to their grants at their exporters'
+    /// gates, and the pools share by the grants ([`pool_weight`](Self::pool_weight)).
+    /// Past it, the pools' own sharing by the tenants' weights takes over.
+    pub fn arbitrated(&self) -> bool {
+        self.now() < self.answered_until.load(Relaxed)
     }
 
     /// Grants holding at `now`.
     fn count_grants(&self, now: u64) {
-        let n: usize =
-            self.pools.lock().values().map(|g| g.clients.lock().values().filter(|c| c.grant.is_some_and(|g| g.until > now)).count()).sum();
+        let n: usize = self
+            .pools
+            .lock()
+            .values()
+            .map(|g| g.clients.lock().values().filter(|c| c.grant.is_some_and(|g| g.until > now && !g.provisional)).count())
+            .sum();
         self.stats.grants.store(n as u64, Relaxed);
     }
 
@@ -237,6 +351,27 @@ impl Gates {
         let clients = gate.clients.lock();
         let g = clients.get(tenant)?.grant?;
         (g.until > now).then(|| (g.rate, Duration::from_nanos(g.until - now)))
+    }
+
+    /// What the gate of pool `nsid` of `pool_target` decides for an operation of `tenant`
+    /// (`again`: one that waited, offered again): None, it goes; else how long it waits.
+    /// The decision [`Gated`] makes, for a simulation that drives the gates without
+    /// channels (crates/sim, `arbiter.rs`).
+    pub fn admit(
+        &self,
+        pool_target: &str,
+        nsid: u32,
+        tenant: &Arc<str>,
+        weight: u32,
+        len: u64,
+        write: bool,
+        again: bool,
+    ) -> Option<Duration> {
+        let gate = self.gate(pool_target, nsid);
+        match self.offer(&gate, tenant, weight, len, write, again) {
+            Turn::Go => None,
+            Turn::Wait(at) => Some(Duration::from_nanos(at.saturating_sub(self.now()))),
+        }
     }
 
     /// Decides whether an operation of `tenant` (its weight `weight`) costing `len` bytes
@@ -256,6 +391,7 @@ impl Gates {
             tokens: 0,
             at: now,
             quiet: 0,
+            answered: false,
         });
         c.weight = weight;
         let milli = c.grant.map_or(1000, |g| g.write_milli);
@@ -263,7 +399,29 @@ impl Gates {
         if !again {
             c.offered = c.offered.saturating_add(cost);
         }
-        let Some(g) = c.grant else { return Turn::Go };
+        let g = match c.grant {
+            Some(g) => g,
+            // New on the pool while the arbiter answers: until an answer names it (the
+            // next, a period away) it moves a transfer at once and GRANT_PROVISIONAL_BPS,
+            // not all it can queue: a host starting with 32 commands in flight would fill
+            // the pool's queue ahead of every tenant held to its grant, and that queue
+            // drains only as fast as the grants leave room (the arbiter simulation's
+            // tenants, each 16 commands of 128 KiB, took seconds to drain one).
+            None if !c.answered && self.arbitrated() => {
+                let g = Grant {
+                    rate: limits::GRANT_PROVISIONAL_BPS,
+                    cap: limits::TRANSFER_BYTES_MAX as i128 * NS_PER_S,
+                    write_milli: 1000,
+                    until: self.answered_until.load(Relaxed),
+                    provisional: true,
+                };
+                c.grant = Some(g);
+                c.tokens = g.cap;
+                c.at = now;
+                g
+            }
+            None => return Turn::Go,
+        };
         if g.until <= now {
             c.grant = None;
             drop(clients);
