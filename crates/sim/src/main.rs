@@ -53,6 +53,44 @@ struct Args {
     /// per client).
     #[arg(long)]
     moves: bool,
+    /// Runs the simulation of the bandwidth arbiter and the exporters' gates instead
+    /// (docs/simulation.md, "The arbiter").
+    #[arg(long)]
+    arbiter: bool,
+}
+
+/// `--arbiter`: the arbiter simulation over the seeds asked.
+fn arbiter(args: &Args, seeds: std::ops::Range<u64>) -> ExitCode {
+    use nearstore_sim::arbiter;
+    let opts = arbiter::Options { bug: None, keep_trace: args.trace };
+    let (mut passed, mut failed) = (0u64, Vec::new());
+    let started = std::time::Instant::now();
+    for seed in seeds {
+        match arbiter::run(seed, &opts) {
+            Ok(s) => {
+                if args.trace {
+                    s.trace.iter().for_each(|l| println!("{l}"));
+                }
+                passed += 1;
+            }
+            Err(f) => {
+                if args.trace {
+                    f.trace.iter().for_each(|l| println!("{l}"));
+                }
+                eprintln!("{f}");
+                failed.push(seed);
+                if !args.keep_going {
+                    break;
+                }
+            }
+        }
+    }
+    println!("{passed} seeds passed, {} failed {failed:?}, {:.0?}", failed.len(), started.elapsed());
+    if failed.is_empty() {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    }
 }
 
 /// `--moves`: the move simulation over the seeds asked.
@@ -134,6 +172,9 @@ fn main() -> ExitCode {
     };
     if args.moves {
         return moves(&args, seeds);
+    }
+    if args.arbiter {
+        return arbiter(&args, seeds);
     }
     let mut opts = Options { ops: args.ops, keep_trace: args.trace, ..Options::default() };
     match args.bug {
