@@ -136,6 +136,29 @@ impl fmt::Display for Failure {
     }
 }
 
+/// A number from the environment: the suite's knobs (`NEARSTORE_SIM_SEED`,
+/// `NEARSTORE_SIM_SEEDS`); a value that is not one panics, naming it.
+pub fn env_u64(name: &str) -> Option<u64> {
+    let v = std::env::var(name).ok()?;
+    Some(v.parse().unwrap_or_else(|_| panic!("{name}={v} is not a number")))
+}
+
+/// A replayed seed's outcome, every trace line printed: `trace` gives a passed run's lines,
+/// trace hash and event count; a failed one panics with its report.
+pub fn print_replay<S>(seed: u64, r: Result<S, Failure>, trace: impl Fn(&S) -> (&[String], u64, u64)) {
+    match r {
+        Ok(s) => {
+            let (lines, hash, events) = trace(&s);
+            lines.iter().for_each(|l| println!("{l}"));
+            println!("seed {seed} passed: trace hash {hash:016x} over {events} events");
+        }
+        Err(f) => {
+            f.trace.iter().for_each(|l| println!("{l}"));
+            panic!("{f}");
+        }
+    }
+}
+
 /// The paused single-threaded runtime a simulation of `seed` runs on.
 fn paused_runtime(which: Which, seed: u64) -> Result<tokio::runtime::Runtime, Failure> {
     tokio::runtime::Builder::new_current_thread().enable_time().start_paused(true).build().map_err(|e| Failure {

@@ -6,28 +6,15 @@
 //! NEARSTORE_SIM_SEEDS=n runs n seeds instead of the default.
 
 use nearstore_sim::arbiter::{run, ArbiterBug, Options, Stats};
+use nearstore_sim::{env_u64, print_replay};
 
 /// Seeds the suite runs: every mix of pool, exporters, tenants and losses many times.
 const SEEDS: u64 = 40;
 
-fn env_u64(name: &str) -> Option<u64> {
-    let v = std::env::var(name).ok()?;
-    Some(v.parse().unwrap_or_else(|_| panic!("{name}={v} is not a number")))
-}
-
 #[test]
 fn shares_follow_the_weights_and_fall_back_when_the_arbiter_is_gone() {
     if let Some(seed) = env_u64("NEARSTORE_SIM_SEED") {
-        match run(seed, &Options { keep_trace: true, ..Options::default() }) {
-            Ok(s) => {
-                s.trace.iter().for_each(|l| println!("{l}"));
-                println!("seed {seed} passed: trace hash {:016x} over {} events", s.trace_hash, s.events);
-            }
-            Err(f) => {
-                f.trace.iter().for_each(|l| println!("{l}"));
-                panic!("{f}");
-            }
-        }
+        print_replay(seed, run(seed, &Options { keep_trace: true, ..Options::default() }), |s| (&s.trace, s.trace_hash, s.events));
         return;
     }
     let n = env_u64("NEARSTORE_SIM_SEEDS").unwrap_or(SEEDS);

@@ -6,34 +6,16 @@
 
 use nearstore_sim::disk::DiskBug;
 use nearstore_sim::net::ReplyBug;
-use nearstore_sim::{run, Options};
+use nearstore_sim::{env_u64, print_replay, run, Options};
 
 /// Seeds the suite runs: enough for every fault to meet every command kind many times,
 /// few enough for the test to take well under a minute.
 const SEEDS: u64 = 3000;
 
-fn env_u64(name: &str) -> Option<u64> {
-    let v = std::env::var(name).ok()?;
-    Some(v.parse().unwrap_or_else(|_| panic!("{name}={v} is not a number")))
-}
-
 #[test]
 fn seeds() {
     if let Some(seed) = env_u64("NEARSTORE_SIM_SEED") {
-        match run(seed, &Options { keep_trace: true, ..Options::default() }) {
-            Ok(o) => {
-                for l in &o.trace {
-                    println!("{l}");
-                }
-                println!("seed {seed} passed: trace hash {:016x} over {} events", o.trace_hash, o.events);
-            }
-            Err(f) => {
-                for l in &f.trace {
-                    println!("{l}");
-                }
-                panic!("{f}");
-            }
-        }
+        print_replay(seed, run(seed, &Options { keep_trace: true, ..Options::default() }), |o| (&o.trace, o.trace_hash, o.events));
         return;
     }
     let n = env_u64("NEARSTORE_SIM_SEEDS").unwrap_or(SEEDS);

@@ -315,14 +315,7 @@ pub struct Fair {
 
 impl Fair {
     pub fn new(base: Arc<dyn BlockDevice>, bandwidth: u64, write_cost: f64) -> Arc<Fair> {
-        Arc::new_cyclic(|me: &Weak<Fair>| Fair {
-            base,
-            drr: Mutex::new(Drr::new(bandwidth, write_cost)),
-            start: Instant::now(),
-            again: Arc::new(Again(me.clone())),
-            untagged: Tenant { key: Key::Target, name: "".into(), weight: limits::TENANT_WEIGHT_DEFAULT, stats: Arc::default() },
-            arbiter: None,
-        })
+        Fair::with(base, bandwidth, write_cost, None)
     }
 
     /// Pool `nsid`'s scheduler: while `gates` say the arbiter divides the pool, each tenant
@@ -335,13 +328,17 @@ impl Fair {
         gates: Arc<super::grant::Gates>,
         nsid: u32,
     ) -> Arc<Fair> {
+        Fair::with(base, bandwidth, write_cost, Some((gates, nsid)))
+    }
+
+    fn with(base: Arc<dyn BlockDevice>, bandwidth: u64, write_cost: f64, arbiter: Option<(Arc<super::grant::Gates>, u32)>) -> Arc<Fair> {
         Arc::new_cyclic(|me: &Weak<Fair>| Fair {
             base,
             drr: Mutex::new(Drr::new(bandwidth, write_cost)),
             start: Instant::now(),
             again: Arc::new(Again(me.clone())),
             untagged: Tenant { key: Key::Target, name: "".into(), weight: limits::TENANT_WEIGHT_DEFAULT, stats: Arc::default() },
-            arbiter: Some((gates, nsid)),
+            arbiter,
         })
     }
 

@@ -20,6 +20,18 @@ fn go(t: &Turn) -> bool {
     matches!(t, Turn::Go)
 }
 
+/// Gates whose tenant `a` offered a first operation on pool 1 of `t` and was granted `bps`
+/// (a batch of `batch`, write cost `write_cost`) for `ttl_ms`.
+fn granted(bps: u64, batch: u64, write_cost: f64, ttl_ms: u64, write: bool) -> (Arc<Gates>, Arc<Gate>, Arc<str>) {
+    let g = Gates::new();
+    let gate = g.gate("t", 1);
+    let a = tenant("a");
+    g.offer(&gate, &a, 100, 4096, write, false);
+    let asked = g.take();
+    g.apply(&asked, &[grant("a", Some(bps), batch, write_cost)], Duration::from_millis(ttl_ms));
+    (g, gate, a)
+}
+
 /// `n` operations of `len` bytes offered back to back: how many went at once.
 fn burst(g: &Gates, gate: &Gate, who: &Arc<str>, len: u64, write: bool, n: usize) -> usize {
     (0..n).filter(|_| go(&g.offer(gate, who, 100, len, write, false))).count()
@@ -79,29 +91,19 @@ async fn a_grant_lets_its_batch_go_then_its_rate() {
 
 #[tokio::test(start_paused = true)]
 async fn writes_cost_the_pools_write_cost() {
-    let g = Gates::new();
-    let gate = g.gate("t", 1);
-    let a = tenant("a");
-    g.offer(&gate, &a, 100, 4096, true, false);
-    let asked = g.take();
-    g.apply(&asked, &[grant("a", Some(MIB), 0, 2.0)], Duration::from_millis(500));
+    let (g, gate, a) = granted(MIB, 0, 2.0, 500, true);
     // The bucket: 0 + 128 KiB; a 64 KiB write costs 128 KiB.
     assert_eq!(burst(&g, &gate, &a, 64 * KIB, true, 10), 1);
     assert_eq!(burst(&g, &gate, &a, 64 * KIB, false, 10), 0, "the write took the bucket");
     tokio::time::advance(Duration::from_millis(100)).await;
     let d = g.take();
-    // Offered: one 64 KiB write at cost 2 and 10 writes (9 more refused) ... counted once each.
+    // Offered (first offers only): ten 64 KiB writes at twice their bytes, ten 64 KiB reads.
     assert_eq!(d[0].bps, (10 * 128 + 10 * 64) * KIB * 10, "first offers, writes at twice their bytes");
 }
 
 #[tokio::test(start_paused = true)]
 async fn a_grant_runs_out_and_the_tenant_goes_ungated() {
-    let g = Gates::new();
-    let gate = g.gate("t", 1);
-    let a = tenant("a");
-    g.offer(&gate, &a, 100, 4096, false, false);
-    let asked = g.take();
-    g.apply(&asked, &[grant("a", Some(MIB), 0, 1.0)], Duration::from_millis(500));
+    let (g, gate, a) = granted(MIB, 0, 1.0, 500, false);
     assert!(g.grant_of("t", 1, "a").is_some());
     burst(&g, &gate, &a, 128 * KIB, false, 1);
     assert!(!go(&g.offer(&gate, &a, 100, 128 * KIB, false, false)), "held by its grant");
@@ -169,12 +171,7 @@ async fn a_pools_own_target_weighs_its_keys_by_the_grants() {
 
 #[tokio::test(start_paused = true)]
 async fn quiet_tenants_are_forgotten_once_their_grant_ran_out() {
-    let g = Gates::new();
-    let gate = g.gate("t", 1);
-    let a = tenant("a");
-    g.offer(&gate, &a, 100, 4096, false, false);
-    let asked = g.take();
-    g.apply(&asked, &[grant("a", Some(MIB), 0, 1.0)], Duration::from_millis(500));
+    let (g, gate, _) = granted(MIB, 0, 1.0, 500, false);
     // Quiet, it is asked for a little longer (its commands may wait downstream), at 0.
     for _ in 1..limits::GRANT_QUIET_REQUESTS {
         let d = g.take();
