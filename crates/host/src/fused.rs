@@ -468,8 +468,7 @@ impl Host {
                     .read_checksum(ep.nsid, (off + k) / block, (m / block) as u32, block as u32, lo as u32..hi as u32)
                     .await
                     .map_err(|source| HostError::Target { endpoint: ep_name(&ep), source })?;
-                out.write_all(&d[lo as usize..hi as usize])
-                    .map_err(|e| HostError::Invalid(format!("writing out what was read of {}: {e}", path.display())))?;
+                out.write_all(&d[lo as usize..hi as usize]).map_err(|source| HostError::Output { path: path.to_path_buf(), source })?;
                 crc = crc32c::crc32c_combine(crc, c, (hi - lo) as usize);
                 k += m;
             }

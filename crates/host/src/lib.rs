@@ -96,6 +96,10 @@ pub enum HostError {
     Target { endpoint: String, source: nearstore_initiator::Error },
     #[error("{0}")]
     Invalid(String),
+    /// Writing out what was read of `path` (`Host::read_checksum_into`'s writer) failed:
+    /// the writer's own error, its kind kept (a full disk, a closed pipe).
+    #[error("writing out what was read of {path}: {source}")]
+    Output { path: PathBuf, source: std::io::Error },
     #[error(transparent)]
     Step(#[from] orchestrator::StepError),
     /// With `Host::offload_only`: files that would have been computed on the host.

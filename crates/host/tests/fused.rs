@@ -137,6 +137,28 @@ async fn write_and_read_checksum_of_file_ranges() {
     // Past the file's end: refused before anything is sent.
     assert!(host.write_checksum(&path, 299_999, b"ab").await.is_err());
     assert!(host.read_checksum(&path, 299_999, 2).await.is_err());
+    // A writer that fails (a full disk) fails the read with its own error, kind and all,
+    // after the bytes it took.
+    struct Full(usize);
+    impl std::io::Write for Full {
+        fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+            if self.0 == 0 {
+                return Err(std::io::Error::from(std::io::ErrorKind::StorageFull));
+            }
+            let n = b.len().min(self.0);
+            self.0 -= n;
+            Ok(n)
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+    match host.read_checksum_into(&path, 0, 300_000, &mut Full(1000)).await {
+        Err(nearstore_host::HostError::Output { path: p, source }) => {
+            assert_eq!((p, source.kind()), (path.clone(), std::io::ErrorKind::StorageFull));
+        }
+        r => panic!("a failing writer: {r:?}"),
+    }
 }
 
 /// read-modify-write on a file of ext4: counters added to (8-byte, across a 4 KiB block),
