@@ -318,9 +318,19 @@ async fn preempt_and_abort_stops_what_the_preempted_host_started() {
         }
         assert_eq!(stats.running.load(Relaxed), 0, "the Acquire completed while B's command still ran");
         // Waiting for the compute command also sends the write's data and may take the
-        // write's completion on the way.
+        // write's completion on the way (every completion reaped goes to the closure, the
+        // compute command's own too: kept only when it is the write's, else a write that
+        // completed first was forgotten and then waited for once more).
         let mut written = None;
-        let cqe = b.q.queue().wait(exec, |tag, c, _| written = (tag == 1).then_some(c.status)).await.unwrap();
+        let cqe =
+            b.q.queue()
+                .wait(exec, |tag, c, _| {
+                    if tag == 1 {
+                        written = Some(c.status);
+                    }
+                })
+                .await
+                .unwrap();
         assert_eq!(Status { dnr: false, ..cqe.status }, Status::ABORTED_PREEMPT);
         let written = match written {
             Some(s) => s,
