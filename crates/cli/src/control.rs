@@ -735,7 +735,7 @@ async fn arbitrate(client: Client, addr: String, gates: Arc<nearstore_target::de
             .collect();
         let req = nearstore_control::model::BandwidthRequest { target: addr.clone(), demands };
         gates.stats.requests.fetch_add(1, Relaxed);
-        match tokio::time::timeout(period, client.arbitrate(&req)).await {
+        let why = match tokio::time::timeout(period, client.arbitrate(&req)).await {
             Ok(Ok(g)) => {
                 if failing {
                     tracing::info!(control = %client.addr, "the arbiter answers again");
@@ -756,21 +756,15 @@ async fn arbitrate(client: Client, addr: String, gates: Arc<nearstore_target::de
                     .collect();
                 let ttl = g.ttl_ms.clamp(ARBITER_PERIOD_MS, ARBITER_GRANT_TTL_MS);
                 gates.apply(&asked, &grants, std::time::Duration::from_millis(ttl));
+                continue;
             }
-            Ok(Err(e)) => {
-                gates.stats.failures.fetch_add(1, Relaxed);
-                if !failing {
-                    tracing::warn!(control = %client.addr, error = %e, "the arbiter refused this target's request; its grants run out and the pools' local fair sharing takes over");
-                    failing = true;
-                }
-            }
-            Err(_) => {
-                gates.stats.failures.fetch_add(1, Relaxed);
-                if !failing {
-                    tracing::warn!(control = %client.addr, "the arbiter did not answer within a period; its grants run out and the pools' local fair sharing takes over");
-                    failing = true;
-                }
-            }
+            Ok(Err(e)) => format!("the arbiter refused this target's request: {e}"),
+            Err(_) => "the arbiter did not answer within a period".to_string(),
+        };
+        gates.stats.failures.fetch_add(1, Relaxed);
+        if !failing {
+            tracing::warn!(control = %client.addr, "{why}; its grants run out and the pools' local fair sharing takes over");
+            failing = true;
         }
     }
 }

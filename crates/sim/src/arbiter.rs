@@ -384,14 +384,8 @@ impl Sim {
                 // The pool's target is e0: while the arbiter answers it, its pool weighs its
                 // keys by their grants (dev::grant::Gates::pool_weight), as dev::fair does.
                 let who = if c.exporter == 0 { &self.local[c.tenant] } else { &self.cluster };
-                let weighed = self.gates[0].pool_weight(NSID, who).map(|weight| Tenant { weight, ..who.clone() });
-                let who = weighed.as_ref().unwrap_or(who);
-                let cost = self.cost(c.tenant);
-                // The scheduler takes the bytes moved; it costs writes itself.
-                let len = self.tenants[c.tenant].size;
-                let op_cost = if self.tenants[c.tenant].write { (len as f64 * self.write_cost) as u64 } else { len };
-                debug_assert_eq!(op_cost, cost);
-                match self.drr.offer(now, who, op_cost, again) {
+                let weight = self.gates[0].pool_weight(NSID, who).unwrap_or(who.weight);
+                match self.drr.offer_as(now, who, weight, self.cost(c.tenant), again) {
                     Turn::Go => {
                         let took = SERVICE - SERVICE_JITTER + self.rng.random_range(0..2 * SERVICE_JITTER);
                         self.at(now + took, Ev::Done { client })

@@ -172,16 +172,22 @@ impl Drr {
     /// Decides whether an operation of `tenant` costing `cost` bytes goes at `now_ns`;
     /// `again`: it is one that waited, offered again.
     pub fn offer(&mut self, now_ns: u64, tenant: &Tenant, cost: u64, again: bool) -> Turn {
+        self.offer_as(now_ns, tenant, tenant.weight, cost, again)
+    }
+
+    /// [`offer`](Self::offer) with `tenant` at `weight` instead of its own (a pool's
+    /// tenants weighed by the arbiter's grants, `Gates::pool_weight`).
+    pub fn offer_as(&mut self, now_ns: u64, tenant: &Tenant, weight: u32, cost: u64, again: bool) -> Turn {
         self.refill(now_ns);
         let epoch = self.epoch;
-        let i = self.flow(tenant);
+        let i = self.flow(tenant, weight);
         let cost = cost.min(i64::MAX as u64 >> 2) as i64;
         let f = &mut self.flows[i];
         f.seen = epoch;
         // The catch-all share keeps its own weight, whoever overflowed into it last.
-        let reweighted = f.key != Key::Others && f.weight != tenant.weight;
+        let reweighted = f.key != Key::Others && f.weight != weight;
         if reweighted {
-            f.weight = tenant.weight;
+            f.weight = weight;
         }
         if again {
             f.waiting = f.waiting.saturating_sub(1);
@@ -278,8 +284,8 @@ impl Drr {
         }
     }
 
-    /// The index of `t`'s flow, made with a fresh quantum when new.
-    fn flow(&mut self, t: &Tenant) -> usize {
+    /// The index of `t`'s flow (at `weight`), made with a fresh quantum when new.
+    fn flow(&mut self, t: &Tenant, weight: u32) -> usize {
         if let Some(i) = self.flows.iter().position(|f| f.key == t.key) {
             return i;
         }
@@ -289,7 +295,7 @@ impl Drr {
             }
             (Key::Others, limits::TENANT_WEIGHT_DEFAULT)
         } else {
-            (t.key.clone(), t.weight)
+            (t.key.clone(), weight)
         };
         let (unit, least) = self.unit();
         let deficit = Drr::quantum(unit, weight, least.min(weight));
@@ -336,7 +342,7 @@ impl Fair {
             base,
             drr: Mutex::new(Drr::new(bandwidth, write_cost)),
             start: Instant::now(),
-            again: Arc::new(Again(me.clone())),
+            again: Arc::new(super::Again(me.clone())),
             untagged: Tenant { key: Key::Target, name: "".into(), weight: limits::TENANT_WEIGHT_DEFAULT, stats: Arc::default() },
             arbiter,
         })
@@ -352,9 +358,8 @@ impl Fair {
                 Some(cost) => {
                     let now = Instant::now().saturating_duration_since(self.start).as_nanos() as u64;
                     let tenant = ch.tenant().unwrap_or(&self.untagged);
-                    let granted = self.arbiter.as_ref().and_then(|(g, nsid)| g.pool_weight(*nsid, tenant));
-                    let weighed = granted.map(|weight| Tenant { weight, ..tenant.clone() });
-                    let turn = d.offer(now, weighed.as_ref().unwrap_or(tenant), cost, again);
+                    let weight = self.arbiter.as_ref().and_then(|(g, nsid)| g.pool_weight(*nsid, tenant)).unwrap_or(tenant.weight);
+                    let turn = d.offer_as(now, tenant, weight, cost, again);
                     match turn {
                         Turn::Go => tenant.stats.io_scheduled_bytes.fetch_add(buf.len() as u64, Relaxed),
                         // Held back until the epoch it is offered again in (its timer may
@@ -395,23 +400,11 @@ impl BlockDevice for Fair {
     // read_now and write_now stay None: every read and write is offered to the scheduler.
 }
 
-/// A waiting operation's way back to its [`Fair`] device when its epoch comes.
-struct Again(Weak<Fair>);
+impl super::Reoffer for Fair {
+    const GONE: &'static str = "fair scheduler";
 
-impl BlockDevice for Again {
-    fn describe(&self) -> String {
-        self.0.upgrade().map_or_else(|| "fair scheduler (gone)".into(), |f| f.describe())
-    }
-
-    fn geometry(&self) -> Geometry {
-        self.0.upgrade().map_or(Geometry { size: 0, block_size: 1, align: 1, queue_depth: 1 }, |f| f.geometry())
-    }
-
-    fn submit(&self, ch: &mut Channel, op: Op, buf: AlignedBuf, tag: u64) {
-        match self.0.upgrade() {
-            Some(f) => f.offer(ch, op, buf, tag, true),
-            None => ch.complete(tag, Err(std::io::Error::other("fair scheduler removed")), buf),
-        }
+    fn reoffer(&self, ch: &mut Channel, op: Op, buf: AlignedBuf, tag: u64) {
+        self.offer(ch, op, buf, tag, true)
     }
 }
 

@@ -25,6 +25,7 @@ use nearstore_transport::AlignedBuf;
 use parking_lot::Mutex;
 use tokio::time::Instant;
 
+use super::fair::Turn;
 use super::{BlockDevice, Channel, Geometry, Op};
 use crate::limits;
 
@@ -116,17 +117,17 @@ struct Client {
     answered: bool,
 }
 
+impl Client {
+    /// A tenant new on a pool: nothing offered, no grant.
+    fn new(weight: u32, now: u64) -> Client {
+        Client { weight, offered: 0, waited: false, grant: None, tokens: 0, at: now, quiet: 0, answered: false }
+    }
+}
+
 /// One pool's gate: its tenants' buckets.
 #[derive(Default)]
 pub struct Gate {
     clients: Mutex<HashMap<Arc<str>, Client>>,
-}
-
-/// What a gate decides for one operation.
-enum Turn {
-    Go,
-    /// Offer it again at this time (ns on the gates' clock).
-    Wait(u64),
 }
 
 /// The gates of every pool this target's volumes reach.
@@ -181,7 +182,8 @@ impl Gates {
         }
         let gate = self.gate(pool_target, nsid);
         let gates = self.clone();
-        let d: Arc<dyn BlockDevice> = Arc::new_cyclic(|me: &Weak<Gated>| Gated { base, gate, gates, again: Arc::new(Again(me.clone())) });
+        let d: Arc<dyn BlockDevice> =
+            Arc::new_cyclic(|me: &Weak<Gated>| Gated { base, gate, gates, again: Arc::new(super::Again(me.clone())) });
         devices.insert((pool_target.to_string(), nsid), d.clone());
         d
     }
@@ -379,20 +381,14 @@ impl Gates {
     fn offer(&self, gate: &Gate, tenant: &Arc<str>, weight: u32, len: u64, write: bool, again: bool) -> Turn {
         let now = self.now();
         let mut clients = gate.clients.lock();
-        if !clients.contains_key(tenant) && clients.len() >= limits::FAIR_TENANTS_MAX {
-            // Beyond the tracked tenants: not counted, not held (local sharing).
-            return Turn::Go;
+        if !clients.contains_key(tenant) {
+            if clients.len() >= limits::FAIR_TENANTS_MAX {
+                // Beyond the tracked tenants: not counted, not held (local sharing).
+                return Turn::Go;
+            }
+            clients.insert(tenant.clone(), Client::new(weight, now));
         }
-        let c = clients.entry(tenant.clone()).or_insert(Client {
-            weight,
-            offered: 0,
-            waited: false,
-            grant: None,
-            tokens: 0,
-            at: now,
-            quiet: 0,
-            answered: false,
-        });
+        let c = clients.get_mut(tenant).expect("inserted");
         c.weight = weight;
         let milli = c.grant.map_or(1000, |g| g.write_milli);
         let cost = if write { len.saturating_mul(milli) / 1000 } else { len };
@@ -495,23 +491,11 @@ impl BlockDevice for Gated {
     // offered to the gate.
 }
 
-/// A waiting operation's way back to its [`Gated`] device.
-struct Again(Weak<Gated>);
+impl super::Reoffer for Gated {
+    const GONE: &'static str = "arbiter gate";
 
-impl BlockDevice for Again {
-    fn describe(&self) -> String {
-        self.0.upgrade().map_or_else(|| "arbiter gate (gone)".into(), |g| g.describe())
-    }
-
-    fn geometry(&self) -> Geometry {
-        self.0.upgrade().map_or(Geometry { size: 0, block_size: 1, align: 1, queue_depth: 1 }, |g| g.geometry())
-    }
-
-    fn submit(&self, ch: &mut Channel, op: Op, buf: AlignedBuf, tag: u64) {
-        match self.0.upgrade() {
-            Some(g) => g.offer(ch, op, buf, tag, true),
-            None => ch.complete(tag, Err(std::io::Error::other("arbiter gate removed")), buf),
-        }
+    fn reoffer(&self, ch: &mut Channel, op: Op, buf: AlignedBuf, tag: u64) {
+        self.offer(ch, op, buf, tag, true)
     }
 }
 

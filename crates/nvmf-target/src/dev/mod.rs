@@ -190,6 +190,36 @@ pub struct Sharing {
     pub fair_write_cost: f64,
 }
 
+/// A device that holds operations back and offers them again when their time comes (the
+/// fair scheduler, an arbiter's gate): what [`Again`] calls.
+trait Reoffer: BlockDevice {
+    /// What it is, for an operation that finds it gone.
+    const GONE: &'static str;
+    /// Offers again an operation that waited.
+    fn reoffer(&self, ch: &mut Channel, op: Op, buf: AlignedBuf, tag: u64);
+}
+
+/// A waiting operation's way back to the device that held it, when its time comes (held
+/// weakly: an operation left waiting on a channel keeps no device alive).
+struct Again<T>(std::sync::Weak<T>);
+
+impl<T: Reoffer + 'static> BlockDevice for Again<T> {
+    fn describe(&self) -> String {
+        self.0.upgrade().map_or_else(|| format!("{} (gone)", T::GONE), |d| d.describe())
+    }
+
+    fn geometry(&self) -> Geometry {
+        self.0.upgrade().map_or(Geometry { size: 0, block_size: 1, align: 1, queue_depth: 1 }, |d| d.geometry())
+    }
+
+    fn submit(&self, ch: &mut Channel, op: Op, buf: AlignedBuf, tag: u64) {
+        match self.0.upgrade() {
+            Some(d) => d.reoffer(ch, op, buf, tag),
+            None => ch.complete(tag, Err(io::Error::other(format!("{} removed", T::GONE))), buf),
+        }
+    }
+}
+
 /// Stacks the rate device and the fair scheduler `sharing` asks for on `dev`.
 pub fn share(dev: Arc<dyn BlockDevice>, sharing: Sharing) -> Arc<dyn BlockDevice> {
     let mut dev = dev;
