@@ -391,7 +391,7 @@ impl CompareAndWrite {
 }
 
 /// Blocks in `data`, a non-empty whole number of `block_size`-byte blocks.
-fn whole_blocks(data: &[u8], block_size: u32) -> Result<u32> {
+pub(crate) fn whole_blocks(data: &[u8], block_size: u32) -> Result<u32> {
     if data.is_empty() || !data.len().is_multiple_of(block_size as usize) {
         return Err(Error::Invalid(format!("{} bytes are not a whole number of {block_size}-byte blocks", data.len())));
     }
@@ -401,8 +401,8 @@ fn whole_blocks(data: &[u8], block_size: u32) -> Result<u32> {
 /// An I/O queue with one-command-at-a-time helpers; [`IoQueue::queue`] gives the
 /// [`QueuePair`] for pipelined use.
 pub struct IoQueue {
-    q: QueuePair<TcpStream>,
-    timeout: Duration,
+    pub(crate) q: QueuePair<TcpStream>,
+    pub(crate) timeout: Duration,
 }
 
 impl IoQueue {

@@ -9,6 +9,7 @@ mod auth;
 mod controller;
 pub mod host;
 pub mod limits;
+pub mod pifo;
 mod queue;
 pub mod stream;
 
