@@ -542,6 +542,10 @@ pub struct PoolView {
     /// Takes no new extents (see [`Pool::cordoned`]).
     #[serde(default)]
     pub cordoned: bool,
+    /// What a written byte costs against a read one, as its target declares it (see
+    /// [`Pool::write_cost`]; 0: not declared).
+    #[serde(default)]
+    pub write_cost: f64,
 }
 
 /// `GET /v1/view[?since=V]`.
@@ -553,7 +557,29 @@ pub struct ClusterView {
     pub pools: Vec<PoolView>,
 }
 
-/// An API error: a stable code a program matches on, and a message for people.
+/// What a host ranks its requests to one target by (its PIFO's lane view, docs/fair-io.md
+/// "The host's PIFO").
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct TargetLoad {
+    /// The largest declared write cost among the target's pools (1 when none declares one).
+    pub write_cost: f64,
+    /// The operations in flight on its pools, summed (their views' `queue_depth` EWMAs).
+    pub queue_depth: f64,
+}
+
+impl ClusterView {
+    /// The load of the target registered at `addr`, from its pools' fresh views; None when
+    /// it has no pool with a fresh view (nothing to rank by: the host keeps what it had).
+    pub fn load_of(&self, addr: &str) -> Option<TargetLoad> {
+        let fresh: Vec<&PoolView> = self.pools.iter().filter(|p| p.target == addr && !p.stale && p.view.is_some()).collect();
+        if fresh.is_empty() {
+            return None;
+        }
+        let write_cost = fresh.iter().map(|p| p.write_cost).filter(|w| w.is_finite()).fold(1.0, f64::max);
+        let queue_depth = fresh.iter().filter_map(|p| p.view.as_ref()).map(|v| v.figures.queue_depth.max(0.0)).sum();
+        Some(TargetLoad { write_cost, queue_depth })
+    }
+}
 
 /// `POST /v1/arbiter`, Flint's request to send (RTS): what each tenant of an exporting target
 /// moved to, and asked of, each pool its volumes reached in its last period
@@ -617,6 +643,7 @@ pub struct BandwidthGrant {
     pub pool_bps: u64,
 }
 
+/// An API error: a stable code a program matches on, and a message for people.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, thiserror::Error)]
 #[error("{message} ({code})")]
 pub struct ApiError {
@@ -714,4 +741,49 @@ impl ApiError {
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct ErrorBody {
     pub error: ApiError,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pool(target: &str, name: &str, write_cost: f64, depth: Option<f64>, stale: bool) -> PoolView {
+        let view = depth.map(|queue_depth| View {
+            pool: PoolId { target: target.into(), name: name.into() },
+            seq: 1,
+            version: 1,
+            received_ms: 0,
+            figures: Figures { queue_depth, ..Figures::default() },
+        });
+        PoolView {
+            pool: name.into(),
+            target: target.into(),
+            path: String::new(),
+            size: 1 << 30,
+            allocated: 0,
+            extents: 0,
+            view,
+            stale,
+            cordoned: false,
+            write_cost,
+        }
+    }
+
+    #[test]
+    fn a_targets_load_sums_its_fresh_pools_and_takes_their_largest_write_cost() {
+        let v = ClusterView {
+            version: 3,
+            targets: Vec::new(),
+            pools: vec![
+                pool("a:1", "p0", 2.0, Some(3.0), false),
+                pool("a:1", "p1", 0.0, Some(5.0), false),
+                pool("a:1", "old", 9.0, Some(100.0), true),
+                pool("a:1", "unseen", 7.0, None, false),
+                pool("b:1", "p0", f64::NAN, Some(-4.0), false),
+            ],
+        };
+        assert_eq!(v.load_of("a:1"), Some(TargetLoad { write_cost: 2.0, queue_depth: 8.0 }), "stale and unseen pools left out");
+        assert_eq!(v.load_of("b:1"), Some(TargetLoad { write_cost: 1.0, queue_depth: 0.0 }), "NaN and negatives ignored");
+        assert_eq!(v.load_of("c:1"), None);
+    }
 }

@@ -139,6 +139,7 @@ mod tests {
                     view: None,
                     stale,
                     cordoned: false,
+                    write_cost: 0.0,
                 }
             })
             .collect();

@@ -306,6 +306,7 @@ impl Cluster {
                     view,
                     stale,
                     cordoned: p.cordoned,
+                    write_cost: p.write_cost,
                 }
             })
             .collect();

@@ -9,6 +9,7 @@ mod demo;
 mod fusedbench;
 mod journalbench;
 mod leveldbbench;
+mod pifobench;
 mod records;
 mod sortbench;
 mod sortexp;
@@ -51,6 +52,9 @@ enum Cmd {
     /// One tenant's compute commands in a loop (heavy: sha256 over a large range; light:
     /// grep and select over a small CSV): the compute-fairness experiment's load.
     ComputeLoad(computeload::ComputeLoadArgs),
+    /// The host's PIFO against FIFO order: a victim's 4 KiB reads at QD 1 beside a
+    /// background of 128 KiB reads and writes, through one connection.
+    PifoBench(pifobench::PifoBenchArgs),
 }
 
 #[derive(Clone, Copy, clap::ValueEnum, PartialEq, Eq)]
@@ -130,6 +134,7 @@ fn run(cli: Cli) -> Result<()> {
         Cmd::JournalBench(a) => journalbench::run(a),
         Cmd::LeveldbBench(a) => leveldbbench::run(a),
         Cmd::ComputeLoad(a) => computeload::run(a),
+        Cmd::PifoBench(a) => pifobench::run(a),
     }
 }
 
