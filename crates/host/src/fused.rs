@@ -136,6 +136,25 @@ pub struct Appended {
     pub len: u64,
 }
 
+/// How much of a record's `left` bytes the next piece carries, from `block_offset` in its log
+/// block, when one transfer carries `max` bytes of data: all of them when they fit, else up to
+/// the end of as many log blocks as fit (so that pieces frame as the whole record would);
+/// None when not even one block's data fits.
+pub fn piece_len(block_offset: u32, left: usize, max: usize) -> Option<usize> {
+    if left <= max {
+        return Some(left);
+    }
+    let room = LOG_BLOCK_BYTES - (block_offset as usize).min(LOG_BLOCK_BYTES);
+    // A tail shorter than a header is zero-filled: the fragment starts in the next block.
+    let first = if room < LOG_HEADER_BYTES { LOG_BLOCK_BYTES - LOG_HEADER_BYTES } else { room - LOG_HEADER_BYTES };
+    let block = LOG_BLOCK_BYTES - LOG_HEADER_BYTES;
+    if first > max || max < block {
+        return None;
+    }
+    let n = first + (max - first) / block * block;
+    (n > 0).then_some(n)
+}
+
 /// A fresh transaction id: 64 bits from the operating system's random source (getrandom),
 /// nothing derived from the clock or the process id, so writers in other containers or on
 /// other hosts (same pid, same instant) draw independent ids; two of them collide with
@@ -154,36 +173,74 @@ fn ioe(path: &Path) -> impl FnOnce(std::io::Error) -> HostError + '_ {
     move |source| HostError::Io { path: path.into(), source }
 }
 
-/// Where a LevelDB log in `path` ends: after its last record, before zeros a crash left
-/// after it (a preallocation whose size was not set back). Every 32 KiB block starts with
-/// a record header, so the last block's headers are walked from its start; a block that
-/// starts with a zero header is not part of the log. The host's cached pages of the file go
-/// first: records a target appended lie under the zeros cached when they were
-/// preallocated.
+/// Where a LevelDB log in `path` ends: after its last whole record, before zeros a crash left
+/// after it (a preallocation whose size was not set back) and before the pieces of a record
+/// over one transfer written without their last (a FIRST and MIDDLEs with no LAST: the next
+/// append writes over them). Every 32 KiB block starts with a record header, so the last
+/// block's headers are walked from its start; a block that starts with a zero header is not
+/// part of the log; an unfinished record's blocks are walked back to its FIRST. The host's
+/// cached pages of the file go first: records a target appended lie under the zeros cached
+/// when they were preallocated.
 pub fn log_end(path: &Path) -> Result<u64, HostError> {
+    use fused::record::{FIRST, MIDDLE, ZERO};
     let f = File::open(path).map_err(ioe(path))?;
     crate::drop_cached(&f, path)?;
     let size = f.metadata().map_err(ioe(path))?.len();
     let mut start = size / LOG_BLOCK_BYTES as u64 * LOG_BLOCK_BYTES as u64;
     let mut block = vec![0u8; LOG_BLOCK_BYTES];
+    // The blocks after this one hold only fragments of a record whose FIRST is earlier.
+    let mut unfinished = false;
     loop {
         let n = (size - start).min(LOG_BLOCK_BYTES as u64) as usize;
         f.read_exact_at(&mut block[..n], start).map_err(ioe(path))?;
-        let mut p = 0;
+        // After the block's last whole record (FULL or LAST), and where its last FIRST began.
+        let (mut p, mut done, mut first, mut open) = (0, None, None, false);
         while p + LOG_HEADER_BYTES <= n {
             let len = u16::from_le_bytes([block[p + 4], block[p + 5]]) as usize;
-            if block[p + 6] == fused::record::ZERO && len == 0 {
+            let kind = block[p + 6];
+            if kind == ZERO && len == 0 {
                 break;
             }
-            p = (p + LOG_HEADER_BYTES + len).min(n);
+            let next = (p + LOG_HEADER_BYTES + len).min(n);
+            match kind {
+                FIRST => (first, open) = (Some(p), true),
+                MIDDLE => open = true,
+                // FULL, LAST, and types LevelDB's reader skips: the log goes on after them.
+                _ => (done, first, open) = (Some(next), None, false),
+            }
+            p = next;
         }
-        if p > 0 || start == 0 {
-            // A tail shorter than a header is the block's zero-filled trailer: the log
-            // goes on in the next block.
-            let end = if n - p < LOG_HEADER_BYTES && n == LOG_BLOCK_BYTES { n } else { p };
-            return Ok(start + end as u64);
+        if p == 0 {
+            // No record here: not part of the log (and, below an unfinished record's
+            // fragments, neither are they).
+            unfinished = false;
+            if start == 0 {
+                return Ok(0);
+            }
+            start -= LOG_BLOCK_BYTES as u64;
+            continue;
         }
-        start -= LOG_BLOCK_BYTES as u64;
+        if open || unfinished {
+            match (first, done) {
+                // The unfinished record began here: the log ends where it began.
+                (Some(q), _) => return Ok(start + q as u64),
+                // A fragment with no FIRST after a whole record: the log ends after that.
+                (None, Some(d)) => return Ok(start + d as u64),
+                (None, None) if start == 0 => {
+                    return Err(HostError::Invalid(format!("{}: the log ends inside a record that never began", path.display())));
+                }
+                // Only the middle of a record: it began in an earlier block.
+                (None, None) => {
+                    unfinished = true;
+                    start -= LOG_BLOCK_BYTES as u64;
+                    continue;
+                }
+            }
+        }
+        // A tail shorter than a header is the block's zero-filled trailer: the log goes on
+        // in the next block.
+        let end = if n - p < LOG_HEADER_BYTES && n == LOG_BLOCK_BYTES { n } else { p };
+        return Ok(start + end as u64);
     }
 }
 
@@ -301,17 +358,46 @@ impl Host {
         Ok(a)
     }
 
+    /// Appends `data` as one record from object byte `len`: one FUSED WRITE when it fits a
+    /// transfer, else pieces cut at log block ends ([`piece_len`]), each a transaction whose
+    /// fragments carry the whole record's types (`fused::piece`), so that together they are
+    /// the bytes one append would write. The txid returned is the last piece's; a failed piece
+    /// names its own. The crc is that of all the bytes written.
     async fn append_mapped(&mut self, fo: &FileObject, block: u64, len: u64, data: &[u8]) -> Result<Appended, HostError> {
-        let block_offset = (len % LOG_BLOCK_BYTES as u64) as u32;
-        let need = fused::framed_len(block_offset, data.len()) as u64;
-        let txid = next_txid()?;
-        let f = Fused { op: op::APPEND_CRC_WRITE, txid, offset: len, block_offset, args: [0; 8], extents: Vec::new() };
-        let (crc, count) = self.fused(fo, block, f, need, data).await?;
-        if count as u64 != need {
-            let e = HostError::Invalid(format!("the target appended {count} bytes, the record takes {need}"));
-            return Err(HostError::Fused { txid, source: Box::new(e) });
+        let ep = &fo.location.endpoint;
+        let transfer = self.conns[ep].queues[0].max_transfer();
+        let max = transfer.saturating_sub(fused::HEADER_BYTES + fused::EXTENTS_MAX * fused::EXTENT_BYTES);
+        let (mut at, mut left, mut flags) = (len, data, 0u8);
+        let (mut crc, mut count) = (0u32, 0u64);
+        loop {
+            let block_offset = (at % LOG_BLOCK_BYTES as u64) as u32;
+            let n = piece_len(block_offset, left.len(), max).ok_or_else(|| {
+                HostError::Invalid(format!(
+                    "a record of {} bytes: the target's transfers of {transfer} bytes cannot carry one log block's data",
+                    data.len()
+                ))
+            })?;
+            let more = if n < left.len() { fused::piece::MORE } else { 0 };
+            let need = fused::framed_len(block_offset, n) as u64;
+            let txid = next_txid()?;
+            let args = [flags | more, 0, 0, 0, 0, 0, 0, 0];
+            let f = Fused { op: op::APPEND_CRC_WRITE, txid, offset: at, block_offset, args, extents: Vec::new() };
+            let (c, k) = self.fused(fo, block, f, need, &left[..n]).await?;
+            if k as u64 != need {
+                let e = HostError::Invalid(format!("the target appended {k} bytes, the record's piece takes {need}"));
+                return Err(HostError::Fused { txid, source: Box::new(e) });
+            }
+            crc = if count == 0 { c } else { crc32c::crc32c_combine(crc, c, k as usize) };
+            count += need;
+            at += need;
+            left = &left[n..];
+            flags = fused::piece::CONTINUES;
+            if left.is_empty() {
+                let count =
+                    u32::try_from(count).map_err(|_| HostError::Invalid(format!("a record of {} bytes: over 4 GiB framed", data.len())))?;
+                return Ok(Appended { txid, crc, count, len: at });
+            }
         }
-        Ok(Appended { txid, crc, count, len: len + need })
     }
 
     /// Writes `data` at byte `offset` inside the file (not past its end) with
@@ -578,6 +664,8 @@ impl<'h> LogWriter<'h> {
 
 #[cfg(test)]
 mod tests {
+    use super::*;
+
     /// Transaction ids are drawn, not derived: no clock or pid goes into them, so two
     /// writers started at the same instant with the same pid (containers, hosts) draw
     /// independent ids by construction (see [`super::next_txid`]); what a unit test can
@@ -592,5 +680,67 @@ mod tests {
         assert_eq!(sorted.len(), ids.len(), "distinct");
         assert!(!ids.contains(&0));
         assert!(ids.windows(2).all(|w| w[1].wrapping_sub(w[0]) != 1), "not consecutive");
+    }
+
+    #[test]
+    fn pieces_end_at_log_block_ends_and_need_room_for_one_block() {
+        let block = LOG_BLOCK_BYTES - LOG_HEADER_BYTES; // 32761
+        let max = (128 << 10) - 304;
+        // (block offset, bytes left, max per transfer, the piece)
+        let cases = [
+            (0, max, max, Some(max)),           // fits: all of it
+            (0, max + 1, max, Some(3 * block)), // three whole blocks
+            (100, 1 << 20, max, Some(block - 100 + 2 * block)),
+            (32768 - 7, 1 << 20, max, Some(3 * block)), // a FIRST of 0 bytes, then three blocks
+            (32768 - 3, 1 << 20, max, Some(3 * block)), // the tail zero-filled
+            (0, 1 << 20, block, Some(block)),
+            (0, 1 << 20, block - 1, None), // a transfer smaller than a block's data
+            (0, 0, 0, Some(0)),
+        ];
+        for (at, left, max, want) in cases {
+            assert_eq!(piece_len(at, left, max), want, "at {at}, {left} left, max {max}");
+        }
+    }
+
+    /// A record's pieces written without their last (a FIRST and MIDDLEs, no LAST) are not
+    /// part of the log: it ends where that record began, wherever the pieces lie, before
+    /// zeros or not; whole records before it are all counted.
+    #[test]
+    fn log_end_stops_where_an_unfinished_record_began() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("000001.log");
+        let b = LOG_BLOCK_BYTES;
+        // (whole records before, the unfinished record's pieces (lengths), zeros after)
+        let cases: [(&[usize], &[usize], usize); 6] = [
+            (&[100, 70_000], &[40_000], 0),
+            (&[100, 70_000], &[b - 7 - 4, 3 * (b - 7)], 8192),
+            (&[b - 7], &[b - 7, b - 7], 0), // begins at a block's start
+            (&[b - 14], &[0], 100),         // a FIRST of no bytes at a block's end
+            (&[], &[5000, b - 7], 0),       // nothing whole before it
+            (&[10, 20, 30], &[], 4096),     // no unfinished record: as before
+        ];
+        for (whole, pieces, zeros) in cases {
+            let mut log = Vec::new();
+            let mut at = 0u32;
+            for (i, &n) in whole.iter().enumerate() {
+                at = fused::frame_record(at % b as u32, &vec![i as u8 + 1; n], &mut log);
+            }
+            let end = log.len() as u64;
+            for (i, &n) in pieces.iter().enumerate() {
+                let flags = if i == 0 { fused::piece::MORE } else { fused::piece::ALL };
+                at = fused::frame_piece(at % b as u32, &vec![0xa0 + i as u8; n], flags, &mut log);
+            }
+            log.resize(log.len() + zeros, 0);
+            std::fs::write(&path, &log).unwrap();
+            // Where it began: a block's tail shorter than a header before it is zero-filled.
+            let want =
+                if !pieces.is_empty() && b - (end as usize % b) < LOG_HEADER_BYTES { end.div_ceil(b as u64) * b as u64 } else { end };
+            assert_eq!(log_end(&path).unwrap(), want, "whole {whole:?}, pieces {pieces:?}, zeros {zeros}");
+        }
+        // Only the middle of a record, from the file's start: no log to append after.
+        let mut log = Vec::new();
+        fused::frame_piece(0, &[1; 100], fused::piece::ALL, &mut log);
+        std::fs::write(&path, &log).unwrap();
+        assert!(log_end(&path).unwrap_err().to_string().contains("never began"));
     }
 }

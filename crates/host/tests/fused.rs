@@ -274,6 +274,48 @@ async fn records_acknowledged_before_a_crash_are_found_after_it() {
 /// An append the target refuses after it was sent (here: its extents lie past the end of
 /// a namespace smaller than the file system the host mapped) fails carrying its
 /// transaction id, which the host can ask OUTCOME about. Before, the error had no id.
+/// Records larger than one transfer (MDTS, 128 KiB here) go as pieces, each a transaction,
+/// cut at log block ends: the log is byte for byte what LevelDB's writer frames, its reader
+/// reads every record, each completion's crc is that of all the record's bytes. The sizes:
+/// one byte under, at and over what one transfer carries, and 1 MiB from several block
+/// offsets (a block's tail shorter than a header included).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn records_over_one_transfer_go_as_pieces_and_read_back_whole() {
+    let fs = Fs::new(64);
+    let mut host = start(&fs).await;
+    let path = fs.mnt.join("000005.log");
+    // What one FUSED WRITE carries of 128 KiB: the header and 16 extents come first.
+    let one = (128 << 10) - 48 - 16 * 16;
+    let sizes = [one - 1, one, one + 1, 1 << 20, 5, 32761 - 12, 1 << 20, 3 * 32761 + 2, 1 << 20];
+    let mut w = LogWriter::create(&mut host, &path).unwrap();
+    let (mut sent, mut framed, mut at) = (Vec::new(), Vec::new(), 0u32);
+    for (i, &n) in sizes.iter().enumerate() {
+        let r: Vec<u8> = (0..n).map(|k| (k as u8).wrapping_mul(31).wrapping_add(i as u8)).collect();
+        let before = w.len();
+        let a = w.add_record(&r).await.unwrap();
+        at = nearstore_wire::fused::frame_record(at % 32768, &r, &mut framed);
+        assert_eq!(a.len, framed.len() as u64, "record {i} of {n} bytes");
+        assert_eq!(a.count as u64, a.len - before, "record {i}");
+        sent.push((before, a));
+    }
+    let len = w.finish().unwrap();
+    let log = read(&path);
+    assert_eq!(log.len() as u64, len);
+    assert!(log == framed, "the log's bytes are not what LevelDB's writer frames");
+    for (i, (before, a)) in sent.iter().enumerate() {
+        assert_eq!(a.crc, crc32c::crc32c(&log[*before as usize..a.len as usize]), "record {i}: crc of all its pieces");
+        assert_eq!(host.outcome(&path, a.txid).await.unwrap().0, state::COMMITTED, "record {i}");
+    }
+    let records = leveldb_records(&log).unwrap();
+    assert_eq!(records.iter().map(Vec::len).collect::<Vec<_>>(), sizes.to_vec());
+    // append_crc_write too.
+    let big: Vec<u8> = (0..(1usize << 20) + 3).map(|k| k as u8).collect();
+    let a = host.append_crc_write(&path, &big).await.unwrap();
+    let log = read(&path);
+    assert_eq!(log.len() as u64, a.len);
+    assert_eq!(leveldb_records(&log).unwrap().last(), Some(&big));
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_failed_append_names_its_transaction_for_outcome() {
     let fs = Fs::new(64);

@@ -415,6 +415,12 @@ impl IoQueue {
         self.q.wire_bytes()
     }
 
+    /// The largest data one command may carry on this queue (the controller's MDTS, at most
+    /// this initiator's own limit).
+    pub fn max_transfer(&self) -> usize {
+        self.q.options().max_transfer
+    }
+
     pub async fn read(&mut self, nsid: u32, slba: u64, nlb: u32, block_size: u32) -> Result<Vec<u8>> {
         let len = nlb as usize * block_size as usize;
         let (_, d) =

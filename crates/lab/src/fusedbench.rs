@@ -128,33 +128,61 @@ impl Worker {
         let (from, to) = (at / self.bs * self.bs, (at + n).div_ceil(self.bs) * self.bs);
         match how {
             How::Fused => {
-                let txid = self.next_txid();
-                let f = Fused {
-                    op: op::APPEND_CRC_WRITE,
-                    txid,
-                    offset: at,
-                    block_offset,
-                    args: [0; 8],
-                    extents: vec![(self.region.base + from, to - from)],
-                };
-                let (_, count) = self.q.fused_write(self.nsid, &f.encode(record)).await?;
-                if count as u64 != n {
-                    bail!("append-crc-write wrote {count} bytes, the record takes {n}");
+                // A record over one transfer goes as pieces cut at log block ends, each a
+                // transaction, as the host library sends it (docs/compute-protocol.md).
+                let max = self.q.max_transfer() - fused::HEADER_BYTES - fused::EXTENT_BYTES;
+                let (mut p, mut left, mut flags) = (at, record, 0u8);
+                while p == at || !left.is_empty() {
+                    let bo = (p % fused::LOG_BLOCK_BYTES as u64) as u32;
+                    let k = nearstore_host::fused::piece_len(bo, left.len(), max).context("a transfer smaller than a log block")?;
+                    let more = if k < left.len() { fused::piece::MORE } else { 0 };
+                    let need = fused::framed_len(bo, k) as u64;
+                    let (pf, pt) = (p / self.bs * self.bs, (p + need).div_ceil(self.bs) * self.bs);
+                    let txid = self.next_txid();
+                    let f = Fused {
+                        op: op::APPEND_CRC_WRITE,
+                        txid,
+                        offset: p,
+                        block_offset: bo,
+                        args: [flags | more, 0, 0, 0, 0, 0, 0, 0],
+                        extents: vec![(self.region.base + pf, pt - pf)],
+                    };
+                    let (_, count) = self.q.fused_write(self.nsid, &f.encode(&left[..k])).await?;
+                    if count as u64 != need {
+                        bail!("append-crc-write wrote {count} bytes, the piece takes {need}");
+                    }
+                    p += need;
+                    left = &left[k..];
+                    flags = fused::piece::CONTINUES;
+                }
+                if p != at + n {
+                    bail!("the pieces wrote {} bytes, the record takes {n}", p - at);
                 }
             }
             How::Conventional => {
                 // The blocks from the one holding `at`: the cached bytes before it, the
-                // framed record, zeros after.
+                // framed record, zeros after; written and read back a transfer at a time.
                 let mut blocks = std::mem::take(&mut self.tail);
                 blocks.resize((at - from) as usize, 0);
                 fused::frame_record(block_offset, record, &mut blocks);
                 blocks.resize((to - from) as usize, 0);
-                self.q.write(self.nsid, (self.region.base + from) / self.bs, &blocks, self.bs as u32, self.fua).await?;
+                let chunk = self.q.max_transfer() / self.bs as usize * self.bs as usize;
+                let first = (self.region.base + from) / self.bs;
+                for (i, c) in blocks.chunks(chunk).enumerate() {
+                    let lba = first + (i * chunk) as u64 / self.bs;
+                    self.q.write(self.nsid, lba, c, self.bs as u32, self.fua).await?;
+                }
                 // Read back and checksummed, as a writer that checks what it wrote.
-                let back =
-                    self.q.read(self.nsid, (self.region.base + from) / self.bs, ((to - from) / self.bs) as u32, self.bs as u32).await?;
                 let lo = (at - from) as usize;
-                let crc = crc32c::crc32c(&back[lo..lo + n as usize]);
+                let mut crc = 0u32;
+                for (i, c) in blocks.chunks(chunk).enumerate() {
+                    let lba = first + (i * chunk) as u64 / self.bs;
+                    let back = self.q.read(self.nsid, lba, (c.len() as u64 / self.bs) as u32, self.bs as u32).await?;
+                    let (s, e) = ((i * chunk).max(lo), (i * chunk + c.len()).min(lo + n as usize));
+                    if s < e {
+                        crc = crc32c::crc32c_append(crc, &back[s - i * chunk..e - i * chunk]);
+                    }
+                }
                 if crc != crc32c::crc32c(&blocks[lo..lo + n as usize]) {
                     bail!("the record read back differs from the one written");
                 }
@@ -279,6 +307,10 @@ pub fn run(a: FusedBenchArgs) -> Result<()> {
             let q = c.io_queue(w + 1).await.with_context(|| format!("I/O queue {}", w + 1))?;
             let region = Region { base: part * w as u64, bytes: part };
             workers.push(Worker { q, nsid: a.nsid, bs, region, at: 0, tail: Vec::new(), txid: seed ^ ((w as u64) << 48), fua: a.fua });
+        }
+        let one = workers[0].q.max_transfer() - fused::HEADER_BYTES - fused::EXTENT_BYTES;
+        if a.op != BenchOp::Append && a.size > one {
+            bail!("--size {}: modify and compress take one transfer, at most {one} bytes of data here (append goes in pieces)", a.size);
         }
         let data = payload(a.op, a.size);
         let deadline = Duration::from_secs_f64(a.seconds);

@@ -45,8 +45,19 @@ fn each_operation_runs_fused_and_conventionally() {
             assert!(v["mb_per_s"].as_f64().is_some_and(|m| m > 0.0), "{args:?}: {out}");
         }
     }
+    // A record over one transfer: appended in pieces (fused) or a transfer at a time
+    // (conventional), each checked by the bench (the count the target wrote, the bytes read
+    // back).
+    for how in ["fused", "conventional"] {
+        let args =
+            ["fused-bench", "-a", &addr, "-n", NQN, "--op", "append", "--how", how, "-z", "1MiB", "-q", "2", "--ops", "3", "-o", "json"];
+        let out = ok(&args);
+        let v: serde_json::Value = serde_json::from_str(&out).unwrap_or_else(|e| panic!("{args:?}: {e}: {out}"));
+        assert_eq!(v["ops"], 6, "{args:?}: {out}");
+    }
     // Sizes the descriptor cannot carry, or integers cut short, are refused before a command.
     common::refused(&["fused-bench", "-a", &addr, "-n", NQN, "--op", "modify", "--how", "fused", "-z", "12"], 1, "8-byte integers");
+    common::refused(&["fused-bench", "-a", &addr, "-n", NQN, "--op", "compress", "--how", "fused", "-z", "1MiB"], 1, "take one transfer");
 }
 
 #[test]

@@ -33,6 +33,23 @@ pub mod op {
     pub const COMPRESS_WRITE: u8 = 4;
 }
 
+/// append-crc-write's piece flags (byte 24 of the descriptor; 0: the whole record). A record
+/// larger than one transfer (MDTS) goes as pieces, each its own transaction: the first
+/// `MORE`, the middle ones `CONTINUES | MORE`, the last `CONTINUES`. Each piece's fragments
+/// carry the types LevelDB's writer gives the whole record's (FIRST, MIDDLE.., LAST), so that
+/// the pieces together are byte for byte the record `AddRecord` writes; pieces written
+/// without their last (a crash between them) end in a record LevelDB's reader drops as
+/// unfinished, and the host sets the file's size only after the last.
+pub mod piece {
+    /// This piece continues a record an earlier append began: its first fragment is MIDDLE
+    /// or LAST, not FIRST or FULL.
+    pub const CONTINUES: u8 = 1;
+    /// The record goes on in a later append: this piece's last fragment is FIRST or MIDDLE,
+    /// not LAST or FULL.
+    pub const MORE: u8 = 2;
+    pub const ALL: u8 = CONTINUES | MORE;
+}
+
 /// read-modify-write's combinations (byte 24 of the descriptor): new = f(old, data).
 pub mod modify {
     /// new = data.
@@ -232,12 +249,20 @@ impl Fused {
         if !(op::APPEND_CRC_WRITE..=op::COMPRESS_WRITE).contains(&op) {
             return Err(FusedError::Invalid(format!("byte 6: unknown operation {op}")));
         }
-        if b[7] != 0 || b[42..48].iter().any(|&x| x != 0) || (op <= op::WRITE_CHECKSUM && u64_at(24) != 0) {
+        if b[7] != 0 || b[42..48].iter().any(|&x| x != 0) || (op == op::WRITE_CHECKSUM && u64_at(24) != 0) {
             return bad("bytes 7, 24-31, 42-47: reserved bytes are not zero");
         }
         let args: [u8; 8] = b[24..32].try_into().expect("8 bytes");
         let data_len = u32_at(36) as usize;
         match op {
+            op::APPEND_CRC_WRITE => {
+                if args[0] & !piece::ALL != 0 || args[1..].iter().any(|&x| x != 0) {
+                    return bad("bytes 24-31: piece flags other than 1 and 2, or reserved bytes not zero");
+                }
+                if args[0] != 0 && data_len == 0 {
+                    return bad("byte 24: a piece of a record carries at least one byte");
+                }
+            }
             op::READ_MODIFY_WRITE => {
                 let (kind, width) = (args[0], args[1]);
                 match kind {
@@ -332,7 +357,7 @@ pub fn bytes_written(f: &Fused, data: &[u8]) -> Vec<u8> {
     match f.op {
         op::APPEND_CRC_WRITE => {
             let mut out = Vec::with_capacity(framed_len(f.block_offset, data.len()));
-            frame_record(f.block_offset, data, &mut out);
+            frame_piece(f.block_offset, data, f.args[0], &mut out);
             out
         }
         _ => data.to_vec(),
@@ -433,9 +458,16 @@ pub fn unmask(masked: u32) -> u32 {
 /// does from `block_offset`: a block's tail shorter than a header is zero-filled, and the
 /// data cut into FULL or FIRST, MIDDLE.., LAST fragments at block boundaries (an empty
 /// record is one empty FULL). Returns the block offset after it.
-pub fn frame_record(mut block_offset: u32, data: &[u8], out: &mut Vec<u8>) -> u32 {
+pub fn frame_record(block_offset: u32, data: &[u8], out: &mut Vec<u8>) -> u32 {
+    frame_piece(block_offset, data, 0, out)
+}
+
+/// [`frame_record`] for a piece of a record ([`piece`] flags): with `CONTINUES` its first
+/// fragment is not the record's first, with `MORE` its last is not the record's last.
+pub fn frame_piece(mut block_offset: u32, data: &[u8], flags: u8, out: &mut Vec<u8>) -> u32 {
     let mut left = data;
-    let mut begin = true;
+    let mut begin = flags & piece::CONTINUES == 0;
+    let more = flags & piece::MORE != 0;
     loop {
         let leftover = LOG_BLOCK_BYTES - block_offset as usize;
         if leftover < LOG_HEADER_BYTES {
@@ -444,7 +476,8 @@ pub fn frame_record(mut block_offset: u32, data: &[u8], out: &mut Vec<u8>) -> u3
         }
         let avail = LOG_BLOCK_BYTES - block_offset as usize - LOG_HEADER_BYTES;
         let n = left.len().min(avail);
-        let end = n == left.len();
+        let last = n == left.len();
+        let end = last && !more;
         let kind = match (begin, end) {
             (true, true) => record::FULL,
             (true, false) => record::FIRST,
@@ -459,7 +492,7 @@ pub fn frame_record(mut block_offset: u32, data: &[u8], out: &mut Vec<u8>) -> u3
         block_offset += (LOG_HEADER_BYTES + n) as u32;
         left = &left[n..];
         begin = false;
-        if end {
+        if last {
             return block_offset;
         }
     }
@@ -515,13 +548,14 @@ mod tests {
     fn malformed_descriptors_name_the_field() {
         type Craft = fn(&mut Vec<u8>);
         // (what, change, error starts with)
-        let cases: [(&str, Craft, &str); 15] = [
+        let cases: [(&str, Craft, &str); 16] = [
             ("short", |b| b.truncate(40), "40 bytes"),
             ("magic", |b| b[0] = b'X', "byte 0"),
             ("version", |b| b[4] = 2, "byte 4"),
             ("operation", |b| b[6] = 9, "byte 6"),
             ("reserved 7", |b| b[7] = 1, "bytes 7"),
-            ("reserved 24", |b| b[24] = 1, "bytes 7"),
+            ("piece flag 4", |b| b[24] = 4, "bytes 24-31: piece flags"),
+            ("reserved 25", |b| b[25] = 1, "bytes 24-31: piece flags"),
             ("reserved 42", |b| b[47] = 1, "bytes 7"),
             ("txid 0", |b| b[8..16].fill(0), "byte 8"),
             ("block offset past a block", |b| b[32..36].copy_from_slice(&32768u32.to_le_bytes()), "byte 32"),
@@ -547,6 +581,39 @@ mod tests {
         w.block_offset = 0;
         assert!(Fused::decode(&w.encode(b"")).is_err(), "write-checksum of nothing");
         assert!(Fused::decode(&w.encode(b"x")).is_ok());
+        w.args[0] = piece::MORE;
+        assert!(Fused::decode(&w.encode(b"x")).unwrap_err().to_string().contains("bytes 7, 24-31"), "piece flags on write-checksum");
+        let mut a = desc();
+        for flags in [piece::CONTINUES, piece::MORE, piece::ALL] {
+            a.args[0] = flags;
+            assert!(Fused::decode(&a.encode(b"x")).is_ok(), "flags {flags}");
+            let e = Fused::decode(&a.encode(b"")).unwrap_err().to_string();
+            assert!(e.contains("byte 24: a piece of a record carries at least one byte"), "{e}");
+        }
+    }
+
+    /// A record cut into pieces at block ends, each framed with its flags, is byte for byte
+    /// the record framed whole (what the host sends for a record over one transfer).
+    #[test]
+    fn pieces_cut_at_block_ends_frame_as_the_whole_record() {
+        let b = LOG_BLOCK_BYTES;
+        for (at, len, blocks_per_piece) in [(0, 3 * b, 1), (100, 300_000, 3), (b - 7, 70_000, 1), (b - 3, 100_000, 2), (5000, 98_284, 3)] {
+            let data: Vec<u8> = (0..len).map(|i| (i * 13 + 1) as u8).collect();
+            let mut whole = Vec::new();
+            let end = frame_record(at as u32, &data, &mut whole);
+            let (mut pieces, mut o, mut left, mut flags) = (Vec::new(), at as u32, &data[..], 0u8);
+            while !left.is_empty() {
+                // The data of `blocks_per_piece` fragments from `o`: to the end of its block, then whole blocks.
+                let first = if b - (o as usize) < LOG_HEADER_BYTES { b - LOG_HEADER_BYTES } else { b - o as usize - LOG_HEADER_BYTES };
+                let n = (first + (blocks_per_piece - 1) * (b - LOG_HEADER_BYTES)).min(left.len());
+                let more = if n < left.len() { piece::MORE } else { 0 };
+                o = frame_piece(o, &left[..n], flags | more, &mut pieces);
+                left = &left[n..];
+                flags = piece::CONTINUES;
+            }
+            assert_eq!(o, end, "at {at} len {len}");
+            assert!(pieces == whole, "at {at} len {len} in pieces of {blocks_per_piece} blocks: not the whole record's bytes");
+        }
     }
 
     /// The arguments of read-modify-write and compress-write round trip; every bad one is
