@@ -538,14 +538,33 @@ pub fn agent(cfg: &nearstore_target::config::Config, control: &str) -> Result<Ag
         None if !cfg.pool.is_empty() => nearstore_target::POOLS_NQN.to_string(),
         None => cfg.cluster.host_nqn.clone().unwrap_or_else(nearstore_initiator::default_hostnqn),
     };
-    Ok(Agent { client, addr: String::new(), nqn, pools })
+    Ok(Agent { client, addr: String::new(), nqn, pools, links: Default::default() })
 }
 
 /// Feeds each pool's view from its namespace in the target's pool subsystem: the reads and
 /// writes that reach it over NVMe/TCP (every peer's volume I/O, and any member's), counted
 /// where they complete.
-pub fn feed(agent: &Agent, target: &nearstore_target::Target) {
+pub fn feed(agent: &Agent, target: &Arc<nearstore_target::Target>) {
     use std::sync::atomic::Ordering::Relaxed;
+    // The links: what this target's volumes moved to each peer (counted by dev::remote).
+    let links = target.links.clone();
+    agent.attach_links(Box::new(move || {
+        links
+            .snapshot()
+            .into_iter()
+            .map(|(peer, s)| {
+                let c = nearstore_control::agent::Counters {
+                    reads: s.reads.load(Relaxed),
+                    writes: s.writes.load(Relaxed),
+                    read_bytes: s.read_bytes.load(Relaxed),
+                    write_bytes: s.write_bytes.load(Relaxed),
+                    read_ns: s.read_ns.load(Relaxed),
+                    write_ns: s.write_ns.load(Relaxed),
+                };
+                (peer.to_string(), c)
+            })
+            .collect()
+    }));
     let Some(sub) = target.subsystem(nearstore_target::POOLS_NQN) else { return };
     for p in &agent.pools {
         let Some(ns) = sub.namespace(p.nsid) else { continue };
@@ -933,6 +952,29 @@ pub async fn view(c: ControlArgs) -> Result<()> {
             p.path,
             marks(p),
         );
+    }
+    if !v.links.is_empty() {
+        println!();
+        println!(
+            "{:<22} {:<22} {:>9} {:>9} {:>7} {:>7} {:>9} {:>9} {:>6}",
+            "link from", "to", "rd MB/s", "wr MB/s", "rd iops", "wr iops", "rd lat us", "wr lat us", "qd"
+        );
+        for l in &v.links {
+            let f = &l.figures;
+            println!(
+                "{:<22} {:<22} {:>9.1} {:>9.1} {:>7.0} {:>7.0} {:>9.0} {:>9.0} {:>6.1}{}",
+                l.from,
+                l.to,
+                f.read_bps / 1e6,
+                f.write_bps / 1e6,
+                f.read_iops,
+                f.write_iops,
+                f.read_latency_us,
+                f.write_latency_us,
+                f.queue_depth,
+                if l.stale { " (stale)" } else { "" }
+            );
+        }
     }
     Ok(())
 }

@@ -449,6 +449,26 @@ fn view_shows_reads(rt: &tokio::runtime::Runtime, c: &Client, w: &PoolView) -> F
     }
 }
 
+/// Waits until the link from `from` to `to` shows reads (bandwidth, IOPS, latency, queue
+/// depth), and `nearstore view` prints it.
+fn link_shows_reads(rt: &tokio::runtime::Runtime, c: &Client, a: &str, from: &str, to: &str) -> Figures {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let v = rt.block_on(c.view(0)).expect("view");
+        if let Some(l) = v.links.iter().find(|l| (l.from.as_str(), l.to.as_str()) == (from, to)) {
+            let f = l.figures.clone();
+            if f.read_bps > 0.0 && f.read_iops > 0.0 && f.read_latency_us > 0.0 && f.queue_depth > 0.0 {
+                assert!(!l.stale);
+                let text = ok(&["view", "--control", a]);
+                assert!(text.contains("link from") && text.lines().any(|l| l.starts_with(from) && l.contains(to)), "{text}");
+                return f;
+            }
+        }
+        assert!(Instant::now() < deadline, "the link {from} -> {to} never showed the reads: {:?}", v.links);
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
 /// The exporting target's own fast path into its own pool is in that pool's view: a volume
 /// exported by the target holding extent k, read there, loads that pool's view. Before, the
 /// pool's counters saw only the I/O reaching it over NVMe/TCP, and the exporter's own reads,
@@ -473,8 +493,9 @@ fn the_exporters_own_pool_io_is_in_its_view() {
     let reading = Reader::start(owner.addr, &x.nqn, 0);
     view_shows_reads(&rt, &c, &w);
     assert!(reading.stop() > 0);
-    // No other pool saw any of it.
+    // No other pool saw any of it, and it crossed no link.
     let v = rt.block_on(c.view(0)).expect("view");
+    assert!(v.links.iter().all(|l| l.figures.read_bps == 0.0), "{:?}", v.links);
     for p in v.pools.iter().filter(|p| p.target != w.target) {
         assert_eq!(p.view.as_ref().expect("a view").figures.read_bps, 0.0, "{} read nothing", p.pool);
     }
@@ -526,6 +547,11 @@ fn pool_views_carry_the_data_paths_load_and_placement_avoids_it() {
     .expect("export json");
     let reading = Reader::start(exporter.addr, &x.nqn, k);
     let loaded = view_shows_reads(&rt, &c, &w);
+    // They crossed the link from the exporter to W's target, and only that one.
+    let link = link_shows_reads(&rt, &c, &a, &exporter.addr.to_string(), &w.target);
+    assert_eq!((link.write_bps, link.fs_free_bytes), (0.0, 0), "{link:?}");
+    let v = rt.block_on(c.view(0)).expect("view");
+    assert!(v.links.iter().all(|l| l.from == exporter.addr.to_string() && l.to == w.target), "{:?}", v.links);
     // A new extent goes to an idle pool, not the loaded one.
     let placed = rt.block_on(c.allocate("nv", 0)).expect("allocate");
     assert!(reading.stop() > 0);

@@ -3,8 +3,10 @@
 //! figures when one moved by VIEW_CHANGE_PERCENT, and at least every VIEW_PUSH_INTERVAL_MS.
 //! It runs as one task on the target's runtime; its only blocking call (statvfs) goes to the
 //! blocking pool. The figures come from each pool's [`PoolStats`], which the volume data path
-//! counts into.
+//! counts into. It samples and pushes each link of the target (what its volumes moved to and
+//! from another target's pools) the same way, from the counters [`Agent::attach_links`] gives.
 
+use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -234,6 +236,20 @@ pub struct Agent {
     pub addr: String,
     pub nqn: String,
     pub pools: Vec<AgentPool>,
+    /// This target's links to the others (their addresses as registered) and their
+    /// counters, read at every sample ([`Agent::attach_links`]).
+    pub links: std::sync::OnceLock<LinkSource>,
+}
+
+/// Every link's counters at one instant: (peer target's address, counters).
+pub type LinkSource = Box<dyn Fn() -> Vec<(String, Counters)> + Send + Sync>;
+
+/// One link as the agent samples and pushes it.
+#[derive(Default)]
+struct LinkState {
+    sampler: Sampler,
+    pushed: Option<Pushed>,
+    seq: u64,
 }
 
 struct Pushed {
@@ -242,6 +258,39 @@ struct Pushed {
 }
 
 impl Agent {
+    /// Takes the links' counters from `source` from now on (once; false if attached already).
+    pub fn attach_links(&self, source: LinkSource) -> bool {
+        self.links.set(source).is_ok()
+    }
+
+    /// Samples every link and pushes the views that are due (changed, or not pushed for
+    /// VIEW_PUSH_INTERVAL_MS). A link's seq is at least the wall clock's milliseconds, so a
+    /// restarted agent's pushes are above its previous life's. Failures wait for the next
+    /// sample.
+    async fn push_links(&self, links: &mut HashMap<String, LinkState>, elapsed: u64, now: tokio::time::Instant) {
+        let Some(source) = self.links.get() else { return };
+        for (peer, counters) in source() {
+            let l = links.entry(peer.clone()).or_default();
+            let figures = l.sampler.sample(counters, elapsed, 0).clone();
+            let due = l.pushed.as_ref().is_none_or(|last| {
+                now.duration_since(last.at) >= Duration::from_millis(VIEW_PUSH_INTERVAL_MS) || changed(&last.figures, &figures)
+            });
+            if !due {
+                continue;
+            }
+            let wall = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64);
+            let seq = (l.seq + 1).max(wall);
+            match self.client.push_link_view(&self.addr, &peer, &ViewPush { seq, figures: figures.clone() }).await {
+                Ok(_) => {
+                    l.seq = seq;
+                    l.pushed = Some(Pushed { figures, at: now });
+                }
+                Err(ClientError::Api(e)) if e.code == ErrorCode::StaleView => l.seq = seq,
+                Err(e) => warn!(peer = %peer, error = %e, "link view push failed; retrying at the next sample"),
+            }
+        }
+    }
+
     fn registration(&self) -> RegisterTarget {
         RegisterTarget {
             addr: self.addr.clone(),
@@ -282,6 +331,7 @@ impl Agent {
     /// (PoolNotFound) is registered with again.
     pub async fn run(self) {
         let mut samplers = vec![Sampler::default(); self.pools.len()];
+        let mut links = HashMap::new();
         'register: loop {
             let seqs = self.register().await;
             let start = tokio::time::Instant::now();
@@ -331,6 +381,7 @@ impl Agent {
                         Err(e) => warn!(pool = %p.name, error = %e, "view push failed; retrying at the next sample"),
                     }
                 }
+                self.push_links(&mut links, elapsed, now).await;
                 tokio::time::sleep(Duration::from_millis(VIEW_SAMPLE_MS)).await;
             }
         }

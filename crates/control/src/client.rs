@@ -253,6 +253,11 @@ impl Client {
         self.call(Method::PUT, &format!("/v1/pools/{}/{}/view", segment(&pool.target), segment(&pool.name)), Some(push)).await
     }
 
+    /// Pushes the view of the link from target `from` to target `to` (both as registered).
+    pub async fn push_link_view(&self, from: &str, to: &str, push: &ViewPush) -> Result<LinkView, ClientError> {
+        self.call(Method::PUT, &format!("/v1/links/{}/{}/view", segment(from), segment(to)), Some(push)).await
+    }
+
     /// Sends a target's demands to the arbiter; its grants come back.
     pub async fn arbitrate(&self, req: &BandwidthRequest) -> Result<BandwidthGrants, ClientError> {
         self.call(Method::POST, "/v1/arbiter", Some(req)).await

@@ -10,6 +10,7 @@ pub mod arbiter;
 pub mod client;
 pub mod etcd;
 pub mod limits;
+pub mod links;
 pub mod model;
 pub mod placement;
 pub mod rebalance;

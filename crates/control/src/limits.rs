@@ -88,6 +88,10 @@ pub const VIEW_STALE_MS: u64 = 3 * VIEW_PUSH_INTERVAL_MS;
 /// Weight of the newest sample in the agent's EWMAs, in percent: 30% follows a change within
 /// about three samples and smooths single-sample spikes.
 pub const VIEW_EWMA_PERCENT: u64 = 30;
+/// Link views the control plane keeps at most (a target's to each other target it reaches:
+/// TARGETS_MAX pairs would be a million; a link is forgotten after 2 x VIEW_STALE_MS of
+/// silence).
+pub const LINKS_MAX: usize = 16_384;
 /// Relative change of a figure, in percent, that makes an agent push before the interval.
 pub const VIEW_CHANGE_PERCENT: u64 = 10;
 /// Milliseconds between an agent's attempts to reach an unreachable control plane, at most.

@@ -258,6 +258,23 @@ pub struct View {
     pub figures: Figures,
 }
 
+/// A link's view: what the volumes of target `from` moved to and from the pools of target
+/// `to` (reads and writes, their latency from the exporter's submission to the peer's
+/// completion, their queue depth by Little's law), as `from`'s agent pushed it. Soft state
+/// (crate::links): `version` counts pushes of links in this control plane's life.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct LinkView {
+    pub from: String,
+    pub to: String,
+    pub seq: u64,
+    pub version: u64,
+    pub received_ms: u64,
+    pub figures: Figures,
+    /// Nothing heard for VIEW_STALE_MS.
+    #[serde(default)]
+    pub stale: bool,
+}
+
 /// A counter kept in the store: `moves` ([`MOVES_COUNTER`]) is the last move id handed out.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Counter {
@@ -555,6 +572,9 @@ pub struct ClusterView {
     pub version: u64,
     pub targets: Vec<Target>,
     pub pools: Vec<PoolView>,
+    /// Every link's last view (whatever `since` asks: links are few and soft).
+    #[serde(default)]
+    pub links: Vec<LinkView>,
 }
 
 /// What a host ranks its requests to one target by (its PIFO's lane view, docs/fair-io.md
@@ -781,6 +801,7 @@ mod tests {
                 pool("a:1", "unseen", 7.0, None, false),
                 pool("b:1", "p0", f64::NAN, Some(-4.0), false),
             ],
+            links: Vec::new(),
         };
         assert_eq!(v.load_of("a:1"), Some(TargetLoad { write_cost: 2.0, queue_depth: 8.0 }), "stale and unseen pools left out");
         assert_eq!(v.load_of("b:1"), Some(TargetLoad { write_cost: 1.0, queue_depth: 0.0 }), "NaN and negatives ignored");

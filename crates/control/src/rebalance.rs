@@ -143,7 +143,7 @@ mod tests {
                 }
             })
             .collect();
-        ClusterView { version: 1, targets: Vec::new(), pools }
+        ClusterView { version: 1, targets: Vec::new(), pools, links: Vec::new() }
     }
 
     #[test]

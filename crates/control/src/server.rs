@@ -40,6 +40,8 @@ pub struct Service {
     tenants: tokio::sync::watch::Sender<u64>,
     /// The bandwidth arbiter's books: soft state, never stored (crate::arbiter).
     arbiter: Mutex<crate::arbiter::Arbiter>,
+    /// Link views (soft state, crate::links).
+    links: Mutex<crate::links::Links>,
 }
 
 pub fn now_ms() -> u64 {
@@ -60,6 +62,7 @@ impl Service {
             moves: tokio::sync::watch::Sender::new(1),
             tenants: tokio::sync::watch::Sender::new(1),
             arbiter: Mutex::new(crate::arbiter::Arbiter::new()),
+            links: Mutex::new(crate::links::Links::default()),
         })
     }
 
@@ -176,6 +179,18 @@ async fn push_view(
     Ok(Json(change(s, move |c| c.push_view(&id, &push, now)).await?))
 }
 
+/// A target's agent's view of its link to another target (crate::links): soft state.
+async fn push_link_view(
+    State(s): Svc,
+    Path((from, to)): Path<(String, String)>,
+    Body(push): Body<ViewPush>,
+) -> Result<Json<LinkView>, ApiError> {
+    let now = now_ms();
+    let known: std::collections::HashSet<String> =
+        s.read(|c| [&from, &to].into_iter().filter(|t| c.targets.contains_key(t.as_str())).cloned().collect());
+    Ok(Json(s.links.lock().push(&from, &to, &push, now, |t| known.contains(t))?))
+}
+
 /// Flint's request to send: a target's demands on pools, answered with its grants
 /// (crate::arbiter). Nothing is committed: the books are soft state.
 async fn arbitrate(State(s): Svc, Body(req): Body<BandwidthRequest>) -> Result<Json<BandwidthGrants>, ApiError> {
@@ -215,7 +230,9 @@ struct Since {
 async fn view(State(s): Svc, q: Result<Query<Since>, axum::extract::rejection::QueryRejection>) -> Result<Json<ClusterView>, ApiError> {
     let Query(q) = q.map_err(|e| ApiError::new(ErrorCode::InvalidArgument, e.body_text()))?;
     let now = now_ms();
-    Ok(Json(s.read(|c| c.view(q.since, now))))
+    let mut v = s.read(|c| c.view(q.since, now));
+    v.links = s.links.lock().views(now);
+    Ok(Json(v))
 }
 
 async fn create_volume(State(s): Svc, Body(req): Body<CreateVolume>) -> Result<(StatusCode, Json<Volume>), ApiError> {
@@ -439,6 +456,7 @@ pub fn router(svc: Arc<Service>) -> Router {
         .route("/v1/pools/{target}/{pool}/cordon", post(cordon))
         .route("/v1/pools/{target}/{pool}/uncordon", post(uncordon))
         .route("/v1/view", get(view))
+        .route("/v1/links/{from}/{to}/view", put(push_link_view))
         .route("/v1/arbiter", post(arbitrate))
         .route("/v1/volumes", post(create_volume).get(list_volumes))
         .route("/v1/volumes/{name}", get(volume_info).delete(delete_volume))

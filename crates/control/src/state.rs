@@ -310,7 +310,7 @@ impl Cluster {
                 }
             })
             .collect();
-        ClusterView { version: self.view_version(), targets: self.targets.values().cloned().collect(), pools }
+        ClusterView { version: self.view_version(), targets: self.targets.values().cloned().collect(), pools, links: Vec::new() }
     }
 
     /// Cordons a pool (no new extents placed there) or ends its cordon.

@@ -109,6 +109,9 @@ pub struct Target {
     /// The gates of the pools this target's volumes reach, when the control plane's
     /// arbiter divides them (`dev::grant`; used with `--control` and `volume.arbiter`).
     pub gates: Arc<dev::grant::Gates>,
+    /// The volume data path's links to its peers: what this target's volumes read from and
+    /// write to each other target's pools (the view agent's link views).
+    pub links: Arc<dev::remote::Links>,
     /// Runs once between a Connect's tenant resolution and its controller's insertion
     /// (tests drive a reload into that window).
     #[cfg(test)]
@@ -146,6 +149,7 @@ impl Target {
             memory,
             tenants: tenant::Tenants::default(),
             gates: dev::grant::Gates::new(),
+            links: Arc::default(),
             #[cfg(test)]
             after_tenant_resolve: parking_lot::Mutex::default(),
         })

@@ -17,7 +17,10 @@
 //! A failure is an [`io::Error`] whose inner error is a [`PeerIoError`]: the peer's NVMe
 //! status when it answered with one ([`peer_status`]), and a message naming the peer.
 
+use std::collections::HashMap;
 use std::io;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -83,6 +86,54 @@ pub struct RemoteConfig {
     pub read_ahead_bytes: u64,
 }
 
+/// What went over one link (this target to a peer), counted where each operation completes:
+/// the volume data path's reads and writes of the peer's pools, successful ones, their bytes
+/// and their time from the device's submission to the peer's completion (connection and
+/// queueing included).
+#[derive(Default, Debug)]
+pub struct LinkStats {
+    pub reads: AtomicU64,
+    pub writes: AtomicU64,
+    pub read_bytes: AtomicU64,
+    pub write_bytes: AtomicU64,
+    pub read_ns: AtomicU64,
+    pub write_ns: AtomicU64,
+}
+
+impl LinkStats {
+    fn done(&self, op: &Op, len: u64, ns: u64) {
+        let (n, bytes, time) = match op {
+            Op::Read { .. } => (&self.reads, &self.read_bytes, &self.read_ns),
+            Op::Write { .. } => (&self.writes, &self.write_bytes, &self.write_ns),
+            _ => return,
+        };
+        n.fetch_add(1, Relaxed);
+        bytes.fetch_add(len, Relaxed);
+        time.fetch_add(ns, Relaxed);
+    }
+}
+
+/// Every link of this target, by peer address: at most one a peer, kept as long as the
+/// target (a peer's counters survive its connections' pools).
+#[derive(Default, Debug)]
+pub struct Links {
+    map: Mutex<HashMap<SocketAddr, Arc<LinkStats>>>,
+}
+
+impl Links {
+    /// The link to `peer`, made on first use.
+    pub fn of(&self, peer: SocketAddr) -> Arc<LinkStats> {
+        self.map.lock().entry(peer).or_default().clone()
+    }
+
+    /// Every link's counters, by peer address.
+    pub fn snapshot(&self) -> Vec<(SocketAddr, Arc<LinkStats>)> {
+        let mut v: Vec<_> = self.map.lock().iter().map(|(a, s)| (*a, s.clone())).collect();
+        v.sort_by_key(|x| x.0);
+        v
+    }
+}
+
 /// The connections to one peer, for every host: idle ones by the host each acts for
 /// (least recently used first), and a permit per busy one.
 pub struct Pool {
@@ -92,11 +143,25 @@ pub struct Pool {
     permits: Arc<Semaphore>,
     per_peer: usize,
     stats: PeerStats,
+    /// What its successful reads and writes moved, when a link view counts them.
+    link: Option<Arc<LinkStats>>,
 }
 
 impl Pool {
     pub fn new(per_peer: usize) -> Pool {
-        Pool { idle: Mutex::new(Vec::new()), permits: Arc::new(Semaphore::new(per_peer)), per_peer, stats: PeerStats::default() }
+        Pool {
+            idle: Mutex::new(Vec::new()),
+            permits: Arc::new(Semaphore::new(per_peer)),
+            per_peer,
+            stats: PeerStats::default(),
+            link: None,
+        }
+    }
+
+    /// Counts its reads and writes in `link` too.
+    pub fn counted(mut self, link: Arc<LinkStats>) -> Pool {
+        self.link = Some(link);
+        self
     }
 
     /// The peer's counters (connections opened, bytes read, failures).
@@ -209,6 +274,15 @@ impl Inner {
     }
 
     async fn run(&self, op: Op, buf: &mut AlignedBuf) -> io::Result<()> {
+        let started = std::time::Instant::now();
+        let r = self.attempt(op, buf).await;
+        if let (Ok(()), Some(link)) = (&r, &self.pool.link) {
+            link.done(&op, buf.len() as u64, started.elapsed().as_nanos() as u64);
+        }
+        r
+    }
+
+    async fn attempt(&self, op: Op, buf: &mut AlignedBuf) -> io::Result<()> {
         let t = self.cfg.timeout;
         let mut fresh = false;
         loop {

@@ -985,6 +985,8 @@ pub struct PoolDevices {
     read_ahead_bytes: u64,
     remotes: tokio::sync::Mutex<HashMap<(String, u32), Arc<dyn BlockDevice>>>,
     pools: Mutex<HashMap<std::net::SocketAddr, Arc<super::remote::Pool>>>,
+    /// The target's links, where each peer's pool counts what it moved.
+    links: Arc<super::remote::Links>,
     /// Every pool device behind its gate, when the arbiter divides the pools (`dev::grant`).
     gates: Option<Arc<super::grant::Gates>>,
 }
@@ -1000,6 +1002,7 @@ impl PoolDevices {
             read_ahead_bytes: cluster.read_ahead_bytes.0,
             remotes: tokio::sync::Mutex::new(HashMap::new()),
             pools: Mutex::new(HashMap::new()),
+            links: target.links.clone(),
             gates: None,
         }
     }
@@ -1041,7 +1044,12 @@ impl Devices for PoolDevices {
             }
             let address: std::net::SocketAddr =
                 loc.target.parse().map_err(|_| io::Error::other(format!("pool target '{}' is not an address", loc.target)))?;
-            let pool = self.pools.lock().entry(address).or_insert_with(|| Arc::new(super::remote::Pool::new(self.per_peer))).clone();
+            let pool = self
+                .pools
+                .lock()
+                .entry(address)
+                .or_insert_with(|| Arc::new(super::remote::Pool::new(self.per_peer).counted(self.links.of(address))))
+                .clone();
             let cfg = super::remote::RemoteConfig {
                 peer: crate::cluster::PeerConfig { tag: 0, address, nqn: crate::POOLS_NQN.into(), nsid: loc.nsid },
                 member: self.member.clone(),
