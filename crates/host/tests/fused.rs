@@ -316,6 +316,47 @@ async fn records_over_one_transfer_go_as_pieces_and_read_back_whole() {
     assert_eq!(leveldb_records(&log).unwrap().last(), Some(&big));
 }
 
+/// A record's piece refused after earlier pieces committed: the error names the refused
+/// piece's transaction (never run), the file's size is not set, and the pieces that did land
+/// are a record without its end, which `log_end` leaves out (the next append writes over
+/// them). The target exports a copy of the image cut 200 KiB into the log's blocks, so the
+/// first two pieces (three log blocks each) land and the third is out of its range.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_record_refused_after_some_pieces_leaves_no_record() {
+    use nearstore_host::object::{map_file, Mapped};
+    let fs = Fs::new(64);
+    let path = fs.mnt.join("000013.log");
+    // The log's blocks allocated and written (zeros), where the host will find them.
+    let f = std::fs::File::create(&path).unwrap();
+    std::io::Write::write_all(&mut &f, &vec![0u8; 2 << 20]).unwrap();
+    f.sync_all().unwrap();
+    drop(f);
+    let mut probe = DeviceMap::default();
+    probe.add_file(&fs.image, Endpoint { address: "127.0.0.1:9".parse().unwrap(), nqn: NQN.into(), nsid: 1 }).unwrap();
+    let Ok(Mapped::Offload(fo)) = map_file(&path, &probe) else { panic!("the log does not map") };
+    let at = fo.object.extents[0].offset;
+    assert!(fo.object.extents[0].len >= 256 << 10, "{:?}", fo.object.extents);
+    let cut = fs.dir.path().join("cut.img");
+    let image = std::fs::read(&fs.image).unwrap();
+    std::fs::write(&cut, &image[..(at + (200 << 10)) as usize]).unwrap();
+    let mut host = start_exporting(&fs, &cut).await;
+    let record: Vec<u8> = (0..1usize << 20).map(|k| (k * 7) as u8).collect();
+    let e = host.append_crc_write(&path, &record).await.unwrap_err();
+    let txid = e.txid().unwrap_or_else(|| panic!("no txid in {e}"));
+    assert_eq!(host.outcome(&path, txid).await.unwrap().0, state::UNKNOWN, "the refused piece never ran: {e}");
+    assert_eq!(std::fs::metadata(&path).unwrap().len(), 2 << 20, "the size was not set");
+    // What landed (in the cut copy): a FIRST, MIDDLEs, no LAST. As a log, it ends before it.
+    let landed = std::fs::read(&cut).unwrap()[at as usize..].to_vec();
+    assert_eq!(landed[6], nearstore_wire::fused::record::FIRST, "the first piece landed");
+    assert_eq!(landed[3 * 32768 + 6], nearstore_wire::fused::record::MIDDLE, "the second piece landed");
+    let mut framed = Vec::new();
+    nearstore_wire::fused::frame_record(0, &record, &mut framed);
+    assert!(landed[..6 * 32768] == framed[..6 * 32768], "the two pieces are the record's first six blocks");
+    let tail = fs.dir.path().join("landed.log");
+    std::fs::write(&tail, [landed, vec![0u8; 64 << 10]].concat()).unwrap();
+    assert_eq!(log_end(&tail).unwrap(), 0, "an unfinished record is not part of the log");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_failed_append_names_its_transaction_for_outcome() {
     let fs = Fs::new(64);
