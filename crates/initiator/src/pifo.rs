@@ -183,6 +183,16 @@ impl<T> Order<T> {
     pub fn waiting(&self) -> usize {
         self.waiting
     }
+
+    /// Keeps only the waiting requests of `stream` that `keep`; how many went.
+    pub fn retain(&mut self, stream: usize, mut keep: impl FnMut(&T) -> bool) -> usize {
+        let Some(s) = self.streams.get_mut(stream).and_then(Option::as_mut) else { return 0 };
+        let before = s.queue.len();
+        s.queue.retain(|q| keep(&q.item));
+        let gone = before - s.queue.len();
+        self.waiting -= gone;
+        gone
+    }
 }
 
 /// How a [`Pifo`] runs.
@@ -202,10 +212,11 @@ impl Default for PifoOptions {
 
 type Reply = oneshot::Sender<Result<(Cqe, Vec<u8>)>>;
 
-/// A command in flight: whom to answer, and its opcode for the error.
+/// A command in flight: whom to answer, its opcode for the error, and when it was sent.
 struct Pending {
     reply: Reply,
     opcode: u8,
+    sent: Instant,
 }
 
 struct Request {
@@ -216,9 +227,23 @@ struct Request {
 }
 
 enum Msg {
-    Open { weight: u32, token: Weak<()>, reply: oneshot::Sender<Option<usize>> },
-    View { lane: usize, view: LaneView },
-    Io { stream: usize, lane: usize, req: Request },
+    Open {
+        weight: u32,
+        token: Weak<()>,
+        reply: oneshot::Sender<Option<usize>>,
+    },
+    View {
+        lane: usize,
+        view: LaneView,
+    },
+    /// `token`: the stream's, so that a request of a stream that closed is not taken for one
+    /// of a new stream given its id.
+    Io {
+        stream: usize,
+        token: Weak<()>,
+        lane: usize,
+        req: Request,
+    },
 }
 
 /// What a [`Pifo`] counts.
@@ -269,7 +294,6 @@ impl Pifo {
                     pending: (0..depth).map(|_| None).collect(),
                     view: LaneView::default(),
                     dead: None,
-                    last_progress: Instant::now(),
                 }
             })
             .collect();
@@ -324,7 +348,8 @@ impl PifoStream {
         }
         let (reply, rx) = oneshot::channel();
         let req = Request { sqe, out, in_len, reply };
-        self.tx.send(Msg::Io { stream: self.id, lane, req }).await.map_err(|_| Error::Closed)?;
+        let token = Arc::downgrade(&self._token);
+        self.tx.send(Msg::Io { stream: self.id, token, lane, req }).await.map_err(|_| Error::Closed)?;
         rx.await.map_err(|_| Error::Closed)?
     }
 
@@ -348,7 +373,6 @@ struct Lane {
     view: LaneView,
     /// Why the lane failed: every request to it fails with this from then on.
     dead: Option<String>,
-    last_progress: Instant,
 }
 
 impl Lane {
@@ -361,10 +385,7 @@ impl Lane {
         let opcode = req.sqe.opcode();
         match self.q.submit(req.sqe, data, 0) {
             Ok(cid) => {
-                if self.q.in_flight() == 1 {
-                    self.last_progress = Instant::now();
-                }
-                self.pending[cid as usize] = Some(Pending { reply: req.reply, opcode });
+                self.pending[cid as usize] = Some(Pending { reply: req.reply, opcode, sent: Instant::now() });
             }
             Err(e) => {
                 let _ = req.reply.send(Err(e));
@@ -388,8 +409,17 @@ impl Lane {
                 }
             })
             .await?;
-        self.last_progress = Instant::now();
         Ok(n)
+    }
+
+    /// When its oldest command in flight times out (None: nothing in flight). A timeout too
+    /// large to add is taken as never.
+    fn deadline(&self) -> Option<Instant> {
+        if self.dead.is_some() {
+            return None;
+        }
+        let oldest = self.pending.iter().flatten().map(|p| p.sent).min()?;
+        Some(oldest.checked_add(self.timeout).unwrap_or_else(|| Instant::now() + Duration::from_secs(86_400 * 365)))
     }
 
     /// Fails the lane: everything in flight on it, and every later request to it.
@@ -409,25 +439,35 @@ fn command_name(opcode: u8) -> String {
     }
 }
 
-/// Polls every lane with commands in flight; the first to answer: its index and result.
-async fn poll_lanes(lanes: &mut [Lane]) -> (usize, Result<usize>) {
+/// Polls every lane with commands in flight (each in turn at every wake, so that a busy lane
+/// cannot keep the others from sending or receiving) until at least one answers: the index
+/// and result of each that did.
+async fn poll_lanes(lanes: &mut [Lane]) -> Vec<(usize, Result<usize>)> {
     type LaneFuture<'a> = Pin<Box<dyn Future<Output = (usize, Result<usize>)> + Send + 'a>>;
-    let mut futs: Vec<LaneFuture<'_>> = lanes
+    let mut futs: Vec<Option<LaneFuture<'_>>> = lanes
         .iter_mut()
         .enumerate()
         .filter(|(_, l)| l.dead.is_none() && l.q.in_flight() > 0)
-        .map(|(i, l)| Box::pin(async move { (i, l.poll().await) }) as LaneFuture<'_>)
+        .map(|(i, l)| Some(Box::pin(async move { (i, l.poll().await) }) as LaneFuture<'_>))
         .collect();
     if futs.is_empty() {
         return std::future::pending().await;
     }
     std::future::poll_fn(|cx| {
-        for f in futs.iter_mut() {
-            if let Poll::Ready(r) = f.as_mut().poll(cx) {
-                return Poll::Ready(r);
+        let mut ready = Vec::new();
+        for slot in futs.iter_mut() {
+            if let Some(f) = slot {
+                if let Poll::Ready(r) = f.as_mut().poll(cx) {
+                    ready.push(r);
+                    *slot = None;
+                }
             }
         }
-        Poll::Pending
+        if ready.is_empty() {
+            Poll::Pending
+        } else {
+            Poll::Ready(ready)
+        }
     })
     .await
 }
@@ -446,10 +486,15 @@ async fn drive(mut rx: mpsc::Receiver<Msg>, mut lanes: Vec<Lane>, policy: Policy
                 *t = None;
             }
         }
-        // What is sent here goes on the wire in the lane's next poll.
-        while let Some((_, lane, req)) = order.pop(|l| lanes[l].room()) {
+        // What is sent here goes on the wire in the lane's next poll; a failed lane's
+        // requests are answered with its failure as they come to the head of their stream.
+        while let Some((_, lane, req)) = order.pop(|l| lanes[l].room() || lanes[l].dead.is_some()) {
             if req.reply.is_closed() {
                 counters.abandoned.fetch_add(1, AtomicOrdering::Relaxed);
+                continue;
+            }
+            if let Some(why) = &lanes[lane].dead {
+                let _ = req.reply.send(Err(Error::Protocol(format!("lane failed: {why}"))));
                 continue;
             }
             lanes[lane].start(req);
@@ -460,12 +505,7 @@ async fn drive(mut rx: mpsc::Receiver<Msg>, mut lanes: Vec<Lane>, policy: Policy
         if !open && !busy && order.waiting() == 0 {
             return;
         }
-        let deadline = lanes
-            .iter()
-            .filter(|l| l.dead.is_none() && l.q.in_flight() > 0)
-            .map(|l| l.last_progress + l.timeout)
-            .min()
-            .unwrap_or_else(|| Instant::now() + Duration::from_secs(3600));
+        let deadline = lanes.iter().filter_map(Lane::deadline).min().unwrap_or_else(|| Instant::now() + Duration::from_secs(3600));
         tokio::select! {
             m = rx.recv(), if open => match m {
                 None => open = false,
@@ -480,13 +520,17 @@ async fn drive(mut rx: mpsc::Receiver<Msg>, mut lanes: Vec<Lane>, policy: Policy
                     let _ = reply.send(id);
                 }
                 Some(Msg::View { lane, view }) => lanes[lane].view = view,
-                Some(Msg::Io { stream, lane, req }) => {
+                Some(Msg::Io { stream, token, lane, req }) => {
+                    let mine = tokens.get(stream).and_then(Option::as_ref).is_some_and(|t| t.ptr_eq(&token));
                     if let Some(why) = &lanes[lane].dead {
                         let _ = req.reply.send(Err(Error::Protocol(format!("lane failed: {why}"))));
-                    } else if !order.is_open(stream) {
+                    } else if !mine || !order.is_open(stream) {
                         // Sent just before its stream's last handle dropped: nobody waits.
                         counters.abandoned.fetch_add(1, AtomicOrdering::Relaxed);
                     } else {
+                        // Requests whose callers gave up go now, not when they reach the head.
+                        let dropped = order.retain(stream, |r| !r.reply.is_closed());
+                        counters.abandoned.fetch_add(dropped as u64, AtomicOrdering::Relaxed);
                         let write = !req.out.is_empty();
                         let len = if write { req.out.len() } else { req.in_len };
                         let units = len.max(PIFO_COST_UNIT) as f64 / PIFO_COST_UNIT as f64 * lanes[lane].view.factor(write);
@@ -494,23 +538,20 @@ async fn drive(mut rx: mpsc::Receiver<Msg>, mut lanes: Vec<Lane>, policy: Policy
                     }
                 }
             },
-            (i, r) = poll_lanes(&mut lanes) => {
-                if let Err(e) = r {
-                    lanes[i].fail(e.to_string());
+            ready = poll_lanes(&mut lanes) => {
+                for (i, r) in ready {
+                    if let Err(e) = r {
+                        lanes[i].fail(e.to_string());
+                    }
                 }
             }
             _ = tokio::time::sleep_until(deadline), if busy => {
+                // A command not completed within the queue's timeout fails its lane (one lost
+                // command would otherwise hold its caller and its slot for ever).
                 let now = Instant::now();
-                for l in lanes.iter_mut().filter(|l| l.dead.is_none() && l.q.in_flight() > 0 && l.last_progress + l.timeout <= now) {
-                    l.fail(format!("no completion within {:?}", l.timeout));
+                for l in lanes.iter_mut().filter(|l| l.deadline().is_some_and(|d| d <= now)) {
+                    l.fail(format!("a command not completed within {:?}", l.timeout));
                 }
-            }
-        }
-        // A failed lane's waiting requests fail now rather than wait for room that never comes.
-        if lanes.iter().any(|l| l.dead.is_some()) {
-            while let Some((_, lane, req)) = order.pop(|l| lanes[l].dead.is_some()) {
-                let why = lanes[lane].dead.clone().unwrap_or_default();
-                let _ = req.reply.send(Err(Error::Protocol(format!("lane failed: {why}"))));
             }
         }
     }

@@ -139,7 +139,7 @@ async fn a_lane_whose_target_dies_or_hangs_fails_alone() {
         }
         for d in doomed {
             let e = tokio::time::timeout(Duration::from_secs(10), d).await.expect("answered").unwrap().unwrap_err();
-            let want = if hang { "no completion within" } else { "lane failed" };
+            let want = if hang { "a command not completed within" } else { "lane failed" };
             assert!(e.to_string().contains(want), "hang {hang}: {e}");
         }
         // Later requests to it fail at once; the other lane serves as before.

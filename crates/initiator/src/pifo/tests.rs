@@ -142,4 +142,12 @@ fn streams_are_bounded_and_closing_gives_back_their_waiting_requests() {
     assert!(!o.is_open(ids[7]));
     assert_eq!(o.open(0), Some(ids[7]), "the slot is reused; weight 0 is taken as 1");
     assert!(o.pop(|_| true).is_none());
+    // Requests whose callers gave up leave from the middle of a stream, the order kept.
+    for i in 0..5 {
+        o.push(ids[3], 0, 1.0, i);
+    }
+    assert_eq!(o.retain(ids[3], |&i| i % 2 == 0), 2);
+    assert_eq!(o.waiting(), 3);
+    assert_eq!(std::iter::from_fn(|| o.pop(|_| true).map(|(_, _, i)| i)).collect::<Vec<_>>(), [0, 2, 4]);
+    assert_eq!(o.retain(99_999, |_| false), 0, "no such stream");
 }
