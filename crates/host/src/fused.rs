@@ -341,6 +341,9 @@ impl Host {
         let ep = fo.location.endpoint.clone();
         let conn = self.conns.get_mut(&ep).expect("connected by fused_object");
         let r = conn.queues[0].fused_write(ep.nsid, &f.encode(data)).await;
+        if let Err(e) = &r {
+            self.forget_if_lost(&ep, e);
+        }
         // Sent (or maybe sent: a lost connection): its txid goes with the error, for OUTCOME.
         r.map_err(|source| HostError::Fused { txid: f.txid, source: Box::new(HostError::Target { endpoint: ep_name(&ep), source }) })
     }
@@ -367,6 +370,10 @@ impl Host {
         let ep = &fo.location.endpoint;
         let transfer = self.conns[ep].queues[0].max_transfer();
         let max = transfer.saturating_sub(fused::HEADER_BYTES + fused::EXTENTS_MAX * fused::EXTENT_BYTES);
+        let total = fused::framed_len((len % LOG_BLOCK_BYTES as u64) as u32, data.len());
+        if u32::try_from(total).is_err() {
+            return Err(HostError::Invalid(format!("a record of {} bytes: {total} bytes framed, over 4 GiB", data.len())));
+        }
         let (mut at, mut left, mut flags) = (len, data, 0u8);
         let (mut crc, mut count) = (0u32, 0u64);
         loop {
@@ -393,9 +400,8 @@ impl Host {
             left = &left[n..];
             flags = fused::piece::CONTINUES;
             if left.is_empty() {
-                let count =
-                    u32::try_from(count).map_err(|_| HostError::Invalid(format!("a record of {} bytes: over 4 GiB framed", data.len())))?;
-                return Ok(Appended { txid, crc, count, len: at });
+                // Checked before the first piece: the record's framed bytes fit 32 bits.
+                return Ok(Appended { txid, crc, count: count as u32, len: at });
             }
         }
     }
@@ -550,10 +556,12 @@ impl Host {
                 let lo = offset.max(at + k) - (at + k);
                 let hi = (offset + len).min(at + k + m) - (at + k);
                 let conn = self.conns.get_mut(&ep).expect("connected by fused_object");
-                let (d, c) = conn.queues[0]
-                    .read_checksum(ep.nsid, (off + k) / block, (m / block) as u32, block as u32, lo as u32..hi as u32)
-                    .await
-                    .map_err(|source| HostError::Target { endpoint: ep_name(&ep), source })?;
+                let r =
+                    conn.queues[0].read_checksum(ep.nsid, (off + k) / block, (m / block) as u32, block as u32, lo as u32..hi as u32).await;
+                if let Err(e) = &r {
+                    self.forget_if_lost(&ep, e);
+                }
+                let (d, c) = r.map_err(|source| HostError::Target { endpoint: ep_name(&ep), source })?;
                 out.write_all(&d[lo as usize..hi as usize]).map_err(|source| HostError::Output { path: path.to_path_buf(), source })?;
                 crc = crc32c::crc32c_combine(crc, c, (hi - lo) as usize);
                 k += m;
@@ -569,7 +577,11 @@ impl Host {
         let (fo, _) = self.fused_object(path).await?;
         let ep = fo.location.endpoint.clone();
         let conn = self.conns.get_mut(&ep).expect("connected by fused_object");
-        conn.queues[0].outcome(ep.nsid, txid).await.map_err(|source| HostError::Target { endpoint: ep_name(&ep), source })
+        let r = conn.queues[0].outcome(ep.nsid, txid).await;
+        if let Err(e) = &r {
+            self.forget_if_lost(&ep, e);
+        }
+        r.map_err(|source| HostError::Target { endpoint: ep_name(&ep), source })
     }
 }
 
@@ -589,6 +601,10 @@ pub struct LogWriter<'h> {
     mapped: Option<(FileObject, u64)>,
     /// (device, inode, size) of the file as this writer last left it.
     seen: (u64, u64, u64),
+    /// An append whose outcome is not known (sent, then a lost connection, a timeout, a
+    /// Write Fault): it may still land where the next record would go, so the writer takes
+    /// no more until reopened.
+    in_doubt: Option<u64>,
 }
 
 /// (device, inode, size) of `path`.
@@ -601,14 +617,14 @@ impl<'h> LogWriter<'h> {
     /// A new, empty log in `path` (created or truncated).
     pub fn create(host: &'h mut Host, path: &Path) -> Result<LogWriter<'h>, HostError> {
         File::create(path).map_err(ioe(path))?;
-        Ok(LogWriter { host, path: path.into(), len: 0, mapped: None, seen: identity(path)? })
+        Ok(LogWriter { host, path: path.into(), len: 0, mapped: None, seen: identity(path)?, in_doubt: None })
     }
 
     /// Appends to the log in `path` from its end ([`log_end`]), as LevelDB's writer does
     /// given the file's length.
     pub fn open(host: &'h mut Host, path: &Path) -> Result<LogWriter<'h>, HostError> {
         let len = log_end(path)?;
-        Ok(LogWriter { host, path: path.into(), len, mapped: None, seen: identity(path)? })
+        Ok(LogWriter { host, path: path.into(), len, mapped: None, seen: identity(path)?, in_doubt: None })
     }
 
     /// The log's length so far.
@@ -622,6 +638,12 @@ impl<'h> LogWriter<'h> {
 
     /// `AddRecord`: appends `data` as one logical record.
     pub async fn add_record(&mut self, data: &[u8]) -> Result<Appended, HostError> {
+        if let Some(txid) = self.in_doubt {
+            return Err(HostError::Invalid(format!(
+                "{}: the outcome of transaction {txid:#018x} is not known: it may still be appended; once OUTCOME says it ended, reopen the log (LogWriter::open)",
+                self.path.display()
+            )));
+        }
         self.check_unchanged()?;
         let need = fused::framed_len((self.len % LOG_BLOCK_BYTES as u64) as u32, data.len()) as u64;
         if self.mapped.as_ref().is_none_or(|(fo, _)| fo.object.len < self.len + need) {
@@ -630,7 +652,13 @@ impl<'h> LogWriter<'h> {
             self.seen = identity(&self.path)?;
         }
         let (fo, block) = self.mapped.as_ref().expect("mapped above");
-        let a = self.host.append_mapped(fo, *block, self.len, data).await?;
+        let a = self.host.append_mapped(fo, *block, self.len, data).await;
+        if let Err(e) = &a {
+            if !nothing_written(e) {
+                self.in_doubt = e.txid();
+            }
+        }
+        let a = a?;
         self.len = a.len;
         Ok(a)
     }

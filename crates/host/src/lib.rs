@@ -313,6 +313,17 @@ impl Host {
         r.map_err(err)
     }
 
+    /// Forgets the connection to `ep` when `e` says it is gone or unusable (closed, reset,
+    /// terminated, a protocol error, a command that timed out and may still be in flight):
+    /// the next call connects again. Before, a lost connection failed every later call to
+    /// that target with `Closed`.
+    pub(crate) fn forget_if_lost(&mut self, ep: &Endpoint, e: &nearstore_initiator::Error) {
+        use nearstore_initiator::Error as E;
+        if matches!(e, E::Io { .. } | E::Protocol(_) | E::Terminated { .. } | E::Closed | E::Timeout(_)) {
+            self.conns.remove(ep);
+        }
+    }
+
     async fn connect(&mut self, ep: &Endpoint) -> Result<(), HostError> {
         if self.conns.contains_key(ep) {
             return Ok(());

@@ -6,6 +6,8 @@
 //! devices and mkfs.ext4; it fails, naming what is missing, without them.
 
 mod common;
+#[path = "../../nvmf-target/tests/common/proxy.rs"]
+mod proxy;
 
 use std::path::Path;
 
@@ -271,9 +273,6 @@ async fn records_acknowledged_before_a_crash_are_found_after_it() {
     assert_eq!(leveldb_records(&read(&path)), Ok(sent));
 }
 
-/// An append the target refuses after it was sent (here: its extents lie past the end of
-/// a namespace smaller than the file system the host mapped) fails carrying its
-/// transaction id, which the host can ask OUTCOME about. Before, the error had no id.
 /// Records larger than one transfer (MDTS, 128 KiB here) go as pieces, each a transaction,
 /// cut at log block ends: the log is byte for byte what LevelDB's writer frames, its reader
 /// reads every record, each completion's crc is that of all the record's bytes. The sizes:
@@ -357,6 +356,60 @@ async fn a_record_refused_after_some_pieces_leaves_no_record() {
     assert_eq!(log_end(&tail).unwrap(), 0, "an unfinished record is not part of the log");
 }
 
+/// An append whose completion is lost (the connection cut as the target answers) is in
+/// doubt: it may have landed, so the LogWriter takes no more records (the next one would go
+/// over it) until reopened; reopened, it goes on after the record, which did land.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_log_writer_takes_no_record_after_an_append_in_doubt() {
+    use std::sync::atomic::Ordering::Relaxed;
+    let fs = Fs::new(64);
+    let cfg = Config::from_toml(&format!(
+        "[[listener]]\naddress = \"127.0.0.1:0\"\n[[subsystem]]\nnqn = \"{NQN}\"\nallow_any_host = true\n[[subsystem.namespace]]\nnsid = 1\npath = \"{}\"\nmicrotx = true\n",
+        fs.image.display()
+    ))
+    .unwrap();
+    let t = Target::from_config(&cfg).unwrap();
+    let addr = t.listen("127.0.0.1:0".parse().unwrap(), false).await.unwrap();
+    let faults = std::sync::Arc::new(proxy::Faults::default());
+    let via = proxy::proxy(addr, faults.clone(), 0).await;
+    let mut devices = DeviceMap::default();
+    devices.add_file(&fs.image, Endpoint { address: via, nqn: NQN.into(), nsid: 1 }).unwrap();
+    let mut host = Host::new(devices);
+    let path = fs.mnt.join("000015.log");
+    let mut w = LogWriter::create(&mut host, &path).unwrap();
+    w.add_record(b"first").await.unwrap();
+    faults.cut.store(true, Relaxed);
+    let e = w.add_record(b"in doubt").await.unwrap_err();
+    let txid = e.txid().unwrap_or_else(|| panic!("no txid in {e}"));
+    faults.cut.store(false, Relaxed);
+    let refused = w.add_record(b"over it?").await.unwrap_err().to_string();
+    assert!(refused.contains(&format!("{txid:#018x}")) && refused.contains("reopen"), "{refused}");
+    drop(w);
+    // Its outcome, then the log reopened from its end: the record in doubt is in it.
+    let mut outcome = None;
+    for _ in 0..50 {
+        match host.outcome(&path, txid).await {
+            Ok((s, _)) if s != state::UNKNOWN => {
+                outcome = Some(s);
+                break;
+            }
+            r => {
+                eprintln!("outcome: {r:?}");
+                tokio::time::sleep(std::time::Duration::from_millis(100)).await
+            }
+        }
+    }
+    assert_eq!(outcome, Some(state::COMMITTED));
+    let mut w = LogWriter::open(&mut host, &path).unwrap();
+    w.add_record(b"third").await.unwrap();
+    w.finish().unwrap();
+    assert_eq!(leveldb_records(&read(&path)), Ok(vec![b"first".to_vec(), b"in doubt".to_vec(), b"third".to_vec()]));
+    drop(t);
+}
+
+/// An append the target refuses after it was sent (here: its extents lie past the end of
+/// a namespace smaller than the file system the host mapped) fails carrying its
+/// transaction id, which the host can ask OUTCOME about. Before, the error had no id.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_failed_append_names_its_transaction_for_outcome() {
     let fs = Fs::new(64);
