@@ -248,8 +248,12 @@ pub type LinkSource = Box<dyn Fn() -> Vec<(String, Counters)> + Send + Sync>;
 #[derive(Default)]
 struct LinkState {
     sampler: Sampler,
+    /// When it was last sampled: its rates are over its own interval.
+    sampled: Option<tokio::time::Instant>,
     pushed: Option<Pushed>,
     seq: u64,
+    /// No push before this: the control plane does not know the peer (it left the cluster).
+    quiet_until: Option<tokio::time::Instant>,
 }
 
 struct Pushed {
@@ -267,15 +271,18 @@ impl Agent {
     /// VIEW_PUSH_INTERVAL_MS). A link's seq is at least the wall clock's milliseconds, so a
     /// restarted agent's pushes are above its previous life's. Failures wait for the next
     /// sample.
-    async fn push_links(&self, links: &mut HashMap<String, LinkState>, elapsed: u64, now: tokio::time::Instant) {
+    async fn push_links(&self, links: &mut HashMap<String, LinkState>) {
         let Some(source) = self.links.get() else { return };
         for (peer, counters) in source() {
+            let now = tokio::time::Instant::now();
             let l = links.entry(peer.clone()).or_default();
+            let elapsed = l.sampled.map_or(0, |t| now.duration_since(t).as_millis() as u64);
+            l.sampled = Some(now);
             let figures = l.sampler.sample(counters, elapsed, 0).clone();
             let due = l.pushed.as_ref().is_none_or(|last| {
                 now.duration_since(last.at) >= Duration::from_millis(VIEW_PUSH_INTERVAL_MS) || changed(&last.figures, &figures)
             });
-            if !due {
+            if !due || l.quiet_until.is_some_and(|t| now < t) {
                 continue;
             }
             let wall = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64);
@@ -286,6 +293,11 @@ impl Agent {
                     l.pushed = Some(Pushed { figures, at: now });
                 }
                 Err(ClientError::Api(e)) if e.code == ErrorCode::StaleView => l.seq = seq,
+                Err(ClientError::Api(e)) if e.code == ErrorCode::TargetNotFound => {
+                    // A peer no longer registered (or this target not yet): once per interval.
+                    l.quiet_until = Some(now + Duration::from_millis(VIEW_PUSH_INTERVAL_MS));
+                    tracing::debug!(peer = %peer, error = %e, "link view refused: a target is not registered");
+                }
                 Err(e) => warn!(peer = %peer, error = %e, "link view push failed; retrying at the next sample"),
             }
         }
@@ -381,7 +393,7 @@ impl Agent {
                         Err(e) => warn!(pool = %p.name, error = %e, "view push failed; retrying at the next sample"),
                     }
                 }
-                self.push_links(&mut links, elapsed, now).await;
+                self.push_links(&mut links).await;
                 tokio::time::sleep(Duration::from_millis(VIEW_SAMPLE_MS)).await;
             }
         }

@@ -58,7 +58,9 @@ impl Links {
 
     /// Every link's last view, stale when its agent has said nothing for VIEW_STALE_MS.
     pub fn views(&self, now_ms: u64) -> Vec<LinkView> {
-        self.map.values().map(|v| LinkView { stale: now_ms.saturating_sub(v.received_ms) > VIEW_STALE_MS, ..v.clone() }).collect()
+        let age = |v: &LinkView| now_ms.saturating_sub(v.received_ms);
+        // Those past forgetting are left out even when no push came to drop them.
+        self.map.values().filter(|v| age(v) <= 2 * VIEW_STALE_MS).map(|v| LinkView { stale: age(v) > VIEW_STALE_MS, ..v.clone() }).collect()
     }
 
     /// Drops links silent for twice VIEW_STALE_MS: their targets stopped, or stopped using
@@ -99,8 +101,9 @@ mod tests {
         let later = 1003 + VIEW_STALE_MS + 1;
         l.push("a:1", "b:1", &push(3, 6.0), 1002 + VIEW_STALE_MS, known).unwrap();
         assert_eq!(l.views(later).iter().map(|v| v.stale).collect::<Vec<_>>(), [false, true]);
+        assert_eq!(l.views(1003 + 2 * VIEW_STALE_MS).len(), 1, "the silent link is left out with no push to drop it");
         l.push("a:1", "b:1", &push(4, 6.0), 1003 + 2 * VIEW_STALE_MS, known).unwrap();
-        assert_eq!(l.views(1003 + 2 * VIEW_STALE_MS).len(), 1, "the silent link is forgotten");
+        assert_eq!(l.map.len(), 1, "and dropped at the next push");
     }
 
     #[test]

@@ -208,6 +208,9 @@ async fn phase_run(a: &PifoBenchArgs, policy: Policy, background: bool) -> Resul
     let pifo = Arc::into_inner(pifo).context("the view follower still holds the scheduler")?;
     pifo.join().await;
     c.shutdown().await.ok();
+    if lat.is_empty() {
+        bail!("the victim completed no read in {:.3} s", a.seconds);
+    }
     lat.sort_unstable();
     let pct = |q: f64| lat[((lat.len() as f64 * q) as usize).min(lat.len() - 1)] as f64 / 1000.0;
     Ok(Phase {
