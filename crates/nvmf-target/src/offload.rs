@@ -868,7 +868,7 @@ impl<'s, 'a> NsSink<'s, 'a> {
         let dev = self.shared.local.clone();
         if dev.completes_now() {
             let buf = self.buf()?;
-            if let Some(r) = dev.write_now(&buf[..n], off, false) {
+            if let Some(r) = dev.write_now(&buf[..n], off, false, None) {
                 return r.map_err(place);
             }
         }

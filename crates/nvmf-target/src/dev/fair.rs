@@ -26,6 +26,7 @@
 //! queues, holding their own slots and buffers ([`limits::FAIR_WAITING_PER_QUEUE_MAX`]):
 //! nothing here grows with what a host sends.
 
+use std::io;
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::{Arc, Weak};
 
@@ -178,6 +179,17 @@ impl Drr {
     /// [`offer`](Self::offer) with `tenant` at `weight` instead of its own (a pool's
     /// tenants weighed by the arbiter's grants, `Gates::pool_weight`).
     pub fn offer_as(&mut self, now_ns: u64, tenant: &Tenant, weight: u32, cost: u64, again: bool) -> Turn {
+        self.decide(now_ns, tenant, weight, cost, again, true)
+    }
+
+    /// Whether an operation of `tenant` costing `cost` goes at once, charged when it does; one
+    /// that may not is not counted as waiting (its caller offers it with
+    /// [`offer_as`](Self::offer_as) next, which does).
+    pub fn go_now(&mut self, now_ns: u64, tenant: &Tenant, weight: u32, cost: u64) -> bool {
+        matches!(self.decide(now_ns, tenant, weight, cost, false, false), Turn::Go)
+    }
+
+    fn decide(&mut self, now_ns: u64, tenant: &Tenant, weight: u32, cost: u64, again: bool, counts: bool) -> Turn {
         self.refill(now_ns);
         let epoch = self.epoch;
         let i = self.flow(tenant, weight);
@@ -206,7 +218,7 @@ impl Drr {
             // waiting still holds a turn in this one.
             let holding = self.flows.iter().enumerate().any(|(j, f)| j != i && f.backlogged(epoch) && f.deficit >= f.need);
             if holding {
-                return self.wait(i);
+                return if counts { self.wait(i) } else { Turn::Wait(0) };
             }
             self.new_rounds(i, cost);
         }
@@ -223,7 +235,7 @@ impl Drr {
         let floor = if self.flows[i].backlogged(epoch) { 0 } else { -(self.bandwidth as i128 * EPOCH_NS as i128) };
         let need = if again && want <= self.cap { 1 } else { want.min(self.cap) };
         if self.left - need < floor {
-            return self.wait(i);
+            return if counts { self.wait(i) } else { Turn::Wait(0) };
         }
         self.left -= want;
         self.flows[i].deficit -= cost;
@@ -348,6 +360,21 @@ impl Fair {
         })
     }
 
+    /// Whether `op` of `len` bytes of `who` (None: the target's own) goes at once, charged
+    /// when it does (the scheduler's [`Drr::go_now`]).
+    fn go_now(&self, op: &Op, len: usize, who: Option<&Tenant>) -> bool {
+        let mut d = self.drr.lock();
+        let Some(cost) = d.cost(op, len) else { return true };
+        let now = Instant::now().saturating_duration_since(self.start).as_nanos() as u64;
+        let tenant = who.unwrap_or(&self.untagged);
+        let weight = self.arbiter.as_ref().and_then(|(g, nsid)| g.pool_weight(*nsid, tenant)).unwrap_or(tenant.weight);
+        let go = d.go_now(now, tenant, weight, cost);
+        if go {
+            tenant.stats.io_scheduled_bytes.fetch_add(len as u64, Relaxed);
+        }
+        go
+    }
+
     /// Offers `op` to the scheduler (`again`: it waited before) and submits it below or
     /// makes it wait on `ch` for the next epoch.
     fn offer(&self, ch: &mut Channel, op: Op, buf: AlignedBuf, tag: u64, again: bool) {
@@ -397,7 +424,28 @@ impl BlockDevice for Fair {
         self.offer(ch, op, buf, tag, false)
     }
 
-    // read_now and write_now stay None: every read and write is offered to the scheduler.
+    /// A read of a device that lends its memory (a memory namespace) goes at once, without a
+    /// copy, when the scheduler lets it go at once (charged then); else None, and the caller
+    /// submits it, to wait for its turn. read_now stays None: the offload engine's reads,
+    /// which have no tenant at hand here, go through `submit`.
+    fn lend(&self, off: u64, len: usize, who: Option<&Tenant>) -> Option<io::Result<()>> {
+        if !self.base.completes_now() || !self.go_now(&Op::Read { off }, len, who) {
+            return None;
+        }
+        self.base.lend(off, len, who)
+    }
+
+    fn read_lent(&self, off: u64, len: usize, f: &mut dyn FnMut(&[&[u8]])) -> io::Result<()> {
+        self.base.read_lent(off, len, f)
+    }
+
+    /// [`lend`](Self::lend)'s way for a write.
+    fn write_now(&self, data: &[u8], off: u64, fua: bool, who: Option<&Tenant>) -> Option<io::Result<()>> {
+        if !self.base.completes_now() || !self.go_now(&Op::Write { off, fua }, data.len(), who) {
+            return None;
+        }
+        self.base.write_now(data, off, fua, who)
+    }
 }
 
 impl super::Reoffer for Fair {

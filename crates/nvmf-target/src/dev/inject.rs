@@ -118,14 +118,14 @@ impl BlockDevice for Inject {
         self.base.read_now(off, len, f)
     }
 
-    fn lend(&self, off: u64, len: usize) -> Option<io::Result<()>> {
+    fn lend(&self, off: u64, len: usize, who: Option<&super::fair::Tenant>) -> Option<io::Result<()>> {
         if !self.base.completes_now() {
             return None;
         }
         if self.fails(Kind::Read, Some((off, len as u64))) {
             return Some(Err(self.error()));
         }
-        self.base.lend(off, len)
+        self.base.lend(off, len, who)
     }
 
     /// Checked (and counted) by [`lend`](BlockDevice::lend) already.
@@ -147,13 +147,13 @@ impl BlockDevice for Inject {
         self.base.read_blocking(off, buf)
     }
 
-    fn write_now(&self, data: &[u8], off: u64, fua: bool) -> Option<io::Result<()>> {
+    fn write_now(&self, data: &[u8], off: u64, fua: bool, who: Option<&super::fair::Tenant>) -> Option<io::Result<()>> {
         if !self.base.completes_now() {
             return None;
         }
         if self.fails(Kind::Write, Some((off, data.len() as u64))) {
             return Some(Err(self.error()));
         }
-        self.base.write_now(data, off, fua)
+        self.base.write_now(data, off, fua, who)
     }
 }

@@ -80,7 +80,7 @@ impl BlockDevice for Local {
         self.backend.with_slices(off, len, f)
     }
 
-    fn lend(&self, off: u64, len: usize) -> Option<io::Result<()>> {
+    fn lend(&self, off: u64, len: usize, _who: Option<&super::fair::Tenant>) -> Option<io::Result<()>> {
         if !self.now {
             return None;
         }
@@ -99,7 +99,7 @@ impl BlockDevice for Local {
         self.reads_blocking().then(|| self.backend.read_at(buf, off))
     }
 
-    fn write_now(&self, data: &[u8], off: u64, fua: bool) -> Option<io::Result<()>> {
+    fn write_now(&self, data: &[u8], off: u64, fua: bool, _who: Option<&super::fair::Tenant>) -> Option<io::Result<()>> {
         if !self.now {
             return None;
         }

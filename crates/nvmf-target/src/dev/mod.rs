@@ -136,8 +136,9 @@ pub trait BlockDevice: Send + Sync {
     /// (range, injected failures), without reading: the caller takes the bytes later with
     /// [`read_lent`](Self::read_lent) (NVMe/TCP sends a batch's large reads in one writev
     /// from the device's memory). None: use [`submit`](Self::submit).
-    fn lend(&self, off: u64, len: usize) -> Option<io::Result<()>> {
-        let _ = (off, len);
+    /// `who`: the tenant the read is for (a fair scheduler charges it).
+    fn lend(&self, off: u64, len: usize, who: Option<&fair::Tenant>) -> Option<io::Result<()>> {
+        let _ = (off, len, who);
         None
     }
     /// The bytes of a read [`lend`](Self::lend) accepted, lent to `f` as slices without
@@ -159,8 +160,9 @@ pub trait BlockDevice: Send + Sync {
     }
     /// Writes `data` at `off` at once (durably with `fua`), when that costs about a memcpy.
     /// None: use [`submit`](Self::submit).
-    fn write_now(&self, data: &[u8], off: u64, fua: bool) -> Option<io::Result<()>> {
-        let _ = (data, off, fua);
+    /// `who`: the tenant the write is for (a fair scheduler charges it).
+    fn write_now(&self, data: &[u8], off: u64, fua: bool, who: Option<&fair::Tenant>) -> Option<io::Result<()>> {
+        let _ = (data, off, fua, who);
         None
     }
 }

@@ -200,7 +200,7 @@ async fn memory_runs_only_bounded_work_inline() {
             assert!(thread.starts_with("nearstore-io-"), "{what} ran on {thread:?}, not on the worker pool");
         }
     }
-    assert!(dev.write_now(&[1; 512], 0, false).is_some(), "memory writes complete at once");
+    assert!(dev.write_now(&[1; 512], 0, false, None).is_some(), "memory writes complete at once");
     let mut lent = 0;
     assert!(dev.read_now(0, 512, &mut |s| lent = s.iter().map(|s| s.len()).sum()).is_some_and(|r| r.is_ok()));
     assert_eq!(lent, 512, "memory lends the bytes it reads");
@@ -262,7 +262,7 @@ async fn inject_fails_the_chosen_operations() {
                 // Memory reads and writes take the at-once path, as the connection does.
                 let now = match *op {
                     Op::Read { off } => dev.read_now(off, 4096, &mut |_| {}),
-                    Op::Write { off, fua } => dev.write_now(&b, off, fua),
+                    Op::Write { off, fua } => dev.write_now(&b, off, fua, None),
                     _ => None,
                 };
                 let result = match now {

@@ -893,7 +893,7 @@ impl<T: Transport> Core<T> {
                 }
             }
             Op::Write { off, fua } => {
-                if let Some(r) = ns.dev.write_now(buf.as_deref().unwrap_or(data), off, fua) {
+                if let Some(r) = ns.dev.write_now(buf.as_deref().unwrap_or(data), off, fua, self.chan.tenant()) {
                     drop(write);
                     if let Some(b) = buf {
                         self.put_buf(b);
@@ -969,7 +969,7 @@ impl<T: Transport> Core<T> {
     /// (the SUCCESS flag).
     fn read_now(&mut self, ns: &Namespace, off: u64, len: usize, cid: u16) -> Option<io::Result<bool>> {
         let success = self.success_flag();
-        match ns.dev.lend(off, len)? {
+        match ns.dev.lend(off, len, self.chan.tenant())? {
             Ok(()) => Some(self.xport.send_from(cid, len, success, ns, off).map(|()| success)),
             Err(e) => Some(Err(e)),
         }
