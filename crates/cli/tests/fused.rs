@@ -68,6 +68,19 @@ fn the_verbs_append_records_and_print_their_checksums() {
     let start = bytes.len() - v[1]["bytes"].as_u64().unwrap() as usize;
     assert_eq!(v[1]["crc32c"], format!("{:08x}", crc32c::crc32c(&bytes[start..])), "{out}");
     assert_eq!(leveldb_log_records(&bytes), Ok(vec![b"first record".to_vec(), b"two".to_vec(), b"three".to_vec()]));
+    // A record over one transfer (300 KiB: three pieces), as one record.
+    let big: Vec<u8> = (0..300 << 10).map(|i: u32| (i % 251) as u8).collect();
+    std::fs::write(&input, &big).unwrap();
+    let out = ok(&["append-crc-write", "--target-config", &cfg, p(&log), "--input", p(&input), "-o", "json"]);
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(v.as_array().map(Vec::len), Some(1), "one record: {out}");
+    let v = v[0].clone();
+    let all = std::fs::read(&log).unwrap();
+    let n = v["bytes"].as_u64().unwrap() as usize;
+    assert_eq!(v["length"], all.len() as u64, "{out}");
+    assert_eq!(v["crc32c"], format!("{:08x}", crc32c::crc32c(&all[all.len() - n..])), "{out}");
+    assert_eq!(leveldb_log_records(&all).unwrap().last(), Some(&big));
+    std::fs::write(&log, &bytes).unwrap();
 
     let data = fs.mnt.join("data");
     std::fs::write(&data, vec![7u8; 20_000]).unwrap();
