@@ -591,6 +591,12 @@ fn a_controller_shutdown_flushes_the_volumes_pools() {
     let info = rt.block_on(c.volume("sv")).expect("info");
     let peers: Vec<usize> = (1..3).filter(|&i| info.extents.iter().any(|e| e.target == targets[i].addr.to_string())).collect();
     assert_eq!(peers.len(), 2, "both peers hold an extent");
+    // Each peer's 4 KiB crossed t0's link to it, as its metrics say.
+    for &i in &peers {
+        let link = |m: &str| metric(metrics[0], &format!("{m}{{peer=\"{}\"}}", targets[i].addr));
+        assert!(link("nearstore_link_write_bytes_total") >= 4096, "t0's link to target {i}");
+        assert!(link("nearstore_link_writes_total") >= 1 && link("nearstore_link_write_nanoseconds_total") > 0);
+    }
     // Flushes reach a peer's pool as commands on its pool subsystem's namespace.
     let pool_commands = r#"nearstore_other_commands_total{subnqn="nqn.2026-11.io.nearstore:pools",nsid="1"}"#;
     let before: Vec<u64> = peers.iter().map(|&i| metric(metrics[i], pool_commands)).collect();

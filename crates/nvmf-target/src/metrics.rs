@@ -293,6 +293,25 @@ pub fn render(t: &Target) -> String {
             let _ = writeln!(o, "{name}{{tag=\"{tag}\",address=\"{addr}\"}} {}", get(st).load(Relaxed));
         }
     }
+    // The volume data path's links: what this target's volumes moved to each peer's pools.
+    let links = t.links.snapshot();
+    type LinkCounter = (&'static str, &'static str, fn(&crate::dev::remote::LinkStats) -> u64);
+    let link_counters: [LinkCounter; 6] = [
+        ("nearstore_link_reads_total", "Reads of a peer's pools by this target's volumes, completed.", |l| l.reads.load(Relaxed)),
+        ("nearstore_link_writes_total", "Writes to a peer's pools by this target's volumes, completed.", |l| l.writes.load(Relaxed)),
+        ("nearstore_link_read_bytes_total", "Bytes this target's volumes read from a peer's pools.", |l| l.read_bytes.load(Relaxed)),
+        ("nearstore_link_write_bytes_total", "Bytes this target's volumes wrote to a peer's pools.", |l| l.write_bytes.load(Relaxed)),
+        ("nearstore_link_read_nanoseconds_total", "Time of those reads, submission to the peer's completion.", |l| l.read_ns.load(Relaxed)),
+        ("nearstore_link_write_nanoseconds_total", "Time of those writes, submission to the peer's completion.", |l| {
+            l.write_ns.load(Relaxed)
+        }),
+    ];
+    for (name, help, get) in link_counters {
+        family(&mut o, name, "counter", help);
+        for (peer, l) in &links {
+            let _ = writeln!(o, "{name}{{peer=\"{peer}\"}} {}", get(l));
+        }
+    }
     tenant_metrics(&mut o, t);
     type Counter = (&'static str, &'static str, fn(&NsStats) -> &AtomicU64);
     let counters: [Counter; 6] = [
