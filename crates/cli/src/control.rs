@@ -545,24 +545,24 @@ pub fn agent(cfg: &nearstore_target::config::Config, control: &str) -> Result<Ag
 /// writes that reach it over NVMe/TCP (every peer's volume I/O, and any member's), counted
 /// where they complete.
 pub fn feed(agent: &Agent, target: &Arc<nearstore_target::Target>) {
-    use std::sync::atomic::Ordering::Relaxed;
+    use nearstore_control::agent::Counters;
+    use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+    // (reads, writes, read bytes, written bytes, read ns, write ns) as the agent takes them.
+    let counters = |[r, w, rb, wb, rns, wns]: [&AtomicU64; 6]| Counters {
+        reads: r.load(Relaxed),
+        writes: w.load(Relaxed),
+        read_bytes: rb.load(Relaxed),
+        write_bytes: wb.load(Relaxed),
+        read_ns: rns.load(Relaxed),
+        write_ns: wns.load(Relaxed),
+    };
     // The links: what this target's volumes moved to each peer (counted by dev::remote).
     let links = target.links.clone();
     agent.attach_links(Box::new(move || {
         links
             .snapshot()
             .into_iter()
-            .map(|(peer, s)| {
-                let c = nearstore_control::agent::Counters {
-                    reads: s.reads.load(Relaxed),
-                    writes: s.writes.load(Relaxed),
-                    read_bytes: s.read_bytes.load(Relaxed),
-                    write_bytes: s.write_bytes.load(Relaxed),
-                    read_ns: s.read_ns.load(Relaxed),
-                    write_ns: s.write_ns.load(Relaxed),
-                };
-                (peer.to_string(), c)
-            })
+            .map(|(peer, s)| (peer.to_string(), counters([&s.reads, &s.writes, &s.read_bytes, &s.write_bytes, &s.read_ns, &s.write_ns])))
             .collect()
     }));
     let Some(sub) = target.subsystem(nearstore_target::POOLS_NQN) else { return };
@@ -570,14 +570,7 @@ pub fn feed(agent: &Agent, target: &Arc<nearstore_target::Target>) {
         let Some(ns) = sub.namespace(p.nsid) else { continue };
         p.stats.attach(Box::new(move || {
             let s = &ns.stats;
-            nearstore_control::agent::Counters {
-                reads: s.reads.load(Relaxed),
-                writes: s.writes.load(Relaxed),
-                read_bytes: s.read_bytes.load(Relaxed),
-                write_bytes: s.written_bytes.load(Relaxed),
-                read_ns: s.read_ns.load(Relaxed),
-                write_ns: s.write_ns.load(Relaxed),
-            }
+            counters([&s.reads, &s.writes, &s.read_bytes, &s.written_bytes, &s.read_ns, &s.write_ns])
         }));
     }
 }

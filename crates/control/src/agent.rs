@@ -261,6 +261,12 @@ struct Pushed {
     at: tokio::time::Instant,
 }
 
+/// Whether `figures` are due to be pushed at `now`: never pushed, not pushed for
+/// VIEW_PUSH_INTERVAL_MS, or [`changed`] since.
+fn due(pushed: Option<&Pushed>, figures: &Figures, now: tokio::time::Instant) -> bool {
+    pushed.is_none_or(|last| now.duration_since(last.at) >= Duration::from_millis(VIEW_PUSH_INTERVAL_MS) || changed(&last.figures, figures))
+}
+
 impl Agent {
     /// Takes the links' counters from `source` from now on (once; false if attached already).
     pub fn attach_links(&self, source: LinkSource) -> bool {
@@ -279,10 +285,7 @@ impl Agent {
             let elapsed = l.sampled.map_or(0, |t| now.duration_since(t).as_millis() as u64);
             l.sampled = Some(now);
             let figures = l.sampler.sample(counters, elapsed, 0).clone();
-            let due = l.pushed.as_ref().is_none_or(|last| {
-                now.duration_since(last.at) >= Duration::from_millis(VIEW_PUSH_INTERVAL_MS) || changed(&last.figures, &figures)
-            });
-            if !due || l.quiet_until.is_some_and(|t| now < t) {
+            if !due(l.pushed.as_ref(), &figures, now) || l.quiet_until.is_some_and(|t| now < t) {
                 continue;
             }
             let wall = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64);
@@ -365,13 +368,7 @@ impl Agent {
                         Err(_) => 0,
                     };
                     let figures = samplers[i].sample(p.stats.snapshot(), elapsed, free).clone();
-                    let due = match &pushed[i] {
-                        None => true,
-                        Some(last) => {
-                            now.duration_since(last.at) >= Duration::from_millis(VIEW_PUSH_INTERVAL_MS) || changed(&last.figures, &figures)
-                        }
-                    };
-                    if !due {
+                    if !due(pushed[i].as_ref(), &figures, now) {
                         continue;
                     }
                     let seq = last_seq[i] + 1;

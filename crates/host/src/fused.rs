@@ -136,6 +136,38 @@ pub struct Appended {
     pub len: u64,
 }
 
+/// One piece of a record: its data (a range of the record's bytes), where it goes in the
+/// object, its piece flags (`fused::piece`) and the bytes it frames to.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Piece {
+    pub data: std::ops::Range<usize>,
+    pub offset: u64,
+    pub block_offset: u32,
+    pub flags: u8,
+    pub framed: u64,
+}
+
+/// The pieces of a record of `len` bytes appended at object byte `at` when one transfer
+/// carries `max` bytes of data ([`piece_len`]): one when it fits, else cut at log block ends.
+/// None when not even one block's data fits a transfer.
+pub fn record_pieces(at: u64, len: usize, max: usize) -> Option<Vec<Piece>> {
+    let mut pieces = Vec::new();
+    let (mut offset, mut start) = (at, 0);
+    loop {
+        let block_offset = (offset % LOG_BLOCK_BYTES as u64) as u32;
+        let n = piece_len(block_offset, len - start, max)?;
+        let continues = if start > 0 { fused::piece::CONTINUES } else { 0 };
+        let more = if start + n < len { fused::piece::MORE } else { 0 };
+        let framed = fused::framed_len(block_offset, n) as u64;
+        pieces.push(Piece { data: start..start + n, offset, block_offset, flags: continues | more, framed });
+        offset += framed;
+        start += n;
+        if start == len {
+            return Some(pieces);
+        }
+    }
+}
+
 /// How much of a record's `left` bytes the next piece carries, from `block_offset` in its log
 /// block, when one transfer carries `max` bytes of data: all of them when they fit, else up to
 /// the end of as many log blocks as fit (so that pieces frame as the whole record would);
@@ -374,36 +406,26 @@ impl Host {
         if u32::try_from(total).is_err() {
             return Err(HostError::Invalid(format!("a record of {} bytes: {total} bytes framed, over 4 GiB", data.len())));
         }
-        let (mut at, mut left, mut flags) = (len, data, 0u8);
-        let (mut crc, mut count) = (0u32, 0u64);
-        loop {
-            let block_offset = (at % LOG_BLOCK_BYTES as u64) as u32;
-            let n = piece_len(block_offset, left.len(), max).ok_or_else(|| {
-                HostError::Invalid(format!(
-                    "a record of {} bytes: the target's transfers of {transfer} bytes cannot carry one log block's data",
-                    data.len()
-                ))
-            })?;
-            let more = if n < left.len() { fused::piece::MORE } else { 0 };
-            let need = fused::framed_len(block_offset, n) as u64;
-            let txid = next_txid()?;
-            let args = [flags | more, 0, 0, 0, 0, 0, 0, 0];
-            let f = Fused { op: op::APPEND_CRC_WRITE, txid, offset: at, block_offset, args, extents: Vec::new() };
-            let (c, k) = self.fused(fo, block, f, need, &left[..n]).await?;
-            if k as u64 != need {
-                let e = HostError::Invalid(format!("the target appended {k} bytes, the record's piece takes {need}"));
+        let pieces = record_pieces(len, data.len(), max).ok_or_else(|| {
+            HostError::Invalid(format!(
+                "a record of {} bytes: the target's transfers of {transfer} bytes cannot carry one log block's data",
+                data.len()
+            ))
+        })?;
+        let (mut crc, mut txid) = (0u32, 0u64);
+        for (i, p) in pieces.iter().enumerate() {
+            txid = next_txid()?;
+            let args = [p.flags, 0, 0, 0, 0, 0, 0, 0];
+            let f = Fused { op: op::APPEND_CRC_WRITE, txid, offset: p.offset, block_offset: p.block_offset, args, extents: Vec::new() };
+            let (c, k) = self.fused(fo, block, f, p.framed, &data[p.data.clone()]).await?;
+            if k as u64 != p.framed {
+                let e = HostError::Invalid(format!("the target appended {k} bytes, the record's piece takes {}", p.framed));
                 return Err(HostError::Fused { txid, source: Box::new(e) });
             }
-            crc = if count == 0 { c } else { crc32c::crc32c_combine(crc, c, k as usize) };
-            count += need;
-            at += need;
-            left = &left[n..];
-            flags = fused::piece::CONTINUES;
-            if left.is_empty() {
-                // Checked before the first piece: the record's framed bytes fit 32 bits.
-                return Ok(Appended { txid, crc, count: count as u32, len: at });
-            }
+            crc = if i == 0 { c } else { crc32c::crc32c_combine(crc, c, k as usize) };
         }
+        // Checked before the first piece: the record's framed bytes fit 32 bits.
+        Ok(Appended { txid, crc, count: total as u32, len: len + total as u64 })
     }
 
     /// Writes `data` at byte `offset` inside the file (not past its end) with
@@ -708,6 +730,25 @@ mod tests {
         assert_eq!(sorted.len(), ids.len(), "distinct");
         assert!(!ids.contains(&0));
         assert!(ids.windows(2).all(|w| w[1].wrapping_sub(w[0]) != 1), "not consecutive");
+    }
+
+    #[test]
+    fn a_records_pieces_cover_it_and_frame_to_its_length() {
+        let max = (128 << 10) - 304;
+        for (at, len) in [(0u64, 0usize), (100, max), (100, max + 1), (32768 - 7, 1 << 20), (5000, 300_000)] {
+            let p = record_pieces(at, len, max).unwrap();
+            assert_eq!(p.first().map(|p| p.data.start), Some(0));
+            assert!(p.windows(2).all(|w| w[0].data.end == w[1].data.start && w[0].offset + w[0].framed == w[1].offset));
+            assert_eq!(p.last().map(|p| p.data.end), Some(len));
+            let framed: u64 = p.iter().map(|p| p.framed).sum();
+            assert_eq!(framed, fused::framed_len((at % 32768) as u32, len) as u64, "at {at} len {len}");
+            let flags: Vec<u8> = p.iter().map(|p| p.flags).collect();
+            let n = flags.len();
+            let want: Vec<u8> =
+                (0..n).map(|i| if i > 0 { fused::piece::CONTINUES } else { 0 } | if i + 1 < n { fused::piece::MORE } else { 0 }).collect();
+            assert_eq!(flags, want, "at {at} len {len}");
+        }
+        assert_eq!(record_pieces(0, 1 << 20, 1000), None, "a transfer smaller than a block's data");
     }
 
     #[test]

@@ -306,9 +306,9 @@ impl Host {
         }
         let conn = self.conns.get_mut(ep).expect("connected in plan");
         let r = conn.queues[0].compute(ep.nsid, &d.encode(), self.timeout).await;
-        if r.is_err() && conn.queues[0].queue().in_flight() > 0 {
+        if let Err(e) = &r {
             // The connection failed under the command: the next call connects again.
-            self.conns.remove(ep);
+            self.forget_if_lost(ep, e);
         }
         r.map_err(err)
     }

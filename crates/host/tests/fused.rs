@@ -26,8 +26,9 @@ async fn start(fs: &Fs) -> Host {
     start_exporting(fs, &fs.image).await
 }
 
-/// A target whose namespace 1 is `export`, and a host that takes it for `fs`'s image.
-async fn start_exporting(fs: &Fs, export: &Path) -> Host {
+/// A target whose namespace 1 is `export`, journaled: its address (the target lives as long
+/// as the test process).
+async fn serve(export: &Path) -> std::net::SocketAddr {
     let cfg = Config::from_toml(&format!(
         "[[listener]]\naddress = \"127.0.0.1:0\"\n[[subsystem]]\nnqn = \"{NQN}\"\nallow_any_host = true\n[[subsystem.namespace]]\nnsid = 1\npath = \"{}\"\nmicrotx = true\n",
         export.display()
@@ -36,9 +37,19 @@ async fn start_exporting(fs: &Fs, export: &Path) -> Host {
     let t = Target::from_config(&cfg).unwrap();
     let addr = t.listen("127.0.0.1:0".parse().unwrap(), false).await.unwrap();
     std::mem::forget(t);
+    addr
+}
+
+/// A host that reaches `fs`'s image at `addr`.
+fn host_at(fs: &Fs, addr: std::net::SocketAddr) -> Host {
     let mut devices = DeviceMap::default();
     devices.add_file(&fs.image, Endpoint { address: addr, nqn: NQN.into(), nsid: 1 }).unwrap();
     Host::new(devices)
+}
+
+/// A target whose namespace 1 is `export`, and a host that takes it for `fs`'s image.
+async fn start_exporting(fs: &Fs, export: &Path) -> Host {
+    host_at(fs, serve(export).await)
 }
 
 /// A host whose target's namespace is a 1 MiB image, smaller than the file system the
@@ -363,18 +374,9 @@ async fn a_record_refused_after_some_pieces_leaves_no_record() {
 async fn a_log_writer_takes_no_record_after_an_append_in_doubt() {
     use std::sync::atomic::Ordering::Relaxed;
     let fs = Fs::new(64);
-    let cfg = Config::from_toml(&format!(
-        "[[listener]]\naddress = \"127.0.0.1:0\"\n[[subsystem]]\nnqn = \"{NQN}\"\nallow_any_host = true\n[[subsystem.namespace]]\nnsid = 1\npath = \"{}\"\nmicrotx = true\n",
-        fs.image.display()
-    ))
-    .unwrap();
-    let t = Target::from_config(&cfg).unwrap();
-    let addr = t.listen("127.0.0.1:0".parse().unwrap(), false).await.unwrap();
     let faults = std::sync::Arc::new(proxy::Faults::default());
-    let via = proxy::proxy(addr, faults.clone(), 0).await;
-    let mut devices = DeviceMap::default();
-    devices.add_file(&fs.image, Endpoint { address: via, nqn: NQN.into(), nsid: 1 }).unwrap();
-    let mut host = Host::new(devices);
+    let via = proxy::proxy(serve(&fs.image).await, faults.clone(), 0).await;
+    let mut host = host_at(&fs, via);
     let path = fs.mnt.join("000015.log");
     let mut w = LogWriter::create(&mut host, &path).unwrap();
     w.add_record(b"first").await.unwrap();
@@ -404,7 +406,6 @@ async fn a_log_writer_takes_no_record_after_an_append_in_doubt() {
     w.add_record(b"third").await.unwrap();
     w.finish().unwrap();
     assert_eq!(leveldb_records(&read(&path)), Ok(vec![b"first".to_vec(), b"in doubt".to_vec(), b"third".to_vec()]));
-    drop(t);
 }
 
 /// An append the target refuses after it was sent (here: its extents lie past the end of

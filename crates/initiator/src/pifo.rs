@@ -425,10 +425,15 @@ impl Lane {
     /// Fails the lane: everything in flight on it, and every later request to it.
     fn fail(&mut self, why: String) {
         for p in self.pending.iter_mut().filter_map(Option::take) {
-            let _ = p.reply.send(Err(Error::Protocol(format!("lane failed: {why}"))));
+            let _ = p.reply.send(Err(lane_failed(&why)));
         }
         self.dead = Some(why);
     }
+}
+
+/// What a request to a failed lane gets.
+fn lane_failed(why: &str) -> Error {
+    Error::Protocol(format!("lane failed: {why}"))
 }
 
 fn command_name(opcode: u8) -> String {
@@ -494,7 +499,7 @@ async fn drive(mut rx: mpsc::Receiver<Msg>, mut lanes: Vec<Lane>, policy: Policy
                 continue;
             }
             if let Some(why) = &lanes[lane].dead {
-                let _ = req.reply.send(Err(Error::Protocol(format!("lane failed: {why}"))));
+                let _ = req.reply.send(Err(lane_failed(why)));
                 continue;
             }
             lanes[lane].start(req);
@@ -521,10 +526,12 @@ async fn drive(mut rx: mpsc::Receiver<Msg>, mut lanes: Vec<Lane>, policy: Policy
                 }
                 Some(Msg::View { lane, view }) => lanes[lane].view = view,
                 Some(Msg::Io { stream, token, lane, req }) => {
+                    // Its stream's token while it is open: a stream closed (its token gone) or
+                    // another given its id has none or another.
                     let mine = tokens.get(stream).and_then(Option::as_ref).is_some_and(|t| t.ptr_eq(&token));
                     if let Some(why) = &lanes[lane].dead {
-                        let _ = req.reply.send(Err(Error::Protocol(format!("lane failed: {why}"))));
-                    } else if !mine || !order.is_open(stream) {
+                        let _ = req.reply.send(Err(lane_failed(why)));
+                    } else if !mine {
                         // Sent just before its stream's last handle dropped: nobody waits.
                         counters.abandoned.fetch_add(1, AtomicOrdering::Relaxed);
                     } else {

@@ -131,32 +131,22 @@ impl Worker {
                 // A record over one transfer goes as pieces cut at log block ends, each a
                 // transaction, as the host library sends it (docs/compute-protocol.md).
                 let max = self.q.max_transfer() - fused::HEADER_BYTES - fused::EXTENT_BYTES;
-                let (mut p, mut left, mut flags) = (at, record, 0u8);
-                while p == at || !left.is_empty() {
-                    let bo = (p % fused::LOG_BLOCK_BYTES as u64) as u32;
-                    let k = nearstore_host::fused::piece_len(bo, left.len(), max).context("a transfer smaller than a log block")?;
-                    let more = if k < left.len() { fused::piece::MORE } else { 0 };
-                    let need = fused::framed_len(bo, k) as u64;
-                    let (pf, pt) = (p / self.bs * self.bs, (p + need).div_ceil(self.bs) * self.bs);
+                let pieces = nearstore_host::fused::record_pieces(at, record.len(), max).context("a transfer smaller than a log block")?;
+                for p in pieces {
+                    let (pf, pt) = (p.offset / self.bs * self.bs, (p.offset + p.framed).div_ceil(self.bs) * self.bs);
                     let txid = self.next_txid();
                     let f = Fused {
                         op: op::APPEND_CRC_WRITE,
                         txid,
-                        offset: p,
-                        block_offset: bo,
-                        args: [flags | more, 0, 0, 0, 0, 0, 0, 0],
+                        offset: p.offset,
+                        block_offset: p.block_offset,
+                        args: [p.flags, 0, 0, 0, 0, 0, 0, 0],
                         extents: vec![(self.region.base + pf, pt - pf)],
                     };
-                    let (_, count) = self.q.fused_write(self.nsid, &f.encode(&left[..k])).await?;
-                    if count as u64 != need {
-                        bail!("append-crc-write wrote {count} bytes, the piece takes {need}");
+                    let (_, count) = self.q.fused_write(self.nsid, &f.encode(&record[p.data])).await?;
+                    if count as u64 != p.framed {
+                        bail!("append-crc-write wrote {count} bytes, the piece takes {}", p.framed);
                     }
-                    p += need;
-                    left = &left[k..];
-                    flags = fused::piece::CONTINUES;
-                }
-                if p != at + n {
-                    bail!("the pieces wrote {} bytes, the record takes {n}", p - at);
                 }
             }
             How::Conventional => {

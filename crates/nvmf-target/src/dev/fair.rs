@@ -182,13 +182,8 @@ impl Drr {
         self.decide(now_ns, tenant, weight, cost, again, true)
     }
 
-    /// Whether an operation of `tenant` costing `cost` goes at once, charged when it does; one
-    /// that may not is not counted as waiting (its caller offers it with
-    /// [`offer_as`](Self::offer_as) next, which does).
-    pub fn go_now(&mut self, now_ns: u64, tenant: &Tenant, weight: u32, cost: u64) -> bool {
-        matches!(self.decide(now_ns, tenant, weight, cost, false, false), Turn::Go)
-    }
-
+    /// [`offer_as`](Self::offer_as), or with `counts` false an operation that may not go is
+    /// not counted as waiting (its caller offers it next, which counts it).
     fn decide(&mut self, now_ns: u64, tenant: &Tenant, weight: u32, cost: u64, again: bool, counts: bool) -> Turn {
         self.refill(now_ns);
         let epoch = self.epoch;
@@ -360,46 +355,42 @@ impl Fair {
         })
     }
 
-    /// Whether `op` of `len` bytes of `who` (None: the target's own) goes at once, charged
-    /// when it does (the scheduler's [`Drr::go_now`]).
-    fn go_now(&self, op: &Op, len: usize, who: Option<&Tenant>) -> bool {
+    /// The scheduler's decision on `op` of `len` bytes of `who` (None: the target's own),
+    /// charged to it when it goes. `counts`: one that may not go is counted as waiting (an
+    /// offer); else it is only given back (a lend or write at once, which its caller then
+    /// offers).
+    fn decide(&self, op: &Op, len: usize, who: Option<&Tenant>, again: bool, counts: bool) -> Turn {
         let mut d = self.drr.lock();
-        let Some(cost) = d.cost(op, len) else { return true };
+        let Some(cost) = d.cost(op, len) else { return Turn::Go };
         let now = Instant::now().saturating_duration_since(self.start).as_nanos() as u64;
         let tenant = who.unwrap_or(&self.untagged);
         let weight = self.arbiter.as_ref().and_then(|(g, nsid)| g.pool_weight(*nsid, tenant)).unwrap_or(tenant.weight);
-        let go = d.go_now(now, tenant, weight, cost);
-        if go {
-            tenant.stats.io_scheduled_bytes.fetch_add(len as u64, Relaxed);
+        let turn = d.decide(now, tenant, weight, cost, again, counts);
+        match turn {
+            Turn::Go => {
+                tenant.stats.io_scheduled_bytes.fetch_add(len as u64, Relaxed);
+            }
+            // Held back until the epoch it is offered again in (its timer may fire later on a
+            // loaded machine).
+            Turn::Wait(at) if counts => {
+                tenant.stats.io_waits.fetch_add(1, Relaxed);
+                tenant.stats.io_queued_ns.fetch_add(at.saturating_sub(now), Relaxed);
+            }
+            Turn::Wait(_) => {}
         }
-        go
+        turn
+    }
+
+    /// Whether `op` goes at once (charged when it does): [`decide`](Self::decide) without
+    /// counting a wait.
+    fn go_now(&self, op: &Op, len: usize, who: Option<&Tenant>) -> bool {
+        matches!(self.decide(op, len, who, false, false), Turn::Go)
     }
 
     /// Offers `op` to the scheduler (`again`: it waited before) and submits it below or
     /// makes it wait on `ch` for the next epoch.
     fn offer(&self, ch: &mut Channel, op: Op, buf: AlignedBuf, tag: u64, again: bool) {
-        let turn = {
-            let mut d = self.drr.lock();
-            match d.cost(&op, buf.len()) {
-                None => Turn::Go,
-                Some(cost) => {
-                    let now = Instant::now().saturating_duration_since(self.start).as_nanos() as u64;
-                    let tenant = ch.tenant().unwrap_or(&self.untagged);
-                    let weight = self.arbiter.as_ref().and_then(|(g, nsid)| g.pool_weight(*nsid, tenant)).unwrap_or(tenant.weight);
-                    let turn = d.offer_as(now, tenant, weight, cost, again);
-                    match turn {
-                        Turn::Go => tenant.stats.io_scheduled_bytes.fetch_add(buf.len() as u64, Relaxed),
-                        // Held back until the epoch it is offered again in (its timer may
-                        // fire later on a loaded machine).
-                        Turn::Wait(at) => {
-                            tenant.stats.io_waits.fetch_add(1, Relaxed);
-                            tenant.stats.io_queued_ns.fetch_add(at.saturating_sub(now), Relaxed)
-                        }
-                    };
-                    turn
-                }
-            }
-        };
+        let turn = self.decide(&op, buf.len(), ch.tenant(), again, true);
         match turn {
             Turn::Go => self.base.submit(ch, op, buf, tag),
             Turn::Wait(at) => {
