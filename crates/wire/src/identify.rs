@@ -66,6 +66,12 @@ pub struct IdentifyController {
     /// Controller attributes ([`ctratt`]).
     pub ctratt: u32,
     pub cntrltype: u8,
+    /// Controller Instance Uniquifier (byte 135; NVMe Base 2.3, "Cross-Controller Reset"):
+    /// with the CNTLID and CIRN it names one instance of a controller, as a CNTLID is
+    /// reused once its controller is gone.
+    pub ciu: u8,
+    /// Controller Instance Random Number (bytes 143:136).
+    pub cirn: u64,
     pub oacs: u16,
     /// Abort command limit, 0's based.
     pub acl: u8,
@@ -116,6 +122,8 @@ impl IdentifyController {
         put_u32(&mut b, 92, self.oaes);
         put_u32(&mut b, 96, self.ctratt);
         b[111] = self.cntrltype;
+        b[135] = self.ciu;
+        b[136..144].copy_from_slice(&self.cirn.to_le_bytes());
         put_u16(&mut b, 256, self.oacs);
         b[258] = self.acl;
         b[259] = self.aerl;
@@ -165,6 +173,8 @@ impl IdentifyController {
             oaes: u32_at(b, 92),
             ctratt: u32_at(b, 96),
             cntrltype: b[111],
+            ciu: b[135],
+            cirn: u64::from_le_bytes(b[136..144].try_into().expect("8 bytes")),
             oacs: u16_at(b, 256),
             acl: b[258],
             aerl: b[259],
@@ -361,6 +371,8 @@ mod tests {
             mn: "nearstore".into(),
             fr: "0.1.0".into(),
             cntlid: 3,
+            ciu: 7,
+            cirn: 0x0123_4567_89ab_cdef,
             mdts: 5,
             ioccsz: (64 + 16384) / 16,
             subnqn: "nqn.x".into(),

@@ -9,6 +9,9 @@ pub mod admin {
     pub const GET_FEATURES: u8 = 0x0a;
     pub const ASYNC_EVENT_REQUEST: u8 = 0x0c;
     pub const KEEP_ALIVE: u8 = 0x18;
+    /// NVMe Base 2.3 (TP8028, "Rapid Path Failure Recovery"): CDW10 bits 15:0 the
+    /// Impacted Controller ID, bits 23:16 its CIU; CDW12-13 its CIRN.
+    pub const CROSS_CONTROLLER_RESET: u8 = 0x38;
 }
 
 /// NVM command set I/O commands.

@@ -77,6 +77,11 @@ statuses! {
     IO_COMMAND_SET_COMBINATION_REJECTED = (1, 0x2b);
     /// Identify: the CSI names an I/O command set the controller does not support.
     INVALID_IO_COMMAND_SET = (1, 0x2c);
+    /// Cross-Controller Reset (NVMe Base 2.3): a reset of that controller is already
+    /// under way (from another controller of the host).
+    CROSS_CONTROLLER_RESET_IN_PROGRESS = (1, 0x3f);
+    /// Cross-Controller Reset: more resets under way than the controller tracks.
+    CROSS_CONTROLLER_RESET_LIMIT_EXCEEDED = (1, 0x41);
     CONNECT_INCOMPATIBLE_FORMAT = (1, 0x80);
     CONNECT_CONTROLLER_BUSY = (1, 0x81);
     CONNECT_INVALID_PARAMETERS = (1, 0x82);
