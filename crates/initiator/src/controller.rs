@@ -156,6 +156,14 @@ async fn connect_queue(opts: &ConnectOptions, qid: u16, depth: u16, cntlid: u16,
     Ok((q, cqe.dw0 as u16))
 }
 
+/// One instance of a controller (a CNTLID is reused once its controller is gone).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Instance {
+    pub cntlid: u16,
+    pub ciu: u8,
+    pub cirn: u64,
+}
+
 pub struct Controller {
     admin: Arc<Mutex<QueuePair<TcpStream>>>,
     pub cntlid: u16,
@@ -253,6 +261,25 @@ impl Controller {
 
     pub fn io_queues_granted(&self) -> u16 {
         self.io_queues_granted
+    }
+
+    /// This controller instance as a Cross-Controller Reset names it: its CNTLID, CIU and
+    /// CIRN (Identify Controller bytes 79:78, 135, 143:136).
+    pub fn instance(&self) -> Instance {
+        Instance { cntlid: self.cntlid, ciu: self.id.ciu, cirn: self.id.cirn }
+    }
+
+    /// Cross-Controller Reset (NVMe Base 2.3, admin 38h) of `other`, a controller of this
+    /// host in the same subsystem that this host lost: it ends once nothing `other`
+    /// started can still change storage (nearstore's targets complete the command only
+    /// then), or fails. Waits at most `wait`.
+    pub async fn cross_controller_reset(&self, other: Instance, wait: Duration) -> Result<()> {
+        let mut s = Sqe::new(admin::CROSS_CONTROLLER_RESET, 0);
+        s.set_cdw(10, u32::from(other.cntlid) | (u32::from(other.ciu) << 16));
+        s.set_cdw(12, other.cirn as u32);
+        s.set_cdw(13, (other.cirn >> 32) as u32);
+        let mut q = self.admin.lock().await;
+        run(&mut q, s, Data::None, "Cross-Controller Reset", wait).await.map(|_| ())
     }
 
     pub async fn identify_namespace(&self, nsid: u32) -> Result<IdentifyNamespace> {

@@ -13,7 +13,7 @@ pub mod pifo;
 mod queue;
 pub mod stream;
 
-pub use controller::{prop_get, prop_set, CompareAndWrite, ConnectOptions, Controller, IoQueue};
+pub use controller::{prop_get, prop_set, CompareAndWrite, ConnectOptions, Controller, Instance, IoQueue};
 pub use host::default_hostnqn;
 pub use queue::{Data, QueueOptions, QueuePair};
 pub use stream::{PieceReader, PieceWriter};

@@ -61,7 +61,7 @@ pub fn data_len(ctrl: &Controller, sqe: &Sqe) -> Result<DataLen, Status> {
         admin::GET_FEATURES if host_identifier_read(ctrl, sqe) => DataLen::AtLeast(HOST_ID_LEN),
         admin::GET_FEATURES | admin::SET_FEATURES => DataLen::AtLeast(0),
         admin::KEEP_ALIVE | admin::ASYNC_EVENT_REQUEST => DataLen::Exactly(0),
-        admin::ABORT if !ctrl.subsys.discovery => DataLen::Exactly(0),
+        admin::ABORT | admin::CROSS_CONTROLLER_RESET if !ctrl.subsys.discovery => DataLen::Exactly(0),
         _ => return Err(Status::INVALID_OPCODE.dnr()),
     })
 }
@@ -101,6 +101,8 @@ pub fn identify_controller(ctrl: &Controller) -> IdentifyController {
         oaes: if disc { 0 } else { 1 << 8 },
         ctratt: if disc { 0 } else { ctratt::HOST_ID_128 | ctratt::RHII },
         cntrltype: if disc { cntrltype::DISCOVERY } else { cntrltype::IO },
+        ciu: ctrl.ciu,
+        cirn: ctrl.cirn,
         oacs: 0,
         acl: 3,
         aerl: (limits::AER_MAX - 1) as u8,

@@ -352,8 +352,15 @@ fn flush_for_shutdown(target: &Target, ctrl: Arc<Controller>) {
             volumes.push(ns.clone());
             continue;
         }
-        let job =
-            Job { backend: ns.backend.clone(), op: Op::Flush, buf: AlignedBuf::new(0), token: i as u64, reply: tx.clone(), holds: None };
+        let job = Job {
+            backend: ns.backend.clone(),
+            op: Op::Flush,
+            buf: AlignedBuf::new(0),
+            token: i as u64,
+            reply: tx.clone(),
+            holds: None,
+            life: None,
+        };
         target.pool.submit(job);
     }
     drop(tx);

@@ -27,6 +27,8 @@ pub struct Job {
     /// The holds of the channel that started it (None: no Preempt and Abort waits for it,
     /// as for the flushes of a shutdown).
     pub holds: Option<Arc<PoolHolds>>,
+    /// The life of the controller it is for, until it has run ([`crate::subsystem::Life`]).
+    pub life: Option<Arc<crate::subsystem::Life>>,
 }
 
 impl Job {
@@ -127,6 +129,12 @@ pub enum Done {
     },
     /// A Compare and Write's range went: writes this queue parked try again.
     Unblocked,
+    /// A Cross-Controller Reset's wait ended: success, or Command Interrupted when the
+    /// reset controller's work outlived the wait.
+    Reset {
+        token: u32,
+        status: nearstore_wire::Status,
+    },
 }
 
 impl Done {

@@ -95,6 +95,15 @@ pub const TX_PENDING_BYTES_MAX: usize = 1 << 20;
 /// Asynchronous Event Requests outstanding per controller (AERL + 1).
 pub const AER_MAX: usize = 4;
 
+/// Cross-Controller Resets waiting per admin queue for the work of the controllers they
+/// reset to end; one more is refused with Cross-Controller Reset Limit Exceeded.
+pub const CROSS_CONTROLLER_RESETS_MAX: usize = 4;
+
+/// How long a Cross-Controller Reset waits for the reset controller's work to end (its
+/// queues' device operations, its I/O pool operations, its compute commands) before it
+/// completes with Command Interrupted; the controller stays reset, and a retry waits again.
+pub const CROSS_CONTROLLER_RESET_WAIT_MS: u64 = 10_000;
+
 /// Bytes of an Authentication Send (its TL): the largest message a host can send, an
 /// AUTH_Negotiate of 255 protocol descriptors (NAPD is one byte; a DH-HMAC-CHAP_Reply is at
 /// most 16 + 2 x 64 + 1024 bytes). A longer TL is Invalid Field before anything is
@@ -781,6 +790,8 @@ mod tests {
             (protocol, "namespaces per subsystem (NN)", NSID_MAX.to_string()),
             (protocol, "controllers per subsystem", CONTROLLERS_PER_SUBSYSTEM_MAX.to_string()),
             (protocol, "Asynchronous Event Requests outstanding (AERL + 1)", AER_MAX.to_string()),
+            (protocol, "Cross-Controller Resets waiting per admin queue", CROSS_CONTROLLER_RESETS_MAX.to_string()),
+            (protocol, "a Cross-Controller Reset's wait for the reset controller's work", format!("{CROSS_CONTROLLER_RESET_WAIT_MS} ms")),
             (protocol, "error log entries (ELPE + 1)", ERROR_LOG_ENTRIES.to_string()),
             (protocol, "reservation registrants per namespace", RESERVATION_REGISTRANTS_MAX.to_string()),
             (protocol, "Reservation Notification log pages kept per controller", RESERVATION_NOTICES_MAX.to_string()),

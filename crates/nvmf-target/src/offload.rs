@@ -187,6 +187,8 @@ pub struct Slot {
     ctrl: Arc<Controller>,
     /// RESULT_BYTES_MAX of the target's memory budget, until the result is stored.
     memory: Option<Reservation>,
+    /// Its controller's life while the command may still write (crate::subsystem::Life).
+    _life: Option<Arc<crate::subsystem::Life>>,
 }
 
 impl Slot {
@@ -201,7 +203,7 @@ impl Slot {
         }
         let memory = memory.reserve_leaving(limits::RESULT_BYTES_MAX as u64, command_bytes)?;
         r.reserved += 1;
-        Some(Slot { ctrl: ctrl.clone(), memory: Some(memory) })
+        Some(Slot { ctrl: ctrl.clone(), memory: Some(memory), _life: ctrl.life() })
     }
 
     /// Its controller, as a key of the engine's fair queue.

@@ -234,6 +234,12 @@ pub struct Subsystem {
     keys: HashMap<String, Arc<HostKeys>>,
     namespaces: RwLock<BTreeMap<u32, Arc<Namespace>>>,
     controllers: Mutex<BTreeMap<u16, Arc<Controller>>>,
+    /// Controllers removed whose work is not over yet (a queue's task, an operation on the
+    /// I/O pool, a compute command): what a Cross-Controller Reset of one waits for.
+    /// Each entry is pruned once its work ends, so they are bounded by the work alive.
+    retiring: Mutex<Vec<Retiring>>,
+    /// The next controller's Controller Instance Uniquifier (1-255, then around again).
+    next_ciu: std::sync::atomic::AtomicU8,
 }
 
 impl Subsystem {
@@ -250,6 +256,8 @@ impl Subsystem {
             keys: HashMap::new(),
             namespaces: RwLock::new(BTreeMap::new()),
             controllers: Mutex::new(BTreeMap::new()),
+            retiring: Mutex::new(Vec::new()),
+            next_ciu: std::sync::atomic::AtomicU8::new(0),
         }
     }
 
@@ -331,9 +339,64 @@ impl Subsystem {
             return Err(ControllersFull::Subsystem);
         }
         let cntlid = (1..=0xffefu16).find(|id| !ctrls.contains_key(id)).ok_or(ControllersFull::Subsystem)?;
-        let c = Arc::new(Controller::new(cntlid, self.clone(), hostnqn, hostid, acting_for.map(str::to_string), kato_ms, tenant));
+        let ciu = match self.next_ciu.fetch_add(1, Relaxed).wrapping_add(1) {
+            0 => self.next_ciu.fetch_add(1, Relaxed).wrapping_add(1),
+            n => n,
+        };
+        let mut c = Controller::new(cntlid, self.clone(), hostnqn, hostid, acting_for.map(str::to_string), kato_ms, tenant);
+        c.ciu = ciu;
+        let c = Arc::new(c);
         ctrls.insert(cntlid, c.clone());
         Ok(c)
+    }
+
+    /// Cross-Controller Reset (NVMe Base 2.3, admin 38h): `by` resets the controller
+    /// instance (`icid`, `ciu`, `cirn`) of its own host and learns when that instance's
+    /// work is over. The controller is removed (its queues close and read no more
+    /// commands); the token returned is cancelled once nothing it started still runs:
+    /// every queue's task ended (its device operations completed), every operation it
+    /// put on the I/O pool and every compute command of it finished. An instance this
+    /// subsystem does not hold, alive or retiring, has nothing running (a restarted target
+    /// holds none): its token is cancelled already.
+    pub fn cross_controller_reset(&self, by: &Controller, icid: u16, ciu: u8, cirn: u64) -> Result<CancellationToken, Status> {
+        if icid == by.cntlid {
+            return Err(Status::INVALID_FIELD.dnr());
+        }
+        let live = self.controllers.lock().get(&icid).cloned();
+        if let Some(c) = live.filter(|c| (c.ciu, c.cirn) == (ciu, cirn)) {
+            if c.hostnqn != by.hostnqn {
+                // Another host's controller: refused like one that is not there.
+                return Err(Status::INVALID_FIELD.dnr());
+            }
+            self.remove_this_controller(&c);
+            return Ok(c.ended.clone());
+        }
+        let mut retiring = self.retiring.lock();
+        retiring.retain(|r| !r.ended.is_cancelled());
+        if let Some(r) = retiring.iter().find(|r| (r.cntlid, r.ciu, r.cirn) == (icid, ciu, cirn)) {
+            if r.hostnqn != by.hostnqn {
+                return Err(Status::INVALID_FIELD.dnr());
+            }
+            return Ok(r.ended.clone());
+        }
+        let ended = CancellationToken::new();
+        ended.cancel();
+        Ok(ended)
+    }
+
+    /// Keeps `c`, just removed, among the retiring until its work ends.
+    fn retire(&self, c: &Controller) {
+        // The controller's own hold on its life goes: from now on only its work holds it.
+        // Removed before (a second removal path), it is retiring already.
+        let held = c.life.lock().take();
+        let Some(held) = held else { return };
+        drop(held);
+        if c.ended.is_cancelled() {
+            return;
+        }
+        let mut retiring = self.retiring.lock();
+        retiring.retain(|r| !r.ended.is_cancelled());
+        retiring.push(Retiring { cntlid: c.cntlid, ciu: c.ciu, cirn: c.cirn, hostnqn: c.hostnqn.clone(), ended: c.ended.clone() });
     }
 
     pub fn controller(&self, cntlid: u16) -> Option<Arc<Controller>> {
@@ -372,8 +435,10 @@ impl Subsystem {
 
     /// Removes the controller and stops every queue attached to it.
     pub fn remove_controller(&self, cntlid: u16) {
-        if let Some(c) = self.controllers.lock().remove(&cntlid) {
+        let removed = self.controllers.lock().remove(&cntlid);
+        if let Some(c) = removed {
             c.cancel.cancel();
+            self.retire(&c);
         }
     }
 
@@ -386,6 +451,31 @@ impl Subsystem {
         }
         drop(ctrls);
         ctrl.cancel.cancel();
+        self.retire(ctrl);
+    }
+}
+
+/// A removed controller whose work is not over ([`Subsystem::cross_controller_reset`]).
+struct Retiring {
+    cntlid: u16,
+    ciu: u8,
+    cirn: u64,
+    hostnqn: String,
+    ended: CancellationToken,
+}
+
+/// Held by everything a controller started that may still change storage after its
+/// queues closed: each queue's channel (dropped after its ring drained), each operation
+/// it put on the I/O pool, each compute command. When the last holder goes, the
+/// controller's `ended` token is cancelled.
+#[derive(Debug)]
+pub struct Life {
+    ended: CancellationToken,
+}
+
+impl Drop for Life {
+    fn drop(&mut self) {
+        self.ended.cancel();
     }
 }
 
@@ -469,6 +559,14 @@ pub struct Controller {
     /// The connections of its queues, by QID: another host's Preempt and Abort reaches
     /// their commands through them.
     queues: Mutex<Vec<(u16, UnboundedSender<Done>)>>,
+    /// Controller Instance Uniquifier and Random Number (Identify Controller bytes 135 and
+    /// 143:136): with the CNTLID they name this instance for a Cross-Controller Reset.
+    pub ciu: u8,
+    pub cirn: u64,
+    /// Its own hold on its [`Life`], until it is removed.
+    life: Mutex<Option<Arc<Life>>>,
+    /// Cancelled when nothing it started runs any more.
+    ended: CancellationToken,
 }
 
 /// AEN: Notice, Namespace Attribute Changed, log page 04h (NVMe Base, "Asynchronous Event Information").
@@ -486,6 +584,7 @@ impl Controller {
         kato_ms: u32,
         tenant: Arc<TenantPolicy>,
     ) -> Controller {
+        let ended = CancellationToken::new();
         Controller {
             cntlid,
             subsys,
@@ -518,7 +617,17 @@ impl Controller {
             events: Notify::new(),
             results: Mutex::new(Default::default()),
             queues: Mutex::new(Vec::new()),
+            ciu: 0,
+            cirn: u64::from_le_bytes(uuid::Uuid::new_v4().as_bytes()[..8].try_into().expect("8 bytes")),
+            life: Mutex::new(Some(Arc::new(Life { ended: ended.clone() }))),
+            ended,
         }
+    }
+
+    /// A hold on its life for work that may outlive its queues (see [`Life`]); None once
+    /// it is removed.
+    pub fn life(&self) -> Option<Arc<Life>> {
+        self.life.lock().clone()
     }
 
     /// A queue connected: `done` is where its connection takes other hosts' Preempt and

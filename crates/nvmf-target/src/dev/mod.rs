@@ -113,6 +113,9 @@ pub struct Completion {
     pub buf: AlignedBuf,
 }
 
+/// What [`BlockDevice::quiesce`] waits on.
+pub type Quiesce = std::pin::Pin<Box<dyn std::future::Future<Output = io::Result<()>> + Send>>;
+
 /// A block device: storage, or a device stacked on the ones it claims.
 pub trait BlockDevice: Send + Sync {
     fn describe(&self) -> String;
@@ -120,6 +123,15 @@ pub trait BlockDevice: Send + Sync {
     /// Starts `op` on `ch`; its completion comes back from [`Channel::poll`] with `tag` and
     /// `buf`, exactly once, also when it fails.
     fn submit(&self, ch: &mut Channel, op: Op, buf: AlignedBuf, tag: u64);
+    /// Waits until no write this device started can still change its storage after its
+    /// completion was given up (a peer's write whose connection was lost or that timed
+    /// out or was cancelled: dev::remote resets that controller at the peer). None: every
+    /// operation's completion already said so (local storage, whose channel drains its
+    /// ring before it goes). A move of an extent waits for it before it copies
+    /// (docs/control-plane.md, "Moving an extent").
+    fn quiesce(&self) -> Option<Quiesce> {
+        None
+    }
     /// True when [`read_now`](Self::read_now) and [`write_now`](Self::write_now) answer for
     /// every transfer up to MDTS (memory): reads and writes cost about a memcpy and
     /// complete on the caller's task.
@@ -306,6 +318,9 @@ pub struct Channel {
     tickets: Vec<(u64, volume::Ticket)>,
     /// Whom its operations are for, for the fair scheduler ([`fair::Fair`]).
     tenant: Option<Arc<fair::Tenant>>,
+    /// The life of the controller whose queue this is ([`Channel::set_life`]): held until
+    /// the ring has drained (declared after it), and by each operation on the I/O pool.
+    life: Option<Arc<crate::subsystem::Life>>,
 }
 
 impl Channel {
@@ -329,7 +344,14 @@ impl Channel {
             rings: None,
             tickets: Vec::new(),
             tenant: None,
+            life: None,
         }
+    }
+
+    /// Holds `life` (its controller's) while this channel or any operation it put on the
+    /// I/O pool may still change storage: what a Cross-Controller Reset waits for.
+    pub fn set_life(&mut self, life: Option<Arc<crate::subsystem::Life>>) {
+        self.life = life;
     }
 
     /// Takes its io_uring from `rings` (an idle one, or a new one counted there), so that
@@ -444,7 +466,15 @@ impl Channel {
     pub fn pool(&mut self, backend: Arc<dyn Backend>, op: Op, buf: AlignedBuf, tag: u64) {
         self.outstanding += 1;
         self.holds.started(tag);
-        self.pool.submit(Job { backend, op, buf, token: tag, reply: self.tx.clone(), holds: Some(self.holds.clone()) });
+        self.pool.submit(Job {
+            backend,
+            op,
+            buf,
+            token: tag,
+            reply: self.tx.clone(),
+            holds: Some(self.holds.clone()),
+            life: self.life.clone(),
+        });
     }
 
     /// Queues a read, write or flush of `fd` on this queue's io_uring. Gives the operation

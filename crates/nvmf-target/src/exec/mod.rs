@@ -54,6 +54,7 @@ mod compare;
 mod compute;
 mod fused;
 mod reservation;
+mod reset;
 
 pub use compare::Compared;
 pub use compute::is_compute;
@@ -262,6 +263,10 @@ pub struct Core<T> {
     abort_tx: UnboundedSender<Done>,
     /// Outstanding Asynchronous Event Requests.
     aers: Vec<Request>,
+    /// Cross-Controller Resets waiting for the reset controller's work to end, by token
+    /// (exec/reset.rs); at most `limits::CROSS_CONTROLLER_RESETS_MAX`.
+    resets: Vec<(u32, Request)>,
+    next_reset: u32,
     /// A Disconnect completed: the transport closes once its responses are sent.
     pub(crate) close_after_flush: bool,
     /// Fires when this connection ends or its controller goes (a child of the controller's
@@ -329,6 +334,8 @@ impl<T: Transport> Core<T> {
             done_tx,
             abort_tx,
             aers: Vec::new(),
+            resets: Vec::new(),
+            next_reset: 0,
             close_after_flush: false,
             cancel: CancellationToken::new(),
             auth_required: false,
@@ -441,6 +448,10 @@ impl<T: Transport> Core<T> {
             r.abandon();
             n += 1;
         }
+        for (_, r) in self.resets.drain(..) {
+            r.abandon();
+            n += 1;
+        }
         for d in self.deferred.drain(..) {
             d.req.abandon();
             n += 1;
@@ -476,6 +487,7 @@ impl<T: Transport> Core<T> {
             + self.inflight.live
             + self.deferred.len()
             + self.parked.len()
+            + self.resets.len()
             + self.pairs.iter().map(|p| p.ready()).sum::<usize>()
     }
 
@@ -708,6 +720,9 @@ impl<T: Transport> Core<T> {
             return self.execute_io(sqe, data, None, req);
         }
         let ctrl = q.ctrl.clone();
+        if sqe.opcode() == nearstore_wire::opcode::admin::CROSS_CONTROLLER_RESET && !ctrl.subsys.discovery {
+            return self.cross_controller_reset(&ctrl, &sqe, req);
+        }
         match admin::handle(&self.target, &ctrl, &sqe, self.local) {
             admin::Outcome::Reply(mut r) => {
                 // The reply is what the command defines, which admin_data_len checked the
@@ -749,6 +764,8 @@ impl<T: Transport> Core<T> {
                         // Its I/O is its tenant's in fair-scheduled devices (for a cluster
                         // member, the tenant of the host it acts for).
                         self.chan.set_tenant(Arc::new(crate::dev::fair::Tenant::of(&c.ctrl.tenant, c.ctrl.requester())));
+                        // What a Cross-Controller Reset of its controller waits for.
+                        self.chan.set_life(c.ctrl.life());
                         self.sqhd = 1 % (c.sqsize + 1);
                         c.ctrl.attach_queue(c.qid, self.abort_tx.clone());
                         // From Connect on, the queue lives as long as its controller, over
@@ -1032,6 +1049,7 @@ impl<T: Transport> Core<T> {
             Done::Fused { token, finished } => self.on_fused(token, *finished),
             Done::Compared { token, compared } => self.on_compared(token, *compared),
             Done::Unblocked => self.unpark(),
+            Done::Reset { token, status } => self.on_reset(token, status),
         }
     }
 
