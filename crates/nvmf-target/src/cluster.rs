@@ -153,7 +153,7 @@ impl ClusterConfig {
 /// An open stream to a peer's namespace: its controller, one I/O queue, and the
 /// namespace's geometry.
 pub(crate) struct Conn {
-    _ctrl: Controller,
+    ctrl: Controller,
     pub(crate) q: IoQueue,
     pub(crate) block: u64,
     pub(crate) size: u64,
@@ -289,6 +289,27 @@ impl Peers {
 /// member reading for itself (`host == member`: a volume's extents in a peer's pool
 /// subsystem) names no host.
 pub(crate) async fn connect(p: &PeerConfig, member: &str, host: &str, timeout: Duration) -> Result<Conn, PeerError> {
+    let ctrl = controller(p, member, host, timeout).await?;
+    let id = ctrl.identify_namespace(p.nsid).await.map_err(|e| failed(format!("identifying namespace {}: {e}", p.nsid)))?;
+    let block = id.block_size() as u64;
+    let size = id.nsze.checked_mul(block).unwrap_or(0);
+    if size == 0 {
+        return Err(failed(format!("namespace {} is not there (or reports no size or block size)", p.nsid)));
+    }
+    let q = ctrl.io_queue(1).await.map_err(|e| failed(format!("opening an I/O queue: {e}")))?;
+    Ok(Conn { ctrl, q, block, size })
+}
+
+impl Conn {
+    /// Its controller instance at the peer, for a Cross-Controller Reset of it.
+    pub(crate) fn instance(&self) -> nearstore_initiator::Instance {
+        self.ctrl.instance()
+    }
+}
+
+/// A controller of `p`'s subsystem as cluster member `member` acting for `host` (no I/O
+/// queue): [`connect`]'s first step, and what resets a lost one (dev::remote).
+pub(crate) async fn controller(p: &PeerConfig, member: &str, host: &str, timeout: Duration) -> Result<Controller, PeerError> {
     let mut opts = ConnectOptions::new(p.address, &p.nqn);
     opts.hostnqn = member.to_string();
     opts.hostid = *uuid::Uuid::new_v5(&uuid::Uuid::NAMESPACE_OID, member.as_bytes()).as_bytes();
@@ -309,12 +330,5 @@ pub(crate) async fn connect(p: &PeerConfig, member: &str, host: &str, timeout: D
                 failed(format!("connecting as {} for host {host}: {e}", member))
             }
         })?;
-    let id = ctrl.identify_namespace(p.nsid).await.map_err(|e| failed(format!("identifying namespace {}: {e}", p.nsid)))?;
-    let block = id.block_size() as u64;
-    let size = id.nsze.checked_mul(block).unwrap_or(0);
-    if size == 0 {
-        return Err(failed(format!("namespace {} is not there (or reports no size or block size)", p.nsid)));
-    }
-    let q = ctrl.io_queue(1).await.map_err(|e| failed(format!("opening an I/O queue: {e}")))?;
-    Ok(Conn { _ctrl: ctrl, q, block, size })
+    Ok(ctrl)
 }

@@ -323,3 +323,194 @@ fn an_operation_cancelled_or_dropped_with_its_runtime_completes_once_as_cancelle
         assert!(e.to_string().contains("the operation was cancelled"), "{what}: {e}");
     }
 }
+
+/// A proxy whose connection chosen by [`Held::hold_last`] stops carrying the host's bytes
+/// to the target: kept, and delivered when released, also after the host closed its end
+/// (a congested or rerouted flow that delivers late). Bytes from the target pass.
+struct Held {
+    opened: std::sync::atomic::AtomicU64,
+    /// The connections held: numbers from `from` to below `to`.
+    from: std::sync::atomic::AtomicU64,
+    to: std::sync::atomic::AtomicU64,
+    released: tokio::sync::Notify,
+}
+
+impl Held {
+    /// Holds the `k` connections opened last (a controller's I/O queue opens after its
+    /// admin queue).
+    fn hold_last(&self, k: u64) {
+        let n = self.opened.load(Relaxed);
+        self.from.store(n - k, Relaxed);
+        self.to.store(n, Relaxed);
+    }
+
+    fn release(&self) {
+        self.to.store(0, Relaxed);
+        self.released.notify_waiters();
+    }
+
+    fn holds(&self, n: u64) -> bool {
+        (self.from.load(Relaxed)..self.to.load(Relaxed)).contains(&n)
+    }
+}
+
+async fn held_proxy(to: SocketAddr) -> (SocketAddr, Arc<Held>) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = l.local_addr().unwrap();
+    let held = Arc::new(Held { opened: 0.into(), from: 0.into(), to: 0.into(), released: tokio::sync::Notify::new() });
+    let h = held.clone();
+    tokio::spawn(async move {
+        while let Ok((c, _)) = l.accept().await {
+            let n = h.opened.fetch_add(1, Relaxed);
+            let Ok(s) = tokio::net::TcpStream::connect(to).await else { continue };
+            let (mut cr, mut cw) = c.into_split();
+            let (mut sr, mut sw) = s.into_split();
+            tokio::spawn(async move {
+                let _ = tokio::io::copy(&mut sr, &mut cw).await;
+            });
+            let h = h.clone();
+            tokio::spawn(async move {
+                let mut kept: Vec<u8> = Vec::new();
+                let mut buf = vec![0u8; 64 * 1024];
+                loop {
+                    let got = cr.read(&mut buf).await.unwrap_or(0);
+                    kept.extend_from_slice(&buf[..got]);
+                    while h.holds(n) {
+                        let released = h.released.notified();
+                        if !h.holds(n) {
+                            break;
+                        }
+                        released.await;
+                    }
+                    if sw.write_all(&kept).await.is_err() {
+                        return;
+                    }
+                    kept.clear();
+                    if got == 0 {
+                        let _ = sw.shutdown().await;
+                        return;
+                    }
+                }
+            });
+        }
+    });
+    (addr, held)
+}
+
+/// A controller of the peer's subsystem for `host`, without the device.
+async fn controller(addr: SocketAddr, host: &str) -> nearstore_initiator::Controller {
+    let mut o = nearstore_initiator::ConnectOptions::new(addr, PEER_NQN);
+    o.hostnqn = host.into();
+    o.hostid = *uuid::Uuid::new_v5(&uuid::Uuid::NAMESPACE_OID, host.as_bytes()).as_bytes();
+    o.timeout = Duration::from_secs(5);
+    nearstore_initiator::Controller::connect(o).await.unwrap()
+}
+
+fn status_of(r: nearstore_initiator::Result<()>) -> Option<Status> {
+    match r {
+        Err(nearstore_initiator::Error::Status { status, .. }) => Some(status),
+        _ => None,
+    }
+}
+
+/// Cross-Controller Reset (admin 38h): a host resets a controller instance of its own,
+/// named by CNTLID, CIU and CIRN, from another controller; its own controller, another
+/// host's, and a CIRN that names no instance are not reset.
+#[tokio::test]
+async fn a_cross_controller_reset_ends_only_the_named_instance_of_the_same_host() {
+    let p = peer().await;
+    let a = controller(p.addr, MEMBER).await;
+    let mut aq = a.io_queue(1).await.unwrap();
+    let b = controller(p.addr, MEMBER).await;
+    let stranger = controller(p.addr, HOST).await;
+    let wait = Duration::from_secs(5);
+    let (ia, ib) = (a.instance(), b.instance());
+    assert_ne!(ia.cirn, ib.cirn, "each instance draws its own random number");
+    assert_ne!((ia.cntlid, ia.ciu), (ib.cntlid, ib.ciu));
+
+    let invalid = Some(Status::INVALID_FIELD.dnr());
+    assert_eq!(status_of(b.cross_controller_reset(ib, wait).await), invalid, "a controller does not reset itself");
+    assert_eq!(status_of(stranger.cross_controller_reset(ia, wait).await), invalid, "another host's controller is not reset");
+    let other = nearstore_initiator::Instance { cirn: ia.cirn ^ 1, ..ia };
+    b.cross_controller_reset(other, wait).await.expect("an instance that is not there has nothing running");
+    aq.write(1, 0, &[7u8; 512], 512, false).await.expect("A was not reset by any of those");
+
+    b.cross_controller_reset(ia, wait).await.unwrap();
+    assert!(aq.write(1, 0, &[8u8; 512], 512, false).await.is_err(), "A's queues are closed");
+    b.cross_controller_reset(ia, wait).await.expect("gone, nothing of it runs");
+    let mut bq = b.io_queue(1).await.unwrap();
+    assert_eq!(bq.read(1, 0, 1, 512).await.unwrap(), vec![7u8; 512]);
+}
+
+/// A write given up by its host (timed out) can still land later, when the network
+/// delivers it: a controller closed with writes in flight is reset at the peer, and once
+/// the pool says they are quiesced nothing of them lands. Without the reset (the raw
+/// initiator's controller, dropped), the late write lands: the negative control.
+#[tokio::test]
+async fn a_write_given_up_is_quiesced_at_the_peer_before_anything_relies_on_it() {
+    let p = peer().await;
+    let (via, held) = held_proxy(p.addr).await;
+    let mut direct = b_queue(p.addr).await;
+
+    // The negative control: a write held in the network, its connection dropped by its
+    // host after a second, arrives once released.
+    {
+        let c = controller(via, MEMBER).await;
+        let mut q = c.io_queue(1).await.unwrap();
+        q.write(1, 8, &[1u8; 512], 512, false).await.unwrap();
+        held.hold_last(1);
+        let late = tokio::time::timeout(Duration::from_secs(1), q.write(1, 8, &[2u8; 512], 512, false)).await;
+        assert!(late.is_err(), "held in the network, the write does not complete");
+        // Its queue closed by the host; its controller stays (as a host's other queues
+        // would), so the peer ends the queue only when the network delivers its end.
+        drop(q);
+        assert_eq!(direct.read(1, 8, 1, 512).await.unwrap(), vec![1u8; 512]);
+        held.release();
+        let landed = async {
+            while direct.read(1, 8, 1, 512).await.unwrap() != vec![2u8; 512] {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        };
+        tokio::time::timeout(Duration::from_secs(5), landed).await.expect("the write given up lands late");
+        drop(c);
+    }
+
+    // The device: the same write, timed out, puts its controller in doubt; the pool resets
+    // it at the peer over a new connection.
+    let pool = Arc::new(Pool::new(4));
+    let dev = Remote::open(config(via, 1, MEMBER, MEMBER, Duration::from_secs(1)), pool.clone()).await.unwrap();
+    assert!(run(&dev, Op::Write { off: 0, fua: false }, filled(4096, 1)).await.result.is_ok());
+    // Both of the device's connections (its controller's admin and I/O queues) are cut
+    // off: the peer sees neither close; only a new connection reaches it.
+    held.hold_last(2);
+    let c = run(&dev, Op::Write { off: 0, fua: false }, filled(4096, 2)).await;
+    assert_eq!(c.result.unwrap_err().kind(), io::ErrorKind::TimedOut);
+    assert_eq!(pool.in_doubt(), 1, "a write given up is in doubt");
+    tokio::time::timeout(Duration::from_secs(10), dev.quiesce().unwrap()).await.expect("reset within its limit").unwrap();
+    assert_eq!(pool.in_doubt(), 0);
+    let before = direct.read(1, 0, 8, 512).await.unwrap();
+    assert_eq!(before, filled(4096, 1).to_vec(), "the held write has not reached the peer");
+    // Released, the network delivers the write to a controller that is gone.
+    held.release();
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(direct.read(1, 0, 8, 512).await.unwrap(), before, "nothing lands after the reset");
+    // The device goes on, on new connections.
+    assert!(run(&dev, Op::Write { off: 0, fua: false }, filled(4096, 3)).await.result.is_ok());
+    assert_eq!(direct.read(1, 0, 8, 512).await.unwrap(), filled(4096, 3).to_vec());
+    // A read given up changes nothing: no doubt.
+    held.hold_last(2);
+    let c = run(&dev, Op::Read { off: 0 }, buf(4096)).await;
+    assert_eq!(c.result.unwrap_err().kind(), io::ErrorKind::TimedOut);
+    assert_eq!(pool.in_doubt(), 0, "a read given up is not in doubt");
+    held.release();
+}
+
+/// An I/O queue of the peer's namespace 1, straight to it, for the checks.
+async fn b_queue(addr: SocketAddr) -> nearstore_initiator::IoQueue {
+    let c = controller(addr, HOST).await;
+    let q = c.io_queue(1).await.unwrap();
+    // The controller lives as long as the queue needs it: leaked for the test's length.
+    std::mem::forget(c);
+    q
+}

@@ -29,6 +29,10 @@ impl BlockDevice for Delay {
         self.base.geometry()
     }
 
+    fn quiesce(&self) -> Option<super::Quiesce> {
+        self.base.quiesce()
+    }
+
     fn submit(&self, ch: &mut Channel, op: Op, buf: AlignedBuf, tag: u64) {
         ch.defer(Instant::now() + self.delay, self.base.clone(), op, buf, tag);
     }

@@ -411,6 +411,10 @@ impl BlockDevice for Fair {
         self.base.geometry()
     }
 
+    fn quiesce(&self) -> Option<super::Quiesce> {
+        self.base.quiesce()
+    }
+
     fn submit(&self, ch: &mut Channel, op: Op, buf: AlignedBuf, tag: u64) {
         self.offer(ch, op, buf, tag, false)
     }

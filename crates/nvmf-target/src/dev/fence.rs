@@ -52,6 +52,10 @@ impl BlockDevice for Fenced {
         self.base.geometry()
     }
 
+    fn quiesce(&self) -> Option<super::Quiesce> {
+        self.base.quiesce()
+    }
+
     fn submit(&self, ch: &mut Channel, op: Op, buf: AlignedBuf, tag: u64) {
         let fence = self.journal.fence();
         if fence.is_up() {
@@ -89,6 +93,10 @@ impl BlockDevice for Offline {
 
     fn geometry(&self) -> Geometry {
         self.base.geometry()
+    }
+
+    fn quiesce(&self) -> Option<super::Quiesce> {
+        self.base.quiesce()
     }
 
     fn submit(&self, ch: &mut Channel, _op: Op, buf: AlignedBuf, tag: u64) {

@@ -483,6 +483,10 @@ impl BlockDevice for Gated {
         self.base.geometry()
     }
 
+    fn quiesce(&self) -> Option<super::Quiesce> {
+        self.base.quiesce()
+    }
+
     fn submit(&self, ch: &mut Channel, op: Op, buf: AlignedBuf, tag: u64) {
         self.offer(ch, op, buf, tag, false)
     }

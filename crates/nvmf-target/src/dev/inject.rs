@@ -97,6 +97,10 @@ impl BlockDevice for Inject {
         self.base.geometry()
     }
 
+    fn quiesce(&self) -> Option<super::Quiesce> {
+        self.base.quiesce()
+    }
+
     fn submit(&self, ch: &mut Channel, op: Op, buf: AlignedBuf, tag: u64) {
         if self.fails(Kind::of(&op), range(&op, &buf)) {
             return ch.complete(tag, Err(self.error()), buf);

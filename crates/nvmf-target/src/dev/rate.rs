@@ -46,6 +46,10 @@ impl BlockDevice for Rate {
         self.base.geometry()
     }
 
+    fn quiesce(&self) -> Option<super::Quiesce> {
+        self.base.quiesce()
+    }
+
     fn submit(&self, ch: &mut Channel, op: Op, buf: AlignedBuf, tag: u64) {
         match op {
             Op::Read { .. } | Op::Write { .. } => {

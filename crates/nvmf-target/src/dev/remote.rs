@@ -145,6 +145,26 @@ pub struct Pool {
     stats: PeerStats,
     /// What its successful reads and writes moved, when a link view counts them.
     link: Option<Arc<LinkStats>>,
+    /// Controllers at the peer this target closed with writes in flight (a timeout, a lost
+    /// connection, a cancelled operation): those writes may still land there until a
+    /// Cross-Controller Reset from another controller of the same host says they cannot.
+    doubts: Mutex<Doubts>,
+    /// How many doubts are left, for [`Pool::quiesced`].
+    doubts_left: tokio::sync::watch::Sender<usize>,
+}
+
+/// A controller at the peer whose writes are in doubt, and whom it was opened for.
+#[derive(Clone)]
+struct Doubt {
+    instance: nearstore_initiator::Instance,
+    cfg: RemoteConfig,
+}
+
+#[derive(Default)]
+struct Doubts {
+    list: Vec<Doubt>,
+    /// A task resets them.
+    resetting: bool,
 }
 
 impl Pool {
@@ -155,7 +175,76 @@ impl Pool {
             per_peer,
             stats: PeerStats::default(),
             link: None,
+            doubts: Mutex::new(Doubts::default()),
+            doubts_left: tokio::sync::watch::Sender::new(0),
         }
+    }
+
+    /// Connections closed with writes in flight whose controllers are not reset yet.
+    pub fn in_doubt(&self) -> usize {
+        *self.doubts_left.borrow()
+    }
+
+    /// Waits until no write of a connection this pool closed can still land at the peer
+    /// (every such controller reset there), at most `wait`.
+    pub async fn quiesced(&self, wait: Duration) -> io::Result<()> {
+        let mut rx = self.doubts_left.subscribe();
+        let done = tokio::time::timeout(wait, rx.wait_for(|n| *n == 0)).await.is_ok();
+        match done {
+            true => Ok(()),
+            false => Err(error(
+                io::ErrorKind::TimedOut,
+                None,
+                format!(
+                    "{} connection(s) closed with writes in flight not reset at the peer after {} ms",
+                    self.in_doubt(),
+                    wait.as_millis()
+                ),
+            )),
+        }
+    }
+
+    /// `conn` (opened for `cfg`) is closed with writes in flight: its controller is reset
+    /// at the peer, from a new controller of the same host, by a task that tries again
+    /// every [`DOUBT_RETRY`] until the peer answers.
+    fn doubt(self: &Arc<Self>, conn: &Conn, cfg: &RemoteConfig) {
+        let d = Doubt { instance: conn.instance(), cfg: cfg.clone() };
+        let start = {
+            let mut doubts = self.doubts.lock();
+            doubts.list.push(d);
+            self.doubts_left.send_replace(doubts.list.len());
+            !std::mem::replace(&mut doubts.resetting, true)
+        };
+        if !start {
+            return;
+        }
+        let Ok(rt) = tokio::runtime::Handle::try_current() else {
+            tracing::error!("a peer's connection closed with writes in flight off a runtime: its controller cannot be reset");
+            return;
+        };
+        let pool = self.clone();
+        rt.spawn(async move {
+            loop {
+                let next = {
+                    let mut doubts = pool.doubts.lock();
+                    let next = doubts.list.first().cloned();
+                    doubts.resetting = next.is_some();
+                    next
+                };
+                let Some(d) = next else { return };
+                match reset(&d).await {
+                    Ok(()) => {
+                        let mut doubts = pool.doubts.lock();
+                        doubts.list.retain(|x| x.instance != d.instance || x.cfg.peer.address != d.cfg.peer.address);
+                        pool.doubts_left.send_replace(doubts.list.len());
+                    }
+                    Err(e) => {
+                        tracing::warn!(peer = %d.cfg.peer.address, cntlid = d.instance.cntlid, "resetting a controller closed with writes in flight: {e}; trying again");
+                        tokio::time::sleep(DOUBT_RETRY).await;
+                    }
+                }
+            }
+        });
     }
 
     /// Counts its reads and writes in `link` too.
@@ -204,6 +293,59 @@ impl Pool {
     }
 }
 
+/// How often a controller whose writes are in doubt is reset again while the peer does
+/// not answer.
+const DOUBT_RETRY: Duration = Duration::from_secs(1);
+
+/// Cross-Controller Reset of `d`'s controller from a new controller of the same host.
+async fn reset(d: &Doubt) -> Result<(), String> {
+    let c = &d.cfg;
+    let ctrl = cluster::controller(&c.peer, &c.member, &c.host, c.timeout).await.map_err(|e| e.message)?;
+    let wait = Duration::from_millis(crate::limits::CROSS_CONTROLLER_RESET_WAIT_MS) + c.timeout;
+    let r = ctrl.cross_controller_reset(d.instance, wait).await.map_err(|e| e.to_string());
+    // The resetting controller goes at once (its admin queue closes).
+    let _ = tokio::time::timeout(c.timeout, ctrl.shutdown()).await;
+    r
+}
+
+/// A connection taken from the pool for one operation: back to the pool by
+/// [`keep`](Lease::keep) when nothing is in flight on it; closed otherwise, also when the
+/// operation is dropped (cancelled), and then, if it wrote, its controller is in doubt.
+struct Lease<'a> {
+    pool: &'a Arc<Pool>,
+    cfg: &'a RemoteConfig,
+    conn: Option<Conn>,
+    permit: Option<OwnedSemaphorePermit>,
+    /// The operation changes storage (a write, write zeroes, deallocate).
+    writes: bool,
+}
+
+impl Lease<'_> {
+    fn conn(&mut self) -> &mut Conn {
+        self.conn.as_mut().expect("held until kept or dropped")
+    }
+
+    fn keep(mut self) {
+        if let (Some(mut conn), Some(permit)) = (self.conn.take(), self.permit.take()) {
+            if conn.q.queue().in_flight() == 0 {
+                self.pool.checkin(&self.cfg.host, conn, permit);
+            } else {
+                self.conn = Some(conn);
+            }
+        }
+    }
+}
+
+impl Drop for Lease<'_> {
+    fn drop(&mut self) {
+        if let Some(mut conn) = self.conn.take() {
+            if self.writes && conn.q.queue().in_flight() > 0 {
+                self.pool.doubt(&conn, self.cfg);
+            }
+        }
+    }
+}
+
 struct Inner {
     cfg: RemoteConfig,
     pool: Arc<Pool>,
@@ -242,6 +384,13 @@ impl BlockDevice for Remote {
             align: nearstore_transport::PAGE as u32,
             queue_depth: self.queue_depth,
         }
+    }
+
+    fn quiesce(&self) -> Option<super::Quiesce> {
+        let pool = self.inner.pool.clone();
+        // Each reset waits at most its own limit; a peer that does not answer keeps its
+        // doubts, and the caller's own limit ends the wait.
+        Some(Box::pin(async move { pool.quiesced(Duration::from_secs(3600)).await }))
     }
 
     fn submit(&self, ch: &mut Channel, op: Op, buf: AlignedBuf, tag: u64) {
@@ -285,8 +434,9 @@ impl Inner {
     async fn attempt(&self, op: Op, buf: &mut AlignedBuf) -> io::Result<()> {
         let t = self.cfg.timeout;
         let mut fresh = false;
+        let writes = matches!(op, Op::Write { .. } | Op::WriteZeroes { .. } | Op::Deallocate);
         loop {
-            let (mut conn, reused, permit) = self.pool.checkout(&self.cfg, fresh).await.map_err(|e| {
+            let (conn, reused, permit) = self.pool.checkout(&self.cfg, fresh).await.map_err(|e| {
                 let kind = if e.status == nearstore_wire::compute::status::PEER_DENIED {
                     io::ErrorKind::PermissionDenied
                 } else {
@@ -294,15 +444,19 @@ impl Inner {
                 };
                 error(kind, None, format!("{}: {}", self.name(), e.message))
             })?;
-            let r = match tokio::time::timeout(t, self.exec(&mut conn, op, buf)).await {
+            let mut lease = Lease { pool: &self.pool, cfg: &self.cfg, conn: Some(conn), permit: Some(permit), writes };
+            let r = match tokio::time::timeout(t, self.exec(lease.conn(), op, buf)).await {
                 Ok(r) => r,
                 Err(_) => Err(error(io::ErrorKind::TimedOut, None, format!("no data for {} s", t.as_secs()))),
             };
             // A connection is kept only when nothing is in flight on it; a status from the
-            // peer leaves it usable.
+            // peer leaves it usable. One closed with writes in flight puts its controller
+            // in doubt (Lease's drop).
             let usable = r.as_ref().err().is_none_or(|e| peer_status(e).is_some());
             if usable {
-                self.pool.checkin(&self.cfg.host, conn, permit);
+                lease.keep();
+            } else {
+                drop(lease);
             }
             match r {
                 // A pooled connection the peer closed meanwhile (it restarted): once more on

@@ -228,13 +228,29 @@ impl Mover {
     /// Drains, acknowledges, copies, flushes and publishes one move; `holds` are the
     /// extent's blocks on the volumes served here.
     async fn copy(&self, m: &MoveOrder, holds: Vec<Arc<Hold>>) -> io::Result<()> {
+        let src = self.devices.open(&m.from).await.map_err(context(format!("opening the source pool {}", m.from_name)))?;
         if self.cfg.bug != Some(MoveBug::NoDrain) {
+            let deadline = tokio::time::Instant::now() + Duration::from_millis(MOVE_DRAIN_MS);
             for h in &holds {
                 h.drained(Duration::from_millis(MOVE_DRAIN_MS)).await.map_err(context("draining the extent's operations".into()))?;
             }
+            // A write to the source given up before its peer answered (timed out, its
+            // connection lost, cancelled) may still land there: its controller is reset at
+            // the peer first, so that the copy reads everything that will ever land.
+            if let Some(q) = src.quiesce() {
+                match tokio::time::timeout_at(deadline, q).await {
+                    Ok(r) => r.map_err(context(format!("quiescing writes given up on {}", m.from_name)))?,
+                    Err(_) => {
+                        let e = io::Error::new(
+                            io::ErrorKind::TimedOut,
+                            format!("writes given up on {} not quiesced within {MOVE_DRAIN_MS} ms", m.from_name),
+                        );
+                        return Err(context("draining the extent's operations".into())(e));
+                    }
+                }
+            }
         }
         self.ctl.report(m, true, 0).await.map_err(context("acknowledging".into()))?;
-        let src = self.devices.open(&m.from).await.map_err(context(format!("opening the source pool {}", m.from_name)))?;
         let dst = self.devices.open(&m.to).await.map_err(context(format!("opening the destination pool {}", m.to_name)))?;
         let mut ch = Channel::new(IoEngine::Threads, self.pool.clone());
         let mut buf = AlignedBuf::new(MOVE_COPY_CHUNK_BYTES);
