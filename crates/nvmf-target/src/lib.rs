@@ -293,7 +293,7 @@ impl Target {
                 }
                 warn!(subnqn = %sub.nqn, cntlid, hostnqn = %c.requester(), tenant = %c.tenant.name, "tenant reload: controller revoked and torn down");
                 c.revoke();
-                sub.remove_controller(cntlid);
+                sub.remove_this_controller(&c);
                 gone += 1;
             }
         }

@@ -359,16 +359,22 @@ impl Subsystem {
     /// subsystem does not hold, alive or retiring, has nothing running (a restarted target
     /// holds none): its token is cancelled already.
     pub fn cross_controller_reset(&self, by: &Controller, icid: u16, ciu: u8, cirn: u64) -> Result<CancellationToken, Status> {
-        if icid == by.cntlid {
+        if (icid, ciu, cirn) == (by.cntlid, by.ciu, by.cirn) {
             return Err(Status::INVALID_FIELD.dnr());
         }
-        let live = self.controllers.lock().get(&icid).cloned();
-        if let Some(c) = live.filter(|c| (c.ciu, c.cirn) == (ciu, cirn)) {
+        // Under the controllers' lock throughout: a removal moves a controller to the
+        // retiring under it too, so an instance is always found in one or the other.
+        let mut ctrls = self.controllers.lock();
+        let live = ctrls.get(&icid).filter(|c| (c.ciu, c.cirn) == (ciu, cirn)).cloned();
+        if let Some(c) = live {
             if c.hostnqn != by.hostnqn {
                 // Another host's controller: refused like one that is not there.
                 return Err(Status::INVALID_FIELD.dnr());
             }
-            self.remove_this_controller(&c);
+            ctrls.remove(&icid);
+            self.retire(&c);
+            drop(ctrls);
+            c.cancel.cancel();
             return Ok(c.ended.clone());
         }
         let mut retiring = self.retiring.lock();
@@ -384,7 +390,8 @@ impl Subsystem {
         Ok(ended)
     }
 
-    /// Keeps `c`, just removed, among the retiring until its work ends.
+    /// Keeps `c`, just removed (the controllers' lock held), among the retiring until its
+    /// work ends.
     fn retire(&self, c: &Controller) {
         // The controller's own hold on its life goes: from now on only its work holds it.
         // Removed before (a second removal path), it is retiring already.
@@ -435,23 +442,25 @@ impl Subsystem {
 
     /// Removes the controller and stops every queue attached to it.
     pub fn remove_controller(&self, cntlid: u16) {
-        let removed = self.controllers.lock().remove(&cntlid);
-        if let Some(c) = removed {
-            c.cancel.cancel();
+        let mut ctrls = self.controllers.lock();
+        if let Some(c) = ctrls.remove(&cntlid) {
             self.retire(&c);
+            drop(ctrls);
+            c.cancel.cancel();
         }
     }
 
     /// Removes `ctrl` if it is still this subsystem's: its CNTLID may have gone to another
-    /// controller since (a reload's sweep removed it and a new Connect took the number).
+    /// controller since (a reload's sweep or a Cross-Controller Reset removed it and a new
+    /// Connect took the number).
     pub fn remove_this_controller(&self, ctrl: &Arc<Controller>) {
         let mut ctrls = self.controllers.lock();
         if ctrls.get(&ctrl.cntlid).is_some_and(|c| Arc::ptr_eq(c, ctrl)) {
             ctrls.remove(&ctrl.cntlid);
         }
+        self.retire(ctrl);
         drop(ctrls);
         ctrl.cancel.cancel();
-        self.retire(ctrl);
     }
 }
 
@@ -720,5 +729,69 @@ impl Controller {
         let mut n = s.resv_notices.pop_front().unwrap_or_default();
         n.available = s.resv_notices.len().min(255) as u8;
         n
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::tenant::TenantId;
+
+    const HOST: &str = "nqn.2026-11.io.nearstore:h";
+    const OTHER: &str = "nqn.2026-11.io.nearstore:o";
+
+    fn sub() -> Arc<Subsystem> {
+        Arc::new(Subsystem::new("nqn.2026-11.io.nearstore:s", None, None, true, &[]))
+    }
+
+    fn ctrl(s: &Arc<Subsystem>, host: &str) -> Arc<Controller> {
+        let t = Arc::new(TenantPolicy::unrestricted(TenantId::DEFAULT, "default", 100, 100));
+        s.add_controller(host, [1; 16], None, 0, 16, t).expect("room")
+    }
+
+    /// A Cross-Controller Reset waits for the work of the instance it names: live (removed
+    /// by the reset) or removed already (retiring), until the last holder of its life goes;
+    /// an instance with nothing left, or unknown, is reset at once; another host's, or the
+    /// issuer itself, is refused. A CNTLID taken again by the issuer is not the issuer.
+    #[test]
+    fn a_reset_waits_for_the_named_instances_work_only() {
+        let s = sub();
+        let (a, b, o) = (ctrl(&s, HOST), ctrl(&s, HOST), ctrl(&s, OTHER));
+        let id = |c: &Controller| (c.cntlid, c.ciu, c.cirn);
+        assert_ne!(a.ciu, b.ciu);
+        let invalid = Err(Status::INVALID_FIELD.dnr());
+        let reset = |by: &Controller, (i, u, r): (u16, u8, u64)| s.cross_controller_reset(by, i, u, r).map(|t| t.is_cancelled());
+        assert_eq!(reset(&b, id(&b)), invalid, "not itself");
+        assert_eq!(reset(&o, id(&a)), invalid, "not another host's");
+        assert_eq!(reset(&b, (a.cntlid, a.ciu, a.cirn ^ 1)), Ok(true), "no such instance: nothing runs");
+        assert!(s.controller(a.cntlid).is_some(), "and A is still there");
+
+        // A live one with work (a queue's channel, a pool job) holding its life.
+        let work = a.life().expect("alive");
+        let t = s.cross_controller_reset(&b, a.cntlid, a.ciu, a.cirn).expect("reset");
+        assert!(s.controller(a.cntlid).is_none() && a.cancel.is_cancelled(), "removed, its queues told to close");
+        assert!(!t.is_cancelled(), "its work runs");
+        assert!(a.life().is_none(), "no new work takes its life");
+        assert_eq!(reset(&b, id(&a)), Ok(false), "asked again, still waiting");
+        assert_eq!(reset(&o, id(&a)), invalid, "retiring, still not another host's");
+        drop(work);
+        assert!(t.is_cancelled(), "its work ended");
+        assert_eq!(reset(&b, id(&a)), Ok(true));
+
+        // Removed by its admin queue's close, its work still running: retiring.
+        let c = ctrl(&s, HOST);
+        let work = c.life().expect("alive");
+        s.remove_this_controller(&c);
+        assert_eq!(reset(&b, id(&c)), Ok(false), "its work runs");
+        // Its CNTLID is free: the issuer that takes it is another instance.
+        let d = ctrl(&s, HOST);
+        assert_eq!(d.cntlid, c.cntlid);
+        assert_eq!(reset(&d, id(&c)), Ok(false), "the same number, another instance: not itself");
+        drop(work);
+        assert_eq!(reset(&d, id(&c)), Ok(true));
+        // Removed with no work left: nothing to wait for.
+        let e = ctrl(&s, HOST);
+        s.remove_controller(e.cntlid);
+        assert_eq!(reset(&b, id(&e)), Ok(true));
     }
 }

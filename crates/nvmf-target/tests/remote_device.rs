@@ -324,14 +324,14 @@ fn an_operation_cancelled_or_dropped_with_its_runtime_completes_once_as_cancelle
     }
 }
 
-/// A proxy whose connection chosen by [`Held::hold_last`] stops carrying the host's bytes
-/// to the target: kept, and delivered when released, also after the host closed its end
-/// (a congested or rerouted flow that delivers late). Bytes from the target pass.
+/// A proxy whose connections chosen by [`Held::hold_last`] or opened while
+/// [`Held::hold_new`] is on stop carrying the host's bytes to the target: kept, and
+/// delivered when released, also after the host closed its end (a congested or rerouted
+/// flow that delivers late). Bytes from the target pass.
 struct Held {
     opened: std::sync::atomic::AtomicU64,
-    /// The connections held: numbers from `from` to below `to`.
-    from: std::sync::atomic::AtomicU64,
-    to: std::sync::atomic::AtomicU64,
+    held: parking_lot::Mutex<std::collections::BTreeSet<u64>>,
+    new: std::sync::atomic::AtomicBool,
     released: tokio::sync::Notify,
 }
 
@@ -340,17 +340,28 @@ impl Held {
     /// admin queue).
     fn hold_last(&self, k: u64) {
         let n = self.opened.load(Relaxed);
-        self.from.store(n - k, Relaxed);
-        self.to.store(n, Relaxed);
+        self.held.lock().extend(n - k..n);
     }
 
-    fn release(&self) {
-        self.to.store(0, Relaxed);
+    /// Holds the connections opened from now on; returns the first one's number.
+    fn hold_new(&self) -> u64 {
+        self.new.store(true, Relaxed);
+        self.opened.load(Relaxed)
+    }
+
+    /// Releases the connections numbered `from` and after, and stops holding new ones.
+    fn release_from(&self, from: u64) {
+        self.new.store(false, Relaxed);
+        self.held.lock().retain(|n| *n < from);
         self.released.notify_waiters();
     }
 
+    fn release(&self) {
+        self.release_from(0);
+    }
+
     fn holds(&self, n: u64) -> bool {
-        (self.from.load(Relaxed)..self.to.load(Relaxed)).contains(&n)
+        self.held.lock().contains(&n)
     }
 }
 
@@ -358,11 +369,14 @@ async fn held_proxy(to: SocketAddr) -> (SocketAddr, Arc<Held>) {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = l.local_addr().unwrap();
-    let held = Arc::new(Held { opened: 0.into(), from: 0.into(), to: 0.into(), released: tokio::sync::Notify::new() });
+    let held = Arc::new(Held { opened: 0.into(), held: Default::default(), new: false.into(), released: tokio::sync::Notify::new() });
     let h = held.clone();
     tokio::spawn(async move {
         while let Ok((c, _)) = l.accept().await {
             let n = h.opened.fetch_add(1, Relaxed);
+            if h.new.load(Relaxed) {
+                h.held.lock().insert(n);
+            }
             let Ok(s) = tokio::net::TcpStream::connect(to).await else { continue };
             let (mut cr, mut cw) = c.into_split();
             let (mut sr, mut sw) = s.into_split();
@@ -477,18 +491,37 @@ async fn a_write_given_up_is_quiesced_at_the_peer_before_anything_relies_on_it()
     }
 
     // The device: the same write, timed out, puts its controller in doubt; the pool resets
-    // it at the peer over a new connection.
+    // it at the peer over a new connection, and only then is the write completed (with
+    // its error): a later write of its host cannot be overtaken by it.
     let pool = Arc::new(Pool::new(4));
-    let dev = Remote::open(config(via, 1, MEMBER, MEMBER, Duration::from_secs(1)), pool.clone()).await.unwrap();
+    let dev = Arc::new(Remote::open(config(via, 1, MEMBER, MEMBER, Duration::from_secs(1)), pool.clone()).await.unwrap());
     assert!(run(&dev, Op::Write { off: 0, fua: false }, filled(4096, 1)).await.result.is_ok());
     // Both of the device's connections (its controller's admin and I/O queues) are cut
-    // off: the peer sees neither close; only a new connection reaches it.
+    // off: the peer sees neither close. New connections are held too, for now.
     held.hold_last(2);
-    let c = run(&dev, Op::Write { off: 0, fua: false }, filled(4096, 2)).await;
+    let first_new = held.hold_new();
+    let write = tokio::spawn({
+        let dev = dev.clone();
+        async move { run(&dev, Op::Write { off: 0, fua: false }, filled(4096, 2)).await }
+    });
+    let doubted = async {
+        while pool.in_doubt() == 0 {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    };
+    tokio::time::timeout(Duration::from_secs(5), doubted).await.expect("the write given up is in doubt");
+    let quiesced = dev.quiesce(0, 4096).expect("a peer's device quiesces");
+    let quiesced = tokio::spawn(quiesced);
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert!(!write.is_finished(), "the write's error waits for its controller's reset");
+    assert!(!quiesced.is_finished(), "not quiesced while the reset cannot reach the peer");
+    assert_eq!(pool.in_doubt(), 1);
+    // The network lets new connections through: the reset reaches the peer.
+    held.release_from(first_new);
+    let c = tokio::time::timeout(Duration::from_secs(15), write).await.expect("completed after the reset").unwrap();
     assert_eq!(c.result.unwrap_err().kind(), io::ErrorKind::TimedOut);
-    assert_eq!(pool.in_doubt(), 1, "a write given up is in doubt");
-    tokio::time::timeout(Duration::from_secs(10), dev.quiesce().unwrap()).await.expect("reset within its limit").unwrap();
-    assert_eq!(pool.in_doubt(), 0);
+    assert_eq!(pool.in_doubt(), 0, "its controller was reset before its error was completed");
+    tokio::time::timeout(Duration::from_secs(5), quiesced).await.expect("quiesced").unwrap().unwrap();
     let before = direct.read(1, 0, 8, 512).await.unwrap();
     assert_eq!(before, filled(4096, 1).to_vec(), "the held write has not reached the peer");
     // Released, the network delivers the write to a controller that is gone.

@@ -52,8 +52,8 @@ impl BlockDevice for Fenced {
         self.base.geometry()
     }
 
-    fn quiesce(&self) -> Option<super::Quiesce> {
-        self.base.quiesce()
+    fn quiesce(&self, off: u64, len: u64) -> Option<super::Quiesce> {
+        self.base.quiesce(off, len)
     }
 
     fn submit(&self, ch: &mut Channel, op: Op, buf: AlignedBuf, tag: u64) {
@@ -95,8 +95,8 @@ impl BlockDevice for Offline {
         self.base.geometry()
     }
 
-    fn quiesce(&self) -> Option<super::Quiesce> {
-        self.base.quiesce()
+    fn quiesce(&self, off: u64, len: u64) -> Option<super::Quiesce> {
+        self.base.quiesce(off, len)
     }
 
     fn submit(&self, ch: &mut Channel, _op: Op, buf: AlignedBuf, tag: u64) {

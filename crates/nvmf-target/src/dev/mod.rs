@@ -123,13 +123,15 @@ pub trait BlockDevice: Send + Sync {
     /// Starts `op` on `ch`; its completion comes back from [`Channel::poll`] with `tag` and
     /// `buf`, exactly once, also when it fails.
     fn submit(&self, ch: &mut Channel, op: Op, buf: AlignedBuf, tag: u64);
-    /// Waits until no write this device started can still change its storage after its
-    /// completion was given up (a peer's write whose connection was lost or that timed
-    /// out or was cancelled: dev::remote resets that controller at the peer). None: every
-    /// operation's completion already said so (local storage, whose channel drains its
-    /// ring before it goes). A move of an extent waits for it before it copies
-    /// (docs/control-plane.md, "Moving an extent").
-    fn quiesce(&self) -> Option<Quiesce> {
+    /// Waits until no write this device was given can still change `len` bytes at `off`:
+    /// none running (also one whose caller went away), and none whose completion was given
+    /// up while it may still land (a peer's write whose connection was lost, that timed out
+    /// or was cancelled: dev::remote resets that controller at the peer). None: the
+    /// device's operations end with their caller's channel, which drains its ring before it
+    /// goes (local storage). A move of an extent waits for it before it copies, and before
+    /// it gives up a destination it wrote (docs/control-plane.md, "Moving an extent").
+    fn quiesce(&self, off: u64, len: u64) -> Option<Quiesce> {
+        let _ = (off, len);
         None
     }
     /// True when [`read_now`](Self::read_now) and [`write_now`](Self::write_now) answer for

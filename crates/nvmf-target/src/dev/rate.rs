@@ -46,8 +46,8 @@ impl BlockDevice for Rate {
         self.base.geometry()
     }
 
-    fn quiesce(&self) -> Option<super::Quiesce> {
-        self.base.quiesce()
+    fn quiesce(&self, off: u64, len: u64) -> Option<super::Quiesce> {
+        self.base.quiesce(off, len)
     }
 
     fn submit(&self, ch: &mut Channel, op: Op, buf: AlignedBuf, tag: u64) {

@@ -145,26 +145,76 @@ pub struct Pool {
     stats: PeerStats,
     /// What its successful reads and writes moved, when a link view counts them.
     link: Option<Arc<LinkStats>>,
-    /// Controllers at the peer this target closed with writes in flight (a timeout, a lost
-    /// connection, a cancelled operation): those writes may still land there until a
-    /// Cross-Controller Reset from another controller of the same host says they cannot.
-    doubts: Mutex<Doubts>,
-    /// How many doubts are left, for [`Pool::quiesced`].
-    doubts_left: tokio::sync::watch::Sender<usize>,
+    /// Writes of this pool's devices that may still change the peer's storage: those
+    /// running, and those whose connection closed with them in flight.
+    writes: Mutex<Writes>,
+    /// Bumped at every change of `writes`, for [`Pool::quiesced`].
+    changed: tokio::sync::watch::Sender<u64>,
 }
 
-/// A controller at the peer whose writes are in doubt, and whom it was opened for.
+/// Bytes `len` at `off` of namespace `nsid` of the peer.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Range {
+    nsid: u32,
+    off: u64,
+    len: u64,
+}
+
+impl Range {
+    fn overlaps(&self, o: &Range) -> bool {
+        self.nsid == o.nsid && self.off < o.off.saturating_add(o.len) && o.off < self.off.saturating_add(self.len)
+    }
+
+    /// What `op` writes on namespace `nsid` (None: it writes nothing).
+    fn written(nsid: u32, op: &Op, buf: &AlignedBuf) -> Option<Range> {
+        let (off, end) = match *op {
+            Op::Write { off, .. } => (off, off.saturating_add(buf.len() as u64)),
+            Op::WriteZeroes { off, len, .. } => (off, off.saturating_add(len)),
+            Op::Deallocate => buf.chunks_exact(16).fold(None, |acc: Option<(u64, u64)>, r| {
+                let off = u64::from_le_bytes(r[..8].try_into().expect("8 bytes"));
+                let end = off.saturating_add(u64::from_le_bytes(r[8..].try_into().expect("8 bytes")));
+                Some(acc.map_or((off, end), |(a, b)| (a.min(off), b.max(end))))
+            })?,
+            Op::Read { .. } | Op::Flush => return None,
+        };
+        Some(Range { nsid, off, len: end - off })
+    }
+}
+
+/// A controller at the peer closed with a write in flight (a timeout, a lost connection,
+/// a cancelled operation), whom it was opened for, and the bytes that write reaches: it may
+/// still land there until a Cross-Controller Reset from another controller of the same
+/// host says it cannot.
 #[derive(Clone)]
 struct Doubt {
     instance: nearstore_initiator::Instance,
     cfg: RemoteConfig,
+    range: Range,
 }
 
 #[derive(Default)]
-struct Doubts {
-    list: Vec<Doubt>,
-    /// A task resets them.
+struct Writes {
+    next: u64,
+    /// Writes submitted and not ended, by id: from their submission (before a byte is
+    /// sent) until their completion or their doubt.
+    running: Vec<(u64, Range)>,
+    doubts: Vec<Doubt>,
+    /// A task resets the doubts.
     resetting: bool,
+}
+
+/// A write of a pool's device, counted until it is dropped.
+struct Running {
+    pool: Arc<Pool>,
+    id: u64,
+    range: Range,
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        self.pool.writes.lock().running.retain(|(id, _)| *id != self.id);
+        self.pool.changed.send_modify(|v| *v += 1);
+    }
 }
 
 impl Pool {
@@ -175,76 +225,9 @@ impl Pool {
             per_peer,
             stats: PeerStats::default(),
             link: None,
-            doubts: Mutex::new(Doubts::default()),
-            doubts_left: tokio::sync::watch::Sender::new(0),
+            writes: Mutex::new(Writes::default()),
+            changed: tokio::sync::watch::Sender::new(0),
         }
-    }
-
-    /// Connections closed with writes in flight whose controllers are not reset yet.
-    pub fn in_doubt(&self) -> usize {
-        *self.doubts_left.borrow()
-    }
-
-    /// Waits until no write of a connection this pool closed can still land at the peer
-    /// (every such controller reset there), at most `wait`.
-    pub async fn quiesced(&self, wait: Duration) -> io::Result<()> {
-        let mut rx = self.doubts_left.subscribe();
-        let done = tokio::time::timeout(wait, rx.wait_for(|n| *n == 0)).await.is_ok();
-        match done {
-            true => Ok(()),
-            false => Err(error(
-                io::ErrorKind::TimedOut,
-                None,
-                format!(
-                    "{} connection(s) closed with writes in flight not reset at the peer after {} ms",
-                    self.in_doubt(),
-                    wait.as_millis()
-                ),
-            )),
-        }
-    }
-
-    /// `conn` (opened for `cfg`) is closed with writes in flight: its controller is reset
-    /// at the peer, from a new controller of the same host, by a task that tries again
-    /// every [`DOUBT_RETRY`] until the peer answers.
-    fn doubt(self: &Arc<Self>, conn: &Conn, cfg: &RemoteConfig) {
-        let d = Doubt { instance: conn.instance(), cfg: cfg.clone() };
-        let start = {
-            let mut doubts = self.doubts.lock();
-            doubts.list.push(d);
-            self.doubts_left.send_replace(doubts.list.len());
-            !std::mem::replace(&mut doubts.resetting, true)
-        };
-        if !start {
-            return;
-        }
-        let Ok(rt) = tokio::runtime::Handle::try_current() else {
-            tracing::error!("a peer's connection closed with writes in flight off a runtime: its controller cannot be reset");
-            return;
-        };
-        let pool = self.clone();
-        rt.spawn(async move {
-            loop {
-                let next = {
-                    let mut doubts = pool.doubts.lock();
-                    let next = doubts.list.first().cloned();
-                    doubts.resetting = next.is_some();
-                    next
-                };
-                let Some(d) = next else { return };
-                match reset(&d).await {
-                    Ok(()) => {
-                        let mut doubts = pool.doubts.lock();
-                        doubts.list.retain(|x| x.instance != d.instance || x.cfg.peer.address != d.cfg.peer.address);
-                        pool.doubts_left.send_replace(doubts.list.len());
-                    }
-                    Err(e) => {
-                        tracing::warn!(peer = %d.cfg.peer.address, cntlid = d.instance.cntlid, "resetting a controller closed with writes in flight: {e}; trying again");
-                        tokio::time::sleep(DOUBT_RETRY).await;
-                    }
-                }
-            }
-        });
     }
 
     /// Counts its reads and writes in `link` too.
@@ -256,6 +239,121 @@ impl Pool {
     /// The peer's counters (connections opened, bytes read, failures).
     pub fn stats(&self) -> &PeerStats {
         &self.stats
+    }
+
+    /// Controllers at the peer closed with writes in flight and not reset there yet.
+    pub fn in_doubt(&self) -> usize {
+        self.writes.lock().doubts.len()
+    }
+
+    /// Counts a write of `range` from now until the guard goes.
+    fn running(self: &Arc<Self>, range: Range) -> Running {
+        let mut w = self.writes.lock();
+        w.next += 1;
+        let id = w.next;
+        w.running.push((id, range));
+        Running { pool: self.clone(), id, range }
+    }
+
+    fn doubted(&self, range: &Range) -> bool {
+        self.writes.lock().doubts.iter().any(|d| d.range.overlaps(range))
+    }
+
+    /// True while a write of this pool reaching `range` runs or is in doubt.
+    fn unsettled(&self, range: &Range, except: Option<u64>) -> bool {
+        let w = self.writes.lock();
+        w.running.iter().any(|(id, r)| Some(*id) != except && r.overlaps(range)) || w.doubts.iter().any(|d| d.range.overlaps(range))
+    }
+
+    /// Waits until no write of this pool's devices can still change `len` bytes at `off` of
+    /// namespace `nsid` of the peer: none running, and every controller closed with one in
+    /// flight reset at the peer; at most `wait`.
+    pub async fn quiesced(&self, nsid: u32, off: u64, len: u64, wait: Duration) -> io::Result<()> {
+        self.settled(Range { nsid, off, len }, None, wait).await
+    }
+
+    /// [`quiesced`](Self::quiesced) of `range`, the running write `except` (the caller's
+    /// own) apart.
+    async fn settled(&self, range: Range, except: Option<u64>, wait: Duration) -> io::Result<()> {
+        let mut rx = self.changed.subscribe();
+        let settled = tokio::time::timeout(wait, async {
+            while self.unsettled(&range, except) {
+                if rx.changed().await.is_err() {
+                    return;
+                }
+            }
+        })
+        .await
+        .is_ok();
+        if settled {
+            return Ok(());
+        }
+        let (running, doubts) = {
+            let w = self.writes.lock();
+            (w.running.iter().filter(|(_, r)| r.overlaps(&range)).count(), w.doubts.iter().filter(|d| d.range.overlaps(&range)).count())
+        };
+        Err(error(
+            io::ErrorKind::TimedOut,
+            None,
+            format!(
+                "after {} ms, {running} write(s) still running there and {doubts} connection(s) closed with writes in flight not reset at the peer",
+                wait.as_millis()
+            ),
+        ))
+    }
+
+    /// `conn` (opened for `cfg`) is closed with a write of `range` in flight: its controller
+    /// is reset at the peer, from a new controller of the same host, by a task that tries
+    /// every doubt again, pausing longer each round ([`DOUBT_RETRY`] to
+    /// [`DOUBT_RETRY_MAX`]) while the peer does not answer.
+    fn doubt(self: &Arc<Self>, conn: &Conn, cfg: &RemoteConfig, range: Range) {
+        let Ok(rt) = tokio::runtime::Handle::try_current() else {
+            tracing::error!(peer = %cfg.peer.address, "a connection closed with a write in flight off a runtime: its controller cannot be reset");
+            return;
+        };
+        let d = Doubt { instance: conn.instance(), cfg: cfg.clone(), range };
+        let start = {
+            let mut w = self.writes.lock();
+            w.doubts.push(d);
+            !std::mem::replace(&mut w.resetting, true)
+        };
+        self.changed.send_modify(|v| *v += 1);
+        if !start {
+            return;
+        }
+        let pool = self.clone();
+        rt.spawn(async move {
+            let mut pause = DOUBT_RETRY;
+            loop {
+                let doubts = {
+                    let mut w = pool.writes.lock();
+                    w.resetting = !w.doubts.is_empty();
+                    w.doubts.clone()
+                };
+                if doubts.is_empty() {
+                    return;
+                }
+                let mut failed = false;
+                for d in doubts {
+                    match reset(&d).await {
+                        Ok(()) => {
+                            pool.writes.lock().doubts.retain(|x| x.instance != d.instance || x.cfg.peer.address != d.cfg.peer.address);
+                            pool.changed.send_modify(|v| *v += 1);
+                        }
+                        Err(e) => {
+                            failed = true;
+                            tracing::warn!(peer = %d.cfg.peer.address, cntlid = d.instance.cntlid, "resetting a controller closed with a write in flight: {e}; trying again in {} ms", pause.as_millis());
+                        }
+                    }
+                }
+                if failed {
+                    tokio::time::sleep(pause).await;
+                    pause = (pause * 2).min(DOUBT_RETRY_MAX);
+                } else {
+                    pause = DOUBT_RETRY;
+                }
+            }
+        });
     }
 
     /// A connection for `cfg.host`: an idle one of that host (true: reused), else a new
@@ -293,31 +391,39 @@ impl Pool {
     }
 }
 
-/// How often a controller whose writes are in doubt is reset again while the peer does
-/// not answer.
+/// How long the reset of controllers whose writes are in doubt pauses after a round that
+/// did not reset them all, at first and at most (doubling in between).
 const DOUBT_RETRY: Duration = Duration::from_secs(1);
+const DOUBT_RETRY_MAX: Duration = Duration::from_secs(30);
 
-/// Cross-Controller Reset of `d`'s controller from a new controller of the same host.
+/// How long a write given up waits for its controller's reset before its error is
+/// completed: the reset's own limit and a connection's.
+fn doubt_wait(cfg: &RemoteConfig) -> Duration {
+    Duration::from_millis(crate::limits::CROSS_CONTROLLER_RESET_WAIT_MS) + cfg.timeout
+}
+
+/// Cross-Controller Reset of `d`'s controller from a new controller of the same host,
+/// which then just closes (a shutdown would flush the peer's namespaces). Its keep-alive
+/// timeout is above the reset's wait: the initiator holds its admin queue meanwhile.
 async fn reset(d: &Doubt) -> Result<(), String> {
     let c = &d.cfg;
-    let ctrl = cluster::controller(&c.peer, &c.member, &c.host, c.timeout).await.map_err(|e| e.message)?;
-    let wait = Duration::from_millis(crate::limits::CROSS_CONTROLLER_RESET_WAIT_MS) + c.timeout;
-    let r = ctrl.cross_controller_reset(d.instance, wait).await.map_err(|e| e.to_string());
-    // The resetting controller goes at once (its admin queue closes).
-    let _ = tokio::time::timeout(c.timeout, ctrl.shutdown()).await;
-    r
+    let wait = doubt_wait(c);
+    let kato = (2 * wait.as_millis()).min(u32::MAX as u128) as u32;
+    let ctrl = cluster::controller(&c.peer, &c.member, &c.host, c.timeout, kato).await.map_err(|e| e.message)?;
+    ctrl.cross_controller_reset(d.instance, wait).await.map_err(|e| e.to_string())
 }
 
 /// A connection taken from the pool for one operation: back to the pool by
 /// [`keep`](Lease::keep) when nothing is in flight on it; closed otherwise, also when the
-/// operation is dropped (cancelled), and then, if it wrote, its controller is in doubt.
+/// operation is dropped (cancelled), and then, if a write of it was in flight, its
+/// controller is in doubt, counted before the write's [`Running`] goes.
 struct Lease<'a> {
     pool: &'a Arc<Pool>,
     cfg: &'a RemoteConfig,
     conn: Option<Conn>,
     permit: Option<OwnedSemaphorePermit>,
-    /// The operation changes storage (a write, write zeroes, deallocate).
-    writes: bool,
+    /// The write it carries (None: a read or flush).
+    running: Option<Running>,
 }
 
 impl Lease<'_> {
@@ -338,11 +444,13 @@ impl Lease<'_> {
 
 impl Drop for Lease<'_> {
     fn drop(&mut self) {
-        if let Some(mut conn) = self.conn.take() {
-            if self.writes && conn.q.queue().in_flight() > 0 {
-                self.pool.doubt(&conn, self.cfg);
+        if let (Some(mut conn), Some(r)) = (self.conn.take(), &self.running) {
+            if conn.q.queue().in_flight() > 0 {
+                self.pool.doubt(&conn, self.cfg, r.range);
             }
         }
+        // Only now: the write is counted as a doubt before it stops counting as running.
+        self.running.take();
     }
 }
 
@@ -386,11 +494,10 @@ impl BlockDevice for Remote {
         }
     }
 
-    fn quiesce(&self) -> Option<super::Quiesce> {
-        let pool = self.inner.pool.clone();
-        // Each reset waits at most its own limit; a peer that does not answer keeps its
-        // doubts, and the caller's own limit ends the wait.
-        Some(Box::pin(async move { pool.quiesced(Duration::from_secs(3600)).await }))
+    fn quiesce(&self, off: u64, len: u64) -> Option<super::Quiesce> {
+        let (pool, nsid) = (self.inner.pool.clone(), self.inner.cfg.peer.nsid);
+        // A peer that does not answer keeps its doubts: the caller's limit ends the wait.
+        Some(Box::pin(async move { pool.quiesced(nsid, off, len, Duration::from_secs(3600)).await }))
     }
 
     fn submit(&self, ch: &mut Channel, op: Op, buf: AlignedBuf, tag: u64) {
@@ -400,15 +507,17 @@ impl BlockDevice for Remote {
         };
         ch.started_elsewhere();
         let cancelled = |name: &str| error(io::ErrorKind::Interrupted, None, format!("{name}: the operation was cancelled"));
-        let reply = Reply::new(ch.sender(), tag, buf, self.inner.name(), cancelled);
+        let mut reply = Reply::new(ch.sender(), tag, buf, self.inner.name(), cancelled);
         let (inner, stop) = (self.inner.clone(), ch.cancellation());
+        // A write counts from here, before its caller can let go of it (a move's drain).
+        let running = Range::written(inner.cfg.peer.nsid, &op, reply.buf()).map(|r| inner.pool.running(r));
         rt.spawn(async move {
             let mut reply = reply;
             let buf = reply.buf();
             // Cancelled, the operation is dropped where it waits: the task owns the buffer,
             // and a connection left with commands in flight is closed, not pooled.
             let result = tokio::select! {
-                r = inner.run(op, buf) => r,
+                r = inner.run(op, buf, running) => r,
                 _ = stop.cancelled() => return,
             };
             reply.send(result);
@@ -422,19 +531,30 @@ impl Inner {
         format!("peer {} ({} nsid {}) for {}", p.address, p.nqn, p.nsid, self.cfg.host)
     }
 
-    async fn run(&self, op: Op, buf: &mut AlignedBuf) -> io::Result<()> {
+    async fn run(&self, op: Op, buf: &mut AlignedBuf, running: Option<Running>) -> io::Result<()> {
         let started = std::time::Instant::now();
-        let r = self.attempt(op, buf).await;
+        let range = running.as_ref().map(|r| r.range);
+        let r = self.attempt(op, buf, running).await;
+        // A write given up is completed only once nothing of it can land any more (its
+        // controller reset at the peer), or after the reset's limit: the caller's next
+        // write of these blocks must not be overtaken by it.
+        if let (Err(_), Some(range)) = (&r, range) {
+            if self.pool.doubted(&range) {
+                if let Err(e) = self.pool.settled(range, None, doubt_wait(&self.cfg)).await {
+                    tracing::warn!(peer = %self.cfg.peer.address, "a write given up is completed still in doubt: {e}");
+                }
+            }
+        }
         if let (Ok(()), Some(link)) = (&r, &self.pool.link) {
             link.done(&op, buf.len() as u64, started.elapsed().as_nanos() as u64);
         }
         r
     }
 
-    async fn attempt(&self, op: Op, buf: &mut AlignedBuf) -> io::Result<()> {
+    async fn attempt(&self, op: Op, buf: &mut AlignedBuf, running: Option<Running>) -> io::Result<()> {
         let t = self.cfg.timeout;
         let mut fresh = false;
-        let writes = matches!(op, Op::Write { .. } | Op::WriteZeroes { .. } | Op::Deallocate);
+        let mut running = running;
         loop {
             let (conn, reused, permit) = self.pool.checkout(&self.cfg, fresh).await.map_err(|e| {
                 let kind = if e.status == nearstore_wire::compute::status::PEER_DENIED {
@@ -444,7 +564,7 @@ impl Inner {
                 };
                 error(kind, None, format!("{}: {}", self.name(), e.message))
             })?;
-            let mut lease = Lease { pool: &self.pool, cfg: &self.cfg, conn: Some(conn), permit: Some(permit), writes };
+            let mut lease = Lease { pool: &self.pool, cfg: &self.cfg, conn: Some(conn), permit: Some(permit), running: running.take() };
             let r = match tokio::time::timeout(t, self.exec(lease.conn(), op, buf)).await {
                 Ok(r) => r,
                 Err(_) => Err(error(io::ErrorKind::TimedOut, None, format!("no data for {} s", t.as_secs()))),
@@ -453,15 +573,28 @@ impl Inner {
             // peer leaves it usable. One closed with writes in flight puts its controller
             // in doubt (Lease's drop).
             let usable = r.as_ref().err().is_none_or(|e| peer_status(e).is_some());
+            let again = matches!(&r, Err(e) if reused && !fresh && lost_connection(e));
             if usable {
                 lease.keep();
             } else {
+                if again {
+                    // The write goes on to its next attempt (its doubt, if any, counted first).
+                    running = lease.running.take();
+                }
                 drop(lease);
             }
             match r {
                 // A pooled connection the peer closed meanwhile (it restarted): once more on
-                // a new one.
-                Err(e) if reused && !fresh && lost_connection(&e) => fresh = true,
+                // a new one, once what it may still have written there is quiesced.
+                Err(e) if again => {
+                    if let Some((range, own)) = running.as_ref().map(|r| (r.range, r.id)).filter(|(r, _)| self.pool.doubted(r)) {
+                        self.pool
+                            .settled(range, Some(own), doubt_wait(&self.cfg))
+                            .await
+                            .map_err(|q| error(e.kind(), None, format!("{}: {e}; not tried again: {q}", self.name())))?;
+                    }
+                    fresh = true;
+                }
                 r => {
                     return r.map_err(|e| {
                         let kind = e.kind();

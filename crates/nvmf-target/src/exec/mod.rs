@@ -1152,7 +1152,9 @@ impl<T: Transport> Core<T> {
         q.ctrl.detach_queue(q.qid);
         if q.qid == 0 {
             info!(peer = %self.peer, cntlid = q.ctrl.cntlid, subnqn = %q.ctrl.subsys.nqn, "controller removed");
-            q.ctrl.subsys.remove_controller(q.ctrl.cntlid);
+            // This controller, not whichever holds its CNTLID now (a Cross-Controller
+            // Reset may have removed it and a new Connect taken the number).
+            q.ctrl.subsys.remove_this_controller(&q.ctrl);
         } else {
             q.ctrl.state.lock().io_queues.remove(&q.qid);
         }
@@ -1179,7 +1181,7 @@ fn spawn_keep_alive_watchdog(target: Arc<Target>, ctrl: Arc<Controller>) {
                 let host = ctrl.hostnqn.as_str();
                 peer_warn!(target.log_limit, host, "keep-alive timeout: controller torn down", cntlid = ctrl.cntlid, subnqn = %ctrl.subsys.nqn, kato_ms = kato);
                 target.stats.controllers_expired.fetch_add(1, Relaxed);
-                ctrl.subsys.remove_controller(ctrl.cntlid);
+                ctrl.subsys.remove_this_controller(&ctrl);
                 return;
             }
         }

@@ -173,7 +173,12 @@ impl Mover {
                 }
                 if m.aborted {
                     // Given up while this target was silent: it stopped (it runs nothing of
-                    // it), so the destination may be freed.
+                    // it), so the destination may be freed, once nothing it wrote there can
+                    // still land (else asked again at the next listing).
+                    if let Err(e) = self.destination_quiesced(&m).await {
+                        tracing::warn!(volume = %m.volume, extent = m.index, error = %e, "an aborted move's destination is not quiesced; not confirmed yet");
+                        continue;
+                    }
                     if let Err(e) = self.ctl.abort(&m, "its copier stopped").await {
                         tracing::warn!(volume = %m.volume, extent = m.index, error = %e, "cannot confirm an aborted move");
                     }
@@ -196,7 +201,16 @@ impl Mover {
         let Some(holds) = self.served.start(&m.volume, m.index, block) else { return };
         let r = self.copy(m, holds).await;
         if let Err(e) = &r {
-            self.abort_known(m, &e.to_string()).await;
+            // A copy write given up may still land in the destination: the control plane
+            // frees it at the abort, so the abort waits until none can. Not quiesced, the
+            // move is left to fall silent: its destination stays reserved (until this
+            // target confirms, above, or registers again).
+            match self.destination_quiesced(m).await {
+                Ok(()) => self.abort_known(m, &e.to_string()).await,
+                Err(q) => {
+                    tracing::warn!(volume = %m.volume, extent = m.index, error = %q, "the destination is not quiesced; the move is left to time out")
+                }
+            }
         }
         // Only now may the extent's operations go on: they translate again, to the new
         // place once published.
@@ -205,6 +219,16 @@ impl Mover {
             Ok(()) => tracing::info!(volume = %m.volume, extent = m.index, to = %m.to_name, "extent moved"),
             Err(e) => tracing::warn!(volume = %m.volume, extent = m.index, error = %e, "move aborted"),
         }
+    }
+
+    /// Waits, at most the drain's limit, until no copy write to `m`'s destination can still
+    /// land there.
+    async fn destination_quiesced(&self, m: &MoveOrder) -> io::Result<()> {
+        let dst = self.devices.open(&m.to).await?;
+        let Some(q) = dst.quiesce(m.to.offset, m.extent_size) else { return Ok(()) };
+        tokio::time::timeout(Duration::from_millis(MOVE_DRAIN_MS), q).await.map_err(|_| {
+            io::Error::new(io::ErrorKind::TimedOut, format!("copy writes to {} not quiesced within {MOVE_DRAIN_MS} ms", m.to_name))
+        })?
     }
 
     /// Aborts `m` until the control plane's answer says it ended: the abort taken, or no
@@ -237,7 +261,7 @@ impl Mover {
             // A write to the source given up before its peer answered (timed out, its
             // connection lost, cancelled) may still land there: its controller is reset at
             // the peer first, so that the copy reads everything that will ever land.
-            if let Some(q) = src.quiesce() {
+            if let Some(q) = src.quiesce(m.from.offset, m.extent_size) {
                 match tokio::time::timeout_at(deadline, q).await {
                     Ok(r) => r.map_err(context(format!("quiescing writes given up on {}", m.from_name)))?,
                     Err(_) => {

@@ -773,15 +773,16 @@ impl BlockDevice for Quiescing {
         self.base.submit(ch, op, buf, tag)
     }
 
-    fn quiesce(&self) -> Option<crate::dev::Quiesce> {
+    fn quiesce(&self, _off: u64, _len: u64) -> Option<crate::dev::Quiesce> {
         let mut done = self.done.clone();
         Some(Box::pin(async move { done.wait_for(|d| *d).await.map(|_| ()).map_err(|_| io::Error::other("gone")) }))
     }
 }
 
-/// The copier's view of the pools: each behind [`Quiescing`].
+/// The copier's view of the pools: pool `only` behind [`Quiescing`].
 struct QuiescingPools {
     base: Arc<dyn Devices>,
+    only: u32,
     done: tokio::sync::watch::Receiver<bool>,
 }
 
@@ -789,6 +790,9 @@ impl Devices for QuiescingPools {
     fn open<'a>(&'a self, loc: &'a Location) -> BoxFuture<'a, io::Result<Arc<dyn BlockDevice>>> {
         Box::pin(async move {
             let base = self.base.open(loc).await?;
+            if loc.nsid != self.only {
+                return Ok(base);
+            }
             Ok(Arc::new(Quiescing { base, done: self.done.clone() }) as Arc<dyn BlockDevice>)
         })
     }
@@ -815,7 +819,7 @@ async fn a_move_waits_for_the_source_pools_writes_given_up() {
         served.serve("v", r.vol.clone());
         let cfg = mover::MoverConfig { report_every: Duration::from_secs(1), retry_max: Duration::from_secs(1), bug: None };
         let (quiesced, done) = tokio::sync::watch::channel(false);
-        let devices = Arc::new(QuiescingPools { base: r.vol.inner.devices.clone(), done });
+        let devices = Arc::new(QuiescingPools { base: r.vol.inner.devices.clone(), only: from.nsid, done });
         let m = Arc::new(mover::Mover::new(words.clone(), devices, served, r.vol.inner.pool.clone(), cfg));
         let order = mover::MoveOrder {
             id: 1,
