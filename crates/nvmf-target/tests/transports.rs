@@ -214,8 +214,10 @@ fn normal(what: &str, q: Q, s: Seen, prev: &mut [Option<u16>; 2], io_depth: u16)
         None => 0,
     };
     let mut data = a.data;
-    if what == "identify controller" && data.len() >= 80 {
+    // The controller instance (CNTLID, and CIU and CIRN: random) differs by nature.
+    if what == "identify controller" && data.len() >= 144 {
         data[78..80].fill(0);
+        data[135..144].fill(0);
     }
     (Answer { cqe: Cqe { cid: 0, sqhd: progress, ..a.cqe }, data }, echo)
 }
