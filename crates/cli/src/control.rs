@@ -642,7 +642,9 @@ impl Exporter {
         if self.volume.arbiter {
             self.target.gates.set_own(self.addr.clone());
             devices = devices.gated(self.target.gates.clone());
-            tokio::spawn(arbitrate(self.client.clone(), self.addr.clone(), self.target.gates.clone()));
+            // Its pool connections' host NQN: how the pools' schedulers know its operations.
+            let member = self.cluster.host_nqn.clone().unwrap_or_else(nearstore_initiator::default_hostnqn);
+            tokio::spawn(arbitrate(self.client.clone(), self.addr.clone(), member, self.target.gates.clone()));
         }
         let devices = Arc::new(devices);
         let local = Arc::new(Served::default());
@@ -723,9 +725,9 @@ impl Exporter {
 /// their TTL and the tenants fall back to the pools' local fair sharing. A target whose
 /// tenants offered nothing asks too (its clients leave the books, and an answer tells its
 /// own pools that the arbiter divides them: `Gates::arbitrated`).
-async fn arbitrate(client: Client, addr: String, gates: Arc<nearstore_target::dev::grant::Gates>) {
+async fn arbitrate(client: Client, addr: String, member: String, gates: Arc<nearstore_target::dev::grant::Gates>) {
     use nearstore_control::limits::{ARBITER_GRANT_TTL_MS, ARBITER_PERIOD_MS};
-    use nearstore_target::dev::grant::GrantIn;
+    use nearstore_target::dev::grant::{GrantIn, PeerIn};
     use std::sync::atomic::Ordering::Relaxed;
     let period = std::time::Duration::from_millis(ARBITER_PERIOD_MS);
     let mut tick = tokio::time::interval(period);
@@ -745,7 +747,7 @@ async fn arbitrate(client: Client, addr: String, gates: Arc<nearstore_target::de
                 backlogged: o.backlogged,
             })
             .collect();
-        let req = nearstore_control::model::BandwidthRequest { target: addr.clone(), demands };
+        let req = nearstore_control::model::BandwidthRequest { target: addr.clone(), demands, member: member.clone() };
         gates.stats.requests.fetch_add(1, Relaxed);
         let why = match tokio::time::timeout(period, client.arbitrate(&req)).await {
             Ok(Ok(g)) => {
@@ -766,8 +768,9 @@ async fn arbitrate(client: Client, addr: String, gates: Arc<nearstore_target::de
                         pool_bps: g.pool_bps,
                     })
                     .collect();
+                let peers: Vec<PeerIn> = g.peers.into_iter().map(|p| PeerIn { nsid: p.nsid, member: p.member, bps: p.bps }).collect();
                 let ttl = g.ttl_ms.clamp(ARBITER_PERIOD_MS, ARBITER_GRANT_TTL_MS);
-                gates.apply(&asked, &grants, std::time::Duration::from_millis(ttl));
+                gates.apply(&asked, &grants, &peers, std::time::Duration::from_millis(ttl));
                 continue;
             }
             Ok(Err(e)) => format!("the arbiter refused this target's request: {e}"),

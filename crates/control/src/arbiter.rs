@@ -81,6 +81,8 @@ pub struct Arbiter {
     books: HashMap<PoolKey, BTreeMap<(String, String), Client>>,
     /// The pools each requester has clients on.
     by_requester: HashMap<String, BTreeSet<PoolKey>>,
+    /// Each requester's cluster NQN, as its last request said.
+    members: HashMap<String, String>,
 }
 
 fn invalid(m: String) -> ApiError {
@@ -115,6 +117,9 @@ impl Arbiter {
                 ErrorCode::LimitExceeded,
                 format!("{} demands: a request carries {ARBITER_DEMANDS_MAX}", req.demands.len()),
             ));
+        }
+        if req.member.len() > NQN_BYTES_MAX {
+            return Err(invalid(format!("member must be at most {NQN_BYTES_MAX} bytes")));
         }
         let mut named = BTreeSet::new();
         for d in &req.demands {
@@ -195,7 +200,33 @@ impl Arbiter {
             }
         }
         self.by_requester.insert(req.target.clone(), mine);
-        Ok(BandwidthGrants { period_ms: ARBITER_PERIOD_MS, ttl_ms: ARBITER_GRANT_TTL_MS, grants })
+        if req.member.is_empty() {
+            self.members.remove(&req.target);
+        } else {
+            self.members.insert(req.target.clone(), req.member.clone());
+        }
+        let peers = self.peers_of(now_ms, &req.target);
+        Ok(BandwidthGrants { period_ms: ARBITER_PERIOD_MS, ttl_ms: ARBITER_GRANT_TTL_MS, grants, peers })
+    }
+
+    /// For each pool of `target`, what each other exporter's clients there were last
+    /// granted together, by the exporter's cluster NQN (exporters that named none apart).
+    fn peers_of(&self, now_ms: u64, target: &str) -> Vec<PeerGrant> {
+        let mut out = Vec::new();
+        for (pool, book) in self.books.iter().filter(|(p, _)| p.0 == target) {
+            let mut by: BTreeMap<&str, u64> = BTreeMap::new();
+            for ((exporter, _), c) in book {
+                if exporter == target || c.seen_ms + ARBITER_CLIENT_TTL_MS < now_ms {
+                    continue;
+                }
+                if let Some(m) = self.members.get(exporter) {
+                    *by.entry(m.as_str()).or_default() += c.granted;
+                }
+            }
+            out.extend(by.into_iter().map(|(member, bps)| PeerGrant { nsid: pool.1, member: member.to_string(), bps }));
+        }
+        out.sort_by(|a, b| (a.nsid, &a.member).cmp(&(b.nsid, &b.member)));
+        out
     }
 }
 
@@ -279,7 +310,7 @@ mod tests {
     }
 
     fn req(target: &str, demands: Vec<Demand>) -> BandwidthRequest {
-        BandwidthRequest { target: target.into(), demands }
+        BandwidthRequest { target: target.into(), demands, member: format!("nqn.m:{target}") }
     }
 
     fn cap(bw: u64) -> impl Fn(&PoolKey) -> Option<Capacity> {
@@ -342,6 +373,44 @@ mod tests {
         assert_eq!(ga.grants[0].write_cost, 2.0);
         assert_eq!(ga.grants[0].batch_bytes, batch_bytes(h));
         assert_eq!((ga.period_ms, ga.ttl_ms), (ARBITER_PERIOD_MS, ARBITER_GRANT_TTL_MS));
+    }
+
+    /// The pool's own target learns, for each pool of its own, what each other exporter's
+    /// tenants were granted there together, by the exporter's cluster NQN: its scheduler
+    /// weighs each exporter's operations by it. Also when it has no demand of its own there;
+    /// an exporter whose clients went quiet, or that named no NQN, is left out.
+    #[test]
+    fn the_pools_target_learns_each_exporters_grants_on_its_pools() {
+        let mut a = Arbiter::new();
+        let now = 1_000;
+        a.request(now, &req("B", vec![demand("A", "t1", 100, 40 * MIB, true), demand("A", "t2", 100, 40 * MIB, true)]), cap(64 * MIB))
+            .unwrap();
+        let gc = a.request(now + 10, &req("C", vec![demand("A", "t3", 400, 40 * MIB, true)]), cap(64 * MIB)).unwrap();
+        let gb = a
+            .request(
+                now + 20,
+                &req("B", vec![demand("A", "t1", 100, 40 * MIB, true), demand("A", "t2", 100, 40 * MIB, true)]),
+                cap(64 * MIB),
+            )
+            .unwrap();
+        assert!(gb.peers.is_empty() && gc.peers.is_empty(), "B and C have no pools");
+        let ga = a.request(now + 30, &req("A", vec![]), cap(64 * MIB)).unwrap();
+        assert!(ga.grants.is_empty());
+        let b = bps(&gb, "t1") + bps(&gb, "t2");
+        let c = bps(&gc, "t3");
+        let want = vec![PeerGrant { nsid: 1, member: "nqn.m:B".into(), bps: b }, PeerGrant { nsid: 1, member: "nqn.m:C".into(), bps: c }];
+        assert_eq!(ga.peers, want);
+        assert!(b > 0 && c > 0);
+        // C named no NQN in its last request: left out; B quiet past the clients' time to live: too.
+        let mut anon = req("C", vec![demand("A", "t3", 400, 40 * MIB, true)]);
+        anon.member.clear();
+        a.request(now + 40, &anon, cap(64 * MIB)).unwrap();
+        let ga = a.request(now + 50, &req("A", vec![]), cap(64 * MIB)).unwrap();
+        assert_eq!(ga.peers.iter().map(|p| p.member.as_str()).collect::<Vec<_>>(), vec!["nqn.m:B"]);
+        let ga = a.request(now + 50 + ARBITER_CLIENT_TTL_MS + 21, &req("A", vec![]), cap(64 * MIB)).unwrap();
+        assert!(ga.peers.iter().all(|p| p.member != "nqn.m:B"), "{:?}", ga.peers);
+        let long = BandwidthRequest { member: "n".repeat(NQN_BYTES_MAX + 1), ..req("A", vec![]) };
+        assert_eq!(a.request(now, &long, cap(64 * MIB)).unwrap_err().code, ErrorCode::InvalidArgument);
     }
 
     #[test]

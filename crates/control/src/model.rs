@@ -610,6 +610,11 @@ pub struct BandwidthRequest {
     /// The requesting target, as registered (its I/O address).
     pub target: String,
     pub demands: Vec<Demand>,
+    /// The requesting target's cluster NQN (`cluster.host_nqn`), as which it reaches its
+    /// peers' pools: how a pool's target tells its operations from other exporters'
+    /// ([`BandwidthGrants::peers`]). Empty: not known (an older target).
+    #[serde(default)]
+    pub member: String,
 }
 
 /// One tenant's demand on one pool.
@@ -641,6 +646,22 @@ pub struct BandwidthGrants {
     /// local fair sharing until a new grant comes.
     pub ttl_ms: u64,
     pub grants: Vec<BandwidthGrant>,
+    /// For each pool of the requesting target, what every other exporter's tenants were
+    /// granted there together: the pool's scheduler weighs each exporter's operations (one
+    /// key per exporter, its cluster NQN) by it.
+    #[serde(default)]
+    pub peers: Vec<PeerGrant>,
+}
+
+/// What one exporter's tenants may move to one pool of the requester, together.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct PeerGrant {
+    /// The pool: its namespace in the requester's pool subsystem.
+    pub nsid: u32,
+    /// The exporter, by its cluster NQN.
+    pub member: String,
+    /// Cost bytes per second.
+    pub bps: u64,
 }
 
 /// What one tenant of the requester may move to one pool until the next grant.

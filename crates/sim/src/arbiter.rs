@@ -2,8 +2,8 @@
 //! arbiter"). The real parts: the control plane's `arbiter::Arbiter` (its books, its
 //! division), each exporting target's `dev::grant::Gates` (its buckets, what it offers and
 //! applies, its grants running out), and the pool's own scheduler `dev::fair::Drr`, where
-//! the pool's target sees its own tenants by name and every peer's operations as the one
-//! `cluster` tenant. Around them, one thread and the paused clock: closed-loop clients of
+//! the pool's target sees its own tenants by name and each peer exporter's operations as
+//! one key (its cluster NQN, in the built-in `cluster` tenant). Around them, one thread and the paused clock: closed-loop clients of
 //! each tenant on one or two exporters, always wanting more, each operation 1 ms in the
 //! pool once the scheduler lets it go; every exporter asks the arbiter every period.
 //!
@@ -13,7 +13,7 @@
 //! while one peer exporter dies with its clients. The model checks, in a window at the end
 //! of each phase, each tenant's share of what the pool moved: by the tenants' weights while
 //! the arbiter answers (a tenant on two exporters one share); by the pool's own scheduler's
-//! keys (local tenants by weight, `cluster` at its weight) once the grants ran out, when no
+//! keys (local tenants by weight, each peer exporter at `cluster`'s) once the grants ran out, when no
 //! grant may still hold. And throughout: every tenant with a live client moves something in every second,
 //! and the pool moves about its bandwidth.
 
@@ -26,8 +26,8 @@ use nearstore_control::arbiter::{Arbiter, Capacity};
 use nearstore_control::limits::{ARBITER_GRANT_TTL_MS, ARBITER_PERIOD_MS};
 use nearstore_control::model::{BandwidthRequest, Demand};
 use nearstore_target::dev::fair::{Drr, Key, Tenant, Turn};
-use nearstore_target::dev::grant::{Gates, GrantIn};
-use nearstore_target::tenant::TenantId;
+use nearstore_target::dev::grant::{Gates, GrantIn, PeerIn};
+use nearstore_target::tenant::{TenantId, TenantPolicy};
 use rand::{RngExt, SeedableRng};
 use rand_xorshift::XorShiftRng;
 use tokio::time::Instant;
@@ -36,6 +36,11 @@ use crate::trace::Trace;
 use crate::{Failure, Which};
 
 const POOL: &str = "t0";
+
+/// Exporter `e`'s cluster NQN.
+fn member(e: usize) -> String {
+    format!("nqn.2026-11.io.nearstore:m{e}")
+}
 const NSID: u32 = 1;
 const MS: u64 = 1_000_000;
 /// How long an operation the pool's scheduler let go takes: 0.5 to 1.5 ms (not a whole
@@ -201,9 +206,10 @@ struct Sim {
     gates: Vec<Arc<Gates>>,
     arbiter: Arbiter,
     drr: Drr,
-    /// The pool scheduler's view of each tenant: local by name, peers' as `cluster`.
+    /// The pool scheduler's view of each tenant: local by name, each peer exporter's
+    /// operations as that exporter (by its cluster NQN, `m{e}`).
     local: Vec<Tenant>,
-    cluster: Tenant,
+    peers: Vec<Tenant>,
     events: BinaryHeap<Reverse<(u64, u64, Ev)>>,
     seq: u64,
     /// Cost bytes completed per client in each window.
@@ -243,7 +249,8 @@ impl Sim {
             .iter()
             .map(|t| Tenant { key: Key::Host(t.name.to_string().into()), name: t.name.clone(), weight: t.weight, stats: Arc::default() })
             .collect();
-        let cluster = Tenant { key: Key::Tenant(TenantId::CLUSTER), name: "cluster".into(), weight: 100, stats: Arc::default() };
+        let cluster = TenantPolicy::unrestricted(TenantId::CLUSTER, "cluster", 100, 100);
+        let peers = (0..exporters).map(|e| Tenant::of(&cluster, &member(e))).collect();
         let moved = vec![[0; 3]; clients.len()];
         Sim {
             reference,
@@ -268,7 +275,7 @@ impl Sim {
             arbiter: Arbiter::new(),
             drr: Drr::new(bandwidth, write_cost),
             local,
-            cluster,
+            peers,
             events: BinaryHeap::new(),
             seq: 0,
             moved,
@@ -383,7 +390,7 @@ impl Sim {
                 }
                 // The pool's target is e0: while the arbiter answers it, its pool weighs its
                 // keys by their grants (dev::grant::Gates::pool_weight), as dev::fair does.
-                let who = if c.exporter == 0 { &self.local[c.tenant] } else { &self.cluster };
+                let who = if c.exporter == 0 { &self.local[c.tenant] } else { &self.peers[c.exporter] };
                 let weight = self.gates[0].pool_weight(NSID, who).unwrap_or(who.weight);
                 match self.drr.offer_as(now, who, weight, self.cost(c.tenant), again) {
                     Turn::Go => {
@@ -445,7 +452,7 @@ impl Sim {
         let asks: Vec<String> =
             demands.iter().map(|d| format!("{}={}{}", d.tenant, d.wanted_bps >> 10, if d.backlogged { "+" } else { "" })).collect();
         self.trace.event(format_args!("e{e} asks (KiB/s offered, + waited) {}", asks.join(" ")));
-        let req = BandwidthRequest { target: format!("e{e}"), demands };
+        let req = BandwidthRequest { target: format!("t{e}"), demands, member: member(e) };
         let (bw, wc) = (self.bandwidth, self.write_cost);
         let cap = move |p: &(String, u32)| (p.0 == POOL && p.1 == NSID).then_some(Capacity { bandwidth: bw, write_cost: wc });
         let g = match self.arbiter.request(ms, &req, cap) {
@@ -475,8 +482,9 @@ impl Sim {
             .collect();
         let told: Vec<String> = grants.iter().map(|g| format!("{}={}", g.tenant, g.bps.unwrap_or(0) >> 10)).collect();
         self.trace.event(format_args!("e{e} granted (KiB/s) {}", told.join(" ")));
+        let peers: Vec<PeerIn> = g.peers.iter().map(|p| PeerIn { nsid: p.nsid, member: p.member.clone(), bps: p.bps }).collect();
         let ttl = if self.bug == Some(ArbiterBug::NeverExpire) { 3_600_000 } else { g.ttl_ms };
-        self.gates[e].apply(&asked, &grants, Duration::from_millis(ttl));
+        self.gates[e].apply(&asked, &grants, &peers, Duration::from_millis(ttl));
     }
 
     /// The arbiter comes back with empty books; a peer exporter with clients dies.
@@ -526,7 +534,7 @@ impl Sim {
             }
             let t = &self.tenants[c.tenant];
             let (key, weight) = match phase {
-                Phase::Down if c.exporter != 0 => ("cluster".to_string(), 100),
+                Phase::Down if c.exporter != 0 => (format!("peer e{}", c.exporter), 100),
                 Phase::Down => (format!("local {}", t.name), t.weight),
                 _ => (t.name.to_string(), t.weight),
             };

@@ -48,6 +48,10 @@ pub enum Key {
     Tenant(TenantId),
     /// Without tenants (every host in the built-in `default`): each host on its own.
     Host(Arc<str>),
+    /// A peer exporter on this target's pool (the built-in `cluster` tenant), by its
+    /// cluster NQN: each exporter's volume traffic on its own, weighed by its tenants'
+    /// grants while the arbiter answers (`Gates::pool_weight`), else at `cluster`'s weight.
+    Peer(Arc<str>),
     /// The target's own work: a volume's split operations, the offload engine's reads.
     Target,
     /// The tenants beyond [`limits::FAIR_TENANTS_MAX`], together.
@@ -83,6 +87,8 @@ impl Tenant {
     pub fn of(policy: &TenantPolicy, host: &str) -> Tenant {
         let (key, name) = if policy.id == TenantId::DEFAULT {
             (Key::Host(host.into()), format!("host:{host}").into())
+        } else if policy.id == TenantId::CLUSTER {
+            (Key::Peer(host.into()), format!("peer:{host}").into())
         } else {
             (Key::Tenant(policy.id), policy.name.as_str().into())
         };

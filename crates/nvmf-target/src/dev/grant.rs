@@ -59,11 +59,24 @@ pub struct GrantIn {
     pub pool_bps: u64,
 }
 
+/// What every other exporter's tenants were granted on one of this target's pools (the
+/// arbiter's reply, `peers`): the weight of that exporter's operations in the pool's
+/// scheduler.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PeerIn {
+    pub nsid: u32,
+    /// The exporter's cluster NQN, as its connections to the pool name it.
+    pub member: String,
+    pub bps: u64,
+}
+
 /// The weights a pool's scheduler gives while the arbiter divides the pool: each of this
-/// target's tenants its grant there, the peers (`cluster`) the pool's grants less those.
+/// target's tenants its grant there, each peer exporter its tenants' grants there together,
+/// a peer the reply did not name what the pool's grants leave after those.
 #[derive(Debug, Default, Clone)]
 struct PoolWeights {
     by_tenant: HashMap<Arc<str>, u64>,
+    by_member: HashMap<Arc<str>, u64>,
     peers: u64,
 }
 
@@ -106,6 +119,9 @@ struct Client {
     /// Cost bytes offered since the last request (first offers only).
     offered: u64,
     waited: bool,
+    /// Until when (ns) an operation it was told to wait for is due again: while one is,
+    /// it waits at this gate, whether or not it was offered in the last period.
+    waiting_until: u64,
     grant: Option<Grant>,
     /// The bucket, in billionths of a byte, and when it was last refilled (ns).
     tokens: i128,
@@ -120,7 +136,7 @@ struct Client {
 impl Client {
     /// A tenant new on a pool: nothing offered, no grant.
     fn new(weight: u32, now: u64) -> Client {
-        Client { weight, offered: 0, waited: false, grant: None, tokens: 0, at: now, quiet: 0, answered: false }
+        Client { weight, offered: 0, waited: false, waiting_until: 0, grant: None, tokens: 0, at: now, quiet: 0, answered: false }
     }
 }
 
@@ -201,7 +217,11 @@ impl Gates {
             let mut clients = gate.clients.lock();
             clients.retain(|tenant, c| {
                 let offered = std::mem::take(&mut c.offered);
-                let waited = std::mem::take(&mut c.waited);
+                // Backlogged: it had to wait in the period, or an operation of it still
+                // waits (told to come back later than the period: a small grant's wait for
+                // a large write; counted as idle, its grant shrank period after period and
+                // its waits grew, the arbiter simulation's seed 345).
+                let waited = std::mem::take(&mut c.waited) || c.waiting_until > now;
                 if offered == 0 && !waited {
                     c.quiet += 1;
                     if c.quiet >= limits::GRANT_QUIET_REQUESTS {
@@ -233,7 +253,8 @@ impl Gates {
     /// Takes the arbiter's answer to the demands `asked` (what [`take`](Self::take)
     /// returned), `ttl` after which its grants run out. A tenant asked for and given no
     /// grant (the arbiter's books were full) keeps to local sharing.
-    pub fn apply(&self, asked: &[Offered], grants: &[GrantIn], ttl: Duration) {
+    /// `peers`: what each other exporter was granted on this target's own pools.
+    pub fn apply(&self, asked: &[Offered], grants: &[GrantIn], peers: &[PeerIn], ttl: Duration) {
         let now = self.now();
         let until = now.saturating_add(ttl.as_nanos().min(u64::MAX as u128) as u64);
         // The pools stop leaving the sharing to the grants a fifth of the TTL before the
@@ -276,11 +297,11 @@ impl Gates {
             }
         }
         self.count_grants(now);
-        self.weigh(grants);
+        self.weigh(grants, peers);
     }
 
-    /// Sets the weights of this target's own pools from an answer's grants.
-    fn weigh(&self, grants: &[GrantIn]) {
+    /// Sets the weights of this target's own pools from an answer's grants and peers.
+    fn weigh(&self, grants: &[GrantIn], peers: &[PeerIn]) {
         let Some(own) = self.own.get() else { return };
         let mut weights: HashMap<u32, PoolWeights> = HashMap::new();
         let mut total: HashMap<u32, u64> = HashMap::new();
@@ -290,11 +311,15 @@ impl Gates {
                 total.insert(g.nsid, g.pool_bps);
             }
         }
+        for p in peers {
+            *weights.entry(p.nsid).or_default().by_member.entry(p.member.as_str().into()).or_default() += p.bps;
+        }
         for (nsid, w) in weights.iter_mut() {
-            let local: u64 = w.by_tenant.values().sum();
-            // At least a new tenant's: the peers' commands waiting in the pool's queue are
-            // served, and their tenants, offering again, get their grants back.
-            w.peers = total.get(nsid).copied().unwrap_or(0).saturating_sub(local).max(limits::GRANT_PROVISIONAL_BPS);
+            let named: u64 = w.by_tenant.values().sum::<u64>() + w.by_member.values().sum::<u64>();
+            // At least a new tenant's: a peer the reply did not name (new, or of an older
+            // version) has its commands waiting in the pool's queue served, and its tenants,
+            // offering again, get their grants back.
+            w.peers = total.get(nsid).copied().unwrap_or(0).saturating_sub(named).max(limits::GRANT_PROVISIONAL_BPS);
         }
         *self.weights.lock() = weights;
     }
@@ -307,22 +332,22 @@ impl Gates {
 
     /// The weight pool `nsid`'s scheduler gives `tenant` while the arbiter divides the pool:
     /// a tenant of this target its grant on the pool (a new one, until its grant comes,
-    /// GRANT_PROVISIONAL_BPS; so does the target's own work), the peers (`cluster`) what
-    /// the pool's grants leave after this target's tenants'. None: the arbiter does not
-    /// answer, or named none of this target's tenants on the pool: the tenants' own weights
-    /// hold. So the pool's scheduler, which shares among its keys by weight and serves each
-    /// key's operations by their bytes, shares as the arbiter divided: by its tenants' own
-    /// weights it would share 1:1 between `cluster` and each of its own tenants.
+    /// GRANT_PROVISIONAL_BPS; so does the target's own work), a peer exporter (its
+    /// connections, keyed by its cluster NQN) its tenants' grants there together, a peer
+    /// the arbiter did not name what the pool's grants leave. None: the arbiter does not
+    /// answer, or named nothing on the pool: the tenants' own weights hold. So the pool's
+    /// scheduler, which shares among its keys by weight and serves each key's operations by
+    /// their bytes, shares as the arbiter divided: by its keys' own weights it would share
+    /// 1:1 between each peer exporter and each of its own tenants.
     pub fn pool_weight(&self, nsid: u32, tenant: &super::fair::Tenant) -> Option<u32> {
         if !self.arbitrated() {
             return None;
         }
         let weights = self.weights.lock();
         let w = weights.get(&nsid)?;
-        let bps = if tenant.key == super::fair::Key::Tenant(crate::tenant::TenantId::CLUSTER) {
-            w.peers
-        } else {
-            w.by_tenant.get(&*tenant.name).copied().unwrap_or(limits::GRANT_PROVISIONAL_BPS)
+        let bps = match &tenant.key {
+            super::fair::Key::Peer(member) => w.by_member.get(member).copied().unwrap_or(w.peers),
+            _ => w.by_tenant.get(&*tenant.name).copied().unwrap_or(limits::GRANT_PROVISIONAL_BPS),
         };
         Some(weight_of(bps))
     }
@@ -436,6 +461,7 @@ impl Gates {
         c.waited = true;
         let at = if g.rate == 0 { g.until } else { now + ((want - c.tokens) / g.rate as i128) as u64 + 1 };
         let at = at.min(g.until);
+        c.waiting_until = c.waiting_until.max(at);
         self.stats.held.fetch_add(1, Relaxed);
         self.stats.held_ns.fetch_add(at - now, Relaxed);
         Turn::Wait(at)

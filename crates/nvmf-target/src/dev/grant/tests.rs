@@ -28,7 +28,7 @@ fn granted(bps: u64, batch: u64, write_cost: f64, ttl_ms: u64, write: bool) -> (
     let a = tenant("a");
     g.offer(&gate, &a, 100, 4096, write, false);
     let asked = g.take();
-    g.apply(&asked, &[grant("a", Some(bps), batch, write_cost)], Duration::from_millis(ttl_ms));
+    g.apply(&asked, &[grant("a", Some(bps), batch, write_cost)], &[], Duration::from_millis(ttl_ms));
     (g, gate, a)
 }
 
@@ -61,7 +61,7 @@ async fn a_grant_lets_its_batch_go_then_its_rate() {
     let asked = g.take();
     let rate = 16 * MIB;
     let batch = 160 * KIB;
-    g.apply(&asked, &[grant("a", Some(rate), batch, 1.0)], Duration::from_millis(500));
+    g.apply(&asked, &[grant("a", Some(rate), batch, 1.0)], &[], Duration::from_millis(500));
     assert_eq!(g.stats.grants.load(Relaxed), 1);
     // A full bucket: the batch and one largest transfer, in 64 KiB reads.
     let cap = batch + limits::TRANSFER_BYTES_MAX as u64;
@@ -127,7 +127,7 @@ async fn no_grant_in_the_answer_means_local_sharing() {
     g.offer(&gate, &b, 100, 4096, false, false);
     let asked = g.take();
     // b's pool is not divided (None), a has no grant at all (the books were full).
-    g.apply(&asked, &[grant("b", None, 0, 1.0)], Duration::from_millis(500));
+    g.apply(&asked, &[grant("b", None, 0, 1.0)], &[], Duration::from_millis(500));
     assert!(g.arbitrated());
     assert_eq!(burst(&g, &gate, &a, 128 * KIB, false, 20), 20);
     assert_eq!(burst(&g, &gate, &b, 128 * KIB, false, 20), 20);
@@ -139,7 +139,7 @@ async fn no_grant_in_the_answer_means_local_sharing() {
     tokio::time::advance(Duration::from_millis(125)).await;
     assert_eq!(burst(&g, &gate, &c, 64 * KIB, false, 20), 2, "then GRANT_PROVISIONAL_BPS");
     let asked = g.take();
-    g.apply(&asked, &[grant("c", Some(64 * MIB), 64 * MIB / 100, 1.0)], Duration::from_millis(500));
+    g.apply(&asked, &[grant("c", Some(64 * MIB), 64 * MIB / 100, 1.0)], &[], Duration::from_millis(500));
     assert!(burst(&g, &gate, &c, 64 * KIB, false, 20) > 2, "its grant came");
 }
 
@@ -150,19 +150,31 @@ async fn a_pools_own_target_weighs_its_keys_by_the_grants() {
     let g = Gates::new();
     let local = Tenant { key: Key::Host("h".into()), name: "host:h".into(), weight: 100, stats: Arc::default() };
     let new = Tenant { key: Key::Host("n".into()), name: "host:n".into(), weight: 100, stats: Arc::default() };
-    let cluster = Tenant { key: Key::Tenant(TenantId::CLUSTER), name: "cluster".into(), weight: 100, stats: Arc::default() };
+    let policy = crate::tenant::TenantPolicy::unrestricted(TenantId::CLUSTER, "cluster", 100, 100);
+    // Peer exporters on the pool, as their connections' channels know them.
+    let (m1, m2, m3) = (Tenant::of(&policy, "nqn.m1"), Tenant::of(&policy, "nqn.m2"), Tenant::of(&policy, "nqn.m3"));
+    assert_eq!(m1.key, Key::Peer("nqn.m1".into()));
     assert_eq!(g.pool_weight(1, &local), None, "no answer yet: the tenants' own weights");
     g.set_own("t".into());
     g.admit("t", 1, &local.name, 100, 4096, false, false);
     let asked = g.take();
-    // The pool's grants: 30 MiB/s in all, 6 MiB/s of them this target's tenant's.
+    // The pool's grants: 30 MiB/s in all, 6 MiB/s of them this target's tenant's, 16 and
+    // 4 MiB/s the tenants of exporters m1 and m2; the rest for a peer the answer did not name.
     let mut gr = grant("host:h", Some(6 * MIB), 0, 1.0);
     gr.pool_bps = 30 * MIB;
-    g.apply(&asked, &[gr], Duration::from_millis(1000));
+    let peer = |m: &str, bps| PeerIn { nsid: 1, member: m.into(), bps };
+    g.apply(&asked, &[gr], &[peer("nqn.m1", 16 * MIB), peer("nqn.m2", 4 * MIB)], Duration::from_millis(1000));
     assert_eq!(g.pool_weight(1, &local), Some(6 * 1024));
-    assert_eq!(g.pool_weight(1, &cluster), Some(24 * 1024), "the peers: what the grants leave");
+    assert_eq!(g.pool_weight(1, &m1), Some(16 * 1024), "each exporter its tenants' grants");
+    assert_eq!(g.pool_weight(1, &m2), Some(4 * 1024));
+    assert_eq!(g.pool_weight(1, &m3), Some(4 * 1024), "a peer not named: what the grants leave");
     assert_eq!(g.pool_weight(1, &new), Some((limits::GRANT_PROVISIONAL_BPS >> 10) as u32));
-    assert_eq!(g.pool_weight(2, &local), None, "a pool the answer named none of its tenants on");
+    assert_eq!(g.pool_weight(2, &local), None, "a pool the answer named nothing on");
+    // Only peers on a pool (no tenant of this target there): their grants weigh them.
+    g.apply(&[], &[], &[peer("nqn.m1", 8 * MIB), PeerIn { nsid: 2, member: "nqn.m2".into(), bps: 2 * MIB }], Duration::from_millis(1000));
+    assert_eq!(g.pool_weight(1, &m1), Some(8 * 1024));
+    assert_eq!(g.pool_weight(2, &m2), Some(2 * 1024));
+    assert_eq!(g.pool_weight(2, &m1), Some((limits::GRANT_PROVISIONAL_BPS >> 10) as u32));
     // Past most of the TTL the pools' own sharing takes over, before the grants run out.
     tokio::time::advance(Duration::from_millis(801)).await;
     assert_eq!(g.pool_weight(1, &local), None);
@@ -215,7 +227,7 @@ async fn the_gated_device_holds_a_tenants_reads_on_its_channel() {
     assert!(ch.run(&*dev, Op::Read { off: 0 }, buf(4096)).await.result.is_ok());
     let asked = g.take();
     assert_eq!(asked[0].tenant, "host:h");
-    g.apply(&asked, &[grant("host:h", Some(MIB), 0, 1.0)], Duration::from_millis(5000));
+    g.apply(&asked, &[grant("host:h", Some(MIB), 0, 1.0)], &[], Duration::from_millis(5000));
     // The bucket holds 128 KiB: the first read goes, the second waits 128 ms.
     let t0 = tokio::time::Instant::now();
     assert!(ch.run(&*dev, Op::Read { off: 0 }, buf(128 * KIB)).await.result.is_ok());
