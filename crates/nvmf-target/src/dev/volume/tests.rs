@@ -673,6 +673,30 @@ impl mover::MoveControl for Words {
     }
 }
 
+/// Starts the move of extent 1 of `r`'s volume from `from` to `to` by a copier that reaches
+/// the pools through `devices` and says its words to the returned [`Words`].
+fn start_move(r: &Rig, devices: Arc<dyn Devices>, from: Location, to: Location) -> (Arc<Words>, tokio::task::JoinHandle<()>) {
+    let words = Arc::new(Words { books: r.books.clone(), said: Mutex::default() });
+    let served = Arc::new(mover::Served::default());
+    served.serve("v", r.vol.clone());
+    let cfg = mover::MoverConfig { report_every: Duration::from_secs(1), retry_max: Duration::from_secs(1), bug: None };
+    let m = Arc::new(mover::Mover::new(words.clone(), devices, served, r.vol.inner.pool.clone(), cfg));
+    let order = mover::MoveOrder {
+        id: 1,
+        volume: "v".into(),
+        index: 1,
+        epoch: 1,
+        from_name: "from".into(),
+        to_name: "to".into(),
+        from,
+        to,
+        extent_size: EXT,
+        max_bps: 0,
+        aborted: false,
+    };
+    (words, tokio::spawn(async move { m.run_move(&order).await }))
+}
+
 /// A compute command run on an extent's pool holds the tickets its placement took until it
 /// ends: a move of the extent begun meanwhile waits for it (it acknowledges nothing, copies
 /// nothing) and then copies the command's output with the rest, or, when the command
@@ -702,29 +726,8 @@ async fn a_move_waits_for_the_compute_commands_on_its_extent() {
         });
         assert!(placed.await.expect("placement"));
         assert_eq!((held.len(), pools.len()), (1, 1), "case {i}");
-        let words = Arc::new(Words { books: r.books.clone(), said: Mutex::default() });
-        let served = Arc::new(mover::Served::default());
-        served.serve("v", r.vol.clone());
-        let cfg = mover::MoverConfig { report_every: Duration::from_secs(1), retry_max: Duration::from_secs(1), bug: None };
         let pool = r.vol.inner.pool.clone();
-        let m = Arc::new(mover::Mover::new(words.clone(), r.vol.inner.devices.clone(), served, pool.clone(), cfg));
-        let order = mover::MoveOrder {
-            id: 1,
-            volume: "v".into(),
-            index: 1,
-            epoch: 1,
-            from_name: "from".into(),
-            to_name: "to".into(),
-            from: from.clone(),
-            to,
-            extent_size: EXT,
-            max_bps: 0,
-            aborted: false,
-        };
-        let moving = tokio::spawn({
-            let m = m.clone();
-            async move { m.run_move(&order).await }
-        });
+        let (words, moving) = start_move(&r, r.vol.inner.devices.clone(), from.clone(), to);
         tokio::time::sleep(Duration::from_millis(100)).await;
         assert!(words.said.lock().is_empty(), "case {i}: the move went on under the command: {:?}", words.said.lock());
         // Another command placed now waits for the move's end (or fails after the volume's
@@ -814,30 +817,9 @@ async fn a_move_waits_for_the_source_pools_writes_given_up() {
         r.write(EXT, EXT, 4).await;
         let from = r.books.placed.lock()[&1].clone();
         let to = Location { nsid: from.nsid % POOLS + 1, offset: 5 * EXT, ..from.clone() };
-        let words = Arc::new(Words { books: r.books.clone(), said: Mutex::default() });
-        let served = Arc::new(mover::Served::default());
-        served.serve("v", r.vol.clone());
-        let cfg = mover::MoverConfig { report_every: Duration::from_secs(1), retry_max: Duration::from_secs(1), bug: None };
         let (quiesced, done) = tokio::sync::watch::channel(false);
         let devices = Arc::new(QuiescingPools { base: r.vol.inner.devices.clone(), only: from.nsid, done });
-        let m = Arc::new(mover::Mover::new(words.clone(), devices, served, r.vol.inner.pool.clone(), cfg));
-        let order = mover::MoveOrder {
-            id: 1,
-            volume: "v".into(),
-            index: 1,
-            epoch: 1,
-            from_name: "from".into(),
-            to_name: "to".into(),
-            from,
-            to,
-            extent_size: EXT,
-            max_bps: 0,
-            aborted: false,
-        };
-        let moving = tokio::spawn({
-            let m = m.clone();
-            async move { m.run_move(&order).await }
-        });
+        let (words, moving) = start_move(&r, devices, from, to);
         tokio::time::sleep(Duration::from_millis(100)).await;
         assert!(words.said.lock().is_empty(), "case {i}: acknowledged before the source was quiesced: {:?}", words.said.lock());
         if let Some(after) = after {
