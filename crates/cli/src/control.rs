@@ -768,7 +768,8 @@ async fn arbitrate(client: Client, addr: String, member: String, gates: Arc<near
                         pool_bps: g.pool_bps,
                     })
                     .collect();
-                let peers: Vec<PeerIn> = g.peers.into_iter().map(|p| PeerIn { nsid: p.nsid, member: p.member, bps: p.bps }).collect();
+                let peers: Vec<PeerIn> =
+                    g.peers.into_iter().map(|p| PeerIn { nsid: p.nsid, member: p.member, bps: p.bps, pool_bps: p.pool_bps }).collect();
                 let ttl = g.ttl_ms.clamp(ARBITER_PERIOD_MS, ARBITER_GRANT_TTL_MS);
                 gates.apply(&asked, &grants, &peers, std::time::Duration::from_millis(ttl));
                 continue;

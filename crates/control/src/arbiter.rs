@@ -223,7 +223,8 @@ impl Arbiter {
                     *by.entry(m.as_str()).or_default() += c.granted;
                 }
             }
-            out.extend(by.into_iter().map(|(member, bps)| PeerGrant { nsid: pool.1, member: member.to_string(), bps }));
+            let pool_bps = book.values().filter(|c| c.seen_ms + ARBITER_CLIENT_TTL_MS >= now_ms).map(|c| c.granted).sum();
+            out.extend(by.into_iter().map(|(member, bps)| PeerGrant { nsid: pool.1, member: member.to_string(), bps, pool_bps }));
         }
         out.sort_by(|a, b| (a.nsid, &a.member).cmp(&(b.nsid, &b.member)));
         out
@@ -398,7 +399,10 @@ mod tests {
         assert!(ga.grants.is_empty());
         let b = bps(&gb, "t1") + bps(&gb, "t2");
         let c = bps(&gc, "t3");
-        let want = vec![PeerGrant { nsid: 1, member: "nqn.m:B".into(), bps: b }, PeerGrant { nsid: 1, member: "nqn.m:C".into(), bps: c }];
+        let want = vec![
+            PeerGrant { nsid: 1, member: "nqn.m:B".into(), bps: b, pool_bps: b + c },
+            PeerGrant { nsid: 1, member: "nqn.m:C".into(), bps: c, pool_bps: b + c },
+        ];
         assert_eq!(ga.peers, want);
         assert!(b > 0 && c > 0);
         // C named no NQN in its last request: left out; B quiet past the clients' time to live: too.

@@ -662,6 +662,10 @@ pub struct PeerGrant {
     pub member: String,
     /// Cost bytes per second.
     pub bps: u64,
+    /// All the pool's grants together, bytes per second: what an exporter the reply does
+    /// not name (of an older version) is weighed by is what these leave.
+    #[serde(default)]
+    pub pool_bps: u64,
 }
 
 /// What one tenant of the requester may move to one pool until the next grant.

@@ -153,9 +153,19 @@ fn one_host_cannot_lock_another_out_with_controllers() {
         let mut q = b.io_queue(1).await.unwrap();
         q.write(1, 0, &[5u8; 512], 512, false).await.unwrap();
         assert_eq!(q.read(1, 0, 1, 512).await.unwrap(), vec![5u8; 512]);
-        // Host A's controllers are its own: closing one gives it room for another.
+        // Host A's controllers are its own: closing one gives it room for another, once the
+        // target has seen its admin queue close (after the shutdown, asynchronously).
         held.pop().unwrap().shutdown().await.unwrap();
-        let _again = Controller::connect(t.opts(HOST_A)).await.unwrap();
+        let start = Instant::now();
+        let _again = loop {
+            match Controller::connect(t.opts(HOST_A)).await {
+                Ok(c) => break c,
+                Err(e) if start.elapsed() < Duration::from_secs(5) && e.to_string().contains("CONNECT_CONTROLLER_BUSY") => {
+                    tokio::time::sleep(Duration::from_millis(10)).await
+                }
+                Err(e) => panic!("host A got no controller back after closing one: {e}"),
+            }
+        };
     });
 }
 

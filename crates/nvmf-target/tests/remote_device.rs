@@ -333,6 +333,10 @@ struct Held {
     held: parking_lot::Mutex<std::collections::BTreeSet<u64>>,
     new: std::sync::atomic::AtomicBool,
     released: tokio::sync::Notify,
+    /// Held connections whose host's end is closed (the host sees its connection lost) while
+    /// their bytes stay held for the target.
+    cut: parking_lot::Mutex<std::collections::BTreeSet<u64>>,
+    cut_now: tokio::sync::Notify,
 }
 
 impl Held {
@@ -363,13 +367,37 @@ impl Held {
     fn holds(&self, n: u64) -> bool {
         self.held.lock().contains(&n)
     }
+
+    /// Closes the host's end of the held connections.
+    fn cut_held(&self) {
+        let held = self.held.lock().clone();
+        self.cut.lock().extend(held);
+        self.cut_now.notify_waiters();
+    }
+
+    async fn is_cut(&self, n: u64) {
+        loop {
+            let now = self.cut_now.notified();
+            if self.cut.lock().contains(&n) {
+                return;
+            }
+            now.await;
+        }
+    }
 }
 
 async fn held_proxy(to: SocketAddr) -> (SocketAddr, Arc<Held>) {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = l.local_addr().unwrap();
-    let held = Arc::new(Held { opened: 0.into(), held: Default::default(), new: false.into(), released: tokio::sync::Notify::new() });
+    let held = Arc::new(Held {
+        opened: 0.into(),
+        held: Default::default(),
+        new: false.into(),
+        released: tokio::sync::Notify::new(),
+        cut: Default::default(),
+        cut_now: tokio::sync::Notify::new(),
+    });
     let h = held.clone();
     tokio::spawn(async move {
         while let Ok((c, _)) = l.accept().await {
@@ -380,8 +408,13 @@ async fn held_proxy(to: SocketAddr) -> (SocketAddr, Arc<Held>) {
             let Ok(s) = tokio::net::TcpStream::connect(to).await else { continue };
             let (mut cr, mut cw) = c.into_split();
             let (mut sr, mut sw) = s.into_split();
+            let hc = h.clone();
             tokio::spawn(async move {
-                let _ = tokio::io::copy(&mut sr, &mut cw).await;
+                // Cut, the host's end closes (its write half goes with this task).
+                tokio::select! {
+                    _ = tokio::io::copy(&mut sr, &mut cw) => {}
+                    _ = hc.is_cut(n) => {}
+                }
             });
             let h = h.clone();
             tokio::spawn(async move {
@@ -537,6 +570,47 @@ async fn a_write_given_up_is_quiesced_at_the_peer_before_anything_relies_on_it()
     assert_eq!(c.result.unwrap_err().kind(), io::ErrorKind::TimedOut);
     assert_eq!(pool.in_doubt(), 0, "a read given up is not in doubt");
     held.release();
+}
+
+/// A pooled connection found lost with a write in flight: the write is tried again on a
+/// new connection only once the old one's controller is reset at the peer; else the old
+/// write, delivered late, would land over what the host wrote after the retry completed.
+#[tokio::test]
+async fn a_write_tried_again_after_a_lost_connection_waits_for_the_old_ones_reset() {
+    let p = peer().await;
+    let (via, held) = held_proxy(p.addr).await;
+    let mut direct = b_queue(p.addr).await;
+    let pool = Arc::new(Pool::new(4));
+    let dev = Arc::new(Remote::open(config(via, 1, MEMBER, MEMBER, Duration::from_secs(5)), pool.clone()).await.unwrap());
+    assert!(run(&dev, Op::Write { off: 8192, fua: false }, filled(4096, 1)).await.result.is_ok());
+    // The pooled connection's admin and I/O queues: held, then cut on the device's side.
+    held.hold_last(2);
+    let write = tokio::spawn({
+        let dev = dev.clone();
+        async move { run(&dev, Op::Write { off: 8192, fua: false }, filled(4096, 2)).await }
+    });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    // New connections are held too for now: the reset cannot reach the peer yet.
+    let first_new = held.hold_new();
+    held.cut_held();
+    let doubted = async {
+        while pool.in_doubt() == 0 {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    };
+    tokio::time::timeout(Duration::from_secs(5), doubted).await.expect("the lost write is in doubt before it is tried again");
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert!(!write.is_finished(), "not tried again before the old controller's reset");
+    held.release_from(first_new);
+    let c = tokio::time::timeout(Duration::from_secs(15), write).await.expect("tried again").unwrap();
+    c.result.expect("the write tried again on a new connection succeeds");
+    assert_eq!(pool.in_doubt(), 0);
+    // The host goes on: a later write of the same blocks, then the network delivers the
+    // first attempt to a controller that is gone.
+    assert!(run(&dev, Op::Write { off: 8192, fua: false }, filled(4096, 3)).await.result.is_ok());
+    held.release();
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(direct.read(1, 16, 8, 512).await.unwrap(), filled(4096, 3).to_vec(), "the first attempt did not land late");
 }
 
 /// An I/O queue of the peer's namespace 1, straight to it, for the checks.

@@ -482,7 +482,8 @@ impl Sim {
             .collect();
         let told: Vec<String> = grants.iter().map(|g| format!("{}={}", g.tenant, g.bps.unwrap_or(0) >> 10)).collect();
         self.trace.event(format_args!("e{e} granted (KiB/s) {}", told.join(" ")));
-        let peers: Vec<PeerIn> = g.peers.iter().map(|p| PeerIn { nsid: p.nsid, member: p.member.clone(), bps: p.bps }).collect();
+        let peers: Vec<PeerIn> =
+            g.peers.iter().map(|p| PeerIn { nsid: p.nsid, member: p.member.clone(), bps: p.bps, pool_bps: p.pool_bps }).collect();
         let ttl = if self.bug == Some(ArbiterBug::NeverExpire) { 3_600_000 } else { g.ttl_ms };
         self.gates[e].apply(&asked, &grants, &peers, Duration::from_millis(ttl));
     }

@@ -68,6 +68,8 @@ pub struct PeerIn {
     /// The exporter's cluster NQN, as its connections to the pool name it.
     pub member: String,
     pub bps: u64,
+    /// All the pool's grants together.
+    pub pool_bps: u64,
 }
 
 /// The weights a pool's scheduler gives while the arbiter divides the pool: each of this
@@ -313,6 +315,8 @@ impl Gates {
         }
         for p in peers {
             *weights.entry(p.nsid).or_default().by_member.entry(p.member.as_str().into()).or_default() += p.bps;
+            let t = total.entry(p.nsid).or_default();
+            *t = (*t).max(p.pool_bps);
         }
         for (nsid, w) in weights.iter_mut() {
             let named: u64 = w.by_tenant.values().sum::<u64>() + w.by_member.values().sum::<u64>();

@@ -402,6 +402,12 @@ impl Channel {
         self.tenant.clone()
     }
 
+    /// The life this channel holds, to hand on to work done for its operations elsewhere
+    /// (a volume's slow path, a peer's operation task): see [`set_life`](Self::set_life).
+    pub fn life_shared(&self) -> Option<Arc<crate::subsystem::Life>> {
+        self.life.clone()
+    }
+
     /// Hands every ring operation to the kernel's io-wq workers (IOSQE_ASYNC) instead of
     /// trying it inside the submit: for a channel on a network thread whose operations
     /// are large (the offload engine's chunks), so that a page-cache hit is copied on a

@@ -394,7 +394,9 @@ impl Pool {
 /// How long the reset of controllers whose writes are in doubt pauses after a round that
 /// did not reset them all, at first and at most (doubling in between).
 const DOUBT_RETRY: Duration = Duration::from_secs(1);
-const DOUBT_RETRY_MAX: Duration = Duration::from_secs(30);
+/// Below a move's drain (5 s): a peer back from an outage has its doubts cleared before a
+/// move of its extents gives up waiting.
+const DOUBT_RETRY_MAX: Duration = Duration::from_secs(4);
 
 /// How long a write given up waits for its controller's reset before its error is
 /// completed: the reset's own limit and a connection's.
@@ -424,11 +426,30 @@ struct Lease<'a> {
     permit: Option<OwnedSemaphorePermit>,
     /// The write it carries (None: a read or flush).
     running: Option<Running>,
+    /// The peer answered every command of the operation (or none was sent): nothing of it
+    /// can land later. Until then a write's connection closed is in doubt, whatever its
+    /// queue still counts in flight (a queue that saw its connection lost forgets them).
+    settled: bool,
 }
 
 impl Lease<'_> {
     fn conn(&mut self) -> &mut Conn {
         self.conn.as_mut().expect("held until kept or dropped")
+    }
+
+    /// Closes the connection for an operation that goes on to another attempt: its write
+    /// comes back, counted first as a doubt when it was in flight.
+    fn close(mut self) -> Option<Running> {
+        self.doubt_if_in_flight();
+        self.running.take()
+    }
+
+    fn doubt_if_in_flight(&mut self) {
+        if let (Some(conn), Some(r)) = (self.conn.take(), &self.running) {
+            if !self.settled {
+                self.pool.doubt(&conn, self.cfg, r.range);
+            }
+        }
     }
 
     fn keep(mut self) {
@@ -444,11 +465,7 @@ impl Lease<'_> {
 
 impl Drop for Lease<'_> {
     fn drop(&mut self) {
-        if let (Some(mut conn), Some(r)) = (self.conn.take(), &self.running) {
-            if conn.q.queue().in_flight() > 0 {
-                self.pool.doubt(&conn, self.cfg, r.range);
-            }
-        }
+        self.doubt_if_in_flight();
         // Only now: the write is counted as a doubt before it stops counting as running.
         self.running.take();
     }
@@ -510,16 +527,32 @@ impl BlockDevice for Remote {
         let mut reply = Reply::new(ch.sender(), tag, buf, self.inner.name(), cancelled);
         let (inner, stop) = (self.inner.clone(), ch.cancellation());
         // A write counts from here, before its caller can let go of it (a move's drain).
-        let running = Range::written(inner.cfg.peer.nsid, &op, reply.buf()).map(|r| inner.pool.running(r));
+        let range = Range::written(inner.cfg.peer.nsid, &op, reply.buf());
+        let running = range.map(|r| inner.pool.running(r));
+        // The caller's controller lives on while this may still write (its Cross-Controller
+        // Reset waits for it).
+        let life = ch.life_shared();
         rt.spawn(async move {
             let mut reply = reply;
             let buf = reply.buf();
             // Cancelled, the operation is dropped where it waits: the task owns the buffer,
-            // and a connection left with commands in flight is closed, not pooled.
-            let result = tokio::select! {
-                r = inner.run(op, buf, running) => r,
-                _ = stop.cancelled() => return,
+            // and a connection left with commands in flight is closed, not pooled, its
+            // write in doubt until reset at the peer; the task ends only then (or after the
+            // reset's limit), holding the caller's life.
+            // (The operation's future is dropped when the select ends, before the doubt is
+            // looked at: its connection's doubt is counted by then.)
+            let outcome = tokio::select! {
+                r = inner.run(op, buf, running) => Some(r),
+                _ = stop.cancelled() => None,
             };
+            let Some(result) = outcome else {
+                if let Some(range) = range.filter(|r| inner.pool.doubted(r)) {
+                    let _ = inner.pool.settled(range, None, doubt_wait(&inner.cfg)).await;
+                }
+                drop(life);
+                return;
+            };
+            drop(life);
             reply.send(result);
         });
     }
@@ -564,7 +597,8 @@ impl Inner {
                 };
                 error(kind, None, format!("{}: {}", self.name(), e.message))
             })?;
-            let mut lease = Lease { pool: &self.pool, cfg: &self.cfg, conn: Some(conn), permit: Some(permit), running: running.take() };
+            let mut lease =
+                Lease { pool: &self.pool, cfg: &self.cfg, conn: Some(conn), permit: Some(permit), running: running.take(), settled: false };
             let r = match tokio::time::timeout(t, self.exec(lease.conn(), op, buf)).await {
                 Ok(r) => r,
                 Err(_) => Err(error(io::ErrorKind::TimedOut, None, format!("no data for {} s", t.as_secs()))),
@@ -573,14 +607,16 @@ impl Inner {
             // peer leaves it usable. One closed with writes in flight puts its controller
             // in doubt (Lease's drop).
             let usable = r.as_ref().err().is_none_or(|e| peer_status(e).is_some());
+            // Refused before a command was sent (bytes not in whole blocks): nothing to doubt.
+            let unsent = matches!(&r, Err(e) if peer_status(e).is_none() && e.kind() == io::ErrorKind::InvalidInput);
+            lease.settled = (usable && lease.conn().q.queue().in_flight() == 0) || unsent;
             let again = matches!(&r, Err(e) if reused && !fresh && lost_connection(e));
             if usable {
                 lease.keep();
+            } else if again {
+                // The write goes on to its next attempt (its doubt, if any, counted first).
+                running = lease.close();
             } else {
-                if again {
-                    // The write goes on to its next attempt (its doubt, if any, counted first).
-                    running = lease.running.take();
-                }
                 drop(lease);
             }
             match r {

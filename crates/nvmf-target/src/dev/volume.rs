@@ -519,12 +519,13 @@ impl BlockDevice for Volume {
         ch.started_elsewhere();
         let cancelled = |_: &str| io::Error::new(io::ErrorKind::Interrupted, "the volume operation was cancelled");
         let reply = Reply::new(ch.sender(), tag, buf, String::new(), cancelled);
-        // Its pool operations are the caller's tenant's, as its fast path's are.
-        let (inner, stop, tenant) = (self.inner.clone(), ch.cancellation(), ch.tenant_shared());
+        // Its pool operations are the caller's tenant's, as its fast path's are, and hold
+        // the caller's controller's life (a peer's write given up holds it until quiesced).
+        let (inner, stop, tenant, life) = (self.inner.clone(), ch.cancellation(), ch.tenant_shared(), ch.life_shared());
         rt.spawn(async move {
             let mut reply = reply;
             let buf = reply.buf();
-            let r = inner.run(op, buf, stop, tenant).await;
+            let r = inner.run(op, buf, stop, tenant, life).await;
             reply.send(r);
         });
     }
@@ -812,7 +813,14 @@ impl Inner {
     }
 
     /// The slow path of one operation, charged to `tenant` in fair-scheduled pools.
-    async fn run(&self, op: Op, buf: &mut AlignedBuf, stop: CancellationToken, tenant: Option<Arc<fair::Tenant>>) -> io::Result<()> {
+    async fn run(
+        &self,
+        op: Op,
+        buf: &mut AlignedBuf,
+        stop: CancellationToken,
+        tenant: Option<Arc<fair::Tenant>>,
+        life: Option<Arc<crate::subsystem::Life>>,
+    ) -> io::Result<()> {
         let ext = self.cfg.extent_size;
         let check = |off: u64, len: u64| {
             if off.checked_add(len).is_none_or(|e| e > self.cfg.size) {
@@ -821,6 +829,7 @@ impl Inner {
             Ok(())
         };
         let mut ch = Channel::new(IoEngine::Threads, self.pool.clone()).same_tenant(tenant);
+        ch.set_life(life);
         match op {
             Op::Read { off } | Op::Write { off, .. } => {
                 let len = buf.len() as u64;

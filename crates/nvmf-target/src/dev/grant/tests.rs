@@ -162,7 +162,7 @@ async fn a_pools_own_target_weighs_its_keys_by_the_grants() {
     // 4 MiB/s the tenants of exporters m1 and m2; the rest for a peer the answer did not name.
     let mut gr = grant("host:h", Some(6 * MIB), 0, 1.0);
     gr.pool_bps = 30 * MIB;
-    let peer = |m: &str, bps| PeerIn { nsid: 1, member: m.into(), bps };
+    let peer = |m: &str, bps| PeerIn { nsid: 1, member: m.into(), bps, pool_bps: 30 * MIB };
     g.apply(&asked, &[gr], &[peer("nqn.m1", 16 * MIB), peer("nqn.m2", 4 * MIB)], Duration::from_millis(1000));
     assert_eq!(g.pool_weight(1, &local), Some(6 * 1024));
     assert_eq!(g.pool_weight(1, &m1), Some(16 * 1024), "each exporter its tenants' grants");
@@ -171,10 +171,15 @@ async fn a_pools_own_target_weighs_its_keys_by_the_grants() {
     assert_eq!(g.pool_weight(1, &new), Some((limits::GRANT_PROVISIONAL_BPS >> 10) as u32));
     assert_eq!(g.pool_weight(2, &local), None, "a pool the answer named nothing on");
     // Only peers on a pool (no tenant of this target there): their grants weigh them.
-    g.apply(&[], &[], &[peer("nqn.m1", 8 * MIB), PeerIn { nsid: 2, member: "nqn.m2".into(), bps: 2 * MIB }], Duration::from_millis(1000));
+    g.apply(
+        &[],
+        &[],
+        &[peer("nqn.m1", 8 * MIB), PeerIn { nsid: 2, member: "nqn.m2".into(), bps: 2 * MIB, pool_bps: 12 * MIB }],
+        Duration::from_millis(1000),
+    );
     assert_eq!(g.pool_weight(1, &m1), Some(8 * 1024));
     assert_eq!(g.pool_weight(2, &m2), Some(2 * 1024));
-    assert_eq!(g.pool_weight(2, &m1), Some((limits::GRANT_PROVISIONAL_BPS >> 10) as u32));
+    assert_eq!(g.pool_weight(2, &m1), Some(10 * 1024), "not named: what the pool's grants leave");
     // Past most of the TTL the pools' own sharing takes over, before the grants run out.
     tokio::time::advance(Duration::from_millis(801)).await;
     assert_eq!(g.pool_weight(1, &local), None);

@@ -18,7 +18,7 @@ use parking_lot::Mutex;
 
 use super::{BoxFuture, Devices, Hold, Location, Volume};
 use crate::config::IoEngine;
-use crate::dev::{Channel, Op};
+use crate::dev::{BlockDevice, Channel, Op};
 use crate::io_pool::IoPool;
 use crate::limits::{MOVE_COPY_CHUNK_BYTES, MOVE_DRAIN_MS};
 
@@ -140,6 +140,9 @@ pub struct Mover {
     cfg: MoverConfig,
     /// Moves running here, by id.
     active: Mutex<HashSet<u64>>,
+    /// The destinations this copier wrote, by move id, until the move ended here: a failed
+    /// move's is quiesced before its abort is confirmed (the control plane frees it then).
+    written: Mutex<HashMap<u64, Arc<dyn BlockDevice>>>,
 }
 
 fn context(what: String) -> impl FnOnce(io::Error) -> io::Error {
@@ -148,7 +151,7 @@ fn context(what: String) -> impl FnOnce(io::Error) -> io::Error {
 
 impl Mover {
     pub fn new(ctl: Arc<dyn MoveControl>, devices: Arc<dyn Devices>, served: Arc<Served>, pool: IoPool, cfg: MoverConfig) -> Mover {
-        Mover { ctl, devices, served, pool, cfg, active: Mutex::default() }
+        Mover { ctl, devices, served, pool, cfg, active: Mutex::default(), written: Mutex::default() }
     }
 
     /// Runs forever: long-polls this target's moves and starts each new one as a task.
@@ -171,21 +174,20 @@ impl Mover {
                 if self.active.lock().contains(&key) {
                     continue;
                 }
-                if m.aborted {
-                    // Given up while this target was silent: it stopped (it runs nothing of
-                    // it), so the destination may be freed, once nothing it wrote there can
-                    // still land (else asked again at the next listing).
-                    if let Err(e) = self.destination_quiesced(&m).await {
-                        tracing::warn!(volume = %m.volume, extent = m.index, error = %e, "an aborted move's destination is not quiesced; not confirmed yet");
-                        continue;
-                    }
-                    if let Err(e) = self.ctl.abort(&m, "its copier stopped").await {
-                        tracing::warn!(volume = %m.volume, extent = m.index, error = %e, "cannot confirm an aborted move");
-                    }
-                    continue;
-                }
+                // Failed here with copy writes to its destination not quiesced, or given up
+                // while this target was silent (it runs nothing of it): its abort is
+                // confirmed, and the destination freed, once nothing this copier wrote
+                // there can still land; else at a later listing. Never copied again.
+                let unconfirmed = self.written.lock().contains_key(&key);
                 self.active.lock().insert(key);
                 let me = self.clone();
+                if m.aborted || unconfirmed {
+                    tokio::spawn(async move {
+                        me.confirm_abort(&m).await;
+                        me.active.lock().remove(&key);
+                    });
+                    continue;
+                }
                 tokio::spawn(async move {
                     me.run_move(&m).await;
                     me.active.lock().remove(&key);
@@ -200,17 +202,20 @@ impl Mover {
         let block = self.cfg.bug != Some(MoveBug::NoInvalidation);
         let Some(holds) = self.served.start(&m.volume, m.index, block) else { return };
         let r = self.copy(m, holds).await;
-        if let Err(e) = &r {
+        match &r {
+            Ok(()) => {
+                self.written.lock().remove(&m.id);
+            }
             // A copy write given up may still land in the destination: the control plane
             // frees it at the abort, so the abort waits until none can. Not quiesced, the
-            // move is left to fall silent: its destination stays reserved (until this
-            // target confirms, above, or registers again).
-            match self.destination_quiesced(m).await {
+            // move is not confirmed, nor copied again: its destination stays reserved until
+            // a later listing confirms it (`confirm_abort`), or this target registers again.
+            Err(e) => match self.destination_quiesced(m).await {
                 Ok(()) => self.abort_known(m, &e.to_string()).await,
                 Err(q) => {
-                    tracing::warn!(volume = %m.volume, extent = m.index, error = %q, "the destination is not quiesced; the move is left to time out")
+                    tracing::warn!(volume = %m.volume, extent = m.index, error = %q, "the destination is not quiesced; the abort is confirmed later")
                 }
-            }
+            },
         }
         // Only now may the extent's operations go on: they translate again, to the new
         // place once published.
@@ -221,14 +226,31 @@ impl Mover {
         }
     }
 
-    /// Waits, at most the drain's limit, until no copy write to `m`'s destination can still
-    /// land there.
+    /// Waits, at most the drain's limit, until no copy write of this copier to `m`'s
+    /// destination can still land there; then forgets that it wrote there.
     async fn destination_quiesced(&self, m: &MoveOrder) -> io::Result<()> {
-        let dst = self.devices.open(&m.to).await?;
-        let Some(q) = dst.quiesce(m.to.offset, m.extent_size) else { return Ok(()) };
-        tokio::time::timeout(Duration::from_millis(MOVE_DRAIN_MS), q).await.map_err(|_| {
-            io::Error::new(io::ErrorKind::TimedOut, format!("copy writes to {} not quiesced within {MOVE_DRAIN_MS} ms", m.to_name))
-        })?
+        // Not written here (nothing copied yet, or by an earlier life of this target).
+        let Some(dst) = self.written.lock().get(&m.id).cloned() else { return Ok(()) };
+        if let Some(q) = dst.quiesce(m.to.offset, m.extent_size) {
+            tokio::time::timeout(Duration::from_millis(MOVE_DRAIN_MS), q).await.map_err(|_| {
+                io::Error::new(io::ErrorKind::TimedOut, format!("copy writes to {} not quiesced within {MOVE_DRAIN_MS} ms", m.to_name))
+            })??;
+        }
+        self.written.lock().remove(&m.id);
+        Ok(())
+    }
+
+    /// Confirms the abort of a move this copier does not run: given up by the control plane
+    /// while this target was silent, or failed here with its destination not quiesced.
+    async fn confirm_abort(&self, m: &MoveOrder) {
+        if let Err(e) = self.destination_quiesced(m).await {
+            tracing::warn!(volume = %m.volume, extent = m.index, error = %e, "a failed move's destination is not quiesced; not confirmed yet");
+            return;
+        }
+        let why = if m.aborted { "its copier stopped" } else { "its copy failed" };
+        if let Err(e) = self.ctl.abort(m, why).await {
+            tracing::warn!(volume = %m.volume, extent = m.index, error = %e, "cannot confirm an aborted move");
+        }
     }
 
     /// Aborts `m` until the control plane's answer says it ended: the abort taken, or no
@@ -276,6 +298,7 @@ impl Mover {
         }
         self.ctl.report(m, true, 0).await.map_err(context("acknowledging".into()))?;
         let dst = self.devices.open(&m.to).await.map_err(context(format!("opening the destination pool {}", m.to_name)))?;
+        self.written.lock().insert(m.id, dst.clone());
         let mut ch = Channel::new(IoEngine::Threads, self.pool.clone());
         let mut buf = AlignedBuf::new(MOVE_COPY_CHUNK_BYTES);
         let started = tokio::time::Instant::now();
