@@ -93,8 +93,13 @@ async fn open(addr: SocketAddr, nsid: u32) -> Remote {
     Remote::open(config(addr, nsid, MEMBER, HOST, T), Arc::new(Pool::new(4))).await.unwrap()
 }
 
+/// A host's queue's channel (a tenant's: the device completes a write it gave up only once
+/// that write cannot land any more).
 fn channel() -> Channel {
-    Channel::new(IoEngine::Uring, IoPool::new(1))
+    let mut ch = Channel::new(IoEngine::Uring, IoPool::new(1));
+    let policy = nearstore_target::tenant::TenantPolicy::unrestricted(nearstore_target::tenant::TenantId::DEFAULT, "default", 100, 100);
+    ch.set_tenant(Arc::new(nearstore_target::dev::fair::Tenant::of(&policy, HOST)));
+    ch
 }
 
 fn buf(len: usize) -> AlignedBuf {

@@ -64,7 +64,7 @@ fn broken_move_protocols_are_caught() {
     // (bug, what the failure may say)
     let cases: &[(MoveBug, &[&str])] = &[
         (MoveBug::NoInvalidation, &["was overwritten by", "the bytes of volume"]),
-        (MoveBug::NoDrain, &["was overwritten by"]),
+        (MoveBug::NoDrain, &["was overwritten by", "the bytes of volume"]),
         (MoveBug::UnblockBeforePublish, &["was overwritten by"]),
     ];
     for &(bug, expect) in cases {

@@ -532,6 +532,9 @@ impl BlockDevice for Remote {
         // The caller's controller lives on while this may still write (its Cross-Controller
         // Reset waits for it).
         let life = ch.life_shared();
+        // A host's write given up completes after its reset (its host's next write must not
+        // be overtaken); the target's own work (a move's copy) handles its doubts itself.
+        let for_host = ch.tenant().is_some();
         rt.spawn(async move {
             let mut reply = reply;
             let buf = reply.buf();
@@ -542,7 +545,7 @@ impl BlockDevice for Remote {
             // (The operation's future is dropped when the select ends, before the doubt is
             // looked at: its connection's doubt is counted by then.)
             let outcome = tokio::select! {
-                r = inner.run(op, buf, running) => Some(r),
+                r = inner.run(op, buf, running, for_host) => Some(r),
                 _ = stop.cancelled() => None,
             };
             let Some(result) = outcome else {
@@ -564,14 +567,14 @@ impl Inner {
         format!("peer {} ({} nsid {}) for {}", p.address, p.nqn, p.nsid, self.cfg.host)
     }
 
-    async fn run(&self, op: Op, buf: &mut AlignedBuf, running: Option<Running>) -> io::Result<()> {
+    async fn run(&self, op: Op, buf: &mut AlignedBuf, running: Option<Running>, for_host: bool) -> io::Result<()> {
         let started = std::time::Instant::now();
         let range = running.as_ref().map(|r| r.range);
         let r = self.attempt(op, buf, running).await;
         // A write given up is completed only once nothing of it can land any more (its
         // controller reset at the peer), or after the reset's limit: the caller's next
         // write of these blocks must not be overtaken by it.
-        if let (Err(_), Some(range)) = (&r, range) {
+        if let (Err(_), Some(range), true) = (&r, range, for_host) {
             if self.pool.doubted(&range) {
                 if let Err(e) = self.pool.settled(range, None, doubt_wait(&self.cfg)).await {
                     tracing::warn!(peer = %self.cfg.peer.address, "a write given up is completed still in doubt: {e}");

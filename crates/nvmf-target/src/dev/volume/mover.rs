@@ -201,25 +201,40 @@ impl Mover {
     pub async fn run_move(&self, m: &MoveOrder) {
         let block = self.cfg.bug != Some(MoveBug::NoInvalidation);
         let Some(holds) = self.served.start(&m.volume, m.index, block) else { return };
-        let r = self.copy(m, holds).await;
+        let mut publishing = false;
+        let r = self.copy(m, holds, &mut publishing).await;
         match &r {
             Ok(()) => {
                 self.written.lock().remove(&m.id);
+                // Only now may the extent's operations go on: they translate again, to the
+                // new place.
+                self.served.finish(&m.volume, m.index);
             }
-            // A copy write given up may still land in the destination: the control plane
-            // frees it at the abort, so the abort waits until none can. Not quiesced, the
-            // move is not confirmed, nor copied again: its destination stays reserved until
-            // a later listing confirms it (`confirm_abort`), or this target registers again.
-            Err(e) => match self.destination_quiesced(m).await {
-                Ok(()) => self.abort_known(m, &e.to_string()).await,
-                Err(q) => {
-                    tracing::warn!(volume = %m.volume, extent = m.index, error = %q, "the destination is not quiesced; the abort is confirmed later")
+            // Failed before its publication was asked for: no word of it can publish it any
+            // more, so the extent's operations go on at once, at the old place. A copy
+            // write given up may still land in the destination, which the control plane
+            // frees at the abort: the abort waits until none can. Not quiesced, the move is
+            // not confirmed, nor copied again: its destination stays reserved until a later
+            // listing confirms it (`confirm_abort`), or this target registers again.
+            Err(e) if !publishing => {
+                self.served.finish(&m.volume, m.index);
+                match self.destination_quiesced(m).await {
+                    Ok(()) => self.abort_known(m, &e.to_string()).await,
+                    Err(q) => {
+                        tracing::warn!(volume = %m.volume, extent = m.index, error = %q, "the destination is not quiesced; the abort is confirmed later")
+                    }
                 }
-            },
+            }
+            // A publication asked for may still be taken: the extent stays blocked until the
+            // abort is answered (its copy was whole and flushed, so nothing of it is in doubt).
+            Err(e) => {
+                if let Err(q) = self.destination_quiesced(m).await {
+                    tracing::warn!(volume = %m.volume, extent = m.index, error = %q, "the destination is not quiesced");
+                }
+                self.abort_known(m, &e.to_string()).await;
+                self.served.finish(&m.volume, m.index);
+            }
         }
-        // Only now may the extent's operations go on: they translate again, to the new
-        // place once published.
-        self.served.finish(&m.volume, m.index);
         match r {
             Ok(()) => tracing::info!(volume = %m.volume, extent = m.index, to = %m.to_name, "extent moved"),
             Err(e) => tracing::warn!(volume = %m.volume, extent = m.index, error = %e, "move aborted"),
@@ -273,7 +288,8 @@ impl Mover {
 
     /// Drains, acknowledges, copies, flushes and publishes one move; `holds` are the
     /// extent's blocks on the volumes served here.
-    async fn copy(&self, m: &MoveOrder, holds: Vec<Arc<Hold>>) -> io::Result<()> {
+    /// `publishing` is set once the publication is asked for.
+    async fn copy(&self, m: &MoveOrder, holds: Vec<Arc<Hold>>, publishing: &mut bool) -> io::Result<()> {
         let src = self.devices.open(&m.from).await.map_err(context(format!("opening the source pool {}", m.from_name)))?;
         if self.cfg.bug != Some(MoveBug::NoDrain) {
             let deadline = tokio::time::Instant::now() + Duration::from_millis(MOVE_DRAIN_MS);
@@ -330,6 +346,7 @@ impl Mover {
             drop(holds);
             self.served.finish(&m.volume, m.index);
         }
+        *publishing = true;
         self.ctl.publish(m, copied).await.map_err(context("publishing".into()))
     }
 }
