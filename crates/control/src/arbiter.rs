@@ -214,16 +214,13 @@ impl Arbiter {
     fn peers_of(&self, now_ms: u64, target: &str) -> Vec<PeerGrant> {
         let mut out = Vec::new();
         for (pool, book) in self.books.iter().filter(|(p, _)| p.0 == target) {
-            let mut by: BTreeMap<&str, u64> = BTreeMap::new();
-            for ((exporter, _), c) in book {
-                if exporter == target || c.seen_ms + ARBITER_CLIENT_TTL_MS < now_ms {
-                    continue;
-                }
-                if let Some(m) = self.members.get(exporter) {
+            let (mut by, mut pool_bps): (BTreeMap<&str, u64>, u64) = (BTreeMap::new(), 0);
+            for ((exporter, _), c) in book.iter().filter(|(_, c)| c.seen_ms + ARBITER_CLIENT_TTL_MS >= now_ms) {
+                pool_bps += c.granted;
+                if let Some(m) = self.members.get(exporter).filter(|_| exporter != target) {
                     *by.entry(m.as_str()).or_default() += c.granted;
                 }
             }
-            let pool_bps = book.values().filter(|c| c.seen_ms + ARBITER_CLIENT_TTL_MS >= now_ms).map(|c| c.granted).sum();
             out.extend(by.into_iter().map(|(member, bps)| PeerGrant { nsid: pool.1, member: member.to_string(), bps, pool_bps }));
         }
         out.sort_by(|a, b| (a.nsid, &a.member).cmp(&(b.nsid, &b.member)));

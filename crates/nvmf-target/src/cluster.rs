@@ -289,7 +289,7 @@ impl Peers {
 /// member reading for itself (`host == member`: a volume's extents in a peer's pool
 /// subsystem) names no host.
 pub(crate) async fn connect(p: &PeerConfig, member: &str, host: &str, timeout: Duration) -> Result<Conn, PeerError> {
-    let ctrl = controller(p, member, host, timeout, ConnectOptions::new(p.address, &p.nqn).kato_ms).await?;
+    let ctrl = controller(p, member, host, timeout, None).await?;
     let id = ctrl.identify_namespace(p.nsid).await.map_err(|e| failed(format!("identifying namespace {}: {e}", p.nsid)))?;
     let block = id.block_size() as u64;
     let size = id.nsze.checked_mul(block).unwrap_or(0);
@@ -309,9 +309,18 @@ impl Conn {
 
 /// A controller of `p`'s subsystem as cluster member `member` acting for `host` (no I/O
 /// queue): [`connect`]'s first step, and what resets a lost one (dev::remote).
-pub(crate) async fn controller(p: &PeerConfig, member: &str, host: &str, timeout: Duration, kato_ms: u32) -> Result<Controller, PeerError> {
+/// `kato_ms`: its keep-alive timeout, when not the initiator's default.
+pub(crate) async fn controller(
+    p: &PeerConfig,
+    member: &str,
+    host: &str,
+    timeout: Duration,
+    kato_ms: Option<u32>,
+) -> Result<Controller, PeerError> {
     let mut opts = ConnectOptions::new(p.address, &p.nqn);
-    opts.kato_ms = kato_ms;
+    if let Some(k) = kato_ms {
+        opts.kato_ms = k;
+    }
     opts.hostnqn = member.to_string();
     opts.hostid = *uuid::Uuid::new_v5(&uuid::Uuid::NAMESPACE_OID, member.as_bytes()).as_bytes();
     opts.timeout = timeout;

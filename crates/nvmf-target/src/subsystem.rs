@@ -364,17 +364,15 @@ impl Subsystem {
         }
         // Under the controllers' lock throughout: a removal moves a controller to the
         // retiring under it too, so an instance is always found in one or the other.
-        let mut ctrls = self.controllers.lock();
+        let ctrls = self.controllers.lock();
         let live = ctrls.get(&icid).filter(|c| (c.ciu, c.cirn) == (ciu, cirn)).cloned();
         if let Some(c) = live {
             if c.hostnqn != by.hostnqn {
                 // Another host's controller: refused like one that is not there.
                 return Err(Status::INVALID_FIELD.dnr());
             }
-            ctrls.remove(&icid);
-            self.retire(&c);
             drop(ctrls);
-            c.cancel.cancel();
+            self.remove_this_controller(&c);
             return Ok(c.ended.clone());
         }
         let mut retiring = self.retiring.lock();

@@ -542,12 +542,7 @@ async fn a_write_given_up_is_quiesced_at_the_peer_before_anything_relies_on_it()
         let dev = dev.clone();
         async move { run(&dev, Op::Write { off: 0, fua: false }, filled(4096, 2)).await }
     });
-    let doubted = async {
-        while pool.in_doubt() == 0 {
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
-    };
-    tokio::time::timeout(Duration::from_secs(5), doubted).await.expect("the write given up is in doubt");
+    in_doubt_within(&pool, Duration::from_secs(5)).await.expect("the write given up is in doubt");
     let quiesced = dev.quiesce(0, 4096).expect("a peer's device quiesces");
     let quiesced = tokio::spawn(quiesced);
     tokio::time::sleep(Duration::from_secs(2)).await;
@@ -598,12 +593,7 @@ async fn a_write_tried_again_after_a_lost_connection_waits_for_the_old_ones_rese
     // New connections are held too for now: the reset cannot reach the peer yet.
     let first_new = held.hold_new();
     held.cut_held();
-    let doubted = async {
-        while pool.in_doubt() == 0 {
-            tokio::time::sleep(Duration::from_millis(5)).await;
-        }
-    };
-    tokio::time::timeout(Duration::from_secs(5), doubted).await.expect("the lost write is in doubt before it is tried again");
+    in_doubt_within(&pool, Duration::from_secs(5)).await.expect("the lost write is in doubt before it is tried again");
     tokio::time::sleep(Duration::from_secs(1)).await;
     assert!(!write.is_finished(), "not tried again before the old controller's reset");
     held.release_from(first_new);
@@ -616,6 +606,16 @@ async fn a_write_tried_again_after_a_lost_connection_waits_for_the_old_ones_rese
     held.release();
     tokio::time::sleep(Duration::from_millis(500)).await;
     assert_eq!(direct.read(1, 16, 8, 512).await.unwrap(), filled(4096, 3).to_vec(), "the first attempt did not land late");
+}
+
+/// Waits until `pool` has a controller in doubt, at most `within`.
+async fn in_doubt_within(pool: &Pool, within: Duration) -> Result<(), tokio::time::error::Elapsed> {
+    let doubted = async {
+        while pool.in_doubt() == 0 {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    };
+    tokio::time::timeout(within, doubted).await
 }
 
 /// An I/O queue of the peer's namespace 1, straight to it, for the checks.

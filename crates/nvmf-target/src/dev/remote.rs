@@ -272,6 +272,15 @@ impl Pool {
         self.settled(Range { nsid, off, len }, None, wait).await
     }
 
+    /// Waits, at most `wait`, until a write of `range` put in doubt is reset at the peer
+    /// (and no other write there runs, `except` apart); at once when none is in doubt.
+    async fn outlive_doubt(&self, range: Range, except: Option<u64>, wait: Duration) -> io::Result<()> {
+        if !self.doubted(&range) {
+            return Ok(());
+        }
+        self.settled(range, except, wait).await
+    }
+
     /// [`quiesced`](Self::quiesced) of `range`, the running write `except` (the caller's
     /// own) apart.
     async fn settled(&self, range: Range, except: Option<u64>, wait: Duration) -> io::Result<()> {
@@ -411,7 +420,7 @@ async fn reset(d: &Doubt) -> Result<(), String> {
     let c = &d.cfg;
     let wait = doubt_wait(c);
     let kato = (2 * wait.as_millis()).min(u32::MAX as u128) as u32;
-    let ctrl = cluster::controller(&c.peer, &c.member, &c.host, c.timeout, kato).await.map_err(|e| e.message)?;
+    let ctrl = cluster::controller(&c.peer, &c.member, &c.host, c.timeout, Some(kato)).await.map_err(|e| e.message)?;
     ctrl.cross_controller_reset(d.instance, wait).await.map_err(|e| e.to_string())
 }
 
@@ -440,11 +449,11 @@ impl Lease<'_> {
     /// Closes the connection for an operation that goes on to another attempt: its write
     /// comes back, counted first as a doubt when it was in flight.
     fn close(mut self) -> Option<Running> {
-        self.doubt_if_in_flight();
+        self.doubt_unless_settled();
         self.running.take()
     }
 
-    fn doubt_if_in_flight(&mut self) {
+    fn doubt_unless_settled(&mut self) {
         if let (Some(conn), Some(r)) = (self.conn.take(), &self.running) {
             if !self.settled {
                 self.pool.doubt(&conn, self.cfg, r.range);
@@ -465,7 +474,7 @@ impl Lease<'_> {
 
 impl Drop for Lease<'_> {
     fn drop(&mut self) {
-        self.doubt_if_in_flight();
+        self.doubt_unless_settled();
         // Only now: the write is counted as a doubt before it stops counting as running.
         self.running.take();
     }
@@ -549,8 +558,8 @@ impl BlockDevice for Remote {
                 _ = stop.cancelled() => None,
             };
             let Some(result) = outcome else {
-                if let Some(range) = range.filter(|r| inner.pool.doubted(r)) {
-                    let _ = inner.pool.settled(range, None, doubt_wait(&inner.cfg)).await;
+                if let Some(range) = range {
+                    let _ = inner.pool.outlive_doubt(range, None, doubt_wait(&inner.cfg)).await;
                 }
                 drop(life);
                 return;
@@ -575,10 +584,8 @@ impl Inner {
         // controller reset at the peer), or after the reset's limit: the caller's next
         // write of these blocks must not be overtaken by it.
         if let (Err(_), Some(range), true) = (&r, range, for_host) {
-            if self.pool.doubted(&range) {
-                if let Err(e) = self.pool.settled(range, None, doubt_wait(&self.cfg)).await {
-                    tracing::warn!(peer = %self.cfg.peer.address, "a write given up is completed still in doubt: {e}");
-                }
+            if let Err(e) = self.pool.outlive_doubt(range, None, doubt_wait(&self.cfg)).await {
+                tracing::warn!(peer = %self.cfg.peer.address, "a write given up is completed still in doubt: {e}");
             }
         }
         if let (Ok(()), Some(link)) = (&r, &self.pool.link) {
@@ -626,9 +633,9 @@ impl Inner {
                 // A pooled connection the peer closed meanwhile (it restarted): once more on
                 // a new one, once what it may still have written there is quiesced.
                 Err(e) if again => {
-                    if let Some((range, own)) = running.as_ref().map(|r| (r.range, r.id)).filter(|(r, _)| self.pool.doubted(r)) {
+                    if let Some(r) = &running {
                         self.pool
-                            .settled(range, Some(own), doubt_wait(&self.cfg))
+                            .outlive_doubt(r.range, Some(r.id), doubt_wait(&self.cfg))
                             .await
                             .map_err(|q| error(e.kind(), None, format!("{}: {e}; not tried again: {q}", self.name())))?;
                     }

@@ -23,16 +23,13 @@ impl<T: Transport> Core<T> {
         let ciu = (sqe.cdw(10) >> 16) as u8;
         let cirn = u64::from(sqe.cdw(12)) | (u64::from(sqe.cdw(13)) << 32);
         if self.resets.len() >= limits::CROSS_CONTROLLER_RESETS_MAX {
-            let status = Status::CROSS_CONTROLLER_RESET_LIMIT_EXCEEDED;
-            ctrl.record_error(ErrorEntry { sqid: 0, cid: sqe.cid(), status: status.to_field(), ..Default::default() });
-            self.complete(req, status, 0, 0);
+            self.refuse(ctrl, sqe, req, Status::CROSS_CONTROLLER_RESET_LIMIT_EXCEEDED);
             return Ok(());
         }
         let ended = match ctrl.subsys.cross_controller_reset(ctrl, icid, ciu, cirn) {
             Ok(ended) => ended,
             Err(status) => {
-                ctrl.record_error(ErrorEntry { sqid: 0, cid: sqe.cid(), status: status.to_field(), ..Default::default() });
-                self.complete(req, status, 0, 0);
+                self.refuse(ctrl, sqe, req, status);
                 return Ok(());
             }
         };
@@ -57,6 +54,13 @@ impl<T: Transport> Core<T> {
             let _ = reply.send(Done::Reset { token, status });
         });
         Ok(())
+    }
+
+    /// Completes the command with `status`, in the error log (no LBA, no namespace: CDW10
+    /// names a controller).
+    fn refuse(&mut self, ctrl: &Controller, sqe: &Sqe, req: Request, status: Status) {
+        ctrl.record_error(ErrorEntry { sqid: 0, cid: sqe.cid(), status: status.to_field(), ..Default::default() });
+        self.complete(req, status, 0, 0);
     }
 
     /// A Cross-Controller Reset's wait ended.
