@@ -253,6 +253,13 @@ impl Controller {
         self.admin.lock().await.wire_bytes()
     }
 
+    /// The admin queue itself, for commands sent together and their completions taken as
+    /// they come (tests, tools). Nothing else uses it while it is held, keep-alives
+    /// included: hold it for less than the keep-alive timeout, or connect without them.
+    pub async fn admin_queue(&self) -> tokio::sync::MutexGuard<'_, QueuePair<TcpStream>> {
+        self.admin.lock().await
+    }
+
     /// Runs an admin command; data in the reply is returned.
     pub async fn admin(&self, sqe: Sqe, data: Data<'_>, what: &str) -> Result<(Cqe, Vec<u8>)> {
         let mut q = self.admin.lock().await;

@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 use nearstore_initiator::{ConnectOptions, Controller, Data, Error, IoQueue};
 use nearstore_target::backend::{Backend, FileBackend};
 use nearstore_target::config::Config;
-use nearstore_target::limits::{FUSED_WAITING_PER_NAMESPACE_MAX, MICROTX_JOURNAL_BYTES, QUEUE_BUFFERS_FIXED, TRANSFER_BYTES_MAX};
+use nearstore_target::limits::{CROSS_CONTROLLER_RESETS_MAX, CROSS_CONTROLLER_RESET_WAIT_MS, FUSED_WAITING_PER_NAMESPACE_MAX, MICROTX_JOURNAL_BYTES, QUEUE_BUFFERS_FIXED, TRANSFER_BYTES_MAX};
 use nearstore_target::microtx::Journal;
 use nearstore_target::subsystem::Namespace;
 use nearstore_target::Target;
@@ -604,6 +604,104 @@ async fn preempt_and_abort_stops_queued_fused_writes() {
         assert_eq!(a.outcome(GATED, txid).await.unwrap().0, state::UNKNOWN, "transaction {txid} never ran");
     }
     assert_eq!(journal.admitted(), 0);
+}
+
+/// A Cross-Controller Reset (docs/protocol.md) of a controller with a FUSED WRITE and a
+/// Compare and Write held at the storage completes only once both have written: they run
+/// on tasks of their own, not on the controller's queues, and hold its life. Before, the
+/// reset completed as soon as the controller's queues were gone, and both wrote after it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cross_controller_reset_waits_for_fused_writes_and_compare_and_write() {
+    let env = start().await;
+    let (gated, _journal) = add_gated(&env);
+    let _open = OpenOnDrop(gated.clone());
+    let (a, mut aq) = connect(&env, HOST).await;
+    let mut aq2 = a.io_queue(2).await.unwrap();
+    let (b, mut bq) = connect(&env, HOST).await;
+    // The pair first: its exclusive range would wait for a fused write's shared one
+    // (range_lock.rs: for every writer that came before it, whatever its blocks).
+    let paired = tokio::spawn(async move { aq2.compare_and_write(GATED, 16, &[0; 512], &[2; 512], BS as u32, false).await });
+    wait_for("A's Compare and Write at the storage", || gated.arrived.load(Relaxed) == 1).await;
+    let fused = tokio::spawn(async move { aq.fused_write(GATED, &plain_transfer(1, 0, &[1; 512])).await });
+    wait_for("A's fused write at the storage", || gated.arrived.load(Relaxed) == 2).await;
+
+    let lost = a.instance();
+    let reset = tokio::spawn(async move {
+        let r = b.cross_controller_reset(lost, Duration::from_secs(20)).await;
+        (b, r)
+    });
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert!(!reset.is_finished(), "the reset completed while A's writes were at the storage");
+    gated.open.store(true, Relaxed);
+    let (_b, r) = tokio::time::timeout(Duration::from_secs(20), reset).await.expect("the reset completes").unwrap();
+    r.expect("A's work ended");
+    // Nothing of A's is left to land: both wrote before the reset completed.
+    let blocks = bq.read(GATED, 0, 17, BS as u32).await.unwrap();
+    assert!(blocks[..512].iter().all(|&x| x == 1), "the fused write landed");
+    assert!(blocks[16 * 512..].iter().all(|&x| x == 2), "the Compare and Write landed");
+    // A's commands themselves got no completion: its queues went with the reset.
+    for r in [fused.await.unwrap().map(|_| ()), paired.await.unwrap().map(|_| ())] {
+        assert!(r.is_err(), "a reset controller's command completed: {r:?}");
+    }
+    drop(a);
+}
+
+/// A Cross-Controller Reset whose controller's work does not end within
+/// `CROSS_CONTROLLER_RESET_WAIT_MS` completes with Command Interrupted (retryable), the
+/// controller staying reset, and a retry waits again; more than
+/// `CROSS_CONTROLLER_RESETS_MAX` waiting on one admin queue: Cross-Controller Reset Limit
+/// Exceeded at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cross_controller_reset_is_interrupted_after_its_wait_and_limited_per_queue() {
+    let env = start().await;
+    let (gated, _journal) = add_gated(&env);
+    let _open = OpenOnDrop(gated.clone());
+    let (a, mut aq) = connect(&env, HOST).await;
+    let fused = tokio::spawn(async move { aq.fused_write(GATED, &plain_transfer(1, 0, &[1; 512])).await });
+    wait_for("A's fused write at the storage", || gated.arrived.load(Relaxed) == 1).await;
+    let lost = a.instance();
+    // B's admin queue is held for longer than a keep-alive period: none are sent.
+    let mut o = ConnectOptions::new(env.addr, NQN);
+    o.hostnqn = HOST.into();
+    o.kato_ms = 60_000;
+    o.send_keep_alive = false;
+    let b = Controller::connect(o).await.unwrap();
+
+    let start = Instant::now();
+    let mut got: Vec<(u64, Status, Duration)> = Vec::new();
+    {
+        let mut admin = b.admin_queue().await;
+        for tag in 0..=CROSS_CONTROLLER_RESETS_MAX as u64 {
+            let mut s = Sqe::new(nearstore_wire::opcode::admin::CROSS_CONTROLLER_RESET, 0);
+            s.set_cdw(10, u32::from(lost.cntlid) | (u32::from(lost.ciu) << 16));
+            s.set_cdw(12, lost.cirn as u32);
+            s.set_cdw(13, (lost.cirn >> 32) as u32);
+            admin.submit(s, Data::None, tag).unwrap();
+        }
+        admin.flush().await.unwrap();
+        let wait = Duration::from_millis(CROSS_CONTROLLER_RESET_WAIT_MS) + Duration::from_secs(20);
+        while got.len() <= CROSS_CONTROLLER_RESETS_MAX {
+            let poll = admin.poll(|tag, c, _| got.push((tag, c.status, start.elapsed())));
+            tokio::time::timeout(wait, poll).await.expect("every reset completes").unwrap();
+        }
+    }
+    got.sort_by_key(|g| g.0);
+    let (_, over, when) = got[CROSS_CONTROLLER_RESETS_MAX];
+    assert_eq!(over, Status::CROSS_CONTROLLER_RESET_LIMIT_EXCEEDED, "the one past the limit");
+    assert!(when < Duration::from_millis(CROSS_CONTROLLER_RESET_WAIT_MS), "refused at once, not after {when:?}");
+    for &(tag, status, when) in &got[..CROSS_CONTROLLER_RESETS_MAX] {
+        assert_eq!(status, Status::COMMAND_INTERRUPTED, "reset {tag}: A's fused write is still at the storage");
+        assert!(!status.dnr, "Command Interrupted is retryable");
+        assert!(when >= Duration::from_millis(CROSS_CONTROLLER_RESET_WAIT_MS), "reset {tag} interrupted after {when:?}");
+    }
+    // A stays reset: its queues are gone, and a retry waits again until its work ends.
+    assert!(fused.await.unwrap().is_err(), "a reset controller's command completed");
+    let retry = tokio::spawn(async move { b.cross_controller_reset(lost, Duration::from_secs(20)).await.map(|()| b) });
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert!(!retry.is_finished(), "the retry completed while A's fused write was at the storage");
+    gated.open.store(true, Relaxed);
+    tokio::time::timeout(Duration::from_secs(20), retry).await.expect("the retry completes").unwrap().expect("A's work ended");
+    drop(a);
 }
 
 /// Queues `n` FUSED WRITEs of 512 bytes on `q` (tags and transaction ids from `first`, at

@@ -336,9 +336,12 @@ impl<T: Transport> Core<T> {
     }
 
     /// A channel of its own for a Compare's device operations, on the target's worker pool
-    /// and charged to this queue's tenant in fair-scheduled devices, like its other I/O.
+    /// and charged to this queue's tenant in fair-scheduled devices, like its other I/O;
+    /// holding its controller's life while it runs (a Cross-Controller Reset waits for it).
     fn compare_channel(&self) -> Channel {
-        Channel::new(IoEngine::Threads, self.target.pool.clone()).same_tenant(self.chan.tenant_shared())
+        let mut chan = Channel::new(IoEngine::Threads, self.target.pool.clone()).same_tenant(self.chan.tenant_shared());
+        chan.set_life(self.chan.life_shared());
+        chan
     }
 
     /// Runs a Compare's work (`halves` data buffers: 1, or 2 for a pair) on a task of its

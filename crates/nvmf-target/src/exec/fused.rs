@@ -106,10 +106,14 @@ impl<T: Transport> Core<T> {
         let x = Inflight { fused: Some(hold.clone()), ..Inflight::new(req, p.ns.clone(), IoKind::Write, p.len(), 0) };
         let token = self.inflight.insert(x) as u32;
         let reply = self.done_tx.clone();
+        // Its controller's life, until the transaction has ended: a Cross-Controller Reset
+        // of the controller waits for it (subsystem::Life).
+        let life = self.chan.life_shared();
         // The work finishes even when the connection has gone: a transaction is never cut
         // by its host leaving.
         tokio::spawn(async move {
             let _admitted = admitted;
+            let _life = life;
             let journal = p.journal.clone();
             let (id, mut ended) = fused::enqueue(p, buf, hold.clone());
             let ended = tokio::select! {
