@@ -427,6 +427,24 @@ pub const COMPUTE_STARTED_PER_CONTROLLER_MAX: usize = 8;
 /// per second did not change (scripts/exp-fair.py --only compute, docs/experiments.md).
 pub const COMPUTE_SLICE_MS: u64 = 2;
 
+/// The nice value of compute commands' threads by default (`compute.nice`): below the
+/// network threads', so that a long command's turn delays neither plain I/O nor a short
+/// command's sending and receiving on a busy core.
+pub const COMPUTE_NICE_DEFAULT: i32 = 10;
+
+/// How far below the least virtual runtime of the active tenants a tenant that was idle
+/// joins, in milliseconds of CPU time at the default weight (CFS's sleeper credit, half its
+/// 6 ms latency period): a light tenant's command of a few milliseconds runs through ahead
+/// of a heavy tenant's instead of sharing the turns slice for slice. Bounded: a tenant
+/// idle for an hour joins with no more, and one that goes idle between its commands gets
+/// no credit back until the others have run past it (sched::Vclock).
+pub const COMPUTE_SLEEPER_CREDIT_MS: u64 = 3;
+
+/// A command hands its turn before its slice is over, at its next check, to a waiting
+/// tenant this far behind its own in virtual runtime, in milliseconds (CFS's wakeup
+/// granularity): a tenant joining with its credit does not wait out the slice.
+pub const COMPUTE_WAKEUP_GRANULARITY_MS: u64 = 1;
+
 /// A tenant's I/O and compute weight when its entry gives none (`[[tenant]]`), and the
 /// built-in tenants': a round number that leaves room to give a tenant a tenth of another's.
 pub const TENANT_WEIGHT_DEFAULT: u32 = 100;

@@ -63,6 +63,10 @@ pub struct ComputeConfig {
     pub timeout_secs: u64,
     /// How long an unfetched result or message is held.
     pub result_ttl_secs: u64,
+    /// The nice value of the commands' threads (0 to 19; 0: the target's own): computing,
+    /// they yield the CPU to the target's network and I/O threads, so that plain I/O and a
+    /// short command's sending and receiving do not wait behind a long command's turn.
+    pub nice: i32,
 }
 
 impl Default for ComputeConfig {
@@ -74,6 +78,7 @@ impl Default for ComputeConfig {
             memory_per_command: None,
             timeout_secs: limits::COMPUTE_TIMEOUT_SECS_DEFAULT,
             result_ttl_secs: limits::RESULT_TTL_SECS_DEFAULT,
+            nice: limits::COMPUTE_NICE_DEFAULT,
         }
     }
 }
@@ -105,6 +110,9 @@ impl ComputeConfig {
         }
         if self.result_ttl_secs == 0 || self.result_ttl_secs > limits::RESULT_TTL_SECS_MAX {
             return e("result_ttl_secs", format!("must be between 1 and {}", limits::RESULT_TTL_SECS_MAX));
+        }
+        if !(0..=19).contains(&self.nice) {
+            return e("nice", "must be between 0 and 19 (a compute thread never runs ahead of the target's own)".into());
         }
         Ok(())
     }
@@ -537,7 +545,9 @@ impl Engine {
             // command still completes, with an error.
             let (tx, rx) = crossbeam_channel::bounded::<Task>(1);
             let engine = self.clone();
+            let nice = self.cfg.nice;
             let spawned = std::thread::Builder::new().name("nearstore-compute".into()).spawn(move || {
+                lower_priority(nice);
                 if let Ok(t) = rx.recv() {
                     engine.run_task(key, t, memory);
                 }
@@ -949,6 +959,22 @@ impl Sink for NsSink<'_, '_> {
 
     fn written(&self) -> u64 {
         self.written
+    }
+}
+
+
+/// Lowers the calling thread's CPU priority to nice value `nice`, if it is not lower
+/// already (`compute.nice`). On Linux a thread's nice value is its own: setpriority with
+/// its thread id changes no other thread of the target.
+fn lower_priority(nice: i32) {
+    // SAFETY: gettid takes nothing; getpriority and setpriority name this thread only.
+    unsafe {
+        let tid = libc::gettid() as libc::id_t;
+        *libc::__errno_location() = 0;
+        let now = libc::getpriority(libc::PRIO_PROCESS, tid);
+        if *libc::__errno_location() == 0 && now < nice && libc::setpriority(libc::PRIO_PROCESS, tid, nice) != 0 {
+            tracing::debug!("compute thread: nice {nice}: {}", std::io::Error::last_os_error());
+        }
     }
 }
 

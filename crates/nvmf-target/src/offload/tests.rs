@@ -397,3 +397,24 @@ fn a_device_error_mid_input_fails_the_command_at_its_byte() {
         }
     }
 }
+
+/// A compute thread lowers its own priority to `compute.nice`, never raises it, and no
+/// other thread of the target changes.
+#[test]
+fn a_compute_thread_lowers_only_its_own_priority() {
+    fn nice() -> i32 {
+        // SAFETY: gettid takes nothing; getpriority reads this thread's nice value.
+        unsafe { libc::getpriority(libc::PRIO_PROCESS, libc::gettid() as libc::id_t) }
+    }
+    let ours = nice();
+    let theirs = std::thread::spawn(move || {
+        lower_priority(ours + 5);
+        let lowered = nice();
+        lower_priority(ours + 1);
+        (lowered, nice())
+    })
+    .join()
+    .unwrap();
+    assert_eq!(theirs, (ours + 5, ours + 5), "lowered to its nice value, not raised again");
+    assert_eq!(nice(), ours, "the calling thread only");
+}
