@@ -18,7 +18,7 @@ every tenant is a configured `[[tenant]]` with its own host NQN and `io_weight`,
 - compute (FusionFS): one compute thread (`[compute] threads = 1`), no device limit; a light
   tenant's grep and select over 64 KiB (`nearstore-lab compute-load --kind light`) alone and
   beside a heavy tenant's four sha256 commands over 64 MiB at a time (goal: the light one's
-  p99 within 1.5x of alone); then two heavy tenants at equal compute weights, then 2:1: the
+  p99 within 1.5x of alone), back to back and with THINK_MS between its commands; then two heavy tenants at equal compute weights, then 2:1: the
   CPU time the target measured for each (its metrics), goal within 5% of the weights.
 
 Every run is bounded (perf -T SECS, killed after SECS + 30 s); the target is stopped by PID
@@ -87,16 +87,23 @@ def cpu_ns():
 
 
 # tenant -> (kind, offset, bytes, concurrency)
+# The light tenant's pause after each command in the "thinking" cases, in milliseconds: a
+# tenant that asks for a small part of the engine (about a tenth of it alone), as FusionFS's
+# light tenant; without it the light tenant asks for most of the engine back to back, and
+# equal shares halve what it gets.
+THINK_MS = 10
 LOADS = {"light": ("light", "0", "64KiB", 1), "heavy": ("heavy", "16MiB", "64MiB", 4), "heavy2": ("heavy", "128MiB", "64MiB", 4)}
 
 
-def compute_all(binary, tenants, secs):
+def compute_all(binary, tenants, secs, think_ms=0):
     lab = os.path.join(os.path.dirname(binary), "nearstore-lab")
     procs = []
     for t in tenants:
         kind, off, n, c = LOADS[t]
+        think = think_ms if kind == "light" else 0
         cmd = ["taskset", "-c", "1", lab, "compute-load", "-a", f"127.0.0.1:{PORT}", "-n", NQN, "--hostnqn", host(t),
-               "--kind", kind, "--offset", off, "--bytes", n, "-c", str(c), "-T", str(secs), "-o", "json"]
+               "--kind", kind, "--offset", off, "--bytes", n, "-c", str(c), "-T", str(secs), "-o", "json",
+               "--think-ms", str(think)]
         procs.append((t, subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)))
     return collect("compute-load", procs, secs + 120)
 
@@ -237,11 +244,11 @@ def main():
             print(f"  {experiment} {case} {row['scheduler']} {weights} {tenant}: {j['mb_per_s']:.1f} MB/s, "
                   f"{j['iops']:.0f} IOPS, p50 {j['p50_us']:.0f} us, p99 {j['p99_us']:.0f} us", flush=True)
 
-    def run_compute(case, weights, tenants, r):
+    def run_compute(case, weights, tenants, r, think_ms=0):
         t = Target(a.bin, work, compute_config(weights))
         try:
             before = cpu_ns()
-            res = compute_all(a.bin, tenants, a.secs)
+            res = compute_all(a.bin, tenants, a.secs, think_ms)
             after = cpu_ns()
         finally:
             t.stop()
@@ -259,6 +266,8 @@ def main():
                 w = {"light": 100, "heavy": 100, "heavy2": 100}
                 run_compute("alone", w, ["light"], r)
                 run_compute("contended", w, ["light", "heavy"], r)
+                run_compute("alone, thinking", w, ["light"], r, THINK_MS)
+                run_compute("contended, thinking", w, ["light", "heavy"], r, THINK_MS)
                 run_compute("equal", w, ["heavy", "heavy2"], r)
                 run_compute("2:1", {"light": 100, "heavy": 200, "heavy2": 100}, ["heavy", "heavy2"], r)
             if a.only == "compute":
@@ -296,11 +305,14 @@ def summarize(rows):
     comp = [x for x in rows if x["experiment"] == "compute"]
     if comp:
         print("# compute: the light tenant's grep/select latency (medians over rounds); heavy tenants' CPU")
-        light = {c: [x for x in comp if x["case"] == c and x["tenant"] == "light"] for c in ("alone", "contended")}
-        a99 = med([x["p99_us"] for x in light["alone"]])
+        cases = ("alone", "contended", "alone, thinking", "contended, thinking")
+        light = {c: [x for x in comp if x["case"] == c and x["tenant"] == "light"] for c in cases}
         for c, xs in light.items():
+            a99 = med([x["p99_us"] for x in light["alone, thinking" if "thinking" in c else "alone"]])
             p99 = med([x["p99_us"] for x in xs])
-            print(f"light {c}: p50 {med([x['p50_us'] for x in xs]):.0f} us, p99 {p99:.0f} us ({p99 / a99:.2f}x alone)")
+            cpu = med([x["cpu_ns"] / 1e9 for x in xs])
+            print(f"light {c}: p50 {med([x['p50_us'] for x in xs]):.0f} us, p99 {p99:.0f} us ({p99 / a99:.2f}x alone), "
+                  f"CPU {cpu:.2f} s")
         for case in ("equal", "2:1"):
             ratios = []
             for r in sorted({x["round"] for x in comp if x["case"] == case}):

@@ -4,7 +4,8 @@
 //! same command over one byte range of the namespace again and again until `--seconds` or
 //! `--ops`. `heavy`: sha256 over `--bytes` (a long command, many of the engine's checks);
 //! `light`: grep-count and select, alternating, over a small CSV this tool writes first at
-//! the range's start. Prints the commands done and their latency.
+//! the range's start. `--think-ms`: a pause after each command. Prints the commands done
+//! and their latency.
 
 use std::time::{Duration, Instant};
 
@@ -43,6 +44,10 @@ pub struct ComputeLoadArgs {
     /// Commands per worker at most.
     #[arg(long, default_value_t = 1_000_000)]
     pub ops: u64,
+    /// Milliseconds each worker waits after a command before its next (a tenant's think
+    /// time: how much of the engine it asks for, not only how fast it is served).
+    #[arg(long, default_value_t = 0)]
+    pub think_ms: u64,
     /// Seconds at most (a command under way then is waited for).
     #[arg(short = 'T', long, default_value_t = 5.0)]
     pub seconds: f64,
@@ -112,7 +117,7 @@ pub fn run(a: ComputeLoadArgs) -> Result<()> {
         let mut tasks = Vec::new();
         for w in 0..a.concurrency {
             let mut q = c.io_queue(w + 1).await.with_context(|| format!("I/O queue {}", w + 1))?;
-            let (commands, nsid, ops) = (commands.clone(), a.nsid, a.ops);
+            let (commands, nsid, ops, think) = (commands.clone(), a.nsid, a.ops, Duration::from_millis(a.think_ms));
             tasks.push(tokio::spawn(async move {
                 let mut lat = Vec::new();
                 while (lat.len() as u64) < ops && start.elapsed() < deadline {
@@ -120,6 +125,9 @@ pub fn run(a: ComputeLoadArgs) -> Result<()> {
                     let t = Instant::now();
                     q.compute(nsid, d, Duration::from_secs(600)).await?;
                     lat.push(t.elapsed());
+                    if !think.is_zero() {
+                        tokio::time::sleep(think).await;
+                    }
                 }
                 anyhow::Ok(lat)
             }));
