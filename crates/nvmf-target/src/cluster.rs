@@ -307,6 +307,29 @@ impl Conn {
     }
 }
 
+/// Cross-Controller Reset of `instance`, a lost controller of `member` acting for `host` at
+/// `p`, from a new controller of the same host, which then just closes (a shutdown would
+/// flush the peer's namespaces): once it succeeds nothing the lost controller started can
+/// still change the peer's storage. Its keep-alive timeout is above the reset's wait: the
+/// initiator holds its admin queue meanwhile.
+pub(crate) async fn reset_lost(
+    p: &PeerConfig,
+    member: &str,
+    host: &str,
+    instance: nearstore_initiator::Instance,
+    timeout: Duration,
+) -> Result<(), String> {
+    let wait = reset_wait(timeout);
+    let kato = (2 * wait.as_millis()).min(u32::MAX as u128) as u32;
+    let ctrl = controller(p, member, host, timeout, Some(kato)).await.map_err(|e| e.message)?;
+    ctrl.cross_controller_reset(instance, wait).await.map_err(|e| e.to_string())
+}
+
+/// How long a Cross-Controller Reset may take: the target's own limit and a connection's.
+pub(crate) fn reset_wait(timeout: Duration) -> Duration {
+    Duration::from_millis(limits::CROSS_CONTROLLER_RESET_WAIT_MS) + timeout
+}
+
 /// A controller of `p`'s subsystem as cluster member `member` acting for `host` (no I/O
 /// queue): [`connect`]'s first step, and what resets a lost one (dev::remote).
 /// `kato_ms`: its keep-alive timeout, when not the initiator's default.

@@ -402,26 +402,21 @@ impl Pool {
 
 /// How long the reset of controllers whose writes are in doubt pauses after a round that
 /// did not reset them all, at first and at most (doubling in between).
-const DOUBT_RETRY: Duration = Duration::from_secs(1);
+pub(crate) const DOUBT_RETRY: Duration = Duration::from_secs(1);
 /// Below a move's drain (5 s): a peer back from an outage has its doubts cleared before a
 /// move of its extents gives up waiting.
-const DOUBT_RETRY_MAX: Duration = Duration::from_secs(4);
+pub(crate) const DOUBT_RETRY_MAX: Duration = Duration::from_secs(4);
 
 /// How long a write given up waits for its controller's reset before its error is
 /// completed: the reset's own limit and a connection's.
 fn doubt_wait(cfg: &RemoteConfig) -> Duration {
-    Duration::from_millis(crate::limits::CROSS_CONTROLLER_RESET_WAIT_MS) + cfg.timeout
+    cluster::reset_wait(cfg.timeout)
 }
 
-/// Cross-Controller Reset of `d`'s controller from a new controller of the same host,
-/// which then just closes (a shutdown would flush the peer's namespaces). Its keep-alive
-/// timeout is above the reset's wait: the initiator holds its admin queue meanwhile.
+/// Cross-Controller Reset of `d`'s controller at its peer ([`cluster::reset_lost`]).
 async fn reset(d: &Doubt) -> Result<(), String> {
     let c = &d.cfg;
-    let wait = doubt_wait(c);
-    let kato = (2 * wait.as_millis()).min(u32::MAX as u128) as u32;
-    let ctrl = cluster::controller(&c.peer, &c.member, &c.host, c.timeout, Some(kato)).await.map_err(|e| e.message)?;
-    ctrl.cross_controller_reset(d.instance, wait).await.map_err(|e| e.to_string())
+    cluster::reset_lost(&c.peer, &c.member, &c.host, d.instance, c.timeout).await
 }
 
 /// A connection taken from the pool for one operation: back to the pool by

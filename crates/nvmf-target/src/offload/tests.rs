@@ -418,3 +418,48 @@ fn a_compute_thread_lowers_only_its_own_priority() {
     assert_eq!(theirs, (ours + 5, ours + 5), "lowered to its nice value, not raised again");
     assert_eq!(nice(), ours, "the calling thread only");
 }
+
+/// A command forwarded to a peer's pool with an output, given up by the exporter before the
+/// peer answered (its time limit at the exporter passed), ends only once the peer's command
+/// has ended: its controller at the peer is reset first (offload/volume.rs, `on_peer`).
+/// Before, it ended at once while the peer went on reading and writing its output, which a
+/// move waiting for the command's extents then raced.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_forwarded_command_given_up_ends_after_the_peers_command() {
+    const MEMBER: &str = "nqn.2026-11.io.nearstore:member-a";
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = crate::config::Config::from_toml(&format!(
+        r#"
+        control = "127.0.0.1:9"
+        [[listener]]
+        address = "127.0.0.1:0"
+        [cluster]
+        trusted_members = ["{MEMBER}"]
+        [[pool]]
+        path = "{}/pool0"
+        size = "8MiB"
+        rate_limit = "2MiB"
+        "#,
+        dir.path().display()
+    ))
+    .unwrap();
+    let peer = crate::Target::from_config(&cfg).unwrap();
+    let addr = peer.listen("127.0.0.1:0".parse().unwrap(), false).await.unwrap();
+    let mib = 1u64 << 20;
+    // A copy of 1 MiB to the pool's third MiB, through a device of 2 MiB/s: about a second.
+    let copy = nearstore_compute::by_name("copy").unwrap();
+    let desc = Descriptor {
+        op: copy.id,
+        args: vec![],
+        inputs: vec![Object { len: mib, extents: vec![Extent::data(0, mib)] }],
+        outputs: vec![Object { len: mib, extents: vec![Extent::data(2 * mib, mib)] }],
+    };
+    let running = || peer.offload.stats.running.load(std::sync::atomic::Ordering::Relaxed);
+    let pool = Arc::new(crate::dev::volume::PoolRef { target: addr.to_string(), nsid: 1 });
+    let t = std::time::Instant::now();
+    let r = volume::on_peer(pool, desc, MEMBER.into(), Duration::from_secs(5), Duration::from_millis(200)).await;
+    let e = r.expect_err("given up after 200 ms");
+    assert_eq!(e.status, nearstore_wire::compute::status::PEER_FAILED, "{}", e.message);
+    assert_eq!(running(), 0, "the peer's command ended before the forwarded one did ({:?}): {}", t.elapsed(), e.message);
+    assert!(!e.message.contains("may still be written"), "{}", e.message);
+}

@@ -28,7 +28,7 @@
 //! A command placed after a move blocked its extent waits for the move's end, as I/O does.
 
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use nearstore_initiator::Error as InitiatorError;
 use nearstore_wire::compute::{limits as wl, status as cs, Descriptor, Extent, Object};
@@ -137,11 +137,42 @@ pub(super) async fn on_peer(
     let name = format!("pool {} of {}", pool.nsid, pool.target);
     let address = pool.target.parse().map_err(|_| Failure::new(cs::PEER_FAILED, format!("{name}: its target is not an address")))?;
     let peer = PeerConfig { tag: 0, address, nqn: crate::POOLS_NQN.into(), nsid: pool.nsid };
+    let started = Instant::now();
     let mut conn =
         cluster::connect(&peer, &member, &member, connect).await.map_err(|e| Failure::new(e.status, format!("{name}: {}", e.message)))?;
+    let instance = conn.instance();
     // The peer's result takes the place of this command's, in the budget reserved for it.
-    conn.q.compute_at_most(pool.nsid, &desc.encode(), run, crate::limits::RESULT_BYTES_MAX).await.map_err(|e| match e {
-        InitiatorError::Compute { status, message } => Failure::new(status, format!("on {name}: {message}")),
-        e => Failure::new(cs::PEER_FAILED, format!("{name}: {e}")),
-    })
+    let answer = conn.q.compute_at_most(pool.nsid, &desc.encode(), run, crate::limits::RESULT_BYTES_MAX).await;
+    drop(conn);
+    match answer {
+        Ok(result) => Ok(result),
+        Err(InitiatorError::Compute { status, message }) => Err(Failure::new(status, format!("on {name}: {message}"))),
+        Err(e) => {
+            // No answer (a timeout, a lost connection): a command with outputs may still be
+            // writing them at the peer. Its controller is reset there before this command
+            // ends, so that nothing relying on its end (a move waiting for its extents'
+            // tickets, a Preempt and Abort) meets a late write.
+            let quiesced = desc.outputs.is_empty() || reset_until(&peer, &member, instance, connect, started + run).await;
+            let late = if quiesced { "" } else { "; its outputs may still be written there until its own time limit" };
+            Err(Failure::new(cs::PEER_FAILED, format!("{name}: {e}{late}")))
+        }
+    }
+}
+
+/// Resets `instance`, a lost controller of `member` at `peer` ([`cluster::reset_lost`]),
+/// trying again (after 1 s, doubling to 4 s) until it succeeds or `until` (when the peer's
+/// command has passed its own time limit) is past. Whether it succeeded.
+async fn reset_until(peer: &PeerConfig, member: &str, instance: nearstore_initiator::Instance, timeout: Duration, until: Instant) -> bool {
+    let mut pause = crate::dev::remote::DOUBT_RETRY;
+    loop {
+        match cluster::reset_lost(peer, member, member, instance, timeout).await {
+            Ok(()) => return true,
+            Err(e) => tracing::warn!(peer = %peer.address, cntlid = instance.cntlid, "resetting a forwarded compute command's controller: {e}"),
+        }
+        if Instant::now() + pause >= until {
+            return false;
+        }
+        tokio::time::sleep(pause).await;
+        pause = (pause * 2).min(crate::dev::remote::DOUBT_RETRY_MAX);
+    }
 }
