@@ -441,7 +441,7 @@ pub const COMPUTE_NICE_DEFAULT: i32 = 10;
 pub const COMPUTE_SLEEPER_CREDIT_MS: u64 = 3;
 
 /// A command hands its turn before its slice is over, at its next check, to a waiting
-/// tenant this far behind its own in virtual runtime, in milliseconds (CFS's wakeup
+/// tenant at least this far behind its own in virtual runtime, in milliseconds (CFS's wakeup
 /// granularity): a tenant joining with its credit does not wait out the slice.
 pub const COMPUTE_WAKEUP_GRANULARITY_MS: u64 = 1;
 

@@ -15,7 +15,7 @@
 //!   record every `STOP_CHECK_WORK` units of work) to a waiting tenant that is not ahead
 //!   of its own: a long command cannot starve a short one. A tenant that was idle joins
 //!   with a bounded credit (`limits::COMPUTE_SLEEPER_CREDIT_MS`), and a command hands its
-//!   turn before its slice is over to a waiting tenant more than
+//!   turn before its slice is over to a waiting tenant at least
 //!   `limits::COMPUTE_WAKEUP_GRANULARITY_MS` behind its own (CFS's sleeper credit and
 //!   wakeup preemption): a light tenant's short command runs through at once.
 
@@ -183,6 +183,9 @@ impl<T> FairQueue<T> {
 pub struct Cpu {
     state: Mutex<CpuState>,
     wake: Condvar,
+    /// How long a command computes before it hands its turn to any tenant not ahead of its
+    /// own (`limits::COMPUTE_SLICE_MS`; tests make it long).
+    slice: Duration,
 }
 
 struct CpuState {
@@ -211,6 +214,10 @@ impl CpuState {
 
 impl Cpu {
     pub fn new(turns: usize) -> Arc<Cpu> {
+        Self::with_slice(turns, Duration::from_millis(limits::COMPUTE_SLICE_MS))
+    }
+
+    fn with_slice(turns: usize, slice: Duration) -> Arc<Cpu> {
         Arc::new(Cpu {
             state: Mutex::new(CpuState {
                 free: turns.max(1),
@@ -220,14 +227,17 @@ impl Cpu {
                 granted: Vec::new(),
             }),
             wake: Condvar::new(),
+            slice,
         })
     }
 
-    /// A command's handle on the turns, for controller `key` of `tenant`; it holds none yet.
+    /// A command's handle on the turns, for controller `key` of `tenant`; it holds none yet,
+    /// and its tenant is active for the virtual clock only while it holds or waits for one
+    /// (a command waiting for its reads between turns, or for a peer it forwarded to, does
+    /// not hold the floor back).
     pub fn turn(self: &Arc<Self>, key: usize, tenant: Arc<TenantPolicy>) -> Turn {
         let mut s = self.state.lock();
         s.next_id += 1;
-        s.clock.join(tenant.id);
         Turn { cpu: self.clone(), key, tenant, id: s.next_id, held: Mutex::new(None) }
     }
 
@@ -263,7 +273,7 @@ impl Cpu {
 
 /// Whether a command hands its turn at a check to the waiting tenant of least virtual
 /// runtime `next` (None: no one waits), its own tenant's being `own`: after its slice to one
-/// not ahead of it, within it to one more than the wakeup granularity behind.
+/// not ahead of it, within it to one at least the wakeup granularity behind.
 fn hands_on(sliced: bool, next: Option<u128>, own: u128) -> bool {
     let granularity = if sliced { 0 } else { u128::from(limits::COMPUTE_WAKEUP_GRANULARITY_MS) * 1_000_000 };
     next.is_some_and(|v| v + granularity <= own)
@@ -284,6 +294,7 @@ impl Turn {
     /// command's thread, whose CPU time the turn charges to its tenant.
     pub fn take(&self, stopped: &dyn Fn() -> bool) -> bool {
         let mut s = self.cpu.state.lock();
+        s.clock.join(self.tenant.id);
         if s.free > 0 && s.waiting.is_empty() {
             s.free -= 1;
         } else {
@@ -303,6 +314,7 @@ impl Turn {
                             s.waiting.remove(&t);
                         }
                     }
+                    s.clock.leave(t);
                     return false;
                 }
                 self.cpu.wake.wait_for(&mut s, Duration::from_millis(20));
@@ -327,12 +339,12 @@ impl Turn {
 
     /// At a check: charges the CPU time used; once the command has had its slice, hands
     /// the turn to a waiting command whose tenant is not ahead of its own in virtual
-    /// runtime, and before that to one more than `limits::COMPUTE_WAKEUP_GRANULARITY_MS`
+    /// runtime, and before that to one at least `limits::COMPUTE_WAKEUP_GRANULARITY_MS`
     /// behind it; then waits for the next turn. False if the command stops meanwhile.
     pub fn checkpoint(&self, stopped: &dyn Fn() -> bool) -> bool {
         let since = self.held.lock().map(|(since, _)| since);
         let Some(since) = since else { return self.take(stopped) };
-        let sliced = since.elapsed() >= Duration::from_millis(limits::COMPUTE_SLICE_MS);
+        let sliced = since.elapsed() >= self.cpu.slice;
         // Within the slice the CPU clock is read only when someone waits (a system call).
         if !sliced && self.cpu.state.lock().waiting.is_empty() {
             return true;
@@ -357,10 +369,12 @@ impl Turn {
         self.take(stopped)
     }
 
-    /// Gives the turn back, if it holds one, charging the CPU time used.
+    /// Gives the turn back, if it holds one, charging the CPU time used; its tenant is no
+    /// longer active for it until it takes one again.
     pub fn give_back(&self) {
         self.charge();
         if self.held.lock().take().is_some() {
+            self.cpu.state.lock().clock.leave(self.tenant.id);
             self.cpu.give_back();
         }
     }
@@ -369,13 +383,13 @@ impl Turn {
 impl Drop for Turn {
     fn drop(&mut self) {
         self.give_back();
-        self.cpu.state.lock().clock.leave(self.tenant.id);
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::sync::atomic::Ordering::SeqCst;
 
     /// Each case: items pushed as (key, item), and the order they come out in.
     #[test]
@@ -581,34 +595,90 @@ mod tests {
         }
     }
 
-    /// With one turn, a command within its slice hands it at its next check to a waiter
-    /// of a tenant that joined with its credit, and gets it back after.
+    /// With one turn and a slice longer than the test, a command hands its turn at its next
+    /// check only to a waiter of a tenant that joined with its credit, not to another of
+    /// its own tenant, and gets it back once that one is done.
     #[test]
-    fn a_tenant_with_credit_takes_the_turn_at_the_next_check() {
-        let cpu = Cpu::new(1);
+    fn a_tenant_with_credit_takes_the_turn_within_the_slice() {
+        let cpu = Cpu::with_slice(1, Duration::from_secs(3600));
         let (heavy, light) = (tenant(30, 100), tenant(31, 100));
         let long = cpu.turn(1, heavy.clone());
         assert!(long.take(&|| false));
-        // It computes past its credit and its slice, and its check with no one waiting
-        // starts a new slice.
+        // It computes past the credit and the granularity, and is charged for it.
         let start = thread_cpu_ns();
         while thread_cpu_ns() - start < 2 * CREDIT as u64 {
             std::hint::black_box(0u64);
         }
-        assert!(long.checkpoint(&|| false));
-        let short = cpu.turn(3, light.clone());
-        assert_eq!(cpu.vruntime(light.id) + CREDIT, cpu.vruntime(heavy.id), "the light tenant joins the credit behind");
-        let s = std::thread::spawn(move || {
-            assert!(short.take(&|| false));
-            drop(short);
+        long.give_back();
+        assert!(long.take(&|| false));
+        // Another command of its own tenant waits: level with it, it does not preempt.
+        let same = cpu.turn(2, heavy.clone());
+        let other = std::thread::spawn(move || {
+            assert!(same.take(&|| false));
+            drop(same);
         });
         while cpu.waiting() == 0 {
             std::thread::yield_now();
         }
-        let handed = std::thread::spawn(move || long.checkpoint(&|| false));
+        assert!(long.checkpoint(&|| false));
+        assert_eq!(cpu.waiting(), 1, "kept within the slice");
+        // The light tenant waits, the credit behind: the next check hands it the turn.
+        let short = cpu.turn(3, light.clone());
+        let ran = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let s = std::thread::spawn({
+            let ran = ran.clone();
+            move || {
+                assert!(short.take(&|| false));
+                ran.store(true, SeqCst);
+            }
+        });
+        while cpu.waiting() < 2 {
+            std::thread::yield_now();
+        }
+        assert_eq!(cpu.vruntime(light.id) + CREDIT, cpu.vruntime(heavy.id), "the light tenant joined the credit behind");
+        let handed = std::thread::spawn(move || {
+            let got_back = long.checkpoint(&|| false);
+            (got_back, ran.load(SeqCst), long)
+        });
+        let (got_back, light_ran, long) = handed.join().unwrap();
+        // Dropped before anything is asserted: a failed hand-off fails, it does not hang.
+        drop(long);
         s.join().unwrap();
-        assert!(handed.join().unwrap(), "the long command gets a turn back");
+        other.join().unwrap();
+        assert!(got_back && light_ran, "the light command ran before the check returned");
         assert_eq!(light.stats.compute_turn_waits.load(Relaxed), 1);
+    }
+
+    /// A command that gave its turn back (waiting for its reads, for a peer it forwarded
+    /// to) does not keep its tenant active: the floor follows the tenants that compute,
+    /// and a tenant joining meanwhile gets no more than the credit below them.
+    #[test]
+    fn a_command_without_a_turn_does_not_hold_the_floor_back() {
+        let cpu = Cpu::new(1);
+        let (idle, busy, late) = (tenant(40, 100), tenant(41, 100), tenant(42, 100));
+        let waiting = cpu.turn(1, idle.clone());
+        assert!(waiting.take(&|| false));
+        waiting.give_back();
+        let computing = cpu.turn(2, busy.clone());
+        assert!(computing.take(&|| false));
+        let start = thread_cpu_ns();
+        while thread_cpu_ns() - start < 3 * CREDIT as u64 {
+            std::hint::black_box(0u64);
+        }
+        computing.give_back();
+        assert!(computing.take(&|| false));
+        let joined = cpu.turn(3, late.clone());
+        let t = std::thread::spawn(move || {
+            assert!(joined.take(&|| false));
+            joined
+        });
+        while cpu.waiting() == 0 {
+            std::thread::yield_now();
+        }
+        assert_eq!(cpu.vruntime(late.id) + CREDIT, cpu.vruntime(busy.id), "joined the credit below the one computing");
+        drop(computing);
+        drop(t.join().unwrap());
+        drop(waiting);
     }
 
     /// With one turn, a command that holds it hands it to a waiter after its slice.
