@@ -270,6 +270,11 @@ impl Controller {
         self.io_queues_granted
     }
 
+    /// Its keep-alive timeout, as asked for at Connect (zero: none).
+    pub fn kato(&self) -> Duration {
+        Duration::from_millis(u64::from(self.opts.kato_ms))
+    }
+
     /// This controller instance as a Cross-Controller Reset names it: its CNTLID, CIU and
     /// CIRN (Identify Controller bytes 79:78, 135, 143:136).
     pub fn instance(&self) -> Instance {
@@ -639,21 +644,38 @@ impl IoQueue {
     /// RELEASEd unread and the call fails with [`Error::Protocol`] (a target forwarding a
     /// command holds only its own result bound for the peer's answer).
     pub async fn compute_at_most(&mut self, nsid: u32, descriptor: &[u8], timeout: Duration, max: usize) -> Result<Vec<u8>> {
+        let cqe = self.exec(nsid, descriptor, timeout).await?;
+        self.fetch_result(&cqe, max).await
+    }
+
+    /// EXEC of a compute command: its completion, whose DW0 and DW1 hold its result's handle
+    /// and length ([`fetch_result`](Self::fetch_result)), or [`Error::Compute`] with the
+    /// target's status and message. Any other error means that no completion came: the
+    /// command may still run at the target.
+    pub async fn exec(&mut self, nsid: u32, descriptor: &[u8], timeout: Duration) -> Result<Cqe> {
         let mut s = Sqe::new(cop::EXEC, 0);
         s.set_nsid(nsid);
-        let cqe = match run(&mut self.q, s, Data::Out(descriptor), "compute EXEC", timeout).await {
-            Ok((cqe, _)) => cqe,
+        match run(&mut self.q, s, Data::Out(descriptor), "compute EXEC", timeout).await {
+            Ok((cqe, _)) => Ok(cqe),
             Err(Error::Status { status, cqe, .. }) => {
+                // The target answered: whatever befalls its message, the command has ended.
                 let message = if cqe.dw0 != 0 {
-                    let m = self.fetch(cqe.dw0, cqe.dw1).await?;
-                    String::from_utf8_lossy(&m).into_owned()
+                    match self.fetch(cqe.dw0, cqe.dw1).await {
+                        Ok(m) => String::from_utf8_lossy(&m).into_owned(),
+                        Err(e) => format!("(its message could not be fetched: {e})"),
+                    }
                 } else {
                     String::new()
                 };
-                return Err(Error::Compute { status, message });
+                Err(Error::Compute { status, message })
             }
-            Err(e) => return Err(e),
-        };
+            Err(e) => Err(e),
+        }
+    }
+
+    /// FETCHes the result an EXEC completed with (`cqe`), if it is at most `max` bytes; a
+    /// larger one is RELEASEd unread and the call fails with [`Error::Protocol`].
+    pub async fn fetch_result(&mut self, cqe: &Cqe, max: usize) -> Result<Vec<u8>> {
         if cqe.dw1 as usize > max.min(FETCH_BYTES_MAX) {
             // The handle would hold the target's memory until it expires.
             let _ = self.release(cqe.dw0).await;

@@ -305,6 +305,14 @@ impl Conn {
     pub(crate) fn instance(&self) -> nearstore_initiator::Instance {
         self.ctrl.instance()
     }
+
+    /// How long after this connection is given up its controller at the peer has ended
+    /// all it started, by the peer's own rules, when no reset can say so: torn down when its
+    /// keep-alive timeout passes (twice the timeout at most, NVMe Base 2.3, "Keep Alive
+    /// Timer"), then its work given a reset's wait to end.
+    pub(crate) fn lost_bound(&self, timeout: Duration) -> Duration {
+        2 * self.ctrl.kato() + reset_wait(timeout)
+    }
 }
 
 /// Cross-Controller Reset of `instance`, a lost controller of `member` acting for `host` at

@@ -137,42 +137,53 @@ pub(super) async fn on_peer(
     let name = format!("pool {} of {}", pool.nsid, pool.target);
     let address = pool.target.parse().map_err(|_| Failure::new(cs::PEER_FAILED, format!("{name}: its target is not an address")))?;
     let peer = PeerConfig { tag: 0, address, nqn: crate::POOLS_NQN.into(), nsid: pool.nsid };
-    let started = Instant::now();
     let mut conn =
         cluster::connect(&peer, &member, &member, connect).await.map_err(|e| Failure::new(e.status, format!("{name}: {}", e.message)))?;
-    let instance = conn.instance();
-    // The peer's result takes the place of this command's, in the budget reserved for it.
-    let answer = conn.q.compute_at_most(pool.nsid, &desc.encode(), run, crate::limits::RESULT_BYTES_MAX).await;
-    drop(conn);
-    match answer {
-        Ok(result) => Ok(result),
-        Err(InitiatorError::Compute { status, message }) => Err(Failure::new(status, format!("on {name}: {message}"))),
+    let failure = |e: InitiatorError| match e {
+        InitiatorError::Compute { status, message } => Failure::new(status, format!("on {name}: {message}")),
+        e => Failure::new(cs::PEER_FAILED, format!("{name}: {e}")),
+    };
+    let (instance, bound) = (conn.instance(), conn.lost_bound(connect));
+    match conn.q.exec(pool.nsid, &desc.encode(), run).await {
+        // The peer's result takes the place of this command's, in the budget reserved for it.
+        Ok(cqe) => conn.q.fetch_result(&cqe, crate::limits::RESULT_BYTES_MAX).await.map_err(failure),
+        // The peer answered: its command has ended.
+        Err(e @ InitiatorError::Compute { .. }) => Err(failure(e)),
         Err(e) => {
             // No answer (a timeout, a lost connection): a command with outputs may still be
             // writing them at the peer. Its controller is reset there before this command
             // ends, so that nothing relying on its end (a move waiting for its extents'
-            // tickets, a Preempt and Abort) meets a late write.
-            let quiesced = desc.outputs.is_empty() || reset_until(&peer, &member, instance, connect, started + run).await;
-            let late = if quiesced { "" } else { "; its outputs may still be written there until its own time limit" };
-            Err(Failure::new(cs::PEER_FAILED, format!("{name}: {e}{late}")))
+            // tickets, a Preempt and Abort) meets a late write; if no reset succeeds, it
+            // ends once the peer's own keep-alive rules have ended it.
+            drop(conn);
+            if !desc.outputs.is_empty() && !reset_until(&peer, &member, instance, connect, Instant::now() + bound).await {
+                tracing::warn!(peer = %peer.address, cntlid = instance.cntlid, "a forwarded compute command's controller was not reset: ending it after {} s, its keep-alive bound", bound.as_secs());
+            }
+            Err(failure(e))
         }
     }
 }
 
 /// Resets `instance`, a lost controller of `member` at `peer` ([`cluster::reset_lost`]),
-/// trying again (after 1 s, doubling to 4 s) until it succeeds or `until` (when the peer's
-/// command has passed its own time limit) is past. Whether it succeeded.
+/// trying again (after 1 s, doubling to 4 s) until it succeeds or `until` has come (the
+/// peer has ended it by its keep-alive rules then: `Conn::lost_bound`), waiting until then
+/// if it never succeeds. Whether it succeeded.
 async fn reset_until(peer: &PeerConfig, member: &str, instance: nearstore_initiator::Instance, timeout: Duration, until: Instant) -> bool {
     let mut pause = crate::dev::remote::DOUBT_RETRY;
     loop {
-        match cluster::reset_lost(peer, member, member, instance, timeout).await {
-            Ok(()) => return true,
-            Err(e) => tracing::warn!(peer = %peer.address, cntlid = instance.cntlid, "resetting a forwarded compute command's controller: {e}"),
+        let attempt = tokio::time::timeout_at(until.into(), cluster::reset_lost(peer, member, member, instance, timeout));
+        match attempt.await {
+            Ok(Ok(())) => return true,
+            Ok(Err(e)) => {
+                tracing::warn!(peer = %peer.address, cntlid = instance.cntlid, "resetting a forwarded compute command's controller: {e}")
+            }
+            Err(_) => return false,
         }
-        if Instant::now() + pause >= until {
+        let now = Instant::now();
+        if now >= until {
             return false;
         }
-        tokio::time::sleep(pause).await;
+        tokio::time::sleep(pause.min(until - now)).await;
         pause = (pause * 2).min(crate::dev::remote::DOUBT_RETRY_MAX);
     }
 }
