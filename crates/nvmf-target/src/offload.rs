@@ -63,9 +63,10 @@ pub struct ComputeConfig {
     pub timeout_secs: u64,
     /// How long an unfetched result or message is held.
     pub result_ttl_secs: u64,
-    /// The nice value of the commands' threads (0 to 19; 0: the target's own): computing,
-    /// they yield the CPU to the target's network and I/O threads, so that plain I/O and a
-    /// short command's sending and receiving do not wait behind a long command's turn.
+    /// The nice value of the commands' threads, absolute (0 to 19; a thread already at a
+    /// higher one keeps it; the threads a command starts inherit it): computing, they yield
+    /// the CPU to the target's network and I/O threads, so that plain I/O and a short
+    /// command's sending and receiving do not wait behind a long command's turn.
     pub nice: i32,
 }
 
@@ -962,10 +963,10 @@ impl Sink for NsSink<'_, '_> {
     }
 }
 
-
 /// Lowers the calling thread's CPU priority to nice value `nice`, if it is not lower
 /// already (`compute.nice`). On Linux a thread's nice value is its own: setpriority with
-/// its thread id changes no other thread of the target.
+/// its thread id changes no other running thread of the target (threads it starts later
+/// inherit it).
 fn lower_priority(nice: i32) {
     // SAFETY: gettid takes nothing; getpriority and setpriority name this thread only.
     unsafe {

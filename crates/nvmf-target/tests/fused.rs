@@ -13,7 +13,10 @@ use std::time::{Duration, Instant};
 use nearstore_initiator::{ConnectOptions, Controller, Data, Error, IoQueue};
 use nearstore_target::backend::{Backend, FileBackend};
 use nearstore_target::config::Config;
-use nearstore_target::limits::{CROSS_CONTROLLER_RESETS_MAX, CROSS_CONTROLLER_RESET_WAIT_MS, FUSED_WAITING_PER_NAMESPACE_MAX, MICROTX_JOURNAL_BYTES, QUEUE_BUFFERS_FIXED, TRANSFER_BYTES_MAX};
+use nearstore_target::limits::{
+    CROSS_CONTROLLER_RESETS_MAX, CROSS_CONTROLLER_RESET_WAIT_MS, FUSED_WAITING_PER_NAMESPACE_MAX, MICROTX_JOURNAL_BYTES,
+    QUEUE_BUFFERS_FIXED, TRANSFER_BYTES_MAX,
+};
 use nearstore_target::microtx::Journal;
 use nearstore_target::subsystem::Namespace;
 use nearstore_target::Target;
@@ -606,44 +609,47 @@ async fn preempt_and_abort_stops_queued_fused_writes() {
     assert_eq!(journal.admitted(), 0);
 }
 
-/// A Cross-Controller Reset (docs/protocol.md) of a controller with a FUSED WRITE and a
-/// Compare and Write held at the storage completes only once both have written: they run
-/// on tasks of their own, not on the controller's queues, and hold its life. Before, the
-/// reset completed as soon as the controller's queues were gone, and both wrote after it.
+/// A Cross-Controller Reset (docs/protocol.md) of a controller with a FUSED WRITE, then
+/// one with a Compare and Write, held at the storage completes only once it has written:
+/// each runs on a task of its own, not on the controller's queues, and holds its life.
+/// Before, the reset completed as soon as the controller's queues were gone, and the write
+/// landed after it (each case fails without its own change: checked).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_cross_controller_reset_waits_for_fused_writes_and_compare_and_write() {
-    let env = start().await;
-    let (gated, _journal) = add_gated(&env);
-    let _open = OpenOnDrop(gated.clone());
-    let (a, mut aq) = connect(&env, HOST).await;
-    let mut aq2 = a.io_queue(2).await.unwrap();
-    let (b, mut bq) = connect(&env, HOST).await;
-    // The pair first: its exclusive range would wait for a fused write's shared one
-    // (range_lock.rs: for every writer that came before it, whatever its blocks).
-    let paired = tokio::spawn(async move { aq2.compare_and_write(GATED, 16, &[0; 512], &[2; 512], BS as u32, false).await });
-    wait_for("A's Compare and Write at the storage", || gated.arrived.load(Relaxed) == 1).await;
-    let fused = tokio::spawn(async move { aq.fused_write(GATED, &plain_transfer(1, 0, &[1; 512])).await });
-    wait_for("A's fused write at the storage", || gated.arrived.load(Relaxed) == 2).await;
+    for pair in [false, true] {
+        let what = if pair { "Compare and Write" } else { "fused write" };
+        let env = start().await;
+        let (gated, _journal) = add_gated(&env);
+        let _open = OpenOnDrop(gated.clone());
+        let (a, mut aq) = connect(&env, HOST).await;
+        let (b, mut bq) = connect(&env, HOST).await;
+        let held = tokio::spawn(async move {
+            if pair {
+                aq.compare_and_write(GATED, 16, &[0; 512], &[2; 512], BS as u32, false).await.map(|_| ())
+            } else {
+                aq.fused_write(GATED, &plain_transfer(1, 16 * BS, &[2; 512])).await.map(|_| ())
+            }
+        });
+        wait_for(&format!("A's {what} at the storage"), || gated.arrived.load(Relaxed) == 1).await;
 
-    let lost = a.instance();
-    let reset = tokio::spawn(async move {
-        let r = b.cross_controller_reset(lost, Duration::from_secs(20)).await;
-        (b, r)
-    });
-    tokio::time::sleep(Duration::from_millis(500)).await;
-    assert!(!reset.is_finished(), "the reset completed while A's writes were at the storage");
-    gated.open.store(true, Relaxed);
-    let (_b, r) = tokio::time::timeout(Duration::from_secs(20), reset).await.expect("the reset completes").unwrap();
-    r.expect("A's work ended");
-    // Nothing of A's is left to land: both wrote before the reset completed.
-    let blocks = bq.read(GATED, 0, 17, BS as u32).await.unwrap();
-    assert!(blocks[..512].iter().all(|&x| x == 1), "the fused write landed");
-    assert!(blocks[16 * 512..].iter().all(|&x| x == 2), "the Compare and Write landed");
-    // A's commands themselves got no completion: its queues went with the reset.
-    for r in [fused.await.unwrap().map(|_| ()), paired.await.unwrap().map(|_| ())] {
-        assert!(r.is_err(), "a reset controller's command completed: {r:?}");
+        let lost = a.instance();
+        let reset = tokio::spawn(async move {
+            let r = b.cross_controller_reset(lost, Duration::from_secs(20)).await;
+            (b, r)
+        });
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        assert!(!reset.is_finished(), "the reset completed while A's {what} was at the storage");
+        gated.open.store(true, Relaxed);
+        let (_b, r) = tokio::time::timeout(Duration::from_secs(20), reset).await.expect("the reset completes").unwrap();
+        r.expect("A's work ended");
+        // Nothing of A's is left to land: it wrote before the reset completed.
+        let block = bq.read(GATED, 16, 1, BS as u32).await.unwrap();
+        assert!(block.iter().all(|&x| x == 2), "A's {what} landed before the reset completed");
+        // A's command itself got no completion: its queues went with the reset.
+        let r = held.await.unwrap();
+        assert!(r.is_err(), "a reset controller's {what} completed: {r:?}");
+        drop(a);
     }
-    drop(a);
 }
 
 /// A Cross-Controller Reset whose controller's work does not end within
