@@ -276,6 +276,7 @@ impl Peers {
             host: host.to_string(),
             timeout: self.timeout,
             read_ahead_bytes: self.read_ahead_bytes,
+            kato: None,
         };
         Remote::open(cfg, peer.pool.clone()).await.map_err(|e| {
             self.count_failure(tag);
@@ -288,8 +289,15 @@ impl Peers {
 /// queue, and identifies the namespace. The peer decides: a refusal is PEER_DENIED. A
 /// member reading for itself (`host == member`: a volume's extents in a peer's pool
 /// subsystem) names no host.
-pub(crate) async fn connect(p: &PeerConfig, member: &str, host: &str, timeout: Duration) -> Result<Conn, PeerError> {
-    let ctrl = controller(p, member, host, timeout, None).await?;
+pub(crate) async fn connect(
+    p: &PeerConfig,
+    member: &str,
+    host: &str,
+    timeout: Duration,
+    kato: Option<Duration>,
+) -> Result<Conn, PeerError> {
+    let kato = kato.map(|k| k.as_millis().min(u32::MAX as u128) as u32);
+    let ctrl = controller(p, member, host, timeout, kato).await?;
     let id = ctrl.identify_namespace(p.nsid).await.map_err(|e| failed(format!("identifying namespace {}: {e}", p.nsid)))?;
     let block = id.block_size() as u64;
     let size = id.nsze.checked_mul(block).unwrap_or(0);

@@ -86,6 +86,7 @@ fn config(addr: SocketAddr, nsid: u32, member: &str, host: &str, timeout: Durati
         host: host.into(),
         timeout,
         read_ahead_bytes: 1 << 20,
+        kato: None,
     }
 }
 
@@ -570,6 +571,46 @@ async fn a_write_given_up_is_quiesced_at_the_peer_before_anything_relies_on_it()
     assert_eq!(c.result.unwrap_err().kind(), io::ErrorKind::TimedOut);
     assert_eq!(pool.in_doubt(), 0, "a read given up is not in doubt");
     held.release();
+}
+
+/// A write given up whose controller no reset can reach (every new connection to the
+/// peer held) stays in doubt until the peer's own keep-alive rules have ended that
+/// controller: its keep-alive timeout twice, then a reset's wait. Only then is the pool
+/// quiesced, and the late write, delivered after, lands nowhere: the peer tore the
+/// controller down when its keep-alives stopped.
+#[tokio::test]
+async fn a_doubt_no_reset_reaches_ends_at_the_peers_keep_alive_bound() {
+    let p = peer().await;
+    let (via, held) = held_proxy(p.addr).await;
+    let mut direct = b_queue(p.addr).await;
+    let pool = Arc::new(Pool::new(4));
+    let (kato, timeout) = (Duration::from_secs(1), Duration::from_secs(1));
+    let cfg = RemoteConfig { kato: Some(kato), ..config(via, 1, MEMBER, MEMBER, timeout) };
+    let dev = Arc::new(Remote::open(cfg, pool.clone()).await.unwrap());
+    assert!(run(&dev, Op::Write { off: 0, fua: false }, filled(4096, 1)).await.result.is_ok());
+    held.hold_last(2);
+    held.hold_new();
+    let given_up = std::time::Instant::now();
+    let write = tokio::spawn({
+        let dev = dev.clone();
+        async move { run(&dev, Op::Write { off: 0, fua: false }, filled(4096, 2)).await }
+    });
+    in_doubt_within(&pool, Duration::from_secs(5)).await.expect("the write given up is in doubt");
+    let quiesced = tokio::spawn(dev.quiesce(0, 4096).expect("a peer's device quiesces"));
+    let bound = 2 * kato + Duration::from_millis(nearstore_target::limits::CROSS_CONTROLLER_RESET_WAIT_MS) + timeout;
+    tokio::time::sleep(bound - Duration::from_secs(3)).await;
+    assert!(!quiesced.is_finished(), "quiesced {:?} after the write was given up, before its keep-alive bound", given_up.elapsed());
+    assert_eq!(pool.in_doubt(), 1);
+    tokio::time::timeout(Duration::from_secs(20), quiesced).await.expect("quiesced at the bound").unwrap().unwrap();
+    assert!(given_up.elapsed() >= bound, "quiesced after {:?}, before the bound of {bound:?}", given_up.elapsed());
+    assert_eq!(pool.in_doubt(), 0);
+    let c = write.await.unwrap();
+    assert!(c.result.is_err(), "the write given up fails");
+    // Released now, the network delivers the write to a controller the peer has ended.
+    assert_eq!(direct.read(1, 0, 8, 512).await.unwrap(), filled(4096, 1).to_vec(), "the held write has not reached the peer");
+    held.release();
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(direct.read(1, 0, 8, 512).await.unwrap(), filled(4096, 1).to_vec(), "nothing lands after the bound");
 }
 
 /// A pooled connection found lost with a write in flight: the write is tried again on a

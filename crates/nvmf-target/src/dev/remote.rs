@@ -84,6 +84,9 @@ pub struct RemoteConfig {
     /// Bytes of one operation's commands in flight on its connection
     /// (`cluster.read_ahead_bytes`; at least one command).
     pub read_ahead_bytes: u64,
+    /// The keep-alive timeout its connections ask for (None: the initiator's, 10 s): how
+    /// soon the peer ends a lost one's controller by itself.
+    pub kato: Option<Duration>,
 }
 
 /// What went over one link (this target to a peer), counted where each operation completes:
@@ -190,6 +193,11 @@ struct Doubt {
     instance: nearstore_initiator::Instance,
     cfg: RemoteConfig,
     range: Range,
+    /// When the peer has ended the controller by its own rules if no reset reached it
+    /// (a peer out of reach, one without Cross-Controller Reset, one that no longer admits
+    /// this target): its keep-alive timeout passed twice, then a reset's wait for its work
+    /// (`cluster::Conn::lost_bound`).
+    ends: tokio::time::Instant,
 }
 
 #[derive(Default)]
@@ -320,7 +328,8 @@ impl Pool {
             tracing::error!(peer = %cfg.peer.address, "a connection closed with a write in flight off a runtime: its controller cannot be reset");
             return;
         };
-        let d = Doubt { instance: conn.instance(), cfg: cfg.clone(), range };
+        let ends = tokio::time::Instant::now() + conn.lost_bound(cfg.timeout);
+        let d = Doubt { instance: conn.instance(), cfg: cfg.clone(), range, ends };
         let start = {
             let mut w = self.writes.lock();
             w.doubts.push(d);
@@ -343,10 +352,22 @@ impl Pool {
                     return;
                 }
                 let mut failed = false;
+                let same = |x: &Doubt, d: &Doubt| x.instance == d.instance && x.cfg.peer.address == d.cfg.peer.address;
                 for d in doubts {
-                    match reset(&d).await {
+                    let outcome = match tokio::time::timeout_at(d.ends, reset(&d)).await {
+                        Ok(r) => r,
+                        Err(_) => Err("no answer before the keep-alive bound".into()),
+                    };
+                    match outcome {
                         Ok(()) => {
-                            pool.writes.lock().doubts.retain(|x| x.instance != d.instance || x.cfg.peer.address != d.cfg.peer.address);
+                            pool.writes.lock().doubts.retain(|x| !same(x, &d));
+                            pool.changed.send_modify(|v| *v += 1);
+                        }
+                        Err(e) if tokio::time::Instant::now() >= d.ends => {
+                            // Never reset: the peer has ended the controller by its own
+                            // keep-alive rules by now.
+                            tracing::warn!(peer = %d.cfg.peer.address, cntlid = d.instance.cntlid, "a controller closed with a write in flight was not reset ({e}); its keep-alive bound has passed, so nothing of it can land any more");
+                            pool.writes.lock().doubts.retain(|x| !same(x, &d));
                             pool.changed.send_modify(|v| *v += 1);
                         }
                         Err(e) => {
@@ -356,7 +377,10 @@ impl Pool {
                     }
                 }
                 if failed {
-                    tokio::time::sleep(pause).await;
+                    // Not past the soonest keep-alive bound: a doubt ends at its bound.
+                    let soonest = pool.writes.lock().doubts.iter().map(|d| d.ends).min();
+                    let until = soonest.map_or(pause, |e| e.saturating_duration_since(tokio::time::Instant::now())).min(pause);
+                    tokio::time::sleep(until).await;
                     pause = (pause * 2).min(DOUBT_RETRY_MAX);
                 } else {
                     pause = DOUBT_RETRY;
@@ -384,7 +408,7 @@ impl Pool {
             }
         }
         self.stats.connections.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        let conn = tokio::time::timeout(t, cluster::connect(&cfg.peer, &cfg.member, &cfg.host, t))
+        let conn = tokio::time::timeout(t, cluster::connect(&cfg.peer, &cfg.member, &cfg.host, t, cfg.kato))
             .await
             .map_err(|_| cluster::failed(format!("connecting took more than {} s", t.as_secs())))??;
         Ok((conn, false, permit))

@@ -1065,6 +1065,7 @@ impl Devices for PoolDevices {
                 host: self.member.clone(),
                 timeout: self.timeout,
                 read_ahead_bytes: self.read_ahead_bytes,
+                kato: None,
             };
             let r = super::remote::Remote::open(cfg, pool)
                 .await

@@ -137,8 +137,9 @@ pub(super) async fn on_peer(
     let name = format!("pool {} of {}", pool.nsid, pool.target);
     let address = pool.target.parse().map_err(|_| Failure::new(cs::PEER_FAILED, format!("{name}: its target is not an address")))?;
     let peer = PeerConfig { tag: 0, address, nqn: crate::POOLS_NQN.into(), nsid: pool.nsid };
-    let mut conn =
-        cluster::connect(&peer, &member, &member, connect).await.map_err(|e| Failure::new(e.status, format!("{name}: {}", e.message)))?;
+    let mut conn = cluster::connect(&peer, &member, &member, connect, None)
+        .await
+        .map_err(|e| Failure::new(e.status, format!("{name}: {}", e.message)))?;
     let failure = |e: InitiatorError| match e {
         InitiatorError::Compute { status, message } => Failure::new(status, format!("on {name}: {message}")),
         e => Failure::new(cs::PEER_FAILED, format!("{name}: {e}")),
