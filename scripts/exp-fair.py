@@ -53,11 +53,12 @@ def size(text):
     return int(text)
 
 
-def compute_config(weights):
+def compute_config(weights, chunk=None):
     lines = [
         f'metrics = "127.0.0.1:{PORT + 1}"',
         "[compute]",
         "threads = 1",
+    ] + ([f'chunk = "{chunk}"'] if chunk else []) + [
         "[[listener]]",
         f'address = "127.0.0.1:{PORT}"',
         "[[subsystem]]",
@@ -224,6 +225,7 @@ def main():
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--out", required=True, help="JSON: a list of one object per tenant per run")
     ap.add_argument("--only", choices=["interference", "sharing", "compute"], help="one of the three")
+    ap.add_argument("--compute-chunk", help="compute.chunk of the compute experiment's target (default: the target's)")
     a = ap.parse_args()
     rows = []
     work = tempfile.mkdtemp(prefix="nearstore-exp-fair.")
@@ -245,7 +247,7 @@ def main():
                   f"{j['iops']:.0f} IOPS, p50 {j['p50_us']:.0f} us, p99 {j['p99_us']:.0f} us", flush=True)
 
     def run_compute(case, weights, tenants, r, think_ms=0):
-        t = Target(a.bin, work, compute_config(weights))
+        t = Target(a.bin, work, compute_config(weights, a.compute_chunk))
         try:
             before = cpu_ns()
             res = compute_all(a.bin, tenants, a.secs, think_ms)
