@@ -652,6 +652,49 @@ async fn a_cross_controller_reset_waits_for_fused_writes_and_compare_and_write()
     }
 }
 
+/// A reset controller's work that has not started does not run: a FUSED WRITE still
+/// waiting for its turn on the journal leaves the queue, and a Compare and Write still
+/// waiting for its blocks does not write, so the reset waits only for what already runs
+/// (here a fused write held at the storage). Before, both ran after it, holding the reset
+/// up on a busy journal.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reset_controllers_work_not_yet_started_never_runs() {
+    let env = start().await;
+    let (gated, journal) = add_gated(&env);
+    let _open = OpenOnDrop(gated.clone());
+    let ns = env._target.subsystem(NQN).unwrap().namespace(GATED).unwrap();
+    let (a, mut aq) = connect(&env, HOST).await;
+    let (mut aq2, mut aq3) = (a.io_queue(2).await.unwrap(), a.io_queue(3).await.unwrap());
+    let (b, mut bq) = connect(&env, HOST).await;
+    let running = tokio::spawn(async move { aq.fused_write(GATED, &plain_transfer(1, 0, &[1; 512])).await });
+    wait_for("A's first fused write at the storage", || gated.arrived.load(Relaxed) == 1).await;
+    let queued = tokio::spawn(async move { aq2.fused_write(GATED, &plain_transfer(2, 8 * BS, &[2; 512])).await });
+    wait_for("A's second fused write queued", || journal.admitted() == 2).await;
+    // The pair's exclusive range waits for the writer before it (range_lock.rs).
+    let paired = tokio::spawn(async move { aq3.compare_and_write(GATED, 16, &[0; 512], &[3; 512], BS as u32, false).await });
+    wait_for("A's Compare and Write waiting for its blocks", || ns.ranges.counts().0 == 1).await;
+
+    let lost = a.instance();
+    let reset = tokio::spawn(async move {
+        let r = b.cross_controller_reset(lost, Duration::from_secs(20)).await;
+        (b, r)
+    });
+    wait_for("the queued fused write withdrawn", || journal.admitted() == 1).await;
+    assert!(!reset.is_finished(), "the reset completed while A's first fused write was at the storage");
+    gated.open.store(true, Relaxed);
+    let (_b, r) = tokio::time::timeout(Duration::from_secs(20), reset).await.expect("the reset completes").unwrap();
+    r.expect("A's work ended");
+    let blocks = bq.read(GATED, 0, 17, BS as u32).await.unwrap();
+    assert!(blocks[..512].iter().all(|&x| x == 1), "the running fused write finished");
+    assert!(blocks[8 * 512..9 * 512].iter().all(|&x| x == 0), "the queued fused write ran");
+    assert!(blocks[16 * 512..].iter().all(|&x| x == 0), "the waiting Compare and Write wrote");
+    assert_eq!(bq.outcome(GATED, 2).await.unwrap().0, state::UNKNOWN, "transaction 2 never ran");
+    for r in [running.await.unwrap().map(|_| ()), queued.await.unwrap().map(|_| ()), paired.await.unwrap().map(|_| ())] {
+        assert!(r.is_err(), "a reset controller's command completed: {r:?}");
+    }
+    drop(a);
+}
+
 /// A Cross-Controller Reset whose controller's work does not end within
 /// `CROSS_CONTROLLER_RESET_WAIT_MS` completes with Command Interrupted (retryable), the
 /// controller staying reset, and a retry waits again; more than

@@ -31,6 +31,7 @@ use crate::io_cmd::{self, IoKind, IoPlan};
 use crate::io_pool::Done;
 use crate::request::Request;
 use crate::subsystem::{Controller, Namespace};
+use tokio_util::sync::CancellationToken;
 
 /// What a Compare's work gives back: the statuses of its halves (the second's
 /// only for a pair) and the data buffers.
@@ -250,7 +251,7 @@ impl<T: Transport> Core<T> {
                 let token = self.inflight.insert(Inflight::new(req, ns.clone(), IoKind::Compare, len, off >> ns.lba_shift)) as u32;
                 let chan = self.compare_channel();
                 self.compare_task(token, 1, async move {
-                    let (first, second, bufs) = run(chan, &ns, off, buf, None, None).await;
+                    let (first, second, bufs) = run(chan, &ns, off, buf, None, None, None).await;
                     Compared { first, second, bufs }
                 });
             }
@@ -328,8 +329,9 @@ impl<T: Transport> Core<T> {
         let token = self.inflight.insert(x) as u32;
         let (ns, off, cmp, data, fua) = (a.ns, a.off, a.buf, b.buf, b.fua);
         let chan = self.compare_channel();
+        let removed = self.queue.as_ref().map(|q| q.ctrl.cancel.clone());
         self.compare_task(token, 2, async move {
-            let (first, second, bufs) = run(chan, &ns, off, cmp, Some((data, fua)), Some(&hold)).await;
+            let (first, second, bufs) = run(chan, &ns, off, cmp, Some((data, fua)), Some(&hold), removed.as_ref()).await;
             hold.ended();
             Compared { first, second, bufs }
         });
@@ -446,6 +448,7 @@ async fn run(
     cmp: AlignedBuf,
     write: Option<(AlignedBuf, bool)>,
     hold: Option<&AbortHold>,
+    removed: Option<&CancellationToken>,
 ) -> (Status, Status, [Option<AlignedBuf>; 2]) {
     let len = cmp.len();
     let (data, fua) = write.map_or((None, false), |(d, fua)| (Some(d), fua));
@@ -461,6 +464,11 @@ async fn run(
     };
     if hold.is_some_and(|h| h.aborted()) {
         return (Status::ABORTED_PREEMPT, Status::ABORTED_PREEMPT, bufs(cmp, data));
+    }
+    // Its controller removed while it waited for its range (a Cross-Controller Reset waits
+    // for it): it does not run, and its host hears nothing of it either way.
+    if removed.is_some_and(CancellationToken::is_cancelled) {
+        return (Status::ABORT_REQUESTED, Status::ABORT_REQUESTED, bufs(cmp, data));
     }
     // Checked here too, under the exclusive range, as the device stack's fence does
     // (dev::fence): a Compare and Write names the status before it reads.

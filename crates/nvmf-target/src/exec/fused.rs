@@ -109,23 +109,29 @@ impl<T: Transport> Core<T> {
         // Its controller's life, until the transaction has ended: a Cross-Controller Reset
         // of the controller waits for it (subsystem::Life).
         let life = self.chan.life_shared();
+        let removed = ctrl.cancel.clone();
         // The work finishes even when the connection has gone: a transaction is never cut
-        // by its host leaving.
+        // by its host leaving. One not yet in a group when its controller is removed (a
+        // Cross-Controller Reset waiting for it) does not run.
         tokio::spawn(async move {
             let _admitted = admitted;
             let _life = life;
             let journal = p.journal.clone();
             let (id, mut ended) = fused::enqueue(p, buf, hold.clone());
+            let withdrawn = |buf, status, why: &str| {
+                hold.ended();
+                Ok((Err(Refusal { status, message: format!("namespace {nsid}: {why}") }), buf))
+            };
             let ended = tokio::select! {
                 biased;
                 e = &mut ended => e,
                 () = hold.aborted_wait() => match fused::withdraw(&journal, id) {
                     // Not in a group yet: it does not run, and it leaves the queue now.
-                    Some(buf) => {
-                        hold.ended();
-                        let message = format!("namespace {nsid}: its host was preempted and aborted");
-                        Ok((Err(Refusal { status: Status::ABORTED_PREEMPT, message }), buf))
-                    }
+                    Some(buf) => withdrawn(buf, Status::ABORTED_PREEMPT, "its host was preempted and aborted"),
+                    None => ended.await,
+                },
+                () = removed.cancelled() => match fused::withdraw(&journal, id) {
+                    Some(buf) => withdrawn(buf, Status::ABORT_REQUESTED, "its controller was removed before its turn"),
                     None => ended.await,
                 },
             };
