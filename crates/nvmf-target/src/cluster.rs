@@ -314,12 +314,37 @@ impl Conn {
         self.ctrl.instance()
     }
 
-    /// How long after this connection is given up its controller at the peer has ended
-    /// all it started, by the peer's own rules, when no reset can say so: torn down when its
-    /// keep-alive timeout passes (twice the timeout at most, NVMe Base 2.3, "Keep Alive
-    /// Timer"), then its work given a reset's wait to end.
-    pub(crate) fn lost_bound(&self, timeout: Duration) -> Duration {
-        2 * self.ctrl.kato() + reset_wait(timeout)
+    /// How long after this connection is given up (its keep-alives stopped) its controller
+    /// at the peer has ended what it started, by the peer's own rules, when no reset can
+    /// say so: torn down once its keep-alive timeout passes (twice the timeout at most, NVMe
+    /// Base 2.3, "Keep Alive Timer"), then its work given a reset's wait to end. A lease: it
+    /// assumes that what was sent before is not held in the network for longer. None
+    /// without a keep-alive timeout (the peer never ends it by itself). Not for a
+    /// connection running a compute command: the peer keeps that controller alive while
+    /// the command runs.
+    pub(crate) fn lost_bound(&self, timeout: Duration) -> Option<Duration> {
+        let kato = self.ctrl.kato();
+        (!kato.is_zero()).then(|| 2 * kato + reset_wait(timeout))
+    }
+}
+
+/// Why a Cross-Controller Reset of a lost controller did not succeed.
+#[derive(Debug)]
+pub(crate) enum ResetFailed {
+    /// The peer took the reset and said that the controller's work has not ended (Command
+    /// Interrupted), or had not answered within the reset's wait: that work may still write.
+    Running(String),
+    /// The peer was not reached or cannot reset it (it does not admit this host, or has no
+    /// Cross-Controller Reset).
+    Unanswered(String),
+}
+
+impl std::fmt::Display for ResetFailed {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            ResetFailed::Running(m) => write!(f, "its work is still running at the peer: {m}"),
+            ResetFailed::Unanswered(m) => write!(f, "{m}"),
+        }
     }
 }
 
@@ -334,11 +359,20 @@ pub(crate) async fn reset_lost(
     host: &str,
     instance: nearstore_initiator::Instance,
     timeout: Duration,
-) -> Result<(), String> {
+) -> Result<(), ResetFailed> {
     let wait = reset_wait(timeout);
     let kato = (2 * wait.as_millis()).min(u32::MAX as u128) as u32;
-    let ctrl = controller(p, member, host, timeout, Some(kato)).await.map_err(|e| e.message)?;
-    ctrl.cross_controller_reset(instance, wait).await.map_err(|e| e.to_string())
+    let ctrl = controller(p, member, host, timeout, Some(kato)).await.map_err(|e| ResetFailed::Unanswered(e.message))?;
+    match ctrl.cross_controller_reset(instance, wait).await {
+        Ok(()) => Ok(()),
+        Err(e @ InitiatorError::Timeout(_)) => Err(ResetFailed::Running(e.to_string())),
+        Err(InitiatorError::Status { status, what, .. })
+            if (status.sct, status.sc) == (Status::COMMAND_INTERRUPTED.sct, Status::COMMAND_INTERRUPTED.sc) =>
+        {
+            Err(ResetFailed::Running(format!("{what}: {status}")))
+        }
+        Err(e) => Err(ResetFailed::Unanswered(e.to_string())),
+    }
 }
 
 /// How long a Cross-Controller Reset may take: the target's own limit and a connection's.

@@ -196,8 +196,9 @@ struct Doubt {
     /// When the peer has ended the controller by its own rules if no reset reached it
     /// (a peer out of reach, one without Cross-Controller Reset, one that no longer admits
     /// this target): its keep-alive timeout passed twice, then a reset's wait for its work
-    /// (`cluster::Conn::lost_bound`).
-    ends: tokio::time::Instant,
+    /// (`cluster::Conn::lost_bound`). None: never by itself (no keep-alive timeout, or the
+    /// peer said its work still runs).
+    ends: Option<tokio::time::Instant>,
 }
 
 #[derive(Default)]
@@ -328,7 +329,7 @@ impl Pool {
             tracing::error!(peer = %cfg.peer.address, "a connection closed with a write in flight off a runtime: its controller cannot be reset");
             return;
         };
-        let ends = tokio::time::Instant::now() + conn.lost_bound(cfg.timeout);
+        let ends = conn.lost_bound(cfg.timeout).map(|b| tokio::time::Instant::now() + b);
         let d = Doubt { instance: conn.instance(), cfg: cfg.clone(), range, ends };
         let start = {
             let mut w = self.writes.lock();
@@ -354,31 +355,34 @@ impl Pool {
                 let mut failed = false;
                 let same = |x: &Doubt, d: &Doubt| x.instance == d.instance && x.cfg.peer.address == d.cfg.peer.address;
                 for d in doubts {
-                    let outcome = match tokio::time::timeout_at(d.ends, reset(&d)).await {
-                        Ok(r) => r,
-                        Err(_) => Err("no answer before the keep-alive bound".into()),
-                    };
-                    match outcome {
+                    let expired = d.ends.is_some_and(|e| tokio::time::Instant::now() >= e);
+                    match reset(&d).await {
                         Ok(()) => {
                             pool.writes.lock().doubts.retain(|x| !same(x, &d));
                             pool.changed.send_modify(|v| *v += 1);
                         }
-                        Err(e) if tokio::time::Instant::now() >= d.ends => {
-                            // Never reset: the peer has ended the controller by its own
+                        Err(cluster::ResetFailed::Unanswered(e)) if expired => {
+                            // Never reset, and the peer has ended the controller by its own
                             // keep-alive rules by now.
-                            tracing::warn!(peer = %d.cfg.peer.address, cntlid = d.instance.cntlid, "a controller closed with a write in flight was not reset ({e}); its keep-alive bound has passed, so nothing of it can land any more");
+                            tracing::warn!(peer = %d.cfg.peer.address, cntlid = d.instance.cntlid, "a controller closed with a write in flight was not reset ({e}); its keep-alive bound has passed: no longer in doubt");
                             pool.writes.lock().doubts.retain(|x| !same(x, &d));
                             pool.changed.send_modify(|v| *v += 1);
                         }
                         Err(e) => {
                             failed = true;
+                            if let cluster::ResetFailed::Running(_) = e {
+                                // Alive and still running it: only a reset ends this doubt.
+                                if let Some(x) = pool.writes.lock().doubts.iter_mut().find(|x| same(x, &d)) {
+                                    x.ends = None;
+                                }
+                            }
                             tracing::warn!(peer = %d.cfg.peer.address, cntlid = d.instance.cntlid, "resetting a controller closed with a write in flight: {e}; trying again in {} ms", pause.as_millis());
                         }
                     }
                 }
                 if failed {
                     // Not past the soonest keep-alive bound: a doubt ends at its bound.
-                    let soonest = pool.writes.lock().doubts.iter().map(|d| d.ends).min();
+                    let soonest = pool.writes.lock().doubts.iter().filter_map(|d| d.ends).min();
                     let until = soonest.map_or(pause, |e| e.saturating_duration_since(tokio::time::Instant::now())).min(pause);
                     tokio::time::sleep(until).await;
                     pause = (pause * 2).min(DOUBT_RETRY_MAX);
@@ -438,7 +442,7 @@ fn doubt_wait(cfg: &RemoteConfig) -> Duration {
 }
 
 /// Cross-Controller Reset of `d`'s controller at its peer ([`cluster::reset_lost`]).
-async fn reset(d: &Doubt) -> Result<(), String> {
+async fn reset(d: &Doubt) -> Result<(), cluster::ResetFailed> {
     let c = &d.cfg;
     cluster::reset_lost(&c.peer, &c.member, &c.host, d.instance, c.timeout).await
 }

@@ -144,7 +144,7 @@ pub(super) async fn on_peer(
         InitiatorError::Compute { status, message } => Failure::new(status, format!("on {name}: {message}")),
         e => Failure::new(cs::PEER_FAILED, format!("{name}: {e}")),
     };
-    let (instance, bound) = (conn.instance(), conn.lost_bound(connect));
+    let (instance, started) = (conn.instance(), Instant::now());
     match conn.q.exec(pool.nsid, &desc.encode(), run).await {
         // The peer's result takes the place of this command's, in the budget reserved for it.
         Ok(cqe) => conn.q.fetch_result(&cqe, crate::limits::RESULT_BYTES_MAX).await.map_err(failure),
@@ -154,11 +154,15 @@ pub(super) async fn on_peer(
             // No answer (a timeout, a lost connection): a command with outputs may still be
             // writing them at the peer. Its controller is reset there before this command
             // ends, so that nothing relying on its end (a move waiting for its extents'
-            // tickets, a Preempt and Abort) meets a late write; if no reset succeeds, it
-            // ends once the peer's own keep-alive rules have ended it.
+            // tickets, a Preempt and Abort) meets a late write. If no reset succeeds, it ends
+            // once the peer's command is past its own time limit: the peer keeps a
+            // controller alive while its command runs, so its keep-alive timeout is no bound.
+            // That limit runs from when the peer started it, within a time limit of being
+            // sent (its queue), and is taken to be this target's (`compute.timeout_secs`).
             drop(conn);
-            if !desc.outputs.is_empty() && !reset_until(&peer, &member, instance, connect, Instant::now() + bound).await {
-                tracing::warn!(peer = %peer.address, cntlid = instance.cntlid, "a forwarded compute command's controller was not reset: ending it after {} s, its keep-alive bound", bound.as_secs());
+            let until = started + 2 * run + cluster::reset_wait(connect);
+            if !desc.outputs.is_empty() && !reset_until(&peer, &member, instance, connect, until).await {
+                tracing::warn!(peer = %peer.address, cntlid = instance.cntlid, "a forwarded compute command's controller was not reset: ending it past twice its time limit");
             }
             Err(failure(e))
         }
@@ -167,8 +171,8 @@ pub(super) async fn on_peer(
 
 /// Resets `instance`, a lost controller of `member` at `peer` ([`cluster::reset_lost`]),
 /// trying again (after 1 s, doubling to 4 s) until it succeeds or `until` has come (the
-/// peer has ended it by its keep-alive rules then: `Conn::lost_bound`), waiting until then
-/// if it never succeeds. Whether it succeeded.
+/// peer's command is past its time limit then), waiting until then if it never succeeds.
+/// Whether it succeeded.
 async fn reset_until(peer: &PeerConfig, member: &str, instance: nearstore_initiator::Instance, timeout: Duration, until: Instant) -> bool {
     let mut pause = crate::dev::remote::DOUBT_RETRY;
     loop {
