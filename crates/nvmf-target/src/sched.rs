@@ -233,8 +233,8 @@ impl Cpu {
 
     /// A command's handle on the turns, for controller `key` of `tenant`; it holds none yet,
     /// and its tenant is active for the virtual clock only while it holds or waits for one
-    /// (a command waiting for its reads between turns, or for a peer it forwarded to, does
-    /// not hold the floor back).
+    /// (a command that gave its turn back, translating a volume's extents or waiting for a
+    /// peer it forwarded to, does not hold the floor back).
     pub fn turn(self: &Arc<Self>, key: usize, tenant: Arc<TenantPolicy>) -> Turn {
         let mut s = self.state.lock();
         s.next_id += 1;
@@ -471,6 +471,23 @@ mod tests {
 
     const CREDIT: u128 = limits::COMPUTE_SLEEPER_CREDIT_MS as u128 * 1_000_000;
 
+    /// Spins on this thread for `ns` of its CPU time.
+    fn compute_for(ns: u64) {
+        let start = thread_cpu_ns();
+        while thread_cpu_ns() - start < ns {
+            std::hint::black_box(0u64);
+        }
+    }
+
+    /// `turn` takes a turn, computes for `ns` of CPU time, is charged for it (its turn
+    /// given back) and holds a turn again.
+    fn take_charged(turn: &Turn, ns: u64) {
+        assert!(turn.take(&|| false));
+        compute_for(ns);
+        turn.give_back();
+        assert!(turn.take(&|| false));
+    }
+
     /// A tenant that was idle joins at the least virtual runtime of the active ones less
     /// the sleeper credit, never more: the time it did not compute buys it no more than
     /// the credit against the others, however long.
@@ -549,10 +566,7 @@ mod tests {
         let long = cpu.turn(1, heavy.clone());
         assert!(long.take(&|| false));
         // It computes for two slices' worth of CPU time: its tenant is ahead.
-        let start = thread_cpu_ns();
-        while thread_cpu_ns() - start < 2 * limits::COMPUTE_SLICE_MS * 1_000_000 {
-            std::hint::black_box(0u64);
-        }
+        compute_for(2 * limits::COMPUTE_SLICE_MS * 1_000_000);
         let short = cpu.turn(2, light.clone());
         let t = std::thread::spawn(move || short.take(&|| false));
         while cpu.waiting() == 0 {
@@ -603,14 +617,8 @@ mod tests {
         let cpu = Cpu::with_slice(1, Duration::from_secs(3600));
         let (heavy, light) = (tenant(30, 100), tenant(31, 100));
         let long = cpu.turn(1, heavy.clone());
-        assert!(long.take(&|| false));
         // It computes past the credit and the granularity, and is charged for it.
-        let start = thread_cpu_ns();
-        while thread_cpu_ns() - start < 2 * CREDIT as u64 {
-            std::hint::black_box(0u64);
-        }
-        long.give_back();
-        assert!(long.take(&|| false));
+        take_charged(&long, 2 * CREDIT as u64);
         // Another command of its own tenant waits: level with it, it does not preempt.
         let same = cpu.turn(2, heavy.clone());
         let other = std::thread::spawn(move || {
@@ -649,8 +657,8 @@ mod tests {
         assert_eq!(light.stats.compute_turn_waits.load(Relaxed), 1);
     }
 
-    /// A command that gave its turn back (waiting for its reads, for a peer it forwarded
-    /// to) does not keep its tenant active: the floor follows the tenants that compute,
+    /// A command that gave its turn back (translating a volume's extents, waiting for a
+    /// peer it forwarded to) does not keep its tenant active: the floor follows the tenants that compute,
     /// and a tenant joining meanwhile gets no more than the credit below them.
     #[test]
     fn a_command_without_a_turn_does_not_hold_the_floor_back() {
@@ -660,13 +668,7 @@ mod tests {
         assert!(waiting.take(&|| false));
         waiting.give_back();
         let computing = cpu.turn(2, busy.clone());
-        assert!(computing.take(&|| false));
-        let start = thread_cpu_ns();
-        while thread_cpu_ns() - start < 3 * CREDIT as u64 {
-            std::hint::black_box(0u64);
-        }
-        computing.give_back();
-        assert!(computing.take(&|| false));
+        take_charged(&computing, 3 * CREDIT as u64);
         let joined = cpu.turn(3, late.clone());
         let t = std::thread::spawn(move || {
             assert!(joined.take(&|| false));

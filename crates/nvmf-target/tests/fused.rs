@@ -609,6 +609,14 @@ async fn preempt_and_abort_stops_queued_fused_writes() {
     assert_eq!(journal.admitted(), 0);
 }
 
+/// B's Cross-Controller Reset of `lost` (waiting up to 20 s), on a task: B and its result.
+fn reset_later(b: Controller, lost: nearstore_initiator::Instance) -> tokio::task::JoinHandle<(Controller, Result<(), Error>)> {
+    tokio::spawn(async move {
+        let r = b.cross_controller_reset(lost, Duration::from_secs(20)).await;
+        (b, r)
+    })
+}
+
 /// A Cross-Controller Reset (docs/protocol.md) of a controller with a FUSED WRITE, then
 /// one with a Compare and Write, held at the storage completes only once it has written:
 /// each runs on a task of its own, not on the controller's queues, and holds its life.
@@ -632,11 +640,7 @@ async fn a_cross_controller_reset_waits_for_fused_writes_and_compare_and_write()
         });
         wait_for(&format!("A's {what} at the storage"), || gated.arrived.load(Relaxed) == 1).await;
 
-        let lost = a.instance();
-        let reset = tokio::spawn(async move {
-            let r = b.cross_controller_reset(lost, Duration::from_secs(20)).await;
-            (b, r)
-        });
+        let reset = reset_later(b, a.instance());
         tokio::time::sleep(Duration::from_millis(500)).await;
         assert!(!reset.is_finished(), "the reset completed while A's {what} was at the storage");
         gated.open.store(true, Relaxed);
@@ -655,8 +659,8 @@ async fn a_cross_controller_reset_waits_for_fused_writes_and_compare_and_write()
 /// A reset controller's work that has not started does not run: a FUSED WRITE still
 /// waiting for its turn on the journal leaves the queue, and a Compare and Write still
 /// waiting for its blocks does not write, so the reset waits only for what already runs
-/// (here a fused write held at the storage). Before, both ran after it, holding the reset
-/// up on a busy journal.
+/// (here a fused write held at the storage). Before, the queued fused write stayed in the
+/// journal's queue until its group refused it, and the pair wrote.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_reset_controllers_work_not_yet_started_never_runs() {
     let env = start().await;
@@ -674,11 +678,7 @@ async fn a_reset_controllers_work_not_yet_started_never_runs() {
     let paired = tokio::spawn(async move { aq3.compare_and_write(GATED, 16, &[0; 512], &[3; 512], BS as u32, false).await });
     wait_for("A's Compare and Write waiting for its blocks", || ns.ranges.counts().0 == 1).await;
 
-    let lost = a.instance();
-    let reset = tokio::spawn(async move {
-        let r = b.cross_controller_reset(lost, Duration::from_secs(20)).await;
-        (b, r)
-    });
+    let reset = reset_later(b, a.instance());
     wait_for("the queued fused write withdrawn", || journal.admitted() == 1).await;
     assert!(!reset.is_finished(), "the reset completed while A's first fused write was at the storage");
     gated.open.store(true, Relaxed);
