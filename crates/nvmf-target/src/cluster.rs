@@ -363,15 +363,21 @@ pub(crate) async fn reset_lost(
     let wait = reset_wait(timeout);
     let kato = (2 * wait.as_millis()).min(u32::MAX as u128) as u32;
     let ctrl = controller(p, member, host, timeout, Some(kato)).await.map_err(|e| ResetFailed::Unanswered(e.message))?;
-    match ctrl.cross_controller_reset(instance, wait).await {
-        Ok(()) => Ok(()),
-        Err(e @ InitiatorError::Timeout(_)) => Err(ResetFailed::Running(e.to_string())),
-        Err(InitiatorError::Status { status, what, .. })
+    ctrl.cross_controller_reset(instance, wait).await.map_err(reset_failed)
+}
+
+/// What a Cross-Controller Reset's error says of the reset controller's work: still
+/// running (Command Interrupted, or no answer within the wait: the peer took it), or
+/// nothing known (any other error: refused, unsupported, the connection lost).
+fn reset_failed(e: InitiatorError) -> ResetFailed {
+    match e {
+        e @ InitiatorError::Timeout(_) => ResetFailed::Running(e.to_string()),
+        InitiatorError::Status { status, what, .. }
             if (status.sct, status.sc) == (Status::COMMAND_INTERRUPTED.sct, Status::COMMAND_INTERRUPTED.sc) =>
         {
-            Err(ResetFailed::Running(format!("{what}: {status}")))
+            ResetFailed::Running(format!("{what}: {status}"))
         }
-        Err(e) => Err(ResetFailed::Unanswered(e.to_string())),
+        e => ResetFailed::Unanswered(e.to_string()),
     }
 }
 
@@ -414,4 +420,34 @@ pub(crate) async fn controller(
             }
         })?;
     Ok(ctrl)
+}
+
+#[cfg(test)]
+mod reset_tests {
+    use super::*;
+
+    /// Only an answer that the work still runs, or no answer within the wait, counts as
+    /// running: a doubt then outlives its keep-alive bound (dev::remote).
+    #[test]
+    fn a_resets_error_says_whether_the_work_still_runs() {
+        let status = |s: Status| InitiatorError::Status {
+            what: "Cross-Controller Reset".into(),
+            status: s,
+            cqe: nearstore_wire::Cqe { status: s, ..Default::default() },
+        };
+        let cases = [
+            (status(Status::COMMAND_INTERRUPTED), true),
+            (status(Status { dnr: true, ..Status::COMMAND_INTERRUPTED }), true),
+            (InitiatorError::Timeout("Cross-Controller Reset".into()), true),
+            (status(Status::INVALID_OPCODE.dnr()), false),
+            (status(Status::INVALID_FIELD.dnr()), false),
+            (status(Status::CROSS_CONTROLLER_RESET_LIMIT_EXCEEDED), false),
+            (InitiatorError::Closed, false),
+            (InitiatorError::Io { context: "reading".into(), source: std::io::ErrorKind::ConnectionReset.into() }, false),
+        ];
+        for (e, running) in cases {
+            let what = e.to_string();
+            assert_eq!(matches!(reset_failed(e), ResetFailed::Running(_)), running, "{what}");
+        }
+    }
 }
