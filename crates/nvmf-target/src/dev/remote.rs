@@ -354,19 +354,19 @@ impl Pool {
                 }
                 let mut failed = false;
                 let same = |x: &Doubt, d: &Doubt| x.instance == d.instance && x.cfg.peer.address == d.cfg.peer.address;
+                let clear = |d: &Doubt| {
+                    pool.writes.lock().doubts.retain(|x| !same(x, d));
+                    pool.changed.send_modify(|v| *v += 1);
+                };
                 for d in doubts {
                     let expired = d.ends.is_some_and(|e| tokio::time::Instant::now() >= e);
                     match reset(&d).await {
-                        Ok(()) => {
-                            pool.writes.lock().doubts.retain(|x| !same(x, &d));
-                            pool.changed.send_modify(|v| *v += 1);
-                        }
+                        Ok(()) => clear(&d),
                         Err(cluster::ResetFailed::Unanswered(e)) if expired => {
                             // Never reset, and the peer has ended the controller by its own
                             // keep-alive rules by now.
                             tracing::warn!(peer = %d.cfg.peer.address, cntlid = d.instance.cntlid, "a controller closed with a write in flight was not reset ({e}); its keep-alive bound has passed: no longer in doubt");
-                            pool.writes.lock().doubts.retain(|x| !same(x, &d));
-                            pool.changed.send_modify(|v| *v += 1);
+                            clear(&d);
                         }
                         Err(e) => {
                             failed = true;
