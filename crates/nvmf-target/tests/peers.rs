@@ -270,13 +270,17 @@ async fn unknown_tags_refused_peers_and_peers_that_die_or_stall_fail_the_command
     // Through the proxies: first faithful (the connection is pooled), then the peer dies
     // 1 MiB into the next transfer, or stalls.
     let opened = |tag: u16| p.a.offload.peers.stats().iter().find(|s| s.0 == tag).map(|s| s.2.connections.load(Ordering::Relaxed));
-    // An input on a peer is read ahead (compute.readahead 2: 3 reads of a 1 MiB chunk at
-    // once, within read_ahead_bytes and connections_per_peer), each read on a connection
-    // of its own; the second command reuses them.
-    for _ in 0..2 {
+    // An input on a peer is read ahead (compute.readahead 2: at most 3 reads of a 1 MiB
+    // chunk at once, within read_ahead_bytes and connections_per_peer), each read on a
+    // connection of its own; how many were at once when none was idle depends on timing
+    // (one to three: a loaded machine finishes one before the next starts). The commands
+    // after the first reuse them: four commands never open more than three.
+    for _ in 0..4 {
         assert_eq!(qa.compute(1, &crc(on(5, 0, 8 << 20)), T).await.unwrap(), good);
-        assert_eq!(opened(5), Some(3), "the first command's connections are reused by the second");
+        let n = opened(5).unwrap_or(0);
+        assert!((1..=3).contains(&n), "{n} connections to peer 5: the first command's are reused by the next ones");
     }
+    let before_cut = opened(5).expect("opened above");
     p.cut.cut.store(true, Ordering::Relaxed);
     let e = qa.compute(1, &crc(on(5, 0, 8 << 20)), T).await.unwrap_err();
     refused(e, cs::PEER_FAILED, &["peer tag 5"]);
@@ -302,7 +306,7 @@ async fn unknown_tags_refused_peers_and_peers_that_die_or_stall_fail_the_command
     assert_eq!(value("nearstore_peer_failures_total", 4), 1, "{m}");
     // The cut connections were pooled: each read found its own dead and tried once more
     // on a fresh one.
-    assert!(value("nearstore_peer_connections_total", 5) > 3, "{m}");
+    assert!(value("nearstore_peer_connections_total", 5) > before_cut, "{before_cut} before the cut: {m}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
