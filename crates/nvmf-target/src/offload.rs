@@ -806,6 +806,20 @@ struct Limits<'a> {
 }
 
 impl Limits<'_> {
+    /// Runs `wait` (a wait for a read's completion) without holding the command's turn to
+    /// compute, which another command may take meanwhile, then holds a turn again: a
+    /// command waiting on a slow device or peer does not keep the engine from others.
+    /// What `wait` returned, or Cancelled if the command stops before its turn comes back.
+    fn without_turn<T>(&self, wait: impl FnOnce() -> T) -> Result<T, ComputeError> {
+        let Some(turn) = self.turn else { return Ok(wait()) };
+        turn.give_back();
+        let got = wait();
+        if !turn.take(&|| self.cancel.is_cancelled()) {
+            return Err(ComputeError::Cancelled);
+        }
+        Ok(got)
+    }
+
     fn check(&self) -> Result<(), ComputeError> {
         let stopped = || self.cancel.is_cancelled();
         if stopped() || self.turn.is_some_and(|t| !t.checkpoint(&stopped)) {

@@ -233,8 +233,8 @@ impl Cpu {
 
     /// A command's handle on the turns, for controller `key` of `tenant`; it holds none yet,
     /// and its tenant is active for the virtual clock only while it holds or waits for one
-    /// (a command that gave its turn back, translating a volume's extents or waiting for a
-    /// peer it forwarded to, does not hold the floor back).
+    /// (a command that gave its turn back, translating a volume's extents, waiting for a
+    /// peer it forwarded to or for a read, does not hold the floor back).
     pub fn turn(self: &Arc<Self>, key: usize, tenant: Arc<TenantPolicy>) -> Turn {
         let mut s = self.state.lock();
         s.next_id += 1;

@@ -622,7 +622,14 @@ impl Source for NsSource<'_, '_> {
                 }
                 Some(&Pending::Reading { tag, take, peer, off }) => (tag, take, peer, off),
             };
-            let Some(c) = self.shared.io.borrow_mut().take(tag, Duration::from_millis(100))? else { continue };
+            let mut io = self.shared.io.borrow_mut();
+            let got = match io.take(tag, Duration::ZERO)? {
+                Some(c) => Some(c),
+                // Not in yet: waited for without the turn to compute, which others take.
+                None => self.limits.without_turn(|| io.take(tag, Duration::from_millis(100)))??,
+            };
+            drop(io);
+            let Some(c) = got else { continue };
             self.queue.pop_front();
             let Completion { result, mut buf, .. } = c;
             if let Some(t) = peer {

@@ -465,3 +465,55 @@ async fn a_forwarded_command_given_up_ends_after_the_peers_command() {
     assert_eq!(running(), 0, "the peer's command ended before the forwarded one did ({:?}): {}", t.elapsed(), e.message);
     assert!(!e.message.contains("may still be written"), "{}", e.message);
 }
+
+/// A command waiting for a read's completion does not hold its turn to compute: with one
+/// turn, another tenant's command takes it meanwhile, and the waiting command holds a turn
+/// again when its wait is over. Before, a command waiting on a slow device or peer kept
+/// the engine from every other command.
+#[test]
+fn a_command_waiting_for_its_reads_lets_others_compute() {
+    use crate::tenant::{TenantId, TenantPolicy};
+    let cpu = crate::sched::Cpu::new(1);
+    let policy = |id| Arc::new(TenantPolicy::unrestricted(TenantId(id), &format!("t{id}"), 100, 100));
+    let waiting = cpu.turn(1, policy(50));
+    assert!(waiting.take(&|| false));
+    let cancel = CancellationToken::new();
+    let limits =
+        Limits { deadline: std::time::Instant::now() + Duration::from_secs(60), timeout_secs: 60, cancel: &cancel, turn: Some(&waiting) };
+    let computed = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let other = cpu.turn(2, policy(51));
+    let t = std::thread::spawn({
+        let computed = computed.clone();
+        move || {
+            assert!(other.take(&|| false));
+            computed.store(true, SeqCst);
+        }
+    });
+    // The wait: until the other command has computed, or 10 s.
+    let during = limits
+        .without_turn(|| {
+            let start = std::time::Instant::now();
+            while !computed.load(SeqCst) && start.elapsed() < Duration::from_secs(10) {
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            computed.load(SeqCst)
+        })
+        .unwrap();
+    if !during {
+        // Let the other command go before failing, so that the test fails, not hangs.
+        drop(limits);
+        drop(waiting);
+        t.join().unwrap();
+        panic!("the other command did not compute while this one waited for its read");
+    }
+    t.join().unwrap();
+    assert_eq!(cpu.waiting(), 0);
+    // It holds a turn again: another command now waits for it.
+    let third = cpu.turn(3, policy(52));
+    let w = std::thread::spawn(move || third.take(&|| false));
+    while cpu.waiting() == 0 {
+        std::thread::yield_now();
+    }
+    drop(waiting);
+    assert!(w.join().unwrap());
+}
