@@ -538,7 +538,8 @@ pub fn agent(cfg: &nearstore_target::config::Config, control: &str) -> Result<Ag
         None if !cfg.pool.is_empty() => nearstore_target::POOLS_NQN.to_string(),
         None => cfg.cluster.host_nqn.clone().unwrap_or_else(nearstore_initiator::default_hostnqn),
     };
-    Ok(Agent { client, addr: String::new(), nqn, pools, links: Default::default() })
+    let write_bound_ms = cfg.cluster.write_bound().as_millis() as u64;
+    Ok(Agent { client, addr: String::new(), nqn, pools, links: Default::default(), write_bound_ms })
 }
 
 /// Feeds each pool's view from its namespace in the target's pool subsystem: the reads and
@@ -656,35 +657,58 @@ impl Exporter {
         };
         let mover = Arc::new(Mover::new(ctl, devices.clone(), local.clone(), self.target.pool.clone(), cfg));
         tokio::spawn(mover.run());
-        let mut served: std::collections::BTreeMap<String, Export> = Default::default();
+        let mut served: std::collections::BTreeMap<String, (Export, Volume)> = Default::default();
         let (mut since, mut wait) = (0, 100);
+        // Until when this target may serve its exports without a newer answer (its export
+        // lease, docs/control-plane.md "Handing an export over"); None: nothing served yet.
+        let mut lease: Option<tokio::time::Instant> = None;
         loop {
-            let list = match self.client.exports(&self.addr, since).await {
-                Ok(l) => l,
-                Err(e) => {
+            if lease.is_some_and(|end| tokio::time::Instant::now() >= end) {
+                lease = None;
+                since = 0;
+                for (_, (x, vol)) in std::mem::take(&mut served) {
+                    self.stop_serving(&x, &vol, &local);
+                    tracing::warn!(volume = %x.volume, "export lease ran out without an answer from the control plane: \
+                                   the volume is not served until it answers");
+                }
+            }
+            let sent = tokio::time::Instant::now();
+            let asked = self.client.exports(&self.addr, since);
+            let answer = match lease {
+                Some(end) => tokio::time::timeout_at(end, asked).await.ok(),
+                None => Some(asked.await),
+            };
+            let list = match answer {
+                Some(Ok(l)) => l,
+                // The lease ran out while asking: stopped at the top of the loop.
+                None => continue,
+                Some(Err(e)) => {
                     tracing::warn!(control = %self.client.addr, error = %e, "cannot list this target's exports; retrying");
-                    tokio::time::sleep(std::time::Duration::from_millis(wait)).await;
+                    let pause = tokio::time::Instant::now() + std::time::Duration::from_millis(wait);
+                    tokio::time::sleep_until(lease.map_or(pause, |end| end.min(pause))).await;
                     wait = (wait * 2).min(nearstore_control::limits::AGENT_RETRY_MS_MAX);
                     continue;
                 }
             };
             wait = 100;
             since = list.version;
-            let gone: Vec<Export> = served.values().filter(|x| !list.exports.contains(x)).cloned().collect();
-            for x in gone {
-                served.remove(&x.volume);
-                local.unserve(&x.volume);
-                self.target.remove_subsystem(&x.nqn);
+            // A control plane that grants no lease (0) predates them: served until told.
+            lease = (list.lease_ms > 0).then(|| sent + std::time::Duration::from_millis(list.lease_ms));
+            let gone: Vec<String> = served.iter().filter(|(_, (x, _))| !list.exports.contains(x)).map(|(v, _)| v.clone()).collect();
+            for name in gone {
+                let Some((x, vol)) = served.remove(&name) else { continue };
+                self.stop_serving(&x, &vol, &local);
                 tracing::info!(volume = %x.volume, nqn = %x.nqn, "volume no longer exported");
+                tokio::spawn(release(self.client.clone(), self.addr.clone(), x.volume.clone(), vol));
             }
             for x in list.exports {
                 if served.contains_key(&x.volume) {
                     continue;
                 }
                 match self.serve(&x, devices.clone(), &local).await {
-                    Ok(()) => {
+                    Ok(vol) => {
                         tracing::info!(volume = %x.volume, nqn = %x.nqn, "volume exported");
-                        served.insert(x.volume.clone(), x);
+                        served.insert(x.volume.clone(), (x, vol));
                     }
                     Err(e) => tracing::warn!(volume = %x.volume, error = %e, "cannot export the volume"),
                 }
@@ -692,7 +716,15 @@ impl Exporter {
         }
     }
 
-    async fn serve(&self, x: &Export, devices: Arc<PoolDevices>, local: &Served) -> Result<()> {
+    /// Stops serving a volume: nothing of it starts on a pool any more, and its subsystem
+    /// goes with its controllers (their commands are cancelled).
+    fn stop_serving(&self, x: &Export, vol: &Volume, local: &Served) {
+        vol.fence();
+        local.unserve(&x.volume);
+        self.target.remove_subsystem(&x.nqn);
+    }
+
+    async fn serve(&self, x: &Export, devices: Arc<PoolDevices>, local: &Served) -> Result<Volume> {
         let info = self.client.volume(&x.volume).await?;
         let v = &info.volume;
         let cfg = VolumeConfig {
@@ -709,13 +741,37 @@ impl Exporter {
         ns.placement = Some(vol.clone());
         ns.dev = Arc::new(vol.clone());
         // Before it serves: extents this target is moving are blocked on it too.
-        local.serve(&x.volume, Arc::new(vol));
+        local.serve(&x.volume, Arc::new(vol.clone()));
         let sub = Subsystem::new(&x.nqn, None, Some("nearstore volume"), x.allow_any_host, &x.hosts);
         sub.add_namespace(ns).map_err(anyhow::Error::msg)?;
         // Exported again with other hosts: the old subsystem goes, with its controllers.
         self.target.remove_subsystem(&x.nqn);
         self.target.add_subsystem(sub);
-        Ok(())
+        Ok(vol)
+    }
+}
+
+/// Once nothing the fenced volume issued can still change its pools' storage, tells the
+/// control plane, which may then let another target export it; tried again until it is
+/// heard or the volume is gone.
+async fn release(client: Client, addr: String, name: String, vol: Volume) {
+    let retry = std::time::Duration::from_millis(nearstore_control::limits::AGENT_RETRY_MS_MAX);
+    while let Err(e) = vol.released().await {
+        tracing::warn!(volume = %name, error = %e, "waiting for the unexported volume's pool writes to end; retrying");
+        tokio::time::sleep(retry).await;
+    }
+    loop {
+        match client.released(&name, &addr).await {
+            Ok(()) => {
+                tracing::info!(volume = %name, "told the control plane that this target no longer writes to the volume");
+                return;
+            }
+            Err(e) if e.code() == Some(ErrorCode::VolumeNotFound) => return,
+            Err(e) => {
+                tracing::warn!(volume = %name, error = %e, "cannot tell the control plane that the volume is released; retrying");
+                tokio::time::sleep(retry).await;
+            }
+        }
     }
 }
 
@@ -869,7 +925,7 @@ pub enum State {
 
 /// `nearstore control`: serves the API until SIGINT or SIGTERM (with etcd, as the leader or
 /// a standby).
-pub async fn daemon(state: State, listen: SocketAddr, token: Option<server::Token>) -> Result<()> {
+pub async fn daemon(state: State, listen: SocketAddr, token: Option<server::Token>, export_lease_ms: u64) -> Result<()> {
     use tokio::signal::unix::{signal, SignalKind};
     let (mut term, mut int) = (signal(SignalKind::terminate())?, signal(SignalKind::interrupt())?);
     let stop = async move {
@@ -880,7 +936,9 @@ pub async fn daemon(state: State, listen: SocketAddr, token: Option<server::Toke
     };
     match state {
         State::Redb(store) => {
-            let st = tokio::task::spawn_blocking(move || RedbStore::open(&store).and_then(|s| Service::open(Box::new(s)))).await??;
+            let st = tokio::task::spawn_blocking(move || RedbStore::open(&store).and_then(|s| Service::open(Box::new(s))))
+                .await??
+                .with_export_lease_ms(export_lease_ms);
             let l = bind(listen).await?;
             tokio::select! {
                 r = server::serve_with(l, Arc::new(st), token) => r.context("control plane server")?,
@@ -1103,7 +1161,7 @@ mod tests {
             unwritten: false,
         };
         let info = |total, extents: Vec<ExtentInfo>| VolumeInfo {
-            volume: Volume { name: "v".into(), size: total << 20, extent_size: 1 << 20, created_ms: 0 },
+            volume: Volume { name: "v".into(), size: total << 20, extent_size: 1 << 20, created_ms: 0, handover: None },
             extents_total: total,
             extents_allocated: extents.len() as u64,
             extents,

@@ -252,6 +252,13 @@ enum Cmd {
         /// (docs/control-plane.md, "Authentication"). Without it the API takes every request.
         #[arg(long)]
         token_file: Option<PathBuf>,
+        /// Milliseconds a target serves its volumes' exports without hearing from the control
+        /// plane (its export lease); an unexported volume's last exporter is waited for this
+        /// long and its write bound before another target may export it, unless it confirms
+        /// sooner that it stopped (docs/control-plane.md, "Handing an export over").
+        #[arg(long, value_name = "MS", default_value_t = nearstore_control::limits::EXPORT_LEASE_MS_DEFAULT,
+              value_parser = clap::value_parser!(u64).range(nearstore_control::limits::EXPORT_LEASE_MS_MIN..=nearstore_control::limits::EXPORT_LEASE_MS_MAX))]
+        export_lease_ms: u64,
     },
     /// Show the control plane's live view of the pools (capacity, bandwidth, IOPS, latency).
     View(control::ControlArgs),
@@ -610,7 +617,7 @@ fn run(cli: Cli) -> Result<()> {
             }
             runtime(cfg.net_threads)?.block_on(tools::run_target(cfg, config))
         }
-        Cmd::Control { store, etcd, lease_ttl, etcd_prefix, listen, token_file } => {
+        Cmd::Control { store, etcd, lease_ttl, etcd_prefix, listen, token_file, export_lease_ms } => {
             let token = match &token_file {
                 Some(f) => Some(
                     nearstore_control::server::Token::new(&control::read_token(f)?).map_err(|e| anyhow::anyhow!("{}: {e}", f.display()))?,
@@ -624,9 +631,10 @@ fn run(cli: Cli) -> Result<()> {
                     prefix: etcd_prefix,
                     lease_ttl_s: lease_ttl,
                     token: token.clone(),
+                    export_lease_ms,
                 }),
             };
-            runtime(None)?.block_on(control::daemon(state, listen, token))
+            runtime(None)?.block_on(control::daemon(state, listen, token, export_lease_ms))
         }
         Cmd::View(c) => runtime(Some(1))?.block_on(control::view(c)),
         Cmd::Volume { cmd } => runtime(Some(1))?.block_on(control::volume(cmd)),

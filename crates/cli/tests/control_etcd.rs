@@ -112,6 +112,7 @@ fn register(c: &Client, target: &str, pools: usize, size: u64) {
                 write_cost: 0.0,
             })
             .collect(),
+        write_bound_ms: 0,
     };
     rt().block_on(c.register(&req)).expect("register");
 }

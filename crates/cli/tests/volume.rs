@@ -9,7 +9,7 @@ use std::net::SocketAddr;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use common::{fails, free_port, member_target, metric, ok, Control, MemberConfig, Target, MEMBERS};
+use common::{fails, free_port, member_target, metric, nearstore, ok, Control, MemberConfig, Target, MEMBERS};
 use nearstore_control::client::Client;
 use nearstore_control::model::*;
 use nearstore_initiator::{ConnectOptions, Controller, Error as InitiatorError, IoQueue};
@@ -605,4 +605,78 @@ fn a_controller_shutdown_flushes_the_volumes_pools() {
     for (&i, b) in peers.iter().zip(before) {
         assert!(metric(metrics[i], pool_commands) > b, "the shutdown flushed no pool of target {i}");
     }
+}
+
+/// Handing an export over (docs/control-plane.md): a volume unexported from a live target
+/// is exported elsewhere once that target says it no longer writes, and reads there what
+/// was written through the first; a target that loses the control plane for longer than
+/// its export lease stops serving, and serves again when it answers; a volume whose last
+/// exporter died is exported nowhere else until that exporter's bound has passed.
+#[test]
+fn an_export_moves_only_once_its_last_exporter_stopped() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let store = dir.path().join("store");
+    let lease = ["--export-lease-ms", "1500"];
+    let cp = Control::start_with(&store, "127.0.0.1:0", &lease);
+    let a = cp.a();
+    let mut targets: Vec<Target> = (0..2).map(|i| target(dir.path(), i, &a)).collect();
+    let c = cp.client();
+    wait_for_views(&c, 2);
+    let rt = rt();
+    let (t0, t1) = (targets[0].addr.to_string(), targets[1].addr.to_string());
+    for v in ["v", "w"] {
+        ok(&["volume", "create", v, "--size", "4MiB", "--extent-size", "1MiB", "--control", &a]);
+    }
+    let x: Export =
+        serde_json::from_str(&ok(&["volume", "export", "v", "--target", &t0, "--allow-host", HOST, "--control", &a, "-o", "json"]))
+            .expect("export json");
+    let (ctrl, mut q) = connect_when_exported(&rt, targets[0].addr, &x.nqn);
+    let mut model = vec![0u8; (4 * MIB) as usize];
+    write(&rt, &mut q, MIB - 4096, &pattern(MIB - 4096, 3 * 4096, 1), &mut model);
+    rt.block_on(q.flush(1)).expect("flush");
+    drop((q, ctrl));
+
+    // Unexported from t0, which is alive: exported on t1 as soon as t0 says it stopped.
+    ok(&["volume", "unexport", "v", "--control", &a]);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let (out, err) = match nearstore(&["volume", "export", "v", "--target", &t1, "--allow-host", HOST, "--control", &a, "-v"]) {
+            o if o.status.success() => break,
+            o => (String::from_utf8_lossy(&o.stdout).into_owned(), String::from_utf8_lossy(&o.stderr).into_owned()),
+        };
+        assert!(err.contains("(export_handover)") && err.contains(&format!("exported by {t0}")), "{out}{err}");
+        assert!(Instant::now() < deadline, "t0 never said it stopped writing: {err}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let (ctrl, mut q) = connect_when_exported(&rt, targets[1].addr, &x.nqn);
+    check(&rt, &mut q, 0, 4 * MIB, &model);
+    drop((q, ctrl));
+    let Err(e) = connect_as(&rt, targets[0].addr, &x.nqn, HOST, None) else { panic!("t0 still serves v") };
+    assert!(status_of(&e).is_some(), "{e}");
+
+    // The control plane gone for longer than the lease: t1 stops serving v; back, it serves
+    // it again, with what was written.
+    cp.kill();
+    std::thread::sleep(Duration::from_millis(3000));
+    let Err(e) = connect_as(&rt, targets[1].addr, &x.nqn, HOST, None) else { panic!("t1 serves v past its export lease") };
+    assert!(status_of(&e).is_some(), "{e}");
+    let cp = Control::start_with(&store, &a, &lease);
+    let (ctrl, mut q) = connect_when_exported(&rt, targets[1].addr, &x.nqn);
+    check(&rt, &mut q, 0, 4 * MIB, &model);
+    drop((q, ctrl));
+
+    // w exported by t0, which dies: unexported, w is exported nowhere else until t0's bound
+    // (its lease and write bound, well over a minute) has passed; nor deleted.
+    ok(&["volume", "export", "w", "--target", &t0, "--allow-any-host", "--control", &cp.a()]);
+    let y = rt.block_on(c.volume("w")).expect("info w");
+    assert_eq!(y.volume.handover, None);
+    drop(targets.remove(0));
+    ok(&["volume", "unexport", "w", "--control", &cp.a()]);
+    std::thread::sleep(Duration::from_millis(500));
+    let (_, err) = fails(&["volume", "export", "w", "--target", &t1, "--allow-any-host", "--control", &cp.a(), "-v"]);
+    assert!(err.contains("(export_handover)") && err.contains(&format!("exported by {t0}")), "{err}");
+    let (_, err) = fails(&["volume", "delete", "w", "--control", &cp.a(), "-v"]);
+    assert!(err.contains("(export_handover)"), "{err}");
+    let h = rt.block_on(c.volume("w")).expect("info w").volume.handover.expect("a handover");
+    assert_eq!(h.from, t0);
 }

@@ -239,6 +239,9 @@ pub struct Agent {
     /// This target's links to the others (their addresses as registered) and their
     /// counters, read at every sample ([`Agent::attach_links`]).
     pub links: std::sync::OnceLock<LinkSource>,
+    /// How long the volumes' pool writes this target issued may land after it stops
+    /// issuing them, in milliseconds (0: the control plane's default).
+    pub write_bound_ms: u64,
 }
 
 /// Every link's counters at one instant: (peer target's address, counters).
@@ -322,6 +325,7 @@ impl Agent {
                     write_cost: p.write_cost,
                 })
                 .collect(),
+            write_bound_ms: self.write_bound_ms,
         }
     }
 

@@ -306,6 +306,13 @@ impl Client {
         self.call::<(), ()>(Method::DELETE, &format!("/v1/volumes/{}/export", segment(name)), None).await
     }
 
+    /// Tells the control plane that `target`, the volume's last exporter, no longer writes
+    /// to its extents (docs/control-plane.md, "Handing an export over").
+    pub async fn released(&self, name: &str, target: &str) -> Result<(), ClientError> {
+        let body = Released { target: target.to_string() };
+        self.call::<_, ()>(Method::POST, &format!("/v1/volumes/{}/released", segment(name)), Some(&body)).await
+    }
+
     /// The exports `target` serves; held by the control plane while `since` is the current
     /// version (at most EXPORTS_WAIT_MS).
     pub async fn exports(&self, target: &str, since: u64) -> Result<ExportList, ClientError> {

@@ -417,6 +417,8 @@ pub struct Options {
     pub lease_ttl_s: u64,
     /// The API's token, if it has one (server::authorized).
     pub token: Option<server::Token>,
+    /// The targets' export lease (server::Service::with_export_lease_ms).
+    pub export_lease_ms: u64,
 }
 
 /// What the API serves: the leader's routes while this daemon leads, else the standby's.
@@ -471,10 +473,13 @@ pub async fn serve(listener: tokio::net::TcpListener, opts: Options, shutdown: i
             tokio::spawn(keep_alive(client.clone(), t.clone()));
             let loaded = loop {
                 let store = EtcdStore::new(client.clone(), Handle::current(), keys.clone(), t.clone());
-                let r = tokio::task::spawn_blocking(move || Service::open(Box::new(Sequenced::new(store))))
-                    .await
-                    .map_err(|e| e.to_string())
-                    .and_then(|r| r.map_err(|e| e.to_string()));
+                let lease_ms = opts.export_lease_ms;
+                let r = tokio::task::spawn_blocking(move || {
+                    Service::open(Box::new(Sequenced::new(store))).map(|s| s.with_export_lease_ms(lease_ms))
+                })
+                .await
+                .map_err(|e| e.to_string())
+                .and_then(|r| r.map_err(|e| e.to_string()));
                 match r {
                     Err(e) if t.leads() => {
                         warn!(error = %e, "loading the state from etcd failed: trying again");

@@ -25,6 +25,11 @@ pub struct Target {
     pub nqn: String,
     /// Milliseconds since the Unix epoch of its last registration.
     pub registered_ms: u64,
+    /// How long after it stops issuing them a volume's writes it sent to pools may still
+    /// land (its peer timeout and bound on a lost connection, docs/control-plane.md,
+    /// "Handing an export over"); 0 from a target that did not say: the default.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub write_bound_ms: u64,
 }
 
 /// A pool: a file (or, later, a block device) a target sets aside for extents.
@@ -69,6 +74,21 @@ pub struct Volume {
     pub extent_size: u64,
     /// Milliseconds since the Unix epoch.
     pub created_ms: u64,
+    /// Set when it was unexported: its last exporter may still write to its extents until
+    /// it confirms it stopped, or until `until_ms` (docs/control-plane.md, "Handing an
+    /// export over"). Meanwhile it is exported nowhere else, deleted, nor moved.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub handover: Option<Handover>,
+}
+
+/// A volume's last exporter, which may still write to its extents.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Handover {
+    /// The target that exported it.
+    pub from: String,
+    /// Milliseconds since the Unix epoch after which it cannot: its export lease and its
+    /// writes' bound past the unexport.
+    pub until_ms: u64,
 }
 
 impl Volume {
@@ -400,6 +420,9 @@ pub struct RegisterTarget {
     pub addr: String,
     pub nqn: String,
     pub pools: Vec<PoolSpec>,
+    /// [`Target::write_bound_ms`].
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub write_bound_ms: u64,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -495,6 +518,18 @@ pub struct ExportVolume {
 pub struct ExportList {
     pub version: u64,
     pub exports: Vec<Export>,
+    /// Milliseconds, from when it sent the request, the target may serve these exports
+    /// without a newer answer (its export lease): past it, it stops issuing their I/O.
+    #[serde(default)]
+    pub lease_ms: u64,
+}
+
+/// `POST /v1/volumes/{name}/released`: the volume's last exporter no longer writes to its
+/// extents (nothing it issued runs or is in doubt).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Released {
+    pub target: String,
 }
 
 /// `POST /v1/volumes/{name}/extents/{index}/move`.
@@ -746,6 +781,10 @@ pub enum ErrorCode {
     /// The control plane has a token (`nearstore control --token-file`) and the request
     /// carried none, or another (`Authorization: Bearer TOKEN`).
     Unauthorized,
+    /// The volume's last exporter may still write to its extents: it is exported nowhere
+    /// else, deleted, nor moved until it confirms it stopped or its bound passes (the
+    /// message says when).
+    ExportHandover,
 }
 
 impl ErrorCode {
@@ -757,7 +796,7 @@ impl ErrorCode {
             ErrorCode::BodyTooLarge => 413,
             ErrorCode::NoSuchEndpoint | ErrorCode::VolumeNotFound | ErrorCode::TargetNotFound | ErrorCode::PoolNotFound => 404,
             ErrorCode::VolumeExists | ErrorCode::PoolConflict | ErrorCode::StaleView | ErrorCode::VolumeExported => 409,
-            ErrorCode::MoveInProgress | ErrorCode::ExtentNotAllocated | ErrorCode::PoolCordoned => 409,
+            ErrorCode::MoveInProgress | ErrorCode::ExtentNotAllocated | ErrorCode::PoolCordoned | ErrorCode::ExportHandover => 409,
             ErrorCode::MoveNotFound | ErrorCode::TenantNotFound => 404,
             ErrorCode::TenantExists | ErrorCode::HostInTenant => 409,
             ErrorCode::NoSpace => 507,

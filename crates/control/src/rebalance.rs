@@ -116,7 +116,7 @@ mod tests {
             })
             .collect::<Vec<_>>();
         VolumeInfo {
-            volume: Volume { name: "v".into(), size: 8 * MIB, extent_size: MIB, created_ms: 0 },
+            volume: Volume { name: "v".into(), size: 8 * MIB, extent_size: MIB, created_ms: 0, handover: None },
             extents_total: 8,
             extents_allocated: extents.len() as u64,
             extents,

@@ -42,6 +42,8 @@ pub struct Service {
     arbiter: Mutex<crate::arbiter::Arbiter>,
     /// Link views (soft state, crate::links).
     links: Mutex<crate::links::Links>,
+    /// The targets' export lease (`--export-lease-ms`).
+    export_lease_ms: u64,
 }
 
 pub fn now_ms() -> u64 {
@@ -63,7 +65,15 @@ impl Service {
             tenants: tokio::sync::watch::Sender::new(1),
             arbiter: Mutex::new(crate::arbiter::Arbiter::new()),
             links: Mutex::new(crate::links::Links::default()),
+            export_lease_ms: crate::limits::EXPORT_LEASE_MS_DEFAULT,
         })
+    }
+
+    /// The targets' export lease, in milliseconds (docs/control-plane.md, "Handing an
+    /// export over").
+    pub fn with_export_lease_ms(mut self, ms: u64) -> Service {
+        self.export_lease_ms = ms;
+        self
     }
 
     /// Wakes the targets waiting for export changes.
@@ -258,7 +268,8 @@ async fn grow_volume(State(s): Svc, Path(name): Path<String>, Body(req): Body<Gr
 
 async fn delete_volume(State(s): Svc, Path(name): Path<String>) -> Result<StatusCode, ApiError> {
     let n = name.clone();
-    change(s, move |c| c.delete_volume(&n)).await?;
+    let now = now_ms();
+    change(s, move |c| c.delete_volume(&n, now)).await?;
     info!(volume = %name, "volume deleted");
     Ok(StatusCode::NO_CONTENT)
 }
@@ -284,7 +295,8 @@ async fn translate(State(s): Svc, Path((name, index)): Path<(String, String)>) -
 }
 
 async fn export(State(s): Svc, Path(name): Path<String>, Body(req): Body<ExportVolume>) -> Result<Json<Export>, ApiError> {
-    let x = change(s.clone(), move |c| c.export(&name, &req)).await?;
+    let now = now_ms();
+    let x = change(s.clone(), move |c| c.export(&name, &req, now)).await?;
     s.exports_changed();
     info!(volume = %x.volume, target_addr = %x.target, nqn = %x.nqn, "volume exported");
     Ok(Json(x))
@@ -292,9 +304,18 @@ async fn export(State(s): Svc, Path(name): Path<String>, Body(req): Body<ExportV
 
 async fn unexport(State(s): Svc, Path(name): Path<String>) -> Result<StatusCode, ApiError> {
     let n = name.clone();
-    change(s.clone(), move |c| c.unexport(&n)).await?;
+    let (now, lease) = (now_ms(), s.export_lease_ms);
+    change(s.clone(), move |c| c.unexport(&n, now, lease)).await?;
     s.exports_changed();
     info!(volume = %name, "volume unexported");
+    Ok(StatusCode::NO_CONTENT)
+}
+
+/// The volume's last exporter no longer writes to it: its handover ends.
+async fn released(State(s): Svc, Path(name): Path<String>, Body(req): Body<Released>) -> Result<StatusCode, ApiError> {
+    let (n, target) = (name.clone(), req.target.clone());
+    change(s, move |c| c.released(&n, &target)).await?;
+    info!(volume = %name, target_addr = %req.target, "volume released by its last exporter");
     Ok(StatusCode::NO_CONTENT)
 }
 
@@ -318,7 +339,7 @@ async fn exports(
         let _ = tokio::time::timeout(std::time::Duration::from_millis(crate::limits::EXPORTS_WAIT_MS), rx.changed()).await;
     }
     let version = *rx.borrow();
-    Ok(Json(ExportList { version, exports: s.read(|c| c.exports_of(&q.target)) }))
+    Ok(Json(ExportList { version, exports: s.read(|c| c.exports_of(&q.target)), lease_ms: s.export_lease_ms }))
 }
 
 async fn begin_move(
@@ -465,6 +486,7 @@ pub fn router(svc: Arc<Service>) -> Router {
         .route("/v1/volumes/{name}/extents/{index}/allocate", post(allocate))
         .route("/v1/volumes/{name}/extents/{index}/written", post(mark_written))
         .route("/v1/volumes/{name}/export", put(export).delete(unexport))
+        .route("/v1/volumes/{name}/released", post(released))
         .route("/v1/exports", get(exports))
         .route("/v1/volumes/{name}/extents/{index}/move", post(begin_move).get(get_move))
         .route("/v1/moves/{name}/{index}/{what}", post(report_move))

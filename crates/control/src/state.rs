@@ -210,7 +210,13 @@ impl Cluster {
         if !self.targets.contains_key(&req.addr) && self.targets.len() >= TARGETS_MAX {
             return Err(err(ErrorCode::LimitExceeded, format!("the control plane keeps {TARGETS_MAX} targets")));
         }
-        let target = Target { addr: req.addr.clone(), nqn: req.nqn.clone(), registered_ms: now_ms };
+        if req.write_bound_ms > EXPORT_WRITE_BOUND_MS_MAX {
+            return Err(err(
+                ErrorCode::InvalidArgument,
+                format!("write_bound_ms {}: at most {EXPORT_WRITE_BOUND_MS_MAX}", req.write_bound_ms),
+            ));
+        }
+        let target = Target { addr: req.addr.clone(), nqn: req.nqn.clone(), registered_ms: now_ms, write_bound_ms: req.write_bound_ms };
         let mut writes = vec![Write::Put(Record::Target(target.clone()))];
         let mut pools = Vec::new();
         for (i, p) in req.pools.iter().enumerate() {
@@ -347,7 +353,7 @@ impl Cluster {
         if self.volumes.len() >= VOLUMES_MAX {
             return Err(err(ErrorCode::LimitExceeded, format!("the control plane keeps {VOLUMES_MAX} volumes")));
         }
-        let v = Volume { name: req.name.clone(), size: req.size, extent_size, created_ms: now_ms };
+        let v = Volume { name: req.name.clone(), size: req.size, extent_size, created_ms: now_ms, handover: None };
         Ok((vec![Write::Put(Record::Volume(v.clone()))], v))
     }
 
@@ -365,14 +371,17 @@ impl Cluster {
     }
 
     /// Deleting a volume frees its extents; an exported one is refused (a target serves it).
-    pub fn delete_volume(&self, name: &str) -> Planned<()> {
-        self.volume(name)?;
+    pub fn delete_volume(&self, name: &str, now_ms: u64) -> Planned<()> {
+        let v = self.volume(name)?;
         if let Some(x) = self.exports.get(name) {
             return Err(err(
                 ErrorCode::VolumeExported,
                 format!("volume '{name}' is exported by {} as {}: unexport it first", x.target, x.nqn),
             ));
         }
+        // Its extents freed under its last exporter's late writes would take them into
+        // another volume's.
+        handing_over(v, now_ms, None)?;
         self.no_moves(name)?;
         let mut writes: Vec<Write> = self
             .extents
@@ -425,8 +434,8 @@ impl Cluster {
     /// Exports a volume on a registered target, to the hosts named; exported again to the
     /// same target, its hosts are replaced. A volume is served by one target at a time: its
     /// data path is then the only one that allocates its extents.
-    pub fn export(&self, name: &str, req: &ExportVolume) -> Planned<Export> {
-        self.volume(name)?;
+    pub fn export(&self, name: &str, req: &ExportVolume, now_ms: u64) -> Planned<Export> {
+        let v = self.volume(name)?;
         if !self.targets.contains_key(&req.target) {
             return Err(err(ErrorCode::TargetNotFound, format!("no target {} is registered", req.target)));
         }
@@ -437,6 +446,9 @@ impl Cluster {
             // A move's copier is the exporting target, or the destination's when none.
             self.no_moves(name)?;
         }
+        // Its last exporter may still write: not another target's yet. Exported again
+        // where it was, or once the handover is over, the record goes.
+        handing_over(v, now_ms, Some(&req.target))?;
         if req.hosts.is_empty() && !req.allow_any_host {
             return Err(err(ErrorCode::InvalidArgument, "name the hosts allowed, or allow any host"));
         }
@@ -459,13 +471,39 @@ impl Cluster {
         hosts.sort();
         hosts.dedup();
         let x = Export { volume: name.into(), target: req.target.clone(), hosts, allow_any_host: req.allow_any_host, nqn, nsid: 1 };
-        Ok((vec![Write::Put(Record::Export(x.clone()))], x))
+        let mut writes = vec![Write::Put(Record::Export(x.clone()))];
+        if v.handover.is_some() {
+            writes.push(Write::Put(Record::Volume(Volume { handover: None, ..v.clone() })));
+        }
+        Ok((writes, x))
     }
 
-    /// Stops exporting a volume (nothing to do when it is not exported).
-    pub fn unexport(&self, name: &str) -> Planned<()> {
-        self.volume(name)?;
-        let writes = if self.exports.contains_key(name) { vec![Write::Delete(Table::Exports, name.to_string())] } else { Vec::new() };
+    /// Stops exporting a volume (nothing to do when it is not exported). Its exporter may
+    /// go on writing until its export lease (`lease_ms`) runs out, and what it issued may
+    /// land until its write bound after that: the volume records the handover, which ends
+    /// when the exporter confirms it stopped ([`Cluster::released`]) or at that bound
+    /// (docs/control-plane.md, "Handing an export over").
+    pub fn unexport(&self, name: &str, now_ms: u64, lease_ms: u64) -> Planned<()> {
+        let v = self.volume(name)?;
+        let Some(x) = self.exports.get(name) else { return Ok((Vec::new(), ())) };
+        let bound = self.targets.get(&x.target).map_or(0, |t| t.write_bound_ms);
+        let bound = if bound == 0 { EXPORT_WRITE_BOUND_MS_DEFAULT } else { bound };
+        let handover = Handover { from: x.target.clone(), until_ms: now_ms.saturating_add(lease_ms).saturating_add(bound) };
+        let writes = vec![
+            Write::Delete(Table::Exports, name.to_string()),
+            Write::Put(Record::Volume(Volume { handover: Some(handover), ..v.clone() })),
+        ];
+        Ok((writes, ()))
+    }
+
+    /// The volume's last exporter `target` says it no longer writes to its extents: its
+    /// handover ends. Nothing to do for another target, or when none is under way.
+    pub fn released(&self, name: &str, target: &str) -> Planned<()> {
+        let v = self.volume(name)?;
+        let writes = match &v.handover {
+            Some(h) if h.from == target => vec![Write::Put(Record::Volume(Volume { handover: None, ..v.clone() }))],
+            _ => Vec::new(),
+        };
         Ok((writes, ()))
     }
 
@@ -560,6 +598,8 @@ impl Cluster {
     /// target, else the destination's) is told through its moves' long poll.
     pub fn begin_move(&self, name: &str, index: u64, req: &MoveRequest, now_ms: u64) -> Planned<Move> {
         let v = self.volume(name)?;
+        // A late write of its last exporter would land in `from` after the copy read it.
+        handing_over(v, now_ms, None)?;
         if index >= v.extents() {
             return Err(err(ErrorCode::ExtentOutOfRange, format!("volume '{name}' has {} extents: no extent {index}", v.extents())));
         }
@@ -783,6 +823,24 @@ fn state_name(s: MoveState) -> &'static str {
     }
 }
 
+/// Refuses what volume `v`'s handover forbids at `now_ms`: anything but exporting it again
+/// on its last exporter (`to`).
+fn handing_over(v: &Volume, now_ms: u64, to: Option<&str>) -> Result<(), ApiError> {
+    match &v.handover {
+        Some(h) if now_ms < h.until_ms && to != Some(h.from.as_str()) => Err(err(
+            ErrorCode::ExportHandover,
+            format!(
+                "volume '{}' was exported by {}, which may still write to its extents until it confirms it stopped, \
+                 at the latest in {} s: try again then",
+                v.name,
+                h.from,
+                (h.until_ms - now_ms).div_ceil(1000)
+            ),
+        )),
+        _ => Ok(()),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -803,7 +861,8 @@ mod tests {
             });
         }
         for (t, pools) in by_target {
-            let (w, _) = c.register(&RegisterTarget { addr: t.into(), nqn: "nqn.x".into(), pools }, 0).expect("register");
+            let (w, _) =
+                c.register(&RegisterTarget { addr: t.into(), nqn: "nqn.x".into(), pools, write_bound_ms: 0 }, 0).expect("register");
             w.iter().for_each(|w| c.apply(w));
         }
         c
@@ -878,24 +937,70 @@ mod tests {
             commit(&mut c, |c| c.create_volume(&CreateVolume { name: "v".into(), size: 4 * MIB, extent_size: Some(MIB) }, 0)).expect("v");
             commit(&mut c, |c| c.create_volume(&CreateVolume { name: "x".into(), size: 4 * MIB, extent_size: Some(MIB) }, 0)).expect("x");
             let req_x = ExportVolume { target: "t1".into(), hosts: vec!["nqn.h".into()], allow_any_host: false };
-            commit(&mut c, |c| c.export("x", &req_x)).expect("export x");
+            commit(&mut c, |c| c.export("x", &req_x, 0)).expect("export x");
             let got = match req {
                 Create(n, s, e) => {
                     commit(&mut c, |c| c.create_volume(&CreateVolume { name: n.to_string(), size: *s, extent_size: *e }, 0)).map(drop)
                 }
                 Grow(n, s) => commit(&mut c, |c| c.grow_volume(n, &GrowVolume { size: *s })).map(drop),
-                Delete(n) => commit(&mut c, |c| c.delete_volume(n)),
+                Delete(n) => commit(&mut c, |c| c.delete_volume(n, 0)),
                 Alloc(n, i) => commit(&mut c, |c| c.allocate(n, *i, 0)).map(drop),
                 Translate(n, i) => c.translate(n, *i).map(drop).map_err(|e| e.code),
                 ExportTo(n, t, hosts, any) => {
                     let req =
                         ExportVolume { target: t.to_string(), hosts: hosts.iter().map(|h| h.to_string()).collect(), allow_any_host: *any };
-                    commit(&mut c, |c| c.export(n, &req)).map(drop)
+                    commit(&mut c, |c| c.export(n, &req, 0)).map(drop)
                 }
-                Unexport(n) => commit(&mut c, |c| c.unexport(n)),
+                Unexport(n) => commit(&mut c, |c| c.unexport(n, 0, 1000)),
             };
             assert_eq!(got.err(), *expected);
         }
+    }
+
+    /// An unexported volume's last exporter may still write to its extents: until it says
+    /// it stopped, or its lease and write bound pass, the volume is exported nowhere else,
+    /// deleted, nor moved; exported again where it was, at once.
+    #[test]
+    fn an_unexported_volume_waits_for_its_last_exporter() {
+        let mut c = cluster(&[("t1", "p", 4 * MIB), ("t2", "p", 4 * MIB)]);
+        // t1 declares a 5 s write bound, t2 none (the default).
+        let pool = PoolSpec { name: "p".into(), path: "/p/p".into(), size: 4 * MIB, nsid: 1, bandwidth: 0, write_cost: 0.0 };
+        let reg = RegisterTarget { addr: "t1".into(), nqn: "nqn.x".into(), pools: vec![pool], write_bound_ms: 5000 };
+        commit(&mut c, |c| c.register(&reg, 0)).expect("t1 again");
+        commit(&mut c, |c| c.create_volume(&CreateVolume { name: "v".into(), size: 4 * MIB, extent_size: Some(MIB) }, 0)).expect("v");
+        commit(&mut c, |c| c.allocate("v", 0, 0)).expect("extent 0");
+        let to = |t: &str| ExportVolume { target: t.into(), hosts: vec![], allow_any_host: true };
+        commit(&mut c, |c| c.export("v", &to("t1"), 0)).expect("on t1");
+        // Unexported at 1000 with a 2 s lease: until 1000 + 2000 + 5000.
+        commit(&mut c, |c| c.unexport("v", 1000, 2000)).expect("unexport");
+        assert_eq!(c.volumes["v"].handover, Some(Handover { from: "t1".into(), until_ms: 8000 }));
+        let refused = |r: Result<(), ErrorCode>, what: &str| assert_eq!(r, Err(ErrorCode::ExportHandover), "{what}");
+        refused(c.export("v", &to("t2"), 7999).map(drop).map_err(|e| e.code), "exported elsewhere");
+        refused(c.delete_volume("v", 1000).map(drop).map_err(|e| e.code), "deleted");
+        refused(c.begin_move("v", 0, &MoveRequest::default(), 1000).map(drop).map_err(|e| e.code), "moved");
+        let e = c.export("v", &to("t2"), 1000).err().expect("refused");
+        assert!(e.message.contains("exported by t1") && e.message.contains("in 7 s"), "{}", e.message);
+        // Another target's word changes nothing; the last exporter's ends it.
+        commit(&mut c, |c| c.released("v", "t2")).expect("t2 says");
+        assert!(c.volumes["v"].handover.is_some());
+        commit(&mut c, |c| c.released("v", "t1")).expect("t1 says");
+        assert_eq!(c.volumes["v"].handover, None);
+        commit(&mut c, |c| c.export("v", &to("t2"), 1000)).expect("on t2 once released");
+        // Unexported from t2 (no bound declared: the default); exported again on t2 at once,
+        // which ends the handover.
+        commit(&mut c, |c| c.unexport("v", 10_000, 2000)).expect("unexport");
+        assert_eq!(c.volumes["v"].handover.as_ref().map(|h| h.until_ms), Some(10_000 + 2000 + EXPORT_WRITE_BOUND_MS_DEFAULT));
+        commit(&mut c, |c| c.export("v", &to("t2"), 10_001)).expect("again where it was");
+        assert_eq!(c.volumes["v"].handover, None);
+        // Past the bound, without a word: allowed.
+        commit(&mut c, |c| c.unexport("v", 20_000, 2000)).expect("unexport");
+        let until = c.volumes["v"].handover.as_ref().expect("handover").until_ms;
+        refused(c.export("v", &to("t1"), until - 1).map(drop).map_err(|e| e.code), "one ms before");
+        commit(&mut c, |c| c.export("v", &to("t1"), until)).expect("at the bound");
+        assert_eq!(c.volumes["v"].handover, None);
+        // A target may not declare an absurd bound.
+        let reg = RegisterTarget { write_bound_ms: EXPORT_WRITE_BOUND_MS_MAX + 1, ..reg };
+        assert_eq!(commit(&mut c, |c| c.register(&reg, 0)).err(), Some(ErrorCode::InvalidArgument));
     }
 
     #[test]
@@ -914,7 +1019,7 @@ mod tests {
         let t = c.translate("v", 2).expect("translate 2");
         assert_eq!((t.index, t.extent.as_ref().map(|e| (e.offset, e.nsid))), (2, Some((0, 1))));
         assert_eq!(c.translate("v", 1).expect("translate 1").extent, None);
-        commit(&mut c, |c| c.delete_volume("v")).expect("delete");
+        commit(&mut c, |c| c.delete_volume("v", 0)).expect("delete");
         assert!(c.extents.is_empty());
         assert_eq!(c.allocated(&PoolId { target: "t1".into(), name: "p".into() }), 0);
     }
@@ -930,6 +1035,7 @@ mod tests {
             addr: "t1".into(),
             nqn: "n".into(),
             pools: vec![PoolSpec { name: "p".into(), path: path.into(), size, nsid: 1, bandwidth: 0, write_cost: 0.0 }],
+            write_bound_ms: 0,
         };
         #[rustfmt::skip]
         let cases: &[(RegisterTarget, Option<ErrorCode>)] = &[
@@ -938,10 +1044,10 @@ mod tests {
             (reg("/p/p", 2 * MIB), Some(ErrorCode::PoolConflict)),
             (reg("/elsewhere", 4 * MIB), Some(ErrorCode::PoolConflict)),
             (reg("/p/p", MIB - 1), Some(ErrorCode::InvalidArgument)),
-            (RegisterTarget { addr: "t1".into(), nqn: "n".into(), pools: vec![PoolSpec { name: "q".into(), path: "/a".into(), size: MIB, nsid: 1, bandwidth: 0, write_cost: 0.0 }, PoolSpec { name: "q".into(), path: "/b".into(), size: MIB, nsid: 1, bandwidth: 0, write_cost: 0.0 }] }, Some(ErrorCode::InvalidArgument)),
-            (RegisterTarget { addr: "t2".into(), nqn: "n".into(), pools: (0..=POOLS_PER_TARGET_MAX).map(|i| PoolSpec { name: format!("p{i}"), path: "/a".into(), size: MIB, nsid: 1, bandwidth: 0, write_cost: 0.0 }).collect() }, Some(ErrorCode::LimitExceeded)),
-            (RegisterTarget { addr: "".into(), nqn: "n".into(), pools: vec![] }, Some(ErrorCode::InvalidArgument)),
-            (RegisterTarget { addr: "t2".into(), nqn: "".into(), pools: vec![] }, Some(ErrorCode::InvalidArgument)),
+            (RegisterTarget { addr: "t1".into(), nqn: "n".into(), pools: vec![PoolSpec { name: "q".into(), path: "/a".into(), size: MIB, nsid: 1, bandwidth: 0, write_cost: 0.0 }, PoolSpec { name: "q".into(), path: "/b".into(), size: MIB, nsid: 1, bandwidth: 0, write_cost: 0.0 }], write_bound_ms: 0 }, Some(ErrorCode::InvalidArgument)),
+            (RegisterTarget { addr: "t2".into(), nqn: "n".into(), pools: (0..=POOLS_PER_TARGET_MAX).map(|i| PoolSpec { name: format!("p{i}"), path: "/a".into(), size: MIB, nsid: 1, bandwidth: 0, write_cost: 0.0 }).collect(), write_bound_ms: 0 }, Some(ErrorCode::LimitExceeded)),
+            (RegisterTarget { addr: "".into(), nqn: "n".into(), pools: vec![], write_bound_ms: 0 }, Some(ErrorCode::InvalidArgument)),
+            (RegisterTarget { addr: "t2".into(), nqn: "".into(), pools: vec![], write_bound_ms: 0 }, Some(ErrorCode::InvalidArgument)),
         ];
         for (req, expected) in cases {
             assert_eq!(c.register(req, 1).err().map(|e| e.code), *expected, "{req:?}");
@@ -973,6 +1079,7 @@ mod tests {
                     addr: "t1".into(),
                     nqn: "n".into(),
                     pools: vec![PoolSpec { name: "a".into(), path: "/p/a".into(), size: 4 * MIB, nsid: 1, bandwidth: 0, write_cost: 0.0 }],
+                    write_bound_ms: 0,
                 },
                 0,
             )
@@ -1144,8 +1251,8 @@ mod tests {
             (c.report_move("v", 0, &r(1, 2), true, 0).map(|(w, _)| (w, ())), ErrorCode::MoveNotFound),
             (c.report_move("v", 0, &r(2, 1), true, 0).map(|(w, _)| (w, ())), ErrorCode::MoveNotFound),
             (c.abort_move("v", 1, &r(1, 1)), ErrorCode::MoveNotFound),
-            (c.delete_volume("v"), ErrorCode::MoveInProgress),
-            (c.export("v", &ExportVolume { target: "t1".into(), hosts: vec![], allow_any_host: true }).map(|(w, _)| (w, ())), ErrorCode::MoveInProgress),
+            (c.delete_volume("v", 0), ErrorCode::MoveInProgress),
+            (c.export("v", &ExportVolume { target: "t1".into(), hosts: vec![], allow_any_host: true }, 0).map(|(w, _)| (w, ())), ErrorCode::MoveInProgress),
             (c.begin_move("v", 0, &MoveRequest::default(), 0).map(|(w, _)| (w, ())), ErrorCode::MoveInProgress),
         ];
         for (i, (got, code)) in refusals.into_iter().enumerate() {
@@ -1165,6 +1272,7 @@ mod tests {
             addr: "t2".into(),
             nqn: "n".into(),
             pools: vec![PoolSpec { name: "p".into(), path: "/p/p".into(), size: 2 * MIB, nsid: 1, bandwidth: 0, write_cost: 0.0 }],
+            write_bound_ms: 0,
         };
         commit(&mut c, |c| c.register(&reg, 300)).expect("register");
         assert!(c.moves.is_empty());
@@ -1288,6 +1396,7 @@ mod tests {
             addr: "t1".into(),
             nqn: "n".into(),
             pools: vec![PoolSpec { name: "p".into(), path: "/p/p".into(), size: 4 * MIB, nsid: 1, bandwidth: 0, write_cost: 0.0 }],
+            write_bound_ms: 0,
         };
         commit(&mut c, |c| c.register(&reg, 0)).expect("register");
         assert!(c.pools[&p1].cordoned, "a registration ended the cordon");

@@ -85,7 +85,13 @@ fn reads_answer_while_a_commit_is_stuck_in_the_store() {
         client.spawn(async move {
             let pools =
                 vec![PoolSpec { name: "p0".into(), path: "/pools/p0".into(), size: 64 << 20, nsid: 1, bandwidth: 0, write_cost: 0.0 }];
-            c.register(&RegisterTarget { addr: "127.0.0.1:4420".into(), nqn: "nqn.2026-11.io.nearstore:reads".into(), pools }).await
+            c.register(&RegisterTarget {
+                addr: "127.0.0.1:4420".into(),
+                nqn: "nqn.2026-11.io.nearstore:reads".into(),
+                pools,
+                write_bound_ms: 0,
+            })
+            .await
         })
     };
     gated.wait_for_a_commit();

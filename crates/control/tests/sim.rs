@@ -288,6 +288,7 @@ fn run(seed: u64, steps: usize) -> Vec<String> {
                             write_cost: 0.0,
                         })
                         .collect(),
+                    write_bound_ms: 0,
                 };
                 let r = svc.change(|c| c.register(&req, now)).map_err(|e| e.code);
                 match &r {
@@ -351,7 +352,7 @@ fn run(seed: u64, steps: usize) -> Vec<String> {
             }
             Op::Delete { name } => {
                 let n = format!("v{name}");
-                let r = svc.change(|c| c.delete_volume(&n)).map_err(|e| e.code);
+                let r = svc.change(|c| c.delete_volume(&n, now)).map_err(|e| e.code);
                 if r != Err(ErrorCode::StoreFailed) {
                     assert_eq!(r.is_ok(), model.volumes.contains_key(&n), "{}", at("outcome"));
                 }

@@ -71,7 +71,7 @@ impl ConnectOptions {
             subnqn: subnqn.into(),
             hostnqn,
             hostid,
-            kato_ms: 10_000,
+            kato_ms: crate::limits::KATO_MS_DEFAULT,
             hdgst: false,
             ddgst: false,
             queue_depth: 128,

@@ -25,3 +25,7 @@ pub const AUTH_RECEIVE_BYTES: usize = 4096;
 /// Longest compute result or message FETCHed, bytes: 64 times the target's result limit
 /// (256 KiB), so a target's announced length cannot make the host allocate gigabytes.
 pub const FETCH_BYTES_MAX: usize = 16 << 20;
+
+/// The keep-alive timeout a connection asks for unless told otherwise (nvme-cli's default,
+/// `ConnectOptions::kato_ms`), in milliseconds.
+pub const KATO_MS_DEFAULT: u32 = 10_000;

@@ -104,6 +104,12 @@ pub const CROSS_CONTROLLER_RESETS_MAX: usize = 4;
 /// completes with Command Interrupted; the controller stays reset, and a retry waits again.
 pub const CROSS_CONTROLLER_RESET_WAIT_MS: u64 = 10_000;
 
+/// Milliseconds a volume's operation may wait in this target's own schedulers (an arbiter
+/// gate: at most a grant's time to live; a pool's fair queue) between the volume's check
+/// that it may still issue it and its issue: part of the bound it declares on its writes
+/// after an export lease ends (cluster::ClusterConfig::write_bound).
+pub const EXPORT_HELD_MS: u64 = 30_000;
+
 /// Bytes of an Authentication Send (its TL): the largest message a host can send, an
 /// AUTH_Negotiate of 255 protocol descriptors (NAPD is one byte; a DH-HMAC-CHAP_Reply is at
 /// most 16 + 2 x 64 + 1024 bytes). A longer TL is Invalid Field before anything is

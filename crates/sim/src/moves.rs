@@ -755,7 +755,7 @@ impl Sim {
             let req = CreateVolume { name: volume_name(v), size: EXTENTS_PER_VOLUME * EXTENT, extent_size: Some(EXTENT) };
             self.until_ok(&operator, |c, now| c.create_volume(&req, now)).await;
             let req = ExportVolume { target: self.exporters[v].addr.clone(), hosts: Vec::new(), allow_any_host: true };
-            self.until_ok(&operator, |c, _| c.export(&volume_name(v), &req)).await;
+            self.until_ok(&operator, |c, now| c.export(&volume_name(v), &req, now)).await;
         }
         for x in &self.exporters {
             self.start(x);
@@ -813,6 +813,7 @@ impl Sim {
             addr: x.addr.clone(),
             nqn: format!("nqn.sim:{}", x.addr),
             pools: vec![PoolSpec { name: "p".into(), path: "/pool".into(), size: POOL_BYTES, nsid: 1, bandwidth: 0, write_cost: 0.0 }],
+            write_bound_ms: 0,
         };
         let me = Caller { cut: x.cut.clone(), life: Arc::default() };
         self.until_ok(&me, |c, now| c.register(&req, now)).await;

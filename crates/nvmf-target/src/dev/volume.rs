@@ -218,6 +218,9 @@ struct Table {
     /// Moves of this volume's extents that ended: a translation asked before one ended may
     /// name an old place, and is asked again rather than cached.
     moves_ended: u64,
+    /// No operation starts any more ([`Volume::fence`]): this target no longer exports the
+    /// volume, or its export lease ran out.
+    fenced: bool,
 }
 
 /// One extent's move as its volume sees it.
@@ -386,6 +389,10 @@ struct Inner {
     stats: Arc<VolumeStats>,
 }
 
+/// Milliseconds between two looks at a fenced volume's operations in flight
+/// ([`Volume::released`]: rare, and not on any operation's path).
+const RELEASE_POLL_MS: u64 = 10;
+
 /// Cloned for the namespace's compute commands, which ask where its bytes lie
 /// ([`Volume::placement`]).
 #[derive(Clone)]
@@ -395,7 +402,8 @@ pub struct Volume {
 
 impl Volume {
     pub fn new(cfg: VolumeConfig, resolver: Arc<dyn Resolver>, devices: Arc<dyn Devices>, pool: IoPool) -> Volume {
-        let table = Table { clock: Clock::new(cfg.cache_entries), moving: HashMap::new(), inflight: HashMap::new(), moves_ended: 0 };
+        let table =
+            Table { clock: Clock::new(cfg.cache_entries), moving: HashMap::new(), inflight: HashMap::new(), moves_ended: 0, fenced: false };
         Volume {
             inner: Arc::new(Inner {
                 cfg,
@@ -463,6 +471,37 @@ impl Volume {
         Some(Hold { table: self.inner.table.clone(), index, moving })
     }
 
+    /// Stops the volume on this target for good: from now on no operation of it starts on a
+    /// pool (each fails with Namespace Not Ready), those that hold a ticket already go on.
+    /// Its export moved elsewhere, or its export lease ran out (docs/control-plane.md,
+    /// "Handing an export over").
+    pub fn fence(&self) {
+        let mut t = self.inner.table.lock();
+        t.fenced = true;
+        t.clock = Clock::new(self.inner.cfg.cache_entries);
+    }
+
+    /// Waits, after [`fence`](Self::fence), until nothing this volume issued on a pool can
+    /// still change storage: no operation holds a ticket, and no write to an allocated
+    /// extent's pool runs or is in doubt there (`BlockDevice::quiesce`). Only then may
+    /// another target write its extents. Errors: the control plane cannot list the extents,
+    /// or a pool device cannot be opened; the caller tries again.
+    pub async fn released(&self) -> io::Result<()> {
+        let i = &self.inner;
+        debug_assert!(i.table.lock().fenced, "released before fenced");
+        while !i.table.lock().inflight.is_empty() {
+            tokio::time::sleep(Duration::from_millis(RELEASE_POLL_MS)).await;
+        }
+        let extents = i.ask("list the extents", i.resolver.allocated()).await?;
+        for (_, loc) in extents {
+            let dev = i.devices.open(&loc).await?;
+            if let Some(q) = dev.quiesce(loc.offset, i.cfg.extent_size) {
+                q.await?;
+            }
+        }
+        Ok(())
+    }
+
     /// The synchronous face a namespace needs besides its device (shutdown flushes).
     pub fn backend(&self) -> Arc<dyn Backend> {
         Arc::new(VolumeBackend { inner: self.inner.clone() })
@@ -502,7 +541,8 @@ impl BlockDevice for Volume {
                 let table = &self.inner.table;
                 let hit = {
                     let mut t = table.lock();
-                    t.clock.get(index).map(|m| (m, Ticket::enter(table, &mut t, index)))
+                    let m = if t.fenced { None } else { t.clock.get(index) };
+                    m.map(|m| (m, Ticket::enter(table, &mut t, index)))
                 };
                 if let Some((m, ticket)) = hit {
                     self.inner.stats.hits.fetch_add(1, Relaxed);
@@ -572,6 +612,8 @@ enum Found {
     Hit(Mapped, Ticket),
     Moving(Arc<Moving>),
     Miss,
+    /// The volume is fenced: nothing starts.
+    Fenced,
 }
 
 /// The same error again, for another waiter of a shared miss (its status kept).
@@ -603,6 +645,11 @@ impl Drop for Landing<'_> {
 }
 
 impl Inner {
+    /// The error of an operation of a fenced volume.
+    fn fenced(&self) -> io::Error {
+        status_error(Status::NAMESPACE_NOT_READY, format!("volume {} is no longer served by this target", self.cfg.name))
+    }
+
     /// Waits at most the configured time for the control plane.
     async fn ask<T>(&self, what: &str, f: impl Future<Output = Result<T, ResolveError>>) -> io::Result<T> {
         let t = self.cfg.timeout;
@@ -638,6 +685,9 @@ impl Inner {
     /// The extent in the table: a hit (its ticket taken), a move, or a miss.
     fn found(&self, index: u64) -> Found {
         let mut t = self.table.lock();
+        if t.fenced {
+            return Found::Fenced;
+        }
         if let Some(m) = t.moving.get(&index) {
             return Found::Moving(m.clone());
         }
@@ -678,6 +728,7 @@ impl Inner {
                     self.wait_move(index, m, deadline).await?;
                     continue;
                 }
+                Found::Fenced => return Err(self.fenced()),
                 Found::Miss => {}
             }
             let flight = self.flights.lock().entry(index).or_default().clone();
@@ -695,12 +746,16 @@ impl Inner {
                     self.wait_move(index, m, deadline).await?;
                     continue;
                 }
+                Found::Fenced => return Err(self.fenced()),
                 Found::Miss => {}
             }
             match &*answer {
                 Some(Ok(Some((m, asked)))) => {
                     // Not cached (no cache, or evicted): still good unless a move ended since.
                     let mut t = self.table.lock();
+                    if t.fenced {
+                        return Err(self.fenced());
+                    }
                     if t.moves_ended == *asked && !t.moving.contains_key(&index) {
                         self.stats.coalesced.fetch_add(1, Relaxed);
                         let ticket = Ticket::enter(&self.table, &mut t, index);
@@ -785,6 +840,9 @@ impl Inner {
         // stays unwritten through its move, and is zeroed where it lies then).
         let ticket = {
             let mut t = self.table.lock();
+            if t.fenced {
+                return Err(self.fenced());
+            }
             if t.moving.contains_key(&index) || t.moves_ended != asked {
                 return Ok(Resolved::Moved);
             }
@@ -855,6 +913,11 @@ impl Inner {
                             buf[range].fill(0);
                         }
                     }
+                }
+                // Its lookups may have waited (a miss, a move): fenced meanwhile, it issues
+                // nothing.
+                if self.table.lock().fenced {
+                    return Err(self.fenced());
                 }
                 let done = execute(&mut ch, plan, &stop).await?;
                 if !write {

@@ -832,3 +832,65 @@ async fn a_move_waits_for_the_source_pools_writes_given_up() {
         r.check(0, EXTENTS * EXT).await;
     }
 }
+
+/// A fenced volume (its export moved away, or its lease ran out: docs/control-plane.md,
+/// "Handing an export over") starts nothing on its pools, by the fast path, the slow path
+/// or a compute command's placement; it is released only once the operation that held a
+/// ticket before the fence completed and its pools' writes given up are quiesced. On
+/// tokio's paused clock.
+#[tokio::test(start_paused = true)]
+async fn a_fenced_volume_starts_nothing_and_is_released_only_once_quiesced() {
+    let mut r = rig(16);
+    r.write(0, 2 * EXT, 3).await;
+    let nsid = r.books.placed.lock()[&1].nsid;
+    let (quiesced, done) = tokio::sync::watch::channel(false);
+    let devices = Arc::new(QuiescingPools { base: r.vol.inner.devices.clone(), only: nsid, done });
+    let cfg =
+        VolumeConfig { name: "v".into(), size: EXTENTS * EXT, extent_size: EXT, cache_entries: 16, timeout: Duration::from_millis(200) };
+    let pool = r.vol.inner.pool.clone();
+    let vol = Volume::new(cfg, r.books.clone(), devices, pool.clone());
+    let one = |off: u64| {
+        let mut b = AlignedBuf::new(BLOCK as usize);
+        b.set_len(BLOCK as usize);
+        (Op::Read { off }, b)
+    };
+    // Cached, then a hit whose completion is not taken yet: in flight across the fence.
+    let mut ch = Channel::new(IoEngine::Threads, pool.clone());
+    let (op, b) = one(0);
+    ch.run(&vol, op, b).await.result.expect("a read before the fence");
+    let (op, b) = one(0);
+    vol.submit(&mut ch, op, b, 7);
+    vol.fence();
+    let refused = |e: io::Error, what: &str| {
+        assert_eq!(error_status(&e), Some(Status::NAMESPACE_NOT_READY), "{what}: {e}");
+        assert!(e.to_string().contains("no longer served by this target"), "{what}: {e}");
+    };
+    let mut other = Channel::new(IoEngine::Threads, pool.clone());
+    let (op, b) = one(0);
+    refused(other.run(&vol, op, b).await.result.expect_err("a read of a cached extent"), "fast path");
+    let (op, b) = one(EXT + BLOCK);
+    refused(other.run(&vol, op, b).await.result.expect_err("a read of another extent"), "slow path");
+    let mut w = AlignedBuf::new(2 * BLOCK as usize);
+    w.set_len(2 * BLOCK as usize);
+    refused(other.run(&vol, Op::Write { off: EXT - BLOCK, fua: false }, w).await.result.expect_err("a write"), "split write");
+    let mut held = Vec::new();
+    refused(vol.placement(0, BLOCK, &mut held, |_| true).await.expect_err("a placement"), "compute placement");
+    assert!(held.is_empty());
+    // Released only once the read in flight completed and extent 1's pool is quiesced.
+    let released = tokio::spawn({
+        let vol = vol.clone();
+        async move { vol.released().await }
+    });
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert!(!released.is_finished(), "released with an operation in flight");
+    ch.wait().await.expect("the read in flight completes");
+    let mut out = Vec::new();
+    assert_eq!(ch.poll(1, &mut out), 1);
+    drop(out);
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert!(!released.is_finished(), "released before extent 1's pool was quiesced");
+    quiesced.send_replace(true);
+    released.await.expect("task").expect("released once quiesced");
+    // What was written before the fence is all there (through the unfenced volume).
+    r.check(0, 2 * EXT).await;
+}
