@@ -538,7 +538,8 @@ pub fn agent(cfg: &nearstore_target::config::Config, control: &str) -> Result<Ag
         None if !cfg.pool.is_empty() => nearstore_target::POOLS_NQN.to_string(),
         None => cfg.cluster.host_nqn.clone().unwrap_or_else(nearstore_initiator::default_hostnqn),
     };
-    let write_bound_ms = cfg.cluster.write_bound().as_millis() as u64;
+    let compute_timeout = std::time::Duration::from_secs(cfg.compute.timeout_secs);
+    let write_bound_ms = cfg.cluster.write_bound(compute_timeout).as_millis() as u64;
     Ok(Agent { client, addr: String::new(), nqn, pools, links: Default::default(), write_bound_ms })
 }
 
@@ -627,6 +628,8 @@ impl Resolver for ControlResolver {
 /// What a target needs to serve the volumes exported to it.
 pub struct Exporter {
     pub target: Arc<nearstore_target::Target>,
+    /// What this target declared at registration ([`Agent::write_bound_ms`]).
+    pub write_bound_ms: u64,
     pub client: Client,
     /// This target's address, as registered.
     pub addr: String,
@@ -658,10 +661,21 @@ impl Exporter {
         let mover = Arc::new(Mover::new(ctl, devices.clone(), local.clone(), self.target.pool.clone(), cfg));
         tokio::spawn(mover.run());
         let mut served: std::collections::BTreeMap<String, (Export, Volume)> = Default::default();
+        // Volumes stopped when the lease ran out: released if the next answer no longer
+        // lists them (unexported meanwhile), else forgotten (served afresh).
+        let mut lapsed: Vec<(Export, Volume)> = Vec::new();
         let (mut since, mut wait) = (0, 100);
         // Until when this target may serve its exports without a newer answer (its export
-        // lease, docs/control-plane.md "Handing an export over"); None: nothing served yet.
+        // lease, docs/control-plane.md "Handing an export over"); None: nothing served
+        // under a lease. The volumes check it too, where they issue operations.
         let mut lease: Option<tokio::time::Instant> = None;
+        // The longest lease granted: with the write bound, when the control plane has ended
+        // a handover by itself whatever this target says.
+        let mut granted = std::time::Duration::ZERO;
+        let release_for = |x: &Export, vol: Volume, granted: std::time::Duration| {
+            let give_up = std::time::Duration::from_millis(self.write_bound_ms) + granted;
+            tokio::spawn(release(self.client.clone(), self.addr.clone(), x.clone(), vol, give_up));
+        };
         loop {
             if lease.is_some_and(|end| tokio::time::Instant::now() >= end) {
                 lease = None;
@@ -670,6 +684,7 @@ impl Exporter {
                     self.stop_serving(&x, &vol, &local);
                     tracing::warn!(volume = %x.volume, "export lease ran out without an answer from the control plane: \
                                    the volume is not served until it answers");
+                    lapsed.push((x, vol));
                 }
             }
             let sent = tokio::time::Instant::now();
@@ -694,18 +709,38 @@ impl Exporter {
             since = list.version;
             // A control plane that grants no lease (0) predates them: served until told.
             lease = (list.lease_ms > 0).then(|| sent + std::time::Duration::from_millis(list.lease_ms));
+            granted = granted.max(std::time::Duration::from_millis(list.lease_ms));
+            if let Some(end) = lease {
+                for (_, vol) in served.values() {
+                    vol.set_lease(end.into_std());
+                }
+            }
+            for (x, vol) in std::mem::take(&mut lapsed) {
+                if !list.exports.iter().any(|y| y.volume == x.volume && y.epoch == x.epoch) {
+                    release_for(&x, vol, granted);
+                }
+            }
             let gone: Vec<String> = served.iter().filter(|(_, (x, _))| !list.exports.contains(x)).map(|(v, _)| v.clone()).collect();
             for name in gone {
                 let Some((x, vol)) = served.remove(&name) else { continue };
                 self.stop_serving(&x, &vol, &local);
                 tracing::info!(volume = %x.volume, nqn = %x.nqn, "volume no longer exported");
-                tokio::spawn(release(self.client.clone(), self.addr.clone(), x.volume.clone(), vol));
+                release_for(&x, vol, granted);
             }
             for x in list.exports {
                 if served.contains_key(&x.volume) {
                     continue;
                 }
-                match self.serve(&x, devices.clone(), &local).await {
+                // Within the lease: a control plane that stops answering here does not
+                // keep this loop from stopping what it serves.
+                let serving = self.serve(&x, devices.clone(), &local, lease);
+                let done = match lease {
+                    Some(end) => {
+                        tokio::time::timeout_at(end, serving).await.unwrap_or_else(|_| Err(anyhow::anyhow!("the export lease ran out")))
+                    }
+                    None => serving.await,
+                };
+                match done {
                     Ok(vol) => {
                         tracing::info!(volume = %x.volume, nqn = %x.nqn, "volume exported");
                         served.insert(x.volume.clone(), (x, vol));
@@ -724,7 +759,7 @@ impl Exporter {
         self.target.remove_subsystem(&x.nqn);
     }
 
-    async fn serve(&self, x: &Export, devices: Arc<PoolDevices>, local: &Served) -> Result<Volume> {
+    async fn serve(&self, x: &Export, devices: Arc<PoolDevices>, local: &Served, lease: Option<tokio::time::Instant>) -> Result<Volume> {
         let info = self.client.volume(&x.volume).await?;
         let v = &info.volume;
         let cfg = VolumeConfig {
@@ -736,6 +771,9 @@ impl Exporter {
         };
         let resolver = Arc::new(ControlResolver { client: self.client.clone(), volume: v.name.clone() });
         let vol = Volume::new(cfg, resolver, devices, self.target.pool.clone());
+        if let Some(end) = lease {
+            vol.set_lease(end.into_std());
+        }
         let mut ns = Namespace::new(&x.nqn, x.nsid, vol.backend(), nearstore_target::limits::VOLUME_BLOCK_BYTES);
         ns.volume = Some(vol.stats().clone());
         ns.placement = Some(vol.clone());
@@ -753,15 +791,24 @@ impl Exporter {
 
 /// Once nothing the fenced volume issued can still change its pools' storage, tells the
 /// control plane, which may then let another target export it; tried again until it is
-/// heard or the volume is gone.
-async fn release(client: Client, addr: String, name: String, vol: Volume) {
+/// heard, the volume is gone, or `give_up` passed (by then the control plane ended the
+/// handover by itself: the target's write bound and lease).
+async fn release(client: Client, addr: String, x: Export, vol: Volume, give_up: std::time::Duration) {
     let retry = std::time::Duration::from_millis(nearstore_control::limits::AGENT_RETRY_MS_MAX);
+    let until = tokio::time::Instant::now() + give_up;
+    let name = x.volume.clone();
     while let Err(e) = vol.released().await {
+        if tokio::time::Instant::now() >= until {
+            return;
+        }
         tracing::warn!(volume = %name, error = %e, "waiting for the unexported volume's pool writes to end; retrying");
         tokio::time::sleep(retry).await;
     }
     loop {
-        match client.released(&name, &addr).await {
+        if tokio::time::Instant::now() >= until {
+            return;
+        }
+        match client.released(&name, &addr, x.epoch).await {
             Ok(()) => {
                 tracing::info!(volume = %name, "told the control plane that this target no longer writes to the volume");
                 return;

@@ -624,6 +624,13 @@ fn run(cli: Cli) -> Result<()> {
                 ),
                 None => None,
             };
+            if !etcd.is_empty() && export_lease_ms < nearstore_control::limits::export_lease_ms_min_with_etcd(lease_ttl) {
+                anyhow::bail!(
+                    "--export-lease-ms {export_lease_ms}: at least {} with --lease-ttl {lease_ttl}, or every volume stops \
+                     while a standby takes over",
+                    nearstore_control::limits::export_lease_ms_min_with_etcd(lease_ttl)
+                );
+            }
             let state = match store {
                 Some(dir) => control::State::Redb(dir),
                 None => control::State::Etcd(nearstore_control::etcd::Options {

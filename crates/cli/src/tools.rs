@@ -31,6 +31,7 @@ pub async fn run_target(cfg: Config, file: Option<std::path::PathBuf>) -> Result
         crate::control::feed(&agent, &target);
         let exporter = crate::control::Exporter {
             target: target.clone(),
+            write_bound_ms: agent.write_bound_ms,
             client: agent.client.clone(),
             addr: agent.addr.clone(),
             cluster: cfg.cluster.clone(),

@@ -308,8 +308,8 @@ impl Client {
 
     /// Tells the control plane that `target`, the volume's last exporter, no longer writes
     /// to its extents (docs/control-plane.md, "Handing an export over").
-    pub async fn released(&self, name: &str, target: &str) -> Result<(), ClientError> {
-        let body = Released { target: target.to_string() };
+    pub async fn released(&self, name: &str, target: &str, epoch: u64) -> Result<(), ClientError> {
+        let body = Released { target: target.to_string(), epoch };
         self.call::<_, ()>(Method::POST, &format!("/v1/volumes/{}/released", segment(name)), Some(&body)).await
     }
 

@@ -64,21 +64,33 @@ pub const HOSTS_PER_EXPORT_MAX: usize = 1024;
 pub const EXPORTS_WAIT_MS: u64 = 5000;
 
 /// Milliseconds a target serves its exports past the request of its last answer to the
-/// exports' long poll (its export lease; `nearstore control --export-lease-ms`): above
-/// FAILOVER_MS, so that a leader's failover does not stop volumes, and well above
-/// EXPORTS_WAIT_MS + REQUEST_TIMEOUT_MS, one long poll's longest.
-pub const EXPORT_LEASE_MS_DEFAULT: u64 = 30_000;
+/// exports' long poll (its export lease; `nearstore control --export-lease-ms`). The long
+/// poll holds a request a third of it at most; a target whose call to a dead leader times
+/// out (REQUEST_TIMEOUT_MS) after the poll's hold (EXPORTS_WAIT_MS) finds the standby
+/// leading within FAILOVER_MS: the default lease outlasts the three with 15 s to spare, so
+/// that a leader's failover at the default `--lease-ttl` does not stop volumes
+/// (`nearstore control` refuses a lease that does not outlast its own `--lease-ttl`'s).
+pub const EXPORT_LEASE_MS_DEFAULT: u64 = 45_000;
 pub const EXPORT_LEASE_MS_MIN: u64 = 1000;
 pub const EXPORT_LEASE_MS_MAX: u64 = 600_000;
 
+/// The shortest export lease that outlasts a failover of a control plane on etcd whose
+/// leader lease is `lease_ttl_s`: see EXPORT_LEASE_MS_DEFAULT.
+pub const fn export_lease_ms_min_with_etcd(lease_ttl_s: u64) -> u64 {
+    EXPORTS_WAIT_MS + REQUEST_TIMEOUT_MS + lease_ttl_s * 1000 + 5000 + 1
+}
+
 /// Milliseconds a target's pool writes may land after it stops issuing them, for a target
-/// that did not say (`Target::write_bound_ms`): a peer write given up after the default
-/// `cluster.timeout_secs` (30 s), then its lost connection's bound (2 x the 10 s
-/// keep-alive + the reset's wait, 40 s), and 30 s more for operations a target's own
-/// schedulers hold (an arbiter grant's time to live and more).
-pub const EXPORT_WRITE_BOUND_MS_DEFAULT: u64 = 120_000;
-/// The most a target may declare: a day.
-pub const EXPORT_WRITE_BOUND_MS_MAX: u64 = 86_400_000;
+/// that did not say (`Target::write_bound_ms`), as a target with the default settings
+/// declares it: the longer of a peer write given up after `cluster.timeout_secs` (30 s)
+/// then its lost connection's bound (2 x the 10 s keep-alive + the reset's wait, 40 s),
+/// and a compute command with outputs forwarded to a peer's pool (twice its 600 s time
+/// limit + the reset's wait), and 30 s more for operations a target's own schedulers
+/// hold (nearstore_target::cluster::ClusterConfig::write_bound).
+pub const EXPORT_WRITE_BOUND_MS_DEFAULT: u64 = 1_270_000;
+/// The most a target may declare: three days (twice the longest compute time limit,
+/// `compute.timeout_secs` at a day, and more).
+pub const EXPORT_WRITE_BOUND_MS_MAX: u64 = 3 * 86_400_000;
 
 /// Milliseconds a client waits for one API call (connect, request, reply): a call does at
 /// most one store commit (an fsync), well under a second on any disk.
@@ -119,7 +131,8 @@ const _: () = assert!(EXTENT_BYTES_MIN.is_multiple_of(EXTENT_ALIGN_BYTES) && EXT
 const _: () = assert!(EXTENT_BYTES_MIN <= EXTENT_BYTES_DEFAULT && EXTENT_BYTES_DEFAULT <= EXTENT_BYTES_MAX);
 const _: () = assert!(EXTENTS_PER_VOLUME_MAX <= u32::MAX as u64);
 const _: () = assert!(EXPORTS_WAIT_MS < REQUEST_TIMEOUT_MS);
-const _: () = assert!(EXPORT_LEASE_MS_DEFAULT > FAILOVER_MS && EXPORT_LEASE_MS_DEFAULT > EXPORTS_WAIT_MS + REQUEST_TIMEOUT_MS);
+const _: () = assert!(EXPORT_LEASE_MS_DEFAULT >= EXPORTS_WAIT_MS + REQUEST_TIMEOUT_MS + FAILOVER_MS + 15_000);
+const _: () = assert!(EXPORT_LEASE_MS_DEFAULT >= export_lease_ms_min_with_etcd(LEASE_TTL_S_DEFAULT));
 const _: () = assert!(EXPORT_LEASE_MS_MIN <= EXPORT_LEASE_MS_DEFAULT && EXPORT_LEASE_MS_DEFAULT <= EXPORT_LEASE_MS_MAX);
 const _: () = assert!(VIEW_SAMPLE_MS < VIEW_PUSH_INTERVAL_MS && VIEW_PUSH_INTERVAL_MS < VIEW_STALE_MS);
 

@@ -86,6 +86,9 @@ pub struct Volume {
 pub struct Handover {
     /// The target that exported it.
     pub from: String,
+    /// The export that ended ([`Export::epoch`]).
+    #[serde(default)]
+    pub epoch: u64,
     /// Milliseconds since the Unix epoch after which it cannot: its export lease and its
     /// writes' bound past the unexport.
     pub until_ms: u64,
@@ -130,6 +133,11 @@ pub struct Export {
     pub nqn: String,
     /// The volume's namespace in it.
     pub nsid: u32,
+    /// Which export this is: unique among the control plane's exports (a counter), so that
+    /// a target's word about an earlier export of the volume ([`Released`]) is not taken
+    /// for this one's. 0 in records that predate it.
+    #[serde(default)]
+    pub epoch: u64,
 }
 
 /// Where a move stands (docs/control-plane.md, "Moving an extent").
@@ -304,6 +312,8 @@ pub struct Counter {
 
 /// The counter of move ids.
 pub const MOVES_COUNTER: &str = "moves";
+/// The counter of export epochs ([`Export::epoch`]).
+pub const EXPORTS_COUNTER: &str = "exports";
 
 /// Everything the store keeps, one record a key.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -530,6 +540,8 @@ pub struct ExportList {
 #[serde(deny_unknown_fields)]
 pub struct Released {
     pub target: String,
+    /// The export it stopped serving ([`Export::epoch`]).
+    pub epoch: u64,
 }
 
 /// `POST /v1/volumes/{name}/extents/{index}/move`.

@@ -2,6 +2,7 @@
 //! state and its store. Requests that change state run on tokio's blocking pool: they take
 //! the state's lock and commit to the store (an fsync) before replying.
 
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{SystemTime, UNIX_EPOCH};
 
@@ -44,6 +45,11 @@ pub struct Service {
     links: Mutex<crate::links::Links>,
     /// The targets' export lease (`--export-lease-ms`).
     export_lease_ms: u64,
+    /// Volumes being unexported: from before the unexport's plan until its commit's end,
+    /// the exports long poll no longer lists them, so that no lease on them is renewed
+    /// after the handover's bound was computed (docs/control-plane.md, "Handing an export
+    /// over"). Soft state.
+    unexporting: Mutex<HashMap<String, usize>>,
 }
 
 pub fn now_ms() -> u64 {
@@ -66,6 +72,7 @@ impl Service {
             arbiter: Mutex::new(crate::arbiter::Arbiter::new()),
             links: Mutex::new(crate::links::Links::default()),
             export_lease_ms: crate::limits::EXPORT_LEASE_MS_DEFAULT,
+            unexporting: Mutex::default(),
         })
     }
 
@@ -304,17 +311,48 @@ async fn export(State(s): Svc, Path(name): Path<String>, Body(req): Body<ExportV
 
 async fn unexport(State(s): Svc, Path(name): Path<String>) -> Result<StatusCode, ApiError> {
     let n = name.clone();
-    let (now, lease) = (now_ms(), s.export_lease_ms);
-    change(s.clone(), move |c| c.unexport(&n, now, lease)).await?;
-    s.exports_changed();
+    // Listed no more from now on (also if this request is dropped mid-way: the guard);
+    // the bound counts from the plan, after this.
+    let _going = Unexporting::mark(&s, &name);
+    let lease = s.export_lease_ms;
+    change(s.clone(), move |c| c.unexport(&n, now_ms(), lease)).await?;
     info!(volume = %name, "volume unexported");
     Ok(StatusCode::NO_CONTENT)
 }
 
+/// A volume left out of the exports long poll's answers while it is unexported: until
+/// dropped, when the poll's waiters are woken to see the list as committed.
+struct Unexporting {
+    svc: Arc<Service>,
+    name: String,
+}
+
+impl Unexporting {
+    fn mark(svc: &Arc<Service>, name: &str) -> Unexporting {
+        *svc.unexporting.lock().entry(name.to_string()).or_default() += 1;
+        svc.exports_changed();
+        Unexporting { svc: svc.clone(), name: name.to_string() }
+    }
+}
+
+impl Drop for Unexporting {
+    fn drop(&mut self) {
+        let mut going = self.svc.unexporting.lock();
+        if let Some(n) = going.get_mut(&self.name) {
+            *n -= 1;
+            if *n == 0 {
+                going.remove(&self.name);
+            }
+        }
+        drop(going);
+        self.svc.exports_changed();
+    }
+}
+
 /// The volume's last exporter no longer writes to it: its handover ends.
 async fn released(State(s): Svc, Path(name): Path<String>, Body(req): Body<Released>) -> Result<StatusCode, ApiError> {
-    let (n, target) = (name.clone(), req.target.clone());
-    change(s, move |c| c.released(&n, &target)).await?;
+    let (n, target, epoch) = (name.clone(), req.target.clone(), req.epoch);
+    change(s, move |c| c.released(&n, &target, epoch)).await?;
     info!(volume = %name, target_addr = %req.target, "volume released by its last exporter");
     Ok(StatusCode::NO_CONTENT)
 }
@@ -335,11 +373,18 @@ async fn exports(
     let Query(q) = q.map_err(|e| ApiError::new(ErrorCode::InvalidArgument, e.body_text()))?;
     let mut rx = s.exports.subscribe();
     if *rx.borrow_and_update() == q.since {
-        // Timed out or changed: either way the reply is the list as it is now.
-        let _ = tokio::time::timeout(std::time::Duration::from_millis(crate::limits::EXPORTS_WAIT_MS), rx.changed()).await;
+        // Timed out or changed: either way the reply is the list as it is now. Held a
+        // third of the lease at most, so that a healthy control plane renews it in time.
+        let hold = crate::limits::EXPORTS_WAIT_MS.min(s.export_lease_ms / 3);
+        let _ = tokio::time::timeout(std::time::Duration::from_millis(hold), rx.changed()).await;
     }
     let version = *rx.borrow();
-    Ok(Json(ExportList { version, exports: s.read(|c| c.exports_of(&q.target)), lease_ms: s.export_lease_ms }))
+    let mut exports = s.read(|c| c.exports_of(&q.target));
+    {
+        let going = s.unexporting.lock();
+        exports.retain(|x| !going.contains_key(&x.volume));
+    }
+    Ok(Json(ExportList { version, exports, lease_ms: s.export_lease_ms }))
 }
 
 async fn begin_move(

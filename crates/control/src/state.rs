@@ -470,8 +470,10 @@ impl Cluster {
         let mut hosts = req.hosts.clone();
         hosts.sort();
         hosts.dedup();
-        let x = Export { volume: name.into(), target: req.target.clone(), hosts, allow_any_host: req.allow_any_host, nqn, nsid: 1 };
-        let mut writes = vec![Write::Put(Record::Export(x.clone()))];
+        let epoch = self.counters.get(EXPORTS_COUNTER).copied().unwrap_or(0) + 1;
+        let x = Export { volume: name.into(), target: req.target.clone(), hosts, allow_any_host: req.allow_any_host, nqn, nsid: 1, epoch };
+        let counter = Counter { name: EXPORTS_COUNTER.into(), value: epoch };
+        let mut writes = vec![Write::Put(Record::Counter(counter)), Write::Put(Record::Export(x.clone()))];
         if v.handover.is_some() {
             writes.push(Write::Put(Record::Volume(Volume { handover: None, ..v.clone() })));
         }
@@ -488,7 +490,7 @@ impl Cluster {
         let Some(x) = self.exports.get(name) else { return Ok((Vec::new(), ())) };
         let bound = self.targets.get(&x.target).map_or(0, |t| t.write_bound_ms);
         let bound = if bound == 0 { EXPORT_WRITE_BOUND_MS_DEFAULT } else { bound };
-        let handover = Handover { from: x.target.clone(), until_ms: now_ms.saturating_add(lease_ms).saturating_add(bound) };
+        let handover = Handover { from: x.target.clone(), epoch: x.epoch, until_ms: now_ms.saturating_add(lease_ms).saturating_add(bound) };
         let writes = vec![
             Write::Delete(Table::Exports, name.to_string()),
             Write::Put(Record::Volume(Volume { handover: Some(handover), ..v.clone() })),
@@ -496,12 +498,13 @@ impl Cluster {
         Ok((writes, ()))
     }
 
-    /// The volume's last exporter `target` says it no longer writes to its extents: its
-    /// handover ends. Nothing to do for another target, or when none is under way.
-    pub fn released(&self, name: &str, target: &str) -> Planned<()> {
+    /// The volume's last exporter `target` says it no longer writes to its extents for
+    /// export `epoch`: its handover ends. Nothing to do for another target or another
+    /// export of it (a late word about an earlier one), or when none is under way.
+    pub fn released(&self, name: &str, target: &str, epoch: u64) -> Planned<()> {
         let v = self.volume(name)?;
         let writes = match &v.handover {
-            Some(h) if h.from == target => vec![Write::Put(Record::Volume(Volume { handover: None, ..v.clone() }))],
+            Some(h) if h.from == target && h.epoch == epoch => vec![Write::Put(Record::Volume(Volume { handover: None, ..v.clone() }))],
             _ => Vec::new(),
         };
         Ok((writes, ()))
@@ -970,20 +973,27 @@ mod tests {
         commit(&mut c, |c| c.create_volume(&CreateVolume { name: "v".into(), size: 4 * MIB, extent_size: Some(MIB) }, 0)).expect("v");
         commit(&mut c, |c| c.allocate("v", 0, 0)).expect("extent 0");
         let to = |t: &str| ExportVolume { target: t.into(), hosts: vec![], allow_any_host: true };
-        commit(&mut c, |c| c.export("v", &to("t1"), 0)).expect("on t1");
+        let first = commit(&mut c, |c| c.export("v", &to("t1"), 0)).expect("on t1").epoch;
+        // Exported again where it is (other hosts): another export.
+        let x =
+            commit(&mut c, |c| c.export("v", &ExportVolume { target: "t1".into(), hosts: vec!["nqn.h".into()], allow_any_host: false }, 0))
+                .expect("again on t1");
+        assert!(x.epoch > first, "{} after {first}", x.epoch);
         // Unexported at 1000 with a 2 s lease: until 1000 + 2000 + 5000.
         commit(&mut c, |c| c.unexport("v", 1000, 2000)).expect("unexport");
-        assert_eq!(c.volumes["v"].handover, Some(Handover { from: "t1".into(), until_ms: 8000 }));
+        assert_eq!(c.volumes["v"].handover, Some(Handover { from: "t1".into(), epoch: x.epoch, until_ms: 8000 }));
         let refused = |r: Result<(), ErrorCode>, what: &str| assert_eq!(r, Err(ErrorCode::ExportHandover), "{what}");
         refused(c.export("v", &to("t2"), 7999).map(drop).map_err(|e| e.code), "exported elsewhere");
         refused(c.delete_volume("v", 1000).map(drop).map_err(|e| e.code), "deleted");
         refused(c.begin_move("v", 0, &MoveRequest::default(), 1000).map(drop).map_err(|e| e.code), "moved");
         let e = c.export("v", &to("t2"), 1000).err().expect("refused");
         assert!(e.message.contains("exported by t1") && e.message.contains("in 7 s"), "{}", e.message);
-        // Another target's word changes nothing; the last exporter's ends it.
-        commit(&mut c, |c| c.released("v", "t2")).expect("t2 says");
+        // Another target's word changes nothing, nor the last exporter's about an earlier
+        // export (a late release of the export it replaced); its word about this one ends it.
+        commit(&mut c, |c| c.released("v", "t2", x.epoch)).expect("t2 says");
+        commit(&mut c, |c| c.released("v", "t1", first)).expect("t1 says, late");
         assert!(c.volumes["v"].handover.is_some());
-        commit(&mut c, |c| c.released("v", "t1")).expect("t1 says");
+        commit(&mut c, |c| c.released("v", "t1", x.epoch)).expect("t1 says");
         assert_eq!(c.volumes["v"].handover, None);
         commit(&mut c, |c| c.export("v", &to("t2"), 1000)).expect("on t2 once released");
         // Unexported from t2 (no bound declared: the default); exported again on t2 at once,

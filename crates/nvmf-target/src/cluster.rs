@@ -103,14 +103,19 @@ fn one() -> u32 {
 
 impl ClusterConfig {
     /// How long after this target stops issuing them its writes to peers' pools may still
-    /// change storage there: one given up after `timeout_secs`, then its connection's
-    /// bound ([`Conn::lost_bound`] at the initiator's keep-alive timeout), then what the
+    /// change storage there: the longer of a write given up after `timeout_secs`, then its
+    /// connection's bound ([`Conn::lost_bound`] at the initiator's keep-alive timeout), and
+    /// a compute command with outputs forwarded to a peer's pool (`compute_timeout`, its
+    /// time limit there: given up, it ends at twice that and a reset's wait, the peer
+    /// keeping its controller alive while it runs, offload/volume.rs); then what the
     /// target's own schedulers may hold back before issuing (`EXPORT_HELD_MS`). What it
     /// tells the control plane (docs/control-plane.md, "Handing an export over").
-    pub fn write_bound(&self) -> Duration {
+    pub fn write_bound(&self, compute_timeout: Duration) -> Duration {
         let timeout = Duration::from_secs(self.timeout_secs);
         let kato = Duration::from_millis(u64::from(nearstore_initiator::limits::KATO_MS_DEFAULT));
-        timeout + 2 * kato + reset_wait(timeout) + Duration::from_millis(limits::EXPORT_HELD_MS)
+        let write = timeout + 2 * kato + reset_wait(timeout);
+        let forwarded = 2 * compute_timeout + reset_wait(timeout);
+        write.max(forwarded) + Duration::from_millis(limits::EXPORT_HELD_MS)
     }
 
     /// Checks ranges and uniqueness; `own` are the tags of this target's namespaces.

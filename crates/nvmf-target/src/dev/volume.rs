@@ -387,6 +387,10 @@ struct Inner {
     touched: Mutex<Vec<Arc<dyn BlockDevice>>>,
     pool: IoPool,
     stats: Arc<VolumeStats>,
+    /// Until when this target may start the volume's operations (its export lease), in
+    /// nanoseconds since `born`; u64::MAX: no lease ([`Volume::set_lease`]).
+    lease_ns: AtomicU64,
+    born: std::time::Instant,
 }
 
 /// Milliseconds between two looks at a fenced volume's operations in flight
@@ -415,8 +419,19 @@ impl Volume {
                 touched: Mutex::new(Vec::new()),
                 pool,
                 stats: Arc::default(),
+                lease_ns: AtomicU64::new(u64::MAX),
+                born: std::time::Instant::now(),
             }),
         }
+    }
+
+    /// From `until` on, no operation of the volume starts on a pool (as if fenced) unless
+    /// the lease is renewed before: the target's export lease, set at each answer of the
+    /// control plane (docs/control-plane.md, "Handing an export over"), checked where an
+    /// operation is issued, so that a target that stalled past it issues nothing more.
+    pub fn set_lease(&self, until: std::time::Instant) {
+        let ns = until.saturating_duration_since(self.inner.born).as_nanos().min(u128::from(u64::MAX - 1)) as u64;
+        self.inner.lease_ns.store(ns, Relaxed);
     }
 
     pub fn stats(&self) -> &Arc<VolumeStats> {
@@ -541,7 +556,7 @@ impl BlockDevice for Volume {
                 let table = &self.inner.table;
                 let hit = {
                     let mut t = table.lock();
-                    let m = if t.fenced { None } else { t.clock.get(index) };
+                    let m = if self.inner.halted(&t) { None } else { t.clock.get(index) };
                     m.map(|m| (m, Ticket::enter(table, &mut t, index)))
                 };
                 if let Some((m, ticket)) = hit {
@@ -645,6 +660,16 @@ impl Drop for Landing<'_> {
 }
 
 impl Inner {
+    /// Whether nothing may start: the volume is fenced, or its export lease is over. `t` is
+    /// its table, locked.
+    fn halted(&self, t: &Table) -> bool {
+        if t.fenced {
+            return true;
+        }
+        let lease = self.lease_ns.load(Relaxed);
+        lease != u64::MAX && self.born.elapsed().as_nanos() >= u128::from(lease)
+    }
+
     /// The error of an operation of a fenced volume.
     fn fenced(&self) -> io::Error {
         status_error(Status::NAMESPACE_NOT_READY, format!("volume {} is no longer served by this target", self.cfg.name))
@@ -685,7 +710,7 @@ impl Inner {
     /// The extent in the table: a hit (its ticket taken), a move, or a miss.
     fn found(&self, index: u64) -> Found {
         let mut t = self.table.lock();
-        if t.fenced {
+        if self.halted(&t) {
             return Found::Fenced;
         }
         if let Some(m) = t.moving.get(&index) {
@@ -753,7 +778,7 @@ impl Inner {
                 Some(Ok(Some((m, asked)))) => {
                     // Not cached (no cache, or evicted): still good unless a move ended since.
                     let mut t = self.table.lock();
-                    if t.fenced {
+                    if self.halted(&t) {
                         return Err(self.fenced());
                     }
                     if t.moves_ended == *asked && !t.moving.contains_key(&index) {
@@ -840,7 +865,7 @@ impl Inner {
         // stays unwritten through its move, and is zeroed where it lies then).
         let ticket = {
             let mut t = self.table.lock();
-            if t.fenced {
+            if self.halted(&t) {
                 return Err(self.fenced());
             }
             if t.moving.contains_key(&index) || t.moves_ended != asked {
@@ -916,7 +941,7 @@ impl Inner {
                 }
                 // Its lookups may have waited (a miss, a move): fenced meanwhile, it issues
                 // nothing.
-                if self.table.lock().fenced {
+                if self.halted(&self.table.lock()) {
                     return Err(self.fenced());
                 }
                 let done = execute(&mut ch, plan, &stop).await?;

@@ -894,3 +894,24 @@ async fn a_fenced_volume_starts_nothing_and_is_released_only_once_quiesced() {
     // What was written before the fence is all there (through the unfenced volume).
     r.check(0, 2 * EXT).await;
 }
+
+/// Past its export lease a volume starts nothing, as if fenced, on every path, until the
+/// lease is renewed (the target's exporter renews it at each answer of the control plane).
+#[tokio::test]
+async fn a_volume_past_its_export_lease_starts_nothing_until_renewed() {
+    let mut r = rig(16);
+    r.write(0, 2 * BLOCK, 3).await;
+    let now = std::time::Instant::now;
+    r.vol.set_lease(now() + Duration::from_secs(3600));
+    r.check(0, 2 * BLOCK).await;
+    r.vol.set_lease(now());
+    for (off, what) in [(0, "a cached extent"), (EXT, "an extent not cached")] {
+        let e = r.op(Op::Read { off }, vec![0; BLOCK as usize]).await.expect_err(what);
+        assert_eq!(error_status(&e), Some(Status::NAMESPACE_NOT_READY), "{what}: {e}");
+    }
+    let mut held = Vec::new();
+    r.vol.placement(0, BLOCK, &mut held, |_| true).await.expect_err("a compute command's placement");
+    r.vol.set_lease(now() + Duration::from_secs(3600));
+    r.check(0, 2 * BLOCK).await;
+    r.write(EXT, BLOCK, 4).await;
+}
