@@ -205,7 +205,14 @@ fn an_etcd_control_plane_loses_nothing() {
     rt.block_on(c.create_volume(&CreateVolume { name: "gone".into(), size: 4 * MIB, extent_size: Some(MIB) })).expect("create");
     rt.block_on(c.allocate("gone", 1)).expect("allocate");
     rt.block_on(c.delete_volume("gone")).expect("delete");
+    // b unexported: its handover (its last exporter may still write to it) is in the books
+    // too, so the next leader exports it nowhere else either.
+    let to = |t: &str| ExportVolume { target: t.into(), hosts: Vec::new(), allow_any_host: true };
+    register(&c, "127.0.0.1:4421", 0, 64 * MIB);
+    rt.block_on(c.export("b", &to("127.0.0.1:4420"))).expect("export");
+    rt.block_on(c.unexport("b")).expect("unexport");
     let before = (rt.block_on(c.volume("a")).expect("a"), rt.block_on(c.volume("b")).expect("b"), rt.block_on(c.view(0)).expect("view"));
+    assert_eq!(before.1.volume.handover.as_ref().map(|h| h.from.as_str()), Some("127.0.0.1:4420"));
     cp.kill();
     let cp = Daemon::start(&etcd, ttl);
     cp.wait_leading(Duration::from_secs(ttl + 5));
@@ -217,6 +224,8 @@ fn an_etcd_control_plane_loses_nothing() {
     assert_eq!(after.1.volume.size, 32 * MIB);
     assert_eq!(after.2, before.2);
     assert_eq!(rt.block_on(c.volume("gone")).map_err(|e| e.code()).err(), Some(Some(ErrorCode::VolumeNotFound)));
+    let refused = rt.block_on(c.export("b", &to("127.0.0.1:4421"))).map(drop).map_err(|e| e.code());
+    assert_eq!(refused, Err(Some(ErrorCode::ExportHandover)), "exported elsewhere while its last exporter may write");
     // Allocation goes on from the books it had: no extent is placed twice.
     let e = rt.block_on(c.allocate("a", 1)).expect("allocate");
     assert!(!after.0.extents.iter().any(|x| x.offset == e.offset && x.pool == e.pool), "{e:?} overlaps {:?}", after.0.extents);

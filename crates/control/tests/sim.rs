@@ -2,7 +2,8 @@
 //! store, as etcd's, that fails commits when told: before applying them, or with their outcome
 //! unknown, lost before or after being applied), checked against a model after every step:
 //! random sequences of volume creates, grows, deletes, extent allocations, target and pool
-//! registrations, pool growth, view pushes and failed commits. One seed replays one run; a
+//! registrations, pool growth, view pushes, exports, unexports and their exporters' word
+//! that they stopped (docs/control-plane.md, "Handing an export over"), and failed commits. One seed replays one run; a
 //! failure names it (NEARSTORE_CONTROL_SIM_SEED=N replays only that seed).
 //!
 //! The model keeps its own extent table and finds holes by trying every aligned offset, a
@@ -11,8 +12,9 @@
 //! every allocated extent is in exactly one existing pool and is the model's, an allocation
 //! is refused for space only when no fresh pool has an aligned hole (the clock jumps now and
 //! then past `VIEW_STALE_MS`, and a pool whose target was not heard from since is never
-//! chosen), a failed commit changes
-//! nothing, view versions only grow, and the state in memory is what the store holds. A
+//! chosen), a volume is exported by one target at a time and, unexported, nowhere else nor
+//! deleted until its last exporter's word about that very export or its bound, a failed
+//! commit changes nothing, view versions only grow, and the state in memory is what the store holds. A
 //! commit whose outcome was unknown is retried (`store::Sequenced`) until it is known: it
 //! then succeeds, applied exactly once, and the model takes it.
 
@@ -21,7 +23,7 @@ use std::sync::atomic::{AtomicU32, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use nearstore_control::limits::VIEW_STALE_MS;
+use nearstore_control::limits::{EXPORT_WRITE_BOUND_MS_DEFAULT, VIEW_STALE_MS};
 use nearstore_control::model::*;
 use nearstore_control::server::Service;
 use nearstore_control::state::Cluster;
@@ -31,6 +33,9 @@ use rand::{RngExt, SeedableRng};
 use rand_xorshift::XorShiftRng;
 
 const MIB: u64 = 1 << 20;
+
+/// The export lease the simulated unexports count with, in ms.
+const LEASE_MS: u64 = 1000;
 
 /// The writer (an etcd lease) of every commit in the simulation.
 const WRITER: i64 = 7;
@@ -122,6 +127,14 @@ struct Model {
     /// When each target last registered and each pool last had a view accepted, in ms.
     registered: BTreeMap<String, u64>,
     viewed: BTreeMap<PoolId, u64>,
+    /// Volume to (target, epoch) of its export.
+    exports: BTreeMap<String, (String, u64)>,
+    /// Volume to (last exporter, its export's epoch, until when) of its handover.
+    handovers: BTreeMap<String, (String, u64, u64)>,
+    /// The last export epoch handed out.
+    epoch: u64,
+    /// Each target's declared write bound, in ms (0: the default).
+    bounds: BTreeMap<String, u64>,
 }
 
 impl Model {
@@ -151,6 +164,21 @@ enum Op {
     Register {
         target: u8,
         pools: Vec<(u8, u64)>,
+        bound: u64,
+    },
+    Export {
+        name: u8,
+        target: u8,
+    },
+    Unexport {
+        name: u8,
+    },
+    /// A target says it stopped writing the volume: about its handover's export, or (`stale`)
+    /// an earlier one; `target` 4 and above: the handover's own exporter (when there is one).
+    Released {
+        name: u8,
+        target: u8,
+        stale: bool,
     },
     Create {
         name: u8,
@@ -186,11 +214,15 @@ fn op(rng: &mut XorShiftRng) -> Op {
         0..6 => Op::Register {
             target: rng.random_range(0..4u8),
             pools: (0..rng.random_range(0..3u8)).map(|p| (p, rng.random_range(1..24u64) * MIB)).collect(),
+            bound: [0, 50, 5000][rng.random_range(0..3usize)],
         },
         6..16 => Op::Create { name, extents: rng.random_range(0..12u64), extent_mib: [1, 2, 3, 4][rng.random_range(0..4usize)] },
         16..22 => Op::Grow { name, extents: rng.random_range(0..20u64) },
         22..27 => Op::Delete { name },
-        27..88 => Op::Allocate { name, index: rng.random_range(0..20u64) },
+        27..78 => Op::Allocate { name, index: rng.random_range(0..20u64) },
+        78..82 => Op::Export { name, target: rng.random_range(0..4u8) },
+        82..84 => Op::Unexport { name },
+        84..88 => Op::Released { name, target: rng.random_range(0..8u8), stale: rng.random_range(0..4u8) == 0 },
         88..90 => Op::Wait { ms: rng.random_range(0..2 * VIEW_STALE_MS) },
         _ => Op::Push {
             target: rng.random_range(0..4u8),
@@ -228,6 +260,11 @@ fn check(seed: u64, step: usize, svc: &Service, store: &Flaky, model: &Model) {
     let pools: BTreeMap<PoolId, u64> = c.pools.values().map(|p| (p.id.clone(), p.size)).collect();
     assert_eq!(pools, model.pools, "{}", ctx("pools differ"));
     assert_eq!(c.view_version(), model.view_version, "{}", ctx("view version"));
+    let exports: BTreeMap<String, (String, u64)> = c.exports.iter().map(|(k, x)| (k.clone(), (x.target.clone(), x.epoch))).collect();
+    assert_eq!(exports, model.exports, "{}", ctx("exports differ"));
+    let handovers: BTreeMap<String, (String, u64, u64)> =
+        c.volumes.values().filter_map(|v| v.handover.as_ref().map(|h| (v.name.clone(), (h.from.clone(), h.epoch, h.until_ms)))).collect();
+    assert_eq!(handovers, model.handovers, "{}", ctx("handovers differ"));
     // Invariants, on the model's terms.
     // Pool to (offset, length, extent key).
     type Placed<'a> = Vec<(u64, u64, &'a (String, u64))>;
@@ -273,7 +310,7 @@ fn run(seed: u64, steps: usize) -> Vec<String> {
         store.step.store(step, Ordering::Relaxed);
         let before = model.clone();
         let outcome: Result<String, ErrorCode> = match &op {
-            Op::Register { target: t, pools } => {
+            Op::Register { target: t, pools, bound } => {
                 let req = RegisterTarget {
                     addr: target(*t),
                     nqn: "nqn.2026-11.io.nearstore:sim".into(),
@@ -288,7 +325,7 @@ fn run(seed: u64, steps: usize) -> Vec<String> {
                             write_cost: 0.0,
                         })
                         .collect(),
-                    write_bound_ms: 0,
+                    write_bound_ms: *bound,
                 };
                 let r = svc.change(|c| c.register(&req, now)).map_err(|e| e.code);
                 match &r {
@@ -297,6 +334,7 @@ fn run(seed: u64, steps: usize) -> Vec<String> {
                             model.pools.insert(pool_id(*t, p), size);
                         }
                         model.registered.insert(target(*t), now);
+                        model.bounds.insert(target(*t), *bound);
                     }
                     Err(ErrorCode::StoreFailed) => {}
                     Err(e) => {
@@ -353,12 +391,22 @@ fn run(seed: u64, steps: usize) -> Vec<String> {
             Op::Delete { name } => {
                 let n = format!("v{name}");
                 let r = svc.change(|c| c.delete_volume(&n, now)).map_err(|e| e.code);
+                let expected = if !model.volumes.contains_key(&n) {
+                    Err(ErrorCode::VolumeNotFound)
+                } else if model.exports.contains_key(&n) {
+                    Err(ErrorCode::VolumeExported)
+                } else if model.handovers.get(&n).is_some_and(|h| now < h.2) {
+                    Err(ErrorCode::ExportHandover)
+                } else {
+                    Ok(())
+                };
                 if r != Err(ErrorCode::StoreFailed) {
-                    assert_eq!(r.is_ok(), model.volumes.contains_key(&n), "{}", at("outcome"));
+                    assert_eq!(r.as_ref().map(drop).map_err(|e| *e), expected, "{}", at("outcome"));
                 }
                 if r.is_ok() {
                     model.volumes.remove(&n);
                     model.extents.retain(|(v, _), _| *v != n);
+                    model.handovers.remove(&n);
                 }
                 r.map(|_| "deleted".into())
             }
@@ -419,6 +467,65 @@ fn run(seed: u64, steps: usize) -> Vec<String> {
                 now += ms;
                 Ok(format!("now {now}"))
             }
+            Op::Export { name, target: t } => {
+                let (n, to) = (format!("v{name}"), target(*t));
+                let req = ExportVolume { target: to.clone(), hosts: Vec::new(), allow_any_host: true };
+                let r = svc.change(|c| c.export(&n, &req, now)).map_err(|e| e.code);
+                let expected = if !model.volumes.contains_key(&n) {
+                    Err(ErrorCode::VolumeNotFound)
+                } else if !model.registered.contains_key(&to) {
+                    Err(ErrorCode::TargetNotFound)
+                } else if model.exports.get(&n).is_some_and(|x| x.0 != to) {
+                    Err(ErrorCode::VolumeExported)
+                } else if model.handovers.get(&n).is_some_and(|h| h.0 != to && now < h.2) {
+                    Err(ErrorCode::ExportHandover)
+                } else {
+                    Ok(())
+                };
+                if r != Err(ErrorCode::StoreFailed) {
+                    assert_eq!(r.as_ref().map(drop).map_err(|e| *e), expected, "{}", at("outcome"));
+                }
+                if let Ok(x) = &r {
+                    assert_eq!(x.epoch, model.epoch + 1, "{}", at("epoch"));
+                    model.epoch = x.epoch;
+                    model.exports.insert(n.clone(), (to, x.epoch));
+                    model.handovers.remove(&n);
+                }
+                r.map(|x| format!("exported, epoch {}", x.epoch))
+            }
+            Op::Unexport { name } => {
+                let n = format!("v{name}");
+                let r = svc.change(|c| c.unexport(&n, now, LEASE_MS)).map_err(|e| e.code);
+                let expected = if model.volumes.contains_key(&n) { Ok(()) } else { Err(ErrorCode::VolumeNotFound) };
+                if r != Err(ErrorCode::StoreFailed) {
+                    assert_eq!(r, expected, "{}", at("outcome"));
+                }
+                if r.is_ok() {
+                    if let Some((t, epoch)) = model.exports.remove(&n) {
+                        let bound = model.bounds.get(&t).copied().filter(|&b| b > 0).unwrap_or(EXPORT_WRITE_BOUND_MS_DEFAULT);
+                        model.handovers.insert(n, (t, epoch, now + LEASE_MS + bound));
+                    }
+                }
+                r.map(|_| "unexported".into())
+            }
+            Op::Released { name, target: t, stale } => {
+                let n = format!("v{name}");
+                let from = match model.handovers.get(&n) {
+                    Some(h) if *t >= 4 => h.0.clone(),
+                    _ => target(*t % 4),
+                };
+                let epoch = model.handovers.get(&n).map_or(model.epoch, |h| h.1).saturating_sub(u64::from(*stale));
+                let r = svc.change(|c| c.released(&n, &from, epoch)).map_err(|e| e.code);
+                let expected = if model.volumes.contains_key(&n) { Ok(()) } else { Err(ErrorCode::VolumeNotFound) };
+                if r != Err(ErrorCode::StoreFailed) {
+                    assert_eq!(r, expected, "{}", at("outcome"));
+                }
+                if r.is_ok() && model.handovers.get(&n).is_some_and(|h| h.0 == from && h.1 == epoch) {
+                    model.handovers.remove(&n);
+                    note = ", a handover ended";
+                }
+                r.map(|_| "released".into())
+            }
         };
         if outcome == Err(ErrorCode::StoreFailed) {
             assert_eq!(fault, Fault::Fail, "{}", at("a commit failed that was only lost (or not injected)"));
@@ -446,6 +553,7 @@ fn seeds() -> Vec<u64> {
 #[test]
 fn the_state_machine_follows_its_model() {
     let (mut allocated, mut no_space, mut failed, mut lost_applied, mut stale) = (0, 0, 0, 0, 0);
+    let (mut exported, mut held, mut ended) = (0, 0, 0);
     for seed in seeds() {
         let trace = run(seed, 400);
         allocated += trace.iter().filter(|l| l.contains("Ok(\"extent at")).count();
@@ -453,13 +561,23 @@ fn the_state_machine_follows_its_model() {
         failed += trace.iter().filter(|l| l.contains("Err(StoreFailed)")).count();
         lost_applied += trace.iter().filter(|l| l.contains("LostAfter") && l.contains("applied true")).count();
         stale += trace.iter().filter(|l| l.contains("only stale pools had room")).count();
+        exported += trace.iter().filter(|l| l.contains("Ok(\"exported")).count();
+        held += trace.iter().filter(|l| l.contains("Err(ExportHandover)")).count();
+        ended += trace.iter().filter(|l| l.contains("a handover ended")).count();
     }
     // The workload reached every side of allocation and of a commit, or the model checked little.
     if std::env::var("NEARSTORE_CONTROL_SIM_SEED").is_err() {
         assert!(
-            allocated > 1000 && no_space > 100 && failed > 100 && lost_applied > 100 && stale > 100,
+            allocated > 1000
+                && no_space > 100
+                && failed > 100
+                && lost_applied > 100
+                && stale > 100
+                && exported > 100
+                && held > 100
+                && ended > 100,
             "allocated {allocated}, no space {no_space}, failed commits {failed}, lost commits applied {lost_applied}, \
-             refused for stale pools {stale}"
+             refused for stale pools {stale}, exported {exported}, refused for a handover {held}, handovers ended by a word {ended}"
         );
     }
 }
