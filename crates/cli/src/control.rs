@@ -2,6 +2,7 @@
 //! grow|delete` and `tenant create|list|info|delete`, all through the API's client
 //! (docs/control-plane.md).
 
+use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -661,21 +662,22 @@ impl Exporter {
         let mover = Arc::new(Mover::new(ctl, devices.clone(), local.clone(), self.target.pool.clone(), cfg));
         tokio::spawn(mover.run());
         let mut served: std::collections::BTreeMap<String, (Export, Volume)> = Default::default();
-        // Volumes stopped when the lease ran out: released if the next answer no longer
-        // lists them (unexported meanwhile), else forgotten (served afresh).
-        let mut lapsed: Vec<(Export, Volume)> = Vec::new();
+        // Every instance of a volume this target stopped serving, and the task releasing
+        // them (docs/control-plane.md, "Handing an export over"): a release waits for all
+        // of the volume's, and a volume served again stops its release.
+        let mut retired: HashMap<String, Retired> = HashMap::new();
+        // Exports stopped when the lease ran out, and exports listed that could not be
+        // served: released once an answer no longer lists them.
+        let mut lapsed: Vec<Export> = Vec::new();
+        let mut unserved: HashMap<String, Export> = HashMap::new();
         let (mut since, mut wait) = (0, 100);
         // Until when this target may serve its exports without a newer answer (its export
-        // lease, docs/control-plane.md "Handing an export over"); None: nothing served
-        // under a lease. The volumes check it too, where they issue operations.
+        // lease); None: nothing served under a lease. The volumes check it too, where they
+        // issue operations.
         let mut lease: Option<tokio::time::Instant> = None;
         // The longest lease granted: with the write bound, when the control plane has ended
         // a handover by itself whatever this target says.
         let mut granted = std::time::Duration::ZERO;
-        let release_for = |x: &Export, vol: Volume, granted: std::time::Duration| {
-            let give_up = std::time::Duration::from_millis(self.write_bound_ms) + granted;
-            tokio::spawn(release(self.client.clone(), self.addr.clone(), x.clone(), vol, give_up));
-        };
         loop {
             if lease.is_some_and(|end| tokio::time::Instant::now() >= end) {
                 lease = None;
@@ -684,7 +686,8 @@ impl Exporter {
                     self.stop_serving(&x, &vol, &local);
                     tracing::warn!(volume = %x.volume, "export lease ran out without an answer from the control plane: \
                                    the volume is not served until it answers");
-                    lapsed.push((x, vol));
+                    retired.entry(x.volume.clone()).or_default().vols.lock().push(vol);
+                    lapsed.push(x);
                 }
             }
             let sent = tokio::time::Instant::now();
@@ -715,21 +718,34 @@ impl Exporter {
                     vol.set_lease(end.into_std());
                 }
             }
-            for (x, vol) in std::mem::take(&mut lapsed) {
-                if !list.exports.iter().any(|y| y.volume == x.volume && y.epoch == x.epoch) {
-                    release_for(&x, vol, granted);
-                }
-            }
+            let listed = |x: &Export| list.exports.iter().any(|y| y.volume == x.volume && y.epoch == x.epoch);
+            let mut ended: Vec<Export> = std::mem::take(&mut lapsed).into_iter().filter(|x| !listed(x)).collect();
+            ended.extend(unserved.values().filter(|x| !listed(x)).cloned());
+            unserved.retain(|_, x| listed(x));
             let gone: Vec<String> = served.iter().filter(|(_, (x, _))| !list.exports.contains(x)).map(|(v, _)| v.clone()).collect();
             for name in gone {
                 let Some((x, vol)) = served.remove(&name) else { continue };
                 self.stop_serving(&x, &vol, &local);
                 tracing::info!(volume = %x.volume, nqn = %x.nqn, "volume no longer exported");
-                release_for(&x, vol, granted);
+                retired.entry(x.volume.clone()).or_default().vols.lock().push(vol);
+                ended.push(x);
+            }
+            for x in ended {
+                let r = retired.entry(x.volume.clone()).or_default();
+                if let Some(t) = r.task.take() {
+                    t.abort();
+                }
+                let give_up = std::time::Duration::from_millis(self.write_bound_ms) + granted;
+                r.task = Some(tokio::spawn(release(self.client.clone(), self.addr.clone(), x, r.vols.clone(), give_up)));
             }
             for x in list.exports {
                 if served.contains_key(&x.volume) {
                     continue;
+                }
+                // Served again: its earlier instances' release (for an export that did not
+                // end after all) stops; a later one waits for them too.
+                if let Some(t) = retired.get_mut(&x.volume).and_then(|r| r.task.take()) {
+                    t.abort();
                 }
                 // Within the lease: a control plane that stops answering here does not
                 // keep this loop from stopping what it serves.
@@ -743,9 +759,13 @@ impl Exporter {
                 match done {
                     Ok(vol) => {
                         tracing::info!(volume = %x.volume, nqn = %x.nqn, "volume exported");
+                        unserved.remove(&x.volume);
                         served.insert(x.volume.clone(), (x, vol));
                     }
-                    Err(e) => tracing::warn!(volume = %x.volume, error = %e, "cannot export the volume"),
+                    Err(e) => {
+                        tracing::warn!(volume = %x.volume, error = %e, "cannot export the volume");
+                        unserved.insert(x.volume.clone(), x);
+                    }
                 }
             }
         }
@@ -789,21 +809,41 @@ impl Exporter {
     }
 }
 
-/// Once nothing the fenced volume issued can still change its pools' storage, tells the
-/// control plane, which may then let another target export it; tried again until it is
-/// heard, the volume is gone, or `give_up` passed (by then the control plane ended the
-/// handover by itself: the target's write bound and lease).
-async fn release(client: Client, addr: String, x: Export, vol: Volume, give_up: std::time::Duration) {
+/// A volume's instances this target stopped serving, and the task releasing them.
+#[derive(Default)]
+struct Retired {
+    vols: Arc<parking_lot::Mutex<Vec<Volume>>>,
+    task: Option<tokio::task::JoinHandle<()>>,
+}
+
+/// Once nothing any fenced instance of the volume issued can still change its pools'
+/// storage, tells the control plane that this target stopped writing it for export `x`,
+/// which may then let another target export it; tried again until it is heard, the
+/// volume is gone, or `give_up` passed (by then the control plane ended the handover by
+/// itself: the target's write bound and lease). The instances waited for are forgotten
+/// once it is heard.
+async fn release(client: Client, addr: String, x: Export, vols: Arc<parking_lot::Mutex<Vec<Volume>>>, give_up: std::time::Duration) {
     let retry = std::time::Duration::from_millis(nearstore_control::limits::AGENT_RETRY_MS_MAX);
     let until = tokio::time::Instant::now() + give_up;
     let name = x.volume.clone();
-    while let Err(e) = vol.released().await {
-        if tokio::time::Instant::now() >= until {
-            return;
+    let quiesced = async {
+        loop {
+            let all: Vec<Volume> = vols.lock().clone();
+            let mut failed = None;
+            for v in &all {
+                if let Err(e) = v.released().await {
+                    failed = Some(e);
+                    break;
+                }
+            }
+            match failed {
+                None => return all.len(),
+                Some(e) => tracing::warn!(volume = %name, error = %e, "waiting for the unexported volume's pool writes to end; retrying"),
+            }
+            tokio::time::sleep(retry).await;
         }
-        tracing::warn!(volume = %name, error = %e, "waiting for the unexported volume's pool writes to end; retrying");
-        tokio::time::sleep(retry).await;
-    }
+    };
+    let Ok(waited) = tokio::time::timeout_at(until, quiesced).await else { return };
     loop {
         if tokio::time::Instant::now() >= until {
             return;
@@ -811,6 +851,7 @@ async fn release(client: Client, addr: String, x: Export, vol: Volume, give_up: 
         match client.released(&name, &addr, x.epoch).await {
             Ok(()) => {
                 tracing::info!(volume = %name, "told the control plane that this target no longer writes to the volume");
+                vols.lock().drain(..waited);
                 return;
             }
             Err(e) if e.code() == Some(ErrorCode::VolumeNotFound) => return,

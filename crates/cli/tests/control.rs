@@ -322,7 +322,7 @@ fn volume_verbs() {
 #[test]
 fn an_export_lease_shorter_than_a_failover_is_refused() {
     let (_, err) = fails(&["control", "--etcd", "http://127.0.0.1:1", "--lease-ttl", "10", "--export-lease-ms", "30000"]);
-    assert!(err.contains("--export-lease-ms 30000: at least 30001 with --lease-ttl 10"), "{err}");
+    assert!(err.contains("--export-lease-ms 30000: at least 45001 with --lease-ttl 10"), "{err}");
     let o = common::nearstore(&["control", "--store", "/nonexistent/x", "--export-lease-ms", "999"]);
     assert_eq!(o.status.code(), Some(2), "{o:?}");
     assert!(String::from_utf8_lossy(&o.stderr).contains("999"), "{o:?}");

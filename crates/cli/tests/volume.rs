@@ -616,7 +616,8 @@ fn a_controller_shutdown_flushes_the_volumes_pools() {
 fn an_export_moves_only_once_its_last_exporter_stopped() {
     let dir = tempfile::tempdir().expect("tempdir");
     let store = dir.path().join("store");
-    let lease = ["--export-lease-ms", "1500"];
+    // Short enough to wait out, long enough (a 1.7 s poll hold) for a loaded machine.
+    let lease = ["--export-lease-ms", "5000"];
     let cp = Control::start_with(&store, "127.0.0.1:0", &lease);
     let a = cp.a();
     let mut targets: Vec<Target> = (0..2).map(|i| target(dir.path(), i, &a)).collect();
@@ -654,10 +655,10 @@ fn an_export_moves_only_once_its_last_exporter_stopped() {
     let Err(e) = connect_as(&rt, targets[0].addr, &x.nqn, HOST, None) else { panic!("t0 still serves v") };
     assert!(status_of(&e).is_some(), "{e}");
 
-    // The control plane gone for longer than the lease: t1 stops serving v; back, it serves
+    // The control plane gone for longer than the lease (5 s): t1 stops serving v; back, it serves
     // it again, with what was written.
     cp.kill();
-    std::thread::sleep(Duration::from_millis(3000));
+    std::thread::sleep(Duration::from_millis(8000));
     let Err(e) = connect_as(&rt, targets[1].addr, &x.nqn, HOST, None) else { panic!("t1 serves v past its export lease") };
     assert!(status_of(&e).is_some(), "{e}");
     let cp = Control::start_with(&store, &a, &lease);

@@ -70,24 +70,33 @@ pub const EXPORTS_WAIT_MS: u64 = 5000;
 /// leading within FAILOVER_MS: the default lease outlasts the three with 15 s to spare, so
 /// that a leader's failover at the default `--lease-ttl` does not stop volumes
 /// (`nearstore control` refuses a lease that does not outlast its own `--lease-ttl`'s).
-pub const EXPORT_LEASE_MS_DEFAULT: u64 = 45_000;
+pub const EXPORT_LEASE_MS_DEFAULT: u64 = 60_000;
 pub const EXPORT_LEASE_MS_MIN: u64 = 1000;
 pub const EXPORT_LEASE_MS_MAX: u64 = 600_000;
 
 /// The shortest export lease that outlasts a failover of a control plane on etcd whose
-/// leader lease is `lease_ttl_s`: see EXPORT_LEASE_MS_DEFAULT.
+/// leader lease is `lease_ttl_s`: a poll's hold, two calls to the dead leader (the client
+/// tries it first until a call succeeds elsewhere, and standbys name it until its key
+/// ends), the exporter's pause between tries, and the standby leading within the TTL and
+/// 5 s.
 pub const fn export_lease_ms_min_with_etcd(lease_ttl_s: u64) -> u64 {
-    EXPORTS_WAIT_MS + REQUEST_TIMEOUT_MS + lease_ttl_s * 1000 + 5000 + 1
+    EXPORTS_WAIT_MS + 2 * REQUEST_TIMEOUT_MS + AGENT_RETRY_MS_MAX + lease_ttl_s * 1000 + 5000 + 1
 }
+
+/// Milliseconds a handover lasts beyond the lease and the write bound: a deposed etcd
+/// leader answers the exports poll for up to a keep-alive round after its lease ended, and
+/// the daemons' clocks may differ by a little (docs/control-plane.md, "Handing an export
+/// over").
+pub const EXPORT_HANDOVER_MARGIN_MS: u64 = 5000;
 
 /// Milliseconds a target's pool writes may land after it stops issuing them, for a target
 /// that did not say (`Target::write_bound_ms`), as a target with the default settings
 /// declares it: the longer of a peer write given up after `cluster.timeout_secs` (30 s)
 /// then its lost connection's bound (2 x the 10 s keep-alive + the reset's wait, 40 s),
-/// and a compute command with outputs forwarded to a peer's pool (twice its 600 s time
-/// limit + the reset's wait), and 30 s more for operations a target's own schedulers
-/// hold (nearstore_target::cluster::ClusterConfig::write_bound).
-pub const EXPORT_WRITE_BOUND_MS_DEFAULT: u64 = 1_270_000;
+/// and a compute command with outputs forwarded to a peer's pool (its connection's 30 s,
+/// twice its 600 s time limit, the reset's wait), and 30 s more for operations a target's
+/// own schedulers hold (nearstore_target::cluster::ClusterConfig::write_bound).
+pub const EXPORT_WRITE_BOUND_MS_DEFAULT: u64 = 1_300_000;
 /// The most a target may declare: three days (twice the longest compute time limit,
 /// `compute.timeout_secs` at a day, and more).
 pub const EXPORT_WRITE_BOUND_MS_MAX: u64 = 3 * 86_400_000;
@@ -131,8 +140,7 @@ const _: () = assert!(EXTENT_BYTES_MIN.is_multiple_of(EXTENT_ALIGN_BYTES) && EXT
 const _: () = assert!(EXTENT_BYTES_MIN <= EXTENT_BYTES_DEFAULT && EXTENT_BYTES_DEFAULT <= EXTENT_BYTES_MAX);
 const _: () = assert!(EXTENTS_PER_VOLUME_MAX <= u32::MAX as u64);
 const _: () = assert!(EXPORTS_WAIT_MS < REQUEST_TIMEOUT_MS);
-const _: () = assert!(EXPORT_LEASE_MS_DEFAULT >= EXPORTS_WAIT_MS + REQUEST_TIMEOUT_MS + FAILOVER_MS + 15_000);
-const _: () = assert!(EXPORT_LEASE_MS_DEFAULT >= export_lease_ms_min_with_etcd(LEASE_TTL_S_DEFAULT));
+const _: () = assert!(EXPORT_LEASE_MS_DEFAULT >= export_lease_ms_min_with_etcd(LEASE_TTL_S_DEFAULT) + 10_000);
 const _: () = assert!(EXPORT_LEASE_MS_MIN <= EXPORT_LEASE_MS_DEFAULT && EXPORT_LEASE_MS_DEFAULT <= EXPORT_LEASE_MS_MAX);
 const _: () = assert!(VIEW_SAMPLE_MS < VIEW_PUSH_INTERVAL_MS && VIEW_PUSH_INTERVAL_MS < VIEW_STALE_MS);
 

@@ -311,11 +311,18 @@ async fn export(State(s): Svc, Path(name): Path<String>, Body(req): Body<ExportV
 
 async fn unexport(State(s): Svc, Path(name): Path<String>) -> Result<StatusCode, ApiError> {
     let n = name.clone();
-    // Listed no more from now on (also if this request is dropped mid-way: the guard);
-    // the bound counts from the plan, after this.
-    let _going = Unexporting::mark(&s, &name);
+    // Listed no more from now on until the commit has ended, even if this request is
+    // dropped first (the guard goes with the blocking task); the bound counts from the
+    // plan, after this.
+    let going = Unexporting::mark(&s, &name);
     let lease = s.export_lease_ms;
-    change(s.clone(), move |c| c.unexport(&n, now_ms(), lease)).await?;
+    let svc = s.clone();
+    tokio::task::spawn_blocking(move || {
+        let _going = going;
+        svc.change(move |c| c.unexport(&n, now_ms(), lease))
+    })
+    .await
+    .map_err(|e| ApiError::new(ErrorCode::StoreFailed, format!("commit task: {e}")))??;
     info!(volume = %name, "volume unexported");
     Ok(StatusCode::NO_CONTENT)
 }
@@ -379,11 +386,12 @@ async fn exports(
         let _ = tokio::time::timeout(std::time::Duration::from_millis(hold), rx.changed()).await;
     }
     let version = *rx.borrow();
+    // The volumes being unexported first, then the state, under that lock: an unexport
+    // that ends between the two is in the state read.
+    let going = s.unexporting.lock();
     let mut exports = s.read(|c| c.exports_of(&q.target));
-    {
-        let going = s.unexporting.lock();
-        exports.retain(|x| !going.contains_key(&x.volume));
-    }
+    exports.retain(|x| !going.contains_key(&x.volume));
+    drop(going);
     Ok(Json(ExportList { version, exports, lease_ms: s.export_lease_ms }))
 }
 

@@ -470,6 +470,13 @@ impl Cluster {
         let mut hosts = req.hosts.clone();
         hosts.sort();
         hosts.dedup();
+        // The same export asked again (a retry): nothing changes, and its target keeps
+        // serving it as it is.
+        if let Some(x) =
+            self.exports.get(name).filter(|x| x.target == req.target && x.hosts == hosts && x.allow_any_host == req.allow_any_host)
+        {
+            return Ok((Vec::new(), x.clone()));
+        }
         let epoch = self.counters.get(EXPORTS_COUNTER).copied().unwrap_or(0) + 1;
         let x = Export { volume: name.into(), target: req.target.clone(), hosts, allow_any_host: req.allow_any_host, nqn, nsid: 1, epoch };
         let counter = Counter { name: EXPORTS_COUNTER.into(), value: epoch };
@@ -490,7 +497,8 @@ impl Cluster {
         let Some(x) = self.exports.get(name) else { return Ok((Vec::new(), ())) };
         let bound = self.targets.get(&x.target).map_or(0, |t| t.write_bound_ms);
         let bound = if bound == 0 { EXPORT_WRITE_BOUND_MS_DEFAULT } else { bound };
-        let handover = Handover { from: x.target.clone(), epoch: x.epoch, until_ms: now_ms.saturating_add(lease_ms).saturating_add(bound) };
+        let until_ms = now_ms.saturating_add(lease_ms).saturating_add(bound).saturating_add(EXPORT_HANDOVER_MARGIN_MS);
+        let handover = Handover { from: x.target.clone(), epoch: x.epoch, until_ms };
         let writes = vec![
             Write::Delete(Table::Exports, name.to_string()),
             Write::Put(Record::Volume(Volume { handover: Some(handover), ..v.clone() })),
@@ -979,15 +987,21 @@ mod tests {
             commit(&mut c, |c| c.export("v", &ExportVolume { target: "t1".into(), hosts: vec!["nqn.h".into()], allow_any_host: false }, 0))
                 .expect("again on t1");
         assert!(x.epoch > first, "{} after {first}", x.epoch);
-        // Unexported at 1000 with a 2 s lease: until 1000 + 2000 + 5000.
+        // The same export again (a retry): nothing changes, not even its epoch.
+        let (w, again) = c
+            .export("v", &ExportVolume { target: "t1".into(), hosts: vec!["nqn.h".into(), "nqn.h".into()], allow_any_host: false }, 0)
+            .expect("the same again");
+        assert!(w.is_empty() && again == x, "{w:?} {again:?}");
+        // Unexported at 1000 with a 2 s lease: until 1000 + 2000 + 5000 and the margin.
         commit(&mut c, |c| c.unexport("v", 1000, 2000)).expect("unexport");
-        assert_eq!(c.volumes["v"].handover, Some(Handover { from: "t1".into(), epoch: x.epoch, until_ms: 8000 }));
+        let until_ms = 8000 + EXPORT_HANDOVER_MARGIN_MS;
+        assert_eq!(c.volumes["v"].handover, Some(Handover { from: "t1".into(), epoch: x.epoch, until_ms }));
         let refused = |r: Result<(), ErrorCode>, what: &str| assert_eq!(r, Err(ErrorCode::ExportHandover), "{what}");
-        refused(c.export("v", &to("t2"), 7999).map(drop).map_err(|e| e.code), "exported elsewhere");
+        refused(c.export("v", &to("t2"), until_ms - 1).map(drop).map_err(|e| e.code), "exported elsewhere");
         refused(c.delete_volume("v", 1000).map(drop).map_err(|e| e.code), "deleted");
         refused(c.begin_move("v", 0, &MoveRequest::default(), 1000).map(drop).map_err(|e| e.code), "moved");
         let e = c.export("v", &to("t2"), 1000).err().expect("refused");
-        assert!(e.message.contains("exported by t1") && e.message.contains("in 7 s"), "{}", e.message);
+        assert!(e.message.contains("exported by t1") && e.message.contains("in 12 s"), "{}", e.message);
         // Another target's word changes nothing, nor the last exporter's about an earlier
         // export (a late release of the export it replaced); its word about this one ends it.
         commit(&mut c, |c| c.released("v", "t2", x.epoch)).expect("t2 says");
@@ -999,7 +1013,8 @@ mod tests {
         // Unexported from t2 (no bound declared: the default); exported again on t2 at once,
         // which ends the handover.
         commit(&mut c, |c| c.unexport("v", 10_000, 2000)).expect("unexport");
-        assert_eq!(c.volumes["v"].handover.as_ref().map(|h| h.until_ms), Some(10_000 + 2000 + EXPORT_WRITE_BOUND_MS_DEFAULT));
+        let until = 10_000 + 2000 + EXPORT_WRITE_BOUND_MS_DEFAULT + EXPORT_HANDOVER_MARGIN_MS;
+        assert_eq!(c.volumes["v"].handover.as_ref().map(|h| h.until_ms), Some(until));
         commit(&mut c, |c| c.export("v", &to("t2"), 10_001)).expect("again where it was");
         assert_eq!(c.volumes["v"].handover, None);
         // Past the bound, without a word: allowed.

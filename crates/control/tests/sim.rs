@@ -23,7 +23,7 @@ use std::sync::atomic::{AtomicU32, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use nearstore_control::limits::{EXPORT_WRITE_BOUND_MS_DEFAULT, VIEW_STALE_MS};
+use nearstore_control::limits::{EXPORT_HANDOVER_MARGIN_MS, EXPORT_WRITE_BOUND_MS_DEFAULT, VIEW_STALE_MS};
 use nearstore_control::model::*;
 use nearstore_control::server::Service;
 use nearstore_control::state::Cluster;
@@ -485,11 +485,16 @@ fn run(seed: u64, steps: usize) -> Vec<String> {
                 if r != Err(ErrorCode::StoreFailed) {
                     assert_eq!(r.as_ref().map(drop).map_err(|e| *e), expected, "{}", at("outcome"));
                 }
-                if let Ok(x) = &r {
-                    assert_eq!(x.epoch, model.epoch + 1, "{}", at("epoch"));
-                    model.epoch = x.epoch;
-                    model.exports.insert(n.clone(), (to, x.epoch));
-                    model.handovers.remove(&n);
+                match (&r, model.exports.get(&n)) {
+                    // The same export again (every one here is to any host): unchanged.
+                    (Ok(x), Some(old)) if old.0 == to => assert_eq!(x.epoch, old.1, "{}", at("epoch of the same export")),
+                    (Ok(x), _) => {
+                        assert_eq!(x.epoch, model.epoch + 1, "{}", at("epoch"));
+                        model.epoch = x.epoch;
+                        model.exports.insert(n.clone(), (to, x.epoch));
+                        model.handovers.remove(&n);
+                    }
+                    (Err(_), _) => {}
                 }
                 r.map(|x| format!("exported, epoch {}", x.epoch))
             }
@@ -503,7 +508,7 @@ fn run(seed: u64, steps: usize) -> Vec<String> {
                 if r.is_ok() {
                     if let Some((t, epoch)) = model.exports.remove(&n) {
                         let bound = model.bounds.get(&t).copied().filter(|&b| b > 0).unwrap_or(EXPORT_WRITE_BOUND_MS_DEFAULT);
-                        model.handovers.insert(n, (t, epoch, now + LEASE_MS + bound));
+                        model.handovers.insert(n, (t, epoch, now + LEASE_MS + bound + EXPORT_HANDOVER_MARGIN_MS));
                     }
                 }
                 r.map(|_| "unexported".into())

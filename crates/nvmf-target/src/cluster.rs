@@ -114,7 +114,8 @@ impl ClusterConfig {
         let timeout = Duration::from_secs(self.timeout_secs);
         let kato = Duration::from_millis(u64::from(nearstore_initiator::limits::KATO_MS_DEFAULT));
         let write = timeout + 2 * kato + reset_wait(timeout);
-        let forwarded = 2 * compute_timeout + reset_wait(timeout);
+        // Its connection to the peer may take `timeout` after the command was placed.
+        let forwarded = timeout + 2 * compute_timeout + reset_wait(timeout);
         write.max(forwarded) + Duration::from_millis(limits::EXPORT_HELD_MS)
     }
 

@@ -601,6 +601,12 @@ impl Engine {
                     None => volume::Place::Here,
                 };
                 let peers = (&self.peers, task.host.as_str(), &io);
+                // Placed on a volume's pools: not started once the volume stopped here (its
+                // export ended or its lease ran out while the command waited for a turn).
+                let halted = !matches!(place, volume::Place::Here) && task.ns.placement.as_ref().is_some_and(|v| v.halted());
+                if halted {
+                    return Err(Failure::new(Status::NAMESPACE_NOT_READY, "the volume is no longer served by this target"));
+                }
                 match place {
                     volume::Place::Here => run(&task.ns, task.op, &task.desc, &task.cancel, Some(&turn), &self.cfg, &self.stats, peers),
                     // The extents' tickets are held until the command is done with them: a

@@ -496,6 +496,12 @@ impl Volume {
         t.clock = Clock::new(self.inner.cfg.cache_entries);
     }
 
+    /// Whether the volume may start nothing: fenced, or past its export lease. A compute
+    /// command placed on its pools looks again right before it reads or forwards.
+    pub fn halted(&self) -> bool {
+        self.inner.halted(&self.inner.table.lock())
+    }
+
     /// Waits, after [`fence`](Self::fence), until nothing this volume issued on a pool can
     /// still change storage: no operation holds a ticket, and no write to an allocated
     /// extent's pool runs or is in doubt there (`BlockDevice::quiesce`). Only then may
@@ -953,6 +959,9 @@ impl Inner {
                 Ok(())
             }
             Op::Flush => {
+                if self.halted(&self.table.lock()) {
+                    return Err(self.fenced());
+                }
                 let devs = self.touched.lock().clone();
                 let plan = devs
                     .into_iter()
