@@ -35,6 +35,11 @@ impl Gated {
         self.state.lock().1 = true;
         self.changed.notify_all();
     }
+
+    /// Closes the gate again: the next commit waits (and is the next one counted).
+    fn close(&self) {
+        *self.state.lock() = (0, false);
+    }
 }
 
 /// Opens the gate when the test ends, failed or not: a runtime waits for its blocking
@@ -122,4 +127,54 @@ fn reads_answer_while_a_commit_is_stuck_in_the_store() {
     client.block_on(register).expect("register task").expect("register");
     let v = client.block_on(c.view(0)).expect("view");
     assert_eq!((v.targets.len(), v.pools.len()), (1, 1), "the change once committed");
+}
+
+/// An unexport stuck in the store hides its volume from the exports long poll until its
+/// commit has ended, even once its request was given up: no target's lease on the volume
+/// is renewed after its handover's bound was computed (docs/control-plane.md, "Handing an
+/// export over").
+#[test]
+fn an_unexport_stuck_in_the_store_hides_the_volume_from_the_exports_poll() {
+    let gated = Arc::new(Gated::default());
+    gated.open();
+    let svc = Arc::new(Service::open(Box::new(Shared(gated.clone()))).expect("service"));
+    let server = tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build().expect("runtime");
+    let listener = server.block_on(tokio::net::TcpListener::bind("127.0.0.1:0")).expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    server.spawn(serve(listener, svc));
+    let client = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().expect("runtime");
+    let _open = OpenAtTheEnd(gated.clone());
+    let c = Client::new(addr);
+    let t = "127.0.0.1:4420";
+    let pools = vec![PoolSpec { name: "p0".into(), path: "/pools/p0".into(), size: 64 << 20, nsid: 1, bandwidth: 0, write_cost: 0.0 }];
+    client
+        .block_on(c.register(&RegisterTarget { addr: t.into(), nqn: "nqn.2026-11.io.nearstore:reads".into(), pools, write_bound_ms: 0 }))
+        .expect("register");
+    client.block_on(c.create_volume(&CreateVolume { name: "v".into(), size: 4 << 20, extent_size: Some(1 << 20) })).expect("create");
+    client.block_on(c.export("v", &ExportVolume { target: t.into(), hosts: Vec::new(), allow_any_host: true })).expect("export");
+    let listed = || client.block_on(c.exports(t, 0)).expect("exports").exports.iter().any(|x| x.volume == "v");
+    assert!(listed(), "exported");
+    gated.close();
+    let unexport = {
+        let c = c.clone();
+        client.spawn(async move { c.unexport("v").await })
+    };
+    gated.wait_for_a_commit();
+    assert!(!listed(), "listed while its unexport commits");
+    // The request given up (its connection closed): still hidden until the commit ends.
+    unexport.abort();
+    let _ = client.block_on(unexport);
+    std::thread::sleep(Duration::from_millis(300));
+    assert!(!listed(), "listed again once the unexport's request was given up, its commit still running");
+    gated.open();
+    let until = std::time::Instant::now() + Duration::from_secs(10);
+    let handover = loop {
+        if let Some(h) = client.block_on(c.volume("v")).expect("v").volume.handover {
+            break h;
+        }
+        assert!(std::time::Instant::now() < until, "the unexport never committed");
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    assert_eq!(handover.from, t);
+    assert!(!listed(), "listed after its unexport");
 }
