@@ -491,6 +491,7 @@ pub async fn pool(cmd: PoolCmd) -> Result<()> {
     }
     let list = nearstore_control::rebalance::drain_list(&id, &infos);
     nearstore_control::rebalance::drain_room(&id, &list, &view).map_err(anyhow::Error::msg)?;
+    nearstore_control::rebalance::drain_handovers(&id, &infos, nearstore_control::server::now_ms()).map_err(anyhow::Error::msg)?;
     if !m.wait {
         let under_way = client.moves(None, 0).await.map_err(plain)?.moves.len();
         nearstore_control::rebalance::drain_fits_moves(&id, list.len(), under_way).map_err(anyhow::Error::msg)?;

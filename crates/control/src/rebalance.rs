@@ -74,6 +74,23 @@ pub fn drain_room(pool: &PoolId, list: &[(String, u64, u64)], view: &ClusterView
     Ok(())
 }
 
+/// Whether a volume with an extent in `pool` is under a handover at `now_ms` (its last
+/// exporter may still write to it: docs/control-plane.md, "Handing an export over"): its
+/// extents cannot move until it ends, so the drain is refused before it cordons the pool.
+pub fn drain_handovers(pool: &PoolId, infos: &[VolumeInfo], now_ms: u64) -> Result<(), String> {
+    let on_pool = |v: &VolumeInfo| v.extents.iter().any(|e| e.pool == pool.name && e.target == pool.target);
+    match infos.iter().filter(|v| on_pool(v)).find_map(|v| v.volume.handover.as_ref().filter(|h| now_ms < h.until_ms).map(|h| (v, h))) {
+        Some((v, h)) => Err(format!(
+            "pool {pool} cannot be drained now: volume '{}' was exported by {}, which may still write to its extents \
+             (at most {} s more): try again once it said it stopped",
+            v.volume.name,
+            h.from,
+            (h.until_ms - now_ms).div_ceil(1000)
+        )),
+        None => Ok(()),
+    }
+}
+
 /// Whether a drain of `extents` extents may begin all its moves at once (without `--wait`)
 /// while `under_way` moves are: the control plane takes at most MOVES_MAX at a time, so a
 /// larger drain is refused before it begins any, rather than failing part-way.
@@ -90,7 +107,7 @@ pub fn drain_fits_moves(pool: &PoolId, extents: usize, under_way: usize) -> Resu
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::model::{ExtentInfo, Volume};
+    use crate::model::{ExtentInfo, Handover, Volume};
 
     const MIB: u64 = 1 << 20;
 
@@ -247,6 +264,20 @@ mod tests {
         let mut v = view(&[("t1", 0, false), ("t2", 2, false)]);
         v.pools[1].cordoned = true;
         assert!(drain_room(&p1, &list, &v).is_err());
+    }
+
+    #[test]
+    fn a_drain_waits_for_the_handovers_of_its_volumes() {
+        let p1 = PoolId { target: "t1".into(), name: "p".into() };
+        let mut v = info(&["t1", "t2"]);
+        assert_eq!(drain_handovers(&p1, std::slice::from_ref(&v), 100), Ok(()));
+        v.volume.handover = Some(Handover { from: "t9".into(), epoch: 3, until_ms: 5000 });
+        let e = drain_handovers(&p1, std::slice::from_ref(&v), 100).expect_err("under a handover");
+        assert!(e.contains("volume 'v' was exported by t9") && e.contains("at most 5 s more"), "{e}");
+        // Over, or on another pool: no matter.
+        assert_eq!(drain_handovers(&p1, std::slice::from_ref(&v), 5000), Ok(()));
+        let p3 = PoolId { target: "t3".into(), name: "p".into() };
+        assert_eq!(drain_handovers(&p3, &[v], 100), Ok(()));
     }
 
     #[test]
