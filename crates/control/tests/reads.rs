@@ -72,18 +72,23 @@ impl Store for Shared {
     }
 }
 
-#[test]
-fn reads_answer_while_a_commit_is_stuck_in_the_store() {
-    let gated = Arc::new(Gated::default());
+/// The API over `gated` on a runtime of its own, at its smallest (one worker), and a client
+/// runtime with its client: (the server's runtime, the client's, the client).
+fn daemon(gated: &Arc<Gated>) -> (tokio::runtime::Runtime, tokio::runtime::Runtime, Client) {
     let svc = Arc::new(Service::open(Box::new(Shared(gated.clone()))).expect("service"));
-    // The daemon's runtime, at its smallest: one worker.
     let server = tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build().expect("runtime");
     let listener = server.block_on(tokio::net::TcpListener::bind("127.0.0.1:0")).expect("bind");
     let addr = listener.local_addr().expect("addr");
     server.spawn(serve(listener, svc));
     let client = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().expect("runtime");
+    (server, client, Client::new(addr))
+}
+
+#[test]
+fn reads_answer_while_a_commit_is_stuck_in_the_store() {
+    let gated = Arc::new(Gated::default());
+    let (_server, client, c) = daemon(&gated);
     let _open = OpenAtTheEnd(gated.clone());
-    let c = Client::new(addr);
     // The change: a target registering a pool, which the view shows once applied.
     let register = {
         let c = c.clone();
@@ -137,14 +142,8 @@ fn reads_answer_while_a_commit_is_stuck_in_the_store() {
 fn an_unexport_stuck_in_the_store_hides_the_volume_from_the_exports_poll() {
     let gated = Arc::new(Gated::default());
     gated.open();
-    let svc = Arc::new(Service::open(Box::new(Shared(gated.clone()))).expect("service"));
-    let server = tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build().expect("runtime");
-    let listener = server.block_on(tokio::net::TcpListener::bind("127.0.0.1:0")).expect("bind");
-    let addr = listener.local_addr().expect("addr");
-    server.spawn(serve(listener, svc));
-    let client = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().expect("runtime");
+    let (_server, client, c) = daemon(&gated);
     let _open = OpenAtTheEnd(gated.clone());
-    let c = Client::new(addr);
     let t = "127.0.0.1:4420";
     let pools = vec![PoolSpec { name: "p0".into(), path: "/pools/p0".into(), size: 64 << 20, nsid: 1, bandwidth: 0, write_cost: 0.0 }];
     client
