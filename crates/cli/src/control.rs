@@ -684,10 +684,9 @@ impl Exporter {
                 lease = None;
                 since = 0;
                 for (_, (x, vol)) in std::mem::take(&mut served) {
-                    self.stop_serving(&x, &vol, &local);
+                    self.stop_serving(&x, vol, &local, &mut retired);
                     tracing::warn!(volume = %x.volume, "export lease ran out without an answer from the control plane: \
                                    the volume is not served until it answers");
-                    retired.entry(x.volume.clone()).or_default().vols.lock().push(vol);
                     lapsed.push(x);
                 }
             }
@@ -726,9 +725,8 @@ impl Exporter {
             let gone: Vec<String> = served.iter().filter(|(_, (x, _))| !list.exports.contains(x)).map(|(v, _)| v.clone()).collect();
             for name in gone {
                 let Some((x, vol)) = served.remove(&name) else { continue };
-                self.stop_serving(&x, &vol, &local);
+                self.stop_serving(&x, vol, &local, &mut retired);
                 tracing::info!(volume = %x.volume, nqn = %x.nqn, "volume no longer exported");
-                retired.entry(x.volume.clone()).or_default().vols.lock().push(vol);
                 ended.push(x);
             }
             for x in ended {
@@ -773,11 +771,13 @@ impl Exporter {
     }
 
     /// Stops serving a volume: nothing of it starts on a pool any more, and its subsystem
-    /// goes with its controllers (their commands are cancelled).
-    fn stop_serving(&self, x: &Export, vol: &Volume, local: &Served) {
+    /// goes with its controllers (their commands are cancelled); the instance is retired,
+    /// for a release to wait for.
+    fn stop_serving(&self, x: &Export, vol: Volume, local: &Served, retired: &mut HashMap<String, Retired>) {
         vol.fence();
         local.unserve(&x.volume);
         self.target.remove_subsystem(&x.nqn);
+        retired.entry(x.volume.clone()).or_default().vols.lock().push(vol);
     }
 
     async fn serve(&self, x: &Export, devices: Arc<PoolDevices>, local: &Served, lease: Option<tokio::time::Instant>) -> Result<Volume> {

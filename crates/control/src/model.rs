@@ -94,6 +94,13 @@ pub struct Handover {
     pub until_ms: u64,
 }
 
+impl Handover {
+    /// Seconds, rounded up, that it still lasts at `now_ms`; None once it is over.
+    pub fn seconds_left(&self, now_ms: u64) -> Option<u64> {
+        (now_ms < self.until_ms).then(|| (self.until_ms - now_ms).div_ceil(1000))
+    }
+}
+
 impl Volume {
     pub fn extents(&self) -> u64 {
         self.size / self.extent_size

@@ -79,13 +79,15 @@ pub fn drain_room(pool: &PoolId, list: &[(String, u64, u64)], view: &ClusterView
 /// extents cannot move until it ends, so the drain is refused before it cordons the pool.
 pub fn drain_handovers(pool: &PoolId, infos: &[VolumeInfo], now_ms: u64) -> Result<(), String> {
     let on_pool = |v: &VolumeInfo| v.extents.iter().any(|e| e.pool == pool.name && e.target == pool.target);
-    match infos.iter().filter(|v| on_pool(v)).find_map(|v| v.volume.handover.as_ref().filter(|h| now_ms < h.until_ms).map(|h| (v, h))) {
-        Some((v, h)) => Err(format!(
+    let live = infos.iter().filter(|v| on_pool(v)).find_map(|v| {
+        let h = v.volume.handover.as_ref()?;
+        h.seconds_left(now_ms).map(|left| (v, h, left))
+    });
+    match live {
+        Some((v, h, left)) => Err(format!(
             "pool {pool} cannot be drained now: volume '{}' was exported by {}, which may still write to its extents \
-             (at most {} s more): try again once it said it stopped",
-            v.volume.name,
-            h.from,
-            (h.until_ms - now_ms).div_ceil(1000)
+             (at most {left} s more): try again once it said it stopped",
+            v.volume.name, h.from
         )),
         None => Ok(()),
     }

@@ -495,8 +495,7 @@ impl Cluster {
     pub fn unexport(&self, name: &str, now_ms: u64, lease_ms: u64) -> Planned<()> {
         let v = self.volume(name)?;
         let Some(x) = self.exports.get(name) else { return Ok((Vec::new(), ())) };
-        let bound = self.targets.get(&x.target).map_or(0, |t| t.write_bound_ms);
-        let bound = if bound == 0 { EXPORT_WRITE_BOUND_MS_DEFAULT } else { bound };
+        let bound = self.targets.get(&x.target).map(|t| t.write_bound_ms).filter(|&b| b > 0).unwrap_or(EXPORT_WRITE_BOUND_MS_DEFAULT);
         let until_ms = now_ms.saturating_add(lease_ms).saturating_add(bound).saturating_add(EXPORT_HANDOVER_MARGIN_MS);
         let handover = Handover { from: x.target.clone(), epoch: x.epoch, until_ms };
         let writes = vec![
@@ -837,18 +836,17 @@ fn state_name(s: MoveState) -> &'static str {
 /// Refuses what volume `v`'s handover forbids at `now_ms`: anything but exporting it again
 /// on its last exporter (`to`).
 fn handing_over(v: &Volume, now_ms: u64, to: Option<&str>) -> Result<(), ApiError> {
-    match &v.handover {
-        Some(h) if now_ms < h.until_ms && to != Some(h.from.as_str()) => Err(err(
+    let Some(h) = v.handover.as_ref().filter(|h| to != Some(h.from.as_str())) else { return Ok(()) };
+    match h.seconds_left(now_ms) {
+        Some(left) => Err(err(
             ErrorCode::ExportHandover,
             format!(
                 "volume '{}' was exported by {}, which may still write to its extents until it confirms it stopped, \
-                 at the latest in {} s: try again then",
-                v.name,
-                h.from,
-                (h.until_ms - now_ms).div_ceil(1000)
+                 at the latest in {left} s: try again then",
+                v.name, h.from
             ),
         )),
-        _ => Ok(()),
+        None => Ok(()),
     }
 }
 

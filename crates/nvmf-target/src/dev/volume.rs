@@ -676,6 +676,14 @@ impl Inner {
         lease != u64::MAX && self.born.elapsed().as_nanos() >= u128::from(lease)
     }
 
+    /// Err (the fenced error) if nothing may start now.
+    fn may_start(&self) -> io::Result<()> {
+        if self.halted(&self.table.lock()) {
+            return Err(self.fenced());
+        }
+        Ok(())
+    }
+
     /// The error of an operation of a fenced volume.
     fn fenced(&self) -> io::Error {
         status_error(Status::NAMESPACE_NOT_READY, format!("volume {} is no longer served by this target", self.cfg.name))
@@ -947,9 +955,7 @@ impl Inner {
                 }
                 // Its lookups may have waited (a miss, a move): fenced meanwhile, it issues
                 // nothing.
-                if self.halted(&self.table.lock()) {
-                    return Err(self.fenced());
-                }
+                self.may_start()?;
                 let done = execute(&mut ch, plan, &stop).await?;
                 if !write {
                     for p in done {
@@ -959,9 +965,7 @@ impl Inner {
                 Ok(())
             }
             Op::Flush => {
-                if self.halted(&self.table.lock()) {
-                    return Err(self.fenced());
-                }
+                self.may_start()?;
                 let devs = self.touched.lock().clone();
                 let plan = devs
                     .into_iter()
