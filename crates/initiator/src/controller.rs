@@ -294,6 +294,16 @@ impl Controller {
         run(&mut q, s, Data::None, "Cross-Controller Reset", wait).await.map(|_| ())
     }
 
+    /// Fence Host Instances (nearstore's vendor admin C0h, docs/protocol.md): resets every
+    /// controller of this host NQN whose Host Identifier has this one's first 8 bytes and
+    /// differs from it (an earlier incarnation of this process), and completes once their
+    /// work ended; Command Interrupted when it did not within the target's wait.
+    pub async fn fence_host_instances(&self, wait: Duration) -> Result<()> {
+        let s = Sqe::new(admin::FENCE_HOST_INSTANCES, 0);
+        let mut q = self.admin.lock().await;
+        run(&mut q, s, Data::None, "Fence Host Instances", wait).await.map(|_| ())
+    }
+
     pub async fn identify_namespace(&self, nsid: u32) -> Result<IdentifyNamespace> {
         let mut s = Sqe::new(admin::IDENTIFY, 0);
         s.set_nsid(nsid).set_cdw(10, cns::NAMESPACE as u32);

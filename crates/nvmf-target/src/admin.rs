@@ -61,7 +61,7 @@ pub fn data_len(ctrl: &Controller, sqe: &Sqe) -> Result<DataLen, Status> {
         admin::GET_FEATURES if host_identifier_read(ctrl, sqe) => DataLen::AtLeast(HOST_ID_LEN),
         admin::GET_FEATURES | admin::SET_FEATURES => DataLen::AtLeast(0),
         admin::KEEP_ALIVE | admin::ASYNC_EVENT_REQUEST => DataLen::Exactly(0),
-        admin::ABORT | admin::CROSS_CONTROLLER_RESET if !ctrl.subsys.discovery => DataLen::Exactly(0),
+        admin::ABORT | admin::CROSS_CONTROLLER_RESET | admin::FENCE_HOST_INSTANCES if !ctrl.subsys.discovery => DataLen::Exactly(0),
         _ => return Err(Status::INVALID_OPCODE.dnr()),
     })
 }

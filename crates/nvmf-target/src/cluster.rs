@@ -413,12 +413,83 @@ pub(crate) async fn controller(
     timeout: Duration,
     kato_ms: Option<u32>,
 ) -> Result<Controller, PeerError> {
+    fenced(p.address, &p.nqn, member, host, timeout).await?;
+    connect_controller(p, member, host, timeout, kato_ms).await
+}
+
+/// This process's incarnation: random at its start (never 0), the last 8 bytes of the
+/// Host Identifier it connects to peers with, and what it registers with the control plane
+/// (docs/control-plane.md, "A restarted exporter").
+pub fn incarnation() -> u64 {
+    static INCARNATION: std::sync::OnceLock<u64> = std::sync::OnceLock::new();
+    *INCARNATION.get_or_init(|| {
+        let random = uuid::Uuid::new_v4();
+        u64::from_le_bytes(random.as_bytes()[..8].try_into().expect("8 bytes")).max(1)
+    })
+}
+
+/// The Host Identifier cluster member `member` connects to peers with: its family, the
+/// first 8 bytes of a UUID v5 of its NQN (the same in every incarnation, and not the Host
+/// ID a tool on the same machine derives from that NQN), then this process's
+/// [`incarnation`]. A peer's Fence Host Instances resets the family's other incarnations.
+pub fn member_hostid(member: &str) -> [u8; 16] {
+    let family = uuid::Uuid::new_v5(&uuid::Uuid::NAMESPACE_OID, format!("nearstore cluster member {member}").as_bytes());
+    let mut id = [0; 16];
+    id[..8].copy_from_slice(&family.as_bytes()[..8]);
+    id[8..].copy_from_slice(&incarnation().to_le_bytes());
+    id
+}
+
+/// Subsystems at which this process fenced its earlier incarnations, by member, address
+/// and subsystem NQN: once each.
+type FenceKey = (String, std::net::SocketAddr, String);
+static FENCED: std::sync::LazyLock<parking_lot::Mutex<HashMap<FenceKey, Arc<tokio::sync::OnceCell<()>>>>> =
+    std::sync::LazyLock::new(Default::default);
+
+/// Before this process's first controller at subsystem `nqn` of `address`: every
+/// controller an earlier incarnation of member `member` left there is reset and its work
+/// waited for (Fence Host Instances), so that nothing it sent before it died (a write held
+/// at the peer or still in the network) lands after what this one writes. Once per process
+/// and subsystem; a failure is tried again by the next connection. A peer that does not
+/// know the command (not a nearstore target) is used as it is: an earlier incarnation's
+/// writes there are bounded by time only.
+pub async fn fenced(address: std::net::SocketAddr, nqn: &str, member: &str, host: &str, timeout: Duration) -> Result<(), PeerError> {
+    let cell = FENCED.lock().entry((member.to_string(), address, nqn.to_string())).or_default().clone();
+    cell.get_or_try_init(|| async {
+        let p = PeerConfig { tag: 0, address, nqn: nqn.to_string(), nsid: 0 };
+        let wait = reset_wait(timeout);
+        let kato = (2 * wait.as_millis()).min(u32::MAX as u128) as u32;
+        let ctrl = connect_controller(&p, member, host, timeout, Some(kato)).await?;
+        match ctrl.fence_host_instances(wait).await {
+            Ok(()) => Ok(()),
+            Err(InitiatorError::Status { status, .. })
+                if (status.sct, status.sc) == (Status::INVALID_OPCODE.sct, Status::INVALID_OPCODE.sc) =>
+            {
+                tracing::warn!(peer = %address, %nqn, "the peer cannot fence this target's earlier incarnations \
+                               (Fence Host Instances: Invalid Opcode): what they sent there is bounded by time only");
+                Ok(())
+            }
+            Err(e) => Err(failed(format!("fencing this target's earlier incarnations at {address} {nqn}: {e}"))),
+        }
+    })
+    .await
+    .map(|_| ())
+}
+
+/// [`controller`] without the fence.
+async fn connect_controller(
+    p: &PeerConfig,
+    member: &str,
+    host: &str,
+    timeout: Duration,
+    kato_ms: Option<u32>,
+) -> Result<Controller, PeerError> {
     let mut opts = ConnectOptions::new(p.address, &p.nqn);
     if let Some(k) = kato_ms {
         opts.kato_ms = k;
     }
     opts.hostnqn = member.to_string();
-    opts.hostid = *uuid::Uuid::new_v5(&uuid::Uuid::NAMESPACE_OID, member.as_bytes()).as_bytes();
+    opts.hostid = member_hostid(member);
     opts.timeout = timeout;
     opts.acting_for = (host != member).then(|| host.to_string());
     let ctrl = Controller::connect(opts).await.map_err(|e| {

@@ -388,6 +388,35 @@ impl Subsystem {
         Ok(ended)
     }
 
+    /// Fence Host Instances (nearstore's vendor admin C0h, docs/protocol.md): `by`, a
+    /// controller of a restarted process, resets every earlier instance of that process:
+    /// each controller of its host NQN whose Host Identifier starts with the same 8 bytes
+    /// (the family: one cluster member) and differs from its own (another incarnation).
+    /// Live ones are removed; the tokens returned, theirs and those of such controllers
+    /// retiring already, are cancelled once their work has ended. A host without a Host
+    /// Identifier names no family: Invalid Field.
+    pub fn fence_host_instances(&self, by: &Controller) -> Result<Vec<CancellationToken>, Status> {
+        if by.hostid == [0; 16] {
+            return Err(Status::INVALID_FIELD.dnr());
+        }
+        let other = |hostnqn: &str, hostid: &[u8; 16]| hostnqn == by.hostnqn && hostid[..8] == by.hostid[..8] && *hostid != by.hostid;
+        // Under the controllers' lock, as a Cross-Controller Reset: a removal moves a
+        // controller to the retiring under it, so none is missed between the two.
+        let ctrls = self.controllers.lock();
+        let live: Vec<Arc<Controller>> = ctrls.values().filter(|c| other(&c.hostnqn, &c.hostid)).cloned().collect();
+        let mut ended: Vec<CancellationToken> = {
+            let mut retiring = self.retiring.lock();
+            retiring.retain(|r| !r.ended.is_cancelled());
+            retiring.iter().filter(|r| other(&r.hostnqn, &r.hostid)).map(|r| r.ended.clone()).collect()
+        };
+        drop(ctrls);
+        for c in live {
+            self.remove_this_controller(&c);
+            ended.push(c.ended.clone());
+        }
+        Ok(ended)
+    }
+
     /// Keeps `c`, just removed (the controllers' lock held), among the retiring until its
     /// work ends.
     fn retire(&self, c: &Controller) {
@@ -401,7 +430,14 @@ impl Subsystem {
         }
         let mut retiring = self.retiring.lock();
         retiring.retain(|r| !r.ended.is_cancelled());
-        retiring.push(Retiring { cntlid: c.cntlid, ciu: c.ciu, cirn: c.cirn, hostnqn: c.hostnqn.clone(), ended: c.ended.clone() });
+        retiring.push(Retiring {
+            cntlid: c.cntlid,
+            ciu: c.ciu,
+            cirn: c.cirn,
+            hostnqn: c.hostnqn.clone(),
+            hostid: c.hostid,
+            ended: c.ended.clone(),
+        });
     }
 
     pub fn controller(&self, cntlid: u16) -> Option<Arc<Controller>> {
@@ -468,6 +504,7 @@ struct Retiring {
     ciu: u8,
     cirn: u64,
     hostnqn: String,
+    hostid: [u8; 16],
     ended: CancellationToken,
 }
 
@@ -791,5 +828,41 @@ mod tests {
         let e = ctrl(&s, HOST);
         s.remove_controller(e.cntlid);
         assert_eq!(reset(&b, id(&e)), Ok(true));
+    }
+
+    /// Fence Host Instances resets the issuer's other incarnations only (same host NQN,
+    /// same first 8 bytes of Host Identifier, another Host Identifier), live or retiring,
+    /// and its tokens end with their work; the issuer's own controllers, the same host
+    /// NQN's other families (a tool on the same machine) and other hosts stay. A host
+    /// without a Host Identifier is refused.
+    #[test]
+    fn a_fence_resets_the_issuers_other_incarnations_only() {
+        let s = sub();
+        let t = Arc::new(TenantPolicy::unrestricted(TenantId::DEFAULT, "default", 100, 100));
+        let add = |host: &str, hostid: [u8; 16]| s.add_controller(host, hostid, None, 0, 16, t.clone()).expect("room");
+        let id = |family: u8, incarnation: u8| {
+            let mut h = [family; 16];
+            h[8..].fill(incarnation);
+            h
+        };
+        let (old, gone) = (add(HOST, id(1, 1)), add(HOST, id(1, 2)));
+        let (me, sibling) = (add(HOST, id(1, 3)), add(HOST, id(1, 3)));
+        let (tool, other) = (add(HOST, id(2, 1)), add(OTHER, id(1, 1)));
+        let (work, gone_work) = (old.life().expect("alive"), gone.life().expect("alive"));
+        s.remove_this_controller(&gone);
+        let ended = s.fence_host_instances(&me).expect("fenced");
+        assert_eq!(ended.len(), 2, "the live earlier incarnation and the retiring one");
+        assert!(s.controller(old.cntlid).is_none() && old.cancel.is_cancelled(), "removed, its queues told to close");
+        for (c, what) in [(&me, "itself"), (&sibling, "its own other controller"), (&tool, "another family"), (&other, "another host")] {
+            assert!(s.controller(c.cntlid).is_some() && !c.cancel.is_cancelled(), "{what} stays");
+        }
+        let over = |e: &[CancellationToken]| e.iter().all(CancellationToken::is_cancelled);
+        drop(work);
+        assert!(!over(&ended), "the retiring one's work runs");
+        drop(gone_work);
+        assert!(over(&ended), "every earlier incarnation's work ended");
+        assert!(over(&s.fence_host_instances(&me).expect("again")), "nothing left: at once");
+        let anonymous = add(HOST, [0; 16]);
+        assert_eq!(s.fence_host_instances(&anonymous).map(|e| e.len()), Err(Status::INVALID_FIELD.dnr()));
     }
 }

@@ -573,6 +573,53 @@ async fn a_write_given_up_is_quiesced_at_the_peer_before_anything_relies_on_it()
     held.release();
 }
 
+/// A restarted member (a new incarnation: the same host NQN and Host Identifier family, a
+/// new Host Identifier) fences a peer before its first controller there: every controller
+/// its earlier incarnation left is reset, so a write of it still held in the network lands
+/// nowhere, and what the new incarnation writes stays. The member's controllers of this
+/// incarnation and a tool's (the same NQN, another family) are not reset. Without the
+/// fence the held write lands: the negative control of the test above.
+#[tokio::test]
+async fn a_restarted_member_fences_its_earlier_incarnation_before_writing() {
+    let p = peer().await;
+    let (via, held) = held_proxy(p.addr).await;
+    let mut direct = b_queue(p.addr).await;
+    let connect = |addr: SocketAddr, hostid: [u8; 16]| {
+        let mut o = nearstore_initiator::ConnectOptions::new(addr, PEER_NQN);
+        o.hostnqn = MEMBER.into();
+        o.hostid = hostid;
+        o.timeout = Duration::from_secs(5);
+        nearstore_initiator::Controller::connect(o)
+    };
+    let ours = nearstore_target::cluster::member_hostid(MEMBER);
+    let mut earlier = ours;
+    earlier[8..].copy_from_slice(&(nearstore_target::cluster::incarnation() ^ 1).to_le_bytes());
+    // The earlier incarnation: a write done, then one held in the network when it died
+    // (neither its write nor its connections' end reach the peer).
+    let old = connect(via, earlier).await.unwrap();
+    let mut oq = old.io_queue(1).await.unwrap();
+    oq.write(1, 16, &[1u8; 512], 512, false).await.unwrap();
+    held.hold_last(1);
+    let late = tokio::time::timeout(Duration::from_secs(1), oq.write(1, 16, &[2u8; 512], 512, false)).await;
+    assert!(late.is_err(), "held in the network, the write does not complete");
+    let tool = controller(p.addr, MEMBER).await;
+    let mut tq = tool.io_queue(1).await.unwrap();
+
+    nearstore_target::cluster::fenced(p.addr, PEER_NQN, MEMBER, MEMBER, Duration::from_secs(5)).await.expect("fenced");
+    let new = connect(p.addr, ours).await.unwrap();
+    let mut nq = new.io_queue(1).await.unwrap();
+    nq.write(1, 16, &[3u8; 512], 512, false).await.unwrap();
+    // Released, the network delivers the old write to a controller that is gone.
+    held.release();
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(direct.read(1, 16, 1, 512).await.unwrap(), vec![3u8; 512], "nothing of the earlier incarnation lands");
+    assert!(oq.write(1, 17, &[4u8; 512], 512, false).await.is_err(), "its queues are closed");
+    tq.write(1, 18, &[5u8; 512], 512, false).await.expect("another family's controller stays");
+    // Fenced once per process and subsystem: this incarnation's controllers stay.
+    nearstore_target::cluster::fenced(p.addr, PEER_NQN, MEMBER, MEMBER, Duration::from_secs(5)).await.expect("again");
+    nq.write(1, 19, &[6u8; 512], 512, false).await.expect("this incarnation's controller stays");
+}
+
 /// A write given up whose controller no reset can reach (every new connection to the
 /// peer held) stays in doubt until the peer's own keep-alive rules have ended that
 /// controller: its keep-alive timeout twice, then a reset's wait. Only then is the pool

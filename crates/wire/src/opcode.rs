@@ -12,6 +12,11 @@ pub mod admin {
     /// NVMe Base 2.3 (TP8028, "Rapid Path Failure Recovery"): CDW10 bits 15:0 the
     /// Impacted Controller ID, bits 23:16 its CIU; CDW12-13 its CIRN.
     pub const CROSS_CONTROLLER_RESET: u8 = 0x38;
+    /// nearstore, vendor-specific (C0h-FFh), no data: resets every controller of the
+    /// issuer's host NQN and Host Identifier family (the first 8 bytes) whose Host
+    /// Identifier is not the issuer's, live or removed, and completes once their work has
+    /// ended (docs/protocol.md, "Fence Host Instances").
+    pub const FENCE_HOST_INSTANCES: u8 = 0xc0;
 }
 
 /// NVM command set I/O commands.

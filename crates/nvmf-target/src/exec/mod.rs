@@ -723,6 +723,9 @@ impl<T: Transport> Core<T> {
         if sqe.opcode() == nearstore_wire::opcode::admin::CROSS_CONTROLLER_RESET && !ctrl.subsys.discovery {
             return self.cross_controller_reset(&ctrl, &sqe, req);
         }
+        if sqe.opcode() == nearstore_wire::opcode::admin::FENCE_HOST_INSTANCES && !ctrl.subsys.discovery {
+            return self.fence_host_instances(&ctrl, &sqe, req);
+        }
         match admin::handle(&self.target, &ctrl, &sqe, self.local) {
             admin::Outcome::Reply(mut r) => {
                 // The reply is what the command defines, which admin_data_len checked the

@@ -10,6 +10,7 @@ use std::time::Duration;
 
 use nearstore_wire::log::ErrorEntry;
 use nearstore_wire::{Sqe, Status};
+use tokio_util::sync::CancellationToken;
 
 use super::{Core, Overflow, Transport};
 use crate::io_pool::Done;
@@ -33,7 +34,29 @@ impl<T: Transport> Core<T> {
                 return Ok(());
             }
         };
-        if ended.is_cancelled() {
+        self.wait_for_work(vec![ended], req)
+    }
+
+    /// Fence Host Instances (vendor admin C0h): every earlier instance of the issuer's
+    /// process reset, as many Cross-Controller Resets under the same limits.
+    pub(super) fn fence_host_instances(&mut self, ctrl: &Arc<Controller>, sqe: &Sqe, req: Request) -> Result<(), Overflow> {
+        if self.resets.len() >= limits::CROSS_CONTROLLER_RESETS_MAX {
+            self.refuse(ctrl, sqe, req, Status::CROSS_CONTROLLER_RESET_LIMIT_EXCEEDED);
+            return Ok(());
+        }
+        match ctrl.subsys.fence_host_instances(ctrl) {
+            Ok(ended) => self.wait_for_work(ended, req),
+            Err(status) => {
+                self.refuse(ctrl, sqe, req, status);
+                Ok(())
+            }
+        }
+    }
+
+    /// Completes `req` once every token of `ended` is cancelled (the reset controllers'
+    /// work is over), or with Command Interrupted after `CROSS_CONTROLLER_RESET_WAIT_MS`.
+    fn wait_for_work(&mut self, ended: Vec<CancellationToken>, req: Request) -> Result<(), Overflow> {
+        if ended.iter().all(CancellationToken::is_cancelled) {
             self.complete(req, Status::SUCCESS, 0, 0);
             return Ok(());
         }
@@ -46,7 +69,12 @@ impl<T: Transport> Core<T> {
         let reply = self.done_tx.clone();
         tokio::spawn(async move {
             let wait = Duration::from_millis(limits::CROSS_CONTROLLER_RESET_WAIT_MS);
-            let status = match tokio::time::timeout(wait, ended.cancelled()).await {
+            let all = async {
+                for e in &ended {
+                    e.cancelled().await;
+                }
+            };
+            let status = match tokio::time::timeout(wait, all).await {
                 Ok(()) => Status::SUCCESS,
                 Err(_) => Status::COMMAND_INTERRUPTED,
             };
