@@ -542,7 +542,8 @@ pub fn agent(cfg: &nearstore_target::config::Config, control: &str) -> Result<Ag
     };
     let compute_timeout = std::time::Duration::from_secs(cfg.compute.timeout_secs);
     let write_bound_ms = cfg.cluster.write_bound(compute_timeout).as_millis() as u64;
-    Ok(Agent { client, addr: String::new(), nqn, pools, links: Default::default(), write_bound_ms })
+    let incarnation = nearstore_target::cluster::incarnation();
+    Ok(Agent { client, addr: String::new(), nqn, pools, links: Default::default(), write_bound_ms, incarnation })
 }
 
 /// Feeds each pool's view from its namespace in the target's pool subsystem: the reads and
@@ -652,6 +653,9 @@ impl Exporter {
             let member = self.cluster.host_nqn.clone().unwrap_or_else(nearstore_initiator::default_hostnqn);
             tokio::spawn(arbitrate(self.client.clone(), self.addr.clone(), member, self.target.gates.clone()));
         }
+        let member = self.cluster.host_nqn.clone().unwrap_or_else(nearstore_initiator::default_hostnqn);
+        let timeout = std::time::Duration::from_secs(self.cluster.timeout_secs);
+        tokio::spawn(fence_earlier(self.client.clone(), self.addr.clone(), member, timeout));
         let devices = Arc::new(devices);
         let local = Arc::new(Served::default());
         let ctl = Arc::new(ControlMoves { client: self.client.clone(), addr: self.addr.clone() });
@@ -807,6 +811,52 @@ impl Exporter {
         self.target.remove_subsystem(&x.nqn);
         self.target.add_subsystem(sub);
         Ok(vol)
+    }
+}
+
+/// Once this process is the target's registered one: fences this target's earlier
+/// processes at the pool subsystem of every other registered target (Fence Host Instances,
+/// `nearstore_target::cluster::fenced`, which this process's first connection to each
+/// does anyway), then tells the control plane, which lets the volumes waiting for them go on
+/// (docs/control-plane.md, "A restarted exporter"). Tried again until it is heard; a
+/// target that never answers leaves them waiting for their bound.
+async fn fence_earlier(client: Client, addr: String, member: String, timeout: std::time::Duration) {
+    let me = nearstore_target::cluster::incarnation();
+    let retry = std::time::Duration::from_millis(nearstore_control::limits::AGENT_RETRY_MS_MAX);
+    loop {
+        let attempt = async {
+            let targets = client.targets().await?;
+            anyhow::ensure!(
+                targets.iter().any(|t| t.addr == addr && t.incarnation == me),
+                "this process is not the one registered for {addr} yet"
+            );
+            let mut fences = tokio::task::JoinSet::new();
+            for t in targets.into_iter().filter(|t| t.addr != addr) {
+                let Ok(at) = t.addr.parse::<SocketAddr>() else { continue };
+                let member = member.clone();
+                fences.spawn(async move {
+                    let r = nearstore_target::cluster::fenced(at, nearstore_target::POOLS_NQN, &member, &member, timeout).await;
+                    r.map_err(|e| format!("{}: {}", t.addr, e.message))
+                });
+            }
+            let mut failed = Vec::new();
+            while let Some(r) = fences.join_next().await {
+                if let Err(e) = r.map_err(|e| e.to_string()).and_then(|r| r) {
+                    failed.push(e);
+                }
+            }
+            anyhow::ensure!(failed.is_empty(), "not fenced at {}", failed.join("; "));
+            client.fenced(&addr, me).await?;
+            Ok(())
+        };
+        match attempt.await {
+            Ok(()) => {
+                tracing::info!(incarnation = me, "this target's earlier processes are fenced at every registered target");
+                return;
+            }
+            Err(e) => tracing::warn!(error = %e, "cannot fence this target's earlier processes yet; retrying"),
+        }
+        tokio::time::sleep(retry).await;
     }
 }
 
@@ -1250,7 +1300,7 @@ mod tests {
             unwritten: false,
         };
         let info = |total, extents: Vec<ExtentInfo>| VolumeInfo {
-            volume: Volume { name: "v".into(), size: total << 20, extent_size: 1 << 20, created_ms: 0, handover: None },
+            volume: Volume { name: "v".into(), size: total << 20, extent_size: 1 << 20, created_ms: 0, handover: None, restarted: None },
             extents_total: total,
             extents_allocated: extents.len() as u64,
             extents,

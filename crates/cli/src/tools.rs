@@ -24,6 +24,11 @@ pub async fn run_target(cfg: Config, file: Option<std::path::PathBuf>) -> Result
     let agent = cfg.control.as_deref().map(|c| crate::control::agent(&cfg, c)).transpose()?;
     let target = Target::from_config(&cfg)?;
     let addrs = target.listen_all(&cfg).await?;
+    // Before any connection to a peer: what tells this target's processes from those of
+    // another target of the same member NQN (docs/protocol.md, "Fence Host Instances").
+    if let Some(i) = cfg.listener.iter().position(|l| !l.discovery) {
+        nearstore_target::cluster::set_process_address(&addrs[i].to_string());
+    }
     if let Some(mut agent) = agent {
         // Registered by its first I/O listener, as hosts reach it (its advertised address).
         let (i, l) = cfg.listener.iter().enumerate().find(|(_, l)| !l.discovery).context("the control plane needs an I/O listener")?;

@@ -113,6 +113,7 @@ fn register(c: &Client, target: &str, pools: usize, size: u64) {
             })
             .collect(),
         write_bound_ms: 0,
+        incarnation: 0,
     };
     rt().block_on(c.register(&req)).expect("register");
 }

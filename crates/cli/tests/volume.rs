@@ -9,7 +9,7 @@ use std::net::SocketAddr;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use common::{fails, free_port, member_target, metric, nearstore, ok, Control, MemberConfig, Target, MEMBERS};
+use common::{fails, free_port, member_target, metric, nearstore, ok, restart_member_target, Control, MemberConfig, Target, MEMBERS};
 use nearstore_control::client::Client;
 use nearstore_control::model::*;
 use nearstore_initiator::{ConnectOptions, Controller, Error as InitiatorError, IoQueue};
@@ -680,4 +680,96 @@ fn an_export_moves_only_once_its_last_exporter_stopped() {
     assert!(err.contains("(export_handover)"), "{err}");
     let h = rt.block_on(c.volume("w")).expect("info w").volume.handover.expect("a handover");
     assert_eq!(h.from, t0);
+
+    // t0 started again where it was: its new process fences the dead one at t1, which ends
+    // w's handover long before its bound.
+    let _t0 = restart_target(dir.path(), 0, &cp.a(), &t0);
+    export_within(&["volume", "export", "w", "--target", &t1, "--allow-any-host", "--control", &cp.a()], Duration::from_secs(30));
+}
+
+/// Target `i` of [`target`] started again on `addr` (its address before).
+fn restart_target(dir: &Path, i: usize, control: &str, addr: &str) -> Target {
+    restart_member_target(dir, &format!("t{i}"), i, control, 64, addr.parse().expect("address"))
+}
+
+/// Runs `args` until it succeeds; every failure meanwhile must be a handover's refusal.
+fn export_within(args: &[&str], within: Duration) {
+    let deadline = Instant::now() + within;
+    loop {
+        let o = nearstore(&[args, &["-v"]].concat());
+        if o.status.success() {
+            return;
+        }
+        let err = String::from_utf8_lossy(&o.stderr).into_owned();
+        assert!(err.contains("(export_handover)"), "{err}");
+        assert!(Instant::now() < deadline, "still refused after {within:?}: {err}");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
+/// An exporter killed and started again on the same address (a new process) serves its
+/// volumes at once, but what its dead process left at the pools of other targets may still
+/// land: until the new one has fenced it at every registered target (Fence Host Instances),
+/// the volume is exported nowhere else, deleted nor moved. A target that cannot answer (here
+/// stopped) holds that up; answering again, the fence completes and the volume goes on.
+#[test]
+fn a_restarted_exporters_volume_moves_only_once_its_dead_process_is_fenced() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let store = dir.path().join("store");
+    let cp = Control::start_with(&store, "127.0.0.1:0", &["--export-lease-ms", "5000"]);
+    let a = cp.a();
+    let mut t0 = Some(target(dir.path(), 0, &a));
+    let t1 = target(dir.path(), 1, &a);
+    let c = cp.client();
+    wait_for_views(&c, 2);
+    let rt = rt();
+    let (a0, a1) = (t0.as_ref().expect("t0").addr.to_string(), t1.addr.to_string());
+    ok(&["volume", "create", "v", "--size", "4MiB", "--extent-size", "1MiB", "--control", &a]);
+    let x: Export =
+        serde_json::from_str(&ok(&["volume", "export", "v", "--target", &a0, "--allow-host", HOST, "--control", &a, "-o", "json"]))
+            .expect("export json");
+    let (ctrl, mut q) = connect_when_exported(&rt, t0.as_ref().expect("t0").addr, &x.nqn);
+    let mut model = vec![0u8; (4 * MIB) as usize];
+    write(&rt, &mut q, 0, &pattern(0, 4 * MIB as usize, 7), &mut model);
+    rt.block_on(q.flush(1)).expect("flush");
+    drop((q, ctrl));
+    let info = rt.block_on(c.volume("v")).expect("info v");
+    assert!(info.extents.iter().any(|e| e.target == a1), "an extent of v on t1: {:?}", info.extents);
+
+    // t1 stopped (it cannot answer a fence), t0 killed and started again where it was.
+    let thaw = Thaw(t1.pid());
+    unsafe { assert_eq!(libc::kill(t1.pid() as i32, libc::SIGSTOP), 0) };
+    drop(t0.take());
+    let _t0 = restart_target(dir.path(), 0, &a, &a0);
+    let deadline = Instant::now() + Duration::from_secs(15);
+    let r = loop {
+        if let Some(r) = rt.block_on(c.volume("v")).expect("info v").volume.restarted {
+            break r;
+        }
+        assert!(Instant::now() < deadline, "the restart is not recorded");
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    assert_eq!(r.target, a0);
+    ok(&["volume", "unexport", "v", "--control", &a]);
+    std::thread::sleep(Duration::from_millis(2000));
+    let (_, err) = fails(&["volume", "export", "v", "--target", &a1, "--allow-host", HOST, "--control", &a, "-v"]);
+    assert!(err.contains("(export_handover)"), "{err}");
+    assert!(rt.block_on(c.volume("v")).expect("info v").volume.restarted.is_some(), "not fenced while t1 cannot answer");
+
+    // t1 answers again: the fence completes, and v goes to t1 with what was written.
+    drop(thaw);
+    export_within(&["volume", "export", "v", "--target", &a1, "--allow-host", HOST, "--control", &a], Duration::from_secs(90));
+    assert_eq!(rt.block_on(c.volume("v")).expect("info v").volume.restarted, None);
+    let (ctrl, mut q) = connect_when_exported(&rt, t1.addr, &x.nqn);
+    check(&rt, &mut q, 0, 4 * MIB, &model);
+    drop((q, ctrl));
+}
+
+/// Continues a stopped process when dropped (a test that fails leaves none stopped).
+struct Thaw(u32);
+
+impl Drop for Thaw {
+    fn drop(&mut self) {
+        unsafe { libc::kill(self.0 as i32, libc::SIGCONT) };
+    }
 }

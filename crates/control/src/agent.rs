@@ -242,6 +242,8 @@ pub struct Agent {
     /// How long the volumes' pool writes this target issued may land after it stops
     /// issuing them, in milliseconds (0: the control plane's default).
     pub write_bound_ms: u64,
+    /// This process, as the target registers it ([`crate::model::Target::incarnation`]).
+    pub incarnation: u64,
 }
 
 /// Every link's counters at one instant: (peer target's address, counters).
@@ -326,6 +328,7 @@ impl Agent {
                 })
                 .collect(),
             write_bound_ms: self.write_bound_ms,
+            incarnation: self.incarnation,
         }
     }
 

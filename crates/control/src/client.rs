@@ -249,6 +249,18 @@ impl Client {
         self.call(Method::POST, "/v1/targets", Some(req)).await
     }
 
+    /// Every registered target.
+    pub async fn targets(&self) -> Result<Vec<Target>, ClientError> {
+        self.call::<(), _>(Method::GET, "/v1/targets", None).await
+    }
+
+    /// Process `incarnation` of `target` fenced its earlier ones at every registered
+    /// target's pools: the volumes waiting for them go on.
+    pub async fn fenced(&self, target: &str, incarnation: u64) -> Result<(), ClientError> {
+        let body = Fenced { target: target.to_string(), incarnation };
+        self.call::<_, ()>(Method::POST, "/v1/targets/fenced", Some(&body)).await
+    }
+
     pub async fn push_view(&self, pool: &PoolId, push: &ViewPush) -> Result<View, ClientError> {
         self.call(Method::PUT, &format!("/v1/pools/{}/{}/view", segment(&pool.target), segment(&pool.name)), Some(push)).await
     }

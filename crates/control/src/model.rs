@@ -30,6 +30,12 @@ pub struct Target {
     /// "Handing an export over"); 0 from a target that did not say: the default.
     #[serde(default, skip_serializing_if = "is_zero")]
     pub write_bound_ms: u64,
+    /// The process that registered last: random at its start (nearstore_target::cluster::
+    /// incarnation); 0 from a target that did not say. Registered again with another, its
+    /// exported volumes wait for the new process's fences (docs/control-plane.md, "A
+    /// restarted exporter").
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub incarnation: u64,
 }
 
 /// A pool: a file (or, later, a block device) a target sets aside for extents.
@@ -79,6 +85,25 @@ pub struct Volume {
     /// export over"). Meanwhile it is exported nowhere else, deleted, nor moved.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub handover: Option<Handover>,
+    /// Set when its exporter registered again as a new process: what an earlier process of
+    /// it sent to the volume's pools may still land until the new one has fenced them
+    /// there, or until `until_ms` (docs/control-plane.md, "A restarted exporter").
+    /// Meanwhile it is exported nowhere else, deleted, nor moved.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub restarted: Option<Restarted>,
+}
+
+/// A volume's exporter that registered again as another process, whose earlier processes
+/// may still write to its extents.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Restarted {
+    /// The exporter.
+    pub target: String,
+    /// The process whose fences end it ([`Target::incarnation`]).
+    pub incarnation: u64,
+    /// Milliseconds since the Unix epoch after which nothing of its earlier processes can
+    /// land: their export lease and write bound past the new registration.
+    pub until_ms: u64,
 }
 
 /// A volume's last exporter, which may still write to its extents.
@@ -89,6 +114,9 @@ pub struct Handover {
     /// The export that ended ([`Export::epoch`]).
     #[serde(default)]
     pub epoch: u64,
+    /// The process of `from` that served it ([`Target::incarnation`]); 0 when unknown.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub incarnation: u64,
     /// Milliseconds since the Unix epoch after which it cannot: its export lease and its
     /// writes' bound past the unexport.
     pub until_ms: u64,
@@ -104,6 +132,18 @@ impl Handover {
 impl Volume {
     pub fn extents(&self) -> u64 {
         self.size / self.extent_size
+    }
+
+    /// A target that may still write to the volume's extents at `now_ms` although no
+    /// longer allowed to (an unexport's handover, or its exporter's earlier processes),
+    /// unless it is `to`, and the seconds that lasts at most.
+    pub fn writer_in_doubt(&self, now_ms: u64, to: Option<&str>) -> Option<(&str, u64)> {
+        let handover = self.handover.as_ref().and_then(|h| Some((h.from.as_str(), h.seconds_left(now_ms)?)));
+        let restarted = self
+            .restarted
+            .as_ref()
+            .and_then(|r| Some((r.target.as_str(), (now_ms < r.until_ms).then(|| (r.until_ms - now_ms).div_ceil(1000))?)));
+        handover.into_iter().chain(restarted).find(|(from, _)| to != Some(*from))
     }
 }
 
@@ -440,6 +480,9 @@ pub struct RegisterTarget {
     /// [`Target::write_bound_ms`].
     #[serde(default, skip_serializing_if = "is_zero")]
     pub write_bound_ms: u64,
+    /// [`Target::incarnation`].
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub incarnation: u64,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -549,6 +592,15 @@ pub struct Released {
     pub target: String,
     /// The export it stopped serving ([`Export::epoch`]).
     pub epoch: u64,
+}
+
+/// `POST /v1/targets/fenced`: the process `incarnation` of `target` has fenced its earlier
+/// processes at every registered target's pools.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Fenced {
+    pub target: String,
+    pub incarnation: u64,
 }
 
 /// `POST /v1/volumes/{name}/extents/{index}/move`.

@@ -79,15 +79,12 @@ pub fn drain_room(pool: &PoolId, list: &[(String, u64, u64)], view: &ClusterView
 /// extents cannot move until it ends, so the drain is refused before it cordons the pool.
 pub fn drain_handovers(pool: &PoolId, infos: &[VolumeInfo], now_ms: u64) -> Result<(), String> {
     let on_pool = |v: &VolumeInfo| v.extents.iter().any(|e| e.pool == pool.name && e.target == pool.target);
-    let live = infos.iter().filter(|v| on_pool(v)).find_map(|v| {
-        let h = v.volume.handover.as_ref()?;
-        h.seconds_left(now_ms).map(|left| (v, h, left))
-    });
+    let live = infos.iter().filter(|v| on_pool(v)).find_map(|v| v.volume.writer_in_doubt(now_ms, None).map(|(from, left)| (v, from, left)));
     match live {
-        Some((v, h, left)) => Err(format!(
-            "pool {pool} cannot be drained now: volume '{}' was exported by {}, which may still write to its extents \
+        Some((v, from, left)) => Err(format!(
+            "pool {pool} cannot be drained now: volume '{}' was exported by {from}, which may still write to its extents \
              (at most {left} s more): try again once it said it stopped",
-            v.volume.name, h.from
+            v.volume.name
         )),
         None => Ok(()),
     }
@@ -109,7 +106,7 @@ pub fn drain_fits_moves(pool: &PoolId, extents: usize, under_way: usize) -> Resu
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::model::{ExtentInfo, Handover, Volume};
+    use crate::model::{ExtentInfo, Handover, Restarted, Volume};
 
     const MIB: u64 = 1 << 20;
 
@@ -135,7 +132,7 @@ mod tests {
             })
             .collect::<Vec<_>>();
         VolumeInfo {
-            volume: Volume { name: "v".into(), size: 8 * MIB, extent_size: MIB, created_ms: 0, handover: None },
+            volume: Volume { name: "v".into(), size: 8 * MIB, extent_size: MIB, created_ms: 0, handover: None, restarted: None },
             extents_total: 8,
             extents_allocated: extents.len() as u64,
             extents,
@@ -273,13 +270,18 @@ mod tests {
         let p1 = PoolId { target: "t1".into(), name: "p".into() };
         let mut v = info(&["t1", "t2"]);
         assert_eq!(drain_handovers(&p1, std::slice::from_ref(&v), 100), Ok(()));
-        v.volume.handover = Some(Handover { from: "t9".into(), epoch: 3, until_ms: 5000 });
+        v.volume.handover = Some(Handover { from: "t9".into(), epoch: 3, incarnation: 0, until_ms: 5000 });
         let e = drain_handovers(&p1, std::slice::from_ref(&v), 100).expect_err("under a handover");
         assert!(e.contains("volume 'v' was exported by t9") && e.contains("at most 5 s more"), "{e}");
         // Over, or on another pool: no matter.
         assert_eq!(drain_handovers(&p1, std::slice::from_ref(&v), 5000), Ok(()));
         let p3 = PoolId { target: "t3".into(), name: "p".into() };
-        assert_eq!(drain_handovers(&p3, &[v], 100), Ok(()));
+        assert_eq!(drain_handovers(&p3, std::slice::from_ref(&v), 100), Ok(()));
+        // A restarted exporter's earlier process likewise.
+        v.volume.restarted = Some(Restarted { target: "t8".into(), incarnation: 2, until_ms: 7000 });
+        let e = drain_handovers(&p1, std::slice::from_ref(&v), 5000).expect_err("restarted");
+        assert!(e.contains("exported by t8") && e.contains("at most 2 s more"), "{e}");
+        assert_eq!(drain_handovers(&p1, &[v], 7000), Ok(()));
     }
 
     #[test]

@@ -177,9 +177,18 @@ async fn health() -> Json<Health> {
 
 async fn register(State(s): Svc, Body(req): Body<RegisterTarget>) -> Result<Json<Registered>, ApiError> {
     let now = now_ms();
-    let r = change(s, move |c| c.register(&req, now)).await?;
+    let lease = s.export_lease_ms;
+    let r = change(s, move |c| c.register(&req, now, lease)).await?;
     info!(target_addr = %r.target.addr, pools = r.pools.len(), "target registered");
     Ok(Json(r))
+}
+
+/// A restarted target's process fenced its earlier ones: the volumes waiting for them go on.
+async fn fenced(State(s): Svc, Body(req): Body<Fenced>) -> Result<StatusCode, ApiError> {
+    let (target, incarnation) = (req.target.clone(), req.incarnation);
+    change(s, move |c| c.fenced(&target, incarnation)).await?;
+    info!(target_addr = %req.target, incarnation = req.incarnation, "target fenced its earlier processes");
+    Ok(StatusCode::NO_CONTENT)
 }
 
 async fn targets(State(s): Svc) -> Json<Vec<Target>> {
@@ -526,6 +535,7 @@ pub fn router(svc: Arc<Service>) -> Router {
     Router::new()
         .route("/v1/health", get(health))
         .route("/v1/targets", post(register).get(targets))
+        .route("/v1/targets/fenced", post(fenced))
         .route("/v1/pools/{target}/{pool}/view", put(push_view))
         .route("/v1/pools/{target}/{pool}/cordon", post(cordon))
         .route("/v1/pools/{target}/{pool}/uncordon", post(uncordon))

@@ -197,7 +197,11 @@ impl Cluster {
 
     // ---- targets and pools ----
 
-    pub fn register(&self, req: &RegisterTarget, now_ms: u64) -> Planned<Registered> {
+    /// Registers a target (again at each of its starts). Registered by another process than
+    /// before (`incarnation`), each volume it exports waits for the new process's fences
+    /// ([`Cluster::fenced`]) or its earlier processes' lease (`lease_ms`) and write bound:
+    /// docs/control-plane.md, "A restarted exporter".
+    pub fn register(&self, req: &RegisterTarget, now_ms: u64, lease_ms: u64) -> Planned<Registered> {
         if req.addr.is_empty() || req.addr.len() > NAME_BYTES_MAX || req.addr.contains('/') {
             return Err(err(ErrorCode::InvalidArgument, "target address must be HOST:PORT"));
         }
@@ -216,8 +220,31 @@ impl Cluster {
                 format!("write_bound_ms {}: at most {EXPORT_WRITE_BOUND_MS_MAX}", req.write_bound_ms),
             ));
         }
-        let target = Target { addr: req.addr.clone(), nqn: req.nqn.clone(), registered_ms: now_ms, write_bound_ms: req.write_bound_ms };
+        let target = Target {
+            addr: req.addr.clone(),
+            nqn: req.nqn.clone(),
+            registered_ms: now_ms,
+            write_bound_ms: req.write_bound_ms,
+            incarnation: req.incarnation,
+        };
         let mut writes = vec![Write::Put(Record::Target(target.clone()))];
+        let old = self.targets.get(&req.addr);
+        if req.incarnation != 0 && old.is_some_and(|t| t.incarnation != req.incarnation) {
+            // Its earlier processes may have left writes at its volumes' pools, or in the
+            // network: bounded by theirs and this one's write bound.
+            let bound = [old.map_or(0, |t| t.write_bound_ms), req.write_bound_ms]
+                .into_iter()
+                .map(|b| if b == 0 { EXPORT_WRITE_BOUND_MS_DEFAULT } else { b })
+                .max()
+                .unwrap_or(EXPORT_WRITE_BOUND_MS_DEFAULT);
+            let until_ms = now_ms.saturating_add(lease_ms).saturating_add(bound).saturating_add(EXPORT_HANDOVER_MARGIN_MS);
+            for x in self.exports.values().filter(|x| x.target == req.addr) {
+                let Some(v) = self.volumes.get(&x.volume) else { continue };
+                let until_ms = v.restarted.as_ref().filter(|r| r.target == req.addr).map_or(until_ms, |r| r.until_ms.max(until_ms));
+                let restarted = Restarted { target: req.addr.clone(), incarnation: req.incarnation, until_ms };
+                writes.push(Write::Put(Record::Volume(Volume { restarted: Some(restarted), ..v.clone() })));
+            }
+        }
         let mut pools = Vec::new();
         for (i, p) in req.pools.iter().enumerate() {
             check_name("pool", &p.name)?;
@@ -353,7 +380,7 @@ impl Cluster {
         if self.volumes.len() >= VOLUMES_MAX {
             return Err(err(ErrorCode::LimitExceeded, format!("the control plane keeps {VOLUMES_MAX} volumes")));
         }
-        let v = Volume { name: req.name.clone(), size: req.size, extent_size, created_ms: now_ms, handover: None };
+        let v = Volume { name: req.name.clone(), size: req.size, extent_size, created_ms: now_ms, handover: None, restarted: None };
         Ok((vec![Write::Put(Record::Volume(v.clone()))], v))
     }
 
@@ -481,7 +508,11 @@ impl Cluster {
         let x = Export { volume: name.into(), target: req.target.clone(), hosts, allow_any_host: req.allow_any_host, nqn, nsid: 1, epoch };
         let counter = Counter { name: EXPORTS_COUNTER.into(), value: epoch };
         let mut writes = vec![Write::Put(Record::Counter(counter)), Write::Put(Record::Export(x.clone()))];
-        if v.handover.is_some() {
+        // Exported again by the process that unexported it, which waits for its own
+        // instances before serving: the handover is over. Not when that was an earlier
+        // process of the target: only its fences or its bound end it.
+        let current = self.targets.get(&req.target).map_or(0, |t| t.incarnation);
+        if v.handover.as_ref().is_some_and(|h| h.seconds_left(now_ms).is_none() || (h.from == req.target && h.incarnation == current)) {
             writes.push(Write::Put(Record::Volume(Volume { handover: None, ..v.clone() })));
         }
         Ok((writes, x))
@@ -497,7 +528,8 @@ impl Cluster {
         let Some(x) = self.exports.get(name) else { return Ok((Vec::new(), ())) };
         let bound = self.targets.get(&x.target).map(|t| t.write_bound_ms).filter(|&b| b > 0).unwrap_or(EXPORT_WRITE_BOUND_MS_DEFAULT);
         let until_ms = now_ms.saturating_add(lease_ms).saturating_add(bound).saturating_add(EXPORT_HANDOVER_MARGIN_MS);
-        let handover = Handover { from: x.target.clone(), epoch: x.epoch, until_ms };
+        let incarnation = self.targets.get(&x.target).map_or(0, |t| t.incarnation);
+        let handover = Handover { from: x.target.clone(), epoch: x.epoch, incarnation, until_ms };
         let writes = vec![
             Write::Delete(Table::Exports, name.to_string()),
             Write::Put(Record::Volume(Volume { handover: Some(handover), ..v.clone() })),
@@ -514,6 +546,33 @@ impl Cluster {
             Some(h) if h.from == target && h.epoch == epoch => vec![Write::Put(Record::Volume(Volume { handover: None, ..v.clone() }))],
             _ => Vec::new(),
         };
+        Ok((writes, ()))
+    }
+
+    /// Process `incarnation` of `target` has fenced its earlier processes at the pools of
+    /// every registered target: nothing they sent can land any more. The volumes waiting
+    /// for them (restarted, or handed over by an earlier process) go on. Nothing to do for a
+    /// process that is no longer the target's registered one (it cannot speak for a later
+    /// one's predecessors) nor for an unknown target.
+    pub fn fenced(&self, target: &str, incarnation: u64) -> Planned<()> {
+        if incarnation == 0 || self.targets.get(target).is_none_or(|t| t.incarnation != incarnation) {
+            return Ok((Vec::new(), ()));
+        }
+        let writes = self
+            .volumes
+            .values()
+            .filter_map(|v| {
+                let restarted = v.restarted.as_ref().is_some_and(|r| r.target == target);
+                let handed = v.handover.as_ref().is_some_and(|h| h.from == target && h.incarnation != incarnation);
+                (restarted || handed).then(|| {
+                    Write::Put(Record::Volume(Volume {
+                        restarted: if restarted { None } else { v.restarted.clone() },
+                        handover: if handed { None } else { v.handover.clone() },
+                        ..v.clone()
+                    }))
+                })
+            })
+            .collect();
         Ok((writes, ()))
     }
 
@@ -833,21 +892,23 @@ fn state_name(s: MoveState) -> &'static str {
     }
 }
 
-/// Refuses what volume `v`'s handover forbids at `now_ms`: anything but exporting it again
-/// on its last exporter (`to`).
+/// Refuses what volume `v`'s handover or restarted exporter forbids at `now_ms`: anything
+/// but exporting it again on the target that may still write (`to`).
 fn handing_over(v: &Volume, now_ms: u64, to: Option<&str>) -> Result<(), ApiError> {
-    let Some(h) = v.handover.as_ref().filter(|h| to != Some(h.from.as_str())) else { return Ok(()) };
-    match h.seconds_left(now_ms) {
-        Some(left) => Err(err(
-            ErrorCode::ExportHandover,
-            format!(
-                "volume '{}' was exported by {}, which may still write to its extents until it confirms it stopped, \
-                 at the latest in {left} s: try again then",
-                v.name, h.from
-            ),
-        )),
-        None => Ok(()),
-    }
+    let Some((from, left)) = v.writer_in_doubt(now_ms, to) else { return Ok(()) };
+    let name = &v.name;
+    let message = if v.handover.as_ref().is_some_and(|h| h.from == from && h.seconds_left(now_ms).is_some()) {
+        format!(
+            "volume '{name}' was exported by {from}, which may still write to its extents until it confirms it stopped, \
+             at the latest in {left} s: try again then"
+        )
+    } else {
+        format!(
+            "volume '{name}' is exported by {from}, which restarted: its earlier process may still write to its extents \
+             until the new one has fenced them, at the latest in {left} s: try again then"
+        )
+    };
+    Err(err(ErrorCode::ExportHandover, message))
 }
 
 #[cfg(test)]
@@ -870,8 +931,9 @@ mod tests {
             });
         }
         for (t, pools) in by_target {
-            let (w, _) =
-                c.register(&RegisterTarget { addr: t.into(), nqn: "nqn.x".into(), pools, write_bound_ms: 0 }, 0).expect("register");
+            let (w, _) = c
+                .register(&RegisterTarget { addr: t.into(), nqn: "nqn.x".into(), pools, write_bound_ms: 0, incarnation: 0 }, 0, 0)
+                .expect("register");
             w.iter().for_each(|w| c.apply(w));
         }
         c
@@ -974,8 +1036,8 @@ mod tests {
         let mut c = cluster(&[("t1", "p", 4 * MIB), ("t2", "p", 4 * MIB)]);
         // t1 declares a 5 s write bound, t2 none (the default).
         let pool = PoolSpec { name: "p".into(), path: "/p/p".into(), size: 4 * MIB, nsid: 1, bandwidth: 0, write_cost: 0.0 };
-        let reg = RegisterTarget { addr: "t1".into(), nqn: "nqn.x".into(), pools: vec![pool], write_bound_ms: 5000 };
-        commit(&mut c, |c| c.register(&reg, 0)).expect("t1 again");
+        let reg = RegisterTarget { addr: "t1".into(), nqn: "nqn.x".into(), pools: vec![pool], write_bound_ms: 5000, incarnation: 0 };
+        commit(&mut c, |c| c.register(&reg, 0, 0)).expect("t1 again");
         commit(&mut c, |c| c.create_volume(&CreateVolume { name: "v".into(), size: 4 * MIB, extent_size: Some(MIB) }, 0)).expect("v");
         commit(&mut c, |c| c.allocate("v", 0, 0)).expect("extent 0");
         let to = |t: &str| ExportVolume { target: t.into(), hosts: vec![], allow_any_host: true };
@@ -993,7 +1055,7 @@ mod tests {
         // Unexported at 1000 with a 2 s lease: until 1000 + 2000 + 5000 and the margin.
         commit(&mut c, |c| c.unexport("v", 1000, 2000)).expect("unexport");
         let until_ms = 8000 + EXPORT_HANDOVER_MARGIN_MS;
-        assert_eq!(c.volumes["v"].handover, Some(Handover { from: "t1".into(), epoch: x.epoch, until_ms }));
+        assert_eq!(c.volumes["v"].handover, Some(Handover { from: "t1".into(), epoch: x.epoch, incarnation: 0, until_ms }));
         let refused = |r: Result<(), ErrorCode>, what: &str| assert_eq!(r, Err(ErrorCode::ExportHandover), "{what}");
         refused(c.export("v", &to("t2"), until_ms - 1).map(drop).map_err(|e| e.code), "exported elsewhere");
         refused(c.delete_volume("v", 1000).map(drop).map_err(|e| e.code), "deleted");
@@ -1023,7 +1085,88 @@ mod tests {
         assert_eq!(c.volumes["v"].handover, None);
         // A target may not declare an absurd bound.
         let reg = RegisterTarget { write_bound_ms: EXPORT_WRITE_BOUND_MS_MAX + 1, ..reg };
-        assert_eq!(commit(&mut c, |c| c.register(&reg, 0)).err(), Some(ErrorCode::InvalidArgument));
+        assert_eq!(commit(&mut c, |c| c.register(&reg, 0, 0)).err(), Some(ErrorCode::InvalidArgument));
+    }
+
+    /// A target registered again by another process (a restart on the same address): what
+    /// its earlier processes sent may still land, so each volume it exports is moved,
+    /// deleted nor exported elsewhere until the new process says it fenced them, or their
+    /// lease and write bound pass; that word also ends the handovers its earlier processes
+    /// left, not its own, and a word from a process that is no longer the registered one
+    /// changes nothing.
+    #[test]
+    fn a_restarted_exporters_volumes_wait_for_its_fences() {
+        let mut c = cluster(&[("t1", "p", 8 * MIB), ("t2", "p", 8 * MIB)]);
+        let pool = PoolSpec { name: "p".into(), path: "/p/p".into(), size: 8 * MIB, nsid: 1, bandwidth: 0, write_cost: 0.0 };
+        let reg = |incarnation| RegisterTarget {
+            addr: "t1".into(),
+            nqn: "nqn.x".into(),
+            pools: vec![pool.clone()],
+            write_bound_ms: 5000,
+            incarnation,
+        };
+        commit(&mut c, |c| c.register(&reg(1), 0, 2000)).expect("t1, process 1");
+        let to = |t: &str| ExportVolume { target: t.into(), hosts: vec![], allow_any_host: true };
+        for v in ["v", "w"] {
+            commit(&mut c, |c| c.create_volume(&CreateVolume { name: v.into(), size: 4 * MIB, extent_size: Some(MIB) }, 0))
+                .expect("create");
+            commit(&mut c, |c| c.allocate(v, 0, 0)).expect("extent 0");
+            commit(&mut c, |c| c.export(v, &to("t1"), 0)).expect("on t1");
+        }
+        commit(&mut c, |c| c.unexport("w", 100, 2000)).expect("w unexported by process 1");
+        assert_eq!(c.volumes["w"].handover.as_ref().map(|h| h.incarnation), Some(1));
+        commit(&mut c, |c| c.register(&reg(1), 500, 2000)).expect("the same process again");
+        assert_eq!(c.volumes["v"].restarted, None, "registered again by the same process: no restart");
+
+        // Process 2 at 1000, with a 2 s lease: v (exported) waits until 1000 + 2000 + 5000
+        // and the margin; w (unexported) keeps its handover.
+        commit(&mut c, |c| c.register(&reg(2), 1000, 2000)).expect("t1, process 2");
+        let until_ms = 8000 + EXPORT_HANDOVER_MARGIN_MS;
+        assert_eq!(c.volumes["v"].restarted, Some(Restarted { target: "t1".into(), incarnation: 2, until_ms }));
+        assert_eq!(c.volumes["w"].restarted, None);
+        let refused = |r: Result<(), ApiError>, what: &str| assert_eq!(r.map_err(|e| e.code), Err(ErrorCode::ExportHandover), "{what}");
+        let e = c.begin_move("v", 0, &MoveRequest::default(), 1000).err().expect("refused");
+        assert!(e.message.contains("restarted") && e.message.contains("in 12 s"), "{}", e.message);
+        refused(c.export("w", &to("t2"), 1000).map(drop), "w exported elsewhere");
+        commit(&mut c, |c| c.unexport("v", 1000, 2000)).expect("v unexported by process 2");
+        refused(c.export("v", &to("t2"), 1000).map(drop), "v exported elsewhere: its restart waits");
+        refused(c.delete_volume("v", 1000).map(drop), "v deleted");
+        // Exported again on t1 by process 2: w's handover, process 1's, stays.
+        commit(&mut c, |c| c.export("w", &to("t1"), 1000)).expect("w on t1 again");
+        assert_eq!(c.volumes["w"].handover.as_ref().map(|h| h.incarnation), Some(1), "an earlier process's handover stays");
+        // v's handover is process 2's own: released by it, v still waits for the fences.
+        let epoch = c.volumes["v"].handover.as_ref().expect("handover").epoch;
+        commit(&mut c, |c| c.released("v", "t1", epoch)).expect("released");
+        assert!(c.volumes["v"].handover.is_none() && c.volumes["v"].restarted.is_some());
+        refused(c.export("v", &to("t2"), 1000).map(drop), "still");
+
+        // Words that change nothing: from process 1, from another target.
+        commit(&mut c, |c| c.fenced("t1", 1)).expect("stale");
+        commit(&mut c, |c| c.fenced("t2", 2)).expect("another target");
+        commit(&mut c, |c| c.fenced("t9", 2)).expect("unknown");
+        assert!(c.volumes["v"].restarted.is_some() && c.volumes["w"].handover.is_some());
+        // Process 2 fenced: v goes on, and w's handover by process 1 is over.
+        commit(&mut c, |c| c.fenced("t1", 2)).expect("fenced");
+        assert_eq!((c.volumes["v"].restarted.as_ref(), c.volumes["w"].handover.as_ref()), (None, None));
+        commit(&mut c, |c| c.export("v", &to("t2"), 1000)).expect("v on t2");
+        // Process 2's own handover is not ended by its fences.
+        commit(&mut c, |c| c.unexport("w", 2000, 2000)).expect("w unexported by process 2");
+        commit(&mut c, |c| c.fenced("t1", 2)).expect("fenced again");
+        assert_eq!(c.volumes["w"].handover.as_ref().map(|h| h.incarnation), Some(2));
+        commit(&mut c, |c| c.export("w", &to("t1"), 2000)).expect("w on t1: process 2's own handover ends");
+        assert_eq!(c.volumes["w"].handover, None);
+
+        // Without a word: process 3 at 10 s, then 4 at 20 s with no lease. The later bound
+        // holds, and once it passed the volume goes on.
+        commit(&mut c, |c| c.register(&reg(3), 10_000, 2000)).expect("process 3");
+        let first = c.volumes["w"].restarted.as_ref().expect("w waits").until_ms;
+        assert_eq!(first, 17_000 + EXPORT_HANDOVER_MARGIN_MS);
+        commit(&mut c, |c| c.register(&reg(4), 20_000, 0)).expect("process 4");
+        let until = c.volumes["w"].restarted.as_ref().expect("w waits").until_ms;
+        assert_eq!(until, first.max(25_000 + EXPORT_HANDOVER_MARGIN_MS));
+        assert_eq!(c.volumes["w"].restarted.as_ref().map(|r| r.incarnation), Some(4));
+        refused(c.begin_move("w", 0, &MoveRequest::default(), until - 1).map(drop), "one ms before");
+        commit(&mut c, |c| c.begin_move("w", 0, &MoveRequest::default(), until)).expect("at the bound");
     }
 
     #[test]
@@ -1059,6 +1202,7 @@ mod tests {
             nqn: "n".into(),
             pools: vec![PoolSpec { name: "p".into(), path: path.into(), size, nsid: 1, bandwidth: 0, write_cost: 0.0 }],
             write_bound_ms: 0,
+            incarnation: 0,
         };
         #[rustfmt::skip]
         let cases: &[(RegisterTarget, Option<ErrorCode>)] = &[
@@ -1067,13 +1211,13 @@ mod tests {
             (reg("/p/p", 2 * MIB), Some(ErrorCode::PoolConflict)),
             (reg("/elsewhere", 4 * MIB), Some(ErrorCode::PoolConflict)),
             (reg("/p/p", MIB - 1), Some(ErrorCode::InvalidArgument)),
-            (RegisterTarget { addr: "t1".into(), nqn: "n".into(), pools: vec![PoolSpec { name: "q".into(), path: "/a".into(), size: MIB, nsid: 1, bandwidth: 0, write_cost: 0.0 }, PoolSpec { name: "q".into(), path: "/b".into(), size: MIB, nsid: 1, bandwidth: 0, write_cost: 0.0 }], write_bound_ms: 0 }, Some(ErrorCode::InvalidArgument)),
-            (RegisterTarget { addr: "t2".into(), nqn: "n".into(), pools: (0..=POOLS_PER_TARGET_MAX).map(|i| PoolSpec { name: format!("p{i}"), path: "/a".into(), size: MIB, nsid: 1, bandwidth: 0, write_cost: 0.0 }).collect(), write_bound_ms: 0 }, Some(ErrorCode::LimitExceeded)),
-            (RegisterTarget { addr: "".into(), nqn: "n".into(), pools: vec![], write_bound_ms: 0 }, Some(ErrorCode::InvalidArgument)),
-            (RegisterTarget { addr: "t2".into(), nqn: "".into(), pools: vec![], write_bound_ms: 0 }, Some(ErrorCode::InvalidArgument)),
+            (RegisterTarget { addr: "t1".into(), nqn: "n".into(), pools: vec![PoolSpec { name: "q".into(), path: "/a".into(), size: MIB, nsid: 1, bandwidth: 0, write_cost: 0.0 }, PoolSpec { name: "q".into(), path: "/b".into(), size: MIB, nsid: 1, bandwidth: 0, write_cost: 0.0 }], write_bound_ms: 0, incarnation: 0 }, Some(ErrorCode::InvalidArgument)),
+            (RegisterTarget { addr: "t2".into(), nqn: "n".into(), pools: (0..=POOLS_PER_TARGET_MAX).map(|i| PoolSpec { name: format!("p{i}"), path: "/a".into(), size: MIB, nsid: 1, bandwidth: 0, write_cost: 0.0 }).collect(), write_bound_ms: 0, incarnation: 0 }, Some(ErrorCode::LimitExceeded)),
+            (RegisterTarget { addr: "".into(), nqn: "n".into(), pools: vec![], write_bound_ms: 0, incarnation: 0 }, Some(ErrorCode::InvalidArgument)),
+            (RegisterTarget { addr: "t2".into(), nqn: "".into(), pools: vec![], write_bound_ms: 0, incarnation: 0 }, Some(ErrorCode::InvalidArgument)),
         ];
         for (req, expected) in cases {
-            assert_eq!(c.register(req, 1).err().map(|e| e.code), *expected, "{req:?}");
+            assert_eq!(c.register(req, 1, 0).err().map(|e| e.code), *expected, "{req:?}");
         }
     }
 
@@ -1103,7 +1247,9 @@ mod tests {
                     nqn: "n".into(),
                     pools: vec![PoolSpec { name: "a".into(), path: "/p/a".into(), size: 4 * MIB, nsid: 1, bandwidth: 0, write_cost: 0.0 }],
                     write_bound_ms: 0,
+                    incarnation: 0,
                 },
+                0,
                 0,
             )
             .expect("again");
@@ -1296,8 +1442,9 @@ mod tests {
             nqn: "n".into(),
             pools: vec![PoolSpec { name: "p".into(), path: "/p/p".into(), size: 2 * MIB, nsid: 1, bandwidth: 0, write_cost: 0.0 }],
             write_bound_ms: 0,
+            incarnation: 0,
         };
-        commit(&mut c, |c| c.register(&reg, 300)).expect("register");
+        commit(&mut c, |c| c.register(&reg, 300, 0)).expect("register");
         assert!(c.moves.is_empty());
         assert_eq!(c.allocated(&p2), 0);
         // Again, aborted by the copier: the same.
@@ -1420,8 +1567,9 @@ mod tests {
             nqn: "n".into(),
             pools: vec![PoolSpec { name: "p".into(), path: "/p/p".into(), size: 4 * MIB, nsid: 1, bandwidth: 0, write_cost: 0.0 }],
             write_bound_ms: 0,
+            incarnation: 0,
         };
-        commit(&mut c, |c| c.register(&reg, 0)).expect("register");
+        commit(&mut c, |c| c.register(&reg, 0, 0)).expect("register");
         assert!(c.pools[&p1].cordoned, "a registration ended the cordon");
         // t2 full (three extents and the move's reservation): nowhere else.
         assert_eq!(commit(&mut c, |c| c.allocate("v", 4, 0)).err(), Some(ErrorCode::NoSpace));

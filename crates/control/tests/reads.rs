@@ -100,6 +100,7 @@ fn reads_answer_while_a_commit_is_stuck_in_the_store() {
                 nqn: "nqn.2026-11.io.nearstore:reads".into(),
                 pools,
                 write_bound_ms: 0,
+                incarnation: 0,
             })
             .await
         })
@@ -147,7 +148,13 @@ fn an_unexport_stuck_in_the_store_hides_the_volume_from_the_exports_poll() {
     let t = "127.0.0.1:4420";
     let pools = vec![PoolSpec { name: "p0".into(), path: "/pools/p0".into(), size: 64 << 20, nsid: 1, bandwidth: 0, write_cost: 0.0 }];
     client
-        .block_on(c.register(&RegisterTarget { addr: t.into(), nqn: "nqn.2026-11.io.nearstore:reads".into(), pools, write_bound_ms: 0 }))
+        .block_on(c.register(&RegisterTarget {
+            addr: t.into(),
+            nqn: "nqn.2026-11.io.nearstore:reads".into(),
+            pools,
+            write_bound_ms: 0,
+            incarnation: 0,
+        }))
         .expect("register");
     client.block_on(c.create_volume(&CreateVolume { name: "v".into(), size: 4 << 20, extent_size: Some(1 << 20) })).expect("create");
     client.block_on(c.export("v", &ExportVolume { target: t.into(), hosts: Vec::new(), allow_any_host: true })).expect("export");

@@ -129,8 +129,13 @@ struct Model {
     viewed: BTreeMap<PoolId, u64>,
     /// Volume to (target, epoch) of its export.
     exports: BTreeMap<String, (String, u64)>,
-    /// Volume to (last exporter, its export's epoch, until when) of its handover.
-    handovers: BTreeMap<String, (String, u64, u64)>,
+    /// Volume to (last exporter, its export's epoch, the exporter's process, until when) of
+    /// its handover.
+    handovers: BTreeMap<String, (String, u64, u64, u64)>,
+    /// Volume to (its restarted exporter, the process whose fences end it, until when).
+    restarted: BTreeMap<String, (String, u64, u64)>,
+    /// Each target's registered process (0: not said).
+    incarnations: BTreeMap<String, u64>,
     /// The last export epoch handed out.
     epoch: u64,
     /// Each target's declared write bound, in ms (0: the default).
@@ -143,6 +148,14 @@ impl Model {
     fn fresh(&self, pool: &PoolId, now: u64) -> bool {
         let heard = [self.registered.get(&pool.target), self.viewed.get(pool)].into_iter().flatten().copied().max();
         heard.is_some_and(|h| now - h <= VIEW_STALE_MS)
+    }
+
+    /// Whether a target other than `to` may still write to volume `n` at `now`: its
+    /// handover's, or its restarted exporter's earlier processes.
+    fn in_doubt(&self, n: &str, now: u64, to: Option<&str>) -> bool {
+        let handover = self.handovers.get(n).is_some_and(|h| Some(h.0.as_str()) != to && now < h.3);
+        let restarted = self.restarted.get(n).is_some_and(|r| Some(r.0.as_str()) != to && now < r.2);
+        handover || restarted
     }
 
     fn extent_len(&self, volume: &str) -> u64 {
@@ -165,6 +178,14 @@ enum Op {
         target: u8,
         pools: Vec<(u8, u64)>,
         bound: u64,
+        /// Its process: 0 (not said) or one of a few, so that the same one comes again.
+        incarnation: u64,
+    },
+    /// A target's process says it fenced its earlier ones: its registered process, or
+    /// (`stale`) another.
+    Fenced {
+        target: u8,
+        stale: bool,
     },
     Export {
         name: u8,
@@ -215,6 +236,7 @@ fn op(rng: &mut XorShiftRng) -> Op {
             target: rng.random_range(0..4u8),
             pools: (0..rng.random_range(0..3u8)).map(|p| (p, rng.random_range(1..24u64) * MIB)).collect(),
             bound: [0, 50, 5000][rng.random_range(0..3usize)],
+            incarnation: rng.random_range(0..4u64),
         },
         6..16 => Op::Create { name, extents: rng.random_range(0..12u64), extent_mib: [1, 2, 3, 4][rng.random_range(0..4usize)] },
         16..22 => Op::Grow { name, extents: rng.random_range(0..20u64) },
@@ -224,6 +246,7 @@ fn op(rng: &mut XorShiftRng) -> Op {
         82..84 => Op::Unexport { name },
         84..88 => Op::Released { name, target: rng.random_range(0..8u8), stale: rng.random_range(0..4u8) == 0 },
         88..90 => Op::Wait { ms: rng.random_range(0..2 * VIEW_STALE_MS) },
+        90..93 => Op::Fenced { target: rng.random_range(0..4u8), stale: rng.random_range(0..4u8) == 0 },
         _ => Op::Push {
             target: rng.random_range(0..4u8),
             pool: rng.random_range(0..2u8),
@@ -262,9 +285,18 @@ fn check(seed: u64, step: usize, svc: &Service, store: &Flaky, model: &Model) {
     assert_eq!(c.view_version(), model.view_version, "{}", ctx("view version"));
     let exports: BTreeMap<String, (String, u64)> = c.exports.iter().map(|(k, x)| (k.clone(), (x.target.clone(), x.epoch))).collect();
     assert_eq!(exports, model.exports, "{}", ctx("exports differ"));
-    let handovers: BTreeMap<String, (String, u64, u64)> =
-        c.volumes.values().filter_map(|v| v.handover.as_ref().map(|h| (v.name.clone(), (h.from.clone(), h.epoch, h.until_ms)))).collect();
+    let handovers: BTreeMap<String, (String, u64, u64, u64)> = c
+        .volumes
+        .values()
+        .filter_map(|v| v.handover.as_ref().map(|h| (v.name.clone(), (h.from.clone(), h.epoch, h.incarnation, h.until_ms))))
+        .collect();
     assert_eq!(handovers, model.handovers, "{}", ctx("handovers differ"));
+    let restarted: BTreeMap<String, (String, u64, u64)> = c
+        .volumes
+        .values()
+        .filter_map(|v| v.restarted.as_ref().map(|r| (v.name.clone(), (r.target.clone(), r.incarnation, r.until_ms))))
+        .collect();
+    assert_eq!(restarted, model.restarted, "{}", ctx("restarted exporters differ"));
     // Invariants, on the model's terms.
     // Pool to (offset, length, extent key).
     type Placed<'a> = Vec<(u64, u64, &'a (String, u64))>;
@@ -310,7 +342,7 @@ fn run(seed: u64, steps: usize) -> Vec<String> {
         store.step.store(step, Ordering::Relaxed);
         let before = model.clone();
         let outcome: Result<String, ErrorCode> = match &op {
-            Op::Register { target: t, pools, bound } => {
+            Op::Register { target: t, pools, bound, incarnation } => {
                 let req = RegisterTarget {
                     addr: target(*t),
                     nqn: "nqn.2026-11.io.nearstore:sim".into(),
@@ -326,10 +358,23 @@ fn run(seed: u64, steps: usize) -> Vec<String> {
                         })
                         .collect(),
                     write_bound_ms: *bound,
+                    incarnation: *incarnation,
                 };
-                let r = svc.change(|c| c.register(&req, now)).map_err(|e| e.code);
+                let r = svc.change(|c| c.register(&req, now, LEASE_MS)).map_err(|e| e.code);
                 match &r {
                     Ok(_) => {
+                        let old = model.incarnations.get(&target(*t)).copied();
+                        if *incarnation != 0 && old.is_some_and(|o| o != *incarnation) {
+                            let fill = |b: u64| if b == 0 { EXPORT_WRITE_BOUND_MS_DEFAULT } else { b };
+                            let bound = fill(model.bounds.get(&target(*t)).copied().unwrap_or(0)).max(fill(*bound));
+                            let until = now + LEASE_MS + bound + EXPORT_HANDOVER_MARGIN_MS;
+                            for (v, _) in model.exports.iter().filter(|(_, x)| x.0 == target(*t)) {
+                                let until = model.restarted.get(v).filter(|r| r.0 == target(*t)).map_or(until, |r| r.2.max(until));
+                                model.restarted.insert(v.clone(), (target(*t), *incarnation, until));
+                                note = ", an exporter restarted";
+                            }
+                        }
+                        model.incarnations.insert(target(*t), *incarnation);
                         for &(p, size) in pools {
                             model.pools.insert(pool_id(*t, p), size);
                         }
@@ -395,7 +440,7 @@ fn run(seed: u64, steps: usize) -> Vec<String> {
                     Err(ErrorCode::VolumeNotFound)
                 } else if model.exports.contains_key(&n) {
                     Err(ErrorCode::VolumeExported)
-                } else if model.handovers.get(&n).is_some_and(|h| now < h.2) {
+                } else if model.in_doubt(&n, now, None) {
                     Err(ErrorCode::ExportHandover)
                 } else {
                     Ok(())
@@ -407,6 +452,7 @@ fn run(seed: u64, steps: usize) -> Vec<String> {
                     model.volumes.remove(&n);
                     model.extents.retain(|(v, _), _| *v != n);
                     model.handovers.remove(&n);
+                    model.restarted.remove(&n);
                 }
                 r.map(|_| "deleted".into())
             }
@@ -477,7 +523,7 @@ fn run(seed: u64, steps: usize) -> Vec<String> {
                     Err(ErrorCode::TargetNotFound)
                 } else if model.exports.get(&n).is_some_and(|x| x.0 != to) {
                     Err(ErrorCode::VolumeExported)
-                } else if model.handovers.get(&n).is_some_and(|h| h.0 != to && now < h.2) {
+                } else if model.in_doubt(&n, now, Some(&to)) {
                     Err(ErrorCode::ExportHandover)
                 } else {
                     Ok(())
@@ -491,8 +537,12 @@ fn run(seed: u64, steps: usize) -> Vec<String> {
                     (Ok(x), _) => {
                         assert_eq!(x.epoch, model.epoch + 1, "{}", at("epoch"));
                         model.epoch = x.epoch;
+                        // Its handover ends if over, or if it was this process's own.
+                        let current = model.incarnations.get(&to).copied().unwrap_or(0);
+                        if model.handovers.get(&n).is_some_and(|h| now >= h.3 || (h.0 == to && h.2 == current)) {
+                            model.handovers.remove(&n);
+                        }
                         model.exports.insert(n.clone(), (to, x.epoch));
-                        model.handovers.remove(&n);
                     }
                     (Err(_), _) => {}
                 }
@@ -508,7 +558,8 @@ fn run(seed: u64, steps: usize) -> Vec<String> {
                 if r.is_ok() {
                     if let Some((t, epoch)) = model.exports.remove(&n) {
                         let bound = model.bounds.get(&t).copied().filter(|&b| b > 0).unwrap_or(EXPORT_WRITE_BOUND_MS_DEFAULT);
-                        model.handovers.insert(n, (t, epoch, now + LEASE_MS + bound + EXPORT_HANDOVER_MARGIN_MS));
+                        let incarnation = model.incarnations.get(&t).copied().unwrap_or(0);
+                        model.handovers.insert(n, (t, epoch, incarnation, now + LEASE_MS + bound + EXPORT_HANDOVER_MARGIN_MS));
                     }
                 }
                 r.map(|_| "unexported".into())
@@ -530,6 +581,23 @@ fn run(seed: u64, steps: usize) -> Vec<String> {
                     note = ", a handover ended";
                 }
                 r.map(|_| "released".into())
+            }
+            Op::Fenced { target: t, stale } => {
+                let current = model.incarnations.get(&target(*t)).copied().unwrap_or(0);
+                let incarnation = if *stale { (current + 1) % 4 } else { current };
+                let r = svc.change(|c| c.fenced(&target(*t), incarnation)).map_err(|e| e.code);
+                if r != Err(ErrorCode::StoreFailed) {
+                    assert_eq!(r, Ok(()), "{}", at("outcome"));
+                }
+                if r.is_ok() && incarnation != 0 && incarnation == current && model.registered.contains_key(&target(*t)) {
+                    let before = model.restarted.len() + model.handovers.len();
+                    model.restarted.retain(|_, r| r.0 != target(*t));
+                    model.handovers.retain(|_, h| h.0 != target(*t) || h.2 == incarnation);
+                    if model.restarted.len() + model.handovers.len() < before {
+                        note = ", a restart ended";
+                    }
+                }
+                r.map(|_| "fenced".into())
             }
         };
         if outcome == Err(ErrorCode::StoreFailed) {
@@ -558,7 +626,7 @@ fn seeds() -> Vec<u64> {
 #[test]
 fn the_state_machine_follows_its_model() {
     let (mut allocated, mut no_space, mut failed, mut lost_applied, mut stale) = (0, 0, 0, 0, 0);
-    let (mut exported, mut held, mut ended) = (0, 0, 0);
+    let (mut exported, mut held, mut ended, mut restarts, mut fenced) = (0, 0, 0, 0, 0);
     for seed in seeds() {
         let trace = run(seed, 400);
         allocated += trace.iter().filter(|l| l.contains("Ok(\"extent at")).count();
@@ -569,6 +637,8 @@ fn the_state_machine_follows_its_model() {
         exported += trace.iter().filter(|l| l.contains("Ok(\"exported")).count();
         held += trace.iter().filter(|l| l.contains("Err(ExportHandover)")).count();
         ended += trace.iter().filter(|l| l.contains("a handover ended")).count();
+        restarts += trace.iter().filter(|l| l.contains("an exporter restarted")).count();
+        fenced += trace.iter().filter(|l| l.contains("a restart ended")).count();
     }
     // The workload reached every side of allocation and of a commit, or the model checked little.
     if std::env::var("NEARSTORE_CONTROL_SIM_SEED").is_err() {
@@ -580,9 +650,12 @@ fn the_state_machine_follows_its_model() {
                 && stale > 100
                 && exported > 100
                 && held > 100
-                && ended > 100,
+                && ended > 100
+                && restarts > 100
+                && fenced > 50,
             "allocated {allocated}, no space {no_space}, failed commits {failed}, lost commits applied {lost_applied}, \
-             refused for stale pools {stale}, exported {exported}, refused for a handover {held}, handovers ended by a word {ended}"
+             refused for stale pools {stale}, exported {exported}, refused for a handover {held}, handovers ended by a word {ended}, \
+             exporters restarted {restarts}, restarts ended by fences {fenced}"
         );
     }
 }

@@ -428,12 +428,24 @@ pub fn incarnation() -> u64 {
     })
 }
 
+/// Names this target among those of one machine that share a member NQN (the default
+/// one, the machine's): the address of its first I/O listener, the same at each restart
+/// where it listens. Set once, before its first connection to a peer; later calls change
+/// nothing (targets in one process are one incarnation anyway).
+pub fn set_process_address(addr: &str) {
+    let _ = PROCESS_ADDRESS.set(addr.to_string());
+}
+
+static PROCESS_ADDRESS: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+
 /// The Host Identifier cluster member `member` connects to peers with: its family, the
-/// first 8 bytes of a UUID v5 of its NQN (the same in every incarnation, and not the Host
-/// ID a tool on the same machine derives from that NQN), then this process's
-/// [`incarnation`]. A peer's Fence Host Instances resets the family's other incarnations.
+/// first 8 bytes of a UUID v5 of its NQN and this target's address
+/// ([`set_process_address`]), the same in every process of it and not the Host ID a tool
+/// on the same machine derives from that NQN; then this process's [`incarnation`]. A
+/// peer's Fence Host Instances resets the family's other incarnations.
 pub fn member_hostid(member: &str) -> [u8; 16] {
-    let family = uuid::Uuid::new_v5(&uuid::Uuid::NAMESPACE_OID, format!("nearstore cluster member {member}").as_bytes());
+    let at = PROCESS_ADDRESS.get().map_or("", String::as_str);
+    let family = uuid::Uuid::new_v5(&uuid::Uuid::NAMESPACE_OID, format!("nearstore cluster member {member} at {at}").as_bytes());
     let mut id = [0; 16];
     id[..8].copy_from_slice(&family.as_bytes()[..8]);
     id[8..].copy_from_slice(&incarnation().to_le_bytes());

@@ -814,9 +814,12 @@ impl Sim {
             nqn: format!("nqn.sim:{}", x.addr),
             pools: vec![PoolSpec { name: "p".into(), path: "/pool".into(), size: POOL_BYTES, nsid: 1, bandwidth: 0, write_cost: 0.0 }],
             write_bound_ms: 0,
+            // Its lives are not fenced processes here: no restart waits (the moves model
+            // the invalidations, not the pools' late writes).
+            incarnation: 0,
         };
         let me = Caller { cut: x.cut.clone(), life: Arc::default() };
-        self.until_ok(&me, |c, now| c.register(&req, now)).await;
+        self.until_ok(&me, |c, now| c.register(&req, now, 0)).await;
     }
 
     /// Starts a life of an exporter: a volume device with a cold cache and a mover.

@@ -81,6 +81,18 @@ pub fn member_target(dir: &Path, name: &str, i: usize, control: &str, pool_mib: 
     Target::start(&["--config", config.to_str().expect("path"), "--control", control, "--pool", &pool])
 }
 
+/// Member target `name` (`i`) of [`member_target`] started again, as a new process, on
+/// `addr`, where it listened before: the same configuration and pool.
+pub fn restart_member_target(dir: &Path, name: &str, i: usize, control: &str, pool_mib: u64, addr: SocketAddr) -> Target {
+    let config = dir.join(format!("{name}.toml"));
+    let text = std::fs::read_to_string(&config).expect("config");
+    std::fs::write(&config, text.replace("address = \"127.0.0.1:0\"", &format!("address = \"{addr}\""))).expect("config");
+    let pool = format!("{}:{pool_mib}MiB", dir.join(format!("p{i}")).display());
+    let t = Target::start(&["--config", config.to_str().expect("path"), "--control", control, "--pool", &pool]);
+    assert_eq!(t.addr, addr, "restarted where it listened");
+    t
+}
+
 /// A `nearstore target` process on a port the kernel chose (`--listen 127.0.0.1:0`), killed
 /// when dropped, passed or failed.
 pub struct Target {
