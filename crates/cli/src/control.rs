@@ -491,7 +491,7 @@ pub async fn pool(cmd: PoolCmd) -> Result<()> {
     }
     let list = nearstore_control::rebalance::drain_list(&id, &infos);
     nearstore_control::rebalance::drain_room(&id, &list, &view).map_err(anyhow::Error::msg)?;
-    nearstore_control::rebalance::drain_handovers(&id, &infos, nearstore_control::server::now_ms()).map_err(anyhow::Error::msg)?;
+    nearstore_control::rebalance::drain_handovers(&id, &infos).map_err(anyhow::Error::msg)?;
     if !m.wait {
         let under_way = client.moves(None, 0).await.map_err(plain)?.moves.len();
         nearstore_control::rebalance::drain_fits_moves(&id, list.len(), under_way).map_err(anyhow::Error::msg)?;
@@ -695,7 +695,7 @@ impl Exporter {
                 }
             }
             let sent = tokio::time::Instant::now();
-            let asked = self.client.exports(&self.addr, since);
+            let asked = self.client.exports(&self.addr, since, nearstore_target::cluster::incarnation());
             let answer = match lease {
                 Some(end) => tokio::time::timeout_at(end, asked).await.ok(),
                 None => Some(asked.await),
@@ -705,7 +705,12 @@ impl Exporter {
                 // The lease ran out while asking: stopped at the top of the loop.
                 None => continue,
                 Some(Err(e)) => {
-                    tracing::warn!(control = %self.client.addr, error = %e, "cannot list this target's exports; retrying");
+                    if e.code() == Some(ErrorCode::StaleIncarnation) {
+                        // Not registered as this process yet: the agent is at it.
+                        tracing::debug!(control = %self.client.addr, error = %e, "exports asked before this process registered; retrying");
+                    } else {
+                        tracing::warn!(control = %self.client.addr, error = %e, "cannot list this target's exports; retrying");
+                    }
                     let pause = tokio::time::Instant::now() + std::time::Duration::from_millis(wait);
                     tokio::time::sleep_until(lease.map_or(pause, |end| end.min(pause))).await;
                     wait = (wait * 2).min(nearstore_control::limits::AGENT_RETRY_MS_MAX);
@@ -814,44 +819,59 @@ impl Exporter {
     }
 }
 
-/// Once this process is the target's registered one: fences this target's earlier
-/// processes at the pool subsystem of every other registered target (Fence Host Instances,
-/// `nearstore_target::cluster::fenced`, which this process's first connection to each
-/// does anyway), then tells the control plane, which lets the volumes waiting for them go on
-/// (docs/control-plane.md, "A restarted exporter"). Tried again until it is heard; a
-/// target that never answers leaves them waiting for their bound.
+/// Once this process is the target's registered one, and the control plane says its
+/// earlier processes may still write (`Target::unfenced`): fences them at the pool
+/// subsystem of every other target with a pool (Fence Host Instances,
+/// `nearstore_target::cluster::fenced`, which this process's first connection to each does
+/// anyway), then tells the control plane, which lets the volumes waiting for them go on
+/// (docs/control-plane.md, "A restarted exporter"). Tried again until it is heard, or
+/// until there is nothing to fence or their bound passed. A peer that cannot fence (not a
+/// nearstore target) leaves them to their bound: it is not said.
 async fn fence_earlier(client: Client, addr: String, member: String, timeout: std::time::Duration) {
+    use nearstore_target::cluster::Fence;
     let me = nearstore_target::cluster::incarnation();
     let retry = std::time::Duration::from_millis(nearstore_control::limits::AGENT_RETRY_MS_MAX);
     loop {
         let attempt = async {
-            let targets = client.targets().await?;
-            anyhow::ensure!(
-                targets.iter().any(|t| t.addr == addr && t.incarnation == me),
-                "this process is not the one registered for {addr} yet"
-            );
+            let view = client.view(0).await?;
+            let Some(t) = view.targets.iter().find(|t| t.addr == addr && t.incarnation == me) else {
+                anyhow::bail!("this process is not the one registered for {addr} yet");
+            };
+            let now = nearstore_control::server::now_ms();
+            if t.unfenced.as_ref().is_none_or(|u| u.seconds_left(now).is_none()) {
+                return Ok(None);
+            }
+            let mut with_pools: Vec<&str> = view.pools.iter().map(|p| p.target.as_str()).filter(|t| *t != addr).collect();
+            with_pools.sort_unstable();
+            with_pools.dedup();
             let mut fences = tokio::task::JoinSet::new();
-            for t in targets.into_iter().filter(|t| t.addr != addr) {
-                let Ok(at) = t.addr.parse::<SocketAddr>() else { continue };
-                let member = member.clone();
+            for t in with_pools {
+                let at = t.parse::<SocketAddr>().map_err(|_| anyhow::anyhow!("target {t} is not an address"))?;
+                let (member, t) = (member.clone(), t.to_string());
                 fences.spawn(async move {
                     let r = nearstore_target::cluster::fenced(at, nearstore_target::POOLS_NQN, &member, &member, timeout).await;
-                    r.map_err(|e| format!("{}: {}", t.addr, e.message))
+                    r.map_err(|e| format!("{t}: {}", e.message)).map(|f| (t, f))
                 });
             }
-            let mut failed = Vec::new();
+            let (mut failed, mut unsupported) = (Vec::new(), Vec::new());
             while let Some(r) = fences.join_next().await {
-                if let Err(e) = r.map_err(|e| e.to_string()).and_then(|r| r) {
-                    failed.push(e);
+                match r.map_err(|e| e.to_string()).and_then(|r| r) {
+                    Ok((t, Fence::Unsupported)) => unsupported.push(t),
+                    Ok(_) => {}
+                    Err(e) => failed.push(e),
                 }
             }
             anyhow::ensure!(failed.is_empty(), "not fenced at {}", failed.join("; "));
+            if !unsupported.is_empty() {
+                return Ok(Some(format!("not said: {} cannot fence (not nearstore targets)", unsupported.join(", "))));
+            }
             client.fenced(&addr, me).await?;
-            Ok(())
+            Ok(Some("told the control plane".to_string()))
         };
         match attempt.await {
-            Ok(()) => {
-                tracing::info!(incarnation = me, "this target's earlier processes are fenced at every registered target");
+            Ok(None) => return,
+            Ok(Some(outcome)) => {
+                tracing::info!(incarnation = me, "this target's earlier processes are fenced at every target with a pool: {outcome}");
                 return;
             }
             Err(e) => tracing::warn!(error = %e, "cannot fence this target's earlier processes yet; retrying"),
@@ -899,7 +919,7 @@ async fn release(client: Client, addr: String, x: Export, vols: Arc<parking_lot:
         if tokio::time::Instant::now() >= until {
             return;
         }
-        match client.released(&name, &addr, x.epoch).await {
+        match client.released(&name, &addr, x.epoch, nearstore_target::cluster::incarnation()).await {
             Ok(()) => {
                 tracing::info!(volume = %name, "told the control plane that this target no longer writes to the volume");
                 vols.lock().drain(..waited);
@@ -1300,10 +1320,11 @@ mod tests {
             unwritten: false,
         };
         let info = |total, extents: Vec<ExtentInfo>| VolumeInfo {
-            volume: Volume { name: "v".into(), size: total << 20, extent_size: 1 << 20, created_ms: 0, handover: None, restarted: None },
+            volume: Volume { name: "v".into(), size: total << 20, extent_size: 1 << 20, created_ms: 0, handover: None },
             extents_total: total,
             extents_allocated: extents.len() as u64,
             extents,
+            in_doubt: None,
         };
         #[rustfmt::skip]
         let cases: Vec<(VolumeInfo, Vec<&str>)> = vec![

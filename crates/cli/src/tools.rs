@@ -24,15 +24,13 @@ pub async fn run_target(cfg: Config, file: Option<std::path::PathBuf>) -> Result
     let agent = cfg.control.as_deref().map(|c| crate::control::agent(&cfg, c)).transpose()?;
     let target = Target::from_config(&cfg)?;
     let addrs = target.listen_all(&cfg).await?;
-    // Before any connection to a peer: what tells this target's processes from those of
-    // another target of the same member NQN (docs/protocol.md, "Fence Host Instances").
-    if let Some(i) = cfg.listener.iter().position(|l| !l.discovery) {
-        nearstore_target::cluster::set_process_address(&addrs[i].to_string());
-    }
     if let Some(mut agent) = agent {
         // Registered by its first I/O listener, as hosts reach it (its advertised address).
         let (i, l) = cfg.listener.iter().enumerate().find(|(_, l)| !l.discovery).context("the control plane needs an I/O listener")?;
         agent.addr = std::net::SocketAddr::new(l.advertise.unwrap_or(addrs[i].ip()), addrs[i].port()).to_string();
+        // What tells this target's processes from another target's of the same member NQN
+        // (docs/protocol.md, "Fence Host Instances"): its address as registered.
+        nearstore_target::cluster::set_process_address(&agent.addr);
         crate::control::feed(&agent, &target);
         let exporter = crate::control::Exporter {
             target: target.clone(),
@@ -46,6 +44,11 @@ pub async fn run_target(cfg: Config, file: Option<std::path::PathBuf>) -> Result
         tokio::spawn(agent.run());
         tokio::spawn(exporter.run());
         tokio::spawn(tenants.run());
+    }
+    // Without a control plane: its first I/O listener's address (a peer read may have
+    // fenced with none before: it fences again with it).
+    if let Some(i) = cfg.listener.iter().position(|l| !l.discovery) {
+        nearstore_target::cluster::set_process_address(&addrs[i].to_string());
     }
     if let Some(m) = cfg.metrics {
         let l = tokio::net::TcpListener::bind(m).await.with_context(|| format!("metrics: cannot listen on {m}"))?;

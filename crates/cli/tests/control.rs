@@ -140,6 +140,11 @@ fn api_error_paths() {
         ("DELETE", "/v1/volumes/v/export", String::new(), 204, None),
         ("GET", "/v1/exports", String::new(), 400, Some("invalid_argument")),
         ("GET", "/v1/exports?target=127.0.0.1:1&since=x", String::new(), 400, Some("invalid_argument")),
+        // A process of a target that is not its registered one (none is: not registered).
+        ("GET", "/v1/exports?target=127.0.0.1:1&incarnation=5", String::new(), 409, Some("stale_incarnation")),
+        ("GET", "/v1/exports?target=127.0.0.1:1&incarnation=0", String::new(), 200, None),
+        ("POST", "/v1/targets/fenced", r#"{"target":"127.0.0.1:1","incarnation":5}"#.into(), 204, None),
+        ("POST", "/v1/targets/fenced", r#"{"target":"127.0.0.1:1"}"#.into(), 400, Some("malformed_request")),
         ("GET", "/v2/volumes", String::new(), 404, Some("no_such_endpoint")),
         ("PATCH", "/v1/volumes", String::new(), 404, Some("no_such_endpoint")),
     ];

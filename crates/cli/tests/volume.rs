@@ -742,24 +742,25 @@ fn a_restarted_exporters_volume_moves_only_once_its_dead_process_is_fenced() {
     drop(t0.take());
     let _t0 = restart_target(dir.path(), 0, &a, &a0);
     let deadline = Instant::now() + Duration::from_secs(15);
-    let r = loop {
-        if let Some(r) = rt.block_on(c.volume("v")).expect("info v").volume.restarted {
-            break r;
+    let d = loop {
+        if let Some(d) = rt.block_on(c.volume("v")).expect("info v").in_doubt {
+            break d;
         }
         assert!(Instant::now() < deadline, "the restart is not recorded");
         std::thread::sleep(Duration::from_millis(100));
     };
-    assert_eq!(r.target, a0);
+    assert!(d.target == a0 && d.restarted, "{d:?}");
     ok(&["volume", "unexport", "v", "--control", &a]);
     std::thread::sleep(Duration::from_millis(2000));
     let (_, err) = fails(&["volume", "export", "v", "--target", &a1, "--allow-host", HOST, "--control", &a, "-v"]);
     assert!(err.contains("(export_handover)"), "{err}");
-    assert!(rt.block_on(c.volume("v")).expect("info v").volume.restarted.is_some(), "not fenced while t1 cannot answer");
+    let t = rt.block_on(c.targets()).expect("targets").into_iter().find(|t| t.addr == a0).expect("t0");
+    assert!(t.unfenced.is_some(), "not fenced while t1 cannot answer: {t:?}");
 
     // t1 answers again: the fence completes, and v goes to t1 with what was written.
     drop(thaw);
     export_within(&["volume", "export", "v", "--target", &a1, "--allow-host", HOST, "--control", &a], Duration::from_secs(90));
-    assert_eq!(rt.block_on(c.volume("v")).expect("info v").volume.restarted, None);
+    assert_eq!(rt.block_on(c.volume("v")).expect("info v").in_doubt, None);
     let (ctrl, mut q) = connect_when_exported(&rt, t1.addr, &x.nqn);
     check(&rt, &mut q, 0, 4 * MIB, &model);
     drop((q, ctrl));

@@ -320,15 +320,18 @@ impl Client {
 
     /// Tells the control plane that `target`, the volume's last exporter, no longer writes
     /// to its extents (docs/control-plane.md, "Handing an export over").
-    pub async fn released(&self, name: &str, target: &str, epoch: u64) -> Result<(), ClientError> {
-        let body = Released { target: target.to_string(), epoch };
+    pub async fn released(&self, name: &str, target: &str, epoch: u64, incarnation: u64) -> Result<(), ClientError> {
+        let body = Released { target: target.to_string(), epoch, incarnation };
         self.call::<_, ()>(Method::POST, &format!("/v1/volumes/{}/released", segment(name)), Some(&body)).await
     }
 
     /// The exports `target` serves; held by the control plane while `since` is the current
     /// version (at most EXPORTS_WAIT_MS).
-    pub async fn exports(&self, target: &str, since: u64) -> Result<ExportList, ClientError> {
-        self.call::<(), _>(Method::GET, &format!("/v1/exports?target={}&since={since}", segment(target)), None).await
+    /// `incarnation`: the asking process's, answered only when it is the registered one (0:
+    /// always).
+    pub async fn exports(&self, target: &str, since: u64, incarnation: u64) -> Result<ExportList, ClientError> {
+        let path = format!("/v1/exports?target={}&since={since}&incarnation={incarnation}", segment(target));
+        self.call::<(), _>(Method::GET, &path, None).await
     }
 
     pub async fn allocate(&self, name: &str, index: u64) -> Result<ExtentInfo, ClientError> {

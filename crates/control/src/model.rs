@@ -36,6 +36,31 @@ pub struct Target {
     /// restarted exporter").
     #[serde(default, skip_serializing_if = "is_zero")]
     pub incarnation: u64,
+    /// Set when it registered as another process than before: what its earlier processes
+    /// sent to pools may still land until this one has fenced them there, or until
+    /// `until_ms` (docs/control-plane.md, "A restarted exporter").
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub unfenced: Option<Unfenced>,
+}
+
+/// A target's earlier processes, which may still write to the pools of the volumes they
+/// served.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Unfenced {
+    /// Milliseconds since the Unix epoch after which nothing of them can land: their export
+    /// lease and write bound past the registration.
+    pub until_ms: u64,
+    /// An earlier process did not say its incarnation (it predates them): its peers'
+    /// controllers are not in the family a fence resets, so only `until_ms` ends it.
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub time_only: bool,
+}
+
+impl Unfenced {
+    /// Seconds, rounded up, that it still lasts at `now_ms`; None once it is over.
+    pub fn seconds_left(&self, now_ms: u64) -> Option<u64> {
+        (now_ms < self.until_ms).then(|| (self.until_ms - now_ms).div_ceil(1000))
+    }
 }
 
 /// A pool: a file (or, later, a block device) a target sets aside for extents.
@@ -67,6 +92,10 @@ fn is_zero(v: &u64) -> bool {
     *v == 0
 }
 
+fn is_false(v: &bool) -> bool {
+    !*v
+}
+
 fn is_zero_f(v: &f64) -> bool {
     *v == 0.0
 }
@@ -85,25 +114,6 @@ pub struct Volume {
     /// export over"). Meanwhile it is exported nowhere else, deleted, nor moved.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub handover: Option<Handover>,
-    /// Set when its exporter registered again as a new process: what an earlier process of
-    /// it sent to the volume's pools may still land until the new one has fenced them
-    /// there, or until `until_ms` (docs/control-plane.md, "A restarted exporter").
-    /// Meanwhile it is exported nowhere else, deleted, nor moved.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub restarted: Option<Restarted>,
-}
-
-/// A volume's exporter that registered again as another process, whose earlier processes
-/// may still write to its extents.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct Restarted {
-    /// The exporter.
-    pub target: String,
-    /// The process whose fences end it ([`Target::incarnation`]).
-    pub incarnation: u64,
-    /// Milliseconds since the Unix epoch after which nothing of its earlier processes can
-    /// land: their export lease and write bound past the new registration.
-    pub until_ms: u64,
 }
 
 /// A volume's last exporter, which may still write to its extents.
@@ -117,6 +127,14 @@ pub struct Handover {
     /// The process of `from` that served it ([`Target::incarnation`]); 0 when unknown.
     #[serde(default, skip_serializing_if = "is_zero")]
     pub incarnation: u64,
+    /// That process said it stopped (`POST .../released`), or exported the volume again:
+    /// only `after_fence` may still hold the handover.
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub released: bool,
+    /// `from` had unfenced earlier processes when the volume was unexported
+    /// ([`Target::unfenced`]): the handover lasts until they are fenced too.
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub after_fence: bool,
     /// Milliseconds since the Unix epoch after which it cannot: its export lease and its
     /// writes' bound past the unexport.
     pub until_ms: u64,
@@ -132,18 +150,6 @@ impl Handover {
 impl Volume {
     pub fn extents(&self) -> u64 {
         self.size / self.extent_size
-    }
-
-    /// A target that may still write to the volume's extents at `now_ms` although no
-    /// longer allowed to (an unexport's handover, or its exporter's earlier processes),
-    /// unless it is `to`, and the seconds that lasts at most.
-    pub fn writer_in_doubt(&self, now_ms: u64, to: Option<&str>) -> Option<(&str, u64)> {
-        let handover = self.handover.as_ref().and_then(|h| Some((h.from.as_str(), h.seconds_left(now_ms)?)));
-        let restarted = self
-            .restarted
-            .as_ref()
-            .and_then(|r| Some((r.target.as_str(), (now_ms < r.until_ms).then(|| (r.until_ms - now_ms).div_ceil(1000))?)));
-        handover.into_iter().chain(restarted).find(|(from, _)| to != Some(*from))
     }
 }
 
@@ -592,6 +598,9 @@ pub struct Released {
     pub target: String,
     /// The export it stopped serving ([`Export::epoch`]).
     pub epoch: u64,
+    /// The process that says so ([`Target::incarnation`]); 0 from one that predates them.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub incarnation: u64,
 }
 
 /// `POST /v1/targets/fenced`: the process `incarnation` of `target` has fenced its earlier
@@ -647,6 +656,20 @@ pub struct VolumeInfo {
     pub extents_total: u64,
     pub extents_allocated: u64,
     pub extents: Vec<ExtentInfo>,
+    /// A target that may still write to its extents although it is not its exporter any
+    /// more, or an exporter's earlier processes: meanwhile it is exported nowhere else,
+    /// deleted, nor moved (docs/control-plane.md, "Handing an export over").
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub in_doubt: Option<InDoubt>,
+}
+
+/// Who may still write to a volume's extents, and for how long at most.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct InDoubt {
+    pub target: String,
+    pub seconds_left: u64,
+    /// Earlier processes of `target`, which restarted (else its own unexported export).
+    pub restarted: bool,
 }
 
 /// One pool in `GET /v1/view`: the control plane's books and the agent's last view.
@@ -856,6 +879,9 @@ pub enum ErrorCode {
     /// else, deleted, nor moved until it confirms it stopped or its bound passes (the
     /// message says when).
     ExportHandover,
+    /// A target's process that is not the one registered for its address asked for its
+    /// exports: it registers first (or it is an earlier process, still running).
+    StaleIncarnation,
 }
 
 impl ErrorCode {
@@ -868,6 +894,7 @@ impl ErrorCode {
             ErrorCode::NoSuchEndpoint | ErrorCode::VolumeNotFound | ErrorCode::TargetNotFound | ErrorCode::PoolNotFound => 404,
             ErrorCode::VolumeExists | ErrorCode::PoolConflict | ErrorCode::StaleView | ErrorCode::VolumeExported => 409,
             ErrorCode::MoveInProgress | ErrorCode::ExtentNotAllocated | ErrorCode::PoolCordoned | ErrorCode::ExportHandover => 409,
+            ErrorCode::StaleIncarnation => 409,
             ErrorCode::MoveNotFound | ErrorCode::TenantNotFound => 404,
             ErrorCode::TenantExists | ErrorCode::HostInTenant => 409,
             ErrorCode::NoSpace => 507,

@@ -74,17 +74,20 @@ pub fn drain_room(pool: &PoolId, list: &[(String, u64, u64)], view: &ClusterView
     Ok(())
 }
 
-/// Whether a volume with an extent in `pool` is under a handover at `now_ms` (its last
-/// exporter may still write to it: docs/control-plane.md, "Handing an export over"): its
-/// extents cannot move until it ends, so the drain is refused before it cordons the pool.
-pub fn drain_handovers(pool: &PoolId, infos: &[VolumeInfo], now_ms: u64) -> Result<(), String> {
+/// Whether a volume with an extent in `pool` has a writer in doubt (its last exporter, or
+/// its exporter's earlier processes, may still write to it: docs/control-plane.md,
+/// "Handing an export over", as the control plane said in `VolumeInfo::in_doubt`): its
+/// extents cannot move until that ends, so the drain is refused before it cordons the pool.
+pub fn drain_handovers(pool: &PoolId, infos: &[VolumeInfo]) -> Result<(), String> {
     let on_pool = |v: &VolumeInfo| v.extents.iter().any(|e| e.pool == pool.name && e.target == pool.target);
-    let live = infos.iter().filter(|v| on_pool(v)).find_map(|v| v.volume.writer_in_doubt(now_ms, None).map(|(from, left)| (v, from, left)));
-    match live {
-        Some((v, from, left)) => Err(format!(
-            "pool {pool} cannot be drained now: volume '{}' was exported by {from}, which may still write to its extents \
-             (at most {left} s more): try again once it said it stopped",
-            v.volume.name
+    match infos.iter().filter(|v| on_pool(v)).find_map(|v| v.in_doubt.as_ref().map(|d| (v, d))) {
+        Some((v, d)) => Err(format!(
+            "pool {pool} cannot be drained now: volume '{}' was exported by {}{}, which may still write to its extents \
+             (at most {} s more): try again once it said it stopped",
+            v.volume.name,
+            d.target,
+            if d.restarted { " (its earlier process: it restarted)" } else { "" },
+            d.seconds_left
         )),
         None => Ok(()),
     }
@@ -106,7 +109,7 @@ pub fn drain_fits_moves(pool: &PoolId, extents: usize, under_way: usize) -> Resu
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::model::{ExtentInfo, Handover, Restarted, Volume};
+    use crate::model::{ExtentInfo, InDoubt, Volume};
 
     const MIB: u64 = 1 << 20;
 
@@ -132,10 +135,11 @@ mod tests {
             })
             .collect::<Vec<_>>();
         VolumeInfo {
-            volume: Volume { name: "v".into(), size: 8 * MIB, extent_size: MIB, created_ms: 0, handover: None, restarted: None },
+            volume: Volume { name: "v".into(), size: 8 * MIB, extent_size: MIB, created_ms: 0, handover: None },
             extents_total: 8,
             extents_allocated: extents.len() as u64,
             extents,
+            in_doubt: None,
         }
     }
 
@@ -266,22 +270,19 @@ mod tests {
     }
 
     #[test]
-    fn a_drain_waits_for_the_handovers_of_its_volumes() {
+    fn a_drain_waits_for_the_writers_in_doubt_of_its_volumes() {
         let p1 = PoolId { target: "t1".into(), name: "p".into() };
         let mut v = info(&["t1", "t2"]);
-        assert_eq!(drain_handovers(&p1, std::slice::from_ref(&v), 100), Ok(()));
-        v.volume.handover = Some(Handover { from: "t9".into(), epoch: 3, incarnation: 0, until_ms: 5000 });
-        let e = drain_handovers(&p1, std::slice::from_ref(&v), 100).expect_err("under a handover");
-        assert!(e.contains("volume 'v' was exported by t9") && e.contains("at most 5 s more"), "{e}");
-        // Over, or on another pool: no matter.
-        assert_eq!(drain_handovers(&p1, std::slice::from_ref(&v), 5000), Ok(()));
+        assert_eq!(drain_handovers(&p1, std::slice::from_ref(&v)), Ok(()));
+        v.in_doubt = Some(InDoubt { target: "t9".into(), seconds_left: 5, restarted: false });
+        let e = drain_handovers(&p1, std::slice::from_ref(&v)).expect_err("under a handover");
+        assert!(e.contains("volume 'v' was exported by t9,") && e.contains("at most 5 s more"), "{e}");
+        v.in_doubt = Some(InDoubt { target: "t8".into(), seconds_left: 2, restarted: true });
+        let e = drain_handovers(&p1, std::slice::from_ref(&v)).expect_err("restarted");
+        assert!(e.contains("exported by t8 (its earlier process: it restarted)") && e.contains("at most 2 s more"), "{e}");
+        // On another pool: no matter.
         let p3 = PoolId { target: "t3".into(), name: "p".into() };
-        assert_eq!(drain_handovers(&p3, std::slice::from_ref(&v), 100), Ok(()));
-        // A restarted exporter's earlier process likewise.
-        v.volume.restarted = Some(Restarted { target: "t8".into(), incarnation: 2, until_ms: 7000 });
-        let e = drain_handovers(&p1, std::slice::from_ref(&v), 5000).expect_err("restarted");
-        assert!(e.contains("exported by t8") && e.contains("at most 2 s more"), "{e}");
-        assert_eq!(drain_handovers(&p1, &[v], 7000), Ok(()));
+        assert_eq!(drain_handovers(&p3, &[v]), Ok(()));
     }
 
     #[test]

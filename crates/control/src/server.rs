@@ -273,7 +273,8 @@ async fn list_volumes(State(s): Svc) -> Json<Vec<Volume>> {
 }
 
 async fn volume_info(State(s): Svc, Path(name): Path<String>) -> Result<Json<VolumeInfo>, ApiError> {
-    s.read(|c| c.volume_info(&name)).map(Json)
+    let now = now_ms();
+    s.read(|c| c.volume_info(&name, now)).map(Json)
 }
 
 async fn grow_volume(State(s): Svc, Path(name): Path<String>, Body(req): Body<GrowVolume>) -> Result<Json<Volume>, ApiError> {
@@ -365,10 +366,11 @@ impl Drop for Unexporting {
     }
 }
 
-/// The volume's last exporter no longer writes to it: its handover ends.
+/// The volume's last exporter no longer writes to it: its part of the handover ends.
 async fn released(State(s): Svc, Path(name): Path<String>, Body(req): Body<Released>) -> Result<StatusCode, ApiError> {
-    let (n, target, epoch) = (name.clone(), req.target.clone(), req.epoch);
-    change(s, move |c| c.released(&n, &target, epoch)).await?;
+    let (n, target, epoch, incarnation) = (name.clone(), req.target.clone(), req.epoch, req.incarnation);
+    let now = now_ms();
+    change(s, move |c| c.released(&n, &target, epoch, incarnation, now)).await?;
     info!(volume = %name, target_addr = %req.target, "volume released by its last exporter");
     Ok(StatusCode::NO_CONTENT)
 }
@@ -378,6 +380,10 @@ struct ExportsQuery {
     target: String,
     #[serde(default)]
     since: u64,
+    /// The asking process ([`Target::incarnation`]): answered only when it is the target's
+    /// registered one (0: a target that predates incarnations, always answered).
+    #[serde(default)]
+    incarnation: u64,
 }
 
 /// A target's exports; with `since` equal to the current version, held until they change
@@ -398,9 +404,18 @@ async fn exports(
     // The volumes being unexported first, then the state, under that lock: an unexport
     // that ends between the two is in the state read.
     let going = s.unexporting.lock();
-    let mut exports = s.read(|c| c.exports_of(&q.target));
+    let (registered, mut exports) = s.read(|c| (c.targets.get(&q.target).map(|t| t.incarnation), c.exports_of(&q.target)));
     exports.retain(|x| !going.contains_key(&x.volume));
     drop(going);
+    // Another process than the registered one renews no lease: a new one before its
+    // registration (a volume it served then would be unexported under the old one's name),
+    // or an old one still running after a new one registered.
+    if q.incarnation != 0 && registered != Some(q.incarnation) {
+        return Err(ApiError::new(
+            ErrorCode::StaleIncarnation,
+            format!("process {} of target {} is not the one registered: register first", q.incarnation, q.target),
+        ));
+    }
     Ok(Json(ExportList { version, exports, lease_ms: s.export_lease_ms }))
 }
 

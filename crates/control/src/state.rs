@@ -220,31 +220,39 @@ impl Cluster {
                 format!("write_bound_ms {}: at most {EXPORT_WRITE_BOUND_MS_MAX}", req.write_bound_ms),
             ));
         }
+        let old = self.targets.get(&req.addr);
+        // Another process than the one registered (one that predates incarnations, 0, too:
+        // it cannot fence, so only the bound ends the wait).
+        let restart = old.is_some_and(|t| t.incarnation != req.incarnation);
+        let same_process = req.incarnation != 0 && old.is_some_and(|t| t.incarnation == req.incarnation);
+        let unfenced = match old {
+            // Its earlier processes may have left writes at its volumes' pools, or in the
+            // network: bounded by theirs and this one's write bound; a second restart
+            // before the fence keeps the later end.
+            Some(old) if restart => {
+                let bound = [old.write_bound_ms, req.write_bound_ms]
+                    .into_iter()
+                    .map(|b| if b == 0 { EXPORT_WRITE_BOUND_MS_DEFAULT } else { b })
+                    .max()
+                    .unwrap_or(EXPORT_WRITE_BOUND_MS_DEFAULT);
+                let until_ms = now_ms.saturating_add(lease_ms).saturating_add(bound).saturating_add(EXPORT_HANDOVER_MARGIN_MS);
+                let live = old.unfenced.as_ref().filter(|u| u.seconds_left(now_ms).is_some());
+                Some(Unfenced {
+                    until_ms: live.map_or(until_ms, |u| u.until_ms.max(until_ms)),
+                    time_only: old.incarnation == 0 || req.incarnation == 0 || live.is_some_and(|u| u.time_only),
+                })
+            }
+            _ => old.and_then(|t| t.unfenced.clone()),
+        };
         let target = Target {
             addr: req.addr.clone(),
             nqn: req.nqn.clone(),
             registered_ms: now_ms,
             write_bound_ms: req.write_bound_ms,
             incarnation: req.incarnation,
+            unfenced,
         };
         let mut writes = vec![Write::Put(Record::Target(target.clone()))];
-        let old = self.targets.get(&req.addr);
-        if req.incarnation != 0 && old.is_some_and(|t| t.incarnation != req.incarnation) {
-            // Its earlier processes may have left writes at its volumes' pools, or in the
-            // network: bounded by theirs and this one's write bound.
-            let bound = [old.map_or(0, |t| t.write_bound_ms), req.write_bound_ms]
-                .into_iter()
-                .map(|b| if b == 0 { EXPORT_WRITE_BOUND_MS_DEFAULT } else { b })
-                .max()
-                .unwrap_or(EXPORT_WRITE_BOUND_MS_DEFAULT);
-            let until_ms = now_ms.saturating_add(lease_ms).saturating_add(bound).saturating_add(EXPORT_HANDOVER_MARGIN_MS);
-            for x in self.exports.values().filter(|x| x.target == req.addr) {
-                let Some(v) = self.volumes.get(&x.volume) else { continue };
-                let until_ms = v.restarted.as_ref().filter(|r| r.target == req.addr).map_or(until_ms, |r| r.until_ms.max(until_ms));
-                let restarted = Restarted { target: req.addr.clone(), incarnation: req.incarnation, until_ms };
-                writes.push(Write::Put(Record::Volume(Volume { restarted: Some(restarted), ..v.clone() })));
-            }
-        }
         let mut pools = Vec::new();
         for (i, p) in req.pools.iter().enumerate() {
             check_name("pool", &p.name)?;
@@ -291,9 +299,20 @@ impl Cluster {
             })));
             pools.push(RegisteredPool { name: p.name.clone(), seq: self.views.get(&id).map_or(0, |v| v.seq) });
         }
-        // A target registers when it starts: the moves it copied before died with it.
+        // A target registers when it starts: the moves it copied before died with it. Its
+        // earlier process may still have copy writes on their way to a destination: the
+        // move stays, aborted, until the new process confirms it (after fencing the
+        // destination's target: `Mover::confirm_abort`). Registered again by the same
+        // process, its moves run on.
         for m in self.moves.values().filter(|m| m.copier == req.addr) {
-            writes.push(Write::Delete(Table::Moves, extent_key(&m.volume, m.index)));
+            if restart {
+                if m.state != MoveState::Aborted {
+                    let reason = "its copier restarted".to_string();
+                    writes.push(Write::Put(Record::Move(Move { state: MoveState::Aborted, reason, ..m.clone() })));
+                }
+            } else if !same_process {
+                writes.push(Write::Delete(Table::Moves, extent_key(&m.volume, m.index)));
+            }
         }
         Ok((writes, Registered { target, pools }))
     }
@@ -380,7 +399,7 @@ impl Cluster {
         if self.volumes.len() >= VOLUMES_MAX {
             return Err(err(ErrorCode::LimitExceeded, format!("the control plane keeps {VOLUMES_MAX} volumes")));
         }
-        let v = Volume { name: req.name.clone(), size: req.size, extent_size, created_ms: now_ms, handover: None, restarted: None };
+        let v = Volume { name: req.name.clone(), size: req.size, extent_size, created_ms: now_ms, handover: None };
         Ok((vec![Write::Put(Record::Volume(v.clone()))], v))
     }
 
@@ -408,7 +427,7 @@ impl Cluster {
         }
         // Its extents freed under its last exporter's late writes would take them into
         // another volume's.
-        handing_over(v, now_ms, None)?;
+        self.refuse_in_doubt(v, now_ms, None)?;
         self.no_moves(name)?;
         let mut writes: Vec<Write> = self
             .extents
@@ -475,7 +494,7 @@ impl Cluster {
         }
         // Its last exporter may still write: not another target's yet. Exported again
         // where it was, or once the handover is over, the record goes.
-        handing_over(v, now_ms, Some(&req.target))?;
+        self.refuse_in_doubt(v, now_ms, Some(&req.target))?;
         if req.hosts.is_empty() && !req.allow_any_host {
             return Err(err(ErrorCode::InvalidArgument, "name the hosts allowed, or allow any host"));
         }
@@ -508,12 +527,18 @@ impl Cluster {
         let x = Export { volume: name.into(), target: req.target.clone(), hosts, allow_any_host: req.allow_any_host, nqn, nsid: 1, epoch };
         let counter = Counter { name: EXPORTS_COUNTER.into(), value: epoch };
         let mut writes = vec![Write::Put(Record::Counter(counter)), Write::Put(Record::Export(x.clone()))];
-        // Exported again by the process that unexported it, which waits for its own
-        // instances before serving: the handover is over. Not when that was an earlier
-        // process of the target: only its fences or its bound end it.
+        // A handover that is over goes. Exported again by the process that unexported it,
+        // which waits for its own instances before serving: its part is over, what its
+        // target's earlier processes may still send is not (`after_fence`).
         let current = self.targets.get(&req.target).map_or(0, |t| t.incarnation);
-        if v.handover.as_ref().is_some_and(|h| h.seconds_left(now_ms).is_none() || (h.from == req.target && h.incarnation == current)) {
-            writes.push(Write::Put(Record::Volume(Volume { handover: None, ..v.clone() })));
+        if let Some(h) = &v.handover {
+            if self.handover_left(h, now_ms).is_none() {
+                writes.push(Write::Put(Record::Volume(Volume { handover: None, ..v.clone() })));
+            } else if h.from == req.target && h.incarnation == current && !h.released {
+                let h = Handover { released: true, ..h.clone() };
+                let handover = self.handover_left(&h, now_ms).is_some().then_some(h);
+                writes.push(Write::Put(Record::Volume(Volume { handover, ..v.clone() })));
+            }
         }
         Ok((writes, x))
     }
@@ -529,7 +554,9 @@ impl Cluster {
         let bound = self.targets.get(&x.target).map(|t| t.write_bound_ms).filter(|&b| b > 0).unwrap_or(EXPORT_WRITE_BOUND_MS_DEFAULT);
         let until_ms = now_ms.saturating_add(lease_ms).saturating_add(bound).saturating_add(EXPORT_HANDOVER_MARGIN_MS);
         let incarnation = self.targets.get(&x.target).map_or(0, |t| t.incarnation);
-        let handover = Handover { from: x.target.clone(), epoch: x.epoch, incarnation, until_ms };
+        // Its earlier processes not fenced yet: the handover waits for that too.
+        let after_fence = self.unfenced_left(&x.target, now_ms).is_some();
+        let handover = Handover { from: x.target.clone(), epoch: x.epoch, incarnation, until_ms, released: false, after_fence };
         let writes = vec![
             Write::Delete(Table::Exports, name.to_string()),
             Write::Put(Record::Volume(Volume { handover: Some(handover), ..v.clone() })),
@@ -537,43 +564,101 @@ impl Cluster {
         Ok((writes, ()))
     }
 
-    /// The volume's last exporter `target` says it no longer writes to its extents for
-    /// export `epoch`: its handover ends. Nothing to do for another target or another
-    /// export of it (a late word about an earlier one), or when none is under way.
-    pub fn released(&self, name: &str, target: &str, epoch: u64) -> Planned<()> {
+    /// The volume's last exporter `target`, process `incarnation`, says it no longer writes
+    /// to its extents for export `epoch`: its part of the handover ends (the handover goes,
+    /// unless its target's earlier processes are still to be fenced). Nothing to do for
+    /// another target, another export of it (a late word about an earlier one), a process
+    /// that did not unexport it or is not the registered one, or when none is under way.
+    pub fn released(&self, name: &str, target: &str, epoch: u64, incarnation: u64, now_ms: u64) -> Planned<()> {
         let v = self.volume(name)?;
+        let current = self.targets.get(target).map_or(0, |t| t.incarnation);
         let writes = match &v.handover {
-            Some(h) if h.from == target && h.epoch == epoch => vec![Write::Put(Record::Volume(Volume { handover: None, ..v.clone() }))],
+            Some(h) if h.from == target && h.epoch == epoch && h.incarnation == incarnation && incarnation == current && !h.released => {
+                let h = Handover { released: true, ..h.clone() };
+                let handover = self.handover_left(&h, now_ms).is_some().then_some(h);
+                vec![Write::Put(Record::Volume(Volume { handover, ..v.clone() }))]
+            }
             _ => Vec::new(),
         };
         Ok((writes, ()))
     }
 
     /// Process `incarnation` of `target` has fenced its earlier processes at the pools of
-    /// every registered target: nothing they sent can land any more. The volumes waiting
-    /// for them (restarted, or handed over by an earlier process) go on. Nothing to do for a
-    /// process that is no longer the target's registered one (it cannot speak for a later
-    /// one's predecessors) nor for an unknown target.
+    /// every registered target: nothing they sent can land any more. One record changes,
+    /// the target's; the volumes waiting for them (exported by it, or handed over by it)
+    /// go on. Nothing to do for a process that is no longer the target's registered one (it
+    /// cannot speak for a later one's predecessors), for an unknown target, or for earlier
+    /// processes a fence does not reach (`time_only`).
     pub fn fenced(&self, target: &str, incarnation: u64) -> Planned<()> {
-        if incarnation == 0 || self.targets.get(target).is_none_or(|t| t.incarnation != incarnation) {
+        let Some(t) = self.targets.get(target).filter(|t| incarnation != 0 && t.incarnation == incarnation) else {
             return Ok((Vec::new(), ()));
-        }
-        let writes = self
-            .volumes
-            .values()
-            .filter_map(|v| {
-                let restarted = v.restarted.as_ref().is_some_and(|r| r.target == target);
-                let handed = v.handover.as_ref().is_some_and(|h| h.from == target && h.incarnation != incarnation);
-                (restarted || handed).then(|| {
-                    Write::Put(Record::Volume(Volume {
-                        restarted: if restarted { None } else { v.restarted.clone() },
-                        handover: if handed { None } else { v.handover.clone() },
-                        ..v.clone()
-                    }))
-                })
-            })
-            .collect();
+        };
+        let writes = match &t.unfenced {
+            Some(u) if !u.time_only => vec![Write::Put(Record::Target(Target { unfenced: None, ..t.clone() }))],
+            _ => Vec::new(),
+        };
         Ok((writes, ()))
+    }
+
+    /// Seconds that `target`'s earlier processes may still write to the pools of the
+    /// volumes they served at `now_ms`; None when none may.
+    pub fn unfenced_left(&self, target: &str, now_ms: u64) -> Option<u64> {
+        self.targets.get(target)?.unfenced.as_ref()?.seconds_left(now_ms)
+    }
+
+    /// Whether handover `h` still holds at `now_ms`: the seconds left at most, and whether
+    /// only its target's earlier processes hold it. Its exporter's part ends with that
+    /// process's word (`released`) or its bound; for an earlier process of the target (the
+    /// target registered another since), also with the fence of the registered one. Its
+    /// `after_fence` part ends with that fence or the target's `unfenced` bound.
+    pub fn handover_left(&self, h: &Handover, now_ms: u64) -> Option<(u64, bool)> {
+        let current = self.targets.get(&h.from).map_or(0, |t| t.incarnation);
+        let earlier = self.unfenced_left(&h.from, now_ms);
+        let by_earlier = current != 0 && h.incarnation != current;
+        let own = match () {
+            _ if h.released => None,
+            // Fenced by the registered process (or never restarted since: impossible, the
+            // registration that changed the incarnation set `unfenced`).
+            _ if by_earlier && earlier.is_none() => None,
+            _ => h.seconds_left(now_ms),
+        };
+        let fence = if h.after_fence { earlier } else { None };
+        match (own, fence) {
+            (None, None) => None,
+            (own, fence) => Some((own.unwrap_or(0).max(fence.unwrap_or(0)), own.is_none() || by_earlier)),
+        }
+    }
+
+    /// Who may still write to volume `v`'s extents at `now_ms` and is not `to`, for how
+    /// long at most: its handover's exporter, or the earlier processes of its exporter.
+    pub fn in_doubt(&self, v: &Volume, now_ms: u64, to: Option<&str>) -> Option<InDoubt> {
+        if let Some(h) = v.handover.as_ref().filter(|h| to != Some(h.from.as_str())) {
+            if let Some((seconds_left, restarted)) = self.handover_left(h, now_ms) {
+                return Some(InDoubt { target: h.from.clone(), seconds_left, restarted });
+            }
+        }
+        let x = self.exports.get(&v.name).filter(|x| to != Some(x.target.as_str()))?;
+        let seconds_left = self.unfenced_left(&x.target, now_ms)?;
+        Some(InDoubt { target: x.target.clone(), seconds_left, restarted: true })
+    }
+
+    /// Refuses what [`Cluster::in_doubt`] forbids: anything but exporting the volume again on
+    /// the target that may still write (`to`).
+    fn refuse_in_doubt(&self, v: &Volume, now_ms: u64, to: Option<&str>) -> Result<(), ApiError> {
+        let Some(d) = self.in_doubt(v, now_ms, to) else { return Ok(()) };
+        let (name, from, left) = (&v.name, &d.target, d.seconds_left);
+        let message = if d.restarted {
+            format!(
+                "volume '{name}' was exported by {from}, which restarted: its earlier process may still write to its \
+                 extents until the new one has fenced it, at the latest in {left} s: try again then"
+            )
+        } else {
+            format!(
+                "volume '{name}' was exported by {from}, which may still write to its extents until it confirms it \
+                 stopped, at the latest in {left} s: try again then"
+            )
+        };
+        Err(err(ErrorCode::ExportHandover, message))
     }
 
     /// The exports a target serves.
@@ -668,7 +753,7 @@ impl Cluster {
     pub fn begin_move(&self, name: &str, index: u64, req: &MoveRequest, now_ms: u64) -> Planned<Move> {
         let v = self.volume(name)?;
         // A late write of its last exporter would land in `from` after the copy read it.
-        handing_over(v, now_ms, None)?;
+        self.refuse_in_doubt(v, now_ms, None)?;
         if index >= v.extents() {
             return Err(err(ErrorCode::ExtentOutOfRange, format!("volume '{name}' has {} extents: no extent {index}", v.extents())));
         }
@@ -805,11 +890,12 @@ impl Cluster {
         self.moves.values().filter(|m| target.is_none_or(|t| m.copier == t)).cloned().collect()
     }
 
-    pub fn volume_info(&self, name: &str) -> Result<VolumeInfo, ApiError> {
+    pub fn volume_info(&self, name: &str, now_ms: u64) -> Result<VolumeInfo, ApiError> {
         let v = self.volume(name)?;
         let extents: Vec<ExtentInfo> =
             self.extents.range((name.to_string(), 0)..=(name.to_string(), u64::MAX)).map(|(_, e)| self.extent_info(e)).collect();
-        Ok(VolumeInfo { volume: v.clone(), extents_total: v.extents(), extents_allocated: extents.len() as u64, extents })
+        let in_doubt = self.in_doubt(v, now_ms, None);
+        Ok(VolumeInfo { volume: v.clone(), extents_total: v.extents(), extents_allocated: extents.len() as u64, extents, in_doubt })
     }
 
     /// Allocates extent `index` of a volume at `now_ms`, placed by [`placement::place`] on a
@@ -890,25 +976,6 @@ fn state_name(s: MoveState) -> &'static str {
         MoveState::Copying => "copying",
         MoveState::Aborted => "aborted, waiting for its copier to confirm",
     }
-}
-
-/// Refuses what volume `v`'s handover or restarted exporter forbids at `now_ms`: anything
-/// but exporting it again on the target that may still write (`to`).
-fn handing_over(v: &Volume, now_ms: u64, to: Option<&str>) -> Result<(), ApiError> {
-    let Some((from, left)) = v.writer_in_doubt(now_ms, to) else { return Ok(()) };
-    let name = &v.name;
-    let message = if v.handover.as_ref().is_some_and(|h| h.from == from && h.seconds_left(now_ms).is_some()) {
-        format!(
-            "volume '{name}' was exported by {from}, which may still write to its extents until it confirms it stopped, \
-             at the latest in {left} s: try again then"
-        )
-    } else {
-        format!(
-            "volume '{name}' is exported by {from}, which restarted: its earlier process may still write to its extents \
-             until the new one has fenced them, at the latest in {left} s: try again then"
-        )
-    };
-    Err(err(ErrorCode::ExportHandover, message))
 }
 
 #[cfg(test)]
@@ -1055,7 +1122,8 @@ mod tests {
         // Unexported at 1000 with a 2 s lease: until 1000 + 2000 + 5000 and the margin.
         commit(&mut c, |c| c.unexport("v", 1000, 2000)).expect("unexport");
         let until_ms = 8000 + EXPORT_HANDOVER_MARGIN_MS;
-        assert_eq!(c.volumes["v"].handover, Some(Handover { from: "t1".into(), epoch: x.epoch, incarnation: 0, until_ms }));
+        let h = Handover { from: "t1".into(), epoch: x.epoch, incarnation: 0, until_ms, released: false, after_fence: false };
+        assert_eq!(c.volumes["v"].handover, Some(h));
         let refused = |r: Result<(), ErrorCode>, what: &str| assert_eq!(r, Err(ErrorCode::ExportHandover), "{what}");
         refused(c.export("v", &to("t2"), until_ms - 1).map(drop).map_err(|e| e.code), "exported elsewhere");
         refused(c.delete_volume("v", 1000).map(drop).map_err(|e| e.code), "deleted");
@@ -1064,10 +1132,10 @@ mod tests {
         assert!(e.message.contains("exported by t1") && e.message.contains("in 12 s"), "{}", e.message);
         // Another target's word changes nothing, nor the last exporter's about an earlier
         // export (a late release of the export it replaced); its word about this one ends it.
-        commit(&mut c, |c| c.released("v", "t2", x.epoch)).expect("t2 says");
-        commit(&mut c, |c| c.released("v", "t1", first)).expect("t1 says, late");
+        commit(&mut c, |c| c.released("v", "t2", x.epoch, 0, 1000)).expect("t2 says");
+        commit(&mut c, |c| c.released("v", "t1", first, 0, 1000)).expect("t1 says, late");
         assert!(c.volumes["v"].handover.is_some());
-        commit(&mut c, |c| c.released("v", "t1", x.epoch)).expect("t1 says");
+        commit(&mut c, |c| c.released("v", "t1", x.epoch, 0, 1000)).expect("t1 says");
         assert_eq!(c.volumes["v"].handover, None);
         commit(&mut c, |c| c.export("v", &to("t2"), 1000)).expect("on t2 once released");
         // Unexported from t2 (no bound declared: the default); exported again on t2 at once,
@@ -1089,15 +1157,19 @@ mod tests {
     }
 
     /// A target registered again by another process (a restart on the same address): what
-    /// its earlier processes sent may still land, so each volume it exports is moved,
-    /// deleted nor exported elsewhere until the new process says it fenced them, or their
-    /// lease and write bound pass; that word also ends the handovers its earlier processes
-    /// left, not its own, and a word from a process that is no longer the registered one
-    /// changes nothing.
+    /// its earlier processes sent may still land, so each volume it exports or handed over
+    /// is moved, deleted nor exported elsewhere until the new process says it fenced them,
+    /// or their lease and write bound pass. One record says so, the target's. The new
+    /// process's own handovers end by its own word, not by its fence, and an earlier
+    /// process's handover by the fence, not by the new one's word; a handover begun while
+    /// earlier processes were unfenced waits for the fence too. Words from a process that is
+    /// no longer the registered one change nothing.
     #[test]
     fn a_restarted_exporters_volumes_wait_for_its_fences() {
-        let mut c = cluster(&[("t1", "p", 8 * MIB), ("t2", "p", 8 * MIB)]);
-        let pool = PoolSpec { name: "p".into(), path: "/p/p".into(), size: 8 * MIB, nsid: 1, bandwidth: 0, write_cost: 0.0 };
+        // t1 registers first as process 1 (the helper's registration would be a process
+        // that predates incarnations).
+        let mut c = cluster(&[("t2", "p", 16 * MIB)]);
+        let pool = PoolSpec { name: "p".into(), path: "/p/p".into(), size: 16 * MIB, nsid: 1, bandwidth: 0, write_cost: 0.0 };
         let reg = |incarnation| RegisterTarget {
             addr: "t1".into(),
             nqn: "nqn.x".into(),
@@ -1107,66 +1179,94 @@ mod tests {
         };
         commit(&mut c, |c| c.register(&reg(1), 0, 2000)).expect("t1, process 1");
         let to = |t: &str| ExportVolume { target: t.into(), hosts: vec![], allow_any_host: true };
-        for v in ["v", "w"] {
+        for v in ["u", "v", "w"] {
             commit(&mut c, |c| c.create_volume(&CreateVolume { name: v.into(), size: 4 * MIB, extent_size: Some(MIB) }, 0))
                 .expect("create");
             commit(&mut c, |c| c.allocate(v, 0, 0)).expect("extent 0");
+        }
+        for v in ["v", "w"] {
             commit(&mut c, |c| c.export(v, &to("t1"), 0)).expect("on t1");
         }
         commit(&mut c, |c| c.unexport("w", 100, 2000)).expect("w unexported by process 1");
-        assert_eq!(c.volumes["w"].handover.as_ref().map(|h| h.incarnation), Some(1));
+        let wh = c.volumes["w"].handover.clone().expect("w's handover");
+        assert_eq!((wh.incarnation, wh.after_fence), (1, false));
         commit(&mut c, |c| c.register(&reg(1), 500, 2000)).expect("the same process again");
-        assert_eq!(c.volumes["v"].restarted, None, "registered again by the same process: no restart");
+        assert_eq!(c.targets["t1"].unfenced, None, "registered again by the same process: no restart");
 
-        // Process 2 at 1000, with a 2 s lease: v (exported) waits until 1000 + 2000 + 5000
-        // and the margin; w (unexported) keeps its handover.
+        // Process 2 at 1000, with a 2 s lease: until 1000 + 2000 + 5000 and the margin.
+        let (w, _) = c.register(&reg(2), 1000, 2000).expect("t1, process 2");
+        assert_eq!(w.len(), 2, "the target and its pool, whatever it exports: {w:?}");
         commit(&mut c, |c| c.register(&reg(2), 1000, 2000)).expect("t1, process 2");
         let until_ms = 8000 + EXPORT_HANDOVER_MARGIN_MS;
-        assert_eq!(c.volumes["v"].restarted, Some(Restarted { target: "t1".into(), incarnation: 2, until_ms }));
-        assert_eq!(c.volumes["w"].restarted, None);
+        assert_eq!(c.targets["t1"].unfenced, Some(Unfenced { until_ms, time_only: false }));
         let refused = |r: Result<(), ApiError>, what: &str| assert_eq!(r.map_err(|e| e.code), Err(ErrorCode::ExportHandover), "{what}");
         let e = c.begin_move("v", 0, &MoveRequest::default(), 1000).err().expect("refused");
         assert!(e.message.contains("restarted") && e.message.contains("in 12 s"), "{}", e.message);
+        assert_eq!(
+            c.volume_info("v", 1000).expect("info").in_doubt,
+            Some(InDoubt { target: "t1".into(), seconds_left: 12, restarted: true })
+        );
+        c.begin_move("u", 0, &MoveRequest::default(), 1000).expect("u: never exported by t1");
         refused(c.export("w", &to("t2"), 1000).map(drop), "w exported elsewhere");
-        commit(&mut c, |c| c.unexport("v", 1000, 2000)).expect("v unexported by process 2");
-        refused(c.export("v", &to("t2"), 1000).map(drop), "v exported elsewhere: its restart waits");
-        refused(c.delete_volume("v", 1000).map(drop), "v deleted");
-        // Exported again on t1 by process 2: w's handover, process 1's, stays.
+        // Process 2 cannot release process 1's handover; exported again on t1, it stays.
+        commit(&mut c, |c| c.released("w", "t1", wh.epoch, 2, 1000)).expect("process 2 says");
+        commit(&mut c, |c| c.released("w", "t1", wh.epoch, 1, 1000)).expect("process 1 says, late");
+        assert_eq!(c.volumes["w"].handover, Some(wh.clone()), "neither ends it");
         commit(&mut c, |c| c.export("w", &to("t1"), 1000)).expect("w on t1 again");
-        assert_eq!(c.volumes["w"].handover.as_ref().map(|h| h.incarnation), Some(1), "an earlier process's handover stays");
-        // v's handover is process 2's own: released by it, v still waits for the fences.
-        let epoch = c.volumes["v"].handover.as_ref().expect("handover").epoch;
-        commit(&mut c, |c| c.released("v", "t1", epoch)).expect("released");
-        assert!(c.volumes["v"].handover.is_none() && c.volumes["v"].restarted.is_some());
+        assert_eq!(c.volumes["w"].handover, Some(wh.clone()));
+        // v unexported by process 2: its own handover, which also waits for the fence.
+        commit(&mut c, |c| c.unexport("v", 1000, 2000)).expect("v unexported by process 2");
+        let vh = c.volumes["v"].handover.clone().expect("v's handover");
+        assert_eq!((vh.incarnation, vh.after_fence), (2, true));
+        refused(c.export("v", &to("t2"), 1000).map(drop), "v exported elsewhere");
+        refused(c.delete_volume("v", 1000).map(drop), "v deleted");
+        commit(&mut c, |c| c.released("v", "t1", vh.epoch, 2, 1000)).expect("process 2 released v");
+        assert!(c.volumes["v"].handover.as_ref().is_some_and(|h| h.released), "its part over, the fence's not");
         refused(c.export("v", &to("t2"), 1000).map(drop), "still");
 
-        // Words that change nothing: from process 1, from another target.
-        commit(&mut c, |c| c.fenced("t1", 1)).expect("stale");
-        commit(&mut c, |c| c.fenced("t2", 2)).expect("another target");
-        commit(&mut c, |c| c.fenced("t9", 2)).expect("unknown");
-        assert!(c.volumes["v"].restarted.is_some() && c.volumes["w"].handover.is_some());
-        // Process 2 fenced: v goes on, and w's handover by process 1 is over.
+        // Words that change nothing: from process 1, from another target, about an unknown one.
+        for (t, i) in [("t1", 1), ("t2", 2), ("t9", 2), ("t1", 0)] {
+            commit(&mut c, |c| c.fenced(t, i)).expect("a word");
+        }
+        assert!(c.targets["t1"].unfenced.is_some());
+        // Process 2 fenced: v and w go on (w's handover was process 1's).
+        let (w, _) = c.fenced("t1", 2).expect("fenced");
+        assert_eq!(w.len(), 1, "one record: {w:?}");
         commit(&mut c, |c| c.fenced("t1", 2)).expect("fenced");
-        assert_eq!((c.volumes["v"].restarted.as_ref(), c.volumes["w"].handover.as_ref()), (None, None));
+        assert_eq!(c.targets["t1"].unfenced, None);
+        for v in ["v", "w"] {
+            assert_eq!(c.volume_info(v, 1000).expect("info").in_doubt, None, "{v}");
+        }
         commit(&mut c, |c| c.export("v", &to("t2"), 1000)).expect("v on t2");
-        // Process 2's own handover is not ended by its fences.
-        commit(&mut c, |c| c.unexport("w", 2000, 2000)).expect("w unexported by process 2");
-        commit(&mut c, |c| c.fenced("t1", 2)).expect("fenced again");
-        assert_eq!(c.volumes["w"].handover.as_ref().map(|h| h.incarnation), Some(2));
-        commit(&mut c, |c| c.export("w", &to("t1"), 2000)).expect("w on t1: process 2's own handover ends");
-        assert_eq!(c.volumes["w"].handover, None);
+        commit(&mut c, |c| c.begin_move("w", 0, &MoveRequest::default(), 1000)).expect("w moves");
 
         // Without a word: process 3 at 10 s, then 4 at 20 s with no lease. The later bound
-        // holds, and once it passed the volume goes on.
+        // holds; once it passed, the volumes go on.
         commit(&mut c, |c| c.register(&reg(3), 10_000, 2000)).expect("process 3");
-        let first = c.volumes["w"].restarted.as_ref().expect("w waits").until_ms;
+        let first = c.targets["t1"].unfenced.as_ref().expect("unfenced").until_ms;
         assert_eq!(first, 17_000 + EXPORT_HANDOVER_MARGIN_MS);
         commit(&mut c, |c| c.register(&reg(4), 20_000, 0)).expect("process 4");
-        let until = c.volumes["w"].restarted.as_ref().expect("w waits").until_ms;
+        let until = c.targets["t1"].unfenced.as_ref().expect("unfenced").until_ms;
         assert_eq!(until, first.max(25_000 + EXPORT_HANDOVER_MARGIN_MS));
-        assert_eq!(c.volumes["w"].restarted.as_ref().map(|r| r.incarnation), Some(4));
+        // Process 3's word: no longer the registered one.
+        commit(&mut c, |c| c.fenced("t1", 3)).expect("stale");
+        assert!(c.targets["t1"].unfenced.is_some());
+        // w is exported by t1 (the move above aborted by the restart: its copier restarted).
+        assert_eq!(c.moves.get(&("w".to_string(), 0)).map(|m| m.state), Some(MoveState::Aborted));
+        let (name, index) = ("w".to_string(), 0);
+        let m = c.moves[&(name.clone(), index)].clone();
+        commit(&mut c, |c| c.abort_move("w", 0, &MoveReport { id: m.id, epoch: m.epoch, copied: 0, reason: "confirmed".into() }))
+            .expect("confirmed");
         refused(c.begin_move("w", 0, &MoveRequest::default(), until - 1).map(drop), "one ms before");
         commit(&mut c, |c| c.begin_move("w", 0, &MoveRequest::default(), until)).expect("at the bound");
+
+        // An earlier process that predates incarnations is not fenced by its successor's
+        // word: only its bound ends the wait.
+        let mut c = cluster(&[("t1", "p", 16 * MIB)]);
+        commit(&mut c, |c| c.register(&reg(0), 0, 2000)).expect("an old process");
+        commit(&mut c, |c| c.register(&reg(5), 100, 2000)).expect("a new one");
+        commit(&mut c, |c| c.fenced("t1", 5)).expect("fenced");
+        assert!(c.targets["t1"].unfenced.as_ref().is_some_and(|u| u.time_only), "the fence cannot reach it");
     }
 
     #[test]

@@ -256,7 +256,14 @@ mod tests {
     fn records() -> Vec<Record> {
         let pool = PoolId { target: "127.0.0.1:4420".into(), name: "p0".into() };
         vec![
-            Record::Target(Target { addr: pool.target.clone(), nqn: "nqn.a".into(), registered_ms: 5, write_bound_ms: 0, incarnation: 0 }),
+            Record::Target(Target {
+                addr: pool.target.clone(),
+                nqn: "nqn.a".into(),
+                registered_ms: 5,
+                write_bound_ms: 0,
+                incarnation: 0,
+                unfenced: None,
+            }),
             Record::Pool(Pool {
                 id: pool.clone(),
                 path: "/srv/p0".into(),
@@ -266,14 +273,7 @@ mod tests {
                 bandwidth: 0,
                 write_cost: 0.0,
             }),
-            Record::Volume(Volume {
-                name: "v".into(),
-                size: 4 << 20,
-                extent_size: 1 << 20,
-                created_ms: 6,
-                handover: None,
-                restarted: None,
-            }),
+            Record::Volume(Volume { name: "v".into(), size: 4 << 20, extent_size: 1 << 20, created_ms: 6, handover: None }),
             Record::Extent(Extent { volume: "v".into(), index: 3, pool: pool.clone(), offset: 0, epoch: 1, unwritten: true }),
             Record::View(View { pool, seq: 2, version: 9, received_ms: 7, figures: Figures { read_bps: 1.5, ..Figures::default() } }),
         ]

@@ -10,7 +10,7 @@ use nearstore_control::store::{Guarded, GuardedStore, StoreError};
 use nearstore_testkit::etcd::Etcd;
 
 fn volume(name: &str) -> Record {
-    Record::Volume(Volume { name: name.into(), size: 8 << 20, extent_size: 1 << 20, created_ms: 1, handover: None, restarted: None })
+    Record::Volume(Volume { name: name.into(), size: 8 << 20, extent_size: 1 << 20, created_ms: 1, handover: None })
 }
 
 fn extent(v: &str, index: u64) -> Record {

@@ -158,7 +158,7 @@ fn an_unexport_stuck_in_the_store_hides_the_volume_from_the_exports_poll() {
         .expect("register");
     client.block_on(c.create_volume(&CreateVolume { name: "v".into(), size: 4 << 20, extent_size: Some(1 << 20) })).expect("create");
     client.block_on(c.export("v", &ExportVolume { target: t.into(), hosts: Vec::new(), allow_any_host: true })).expect("export");
-    let listed = || client.block_on(c.exports(t, 0)).expect("exports").exports.iter().any(|x| x.volume == "v");
+    let listed = || client.block_on(c.exports(t, 0, 0)).expect("exports").exports.iter().any(|x| x.volume == "v");
     assert!(listed(), "exported");
     gated.close();
     let unexport = {

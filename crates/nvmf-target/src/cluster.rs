@@ -452,11 +452,31 @@ pub fn member_hostid(member: &str) -> [u8; 16] {
     id
 }
 
-/// Subsystems at which this process fenced its earlier incarnations, by member, address
-/// and subsystem NQN: once each.
-type FenceKey = (String, std::net::SocketAddr, String);
-static FENCED: std::sync::LazyLock<parking_lot::Mutex<HashMap<FenceKey, Arc<tokio::sync::OnceCell<()>>>>> =
+/// What fencing this process's earlier ones at a subsystem found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Fence {
+    /// Reset, their work ended: nothing they sent there can land any more.
+    Done,
+    /// The subsystem is not there, or does not let the member in: none of its processes
+    /// has a controller there.
+    Absent,
+    /// The peer does not know the command (not a nearstore target): what they sent there
+    /// is bounded by time only.
+    Unsupported,
+}
+
+/// Subsystems at which this process fenced its earlier ones, by its Host Identifier (its
+/// family may be set after a first fence: then it fences again), address and subsystem
+/// NQN: once each.
+type FenceKey = ([u8; 16], std::net::SocketAddr, String);
+static FENCED: std::sync::LazyLock<parking_lot::Mutex<HashMap<FenceKey, Arc<tokio::sync::OnceCell<Fence>>>>> =
     std::sync::LazyLock::new(Default::default);
+
+/// Forgets every fence done (tests whose peers reuse an earlier test's port).
+#[doc(hidden)]
+pub fn forget_fences() {
+    FENCED.lock().clear();
+}
 
 /// Before this process's first controller at subsystem `nqn` of `address`: every
 /// controller an earlier incarnation of member `member` left there is reset and its work
@@ -464,28 +484,56 @@ static FENCED: std::sync::LazyLock<parking_lot::Mutex<HashMap<FenceKey, Arc<toki
 /// at the peer or still in the network) lands after what this one writes. Once per process
 /// and subsystem; a failure is tried again by the next connection. A peer that does not
 /// know the command (not a nearstore target) is used as it is: an earlier incarnation's
-/// writes there are bounded by time only.
-pub async fn fenced(address: std::net::SocketAddr, nqn: &str, member: &str, host: &str, timeout: Duration) -> Result<(), PeerError> {
-    let cell = FENCED.lock().entry((member.to_string(), address, nqn.to_string())).or_default().clone();
+/// writes there are bounded by time only ([`Fence::Unsupported`]).
+pub async fn fenced(address: std::net::SocketAddr, nqn: &str, member: &str, host: &str, timeout: Duration) -> Result<Fence, PeerError> {
+    let key = (member_hostid(member), address, nqn.to_string());
+    let cell = FENCED.lock().entry(key).or_default().clone();
     cell.get_or_try_init(|| async {
         let p = PeerConfig { tag: 0, address, nqn: nqn.to_string(), nsid: 0 };
         let wait = reset_wait(timeout);
         let kato = (2 * wait.as_millis()).min(u32::MAX as u128) as u32;
-        let ctrl = connect_controller(&p, member, host, timeout, Some(kato)).await?;
+        let ctrl = match Controller::connect(connect_options(&p, member, host, timeout, Some(kato))).await {
+            Ok(c) => c,
+            // Refused for its host, or no such subsystem (Connect Invalid Parameters): no
+            // process of this member holds a controller there.
+            Err(e) if refused_host(&e) || is_status(&e, Status::CONNECT_INVALID_PARAMETERS) => return Ok(Fence::Absent),
+            Err(e) => return Err(failed(format!("connecting as {member} to fence its earlier incarnations at {address} {nqn}: {e}"))),
+        };
         match ctrl.fence_host_instances(wait).await {
-            Ok(()) => Ok(()),
-            Err(InitiatorError::Status { status, .. })
-                if (status.sct, status.sc) == (Status::INVALID_OPCODE.sct, Status::INVALID_OPCODE.sc) =>
-            {
+            Ok(()) => Ok(Fence::Done),
+            Err(e) if is_status(&e, Status::INVALID_OPCODE) => {
                 tracing::warn!(peer = %address, %nqn, "the peer cannot fence this target's earlier incarnations \
                                (Fence Host Instances: Invalid Opcode): what they sent there is bounded by time only");
-                Ok(())
+                Ok(Fence::Unsupported)
             }
             Err(e) => Err(failed(format!("fencing this target's earlier incarnations at {address} {nqn}: {e}"))),
         }
     })
     .await
-    .map(|_| ())
+    .copied()
+}
+
+/// Whether `e` is a command's completion with `status` (its DNR bit aside).
+fn is_status(e: &InitiatorError, status: Status) -> bool {
+    matches!(e, InitiatorError::Status { status: s, .. } if (s.sct, s.sc) == (status.sct, status.sc))
+}
+
+/// Whether the peer refused the member for its host at Connect.
+fn refused_host(e: &InitiatorError) -> bool {
+    matches!(e, InitiatorError::ActingForUnconfirmed { .. }) || is_status(e, Status::CONNECT_INVALID_HOST)
+}
+
+/// How member `member` connects to `p` for `host`.
+fn connect_options(p: &PeerConfig, member: &str, host: &str, timeout: Duration, kato_ms: Option<u32>) -> ConnectOptions {
+    let mut opts = ConnectOptions::new(p.address, &p.nqn);
+    if let Some(k) = kato_ms {
+        opts.kato_ms = k;
+    }
+    opts.hostnqn = member.to_string();
+    opts.hostid = member_hostid(member);
+    opts.timeout = timeout;
+    opts.acting_for = (host != member).then(|| host.to_string());
+    opts
 }
 
 /// [`controller`] without the fence.
@@ -496,30 +544,18 @@ async fn connect_controller(
     timeout: Duration,
     kato_ms: Option<u32>,
 ) -> Result<Controller, PeerError> {
-    let mut opts = ConnectOptions::new(p.address, &p.nqn);
-    if let Some(k) = kato_ms {
-        opts.kato_ms = k;
-    }
-    opts.hostnqn = member.to_string();
-    opts.hostid = member_hostid(member);
-    opts.timeout = timeout;
-    opts.acting_for = (host != member).then(|| host.to_string());
-    let ctrl = Controller::connect(opts).await.map_err(|e| {
-            let denied = matches!(&e, InitiatorError::ActingForUnconfirmed { .. })
-                || matches!(&e, InitiatorError::Status { status, .. } if status.sct == Status::CONNECT_INVALID_HOST.sct && status.sc == Status::CONNECT_INVALID_HOST.sc);
-            if denied {
-                PeerError {
-                    status: cs::PEER_DENIED,
-                    message: format!(
-                        "does not let {} read it for host {host}: {e} (the peer's subsystem must allow {host} and its cluster.trusted_members must list {})",
-                        member, member
-                    ),
-                }
-            } else {
-                failed(format!("connecting as {} for host {host}: {e}", member))
+    Controller::connect(connect_options(p, member, host, timeout, kato_ms)).await.map_err(|e| {
+        if refused_host(&e) {
+            PeerError {
+                status: cs::PEER_DENIED,
+                message: format!(
+                    "does not let {member} read it for host {host}: {e} (the peer's subsystem must allow {host} and its cluster.trusted_members must list {member})"
+                ),
             }
-        })?;
-    Ok(ctrl)
+        } else {
+            failed(format!("connecting as {member} for host {host}: {e}"))
+        }
+    })
 }
 
 #[cfg(test)]

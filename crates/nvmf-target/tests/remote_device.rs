@@ -591,6 +591,8 @@ async fn a_restarted_member_fences_its_earlier_incarnation_before_writing() {
         o.timeout = Duration::from_secs(5);
         nearstore_initiator::Controller::connect(o)
     };
+    // Tests before this one may have fenced at a peer on this port.
+    nearstore_target::cluster::forget_fences();
     let ours = nearstore_target::cluster::member_hostid(MEMBER);
     let mut earlier = ours;
     earlier[8..].copy_from_slice(&(nearstore_target::cluster::incarnation() ^ 1).to_le_bytes());
@@ -604,20 +606,26 @@ async fn a_restarted_member_fences_its_earlier_incarnation_before_writing() {
     assert!(late.is_err(), "held in the network, the write does not complete");
     let tool = controller(p.addr, MEMBER).await;
     let mut tq = tool.io_queue(1).await.unwrap();
-
-    nearstore_target::cluster::fenced(p.addr, PEER_NQN, MEMBER, MEMBER, Duration::from_secs(5)).await.expect("fenced");
+    // A controller of this incarnation, there before the fence.
     let new = connect(p.addr, ours).await.unwrap();
     let mut nq = new.io_queue(1).await.unwrap();
-    nq.write(1, 16, &[3u8; 512], 512, false).await.unwrap();
+
+    let fence = nearstore_target::cluster::fenced(p.addr, PEER_NQN, MEMBER, MEMBER, Duration::from_secs(5)).await;
+    assert_eq!(fence.expect("fenced"), nearstore_target::cluster::Fence::Done);
+    nq.write(1, 16, &[3u8; 512], 512, false).await.expect("this incarnation's controller stays");
     // Released, the network delivers the old write to a controller that is gone.
     held.release();
     tokio::time::sleep(Duration::from_millis(500)).await;
     assert_eq!(direct.read(1, 16, 1, 512).await.unwrap(), vec![3u8; 512], "nothing of the earlier incarnation lands");
     assert!(oq.write(1, 17, &[4u8; 512], 512, false).await.is_err(), "its queues are closed");
     tq.write(1, 18, &[5u8; 512], 512, false).await.expect("another family's controller stays");
-    // Fenced once per process and subsystem: this incarnation's controllers stay.
-    nearstore_target::cluster::fenced(p.addr, PEER_NQN, MEMBER, MEMBER, Duration::from_secs(5)).await.expect("again");
-    nq.write(1, 19, &[6u8; 512], 512, false).await.expect("this incarnation's controller stays");
+    // The command again from this incarnation, with nothing earlier left: at once, and its
+    // own controllers stay.
+    new.fence_host_instances(Duration::from_secs(5)).await.expect("nothing to wait for");
+    nq.write(1, 19, &[6u8; 512], 512, false).await.expect("still");
+    // A subsystem that is not there: none of this member's controllers are there.
+    let absent = nearstore_target::cluster::fenced(p.addr, "nqn.2026-11.io.nearstore:none", MEMBER, MEMBER, Duration::from_secs(5)).await;
+    assert_eq!(absent.expect("nothing there"), nearstore_target::cluster::Fence::Absent);
 }
 
 /// A write given up whose controller no reset can reach (every new connection to the

@@ -402,7 +402,7 @@ impl Resolver for SimResolver {
 
     fn allocated(&self) -> BoxFuture<'_, Result<Vec<(u64, Location)>, ResolveError>> {
         Box::pin(async move {
-            let info = self.ctl.call(&self.caller, None, |c, _| Ok((Vec::new(), c.volume_info(&self.volume)?))).await;
+            let info = self.ctl.call(&self.caller, None, |c, now| Ok((Vec::new(), c.volume_info(&self.volume, now)?))).await;
             Ok(info.map_err(resolve_error)?.extents.iter().map(|e| (e.index, location(e))).collect())
         })
     }

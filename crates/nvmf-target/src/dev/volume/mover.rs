@@ -258,6 +258,16 @@ impl Mover {
     /// Confirms the abort of a move this copier does not run: given up by the control plane
     /// while this target was silent, or failed here with its destination not quiesced.
     async fn confirm_abort(&self, m: &MoveOrder) {
+        // Not written by this process: perhaps by an earlier one of this target, which the
+        // control plane aborted when this one registered. Opening the destination fences
+        // that process at the destination's target (`cluster::fenced`) before anything is
+        // confirmed: its copy writes still on their way there land nowhere after.
+        if !self.written.lock().contains_key(&m.id) {
+            if let Err(e) = self.devices.open(&m.to).await {
+                tracing::warn!(volume = %m.volume, extent = m.index, error = %e, "cannot reach an aborted move's destination to fence it; not confirmed yet");
+                return;
+            }
+        }
         if let Err(e) = self.destination_quiesced(m).await {
             tracing::warn!(volume = %m.volume, extent = m.index, error = %e, "a failed move's destination is not quiesced; not confirmed yet");
             return;
