@@ -856,14 +856,17 @@ async fn fence_earlier(client: Client, addr: String, member: String, timeout: st
             let (mut failed, mut unsupported) = (Vec::new(), Vec::new());
             while let Some(r) = fences.join_next().await {
                 match r.map_err(|e| e.to_string()).and_then(|r| r) {
-                    Ok((t, Fence::Unsupported)) => unsupported.push(t),
+                    Ok((t, Fence::Unsupported | Fence::Refused)) => unsupported.push(t),
                     Ok(_) => {}
                     Err(e) => failed.push(e),
                 }
             }
             anyhow::ensure!(failed.is_empty(), "not fenced at {}", failed.join("; "));
             if !unsupported.is_empty() {
-                return Ok(Some(format!("not said: {} cannot fence (not nearstore targets)", unsupported.join(", "))));
+                return Ok(Some(format!(
+                    "not said: {} cannot fence (not nearstore targets, or they refuse this member): the bound ends the wait",
+                    unsupported.join(", ")
+                )));
             }
             client.fenced(&addr, me).await?;
             Ok(Some("told the control plane".to_string()))

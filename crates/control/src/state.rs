@@ -305,7 +305,8 @@ impl Cluster {
         // destination's target: `Mover::confirm_abort`). Registered again by the same
         // process, its moves run on.
         for m in self.moves.values().filter(|m| m.copier == req.addr) {
-            if restart {
+            // A move still invalidating never opened its destination: nothing of it there.
+            if restart && m.state != MoveState::Invalidating {
                 if m.state != MoveState::Aborted {
                     let reason = "its copier restarted".to_string();
                     writes.push(Write::Put(Record::Move(Move { state: MoveState::Aborted, reason, ..m.clone() })));
@@ -612,14 +613,18 @@ impl Cluster {
     /// target registered another since), also with the fence of the registered one. Its
     /// `after_fence` part ends with that fence or the target's `unfenced` bound.
     pub fn handover_left(&self, h: &Handover, now_ms: u64) -> Option<(u64, bool)> {
-        let current = self.targets.get(&h.from).map_or(0, |t| t.incarnation);
-        let earlier = self.unfenced_left(&h.from, now_ms);
+        let t = self.targets.get(&h.from);
+        let current = t.map_or(0, |t| t.incarnation);
+        let record = t.and_then(|t| t.unfenced.as_ref());
+        let earlier = record.and_then(|u| u.seconds_left(now_ms));
         let by_earlier = current != 0 && h.incarnation != current;
         let own = match () {
             _ if h.released => None,
-            // Fenced by the registered process (or never restarted since: impossible, the
-            // registration that changed the incarnation set `unfenced`).
-            _ if by_earlier && earlier.is_none() => None,
+            // Fenced by the registered process: the record went (the registration that
+            // changed the incarnation made it). Not merely past its bound: that bound is the
+            // target's declared one at the restart, and the handover's may be longer (the
+            // crates/control/tests/sim.rs oracle found one declared 0, then 50).
+            _ if by_earlier && record.is_none() => None,
             _ => h.seconds_left(now_ms),
         };
         let fence = if h.after_fence { earlier } else { None };
@@ -631,15 +636,17 @@ impl Cluster {
 
     /// Who may still write to volume `v`'s extents at `now_ms` and is not `to`, for how
     /// long at most: its handover's exporter, or the earlier processes of its exporter.
+    /// The longer of the two when both hold.
     pub fn in_doubt(&self, v: &Volume, now_ms: u64, to: Option<&str>) -> Option<InDoubt> {
-        if let Some(h) = v.handover.as_ref().filter(|h| to != Some(h.from.as_str())) {
-            if let Some((seconds_left, restarted)) = self.handover_left(h, now_ms) {
-                return Some(InDoubt { target: h.from.clone(), seconds_left, restarted });
-            }
-        }
-        let x = self.exports.get(&v.name).filter(|x| to != Some(x.target.as_str()))?;
-        let seconds_left = self.unfenced_left(&x.target, now_ms)?;
-        Some(InDoubt { target: x.target.clone(), seconds_left, restarted: true })
+        let handover = v.handover.as_ref().filter(|h| to != Some(h.from.as_str())).and_then(|h| {
+            let (seconds_left, restarted) = self.handover_left(h, now_ms)?;
+            Some(InDoubt { target: h.from.clone(), seconds_left, restarted })
+        });
+        let exporter = self.exports.get(&v.name).filter(|x| to != Some(x.target.as_str())).and_then(|x| {
+            let seconds_left = self.unfenced_left(&x.target, now_ms)?;
+            Some(InDoubt { target: x.target.clone(), seconds_left, restarted: true })
+        });
+        handover.into_iter().chain(exporter).max_by_key(|d| d.seconds_left)
     }
 
     /// Refuses what [`Cluster::in_doubt`] forbids: anything but exporting the volume again on
@@ -1238,7 +1245,10 @@ mod tests {
             assert_eq!(c.volume_info(v, 1000).expect("info").in_doubt, None, "{v}");
         }
         commit(&mut c, |c| c.export("v", &to("t2"), 1000)).expect("v on t2");
-        commit(&mut c, |c| c.begin_move("w", 0, &MoveRequest::default(), 1000)).expect("w moves");
+        let m = commit(&mut c, |c| c.begin_move("w", 0, &MoveRequest::default(), 1000)).expect("w moves");
+        // Its copier (t1) acknowledged: it may write to the destination from now on.
+        let ack = MoveReport { id: m.id, epoch: m.epoch, copied: 0, reason: String::new() };
+        commit(&mut c, |c| c.report_move("w", 0, &ack, true, 1000)).expect("ack");
 
         // Without a word: process 3 at 10 s, then 4 at 20 s with no lease. The later bound
         // holds; once it passed, the volumes go on.
@@ -1267,6 +1277,18 @@ mod tests {
         commit(&mut c, |c| c.register(&reg(5), 100, 2000)).expect("a new one");
         commit(&mut c, |c| c.fenced("t1", 5)).expect("fenced");
         assert!(c.targets["t1"].unfenced.as_ref().is_some_and(|u| u.time_only), "the fence cannot reach it");
+
+        // A move its restarted copier had not acknowledged never opened its destination:
+        // it goes at the registration, the destination free at once.
+        let mut c = cluster(&[("t2", "p", 16 * MIB)]);
+        commit(&mut c, |c| c.register(&reg(7), 0, 2000)).expect("process 7");
+        commit(&mut c, |c| c.create_volume(&CreateVolume { name: "x".into(), size: 4 * MIB, extent_size: Some(MIB) }, 0)).expect("x");
+        commit(&mut c, |c| c.allocate("x", 0, 0)).expect("extent 0");
+        commit(&mut c, |c| c.export("x", &to("t1"), 0)).expect("on t1");
+        let m = commit(&mut c, |c| c.begin_move("x", 0, &MoveRequest::default(), 0)).expect("x moves");
+        assert_eq!((m.state, m.copier.as_str()), (MoveState::Invalidating, "t1"));
+        commit(&mut c, |c| c.register(&reg(8), 100, 2000)).expect("process 8");
+        assert!(c.moves.is_empty(), "{:?}", c.moves);
     }
 
     #[test]

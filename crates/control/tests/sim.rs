@@ -145,8 +145,8 @@ struct Model {
     /// to its extents (docs/control-plane.md, "Handing an export over", "A restarted
     /// exporter"), kept by what each event means physically, not by the service's records.
     writers: BTreeMap<String, Vec<Writer>>,
-    /// Targets that ever served each volume.
-    touched: BTreeMap<String, std::collections::BTreeSet<String>>,
+    /// The target that last unexported each volume (the service's handover names it).
+    last_from: BTreeMap<String, String>,
     /// Each target's registered process (0: not said), and the last one drawn.
     incarnations: BTreeMap<String, u64>,
     next_incarnation: u64,
@@ -175,13 +175,14 @@ impl Model {
     }
 
     /// Whether the service may refuse for a writer in doubt although the oracle sees none:
-    /// a target that served the volume (or exports it) has unfenced earlier processes, which
-    /// the service tracks per target, not per volume.
+    /// the volume's exporter, or the target that last unexported it, has unfenced earlier
+    /// processes, which the service tracks per target, not per volume.
     fn excused(&self, n: &str, now: u64, to: Option<&str>) -> bool {
         let exporter = self.exports.get(n).map(|x| x.0.as_str());
-        self.unfenced.iter().any(|(t, (until, _))| {
-            now < *until && to != Some(t.as_str()) && (exporter == Some(t.as_str()) || self.touched.get(n).is_some_and(|ts| ts.contains(t)))
-        })
+        let from = self.last_from.get(n).map(String::as_str);
+        self.unfenced
+            .iter()
+            .any(|(t, (until, _))| now < *until && to != Some(t.as_str()) && (exporter == Some(t.as_str()) || from == Some(t.as_str())))
     }
 
     /// The outcome for a writer in doubt: refused when the oracle says so; either when the
@@ -292,14 +293,14 @@ fn op(rng: &mut XorShiftRng) -> Op {
         27..78 => Op::Allocate { name, index: rng.random_range(0..20u64) },
         78..82 => Op::Export { name, target: rng.random_range(0..4u8) },
         82..84 => Op::Unexport { name },
-        84..88 => Op::Released {
+        84..89 => Op::Released {
             name,
             target: rng.random_range(0..8u8),
             stale: rng.random_range(0..4u8) == 0,
             stale_process: rng.random_range(0..4u8) == 0,
         },
-        88..90 => Op::Wait { ms: rng.random_range(0..2 * VIEW_STALE_MS) },
-        90..93 => Op::Fenced { target: rng.random_range(0..4u8), stale: rng.random_range(0..4u8) == 0 },
+        89..91 => Op::Wait { ms: rng.random_range(0..2 * VIEW_STALE_MS) },
+        91..94 => Op::Fenced { target: rng.random_range(0..4u8), stale: rng.random_range(0..4u8) == 0 },
         _ => Op::Push {
             target: rng.random_range(0..4u8),
             pool: rng.random_range(0..2u8),
@@ -528,7 +529,7 @@ fn run(seed: u64, steps: usize) -> Vec<String> {
                     model.volumes.remove(&n);
                     model.extents.retain(|(v, _), _| *v != n);
                     model.writers.remove(&n);
-                    model.touched.remove(&n);
+                    model.last_from.remove(&n);
                 }
                 r.map(|_| "deleted".into())
             }
@@ -627,7 +628,6 @@ fn run(seed: u64, steps: usize) -> Vec<String> {
                         let ws = model.writers.entry(n.clone()).or_default();
                         ws.retain(|w| !(w.target == to && w.incarnation == current && w.until.is_some()));
                         ws.push(Writer { target: to.clone(), incarnation: current, epoch: x.epoch, until: None });
-                        model.touched.entry(n.clone()).or_default().insert(to.clone());
                         model.exports.insert(n.clone(), (to, x.epoch));
                     }
                     (Err(_), _) => {}
@@ -653,6 +653,7 @@ fn run(seed: u64, steps: usize) -> Vec<String> {
                             .flatten()
                             .find(|w| w.target == t && w.epoch == epoch && w.until.is_none());
                         let w = live.expect("the exporter serves it");
+                        model.last_from.insert(n.clone(), t.clone());
                         assert_eq!(w.incarnation, incarnation, "{}", at("the live writer is the registered process"));
                         w.until = Some(until);
                     }
@@ -767,7 +768,7 @@ fn the_state_machine_follows_its_model() {
                 && stale > 100
                 && exported > 100
                 && held > 100
-                && ended > 50
+                && ended > 100
                 && restarts > 100
                 && fenced > 50,
             "allocated {allocated}, no space {no_space}, failed commits {failed}, lost commits applied {lost_applied}, \

@@ -457,9 +457,12 @@ pub fn member_hostid(member: &str) -> [u8; 16] {
 pub enum Fence {
     /// Reset, their work ended: nothing they sent there can land any more.
     Done,
-    /// The subsystem is not there, or does not let the member in: none of its processes
-    /// has a controller there.
+    /// The subsystem is not there: none of its processes has a controller there.
     Absent,
+    /// The peer does not let the member in (for this host): nothing this process sends
+    /// there goes through, but an earlier one's controllers there (admitted before a
+    /// reload) are not reached: bounded by time only.
+    Refused,
     /// The peer does not know the command (not a nearstore target): what they sent there
     /// is bounded by time only.
     Unsupported,
@@ -467,7 +470,8 @@ pub enum Fence {
 
 /// Subsystems at which this process fenced its earlier ones, by its Host Identifier (its
 /// family may be set after a first fence: then it fences again), address and subsystem
-/// NQN: once each.
+/// NQN: once each. Only what holds for every later connection is kept (done, or not a
+/// nearstore peer); a subsystem not there or a host refused is asked again.
 type FenceKey = ([u8; 16], std::net::SocketAddr, String);
 static FENCED: std::sync::LazyLock<parking_lot::Mutex<HashMap<FenceKey, Arc<tokio::sync::OnceCell<Fence>>>>> =
     std::sync::LazyLock::new(Default::default);
@@ -488,29 +492,39 @@ pub fn forget_fences() {
 pub async fn fenced(address: std::net::SocketAddr, nqn: &str, member: &str, host: &str, timeout: Duration) -> Result<Fence, PeerError> {
     let key = (member_hostid(member), address, nqn.to_string());
     let cell = FENCED.lock().entry(key).or_default().clone();
-    cell.get_or_try_init(|| async {
-        let p = PeerConfig { tag: 0, address, nqn: nqn.to_string(), nsid: 0 };
-        let wait = reset_wait(timeout);
-        let kato = (2 * wait.as_millis()).min(u32::MAX as u128) as u32;
-        let ctrl = match Controller::connect(connect_options(&p, member, host, timeout, Some(kato))).await {
-            Ok(c) => c,
-            // Refused for its host, or no such subsystem (Connect Invalid Parameters): no
-            // process of this member holds a controller there.
-            Err(e) if refused_host(&e) || is_status(&e, Status::CONNECT_INVALID_PARAMETERS) => return Ok(Fence::Absent),
-            Err(e) => return Err(failed(format!("connecting as {member} to fence its earlier incarnations at {address} {nqn}: {e}"))),
-        };
-        match ctrl.fence_host_instances(wait).await {
-            Ok(()) => Ok(Fence::Done),
-            Err(e) if is_status(&e, Status::INVALID_OPCODE) => {
-                tracing::warn!(peer = %address, %nqn, "the peer cannot fence this target's earlier incarnations \
-                               (Fence Host Instances: Invalid Opcode): what they sent there is bounded by time only");
-                Ok(Fence::Unsupported)
-            }
-            Err(e) => Err(failed(format!("fencing this target's earlier incarnations at {address} {nqn}: {e}"))),
+    if let Some(f) = cell.get() {
+        return Ok(*f);
+    }
+    let f = fence_once(address, nqn, member, host, timeout).await?;
+    if matches!(f, Fence::Done | Fence::Unsupported) {
+        // Two fences at once both ran: either's outcome holds.
+        let _ = cell.set(f);
+    }
+    Ok(f)
+}
+
+/// One Fence Host Instances at subsystem `nqn` of `address` ([`fenced`]).
+async fn fence_once(address: std::net::SocketAddr, nqn: &str, member: &str, host: &str, timeout: Duration) -> Result<Fence, PeerError> {
+    let p = PeerConfig { tag: 0, address, nqn: nqn.to_string(), nsid: 0 };
+    let wait = reset_wait(timeout);
+    let kato = (2 * wait.as_millis()).min(u32::MAX as u128) as u32;
+    let ctrl = match Controller::connect(connect_options(&p, member, host, timeout, Some(kato))).await {
+        Ok(c) => c,
+        // Refused for its host (an earlier process's controllers admitted before a reload
+        // are not reached), or no such subsystem (Connect Invalid Parameters: none there).
+        Err(e) if refused_host(&e) => return Ok(Fence::Refused),
+        Err(e) if is_status(&e, Status::CONNECT_INVALID_PARAMETERS) => return Ok(Fence::Absent),
+        Err(e) => return Err(failed(format!("connecting as {member} to fence its earlier incarnations at {address} {nqn}: {e}"))),
+    };
+    match ctrl.fence_host_instances(wait).await {
+        Ok(()) => Ok(Fence::Done),
+        Err(e) if is_status(&e, Status::INVALID_OPCODE) => {
+            tracing::warn!(peer = %address, %nqn, "the peer cannot fence this target's earlier incarnations \
+                           (Fence Host Instances: Invalid Opcode): what they sent there is bounded by time only");
+            Ok(Fence::Unsupported)
         }
-    })
-    .await
-    .copied()
+        Err(e) => Err(failed(format!("fencing this target's earlier incarnations at {address} {nqn}: {e}"))),
+    }
 }
 
 /// Whether `e` is a command's completion with `status` (its DNR bit aside).
