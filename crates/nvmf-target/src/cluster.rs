@@ -414,7 +414,7 @@ pub(crate) async fn controller(
     kato_ms: Option<u32>,
 ) -> Result<Controller, PeerError> {
     fenced(p.address, &p.nqn, member, host, timeout).await?;
-    connect_controller(p, member, host, timeout, kato_ms).await
+    Controller::connect(connect_options(p, member, host, timeout, kato_ms)).await.map_err(|e| connect_error(e, member, host))
 }
 
 /// This process's incarnation: random at its start (never 0), the last 8 bytes of the
@@ -550,26 +550,18 @@ fn connect_options(p: &PeerConfig, member: &str, host: &str, timeout: Duration, 
     opts
 }
 
-/// [`controller`] without the fence.
-async fn connect_controller(
-    p: &PeerConfig,
-    member: &str,
-    host: &str,
-    timeout: Duration,
-    kato_ms: Option<u32>,
-) -> Result<Controller, PeerError> {
-    Controller::connect(connect_options(p, member, host, timeout, kato_ms)).await.map_err(|e| {
-        if refused_host(&e) {
-            PeerError {
-                status: cs::PEER_DENIED,
-                message: format!(
-                    "does not let {member} read it for host {host}: {e} (the peer's subsystem must allow {host} and its cluster.trusted_members must list {member})"
-                ),
-            }
-        } else {
-            failed(format!("connecting as {member} for host {host}: {e}"))
+/// What a refused Connect of member `member` for `host` says.
+fn connect_error(e: InitiatorError, member: &str, host: &str) -> PeerError {
+    if refused_host(&e) {
+        PeerError {
+            status: cs::PEER_DENIED,
+            message: format!(
+                "does not let {member} read it for host {host}: {e} (the peer's subsystem must allow {host} and its cluster.trusted_members must list {member})"
+            ),
         }
-    })
+    } else {
+        failed(format!("connecting as {member} for host {host}: {e}"))
+    }
 }
 
 #[cfg(test)]
