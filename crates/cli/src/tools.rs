@@ -35,6 +35,7 @@ pub async fn run_target(cfg: Config, file: Option<std::path::PathBuf>) -> Result
         let exporter = crate::control::Exporter {
             target: target.clone(),
             write_bound_ms: agent.write_bound_ms,
+            registration: agent.registration(),
             client: agent.client.clone(),
             addr: agent.addr.clone(),
             cluster: cfg.cluster.clone(),

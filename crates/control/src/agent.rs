@@ -311,7 +311,8 @@ impl Agent {
         }
     }
 
-    fn registration(&self) -> RegisterTarget {
+    /// What it registers: its address, NQN, pools, write bound and process.
+    pub fn registration(&self) -> RegisterTarget {
         RegisterTarget {
             addr: self.addr.clone(),
             nqn: self.nqn.clone(),
