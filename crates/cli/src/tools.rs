@@ -23,6 +23,14 @@ pub async fn run_target(cfg: Config, file: Option<std::path::PathBuf>) -> Result
     // namespaces: a bad one stops it at start.
     let agent = cfg.control.as_deref().map(|c| crate::control::agent(&cfg, c)).transpose()?;
     let target = Target::from_config(&cfg)?;
+    // Before it listens (a host's compute command may reach a peer at once), when its
+    // address is known from its configuration (a fixed port): what tells this target's
+    // processes from another target's of the same member NQN, its address as registered
+    // (docs/protocol.md, "Fence Host Instances"). On a port the kernel picks, set below.
+    if let Some(l) = cfg.listener.iter().find(|l| !l.discovery).filter(|l| l.address.port() != 0) {
+        let at = std::net::SocketAddr::new(l.advertise.unwrap_or(l.address.ip()), l.address.port());
+        nearstore_target::cluster::set_process_address(&at.to_string());
+    }
     let addrs = target.listen_all(&cfg).await?;
     if let Some(mut agent) = agent {
         // Registered by its first I/O listener, as hosts reach it (its advertised address).
