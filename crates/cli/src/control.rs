@@ -633,9 +633,6 @@ pub struct Exporter {
     pub target: Arc<nearstore_target::Target>,
     /// What this target declared at registration ([`Agent::write_bound_ms`]).
     pub write_bound_ms: u64,
-    /// Its registration, which it sends again when the control plane names another process
-    /// of this target ([`Agent::registration`]).
-    pub registration: nearstore_control::model::RegisterTarget,
     pub client: Client,
     /// This target's address, as registered.
     pub addr: String,
@@ -658,7 +655,7 @@ impl Exporter {
         }
         let member = self.cluster.host_nqn.clone().unwrap_or_else(nearstore_initiator::default_hostnqn);
         let timeout = std::time::Duration::from_secs(self.cluster.timeout_secs);
-        tokio::spawn(fence_earlier(self.client.clone(), self.addr.clone(), member.clone(), timeout));
+        tokio::spawn(fence_earlier(self.client.clone(), self.addr.clone(), member, timeout));
         let devices = Arc::new(devices);
         let local = Arc::new(Served::default());
         let ctl = Arc::new(ControlMoves { client: self.client.clone(), addr: self.addr.clone() });
@@ -679,10 +676,6 @@ impl Exporter {
         let mut lapsed: Vec<Export> = Vec::new();
         let mut unserved: HashMap<String, Export> = HashMap::new();
         let (mut since, mut wait) = (0, 100);
-        // Exports polls answered `stale_incarnation` in a row: after a few (the agent
-        // registers within the first), another process's registration landed after this
-        // one's (a dead process's, still in flight when it died): this one registers again.
-        let mut stale = 0u32;
         // Until when this target may serve its exports without a newer answer (its export
         // lease); None: nothing served under a lease. The volumes check it too, where they
         // issue operations.
@@ -713,26 +706,8 @@ impl Exporter {
                 None => continue,
                 Some(Err(e)) => {
                     if e.code() == Some(ErrorCode::StaleIncarnation) {
-                        stale += 1;
-                        if stale < STALE_POLLS_BEFORE_REGISTERING {
-                            // Not registered as this process yet: the agent is at it.
-                            tracing::debug!(control = %self.client.addr, error = %e, "exports asked before this process registered; retrying");
-                        } else {
-                            stale = 0;
-                            match self.client.register(&self.registration).await {
-                                Ok(_) => {
-                                    tracing::warn!(
-                                        control = %self.client.addr,
-                                        "the control plane named another process of this target: registered again"
-                                    );
-                                    // That registration is a restart to the control plane:
-                                    // its earlier processes (fenced already, or now) are
-                                    // said fenced again.
-                                    tokio::spawn(fence_earlier(self.client.clone(), self.addr.clone(), member.clone(), timeout));
-                                }
-                                Err(e) => tracing::warn!(control = %self.client.addr, error = %e, "cannot register again; retrying"),
-                            }
-                        }
+                        // Not registered as this process yet: the agent is at it.
+                        tracing::debug!(control = %self.client.addr, error = %e, "exports asked before this process registered; retrying");
                     } else {
                         tracing::warn!(control = %self.client.addr, error = %e, "cannot list this target's exports; retrying");
                     }
@@ -742,7 +717,7 @@ impl Exporter {
                     continue;
                 }
             };
-            (wait, stale) = (100, 0);
+            wait = 100;
             since = list.version;
             // A control plane that grants no lease (0) predates them: served until told.
             lease = (list.lease_ms > 0).then(|| sent + std::time::Duration::from_millis(list.lease_ms));
@@ -881,7 +856,9 @@ async fn fence_earlier(client: Client, addr: String, member: String, timeout: st
             let (mut failed, mut unsupported) = (Vec::new(), Vec::new());
             while let Some(r) = fences.join_next().await {
                 match r.map_err(|e| e.to_string()).and_then(|r| r) {
-                    Ok((t, Fence::Unsupported | Fence::Refused)) => unsupported.push(t),
+                    Ok((t, Fence::Unsupported)) => unsupported.push(t),
+                    // Asked again until the bound (its configuration may change).
+                    Ok((t, Fence::Refused)) => failed.push(format!("{t}: it refuses this member")),
                     Ok(_) => {}
                     Err(e) => failed.push(e),
                 }
@@ -889,7 +866,7 @@ async fn fence_earlier(client: Client, addr: String, member: String, timeout: st
             anyhow::ensure!(failed.is_empty(), "not fenced at {}", failed.join("; "));
             if !unsupported.is_empty() {
                 return Ok(Some(format!(
-                    "not said: {} cannot fence (not nearstore targets, or they refuse this member): the bound ends the wait",
+                    "not said: {} cannot fence (not nearstore targets): the bound ends the wait",
                     unsupported.join(", ")
                 )));
             }
@@ -907,10 +884,6 @@ async fn fence_earlier(client: Client, addr: String, member: String, timeout: st
         tokio::time::sleep(retry).await;
     }
 }
-
-/// Exports polls answered `stale_incarnation` in a row before an exporter registers again
-/// (100 ms, then twice as long each: about 3 s).
-const STALE_POLLS_BEFORE_REGISTERING: u32 = 5;
 
 /// A volume's instances this target stopped serving, and the task releasing them.
 #[derive(Default)]

@@ -311,8 +311,7 @@ impl Agent {
         }
     }
 
-    /// What it registers: its address, NQN, pools, write bound and process.
-    pub fn registration(&self) -> RegisterTarget {
+    fn registration(&self) -> RegisterTarget {
         RegisterTarget {
             addr: self.addr.clone(),
             nqn: self.nqn.clone(),
