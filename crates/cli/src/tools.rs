@@ -28,7 +28,9 @@ pub async fn run_target(cfg: Config, file: Option<std::path::PathBuf>) -> Result
     // processes from another target's of the same member NQN, its address as registered
     // (docs/protocol.md, "Fence Host Instances"). On a port the kernel picks, set below.
     if let Some(l) = cfg.listener.iter().find(|l| !l.discovery).filter(|l| l.address.port() != 0) {
-        let at = std::net::SocketAddr::new(l.advertise.unwrap_or(l.address.ip()), l.address.port());
+        // Registered by its advertised address; without a control plane, by its own.
+        let ip = if cfg.control.is_some() { l.advertise.unwrap_or(l.address.ip()) } else { l.address.ip() };
+        let at = std::net::SocketAddr::new(ip, l.address.port());
         nearstore_target::cluster::set_process_address(&at.to_string());
     }
     let addrs = target.listen_all(&cfg).await?;
@@ -43,7 +45,6 @@ pub async fn run_target(cfg: Config, file: Option<std::path::PathBuf>) -> Result
         let exporter = crate::control::Exporter {
             target: target.clone(),
             write_bound_ms: agent.write_bound_ms,
-            registration: agent.registration(),
             client: agent.client.clone(),
             addr: agent.addr.clone(),
             cluster: cfg.cluster.clone(),
