@@ -12,6 +12,22 @@ use tracing::{error, info, warn};
 
 use crate::{Output, Plain, TargetArgs};
 
+/// The target's own address: its first I/O listener's, as bound (`bound`) or, before it
+/// listens, as configured when its port is fixed (None on a port the kernel picks). With a
+/// control plane, as registered: hosts reach it there (its advertised address). It is also
+/// what tells this target's processes from another target's of the same member NQN
+/// (docs/protocol.md, "Fence Host Instances"): set before the target listens when known (a
+/// host's compute command may reach a peer at once), else once it listens.
+fn own_address(cfg: &Config, bound: Option<std::net::SocketAddr>) -> Option<std::net::SocketAddr> {
+    let l = cfg.listener.iter().find(|l| !l.discovery)?;
+    let at = bound.unwrap_or(l.address);
+    if at.port() == 0 {
+        return None;
+    }
+    let ip = if cfg.control.is_some() { l.advertise.unwrap_or(at.ip()) } else { at.ip() };
+    Some(std::net::SocketAddr::new(ip, at.port()))
+}
+
 /// Runs a target until SIGTERM or SIGINT; `file`: its configuration file, whose tenants a
 /// SIGHUP reloads (docs/operations.md, "Tenants").
 pub async fn run_target(cfg: Config, file: Option<std::path::PathBuf>) -> Result<()> {
@@ -27,20 +43,16 @@ pub async fn run_target(cfg: Config, file: Option<std::path::PathBuf>) -> Result
     // address is known from its configuration (a fixed port): what tells this target's
     // processes from another target's of the same member NQN, its address as registered
     // (docs/protocol.md, "Fence Host Instances"). On a port the kernel picks, set below.
-    if let Some(l) = cfg.listener.iter().find(|l| !l.discovery).filter(|l| l.address.port() != 0) {
-        // Registered by its advertised address; without a control plane, by its own.
-        let ip = if cfg.control.is_some() { l.advertise.unwrap_or(l.address.ip()) } else { l.address.ip() };
-        let at = std::net::SocketAddr::new(ip, l.address.port());
+    if let Some(at) = own_address(&cfg, None) {
         nearstore_target::cluster::set_process_address(&at.to_string());
     }
     let addrs = target.listen_all(&cfg).await?;
+    let own = own_address(&cfg, cfg.listener.iter().position(|l| !l.discovery).map(|i| addrs[i]));
+    if let Some(at) = own {
+        nearstore_target::cluster::set_process_address(&at.to_string());
+    }
     if let Some(mut agent) = agent {
-        // Registered by its first I/O listener, as hosts reach it (its advertised address).
-        let (i, l) = cfg.listener.iter().enumerate().find(|(_, l)| !l.discovery).context("the control plane needs an I/O listener")?;
-        agent.addr = std::net::SocketAddr::new(l.advertise.unwrap_or(addrs[i].ip()), addrs[i].port()).to_string();
-        // What tells this target's processes from another target's of the same member NQN
-        // (docs/protocol.md, "Fence Host Instances"): its address as registered.
-        nearstore_target::cluster::set_process_address(&agent.addr);
+        agent.addr = own.context("the control plane needs an I/O listener")?.to_string();
         crate::control::feed(&agent, &target);
         let exporter = crate::control::Exporter {
             target: target.clone(),
@@ -54,11 +66,6 @@ pub async fn run_target(cfg: Config, file: Option<std::path::PathBuf>) -> Result
         tokio::spawn(agent.run());
         tokio::spawn(exporter.run());
         tokio::spawn(tenants.run());
-    }
-    // Without a control plane: its first I/O listener's address (a peer read may have
-    // fenced with none before: it fences again with it).
-    if let Some(i) = cfg.listener.iter().position(|l| !l.discovery) {
-        nearstore_target::cluster::set_process_address(&addrs[i].to_string());
     }
     if let Some(m) = cfg.metrics {
         let l = tokio::net::TcpListener::bind(m).await.with_context(|| format!("metrics: cannot listen on {m}"))?;

@@ -59,8 +59,13 @@ pub struct Unfenced {
 impl Unfenced {
     /// Seconds, rounded up, that it still lasts at `now_ms`; None once it is over.
     pub fn seconds_left(&self, now_ms: u64) -> Option<u64> {
-        (now_ms < self.until_ms).then(|| (self.until_ms - now_ms).div_ceil(1000))
+        seconds_until(self.until_ms, now_ms)
     }
+}
+
+/// Seconds, rounded up, from `now_ms` to `until_ms`; None once it has passed.
+fn seconds_until(until_ms: u64, now_ms: u64) -> Option<u64> {
+    (now_ms < until_ms).then(|| (until_ms - now_ms).div_ceil(1000))
 }
 
 /// A pool: a file (or, later, a block device) a target sets aside for extents.
@@ -143,7 +148,7 @@ pub struct Handover {
 impl Handover {
     /// Seconds, rounded up, that it still lasts at `now_ms`; None once it is over.
     pub fn seconds_left(&self, now_ms: u64) -> Option<u64> {
-        (now_ms < self.until_ms).then(|| (self.until_ms - now_ms).div_ceil(1000))
+        seconds_until(self.until_ms, now_ms)
     }
 }
 

@@ -230,11 +230,7 @@ impl Cluster {
             // network: bounded by theirs and this one's write bound; a second restart
             // before the fence keeps the later end.
             Some(old) if restart => {
-                let bound = [old.write_bound_ms, req.write_bound_ms]
-                    .into_iter()
-                    .map(|b| if b == 0 { EXPORT_WRITE_BOUND_MS_DEFAULT } else { b })
-                    .max()
-                    .unwrap_or(EXPORT_WRITE_BOUND_MS_DEFAULT);
+                let bound = write_bound(old.write_bound_ms).max(write_bound(req.write_bound_ms));
                 let until_ms = now_ms.saturating_add(lease_ms).saturating_add(bound).saturating_add(EXPORT_HANDOVER_MARGIN_MS);
                 let live = old.unfenced.as_ref().filter(|u| u.seconds_left(now_ms).is_some());
                 Some(Unfenced {
@@ -536,9 +532,7 @@ impl Cluster {
             if self.handover_left(h, now_ms).is_none() {
                 writes.push(Write::Put(Record::Volume(Volume { handover: None, ..v.clone() })));
             } else if h.from == req.target && h.incarnation == current && !h.released {
-                let h = Handover { released: true, ..h.clone() };
-                let handover = self.handover_left(&h, now_ms).is_some().then_some(h);
-                writes.push(Write::Put(Record::Volume(Volume { handover, ..v.clone() })));
+                writes.push(self.own_part_over(v, h, now_ms));
             }
         }
         Ok((writes, x))
@@ -552,7 +546,7 @@ impl Cluster {
     pub fn unexport(&self, name: &str, now_ms: u64, lease_ms: u64) -> Planned<()> {
         let v = self.volume(name)?;
         let Some(x) = self.exports.get(name) else { return Ok((Vec::new(), ())) };
-        let bound = self.targets.get(&x.target).map(|t| t.write_bound_ms).filter(|&b| b > 0).unwrap_or(EXPORT_WRITE_BOUND_MS_DEFAULT);
+        let bound = write_bound(self.targets.get(&x.target).map_or(0, |t| t.write_bound_ms));
         let until_ms = now_ms.saturating_add(lease_ms).saturating_add(bound).saturating_add(EXPORT_HANDOVER_MARGIN_MS);
         let incarnation = self.targets.get(&x.target).map_or(0, |t| t.incarnation);
         // Its earlier processes not fenced yet: the handover waits for that too.
@@ -575,13 +569,19 @@ impl Cluster {
         let current = self.targets.get(target).map_or(0, |t| t.incarnation);
         let writes = match &v.handover {
             Some(h) if h.from == target && h.epoch == epoch && h.incarnation == incarnation && incarnation == current && !h.released => {
-                let h = Handover { released: true, ..h.clone() };
-                let handover = self.handover_left(&h, now_ms).is_some().then_some(h);
-                vec![Write::Put(Record::Volume(Volume { handover, ..v.clone() }))]
+                vec![self.own_part_over(v, h, now_ms)]
             }
             _ => Vec::new(),
         };
         Ok((writes, ()))
+    }
+
+    /// Volume `v` with its handover `h`'s exporter's part over: the handover goes unless its
+    /// `after_fence` part still holds.
+    fn own_part_over(&self, v: &Volume, h: &Handover, now_ms: u64) -> Write {
+        let h = Handover { released: true, ..h.clone() };
+        let handover = self.handover_left(&h, now_ms).is_some().then_some(h);
+        Write::Put(Record::Volume(Volume { handover, ..v.clone() }))
     }
 
     /// Process `incarnation` of `target` has fenced its earlier processes at the pools of
@@ -618,15 +618,11 @@ impl Cluster {
         let record = t.and_then(|t| t.unfenced.as_ref());
         let earlier = record.and_then(|u| u.seconds_left(now_ms));
         let by_earlier = current != 0 && h.incarnation != current;
-        let own = match () {
-            _ if h.released => None,
-            // Fenced by the registered process: the record went (the registration that
-            // changed the incarnation made it). Not merely past its bound: that bound is the
-            // target's declared one at the restart, and the handover's may be longer (the
-            // crates/control/tests/sim.rs oracle found one declared 0, then 50).
-            _ if by_earlier && record.is_none() => None,
-            _ => h.seconds_left(now_ms),
-        };
+        // An earlier process's part ends when the registered process fenced it: the record
+        // went (the registration that changed the incarnation made it). Not merely past its
+        // bound: that bound is the target's declared one at the restart, and the handover's
+        // may be longer (the crates/control/tests/sim.rs oracle found one declared 0, then 50).
+        let own = if h.released || (by_earlier && record.is_none()) { None } else { h.seconds_left(now_ms) };
         let fence = if h.after_fence { earlier } else { None };
         match (own, fence) {
             (None, None) => None,
@@ -982,6 +978,16 @@ fn state_name(s: MoveState) -> &'static str {
         MoveState::Invalidating => "invalidating",
         MoveState::Copying => "copying",
         MoveState::Aborted => "aborted, waiting for its copier to confirm",
+    }
+}
+
+/// A target's declared write bound (`Target::write_bound_ms`), or the default when it
+/// declared none (0).
+fn write_bound(declared_ms: u64) -> u64 {
+    if declared_ms == 0 {
+        EXPORT_WRITE_BOUND_MS_DEFAULT
+    } else {
+        declared_ms
     }
 }
 
